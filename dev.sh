@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# meshnode developer script: one entry point for set-up, the demo and the tests.
+#
+#   ./dev.sh demo    install what is missing, build Release, run the demo
+#   ./dev.sh test    install what is missing, build Debug (+ASan/UBSan), run every test via ctest,
+#                    build the libFuzzer targets with clang and run each briefly
+#   ./dev.sh build [Release|Debug]   just build
+#   ./dev.sh deps    just install the Debian packages
+#
+# Environment: MESH_JOBS (parallel jobs, default nproc), MESH_FUZZ_SECONDS (default 20),
+# MESH_SANITIZE (ON/OFF for the test build, default ON).
+set -euo pipefail
+cd "$(dirname "$0")"
+root=$(pwd)
+jobs=${MESH_JOBS:-$(nproc)}
+
+packages=(
+  cmake ninja-build ccache g++ clang libclang-rt-14-dev pkg-config
+  libexpected-dev catch2 libfmt-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  libcaf-dev libsodium-dev libngtcp2-dev libngtcp2-crypto-gnutls-dev libgnutls28-dev
+  libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
+  libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
+  libshaderc-dev glslc glslang-dev spirv-tools
+  iproute2 nftables conntrack python3
+)
+
+log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
+
+deps() {
+  local missing=()
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# build <dir> <type> [cmake args...]
+build() {
+  local dir=$1 type=$2
+  shift 2
+  cmake -S "$root" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs"
+}
+
+# Services the tests need (dbus + avahi-daemon for discovery). Started only when not running,
+# and stopped after only if we started them.
+started_services=()
+start_services() {
+  [ "$(id -u)" = 0 ] || { log "not root: leaving dbus/avahi alone (discovery tests will skip)"; return; }
+  if ! avahi-daemon -c 2>/dev/null; then
+    mkdir -p /run/dbus
+    if [ ! -S /run/dbus/system_bus_socket ] || ! pgrep -x dbus-daemon >/dev/null; then
+      rm -f /run/dbus/pid
+      dbus-daemon --system --fork && started_services+=(dbus)
+    fi
+    ip link set lo up 2>/dev/null || true
+    avahi-daemon -D && started_services+=(avahi)
+    for _ in $(seq 50); do avahi-daemon -c 2>/dev/null && break; sleep 0.1; done
+  fi
+}
+stop_services() {
+  for s in "${started_services[@]}"; do
+    case $s in
+      avahi) avahi-daemon -k 2>/dev/null || true ;;
+      dbus) [ -f /run/dbus/pid ] && kill "$(cat /run/dbus/pid)" 2>/dev/null || true ;;
+    esac
+  done
+}
+
+run_tests() {
+  local san=${MESH_SANITIZE:-ON}
+  build build/test Debug -DMESH_SANITIZE="$san" -DMESH_WERROR=ON
+  start_services
+  trap stop_services EXIT
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  local rc=0
+  (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
+  run_fuzzers || rc=$?
+  return $rc
+}
+
+run_fuzzers() {
+  local secs=${MESH_FUZZ_SECONDS:-20}
+  CC=clang CXX=clang++ build build/fuzz Debug -DMESH_FUZZ=ON
+  local failed=0 n=0
+  while read -r f; do
+    [ -n "$f" ] || continue
+    n=$((n + 1))
+    local corpus="build/fuzz/corpus/$f"
+    mkdir -p "$corpus"
+    log "fuzzing $f for ${secs}s"
+    if ! "build/fuzz/$(find build/fuzz -name "$f" -type f -executable -printf '%P\n' | head -1)" \
+        -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=0 "$corpus" \
+        >"build/fuzz/$f.log" 2>&1; then
+      log "FUZZER FAILED: $f (log: build/fuzz/$f.log)"
+      tail -40 "build/fuzz/$f.log"
+      failed=$((failed + 1))
+    fi
+  done <build/fuzz/fuzzers.txt
+  log "fuzzers: $((n - failed)) passed, $failed failed"
+  return $((failed > 0))
+}
+
+run_demo() {
+  build build/release Release
+  "$root/build/release/apps/mesh-demo" "$@"
+}
+
+cmd=${1:-help}
+shift || true
+case $cmd in
+  deps) deps ;;
+  build) deps; build "build/$(echo "${1:-Release}" | tr A-Z a-z)" "${1:-Release}" ;;
+  test) deps; run_tests ;;
+  demo) deps; run_demo "$@" ;;
+  fuzz) deps; run_fuzzers ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac

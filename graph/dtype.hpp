@@ -1,0 +1,46 @@
+#pragma once
+/// Element types of tensors, and conversions between them and float/double.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace mesh {
+
+/// The element types a graph can hold. Values are part of the wire format: never renumber.
+enum class dtype : uint8_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 };
+
+inline constexpr int dtype_count = 4;
+
+/// Bytes per element.
+inline constexpr size_t size_of(dtype t) { return t == dtype::f16 || t == dtype::bf16 ? 2 : 4; }
+
+/// True for f32, f16 and bf16.
+inline constexpr bool is_float(dtype t) { return t != dtype::i32; }
+
+/// "f32", "f16", "bf16", "i32".
+const char* to_string(dtype t);
+
+/// f32 -> IEEE half, round to nearest even (overflow becomes inf, NaN stays NaN).
+uint16_t float_to_half(float x);
+float half_to_float(uint16_t h);
+
+/// f32 -> bfloat16, round to nearest even.
+inline uint16_t float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float bf16_to_float(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+/// Rounds a value to what `t` can hold (the reference evaluator stores doubles between ops, and
+/// rounds after each op so that it sees what a device storing `t` sees).
+double round_to(dtype t, double x);
+
+}  // namespace mesh

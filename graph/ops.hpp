@@ -1,0 +1,82 @@
+#pragma once
+/// The closed op set of the graph IR.
+///
+/// Every graph that travels between nodes is made of these ops and nothing else, so a worker can
+/// validate a graph completely and compile it without trusting the sender. Composite operations
+/// (softmax, layer norm, attention) are built from these in graph/nn.hpp and fused by the compiler.
+///
+/// Rules the IR keeps strict (the builder DSL does the conveniences):
+/// - elementwise binary ops and select take operands of one shape; the DSL inserts `broadcast`
+///   nodes following numpy's rules;
+/// - matmul takes [..., m, k] x [..., k, n] with equal batch dimensions;
+/// - the output shape and dtype of every node are stored in the node and re-inferred by validate().
+#include <cstdint>
+#include <string_view>
+
+namespace mesh {
+
+/// Values are part of the wire format: append only, never renumber.
+enum class op_kind : uint8_t {
+  // Leaves.
+  input = 0,      ///< a value bound at each run (attrs.name)
+  parameter = 1,  ///< a value resident between runs, updatable (attrs.name)
+  constant = 2,   ///< literal values (attrs.values, one per element, or one for a splat)
+  // Unary elementwise.
+  neg = 3,
+  abs = 4,
+  exp = 5,
+  log = 6,
+  sqrt = 7,
+  rsqrt = 8,
+  tanh = 9,
+  sin = 10,
+  cos = 11,
+  relu = 12,
+  sigmoid = 13,
+  cast = 14,  ///< to the node's dtype (floats truncate toward zero when cast to i32)
+  // Binary elementwise (operands of one shape and dtype).
+  add = 15,
+  sub = 16,
+  mul = 17,
+  div = 18,
+  pow = 19,
+  max = 20,
+  min = 21,
+  compare = 22,  ///< attrs.cmp; result is i32 0/1
+  // Ternary elementwise.
+  select = 23,  ///< select(cond i32, a, b): a where cond != 0, else b
+  // Contractions and reductions.
+  matmul = 24,      ///< [..., m, k] x [..., k, n] -> [..., m, n]
+  reduce_sum = 25,  ///< over attrs.axes; attrs.keep_dims keeps them as size 1
+  reduce_max = 26,
+  // Data movement.
+  broadcast = 27,  ///< numpy-style to the node's shape (input right-aligned, size-1 dims expand)
+  reshape = 28,    ///< same element count, node's shape
+  permute = 29,    ///< output dim i is input dim attrs.axes[i]
+  slice = 30,      ///< attrs.starts/stops per dim, step 1
+  concat = 31,     ///< along attrs.axis; any number of inputs >= 1
+  gather = 32,     ///< gather(table [v, ...], idx i32 [...]) -> [idx..., ...] (rows of table)
+  scatter_add = 33,  ///< scatter_add(idx i32 [...], updates [idx..., ...]) -> node's shape [v, ...]
+};
+
+inline constexpr int op_count = 34;
+
+/// The comparison made by op_kind::compare. Values are part of the wire format.
+enum class compare_kind : uint8_t { eq = 0, ne = 1, lt = 2, le = 3, gt = 4, ge = 5 };
+
+/// Broad families of ops, used by the validator, autodiff and the kernel compiler.
+enum class op_family { leaf, unary, binary, ternary, matmul, reduce, movement, gather };
+
+op_family family_of(op_kind op);
+
+/// "matmul", "reduce_sum", ...
+std::string_view to_string(op_kind op);
+std::string_view to_string(compare_kind c);
+
+/// Elementwise ops (unary, binary, ternary): the ones kernel fusion chains together.
+inline bool is_elementwise(op_kind op) {
+  auto f = family_of(op);
+  return f == op_family::unary || f == op_family::binary || f == op_family::ternary;
+}
+
+}  // namespace mesh
