@@ -1,0 +1,172 @@
+#pragma once
+/// The graph DSL: build graphs with expressions that read like the math.
+///
+///   mesh::builder b;
+///   auto x = b.input("x", dtype::f32, {32, 2});
+///   auto w = b.parameter("w", dtype::f32, {2, 16});
+///   auto h = relu(matmul(x, w) + b.parameter("b", dtype::f32, {16}));
+///   b.output("h", h);
+///   mesh::expected<mesh::graph> g = b.finish();
+///
+/// Shape and type errors never throw or crash: the expression that failed is poisoned, every
+/// expression built from it is poisoned too, and finish() returns the first error, prefixed with
+/// the file and line of the code that made it ("model.cpp:12: matmul: inner dimensions differ").
+/// Binary ops broadcast like numpy (the builder inserts explicit broadcast nodes).
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "graph/graph.hpp"
+#include "graph/infer.hpp"
+#include "graph/tensor.hpp"
+
+namespace mesh {
+
+/// Where in the user's code an expression was made. Uses the compiler builtins rather than
+/// std::source_location, which clang 14 with libstdc++ 12 cannot compile.
+struct source_loc {
+  const char* file = "";
+  int line = 0;
+  static constexpr source_loc current(const char* f = __builtin_FILE(), int l = __builtin_LINE()) {
+    return {f, l};
+  }
+};
+
+class builder;
+
+/// A value being built: a node of a builder, or poisoned by an earlier error.
+class expr {
+ public:
+  expr() = default;
+  expr(builder* owner, node_id id) : owner_(owner), id_(id) {}
+
+  bool ok() const { return owner_ != nullptr && id_ >= 0; }
+  node_id id() const { return id_; }
+  builder* owner() const { return owner_; }
+  /// Result shape and type (empty/f32 for a poisoned expression).
+  const shape& dims() const;
+  dtype type() const;
+  int64_t rank() const { return static_cast<int64_t>(dims().size()); }
+
+ private:
+  builder* owner_ = nullptr;
+  node_id id_ = -1;
+};
+
+/// An operand of an overloaded operator: an expression or a number, with the caller's location.
+/// Implicit conversion captures the line of the operator expression itself.
+struct operand {
+  operand(expr e, source_loc loc = source_loc::current()) : value(e), where(loc) {}
+  operand(double v, source_loc loc = source_loc::current()) : scalar(v), is_scalar(true), where(loc) {}
+  expr value;
+  double scalar = 0;
+  bool is_scalar = false;
+  source_loc where;
+};
+
+/// Builds one graph. Not copyable: expressions point to it.
+class builder {
+ public:
+  builder() = default;
+  /// Continues building on an existing (valid) graph, e.g. to append gradient nodes.
+  explicit builder(graph g) : g_(std::move(g)) {}
+  builder(const builder&) = delete;
+  builder& operator=(const builder&) = delete;
+
+  expr input(const std::string& name, dtype t, shape s, source_loc loc = source_loc::current());
+  expr parameter(const std::string& name, dtype t, shape s, source_loc loc = source_loc::current());
+  /// A constant holding the tensor's values.
+  expr constant(const tensor& value, source_loc loc = source_loc::current());
+  /// A constant of shape `s` filled with `value`.
+  expr fill(double value, dtype t, shape s, source_loc loc = source_loc::current());
+  expr scalar(double value, dtype t = dtype::f32, source_loc loc = source_loc::current()) {
+    return fill(value, t, {}, loc);
+  }
+  /// Refers to an existing node of the graph (after builder(graph)).
+  expr at(node_id id) { return expr(this, id); }
+
+  /// Marks `e` as a result named `name`.
+  void output(const std::string& name, expr e, source_loc loc = source_loc::current());
+  /// After each run, parameter `target` takes the value of `value`.
+  void update(expr target, expr value, source_loc loc = source_loc::current());
+
+  /// The single entry every op goes through: checks inputs, infers the type (see infer()),
+  /// appends the node. `declared` gives dtype/shape for ops whose result is chosen (cast,
+  /// broadcast, reshape, scatter_add).
+  expr make(op_kind op, const std::vector<expr>& inputs, attributes attrs, value_type declared,
+            source_loc loc);
+
+  /// The first error met so far, if any.
+  const std::optional<error>& first_error() const { return error_; }
+  /// The graph so far (may be incomplete if there was an error).
+  const graph& peek() const { return g_; }
+  /// The finished graph, or the first error.
+  expected<graph> finish() const;
+
+  /// Records an error at `loc` (keeps only the first) and returns a poisoned expression.
+  expr fail(error e, source_loc loc);
+
+ private:
+  graph g_;
+  std::optional<error> error_;
+};
+
+// Elementwise unary.
+expr operator-(const expr& x);
+expr neg(const expr& x, source_loc loc = source_loc::current());
+expr abs(const expr& x, source_loc loc = source_loc::current());
+expr exp(const expr& x, source_loc loc = source_loc::current());
+expr log(const expr& x, source_loc loc = source_loc::current());
+expr sqrt(const expr& x, source_loc loc = source_loc::current());
+expr rsqrt(const expr& x, source_loc loc = source_loc::current());
+expr tanh(const expr& x, source_loc loc = source_loc::current());
+expr sin(const expr& x, source_loc loc = source_loc::current());
+expr cos(const expr& x, source_loc loc = source_loc::current());
+expr relu(const expr& x, source_loc loc = source_loc::current());
+expr sigmoid(const expr& x, source_loc loc = source_loc::current());
+expr cast(const expr& x, dtype to, source_loc loc = source_loc::current());
+
+// Elementwise binary, numpy broadcasting; numbers become constants of the other operand's dtype.
+expr operator+(const operand& a, const operand& b);
+expr operator-(const operand& a, const operand& b);
+expr operator*(const operand& a, const operand& b);
+expr operator/(const operand& a, const operand& b);
+expr pow(const operand& a, const operand& b);
+expr maximum(const operand& a, const operand& b);
+expr minimum(const operand& a, const operand& b);
+/// i32 0/1 result.
+expr compare(const operand& a, const operand& b, compare_kind k);
+/// a where cond != 0, else b; all three broadcast together.
+expr select(const operand& cond, const operand& a, const operand& b);
+
+/// Batched matmul with numpy's rules for the batch dimensions (both operands rank >= 2).
+expr matmul(const expr& a, const expr& b, source_loc loc = source_loc::current());
+
+// Reductions; negative axes count from the end.
+expr sum(const expr& x, std::vector<int64_t> axes, bool keep_dims = false, source_loc loc = source_loc::current());
+expr max_over(const expr& x, std::vector<int64_t> axes, bool keep_dims = false, source_loc loc = source_loc::current());
+expr mean(const expr& x, std::vector<int64_t> axes, bool keep_dims = false, source_loc loc = source_loc::current());
+/// Sum of all elements, a scalar.
+expr sum_all(const expr& x, source_loc loc = source_loc::current());
+expr mean_all(const expr& x, source_loc loc = source_loc::current());
+
+// Data movement.
+expr broadcast_to(const expr& x, shape to, source_loc loc = source_loc::current());
+/// One dimension may be -1 (inferred).
+expr reshape(const expr& x, shape to, source_loc loc = source_loc::current());
+expr permute(const expr& x, std::vector<int64_t> axes, source_loc loc = source_loc::current());
+/// Swaps the last two dimensions.
+expr transpose(const expr& x, source_loc loc = source_loc::current());
+expr slice(const expr& x, std::vector<int64_t> starts, std::vector<int64_t> stops,
+           source_loc loc = source_loc::current());
+/// Slices [start, stop) of one axis.
+expr slice_axis(const expr& x, int64_t axis, int64_t start, int64_t stop, source_loc loc = source_loc::current());
+expr concat(const std::vector<expr>& xs, int64_t axis, source_loc loc = source_loc::current());
+/// Rows of `table` picked by i32 `indices`; out-of-range indices read zeros.
+expr gather(const expr& table, const expr& indices, source_loc loc = source_loc::current());
+/// zeros(table_shape) with `updates` rows added at `indices`; out-of-range indices are dropped.
+expr scatter_add(const expr& indices, const expr& updates, shape table_shape, source_loc loc = source_loc::current());
+
+}  // namespace mesh
