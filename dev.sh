@@ -80,6 +80,8 @@ run_tests() {
   trap stop_services EXIT
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+  # Leaks inside system libraries we do not own (Mesa's lavapipe, LLVM, Avahi) are listed there.
+  [ -f "$root/tests/lsan.supp" ] && export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
   local rc=0
   (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
   run_fuzzers || rc=$?
