@@ -1,0 +1,275 @@
+#include "graph/evaluate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace mesh {
+namespace {
+
+using values = std::vector<double>;
+
+/// Multi-index of flat index `i` in `dims` (row-major).
+std::vector<int64_t> unravel(int64_t i, const shape& dims) {
+  std::vector<int64_t> idx(dims.size());
+  for (int k = static_cast<int>(dims.size()) - 1; k >= 0; --k) {
+    idx[k] = dims[k] ? i % dims[k] : 0;
+    i = dims[k] ? i / dims[k] : 0;
+  }
+  return idx;
+}
+
+int64_t ravel(const std::vector<int64_t>& idx, const shape& dims) {
+  int64_t i = 0;
+  for (size_t k = 0; k < dims.size(); ++k) i = i * dims[k] + idx[k];
+  return i;
+}
+
+double apply_unary(op_kind op, double x) {
+  switch (op) {
+    case op_kind::neg: return -x;
+    case op_kind::abs: return std::abs(x);
+    case op_kind::exp: return std::exp(x);
+    case op_kind::log: return std::log(x);
+    case op_kind::sqrt: return std::sqrt(x);
+    case op_kind::rsqrt: return 1.0 / std::sqrt(x);
+    case op_kind::tanh: return std::tanh(x);
+    case op_kind::sin: return std::sin(x);
+    case op_kind::cos: return std::cos(x);
+    case op_kind::relu: return x > 0 ? x : 0.0;
+    case op_kind::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case op_kind::cast: return x;  // rounding to the target dtype happens after every op
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+double apply_binary(const node& n, dtype operand_type, double a, double b) {
+  switch (n.op) {
+    case op_kind::add: return a + b;
+    case op_kind::sub: return a - b;
+    case op_kind::mul: return a * b;
+    case op_kind::div:
+      // Integer division truncates toward zero; dividing an integer by zero gives 0 (defined
+      // here so that every back end agrees, and so no device faults on it).
+      if (operand_type == dtype::i32) return b == 0 ? 0.0 : std::trunc(a / b);
+      return a / b;
+    case op_kind::pow: return std::pow(a, b);
+    case op_kind::max: return a > b ? a : b;
+    case op_kind::min: return a < b ? a : b;
+    case op_kind::compare:
+      switch (n.attrs.cmp) {
+        case compare_kind::eq: return a == b;
+        case compare_kind::ne: return a != b;
+        case compare_kind::lt: return a < b;
+        case compare_kind::le: return a <= b;
+        case compare_kind::gt: return a > b;
+        case compare_kind::ge: return a >= b;
+      }
+      return 0;
+    default: return std::numeric_limits<double>::quiet_NaN();
+  }
+}
+
+/// Computes one node from its inputs' values. `in_dims` are the inputs' shapes.
+values compute(const node& n, const std::vector<const values*>& in, const std::vector<const shape*>& in_dims,
+               const std::vector<dtype>& in_types) {
+  const int64_t count = element_count(n.dims);
+  values out(static_cast<size_t>(count), 0.0);
+  switch (family_of(n.op)) {
+    case op_family::leaf: break;  // handled by the caller
+    case op_family::unary:
+      for (int64_t i = 0; i < count; ++i) out[i] = apply_unary(n.op, (*in[0])[i]);
+      break;
+    case op_family::binary:
+      for (int64_t i = 0; i < count; ++i) out[i] = apply_binary(n, in_types[0], (*in[0])[i], (*in[1])[i]);
+      break;
+    case op_family::ternary:
+      for (int64_t i = 0; i < count; ++i) out[i] = (*in[0])[i] != 0 ? (*in[1])[i] : (*in[2])[i];
+      break;
+    case op_family::matmul: {
+      const shape& ad = *in_dims[0];
+      const size_t r = ad.size();
+      const int64_t m = ad[r - 2], k = ad[r - 1], nn = n.dims[r - 1];
+      const int64_t batches = (m * nn != 0) ? count / (m * nn) : 0;
+      for (int64_t bt = 0; bt < batches; ++bt)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < nn; ++j) {
+            double acc = 0;
+            for (int64_t p = 0; p < k; ++p) acc += (*in[0])[(bt * m + i) * k + p] * (*in[1])[(bt * k + p) * nn + j];
+            out[(bt * m + i) * nn + j] = acc;
+          }
+      break;
+    }
+    case op_family::reduce: {
+      const shape& xd = *in_dims[0];
+      const bool is_max = n.op == op_kind::reduce_max;
+      std::fill(out.begin(), out.end(), is_max ? -std::numeric_limits<double>::infinity() : 0.0);
+      // Output index of an input element: its index with reduced axes dropped (or set to 0).
+      shape kept_dims;
+      for (size_t a = 0; a < xd.size(); ++a) {
+        const bool reduced = std::count(n.attrs.axes.begin(), n.attrs.axes.end(), static_cast<int64_t>(a)) > 0;
+        kept_dims.push_back(reduced ? 1 : xd[a]);
+      }
+      for (int64_t i = 0; i < element_count(xd); ++i) {
+        auto idx = unravel(i, xd);
+        for (auto a : n.attrs.axes) idx[static_cast<size_t>(a)] = 0;
+        const int64_t o = ravel(idx, kept_dims);
+        const double x = (*in[0])[i];
+        if (is_max) out[o] = std::isnan(x) || x > out[o] ? x : out[o];
+        else out[o] += x;
+      }
+      break;
+    }
+    case op_family::movement: {
+      switch (n.op) {
+        case op_kind::broadcast: {
+          const shape& xd = *in_dims[0];
+          const size_t off = n.dims.size() - xd.size();
+          for (int64_t i = 0; i < count; ++i) {
+            auto o = unravel(i, n.dims);
+            std::vector<int64_t> idx(xd.size());
+            for (size_t a = 0; a < xd.size(); ++a) idx[a] = xd[a] == 1 ? 0 : o[off + a];
+            out[i] = (*in[0])[ravel(idx, xd)];
+          }
+          break;
+        }
+        case op_kind::reshape: out = *in[0]; break;
+        case op_kind::permute: {
+          const shape& xd = *in_dims[0];
+          for (int64_t i = 0; i < count; ++i) {
+            auto o = unravel(i, n.dims);
+            std::vector<int64_t> idx(xd.size());
+            for (size_t a = 0; a < o.size(); ++a) idx[static_cast<size_t>(n.attrs.axes[a])] = o[a];
+            out[i] = (*in[0])[ravel(idx, xd)];
+          }
+          break;
+        }
+        case op_kind::slice: {
+          const shape& xd = *in_dims[0];
+          for (int64_t i = 0; i < count; ++i) {
+            auto idx = unravel(i, n.dims);
+            for (size_t a = 0; a < idx.size(); ++a) idx[a] += n.attrs.starts[a];
+            out[i] = (*in[0])[ravel(idx, xd)];
+          }
+          break;
+        }
+        case op_kind::concat: {
+          const auto ax = static_cast<size_t>(n.attrs.axis);
+          for (int64_t i = 0; i < count; ++i) {
+            auto idx = unravel(i, n.dims);
+            size_t part = 0;
+            while (idx[ax] >= (*in_dims[part])[ax]) idx[ax] -= (*in_dims[part++])[ax];
+            out[i] = (*in[part])[ravel(idx, *in_dims[part])];
+          }
+          break;
+        }
+        default: break;
+      }
+      break;
+    }
+    case op_family::gather: {
+      if (n.op == op_kind::gather) {
+        const shape& td = *in_dims[0];
+        const int64_t rows = td[0], row_size = element_count(td) / std::max<int64_t>(rows, 1);
+        const int64_t picks = element_count(*in_dims[1]);
+        for (int64_t p = 0; p < picks; ++p) {
+          const auto r = static_cast<int64_t>((*in[1])[p]);
+          if (r < 0 || r >= rows) continue;  // out of range reads zeros
+          for (int64_t c = 0; c < row_size; ++c) out[p * row_size + c] = (*in[0])[r * row_size + c];
+        }
+      } else {
+        const int64_t rows = n.dims[0], row_size = rows ? count / rows : 0;
+        const int64_t picks = element_count(*in_dims[0]);
+        for (int64_t p = 0; p < picks; ++p) {
+          const auto r = static_cast<int64_t>((*in[0])[p]);
+          if (r < 0 || r >= rows) continue;  // out of range is dropped
+          for (int64_t c = 0; c < row_size; ++c) out[r * row_size + c] += (*in[1])[p * row_size + c];
+        }
+      }
+      break;
+    }
+  }
+  for (auto& v : out) v = round_to(n.type, v);
+  return out;
+}
+
+expected<void> check_one(const node& n, const tensor_map& bindings, const char* what) {
+  auto it = bindings.find(n.attrs.name);
+  if (it == bindings.end())
+    return make_error(error_code::not_found, std::string("no value bound for ") + what + " \"" + n.attrs.name + "\"");
+  const tensor& t = it->second;
+  if (t.type != n.type || t.dims != n.dims)
+    return make_error(error_code::shape_mismatch, std::string(what) + " \"" + n.attrs.name + "\" expects " +
+                                                      to_string(n.type) + to_string(n.dims) + ", got " +
+                                                      to_string(t.type) + to_string(t.dims));
+  return t.check();
+}
+
+}  // namespace
+
+expected<void> check_bindings(const graph& g, const tensor_map& bindings, bool parameters) {
+  const op_kind want = parameters ? op_kind::parameter : op_kind::input;
+  for (const auto& n : g.nodes)
+    if (n.op == want)
+      if (auto ok = check_one(n, bindings, parameters ? "parameter" : "input"); !ok) return ok;
+  if (!parameters)
+    for (const auto& [name, t] : bindings) {
+      const node_id id = g.find_leaf(name);
+      if (id < 0 || g[id].op != op_kind::input)
+        return make_error(error_code::not_found, "the graph has no input named \"" + name + "\"");
+    }
+  return {};
+}
+
+namespace {
+
+/// Values of every node, as doubles already rounded to each node's dtype.
+expected<std::vector<values>> evaluate_values(const graph& g, const tensor_map& inputs, const tensor_map& params) {
+  if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
+  if (auto ok = check_bindings(g, params, true); !ok) return tl::unexpected(ok.error());
+  std::vector<values> vals(g.nodes.size());
+  for (node_id id = 0; id < g.size(); ++id) {
+    const node& n = g[id];
+    if (n.op == op_kind::input) vals[id] = inputs.at(n.attrs.name).to_doubles();
+    else if (n.op == op_kind::parameter) vals[id] = params.at(n.attrs.name).to_doubles();
+    else if (n.op == op_kind::constant) {
+      const auto count = static_cast<size_t>(element_count(n.dims));
+      vals[id] = n.attrs.values.size() == 1 ? values(count, n.attrs.values[0]) : n.attrs.values;
+      for (auto& v : vals[id]) v = round_to(n.type, v);
+    } else {
+      std::vector<const values*> in;
+      std::vector<const shape*> dims;
+      std::vector<dtype> types;
+      for (auto i : n.inputs) {
+        in.push_back(&vals[i]);
+        dims.push_back(&g[i].dims);
+        types.push_back(g[i].type);
+      }
+      vals[id] = compute(n, in, dims, types);
+    }
+  }
+  return vals;
+}
+
+}  // namespace
+
+expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& inputs, const tensor_map& params) {
+  auto vals = evaluate_values(g, inputs, params);
+  if (!vals) return tl::unexpected(vals.error());
+  std::vector<tensor> out;
+  out.reserve(vals->size());
+  for (node_id id = 0; id < g.size(); ++id) out.push_back(tensor::from_values(g[id].type, g[id].dims, (*vals)[id]));
+  return out;
+}
+
+expected<tensor_map> evaluate(const graph& g, const tensor_map& inputs, tensor_map& params) {
+  auto vals = evaluate_values(g, inputs, params);
+  if (!vals) return tl::unexpected(vals.error());
+  const auto as_tensor = [&](node_id id) { return tensor::from_values(g[id].type, g[id].dims, (*vals)[id]); };
+  tensor_map result;
+  for (const auto& o : g.outputs) result[o.name] = as_tensor(o.id);
+  for (const auto& u : g.updates) params[g[u.target].attrs.name] = as_tensor(u.value);
+  return result;
+}
+
+}  // namespace mesh

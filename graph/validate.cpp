@@ -1,0 +1,98 @@
+#include "graph/validate.hpp"
+
+#include <limits>
+#include <set>
+#include <string>
+
+#include "graph/infer.hpp"
+
+namespace mesh {
+namespace {
+
+tl::unexpected<error> at_node(node_id id, const node& n, error e) {
+  e.message = "node %" + std::to_string(id) + " (" + std::string(to_string(n.op)) + "): " + e.message;
+  return tl::unexpected(std::move(e));
+}
+
+/// Element count of `s`, or -1 when it overflows or exceeds `limit`.
+int64_t bounded_count(const shape& s, int64_t limit) {
+  int64_t n = 1;
+  for (auto d : s) {
+    if (d < 0) return -1;
+    if (d > 0 && n > limit / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+}  // namespace
+
+expected<void> validate(const graph& g, const graph_limits& limits) {
+  if (static_cast<int64_t>(g.nodes.size()) > limits.max_nodes)
+    return make_error(error_code::limit_exceeded, "graph has " + std::to_string(g.nodes.size()) +
+                                                      " nodes, the limit is " + std::to_string(limits.max_nodes));
+  int64_t total_bytes = 0, constant_values = 0;
+  std::set<std::string> leaf_names;
+  std::vector<value_type> types;
+  types.reserve(g.nodes.size());
+  for (node_id id = 0; id < g.size(); ++id) {
+    const node& n = g[id];
+    if (static_cast<int>(n.op) >= op_count)
+      return make_error(error_code::invalid_graph, "node %" + std::to_string(id) + ": unknown op " +
+                                                       std::to_string(static_cast<int>(n.op)));
+    if (static_cast<int64_t>(n.inputs.size()) > limits.max_inputs_per_node)
+      return at_node(id, n, {error_code::limit_exceeded, "too many inputs"});
+    if (n.dims.size() > static_cast<size_t>(max_rank))
+      return at_node(id, n, {error_code::limit_exceeded, "rank " + std::to_string(n.dims.size()) + " exceeds " + std::to_string(max_rank)});
+    const int64_t count = bounded_count(n.dims, limits.max_elements);
+    if (count < 0)
+      return at_node(id, n, {error_code::limit_exceeded, "shape " + to_string(n.dims) + " is negative or exceeds " +
+                                                             std::to_string(limits.max_elements) + " elements"});
+    total_bytes += count * static_cast<int64_t>(size_of(static_cast<int>(n.type) < dtype_count ? n.type : dtype::f32));
+    if (total_bytes > limits.max_total_bytes)
+      return at_node(id, n, {error_code::limit_exceeded, "graph needs more than " + std::to_string(limits.max_total_bytes) + " bytes"});
+    std::vector<value_type> in;
+    for (auto i : n.inputs) {
+      if (i < 0 || i >= id)
+        return at_node(id, n, {error_code::invalid_graph, "input %" + std::to_string(i) +
+                                                              " does not precede its user (forward reference or cycle)"});
+      in.push_back(types[static_cast<size_t>(i)]);
+    }
+    if (n.op == op_kind::constant) {
+      constant_values += static_cast<int64_t>(n.attrs.values.size());
+      if (constant_values > limits.max_constant_values)
+        return at_node(id, n, {error_code::limit_exceeded, "constants carry more than " + std::to_string(limits.max_constant_values) + " values"});
+    }
+    if ((n.op == op_kind::input || n.op == op_kind::parameter) && !leaf_names.insert(n.attrs.name).second)
+      return at_node(id, n, {error_code::invalid_graph, "name \"" + n.attrs.name + "\" is used twice"});
+    auto t = infer(n, in);
+    if (!t) return at_node(id, n, t.error());
+    if (t->type != n.type || t->dims != n.dims)
+      return at_node(id, n, {error_code::shape_mismatch, "declared " + std::string(to_string(n.type)) + to_string(n.dims) +
+                                                             " but inputs give " + to_string(t->type) + to_string(t->dims)});
+    types.push_back(*t);
+  }
+  std::set<std::string> output_names;
+  for (const auto& o : g.outputs) {
+    if (o.id < 0 || o.id >= g.size())
+      return make_error(error_code::invalid_graph, "output \"" + o.name + "\" refers to missing node %" + std::to_string(o.id));
+    if (o.name.empty() || !output_names.insert(o.name).second)
+      return make_error(error_code::invalid_graph, "output name \"" + o.name + "\" is empty or used twice");
+  }
+  std::set<node_id> updated;
+  for (const auto& u : g.updates) {
+    if (u.target < 0 || u.target >= g.size() || u.value < 0 || u.value >= g.size())
+      return make_error(error_code::invalid_graph, "update refers to a missing node");
+    const node &t = g[u.target], &v = g[u.value];
+    if (t.op != op_kind::parameter)
+      return make_error(error_code::invalid_graph, "update target %" + std::to_string(u.target) + " is not a parameter");
+    if (t.type != v.type || t.dims != v.dims)
+      return make_error(error_code::shape_mismatch, "update of \"" + t.attrs.name + "\": value is " + to_string(v.type) +
+                                                        to_string(v.dims) + ", parameter is " + to_string(t.type) + to_string(t.dims));
+    if (!updated.insert(u.target).second)
+      return make_error(error_code::invalid_graph, "parameter \"" + t.attrs.name + "\" is updated twice");
+  }
+  return {};
+}
+
+}  // namespace mesh
