@@ -72,7 +72,7 @@ double apply_binary(const node& n, dtype operand_type, double a, double b) {
 
 /// Computes one node from its inputs' values. `in_dims` are the inputs' shapes.
 values compute(const node& n, const std::vector<const values*>& in, const std::vector<const shape*>& in_dims,
-               const std::vector<dtype>& in_types) {
+               const std::vector<dtype>& in_types, bool round) {
   const int64_t count = element_count(n.dims);
   values out(static_cast<size_t>(count), 0.0);
   switch (family_of(n.op)) {
@@ -189,7 +189,8 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
       break;
     }
   }
-  for (auto& v : out) v = round_to(n.type, v);
+  if (round)
+    for (auto& v : out) v = round_to(n.type, v);
   return out;
 }
 
@@ -223,15 +224,14 @@ expected<void> check_bindings(const graph& g, const tensor_map& bindings, bool p
 
 namespace {
 
-/// Values of every node, as doubles already rounded to each node's dtype.
-expected<std::vector<values>> evaluate_values(const graph& g, const tensor_map& inputs, const tensor_map& params) {
-  if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
-  if (auto ok = check_bindings(g, params, true); !ok) return tl::unexpected(ok.error());
+/// Values of every node. `leaf` gives inputs' and parameters' values; with `round`, each result
+/// is rounded to its node's dtype (what a device sees), else floats stay exact doubles.
+template <class Leaf>
+std::vector<values> evaluate_values(const graph& g, Leaf&& leaf, bool round) {
   std::vector<values> vals(g.nodes.size());
   for (node_id id = 0; id < g.size(); ++id) {
     const node& n = g[id];
-    if (n.op == op_kind::input) vals[id] = inputs.at(n.attrs.name).to_doubles();
-    else if (n.op == op_kind::parameter) vals[id] = params.at(n.attrs.name).to_doubles();
+    if (n.op == op_kind::input || n.op == op_kind::parameter) vals[id] = leaf(n);
     else if (n.op == op_kind::constant) {
       const auto count = static_cast<size_t>(element_count(n.dims));
       vals[id] = n.attrs.values.size() == 1 ? values(count, n.attrs.values[0]) : n.attrs.values;
@@ -245,16 +245,35 @@ expected<std::vector<values>> evaluate_values(const graph& g, const tensor_map& 
         dims.push_back(&g[i].dims);
         types.push_back(g[i].type);
       }
-      vals[id] = compute(n, in, dims, types);
+      vals[id] = compute(n, in, dims, types, round || !is_float(n.type));
     }
   }
   return vals;
 }
 
+expected<std::vector<values>> evaluate_bound(const graph& g, const tensor_map& inputs, const tensor_map& params) {
+  if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
+  if (auto ok = check_bindings(g, params, true); !ok) return tl::unexpected(ok.error());
+  return evaluate_values(
+      g, [&](const node& n) { return (n.op == op_kind::input ? inputs : params).at(n.attrs.name).to_doubles(); }, true);
+}
+
 }  // namespace
 
+expected<std::vector<std::vector<double>>> evaluate_exact(const graph& g,
+                                                          const std::map<std::string, std::vector<double>>& leaves) {
+  for (const auto& n : g.nodes) {
+    if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
+    auto it = leaves.find(n.attrs.name);
+    if (it == leaves.end()) return make_error(error_code::not_found, "no value bound for \"" + n.attrs.name + "\"");
+    if (static_cast<int64_t>(it->second.size()) != element_count(n.dims))
+      return make_error(error_code::shape_mismatch, "\"" + n.attrs.name + "\" needs " + std::to_string(element_count(n.dims)) + " values");
+  }
+  return evaluate_values(g, [&](const node& n) { return leaves.at(n.attrs.name); }, false);
+}
+
 expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& inputs, const tensor_map& params) {
-  auto vals = evaluate_values(g, inputs, params);
+  auto vals = evaluate_bound(g, inputs, params);
   if (!vals) return tl::unexpected(vals.error());
   std::vector<tensor> out;
   out.reserve(vals->size());
@@ -263,7 +282,7 @@ expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& i
 }
 
 expected<tensor_map> evaluate(const graph& g, const tensor_map& inputs, tensor_map& params) {
-  auto vals = evaluate_values(g, inputs, params);
+  auto vals = evaluate_bound(g, inputs, params);
   if (!vals) return tl::unexpected(vals.error());
   const auto as_tensor = [&](node_id id) { return tensor::from_values(g[id].type, g[id].dims, (*vals)[id]); };
   tensor_map result;

@@ -26,6 +26,11 @@ expected<tensor_map> evaluate(const graph& g, const tensor_map& inputs, tensor_m
 expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& inputs,
                                              const tensor_map& params);
 
+/// Evaluates with every float value kept as an exact double (no rounding to f32/f16/bf16), with
+/// inputs and parameters given as doubles by name. For finite-difference gradient checks.
+expected<std::vector<std::vector<double>>> evaluate_exact(const graph& g,
+                                                          const std::map<std::string, std::vector<double>>& leaves);
+
 /// Checks that `bindings` holds every input (or parameter, when `parameters`) of g with the
 /// right dtype and shape. Shared by every executor.
 expected<void> check_bindings(const graph& g, const tensor_map& bindings, bool parameters);

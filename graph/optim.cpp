@@ -1,0 +1,56 @@
+#include "graph/optim.hpp"
+
+namespace mesh::optim {
+namespace {
+std::string name_of(builder& b, const expr& p) { return b.peek()[p.id()].attrs.name; }
+}  // namespace
+
+void sgd(builder& b, const std::vector<expr>& params, const std::vector<expr>& grads, const sgd_options& o,
+         source_loc loc) {
+  if (params.size() != grads.size()) {
+    b.fail({error_code::invalid_argument, "sgd: params and grads differ in count"}, loc);
+    return;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const expr& p = params[i];
+    if (!p.ok() || !grads[i].ok()) return;
+    expr step = grads[i];
+    if (o.momentum != 0.0) {
+      const expr v = b.parameter("opt.sgd.v." + name_of(b, p), p.type(), p.dims(), loc);
+      step = v * o.momentum + grads[i];
+      b.update(v, step, loc);
+    }
+    b.update(p, p - step * o.lr, loc);
+  }
+}
+
+void adam(builder& b, const std::vector<expr>& params, const std::vector<expr>& grads, const adam_options& o,
+          source_loc loc) {
+  if (params.size() != grads.size()) {
+    b.fail({error_code::invalid_argument, "adam: params and grads differ in count"}, loc);
+    return;
+  }
+  const expr t = b.parameter("opt.adam.t", dtype::f32, {}, loc);
+  const expr t1 = t + 1.0;
+  b.update(t, t1, loc);
+  const expr correction1 = 1.0 - pow(b.scalar(o.beta1), t1);
+  const expr correction2 = 1.0 - pow(b.scalar(o.beta2), t1);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const expr& p = params[i];
+    const expr& g = grads[i];
+    if (!p.ok() || !g.ok()) return;
+    const std::string name = name_of(b, p);
+    const expr m = b.parameter("opt.adam.m." + name, p.type(), p.dims(), loc);
+    const expr v = b.parameter("opt.adam.v." + name, p.type(), p.dims(), loc);
+    const expr m1 = m * o.beta1 + g * (1.0 - o.beta1);
+    const expr v1 = v * o.beta2 + g * g * (1.0 - o.beta2);
+    b.update(m, m1, loc);
+    b.update(v, v1, loc);
+    const expr c1 = cast(correction1, p.type(), loc), c2 = cast(correction2, p.type(), loc);
+    expr step = (m1 / c1) / (sqrt(v1 / c2, loc) + o.eps);
+    if (o.weight_decay != 0.0) step = step + p * o.weight_decay;
+    b.update(p, p - step * o.lr, loc);
+  }
+}
+
+}  // namespace mesh::optim
