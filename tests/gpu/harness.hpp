@@ -23,14 +23,16 @@ inline tensor random_tensor(dtype t, shape s, uint64_t seed, double lo = -1, dou
   return x;
 }
 
-/// The Vulkan executor of this test process (lavapipe in CI); memory-only kernel cache.
+/// The Vulkan executor of this test process (lavapipe in CI); memory-only kernel cache. It lives
+/// until exit on purpose: destroying the last instance unloads the driver, and LeakSanitizer could
+/// then not name (nor suppress) what the driver leaked.
 inline executor& vulkan() {
-  static std::unique_ptr<executor> ex = [] {
+  static executor* ex = [] {
     vulkan_options o;
     o.cache_dir = "-";
     auto e = make_vulkan_executor(o);
     if (!e) FAIL("no Vulkan executor: " << e.error().to_string());
-    return std::move(*e);
+    return e->release();
   }();
   return *ex;
 }
