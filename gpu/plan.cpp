@@ -73,19 +73,23 @@ plan lower(const graph& g) {
   for (node_id id = 0; id < g.size(); ++id) {
     const op_kind op = g[id].op;
     if (op != op_kind::matmul && op != op_kind::reduce_sum && op != op_kind::reduce_max) continue;
-    if (pinned[id] || users[id].size() != 1) continue;
-    node_id cur = id, root = -1;
-    while (true) {
-      if (users[cur].size() != 1) break;
-      const node_id u = users[cur][0];
-      if (!is_elementwise(g[u].op)) break;
-      if (p.materialised[u]) {
-        root = u;
-        break;
-      }
-      cur = u;
+    if (pinned[id]) continue;
+    // Every path from the anchor must stay elementwise (same index) until one materialised
+    // root; fan-out on the way is fine (the epilogue computes each node once per element).
+    std::set<node_id> reached, seen;
+    std::vector<node_id> stack(users[id].begin(), users[id].end());
+    bool ok = !stack.empty();
+    while (ok && !stack.empty()) {
+      const node_id u = stack.back();
+      stack.pop_back();
+      if (!seen.insert(u).second) continue;
+      if (!is_elementwise(g[u].op)) ok = false;
+      else if (p.materialised[u]) reached.insert(u);
+      else stack.insert(stack.end(), users[u].begin(), users[u].end());
     }
-    if (root < 0 || claimed[root] >= 0 || is_anchor(g[root].op)) continue;
+    if (!ok || reached.size() != 1) continue;
+    const node_id root = *reached.begin();
+    if (claimed[root] >= 0 || is_anchor(g[root].op)) continue;
     claimed[root] = id;
     p.materialised[id] = false;
   }

@@ -3,6 +3,7 @@
 // reference evaluator. Sizes are odd on purpose (1, 3, 127, not multiples of tiles or of vec4).
 #include "harness.hpp"
 
+#include "graph/nn.hpp"
 #include "gpu/plan.hpp"
 
 using namespace mesh;
@@ -96,6 +97,7 @@ TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
     auto bias = b.parameter("b" + tag, dtype::f32, cs);
     b.output("plain", matmul(x, w));
     b.output("epilogue", relu(matmul(x, w) + bias) * 2.0);
+    b.output("gelu", nn::gelu(matmul(x, w) + bias));
     const graph g = finish(b);
     check(g, {{"x", random_tensor(dtype::f32, as, 9)}},
           {{"w" + tag, random_tensor(dtype::f32, bs, 10)}, {"b" + tag, random_tensor(dtype::f32, cs, 11)}}, 1e-4);

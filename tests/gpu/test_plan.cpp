@@ -97,3 +97,27 @@ TEST_CASE("lowering: outputs and update values always get buffers") {
   CHECK(p.kernels.size() == 3);
   CHECK(p.materialised[t.id()]);
 }
+
+TEST_CASE("lowering: an epilogue that uses the matmul result several times (GELU) still fuses") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {5, 8});
+  auto w = b.parameter("w", dtype::f32, {8, 8});
+  auto bias = b.parameter("b", dtype::f32, {8});
+  b.output("y", nn::gelu(matmul(x, w) + bias));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].kind == kernel_kind::matmul);
+}
+
+TEST_CASE("lowering: no epilogue when the matmul result is also re-indexed") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {8, 8});
+  auto m = matmul(x, x);
+  b.output("y", m + transpose(m));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 2);
+}
