@@ -1,0 +1,434 @@
+// The CPU back end: node-by-node typed loops (float for f32/f16/bf16 with rounding after each op,
+// int32 for i32), split across threads for large tensors. Used where no Vulkan device exists.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "graph/validate.hpp"
+#include "gpu/executor.hpp"
+
+namespace mesh::gpu {
+namespace {
+
+struct value {
+  std::vector<float> f;    // float dtypes
+  std::vector<int32_t> i;  // i32
+};
+
+class cpu_executor final : public executor {
+ public:
+  explicit cpu_executor(unsigned threads) : threads_(threads ? threads : std::max(1u, std::thread::hardware_concurrency())) {
+    info_.name = "cpu (" + std::to_string(threads_) + " threads)";
+    info_.kind = "cpu";
+    info_.fp16 = info_.bf16_storage = true;
+  }
+
+  const device_info& info() const override { return info_; }
+  kernel_stats stats() const override { return {}; }
+
+  expected<program_id> load(const graph& g) override {
+    if (auto ok = validate(g); !ok) return tl::unexpected(ok.error());
+    for (const auto& n : g.nodes)
+      if (n.op == op_kind::parameter) {
+        auto it = params_.find(n.attrs.name);
+        if (it == params_.end()) params_[n.attrs.name] = tensor::zeros(n.type, n.dims);
+        else if (it->second.type != n.type || it->second.dims != n.dims)
+          return make_error(error_code::shape_mismatch, "parameter \"" + n.attrs.name + "\" has another dtype or shape here");
+      }
+    programs_.push_back(g);
+    return static_cast<program_id>(programs_.size() - 1);
+  }
+
+  expected<void> set_parameters(const tensor_map& params) override {
+    for (const auto& [name, t] : params) {
+      if (auto ok = t.check(); !ok) return ok;
+      auto it = params_.find(name);
+      if (it != params_.end() && (it->second.type != t.type || it->second.dims != t.dims))
+        return make_error(error_code::shape_mismatch, "parameter \"" + name + "\" has another dtype or shape here");
+    }
+    for (const auto& [name, t] : params) params_[name] = t;
+    return {};
+  }
+
+  expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
+    tensor_map out;
+    for (const auto& n : names) {
+      auto it = params_.find(n);
+      if (it == params_.end()) return make_error(error_code::not_found, "no parameter \"" + n + "\"");
+      out[n] = it->second;
+    }
+    return out;
+  }
+
+  expected<tensor_map> run(program_id id, const tensor_map& inputs) override {
+    if (id >= programs_.size()) return make_error(error_code::not_found, "no program " + std::to_string(id));
+    const graph& g = programs_[id];
+    if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
+    std::vector<value> v(static_cast<size_t>(g.size()));
+    for (node_id n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
+    tensor_map out;
+    for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
+    for (const auto& u : g.updates) params_[g[u.target].attrs.name] = to_tensor(g[u.value], v[u.value]);
+    return out;
+  }
+
+ private:
+  template <class F>
+  void parallel(int64_t n, F f) const {
+    const int64_t chunk = 16384;
+    if (threads_ <= 1 || n < 2 * chunk) {
+      f(int64_t{0}, n);
+      return;
+    }
+    const int64_t parts = std::min<int64_t>(threads_, (n + chunk - 1) / chunk);
+    std::vector<std::thread> ts;
+    for (int64_t p = 1; p < parts; ++p) ts.emplace_back([&, p] { f(n * p / parts, n * (p + 1) / parts); });
+    f(0, n / parts);
+    for (auto& t : ts) t.join();
+  }
+
+  static value from_tensor(const tensor& t) {
+    value v;
+    const int64_t n = t.size();
+    if (t.type == dtype::i32) {
+      v.i.resize(static_cast<size_t>(n));
+      if (n) std::memcpy(v.i.data(), t.bytes.data(), static_cast<size_t>(n) * 4);
+    } else if (t.type == dtype::f32) {
+      v.f.resize(static_cast<size_t>(n));
+      if (n) std::memcpy(v.f.data(), t.bytes.data(), static_cast<size_t>(n) * 4);
+    } else {
+      v.f.resize(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) v.f[k] = static_cast<float>(t.at(k));
+    }
+    return v;
+  }
+
+  static tensor to_tensor(const node& n, const value& v) {
+    tensor t = tensor::zeros(n.type, n.dims);
+    const auto count = static_cast<size_t>(t.size());
+    if (n.type == dtype::i32) {
+      if (count) std::memcpy(t.bytes.data(), v.i.data(), count * 4);
+    } else if (n.type == dtype::f32) {
+      if (count) std::memcpy(t.bytes.data(), v.f.data(), count * 4);
+    } else {
+      for (size_t k = 0; k < count; ++k) t.set(static_cast<int64_t>(k), v.f[k]);
+    }
+    return t;
+  }
+
+  static float round16(dtype t, float x) {
+    if (t == dtype::f16) return half_to_float(float_to_half(x));
+    if (t == dtype::bf16) return bf16_to_float(float_to_bf16(x));
+    return x;
+  }
+
+  static int32_t to_i32(double x) { return static_cast<int32_t>(round_to(dtype::i32, x)); }
+
+  void compute(const graph& g, node_id id, std::vector<value>& v, const tensor_map& inputs) {
+    const node& n = g[id];
+    const int64_t count = element_count(n.dims);
+    value& out = v[id];
+    const bool is_int = n.type == dtype::i32;
+    if (n.op == op_kind::input) {
+      out = from_tensor(inputs.at(n.attrs.name));
+      return;
+    }
+    if (n.op == op_kind::parameter) {
+      out = from_tensor(params_.at(n.attrs.name));
+      return;
+    }
+    if (n.op == op_kind::constant) {
+      const auto c = static_cast<size_t>(count);
+      std::vector<double> vals = n.attrs.values.size() == 1 ? std::vector<double>(c, n.attrs.values[0]) : n.attrs.values;
+      out = from_tensor(tensor::from_values(n.type, n.dims, vals));
+      return;
+    }
+    if (is_int) out.i.resize(static_cast<size_t>(count));
+    else out.f.resize(static_cast<size_t>(count));
+    // Element k of input j as double (generic paths) and typed pointers (fast paths).
+    auto in_at = [&](size_t j, int64_t k) -> double {
+      const value& x = v[n.inputs[j]];
+      return g[n.inputs[j]].type == dtype::i32 ? x.i[static_cast<size_t>(k)] : x.f[static_cast<size_t>(k)];
+    };
+    auto store = [&](int64_t k, double x) {
+      if (is_int) out.i[static_cast<size_t>(k)] = to_i32(x);
+      else out.f[static_cast<size_t>(k)] = round16(n.type, static_cast<float>(x));
+    };
+    switch (family_of(n.op)) {
+      case op_family::unary: {
+        const bool fin = g[n.inputs[0]].type != dtype::i32;
+        if (fin && !is_int) {
+          const float* a = v[n.inputs[0]].f.data();
+          float* o = out.f.data();
+          const dtype t = n.type;
+          auto map = [&](auto f) {
+            parallel(count, [&](int64_t b, int64_t e) {
+              for (int64_t k = b; k < e; ++k) o[k] = f(a[k]);
+              if (t != dtype::f32)
+                for (int64_t k = b; k < e; ++k) o[k] = round16(t, o[k]);
+            });
+          };
+          switch (n.op) {
+            case op_kind::neg: map([](float x) { return -x; }); return;
+            case op_kind::abs: map([](float x) { return std::abs(x); }); return;
+            case op_kind::exp: map([](float x) { return std::exp(x); }); return;
+            case op_kind::log: map([](float x) { return std::log(x); }); return;
+            case op_kind::sqrt: map([](float x) { return std::sqrt(x); }); return;
+            case op_kind::rsqrt: map([](float x) { return 1.0f / std::sqrt(x); }); return;
+            case op_kind::tanh: map([](float x) { return std::tanh(x); }); return;
+            case op_kind::sin: map([](float x) { return std::sin(x); }); return;
+            case op_kind::cos: map([](float x) { return std::cos(x); }); return;
+            case op_kind::relu: map([](float x) { return x > 0 ? x : 0.0f; }); return;
+            case op_kind::sigmoid: map([](float x) { return 1.0f / (1.0f + std::exp(-x)); }); return;
+            case op_kind::cast: map([](float x) { return x; }); return;
+            default: break;
+          }
+        }
+        parallel(count, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            const double x = in_at(0, k);
+            double r = x;
+            switch (n.op) {
+              case op_kind::neg: r = -x; break;
+              case op_kind::abs: r = std::abs(x); break;
+              case op_kind::exp: r = std::exp(x); break;
+              case op_kind::log: r = std::log(x); break;
+              case op_kind::sqrt: r = std::sqrt(x); break;
+              case op_kind::rsqrt: r = 1.0 / std::sqrt(x); break;
+              case op_kind::tanh: r = std::tanh(x); break;
+              case op_kind::sin: r = std::sin(x); break;
+              case op_kind::cos: r = std::cos(x); break;
+              case op_kind::relu: r = x > 0 ? x : 0.0; break;
+              case op_kind::sigmoid: r = 1.0 / (1.0 + std::exp(-x)); break;
+              default: break;
+            }
+            store(k, r);
+          }
+        });
+        return;
+      }
+      case op_family::binary: {
+        const bool int_operands = g[n.inputs[0]].type == dtype::i32;
+        if (!int_operands && !is_int && n.op != op_kind::pow) {
+          const float* a = v[n.inputs[0]].f.data();
+          const float* c = v[n.inputs[1]].f.data();
+          float* o = out.f.data();
+          const dtype t = n.type;
+          auto map = [&](auto f) {
+            parallel(count, [&](int64_t b, int64_t e) {
+              for (int64_t k = b; k < e; ++k) o[k] = f(a[k], c[k]);
+              if (t != dtype::f32)
+                for (int64_t k = b; k < e; ++k) o[k] = round16(t, o[k]);
+            });
+          };
+          switch (n.op) {
+            case op_kind::add: map([](float x, float y) { return x + y; }); return;
+            case op_kind::sub: map([](float x, float y) { return x - y; }); return;
+            case op_kind::mul: map([](float x, float y) { return x * y; }); return;
+            case op_kind::div: map([](float x, float y) { return x / y; }); return;
+            case op_kind::max: map([](float x, float y) { return x > y ? x : y; }); return;
+            case op_kind::min: map([](float x, float y) { return x < y ? x : y; }); return;
+            default: break;
+          }
+        }
+        parallel(count, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            const double x = in_at(0, k), y = in_at(1, k);
+            double r = 0;
+            switch (n.op) {
+              case op_kind::add: r = x + y; break;
+              case op_kind::sub: r = x - y; break;
+              case op_kind::mul: r = x * y; break;
+              case op_kind::div: r = int_operands ? (y == 0 ? 0.0 : std::trunc(x / y)) : x / y; break;
+              case op_kind::pow: r = std::pow(x, y); break;
+              case op_kind::max: r = x > y ? x : y; break;
+              case op_kind::min: r = x < y ? x : y; break;
+              case op_kind::compare:
+                switch (n.attrs.cmp) {
+                  case compare_kind::eq: r = x == y; break;
+                  case compare_kind::ne: r = x != y; break;
+                  case compare_kind::lt: r = x < y; break;
+                  case compare_kind::le: r = x <= y; break;
+                  case compare_kind::gt: r = x > y; break;
+                  case compare_kind::ge: r = x >= y; break;
+                }
+                break;
+              default: break;
+            }
+            store(k, r);
+          }
+        });
+        return;
+      }
+      case op_family::ternary:
+        parallel(count, [&](int64_t b, int64_t e) {
+          const int32_t* c = v[n.inputs[0]].i.data();
+          for (int64_t k = b; k < e; ++k) {
+            if (is_int) out.i[k] = v[n.inputs[c[k] != 0 ? 1 : 2]].i[k];
+            else out.f[k] = v[n.inputs[c[k] != 0 ? 1 : 2]].f[k];
+          }
+        });
+        return;
+      case op_family::matmul: {
+        const shape& ad = g[n.inputs[0]].dims;
+        const size_t r = ad.size();
+        const int64_t m = ad[r - 2], kd = ad[r - 1], nn = n.dims[r - 1];
+        const int64_t rows = m * nn != 0 ? count / nn : 0;
+        if (is_int) {
+          parallel(rows, [&](int64_t b, int64_t e) {
+            for (int64_t row = b; row < e; ++row) {
+              const int64_t bt = row / m;
+              for (int64_t j = 0; j < nn; ++j) {
+                double acc = 0;
+                for (int64_t p = 0; p < kd; ++p) acc += in_at(0, row * kd + p) * in_at(1, (bt * kd + p) * nn + j);
+                out.i[row * nn + j] = to_i32(acc);
+              }
+            }
+          });
+          return;
+        }
+        const float* a = v[n.inputs[0]].f.data();
+        const float* bm = v[n.inputs[1]].f.data();
+        float* o = out.f.data();
+        parallel(rows, [&](int64_t b, int64_t e) {
+          for (int64_t row = b; row < e; ++row) {
+            const int64_t bt = row / m;
+            float* orow = o + row * nn;
+            std::fill(orow, orow + nn, 0.0f);
+            for (int64_t p = 0; p < kd; ++p) {
+              const float av = a[row * kd + p];
+              const float* brow = bm + (bt * kd + p) * nn;
+              for (int64_t j = 0; j < nn; ++j) orow[j] += av * brow[j];  // vectorises
+            }
+            if (n.type != dtype::f32)
+              for (int64_t j = 0; j < nn; ++j) orow[j] = round16(n.type, orow[j]);
+          }
+        });
+        return;
+      }
+      case op_family::reduce: {
+        const shape& xd = g[n.inputs[0]].dims;
+        const auto xs = strides_of(xd);
+        shape kd, rd;
+        std::vector<int64_t> ks, rs;
+        for (size_t a = 0; a < xd.size(); ++a) {
+          const bool red = std::count(n.attrs.axes.begin(), n.attrs.axes.end(), static_cast<int64_t>(a)) > 0;
+          (red ? rd : kd).push_back(xd[a]);
+          (red ? rs : ks).push_back(xs[a]);
+        }
+        const int64_t rcount = element_count(rd);
+        const bool is_max = n.op == op_kind::reduce_max;
+        auto offset = [](int64_t i, const shape& d, const std::vector<int64_t>& s) {
+          int64_t off = 0;
+          for (int k = static_cast<int>(d.size()) - 1; k >= 0; --k) {
+            off += (i % d[k]) * s[k];
+            i /= d[k];
+          }
+          return off;
+        };
+        std::vector<int64_t> roff(static_cast<size_t>(rcount));
+        for (int64_t r = 0; r < rcount; ++r) roff[r] = offset(r, rd, rs);
+        parallel(count, [&](int64_t b, int64_t e) {
+          for (int64_t o = b; o < e; ++o) {
+            const int64_t base = offset(o, kd, ks);
+            double acc = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+            for (int64_t r = 0; r < rcount; ++r) {
+              const double x = in_at(0, base + roff[r]);
+              if (is_max) acc = std::isnan(x) || x > acc ? x : acc;
+              else acc += x;
+            }
+            store(o, acc);
+          }
+        });
+        return;
+      }
+      case op_family::movement: {
+        if (n.op == op_kind::reshape) {
+          out = v[n.inputs[0]];
+          return;
+        }
+        // Source index of each output element.
+        const auto os = strides_of(n.dims);
+        auto source = [&](int64_t k, size_t& part) -> int64_t {
+          part = 0;
+          const shape& xd = g[n.inputs[0]].dims;
+          const auto xs = strides_of(xd);
+          int64_t src = 0;
+          switch (n.op) {
+            case op_kind::broadcast: {
+              const size_t off = n.dims.size() - xd.size();
+              for (size_t a = 0; a < xd.size(); ++a)
+                if (xd[a] != 1) src += (k / os[off + a] % n.dims[off + a]) * xs[a];
+              return src;
+            }
+            case op_kind::permute:
+              for (size_t a = 0; a < n.dims.size(); ++a) src += (k / os[a] % n.dims[a]) * xs[static_cast<size_t>(n.attrs.axes[a])];
+              return src;
+            case op_kind::slice:
+              for (size_t a = 0; a < n.dims.size(); ++a) src += (k / os[a] % n.dims[a] + n.attrs.starts[a]) * xs[a];
+              return src;
+            case op_kind::concat: {
+              const auto ax = static_cast<size_t>(n.attrs.axis);
+              int64_t c = k / os[ax] % n.dims[ax];
+              while (c >= g[n.inputs[part]].dims[ax]) c -= g[n.inputs[part++]].dims[ax];
+              const shape& pd = g[n.inputs[part]].dims;
+              const int64_t inner = os[ax];
+              const int64_t outer = k / (os[ax] * n.dims[ax]);
+              return (outer * pd[ax] + c) * inner + k % inner;
+            }
+            default: return 0;
+          }
+        };
+        parallel(count, [&](int64_t b, int64_t e) {
+          for (int64_t k = b; k < e; ++k) {
+            size_t part = 0;
+            const int64_t s = source(k, part);
+            if (is_int) out.i[k] = v[n.inputs[part]].i[s];
+            else out.f[k] = v[n.inputs[part]].f[s];
+          }
+        });
+        return;
+      }
+      case op_family::gather: {
+        if (n.op == op_kind::gather) {
+          const shape& td = g[n.inputs[0]].dims;
+          const int64_t rows = td[0], row = rows ? element_count(td) / rows : 0;
+          const auto& idx = v[n.inputs[1]].i;
+          parallel(count, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+              const int64_t r = idx[k / std::max<int64_t>(row, 1)];
+              const bool ok = r >= 0 && r < rows;
+              const int64_t s = r * row + k % std::max<int64_t>(row, 1);
+              if (is_int) out.i[k] = ok ? v[n.inputs[0]].i[s] : 0;
+              else out.f[k] = ok ? v[n.inputs[0]].f[s] : 0.0f;
+            }
+          });
+        } else {
+          const int64_t rows = n.dims[0], row = rows ? count / rows : 0;
+          const auto& idx = v[n.inputs[0]].i;
+          std::vector<double> acc(static_cast<size_t>(count), 0.0);
+          for (size_t p = 0; p < idx.size(); ++p) {
+            if (idx[p] < 0 || idx[p] >= rows) continue;
+            for (int64_t c = 0; c < row; ++c) acc[idx[p] * row + c] += in_at(1, static_cast<int64_t>(p) * row + c);
+          }
+          for (int64_t k = 0; k < count; ++k) store(k, acc[k]);
+        }
+        return;
+      }
+      case op_family::leaf: return;
+    }
+  }
+
+  unsigned threads_;
+  device_info info_;
+  std::vector<graph> programs_;
+  tensor_map params_;
+};
+
+}  // namespace
+
+std::unique_ptr<executor> make_cpu_executor(unsigned threads) { return std::make_unique<cpu_executor>(threads); }
+
+}  // namespace mesh::gpu

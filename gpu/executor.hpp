@@ -1,0 +1,88 @@
+#pragma once
+/// The executor: runs graphs on one device. Parameters (by name) stay resident on the device and
+/// are shared by every program loaded on it; a run returns the graph's outputs and applies its
+/// updates on the device. Two back ends: Vulkan (any GPU, or lavapipe) and the CPU.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "graph/evaluate.hpp"
+#include "graph/graph.hpp"
+
+namespace mesh::gpu {
+
+/// What a device is and can do (probed, never assumed).
+struct device_info {
+  std::string name;
+  std::string kind;  ///< "discrete", "integrated", "virtual", "cpu"
+  uint64_t memory_bytes = 0;
+  uint32_t subgroup_size = 0;
+  uint32_t shared_memory_bytes = 0;
+  bool fp16 = false;          ///< 16-bit storage: f16/bf16 tensors supported
+  bool bf16_storage = false;  ///< bf16 tensors (stored as 16-bit words, computed in f32)
+  bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (not used yet: see docs/gpu.md)
+};
+
+/// Time spent in one kernel of a program, summed over runs (GPU timestamps).
+struct kernel_timing {
+  std::string name;       ///< variant and root node, e.g. "mm128_12"
+  uint64_t runs = 0;
+  double total_ms = 0;
+  double last_ms = 0;
+  uint64_t bytes = 0;     ///< bytes read + written per run (at least)
+  double flops = 0;       ///< per run (matmul)
+};
+
+struct kernel_stats {
+  uint64_t shader_compiles = 0;  ///< shaderc invocations
+  uint64_t cache_memory_hits = 0;
+  uint64_t cache_disk_hits = 0;
+  double compile_ms = 0;
+  uint64_t validation_errors = 0;  ///< validation-layer errors seen (validation mode only)
+  uint64_t validation_warnings = 0;
+  uint64_t device_bytes = 0;       ///< device memory sub-allocated now
+  std::vector<kernel_timing> kernels;  ///< the last-run program's kernels, in order
+};
+
+using program_id = uint32_t;
+
+class executor {
+ public:
+  virtual ~executor() = default;
+  virtual const device_info& info() const = 0;
+  /// Validates and compiles `g` (kernel cache), allocates its buffers. Parameters it names that
+  /// were not set yet are created (zeros) with the graph's dtype and shape.
+  virtual expected<program_id> load(const graph& g) = 0;
+  /// Uploads parameters (creating them when new; an existing one must keep dtype and shape).
+  virtual expected<void> set_parameters(const tensor_map& params) = 0;
+  virtual expected<tensor_map> get_parameters(const std::vector<std::string>& names) = 0;
+  /// Runs a loaded program: returns its outputs and applies its updates on the device.
+  virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;
+  virtual kernel_stats stats() const = 0;
+};
+
+struct vulkan_options {
+  /// Substring of the device name to pick, or "discrete", "integrated", "cpu"; empty: the env
+  /// variable MESH_DEVICE, else the best (discrete > integrated > virtual > cpu).
+  std::string device;
+  /// Enable VK_LAYER_KHRONOS_validation with a messenger that counts errors (also env
+  /// MESH_VK_VALIDATION=1).
+  bool validation = false;
+  /// Kernel + pipeline cache directory; empty: default_cache_dir(); "-": memory only.
+  std::string cache_dir;
+  /// Device memory this executor may use (0: no limit besides the device's own). Going over is an
+  /// out-of-memory error like the device's.
+  uint64_t memory_limit = 0;
+  /// Size of each device memory block that tensors are sub-allocated from.
+  uint64_t block_bytes = 64ull << 20;
+};
+
+/// A Vulkan executor on the chosen device, or an error saying why none is available.
+expected<std::unique_ptr<executor>> make_vulkan_executor(const vulkan_options& options = {});
+
+/// The CPU back end: `threads` workers (0: hardware concurrency).
+std::unique_ptr<executor> make_cpu_executor(unsigned threads = 0);
+
+}  // namespace mesh::gpu

@@ -1,0 +1,687 @@
+#include "gpu/glsl.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+namespace mesh::gpu {
+namespace {
+
+std::string u(int64_t v) { return std::to_string(v) + "u"; }
+
+std::string float_literal(double v) {
+  const float f = static_cast<float>(v);
+  if (std::isnan(f)) return "uintBitsToFloat(0x7fc00000u)";
+  if (std::isinf(f)) return f > 0 ? "uintBitsToFloat(0x7f800000u)" : "uintBitsToFloat(0xff800000u)";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(f));
+  std::string s = buf;
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string int_literal(double v) {
+  const double r = round_to(dtype::i32, v);
+  if (r <= -2147483648.0) return "(-2147483647 - 1)";
+  return std::to_string(static_cast<int64_t>(r));
+}
+
+const char* prelude = R"(
+float mesh_round_f16(float x) { return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x; }
+uint mesh_bf16_bits(float x) {
+  uint b = floatBitsToUint(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (b >> 16) | 0x40u;
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return b >> 16;
+}
+float mesh_round_bf16(float x) { return uintBitsToFloat(mesh_bf16_bits(x) << 16); }
+float mesh_pow(float a, float b) {
+  if (b == 0.0) return 1.0;
+  if (b == 1.0) return a;
+  if (b == 2.0) return a * a;
+  if (a >= 0.0) return pow(a, b);
+  if (b == floor(b)) { float r = pow(-a, b); return mod(b, 2.0) == 1.0 ? -r : r; }
+  return uintBitsToFloat(0x7fc00000u);
+}
+vec4 mesh_pow(vec4 a, vec4 b) { return vec4(mesh_pow(a.x, b.x), mesh_pow(a.y, b.y), mesh_pow(a.z, b.z), mesh_pow(a.w, b.w)); }
+float mesh_tanh(float x) { float t = exp(-2.0 * abs(x)); return sign(x) * (1.0 - t) / (1.0 + t); }
+vec4 mesh_tanh(vec4 x) { vec4 t = exp(-2.0 * abs(x)); return sign(x) * (1.0 - t) / (1.0 + t); }
+float mesh_sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
+vec4 mesh_sigmoid(vec4 x) { return 1.0 / (1.0 + exp(-x)); }
+int mesh_to_int(float x) { return isnan(x) ? 0 : int(clamp(x, -2147483648.0, 2147483520.0)); }
+ivec4 mesh_to_int(vec4 x) { return ivec4(mesh_to_int(x.x), mesh_to_int(x.y), mesh_to_int(x.z), mesh_to_int(x.w)); }
+int mesh_idiv(int a, int b) { return b == 0 ? 0 : a / b; }
+)";
+
+/// Builds the statements of one kernel: values of nodes at index expressions, with common
+/// subexpressions shared (keyed by node and index text) and buffers bound on first use.
+class emitter {
+ public:
+  emitter(const graph& g, const plan& p, bool vec4) : g_(g), p_(p), vec4_(vec4) {}
+
+  std::string body;
+  std::vector<node_id> bindings;
+
+  int bind(node_id id) {
+    auto it = std::find(bindings.begin(), bindings.end(), id);
+    if (it != bindings.end()) return static_cast<int>(it - bindings.begin());
+    bindings.push_back(id);
+    return static_cast<int>(bindings.size() - 1);
+  }
+
+  /// GLSL type holding a value of node `id` while computing.
+  std::string ctype(node_id id) const { return ctype(g_[id].type); }
+  std::string ctype(dtype t) const {
+    if (t == dtype::i32) return vec4_ ? "ivec4" : "int";
+    return vec4_ ? "vec4" : "float";
+  }
+
+  std::string tmp() { return "t" + std::to_string(next_++); }
+
+  /// Declares `T name = expr;` and returns the name.
+  std::string let(const std::string& type, const std::string& expr) {
+    std::string name = tmp();
+    body += "  " + type + " " + name + " = " + expr + ";\n";
+    return name;
+  }
+
+  /// An index expression as a plain name (declaring a temporary when it is not one).
+  std::string index_var(const std::string& e) {
+    if (std::all_of(e.begin(), e.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      return e;
+    auto it = index_cse_.find(e);
+    if (it != index_cse_.end()) return it->second;
+    std::string v = let("uint", e);
+    index_cse_[e] = v;
+    return v;
+  }
+
+  /// Seeds the value of `id` at `idx` (the accumulator of an epilogue's anchor).
+  void seed(node_id id, const std::string& idx, const std::string& var) { cse_[{id, idx}] = var; }
+
+  /// Runs `f` in a nested scope: temporaries made there are forgotten after.
+  template <class F>
+  void scoped(F f) {
+    auto saved = cse_;
+    auto saved_idx = index_cse_;
+    f();
+    cse_ = std::move(saved);
+    index_cse_ = std::move(saved_idx);
+  }
+
+  std::string load(node_id id, const std::string& idx) {
+    const int b = bind(id);
+    const std::string ref = "b" + std::to_string(b) + ".v[" + idx + "]";
+    switch (g_[id].type) {
+      case dtype::f16: return "unpackHalf2x16(uint(" + ref + ")).x";
+      case dtype::bf16: return "uintBitsToFloat(uint(" + ref + ") << 16)";
+      default: return ref;
+    }
+  }
+
+  std::string store(node_id id, const std::string& idx, const std::string& v) {
+    const int b = bind(id);
+    const std::string ref = "b" + std::to_string(b) + ".v[" + idx + "]";
+    switch (g_[id].type) {
+      case dtype::f16: return "  " + ref + " = uint16_t(packHalf2x16(vec2(" + v + ", 0.0)) & 0xffffu);\n";
+      case dtype::bf16: return "  " + ref + " = uint16_t(mesh_bf16_bits(" + v + "));\n";
+      default: return "  " + ref + " = " + v + ";\n";
+    }
+  }
+
+  /// Rounds a freshly computed float to the node's storage type (what the reference does).
+  std::string rounded(node_id id, const std::string& e) {
+    switch (g_[id].type) {
+      case dtype::f16: return "mesh_round_f16(" + e + ")";
+      case dtype::bf16: return "mesh_round_bf16(" + e + ")";
+      default: return e;
+    }
+  }
+
+  /// Coordinate `d` of flat index `idx` in `dims`.
+  static std::string coord(const std::string& idx, const shape& dims, size_t d) {
+    const auto st = strides_of(dims);
+    std::string e = st[d] == 1 ? idx : "(" + idx + " / " + u(st[d]) + ")";
+    if (d > 0) e = "(" + e + " % " + u(dims[d]) + ")";
+    return e;
+  }
+
+  static std::string sum_terms(const std::vector<std::string>& terms) {
+    if (terms.empty()) return "0u";
+    std::string s;
+    for (const auto& t : terms) s += (s.empty() ? "" : " + ") + t;
+    return "(" + s + ")";
+  }
+
+  static std::string times(const std::string& e, int64_t k) { return k == 1 ? e : e + " * " + u(k); }
+
+  std::string value(node_id id, const std::string& idx_in) {
+    const std::string idx = index_var(idx_in);
+    auto key = std::make_pair(id, idx);
+    if (auto it = cse_.find(key); it != cse_.end()) return it->second;
+    const node& n = g_[id];
+    std::string v;
+    if (is_splat(n)) {
+      const std::string lit = n.type == dtype::i32 ? int_literal(n.attrs.values[0]) : float_literal(round_to(n.type, n.attrs.values[0]));
+      v = vec4_ ? ctype(id) + "(" + lit + ")" : lit;
+    } else if (p_.materialised[id]) {
+      v = let(ctype(id), load(id, idx));
+    } else {
+      v = compute(id, idx);
+    }
+    cse_[key] = v;
+    return v;
+  }
+
+ private:
+  std::string compute(node_id id, const std::string& idx) {
+    const node& n = g_[id];
+    const auto in = [&](size_t k) { return n.inputs[k]; };
+    const bool is_int = n.type == dtype::i32;
+    switch (family_of(n.op)) {
+      case op_family::unary: {
+        const dtype from = g_[in(0)].type;
+        std::string x = value(in(0), idx);
+        if (n.op == op_kind::cast) {
+          if (n.type == dtype::i32) return from == dtype::i32 ? x : let(ctype(id), "mesh_to_int(" + x + ")");
+          if (from == dtype::i32) x = (vec4_ ? "vec4(" : "float(") + x + ")";
+          return let(ctype(id), rounded(id, x));
+        }
+        if (is_int) {
+          switch (n.op) {
+            case op_kind::neg: return let(ctype(id), "-" + x);
+            case op_kind::abs: return let(ctype(id), "abs(" + x + ")");
+            case op_kind::relu: return let(ctype(id), "max(" + x + ", " + ctype(id) + "(0))");
+            default: x = (vec4_ ? "vec4(" : "float(") + x + ")"; break;
+          }
+        }
+        std::string e;
+        switch (n.op) {
+          case op_kind::neg: e = "-" + x; break;
+          case op_kind::abs: e = "abs(" + x + ")"; break;
+          case op_kind::exp: e = "exp(" + x + ")"; break;
+          case op_kind::log: e = "log(" + x + ")"; break;
+          case op_kind::sqrt: e = "sqrt(" + x + ")"; break;
+          case op_kind::rsqrt: e = "inversesqrt(" + x + ")"; break;
+          case op_kind::tanh: e = "mesh_tanh(" + x + ")"; break;
+          case op_kind::sin: e = "sin(" + x + ")"; break;
+          case op_kind::cos: e = "cos(" + x + ")"; break;
+          case op_kind::relu: e = "max(" + x + ", " + (vec4_ ? "vec4(0.0)" : "0.0") + ")"; break;
+          case op_kind::sigmoid: e = "mesh_sigmoid(" + x + ")"; break;
+          default: e = x; break;
+        }
+        if (is_int) return let(ctype(id), "mesh_to_int(" + e + ")");
+        return let(ctype(id), rounded(id, e));
+      }
+      case op_family::binary: {
+        const bool int_operands = g_[in(0)].type == dtype::i32;
+        const std::string a = value(in(0), idx), b = value(in(1), idx);
+        std::string e;
+        if (n.op == op_kind::compare) {
+          static const char* fn[] = {"equal", "notEqual", "lessThan", "lessThanEqual", "greaterThan", "greaterThanEqual"};
+          static const char* sym[] = {"==", "!=", "<", "<=", ">", ">="};
+          const auto c = static_cast<int>(n.attrs.cmp);
+          e = vec4_ ? std::string("ivec4(") + fn[c] + "(" + a + ", " + b + "))"
+                    : "int(" + a + " " + sym[c] + " " + b + ")";
+          return let(ctype(id), e);
+        }
+        switch (n.op) {
+          case op_kind::add: e = a + " + " + b; break;
+          case op_kind::sub: e = a + " - " + b; break;
+          case op_kind::mul: e = a + " * " + b; break;
+          case op_kind::div: e = int_operands ? "mesh_idiv(" + a + ", " + b + ")" : a + " / " + b; break;
+          case op_kind::pow:
+            e = int_operands ? "mesh_to_int(mesh_pow(float(" + a + "), float(" + b + ")))" : "mesh_pow(" + a + ", " + b + ")";
+            break;
+          case op_kind::max: e = "max(" + a + ", " + b + ")"; break;
+          case op_kind::min: e = "min(" + a + ", " + b + ")"; break;
+          default: break;
+        }
+        return let(ctype(id), is_int ? e : rounded(id, e));
+      }
+      case op_family::ternary: {
+        const std::string c = value(in(0), idx), a = value(in(1), idx), b = value(in(2), idx);
+        if (vec4_) return let(ctype(id), "mix(" + b + ", " + a + ", notEqual(" + c + ", ivec4(0)))");
+        return let(ctype(id), "(" + c + " != 0) ? " + a + " : " + b);
+      }
+      case op_family::movement: return movement(id, idx);
+      case op_family::gather: return gather(id, idx);
+      default: return "0";  // leaves, matmul, reduce, scatter_add are always materialised
+    }
+  }
+
+  std::string movement(node_id id, const std::string& idx) {
+    const node& n = g_[id];
+    const node_id x = n.inputs[0];
+    const shape& xd = g_[x].dims;
+    const auto xs = strides_of(xd);
+    std::vector<std::string> terms;
+    switch (n.op) {
+      case op_kind::reshape: return value(x, idx);
+      case op_kind::broadcast: {
+        const size_t off = n.dims.size() - xd.size();
+        for (size_t a = 0; a < xd.size(); ++a)
+          if (xd[a] != 1) terms.push_back(times(coord(idx, n.dims, off + a), xs[a]));
+        return value(x, sum_terms(terms));
+      }
+      case op_kind::permute: {
+        for (size_t a = 0; a < n.dims.size(); ++a)
+          if (n.dims[a] != 1) terms.push_back(times(coord(idx, n.dims, a), xs[static_cast<size_t>(n.attrs.axes[a])]));
+        return value(x, sum_terms(terms));
+      }
+      case op_kind::slice: {
+        for (size_t a = 0; a < n.dims.size(); ++a) {
+          if (xd[a] == 1) continue;
+          std::string c = coord(idx, n.dims, a);
+          if (n.attrs.starts[a] != 0) c = "(" + c + " + " + u(n.attrs.starts[a]) + ")";
+          terms.push_back(times(c, xs[a]));
+        }
+        return value(x, sum_terms(terms));
+      }
+      case op_kind::concat: {
+        const auto ax = static_cast<size_t>(n.attrs.axis);
+        int64_t inner = 1;
+        for (size_t a = ax + 1; a < n.dims.size(); ++a) inner *= n.dims[a];
+        const std::string c = index_var(coord(idx, n.dims, ax));
+        const std::string outer = index_var(idx + " / " + u(n.dims[ax] * inner));
+        const std::string within = inner == 1 ? "0u" : index_var(idx + " % " + u(inner));
+        const std::string result = tmp();
+        body += "  " + ctype(id) + " " + result + ";\n";
+        int64_t start = 0;
+        for (size_t k = 0; k < n.inputs.size(); ++k) {
+          const int64_t len = g_[n.inputs[k]].dims[ax];
+          const bool last = k + 1 == n.inputs.size();
+          body += k == 0 ? "  " : "  else ";
+          if (!last) body += "if (" + c + " < " + u(start + len) + ") ";
+          body += "{\n";
+          scoped([&] {
+            const std::string in_idx = "(" + outer + " * " + u(len * inner) + " + (" + c + " - " + u(start) + ") * " +
+                                       u(inner) + " + " + within + ")";
+            const std::string v = value(n.inputs[k], in_idx);
+            body += "  " + result + " = " + v + ";\n";
+          });
+          body += "  }\n";
+          start += len;
+        }
+        return result;
+      }
+      default: return "0";
+    }
+  }
+
+  std::string gather(node_id id, const std::string& idx) {
+    const node& n = g_[id];
+    const node_id table = n.inputs[0], indices = n.inputs[1];
+    const shape& td = g_[table].dims;
+    const int64_t rows = td[0];
+    const int64_t row_size = rows ? element_count(td) / rows : 0;
+    const std::string row = value(indices, row_size == 1 ? idx : idx + " / " + u(row_size));
+    const std::string result = let(ctype(id), ctype(id) + "(0)");
+    body += "  if (" + row + " >= 0 && " + row + " < " + std::to_string(rows) + ") {\n";
+    scoped([&] {
+      const std::string at = "uint(" + row + ")" + (row_size == 1 ? "" : " * " + u(row_size) + " + " + idx + " % " + u(row_size));
+      body += "  " + result + " = " + value(table, at) + ";\n";
+    });
+    body += "  }\n";
+    return result;
+  }
+
+  const graph& g_;
+  const plan& p_;
+  bool vec4_;
+  int next_ = 0;
+  std::map<std::pair<node_id, std::string>, std::string> cse_;
+  std::map<std::string, std::string> index_cse_;
+};
+
+/// Nodes computed inline in the expression of `root` (stops at materialised nodes), plus the
+/// materialised ones it reads.
+void inline_nodes(const graph& g, const plan& p, node_id root, node_id stop, std::vector<node_id>& out) {
+  std::vector<node_id> stack{root};
+  std::vector<bool> seen(static_cast<size_t>(g.size()), false);
+  while (!stack.empty()) {
+    node_id id = stack.back();
+    stack.pop_back();
+    if (seen[id]) continue;
+    seen[id] = true;
+    out.push_back(id);
+    if (id == stop || ((p.materialised[id] || is_splat(g[id])) && id != root)) continue;
+    for (auto in : g[id].inputs) stack.push_back(in);
+  }
+}
+
+/// vec4 elementwise needs every value f32 or i32, every read at the output's own index, and a
+/// length divisible by 4.
+/// A splat constant, possibly broadcast or reshaped: the same value at every index.
+bool is_uniform(const graph& g, node_id id) {
+  const node& n = g[id];
+  if (is_splat(n)) return true;
+  return (n.op == op_kind::broadcast || n.op == op_kind::reshape) && is_uniform(g, n.inputs[0]);
+}
+
+bool vectorisable(const graph& g, const plan& p, node_id root) {
+  if (element_count(g[root].dims) % 4 != 0) return false;
+  std::vector<node_id> nodes;
+  inline_nodes(g, p, root, -1, nodes);
+  for (auto id : nodes) {
+    const node& n = g[id];
+    if (n.type != dtype::f32 && n.type != dtype::i32) return false;
+    if (id != root && (p.materialised[id] || is_splat(n))) continue;
+    if (!is_elementwise(n.op) && n.op != op_kind::reshape && !is_uniform(g, id)) return false;
+    if ((n.op == op_kind::div || n.op == op_kind::pow) && n.type == dtype::i32) return false;
+    if (n.op == op_kind::pow && g[n.inputs[0]].type == dtype::i32) return false;
+  }
+  return true;
+}
+
+std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool vec4) {
+  std::string s;
+  for (size_t b = 0; b < bindings.size(); ++b) {
+    const dtype t = g[bindings[b]].type;
+    std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
+    s += "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+         std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
+  }
+  return s;
+}
+
+std::string header(const graph& g, const std::vector<node_id>& bindings, bool subgroups, uint32_t local_size) {
+  std::string s = "#version 450\n";
+  bool has16 = false;
+  for (auto id : bindings) has16 = has16 || g[id].type == dtype::f16 || g[id].type == dtype::bf16;
+  if (has16) s += "#extension GL_EXT_shader_16bit_storage : require\n";
+  if (subgroups) s += "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_arithmetic : require\n";
+  s += "layout(local_size_x = " + std::to_string(local_size) + ") in;\n";
+  return s;
+}
+
+uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap) {
+  const int64_t n = (items + per_group - 1) / per_group;
+  return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, cap));
+}
+
+uint64_t bytes_of(const graph& g, const std::vector<node_id>& bindings) {
+  uint64_t b = 0;
+  for (auto id : bindings) b += static_cast<uint64_t>(element_count(g[id].dims)) * size_of(g[id].type);
+  return b;
+}
+
+/// Accumulator init and combine for a reduction.
+struct reduction_ops {
+  std::string init;
+  std::string combine(const std::string& acc, const std::string& v) const {
+    if (is_max) return is_int ? "max(" + acc + ", " + v + ")" : "((isnan(" + v + ") || " + v + " > " + acc + ") ? " + v + " : " + acc + ")";
+    return acc + " + " + v;
+  }
+  bool is_max = false, is_int = false;
+};
+
+reduction_ops reduction_of(const node& r) {
+  reduction_ops ops;
+  ops.is_max = r.op == op_kind::reduce_max;
+  ops.is_int = r.type == dtype::i32;
+  if (!ops.is_max) ops.init = ops.is_int ? "0" : "0.0";
+  else ops.init = ops.is_int ? "(-2147483647 - 1)" : "uintBitsToFloat(0xff800000u)";
+  return ops;
+}
+
+
+/// The kernel's own root is materialised, so value() would load it: compute it instead by
+/// treating the root as inline while emitting its expression.
+plan with_root_inline(const plan& p, node_id root) {
+  plan q = p;
+  q.materialised[root] = false;
+  return q;
+}
+
+kernel_source elementwise(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const bool vec4 = vectorisable(g, q, k.root);
+  const int64_t count = element_count(g[k.root].dims) / (vec4 ? 4 : 1);
+  emitter e(g, q, vec4);
+  e.bind(k.root);
+  const std::string v = e.value(k.root, "i");
+  const std::string body = e.body + e.store(k.root, "i", v);
+  kernel_source s;
+  s.name = std::string(vec4 ? "ew4_" : "ew_") + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(count, 256, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, vec4) + prelude +
+           "void main() {\n  const uint stride = gl_NumWorkGroups.x * 256u;\n  for (uint i = gl_GlobalInvocationID.x; i < " +
+           u(count) + "; i += stride) {\n" + body + "  }\n}\n";
+  return s;
+}
+
+/// Epilogue: the value of the root once the anchor's value at `idx` is `acc`.
+std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc) {
+  const node_id anchor = k.anchor;
+  std::string a = acc;
+  if (g[anchor].type == dtype::f16) a = "mesh_round_f16(" + acc + ")";
+  if (g[anchor].type == dtype::bf16) a = "mesh_round_bf16(" + acc + ")";
+  std::string out;
+  e.scoped([&] {
+    e.seed(anchor, idx, a);
+    const std::string v = e.value(k.root, idx);
+    out = e.body;
+    e.body.clear();
+    out += e.store(k.root, idx, v);
+  });
+  return out;
+}
+
+kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const node& r = g[k.anchor];
+  const node_id x = r.inputs[0];
+  const shape& xd = g[x].dims;
+  const auto xs = strides_of(xd);
+  std::vector<bool> reduced(xd.size(), false);
+  for (auto a : r.attrs.axes) reduced[static_cast<size_t>(a)] = true;
+  shape kept_dims, red_dims;
+  std::vector<int64_t> kept_strides, red_strides;
+  for (size_t a = 0; a < xd.size(); ++a) {
+    (reduced[a] ? red_dims : kept_dims).push_back(xd[a]);
+    (reduced[a] ? red_strides : kept_strides).push_back(xs[a]);
+  }
+  const int64_t outs = element_count(kept_dims), red = element_count(red_dims);
+  // Trailing reduced axes (rows): contiguous, one workgroup per output pays off.
+  size_t first_red = xd.size();
+  while (first_red > 0 && reduced[first_red - 1]) --first_red;
+  bool trailing = true;
+  for (size_t a = 0; a < first_red; ++a) trailing = trailing && !reduced[a];
+  const bool per_group = red >= 256 && (trailing || outs < 1024);
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  auto offset = [&](const std::string& idx, const shape& dims, const std::vector<int64_t>& strides) {
+    std::vector<std::string> terms;
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (dims[d] != 1) terms.push_back(emitter::times(emitter::coord(idx, dims, d), strides[d]));
+    return emitter::sum_terms(terms);
+  };
+  const std::string base = trailing ? emitter::times("o", red) : offset("o", kept_dims, kept_strides);
+  const std::string roff = trailing ? "r" : offset("r", red_dims, red_strides);
+  const auto ops = reduction_of(r);
+  const std::string acc_t = ops.is_int ? "int" : "float";
+
+  std::string inner;
+  e.scoped([&] {
+    const std::string v = e.value(x, "(base + " + roff + ")");
+    inner = e.body + "    acc = " + ops.combine("acc", v) + ";\n";
+    e.body.clear();
+  });
+  std::string main;
+  const std::string loop_o = per_group ? "for (uint o = gl_WorkGroupID.x; o < " + u(outs) + "; o += gl_NumWorkGroups.x)"
+                                       : "for (uint o = gl_GlobalInvocationID.x; o < " + u(outs) +
+                                             "; o += gl_NumWorkGroups.x * 256u)";
+  main += "  " + loop_o + " {\n    uint base = " + base + ";\n    " + acc_t + " acc = " + ops.init + ";\n";
+  main += per_group ? "    for (uint r = gl_LocalInvocationID.x; r < " + u(red) + "; r += 256u) {\n"
+                    : "    for (uint r = 0u; r < " + u(red) + "; ++r) {\n";
+  main += inner + "    }\n";
+  const bool subgroups = per_group && caps.subgroup_arithmetic;
+  std::string shared;
+  if (per_group) {
+    shared = "shared " + acc_t + " sh[256];\n";
+    if (subgroups) {
+      main += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
+      main += "    if (gl_SubgroupInvocationID == 0u) sh[gl_SubgroupID] = acc;\n    barrier();\n";
+      main += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = " + ops.init +
+              ";\n      for (uint s = 0u; s < gl_NumSubgroups; ++s) acc = " + ops.combine("acc", "sh[s]") + ";\n";
+    } else {
+      main += "    sh[gl_LocalInvocationID.x] = acc;\n    barrier();\n";
+      main += "    for (uint s = 128u; s > 0u; s >>= 1) {\n      if (gl_LocalInvocationID.x < s) sh[gl_LocalInvocationID.x] = " +
+              ops.combine("sh[gl_LocalInvocationID.x]", "sh[gl_LocalInvocationID.x + s]") + ";\n      barrier();\n    }\n";
+      main += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = sh[0];\n";
+    }
+    main += epilogue(e, g, k, "o", "acc") + "    }\n    barrier();\n";
+  } else {
+    main += epilogue(e, g, k, "o", "acc");
+  }
+  main += "  }\n";
+
+  kernel_source s;
+  s.name = std::string(per_group ? "redg_" : "redt_") + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {per_group ? static_cast<uint32_t>(std::clamp<int64_t>(outs, 1, caps.max_groups[0]))
+                        : groups_for(outs, 256, caps.max_groups[0]),
+              1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, subgroups, 256) + buffer_decls(g, s.bindings, false) + shared + prelude +
+           "void main() {\n" + main + "}\n";
+  return s;
+}
+
+/// `float name(uint xi)`: the value of `operand` at flat index xi (prologue index arithmetic).
+std::string loader(emitter& e, const std::string& name, node_id operand) {
+  std::string f;
+  e.scoped([&] {
+    const std::string v = e.value(operand, "xi");
+    f = "float " + name + "(uint xi) {\n" + e.body + "  return float(" + v + ");\n}\n";
+    e.body.clear();
+  });
+  return f;
+}
+
+kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const node& mm = g[k.anchor];
+  const node_id a = mm.inputs[0], b = mm.inputs[1];
+  const shape& ad = g[a].dims;
+  const size_t rank = ad.size();
+  const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
+  const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
+  // Big tiles only when the problem fills them; both fit in 16 KiB of shared memory.
+  const bool big = m >= 512 && n >= 512 && caps.shared_memory_bytes >= 16384;
+  const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
+  const int64_t tx = bn / tn;
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string la = loader(e, "load_a", a), lb = loader(e, "load_b", b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][j]"); });
+
+  std::string src;
+  src += "shared float As[" + std::to_string(bk) + "][" + std::to_string(bm) + "];\n";
+  src += "shared float Bs[" + std::to_string(bk) + "][" + std::to_string(bn) + "];\n";
+  src += la + lb;
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, tx = tid % " + u(tx) + ", ty = tid / " + u(tx) + ";\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += "    float acc[" + std::to_string(tm) + "][" + std::to_string(tn) + "];\n";
+  src += "    for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = 0.0;\n";
+  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
+  src += "      for (uint l = 0u; l < " + u(bm * bk / 256) + "; ++l) {\n";
+  src += "        uint el = tid + l * 256u, kk = el % " + u(bk) + ", mm = el / " + u(bk) + ", gm = m0 + mm, gk = k0 + kk;\n";
+  src += "        As[kk][mm] = (gm < " + u(m) + " && gk < " + u(kd) + ") ? load_a(bz * " + u(m * kd) + " + gm * " + u(kd) +
+         " + gk) : 0.0;\n      }\n";
+  src += "      for (uint l = 0u; l < " + u(bn * bk / 256) + "; ++l) {\n";
+  src += "        uint el = tid + l * 256u, nn = el % " + u(bn) + ", kk = el / " + u(bn) + ", gn = n0 + nn, gk = k0 + kk;\n";
+  src += "        Bs[kk][nn] = (gn < " + u(n) + " && gk < " + u(kd) + ") ? load_b(bz * " + u(kd * n) + " + gk * " + u(n) +
+         " + gn) : 0.0;\n      }\n";
+  src += "      barrier();\n";
+  src += "      for (uint kk = 0u; kk < " + u(bk) + "; ++kk) {\n";
+  src += "        float ra[" + std::to_string(tm) + "], rb[" + std::to_string(tn) + "];\n";
+  src += "        for (uint i = 0u; i < " + u(tm) + "; ++i) ra[i] = As[kk][ty * " + u(tm) + " + i];\n";
+  src += "        for (uint j = 0u; j < " + u(tn) + "; ++j) rb[j] = Bs[kk][tx + j * " + u(tx) + "];\n";
+  src += "        for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = fma(ra[i], rb[j], acc[i][j]);\n";
+  src += "      }\n      barrier();\n    }\n";
+  src += "    for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) {\n";
+  src += "      uint gm = m0 + ty * " + u(tm) + " + i, gn = n0 + tx + j * " + u(tx) + ";\n";
+  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
+  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
+  src += store + "    }\n  }\n}\n";
+
+  kernel_source s;
+  s.name = std::string(big ? "mm128_" : "mm64_") + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
+              groups_for(batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude + src;
+  return s;
+}
+
+kernel_source scatter(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const node& sa = g[k.root];
+  const node_id idx = sa.inputs[0], upd = sa.inputs[1];
+  const int64_t outs = element_count(sa.dims), rows = sa.dims[0];
+  const int64_t row_size = rows ? outs / rows : 0, picks = element_count(g[idx].dims);
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const bool is_int = sa.type == dtype::i32;
+  std::string inner;
+  e.scoped([&] {
+    const std::string ix = e.value(idx, "pk");
+    inner = e.body + "      if (" + ix + " == int(row)) {\n";
+    e.body.clear();
+    e.scoped([&] {
+      const std::string v = e.value(upd, "pk * " + u(row_size) + " + col");
+      inner += e.body + "      acc += " + v + ";\n      }\n";
+      e.body.clear();
+    });
+  });
+  std::string out;
+  e.scoped([&] {
+    const std::string v = e.rounded(k.root, "acc");
+    out = e.store(k.root, "o", v);
+  });
+  kernel_source s;
+  s.name = "scat_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(outs, 256, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude + "void main() {\n  for (uint o = gl_GlobalInvocationID.x; o < " + u(outs) +
+           "; o += gl_NumWorkGroups.x * 256u) {\n    uint row = o / " + u(std::max<int64_t>(row_size, 1)) + ", col = o % " +
+           u(std::max<int64_t>(row_size, 1)) + ";\n    " + (is_int ? "int acc = 0;\n" : "float acc = 0.0;\n") +
+           "    for (uint pk = 0u; pk < " + u(picks) + "; ++pk) {\n" + inner + "    }\n" + out + "  }\n}\n";
+  return s;
+}
+
+}  // namespace
+
+expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  if (!caps.storage16) {
+    std::vector<node_id> nodes;
+    inline_nodes(g, p, k.root, -1, nodes);
+    for (auto id : nodes)
+      if (g[id].type == dtype::f16 || g[id].type == dtype::bf16)
+        return make_error(error_code::unsupported, "this device has no 16-bit storage buffers: f16/bf16 tensors cannot run here");
+  }
+  switch (k.kind) {
+    case kernel_kind::elementwise: return elementwise(g, p, k, caps);
+    case kernel_kind::reduce: return reduction(g, p, k, caps);
+    case kernel_kind::matmul: return matmul(g, p, k, caps);
+    case kernel_kind::scatter_add: return scatter(g, p, k, caps);
+  }
+  return make_error(error_code::internal, "unknown kernel kind");
+}
+
+}  // namespace mesh::gpu

@@ -1,0 +1,36 @@
+#pragma once
+/// GLSL emission for the kernels of a plan (pure: text in, text out; no device).
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "gpu/plan.hpp"
+
+namespace mesh::gpu {
+
+/// What the emitter needs to know about the device: it picks variants from these.
+struct device_caps {
+  uint32_t subgroup_size = 32;
+  uint32_t shared_memory_bytes = 32768;
+  std::array<uint32_t, 3> max_groups{65535, 65535, 65535};
+  bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
+  bool storage16 = false;            ///< 16-bit storage buffers (f16/bf16 tensors)
+};
+
+/// One compute shader, ready for shaderc, with how to bind and dispatch it.
+struct kernel_source {
+  std::string name;               ///< "mm_12", "ew4_7", ... (variant and root node)
+  std::string glsl;
+  std::vector<node_id> bindings;  ///< materialised nodes at bindings 0..n-1; [0] is the root (written)
+  std::array<uint32_t, 3> groups{1, 1, 1};
+  uint64_t bytes = 0;   ///< bytes the kernel reads and writes at least (for GB/s figures)
+  double flops = 0;     ///< matmul: 2*m*n*k*batch
+};
+
+/// Emits the kernel `k` of plan `p`. Fails (unsupported) when the device lacks what it needs,
+/// e.g. 16-bit storage for f16/bf16 tensors.
+expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+}  // namespace mesh::gpu

@@ -1,0 +1,62 @@
+#pragma once
+/// GLSL -> SPIR-V through shaderc, behind a two-level cache (memory, then disk).
+///
+/// The key is a hash of the kernel source and of the device (name + driver version), so a cache
+/// directory can be shared by devices and survives driver updates safely. Entries on disk are
+/// written atomically (temp file + rename) and checked (SPIR-V magic) when read back.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "graph/error.hpp"
+
+namespace mesh::gpu {
+
+/// 64-bit FNV-1a.
+uint64_t fnv1a(std::string_view s, uint64_t h = 14695981039346656037ull);
+
+/// Directory for kernel and pipeline caches: $MESH_KERNEL_CACHE, else
+/// $XDG_CACHE_HOME/meshnode/kernels, else $HOME/.cache/meshnode/kernels ("" if none can be found).
+std::string default_cache_dir();
+
+/// Counters of one shader_cache.
+struct compile_counters {
+  uint64_t compiles = 0;     ///< shaderc invocations (excluding the warm-up)
+  uint64_t memory_hits = 0;
+  uint64_t disk_hits = 0;
+  double compile_ms = 0;     ///< time spent in shaderc
+};
+
+class shader_cache {
+ public:
+  /// `dir` empty: memory only. `device_key` separates devices sharing a directory.
+  shader_cache(std::string dir, std::string device_key);
+  ~shader_cache();
+  shader_cache(const shader_cache&) = delete;
+  shader_cache& operator=(const shader_cache&) = delete;
+
+  /// Initialises shaderc on a background thread, so the first real compile does not pay for it.
+  void warm_up();
+
+  /// SPIR-V words for `glsl` (compiled, or from the cache).
+  expected<std::vector<uint32_t>> get(const std::string& name, const std::string& glsl);
+
+  compile_counters counters() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  expected<std::vector<uint32_t>> compile_locked(const std::string& name, const std::string& glsl);
+
+  std::string dir_, device_key_;
+  mutable std::mutex mutex_;
+  std::map<uint64_t, std::vector<uint32_t>> memory_;
+  compile_counters counters_;
+  void* compiler_ = nullptr;  // shaderc_compiler_t, kept out of this header
+  std::thread warm_;
+};
+
+}  // namespace mesh::gpu

@@ -1,0 +1,260 @@
+#include "gpu/vk_device.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace mesh::gpu {
+
+const char* to_string(VkResult r) {
+  switch (r) {
+    case VK_SUCCESS: return "VK_SUCCESS";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_LAYER_NOT_PRESENT: return "VK_ERROR_LAYER_NOT_PRESENT";
+    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_TOO_MANY_OBJECTS: return "VK_ERROR_TOO_MANY_OBJECTS";
+    case VK_ERROR_OUT_OF_POOL_MEMORY: return "VK_ERROR_OUT_OF_POOL_MEMORY";
+    default: return "VkResult";
+  }
+}
+
+error vk_error(VkResult r, const std::string& what) {
+  std::string msg = what + " failed: " + to_string(r) + " (" + std::to_string(static_cast<int>(r)) + ")";
+  switch (r) {
+    case VK_ERROR_DEVICE_LOST:
+      return {error_code::device, msg + "; the device was lost (driver reset or hang): create a new executor"};
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY:
+    case VK_ERROR_OUT_OF_HOST_MEMORY:
+      return {error_code::device, msg + "; out of memory: free parameters/programs or use smaller tensors"};
+    default: return {error_code::internal, msg};
+  }
+}
+
+namespace {
+
+VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                          VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                          void* user) {
+  auto* d = static_cast<vk_device*>(user);
+  if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+    ++d->validation_errors;
+    std::fprintf(stderr, "[vulkan validation] error: %s\n", data->pMessage);
+  } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    ++d->validation_warnings;
+    std::fprintf(stderr, "[vulkan validation] warning: %s\n", data->pMessage);
+  }
+  return VK_FALSE;
+}
+
+bool has_layer(const char* name) {
+  uint32_t n = 0;
+  vkEnumerateInstanceLayerProperties(&n, nullptr);
+  std::vector<VkLayerProperties> layers(n);
+  vkEnumerateInstanceLayerProperties(&n, layers.data());
+  return std::any_of(layers.begin(), layers.end(), [&](const auto& l) { return std::strcmp(l.layerName, name) == 0; });
+}
+
+int type_rank(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return 4;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return 3;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return 1;
+    default: return 0;
+  }
+}
+
+const char* type_name(VkPhysicalDeviceType t) {
+  switch (t) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "cpu";
+    default: return "other";
+  }
+}
+
+bool has_extension(VkPhysicalDevice p, const char* name) {
+  uint32_t n = 0;
+  vkEnumerateDeviceExtensionProperties(p, nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> ext(n);
+  vkEnumerateDeviceExtensionProperties(p, nullptr, &n, ext.data());
+  return std::any_of(ext.begin(), ext.end(), [&](const auto& e) { return std::strcmp(e.extensionName, name) == 0; });
+}
+
+}  // namespace
+
+vk_device::~vk_device() {
+  if (device) vkDestroyDevice(device, nullptr);
+  if (messenger) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy) destroy(instance, messenger, nullptr);
+  }
+  if (instance) vkDestroyInstance(instance, nullptr);
+}
+
+std::string vk_device::key() const {
+  return info.name + "/" + std::to_string(props.vendorID) + ":" + std::to_string(props.deviceID) + "/driver " +
+         std::to_string(props.driverVersion);
+}
+
+expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& options) {
+  auto d = std::make_unique<vk_device>();
+  const char* env_val = std::getenv("MESH_VK_VALIDATION");
+  const bool validation = options.validation || (env_val && std::strcmp(env_val, "1") == 0);
+  const char* layer = "VK_LAYER_KHRONOS_validation";
+  if (validation && !has_layer(layer))
+    return make_error(error_code::unsupported, "validation requested but VK_LAYER_KHRONOS_validation is not installed "
+                                               "(Debian: vulkan-validationlayers)");
+
+  auto app = vk_struct<VkApplicationInfo>(VK_STRUCTURE_TYPE_APPLICATION_INFO);
+  app.pApplicationName = "meshnode";
+  app.apiVersion = VK_API_VERSION_1_1;
+  auto ici = vk_struct<VkInstanceCreateInfo>(VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO);
+  ici.pApplicationInfo = &app;
+  const char* ext = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+  auto mci = vk_struct<VkDebugUtilsMessengerCreateInfoEXT>(VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT);
+  mci.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT;
+  mci.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                    VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+  mci.pfnUserCallback = on_message;
+  mci.pUserData = d.get();
+  if (validation) {
+    ici.enabledLayerCount = 1;
+    ici.ppEnabledLayerNames = &layer;
+    ici.enabledExtensionCount = 1;
+    ici.ppEnabledExtensionNames = &ext;
+    ici.pNext = &mci;
+  }
+  if (VkResult r = vkCreateInstance(&ici, nullptr, &d->instance); r != VK_SUCCESS) {
+    d->instance = VK_NULL_HANDLE;
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER)
+      return make_error(error_code::unsupported, "no Vulkan 1.1 driver found (install mesa-vulkan-drivers for lavapipe)");
+    return tl::unexpected(vk_error(r, "vkCreateInstance"));
+  }
+  if (validation) {
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(d->instance, "vkCreateDebugUtilsMessengerEXT"));
+    if (create) create(d->instance, &mci, nullptr, &d->messenger);
+  }
+
+  uint32_t count = 0;
+  vkEnumeratePhysicalDevices(d->instance, &count, nullptr);
+  std::vector<VkPhysicalDevice> devices(count);
+  vkEnumeratePhysicalDevices(d->instance, &count, devices.data());
+  std::string want = options.device;
+  if (want.empty())
+    if (const char* e = std::getenv("MESH_DEVICE")) want = e;
+  int best = -1;
+  VkPhysicalDevice chosen = VK_NULL_HANDLE;
+  std::string names;
+  for (auto p : devices) {
+    VkPhysicalDeviceProperties pr;
+    vkGetPhysicalDeviceProperties(p, &pr);
+    if (pr.apiVersion < VK_API_VERSION_1_1) continue;
+    names += std::string(names.empty() ? "" : ", ") + pr.deviceName;
+    int score = type_rank(pr.deviceType);
+    if (!want.empty()) {
+      const bool match = want == type_name(pr.deviceType) || std::string(pr.deviceName).find(want) != std::string::npos;
+      if (!match) continue;
+    }
+    if (score > best) {
+      best = score;
+      chosen = p;
+    }
+  }
+  if (!chosen)
+    return make_error(error_code::not_found, want.empty() ? "no Vulkan 1.1 device found"
+                                                          : "no Vulkan device matches \"" + want + "\" (have: " + names + ")");
+  d->physical = chosen;
+  vkGetPhysicalDeviceProperties(chosen, &d->props);
+  vkGetPhysicalDeviceMemoryProperties(chosen, &d->memory);
+
+  uint32_t qn = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(chosen, &qn, nullptr);
+  std::vector<VkQueueFamilyProperties> qf(qn);
+  vkGetPhysicalDeviceQueueFamilyProperties(chosen, &qn, qf.data());
+  int family = -1;
+  for (uint32_t i = 0; i < qn; ++i)
+    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+      // Prefer a compute queue without graphics (async compute families are less contended).
+      if (family < 0 || !(qf[i].queueFlags & VK_QUEUE_GRAPHICS_BIT)) family = static_cast<int>(i);
+      if (!(qf[i].queueFlags & VK_QUEUE_GRAPHICS_BIT)) break;
+    }
+  if (family < 0) return make_error(error_code::unsupported, std::string(d->props.deviceName) + " has no compute queue");
+  d->queue_family = static_cast<uint32_t>(family);
+  d->timestamps = qf[d->queue_family].timestampValidBits > 0 && d->props.limits.timestampPeriod > 0;
+
+  auto sub = vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+  auto p2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+  p2.pNext = &sub;
+  vkGetPhysicalDeviceProperties2(chosen, &p2);
+  auto s16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+  auto f2 = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+  f2.pNext = &s16;
+  vkGetPhysicalDeviceFeatures2(chosen, &f2);
+
+  auto& info = d->info;
+  info.name = d->props.deviceName;
+  info.kind = type_name(d->props.deviceType);
+  for (uint32_t h = 0; h < d->memory.memoryHeapCount; ++h)
+    if (d->memory.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) info.memory_bytes += d->memory.memoryHeaps[h].size;
+  info.subgroup_size = sub.subgroupSize;
+  info.shared_memory_bytes = d->props.limits.maxComputeSharedMemorySize;
+  info.fp16 = s16.storageBuffer16BitAccess == VK_TRUE;
+  info.bf16_storage = info.fp16;
+  info.coopmat = has_extension(chosen, "VK_NV_cooperative_matrix");
+
+  auto& caps = d->caps;
+  caps.subgroup_size = sub.subgroupSize;
+  caps.shared_memory_bytes = info.shared_memory_bytes;
+  for (int i = 0; i < 3; ++i) caps.max_groups[static_cast<size_t>(i)] = d->props.limits.maxComputeWorkGroupCount[i];
+  caps.subgroup_arithmetic = (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                             (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                             (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
+  caps.storage16 = info.fp16;
+
+  // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
+  int dev_type = -1, host_type = -1, host_cached = -1;
+  for (uint32_t i = 0; i < d->memory.memoryTypeCount; ++i) {
+    const auto fl = d->memory.memoryTypes[i].propertyFlags;
+    if ((fl & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && dev_type < 0) dev_type = static_cast<int>(i);
+    const auto hv = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    if ((fl & hv) == hv) {
+      if (host_type < 0) host_type = static_cast<int>(i);
+      if ((fl & VK_MEMORY_PROPERTY_HOST_CACHED_BIT) && host_cached < 0) host_cached = static_cast<int>(i);
+    }
+  }
+  if (host_type < 0) return make_error(error_code::unsupported, info.name + " has no host-visible coherent memory");
+  d->device_memory_type = static_cast<uint32_t>(dev_type >= 0 ? dev_type : host_type);
+  d->host_memory_type = static_cast<uint32_t>(host_cached >= 0 ? host_cached : host_type);
+
+  float prio = 1.0f;
+  auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+  qci.queueFamilyIndex = d->queue_family;
+  qci.queueCount = 1;
+  qci.pQueuePriorities = &prio;
+  auto enable16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
+  enable16.storageBuffer16BitAccess = s16.storageBuffer16BitAccess;
+  auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
+  dci.pNext = &enable16;
+  dci.queueCreateInfoCount = 1;
+  dci.pQueueCreateInfos = &qci;
+  if (VkResult r = vkCreateDevice(chosen, &dci, nullptr, &d->device); r != VK_SUCCESS) {
+    d->device = VK_NULL_HANDLE;
+    return tl::unexpected(vk_error(r, "vkCreateDevice(" + info.name + ")"));
+  }
+  vkGetDeviceQueue(d->device, d->queue_family, 0, &d->queue);
+  return d;
+}
+
+}  // namespace mesh::gpu

@@ -1,0 +1,658 @@
+// The Vulkan executor: programs are compiled once into pre-recorded command buffers (one submit
+// per run); tensors are sub-allocated from a few large memory blocks.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include "graph/validate.hpp"
+#include "gpu/allocator.hpp"
+#include "gpu/executor.hpp"
+#include "gpu/glsl.hpp"
+#include "gpu/plan.hpp"
+#include "gpu/shader_cache.hpp"
+#include "gpu/vk_device.hpp"
+
+namespace mesh::gpu {
+namespace {
+
+uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.dims)) * size_of(n.type); }
+
+/// One memory type's blocks: each block is a VkDeviceMemory bound to one VkBuffer.
+class memory_pool {
+ public:
+  struct block {
+    VkDeviceMemory memory = VK_NULL_HANDLE;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    uint8_t* mapped = nullptr;
+  };
+  struct allocation {
+    block_allocator::range range;
+    VkBuffer buffer = VK_NULL_HANDLE;
+    uint8_t* mapped = nullptr;  ///< host pools only
+  };
+
+  memory_pool(vk_device& d, uint32_t type, bool host, uint64_t block_bytes, uint64_t* budget_used, uint64_t budget)
+      : d_(d), type_(type), host_(host), block_bytes_(block_bytes), alloc_(alignment(d)), used_(budget_used), budget_(budget) {}
+  ~memory_pool() {
+    for (auto& b : blocks_) {
+      vkDestroyBuffer(d_.device, b.buffer, nullptr);
+      vkFreeMemory(d_.device, b.memory, nullptr);
+    }
+  }
+
+  expected<allocation> allocate(uint64_t size) {
+    auto r = alloc_.allocate(size);
+    if (!r) {
+      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + 255) & ~uint64_t{255});
+      if (auto ok = add_block(want); !ok) return tl::unexpected(ok.error());
+      r = alloc_.allocate(size);
+      if (!r) return make_error(error_code::internal, "allocator: new block has no room");
+    }
+    const block& b = blocks_[r->block];
+    return allocation{*r, b.buffer, b.mapped ? b.mapped + r->offset : nullptr};
+  }
+  void release(const allocation& a) { alloc_.release(a.range); }
+  uint64_t used_bytes() const { return alloc_.used_bytes(); }
+
+ private:
+  static uint64_t alignment(const vk_device& d) {
+    return std::max<uint64_t>({d.props.limits.minStorageBufferOffsetAlignment, 16, d.props.limits.nonCoherentAtomSize});
+  }
+
+  expected<void> add_block(uint64_t size) {
+    if (budget_ && *used_ + size > budget_)
+      return make_error(error_code::device, "out of device memory: " + std::to_string(size) +
+                                                " more bytes would exceed this executor's limit of " +
+                                                std::to_string(budget_) + " bytes");
+    block b;
+    auto bci = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
+    bci.size = size;
+    bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    if (VkResult r = vkCreateBuffer(d_.device, &bci, nullptr, &b.buffer); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreateBuffer(" + std::to_string(size) + " bytes)"));
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d_.device, b.buffer, &req);
+    uint32_t type = type_;
+    if (!(req.memoryTypeBits & (1u << type))) {
+      vkDestroyBuffer(d_.device, b.buffer, nullptr);
+      return make_error(error_code::unsupported, "storage buffers cannot live in the chosen memory type");
+    }
+    auto mai = vk_struct<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
+    mai.allocationSize = req.size;
+    mai.memoryTypeIndex = type;
+    if (VkResult r = vkAllocateMemory(d_.device, &mai, nullptr, &b.memory); r != VK_SUCCESS) {
+      vkDestroyBuffer(d_.device, b.buffer, nullptr);
+      return tl::unexpected(vk_error(r, "vkAllocateMemory(" + std::to_string(req.size) + " bytes)"));
+    }
+    vkBindBufferMemory(d_.device, b.buffer, b.memory, 0);
+    if (host_) {
+      void* p = nullptr;
+      if (VkResult r = vkMapMemory(d_.device, b.memory, 0, VK_WHOLE_SIZE, 0, &p); r != VK_SUCCESS) {
+        vkDestroyBuffer(d_.device, b.buffer, nullptr);
+        vkFreeMemory(d_.device, b.memory, nullptr);
+        return tl::unexpected(vk_error(r, "vkMapMemory"));
+      }
+      b.mapped = static_cast<uint8_t*>(p);
+    }
+    blocks_.push_back(b);
+    alloc_.add_block(size);
+    *used_ += size;
+    return {};
+  }
+
+  vk_device& d_;
+  uint32_t type_;
+  bool host_;
+  uint64_t block_bytes_;
+  block_allocator alloc_;
+  std::vector<block> blocks_;
+  uint64_t* used_;
+  uint64_t budget_;
+};
+
+using allocation = memory_pool::allocation;
+
+struct compiled_kernel {
+  kernel_source src;
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  VkDescriptorSet set = VK_NULL_HANDLE;
+};
+
+struct program {
+  graph g;
+  plan p;
+  std::vector<std::optional<allocation>> owned;  // per node: buffers this program owns
+  std::vector<allocation> views;                 // per node: where its value lives (owned or a parameter)
+  std::vector<compiled_kernel> kernels;
+  VkDescriptorPool pool = VK_NULL_HANDLE;
+  std::optional<allocation> staging;
+  std::map<std::string, uint64_t> input_offsets, output_offsets;  // in staging
+  VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkQueryPool queries = VK_NULL_HANDLE;
+  std::vector<kernel_timing> timings;
+  std::vector<int> timed;  // index into kernels for each timestamp pair
+};
+
+class vulkan_executor final : public executor {
+ public:
+  vulkan_executor(std::unique_ptr<vk_device> d, const vulkan_options& o)
+      : d_(std::move(d)),
+        cache_(o.cache_dir == "-" ? "" : (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir), d_->key()),
+        device_pool_(*d_, d_->device_memory_type, d_->device_memory_type == d_->host_memory_type, o.block_bytes,
+                     &budget_used_, o.memory_limit),
+        host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0) {
+    cache_.warm_up();
+  }
+
+  expected<void> init() {
+    auto cpi = vk_struct<VkCommandPoolCreateInfo>(VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO);
+    cpi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+    cpi.queueFamilyIndex = d_->queue_family;
+    if (VkResult r = vkCreateCommandPool(d_->device, &cpi, nullptr, &cmd_pool_); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreateCommandPool"));
+    auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+    if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &fence_); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreateFence"));
+    std::vector<char> data;
+    if (!cache_.dir().empty()) {
+      pipeline_cache_path_ = cache_.dir() + "/pipelines-" + std::to_string(fnv1a(d_->key())) + ".bin";
+      std::ifstream f(pipeline_cache_path_, std::ios::binary);
+      if (f) data.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    }
+    auto pci = vk_struct<VkPipelineCacheCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO);
+    pci.initialDataSize = data.size();
+    pci.pInitialData = data.empty() ? nullptr : data.data();
+    if (VkResult r = vkCreatePipelineCache(d_->device, &pci, nullptr, &pipeline_cache_); r != VK_SUCCESS) {
+      pci.initialDataSize = 0;  // a corrupt cache file only costs pipeline compiles
+      pci.pInitialData = nullptr;
+      if (VkResult r2 = vkCreatePipelineCache(d_->device, &pci, nullptr, &pipeline_cache_); r2 != VK_SUCCESS)
+        return tl::unexpected(vk_error(r2, "vkCreatePipelineCache"));
+      (void)r;
+    }
+    return {};
+  }
+
+  ~vulkan_executor() override {
+    if (!d_->device) return;
+    vkDeviceWaitIdle(d_->device);
+    save_pipeline_cache();
+    for (auto& p : programs_) destroy(p);
+    for (auto& [name, pr] : params_) device_pool_.release(pr.buffer);
+    if (pipeline_cache_) vkDestroyPipelineCache(d_->device, pipeline_cache_, nullptr);
+    if (fence_) vkDestroyFence(d_->device, fence_, nullptr);
+    if (cmd_pool_) vkDestroyCommandPool(d_->device, cmd_pool_, nullptr);
+  }
+
+  const device_info& info() const override { return d_->info; }
+
+  kernel_stats stats() const override {
+    kernel_stats s;
+    const auto c = cache_.counters();
+    s.shader_compiles = c.compiles;
+    s.cache_memory_hits = c.memory_hits;
+    s.cache_disk_hits = c.disk_hits;
+    s.compile_ms = c.compile_ms;
+    s.validation_errors = d_->validation_errors.load();
+    s.validation_warnings = d_->validation_warnings.load();
+    s.device_bytes = device_pool_.used_bytes();
+    if (last_run_ >= 0) s.kernels = programs_[static_cast<size_t>(last_run_)]->timings;
+    return s;
+  }
+
+  expected<program_id> load(const graph& g) override {
+    if (lost_) return lost_error();
+    if (auto ok = validate(g); !ok) return tl::unexpected(ok.error());
+    auto prog = std::make_unique<program>();
+    auto ok = build(*prog, g);
+    if (!ok) {
+      destroy(prog);
+      if (ok.error().message.find("DEVICE_LOST") != std::string::npos) lost_ = true;
+      return tl::unexpected(ok.error());
+    }
+    save_pipeline_cache();
+    programs_.push_back(std::move(prog));
+    return static_cast<program_id>(programs_.size() - 1);
+  }
+
+  expected<void> set_parameters(const tensor_map& params) override {
+    if (lost_) return lost_error();
+    for (const auto& [name, t] : params) {
+      if (auto ok = t.check(); !ok) return ok;
+      if (auto it = params_.find(name); it != params_.end() && (it->second.type != t.type || it->second.dims != t.dims))
+        return make_error(error_code::shape_mismatch, "parameter \"" + name + "\" is " + mesh::to_string(it->second.type) +
+                                                          mesh::to_string(it->second.dims) + " on the device, got " +
+                                                          mesh::to_string(t.type) + mesh::to_string(t.dims));
+    }
+    for (const auto& [name, t] : params) {
+      auto pr = parameter(name, t.type, t.dims);
+      if (!pr) return tl::unexpected(pr.error());
+      if (auto ok = upload((*pr)->buffer, t.bytes); !ok) return ok;
+    }
+    return {};
+  }
+
+  expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
+    if (lost_) return lost_error();
+    tensor_map out;
+    for (const auto& name : names) {
+      auto it = params_.find(name);
+      if (it == params_.end()) return make_error(error_code::not_found, "no parameter \"" + name + "\" on the device");
+      tensor t = tensor::zeros(it->second.type, it->second.dims);
+      if (auto ok = download(it->second.buffer, t.bytes); !ok) return tl::unexpected(ok.error());
+      out[name] = std::move(t);
+    }
+    return out;
+  }
+
+  expected<tensor_map> run(program_id id, const tensor_map& inputs) override {
+    if (lost_) return lost_error();
+    if (id >= programs_.size() || !programs_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
+    program& pr = *programs_[id];
+    if (auto ok = check_bindings(pr.g, inputs, false); !ok) return tl::unexpected(ok.error());
+    for (const auto& [name, off] : pr.input_offsets) {
+      const auto& b = inputs.at(name).bytes;
+      if (!b.empty()) std::memcpy(pr.staging->mapped + off, b.data(), b.size());
+    }
+    if (auto ok = submit(pr.cmd); !ok) return tl::unexpected(ok.error());
+    if (pr.queries) read_timings(pr);
+    last_run_ = static_cast<int>(id);
+    tensor_map out;
+    for (const auto& o : pr.g.outputs) {
+      const node& n = pr.g[o.id];
+      tensor t = tensor::zeros(n.type, n.dims);
+      if (!t.bytes.empty()) std::memcpy(t.bytes.data(), pr.staging->mapped + pr.output_offsets.at(o.name), t.bytes.size());
+      out[o.name] = std::move(t);
+    }
+    return out;
+  }
+
+ private:
+  struct param {
+    dtype type;
+    shape dims;
+    allocation buffer;
+  };
+
+  tl::unexpected<error> lost_error() const { return make_error(error_code::device, "the Vulkan device was lost earlier: create a new executor"); }
+
+  expected<param*> parameter(const std::string& name, dtype t, const shape& dims) {
+    if (auto it = params_.find(name); it != params_.end()) return &it->second;
+    auto a = device_pool_.allocate(bytes_of(node{op_kind::parameter, t, dims, {}, {}}));
+    if (!a) return tl::unexpected(a.error());
+    auto& pr = params_[name];
+    pr = param{t, dims, *a};
+    auto ok = one_shot([&](VkCommandBuffer cmd) { vkCmdFillBuffer(cmd, a->buffer, a->range.offset, a->range.size, 0); });
+    if (!ok) return tl::unexpected(ok.error());
+    return &pr;
+  }
+
+  template <class F>
+  expected<void> one_shot(F record) {
+    auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    ai.commandPool = cmd_pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBuffer cmd;
+    if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &cmd); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
+    auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    vkBeginCommandBuffer(cmd, &bi);
+    record(cmd);
+    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    vkEndCommandBuffer(cmd);
+    auto ok = submit(cmd);
+    vkFreeCommandBuffers(d_->device, cmd_pool_, 1, &cmd);
+    return ok;
+  }
+
+  static void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                      VkAccessFlags dst_access) {
+    auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+    mb.srcAccessMask = src_access;
+    mb.dstAccessMask = dst_access;
+    vkCmdPipelineBarrier(cmd, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  }
+
+  expected<void> submit(VkCommandBuffer cmd) {
+    auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cmd;
+    VkResult r = vkQueueSubmit(d_->queue, 1, &si, fence_);
+    if (r == VK_SUCCESS) {
+      r = vkWaitForFences(d_->device, 1, &fence_, VK_TRUE, 120ull * 1000 * 1000 * 1000);
+      if (r == VK_TIMEOUT) {
+        lost_ = true;
+        return make_error(error_code::timeout, "a GPU submission did not finish in 120 s: the device is considered lost");
+      }
+      vkResetFences(d_->device, 1, &fence_);
+    }
+    if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
+    if (r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkQueueSubmit/vkWaitForFences"));
+    return {};
+  }
+
+  expected<void> upload(const allocation& dst, const std::vector<uint8_t>& bytes) {
+    if (bytes.empty()) return {};
+    auto st = host_pool_.allocate(bytes.size());
+    if (!st) return tl::unexpected(st.error());
+    std::memcpy(st->mapped, bytes.data(), bytes.size());
+    auto ok = one_shot([&](VkCommandBuffer cmd) {
+      VkBufferCopy c{st->range.offset, dst.range.offset, bytes.size()};
+      vkCmdCopyBuffer(cmd, st->buffer, dst.buffer, 1, &c);
+    });
+    host_pool_.release(*st);
+    return ok;
+  }
+
+  expected<void> download(const allocation& src, std::vector<uint8_t>& bytes) {
+    if (bytes.empty()) return {};
+    auto st = host_pool_.allocate(bytes.size());
+    if (!st) return tl::unexpected(st.error());
+    auto ok = one_shot([&](VkCommandBuffer cmd) {
+      VkBufferCopy c{src.range.offset, st->range.offset, bytes.size()};
+      vkCmdCopyBuffer(cmd, src.buffer, st->buffer, 1, &c);
+    });
+    if (ok) std::memcpy(bytes.data(), st->mapped, bytes.size());
+    host_pool_.release(*st);
+    return ok;
+  }
+
+  expected<void> build(program& pr, const graph& g) {
+    pr.g = g;
+    pr.p = lower(g);
+    const auto n = static_cast<size_t>(g.size());
+    pr.owned.resize(n);
+    pr.views.resize(n);
+    const uint64_t max_range = d_->props.limits.maxStorageBufferRange;
+    // Buffers: parameters are shared by name; everything else materialised belongs to the program.
+    for (node_id id = 0; id < g.size(); ++id) {
+      if (!pr.p.materialised[id]) continue;
+      const node& x = g[id];
+      if (bytes_of(x) > max_range)
+        return make_error(error_code::limit_exceeded, "node %" + std::to_string(id) + " needs " + std::to_string(bytes_of(x)) +
+                                                          " bytes, over this device's storage buffer range of " +
+                                                          std::to_string(max_range));
+      if (x.op == op_kind::parameter) {
+        if (auto it = params_.find(x.attrs.name); it != params_.end() && (it->second.type != x.type || it->second.dims != x.dims))
+          return make_error(error_code::shape_mismatch, "parameter \"" + x.attrs.name + "\" is " + mesh::to_string(it->second.type) +
+                                                            mesh::to_string(it->second.dims) + " on the device, the graph wants " +
+                                                            mesh::to_string(x.type) + mesh::to_string(x.dims));
+        auto prm = parameter(x.attrs.name, x.type, x.dims);
+        if (!prm) return tl::unexpected(prm.error());
+        pr.views[id] = (*prm)->buffer;
+        continue;
+      }
+      auto a = device_pool_.allocate(bytes_of(x));
+      if (!a) return tl::unexpected(a.error());
+      pr.owned[id] = *a;
+      pr.views[id] = *a;
+      if (x.op == op_kind::constant) {
+        tensor t = tensor::from_values(x.type, x.dims, x.attrs.values);
+        if (auto ok = upload(*a, t.bytes); !ok) return ok;
+      }
+    }
+    // Staging: inputs then outputs.
+    uint64_t staging = 0;
+    auto align = [](uint64_t v) { return (v + 255) & ~uint64_t{255}; };
+    for (const auto& x : g.nodes)
+      if (x.op == op_kind::input) {
+        pr.input_offsets[x.attrs.name] = staging;
+        staging = align(staging + bytes_of(x));
+      }
+    for (const auto& o : g.outputs) {
+      pr.output_offsets[o.name] = staging;
+      staging = align(staging + bytes_of(g[o.id]));
+    }
+    auto st = host_pool_.allocate(std::max<uint64_t>(staging, 4));
+    if (!st) return tl::unexpected(st.error());
+    pr.staging = *st;
+
+    // Kernels.
+    uint32_t total_bindings = 0;
+    for (const auto& k : pr.p.kernels) {
+      auto src = emit(g, pr.p, k, d_->caps);
+      if (!src) return tl::unexpected(src.error());
+      compiled_kernel ck;
+      ck.src = std::move(*src);
+      total_bindings += static_cast<uint32_t>(ck.src.bindings.size());
+      pr.kernels.push_back(std::move(ck));
+      if (auto ok = make_pipeline(pr.kernels.back()); !ok) return ok;
+    }
+    if (!pr.kernels.empty()) {
+      VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, total_bindings};
+      auto dpi = vk_struct<VkDescriptorPoolCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO);
+      dpi.maxSets = static_cast<uint32_t>(pr.kernels.size());
+      dpi.poolSizeCount = 1;
+      dpi.pPoolSizes = &ps;
+      if (VkResult r = vkCreateDescriptorPool(d_->device, &dpi, nullptr, &pr.pool); r != VK_SUCCESS)
+        return tl::unexpected(vk_error(r, "vkCreateDescriptorPool"));
+    }
+    for (auto& ck : pr.kernels) {
+      auto ai = vk_struct<VkDescriptorSetAllocateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO);
+      ai.descriptorPool = pr.pool;
+      ai.descriptorSetCount = 1;
+      ai.pSetLayouts = &ck.set_layout;
+      if (VkResult r = vkAllocateDescriptorSets(d_->device, &ai, &ck.set); r != VK_SUCCESS)
+        return tl::unexpected(vk_error(r, "vkAllocateDescriptorSets"));
+      std::vector<VkDescriptorBufferInfo> infos;
+      for (auto id : ck.src.bindings) {
+        const auto& v = pr.views[id];
+        infos.push_back({v.buffer, v.range.offset, v.range.size});
+      }
+      std::vector<VkWriteDescriptorSet> writes;
+      for (uint32_t b = 0; b < infos.size(); ++b) {
+        auto w = vk_struct<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
+        w.dstSet = ck.set;
+        w.dstBinding = b;
+        w.descriptorCount = 1;
+        w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+        w.pBufferInfo = &infos[b];
+        writes.push_back(w);
+      }
+      vkUpdateDescriptorSets(d_->device, static_cast<uint32_t>(writes.size()), writes.data(), 0, nullptr);
+    }
+    return record(pr);
+  }
+
+  expected<void> make_pipeline(compiled_kernel& ck) {
+    auto spirv = cache_.get(ck.src.name, ck.src.glsl);
+    if (!spirv) return tl::unexpected(spirv.error());
+    std::vector<VkDescriptorSetLayoutBinding> binds;
+    for (uint32_t b = 0; b < ck.src.bindings.size(); ++b)
+      binds.push_back({b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr});
+    auto dli = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+    dli.bindingCount = static_cast<uint32_t>(binds.size());
+    dli.pBindings = binds.data();
+    if (VkResult r = vkCreateDescriptorSetLayout(d_->device, &dli, nullptr, &ck.set_layout); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreateDescriptorSetLayout"));
+    auto pli = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &ck.set_layout;
+    if (VkResult r = vkCreatePipelineLayout(d_->device, &pli, nullptr, &ck.layout); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreatePipelineLayout"));
+    auto smi = vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+    smi.codeSize = spirv->size() * 4;
+    smi.pCode = spirv->data();
+    VkShaderModule module;
+    if (VkResult r = vkCreateShaderModule(d_->device, &smi, nullptr, &module); r != VK_SUCCESS)
+      return tl::unexpected(vk_error(r, "vkCreateShaderModule"));
+    auto cpi = vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+    cpi.stage = vk_struct<VkPipelineShaderStageCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO);
+    cpi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    cpi.stage.module = module;
+    cpi.stage.pName = "main";
+    cpi.layout = ck.layout;
+    VkResult r = vkCreateComputePipelines(d_->device, pipeline_cache_, 1, &cpi, nullptr, &ck.pipeline);
+    vkDestroyShaderModule(d_->device, module, nullptr);
+    if (r != VK_SUCCESS) {
+      ck.pipeline = VK_NULL_HANDLE;
+      return tl::unexpected(vk_error(r, "vkCreateComputePipelines(" + ck.src.name + ")"));
+    }
+    return {};
+  }
+
+  expected<void> record(program& pr) {
+    const graph& g = pr.g;
+    auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+    ai.commandPool = cmd_pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &pr.cmd); r != VK_SUCCESS) {
+      pr.cmd = VK_NULL_HANDLE;
+      return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
+    }
+    for (size_t i = 0; i < pr.kernels.size(); ++i)
+      if (element_count(g[pr.kernels[i].src.bindings[0]].dims) > 0) pr.timed.push_back(static_cast<int>(i));
+    if (d_->timestamps && !pr.timed.empty()) {
+      auto qi = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
+      qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+      qi.queryCount = static_cast<uint32_t>(pr.timed.size() + 1);
+      if (VkResult r = vkCreateQueryPool(d_->device, &qi, nullptr, &pr.queries); r != VK_SUCCESS) pr.queries = VK_NULL_HANDLE;
+    }
+    auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    VkCommandBuffer cmd = pr.cmd;
+    vkBeginCommandBuffer(cmd, &bi);
+    if (pr.queries) vkCmdResetQueryPool(cmd, pr.queries, 0, static_cast<uint32_t>(pr.timed.size() + 1));
+    for (const auto& x : g.nodes) {
+      if (x.op != op_kind::input || bytes_of(x) == 0) continue;
+      const auto& dst = pr.views[g.find_leaf(x.attrs.name)];
+      VkBufferCopy c{pr.staging->range.offset + pr.input_offsets.at(x.attrs.name), dst.range.offset, bytes_of(x)};
+      vkCmdCopyBuffer(cmd, pr.staging->buffer, dst.buffer, 1, &c);
+    }
+    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pr.queries, 0);
+    std::vector<bool> dirty(static_cast<size_t>(g.size()), false);
+    uint32_t query = 1;
+    for (const auto ki : pr.timed) {
+      const auto& ck = pr.kernels[static_cast<size_t>(ki)];
+      bool hazard = false;
+      for (auto id : ck.src.bindings) hazard = hazard || dirty[id];
+      if (hazard) {
+        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                VK_ACCESS_SHADER_READ_BIT);
+        std::fill(dirty.begin(), dirty.end(), false);
+      }
+      vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.pipeline);
+      vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.layout, 0, 1, &ck.set, 0, nullptr);
+      vkCmdDispatch(cmd, ck.src.groups[0], ck.src.groups[1], ck.src.groups[2]);
+      dirty[ck.src.bindings[0]] = true;
+      if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pr.queries, query++);
+    }
+    barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    for (const auto& o : g.outputs) {
+      const uint64_t size = bytes_of(g[o.id]);
+      if (!size) continue;
+      const auto& src = pr.views[o.id];
+      VkBufferCopy c{src.range.offset, pr.staging->range.offset + pr.output_offsets.at(o.name), size};
+      vkCmdCopyBuffer(cmd, src.buffer, pr.staging->buffer, 1, &c);
+    }
+    // Updates read this run's values and write parameters that outputs may have just read.
+    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (const auto& up : g.updates) {
+      const uint64_t size = bytes_of(g[up.value]);
+      if (!size || up.value == up.target) continue;
+      const auto& src = pr.views[up.value];
+      const auto& dst = pr.views[up.target];
+      VkBufferCopy c{src.range.offset, dst.range.offset, size};
+      vkCmdCopyBuffer(cmd, src.buffer, dst.buffer, 1, &c);
+    }
+    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    if (VkResult r = vkEndCommandBuffer(cmd); r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkEndCommandBuffer"));
+    for (auto ki : pr.timed) {
+      const auto& src = pr.kernels[static_cast<size_t>(ki)].src;
+      kernel_timing t;
+      t.name = src.name;
+      t.bytes = src.bytes;
+      t.flops = src.flops;
+      pr.timings.push_back(t);
+    }
+    return {};
+  }
+
+  void read_timings(program& pr) {
+    std::vector<uint64_t> ts(pr.timed.size() + 1);
+    if (vkGetQueryPoolResults(d_->device, pr.queries, 0, static_cast<uint32_t>(ts.size()), ts.size() * 8, ts.data(), 8,
+                              VK_QUERY_RESULT_64_BIT) != VK_SUCCESS)
+      return;
+    const double period_ms = d_->props.limits.timestampPeriod * 1e-6;
+    for (size_t i = 0; i < pr.timings.size(); ++i) {
+      const double ms = static_cast<double>(ts[i + 1] - ts[i]) * period_ms;
+      pr.timings[i].last_ms = ms;
+      pr.timings[i].total_ms += ms;
+      ++pr.timings[i].runs;
+    }
+  }
+
+  void destroy(std::unique_ptr<program>& p) {
+    if (!p) return;
+    VkDevice dev = d_->device;
+    for (auto& k : p->kernels) {
+      if (k.pipeline) vkDestroyPipeline(dev, k.pipeline, nullptr);
+      if (k.layout) vkDestroyPipelineLayout(dev, k.layout, nullptr);
+      if (k.set_layout) vkDestroyDescriptorSetLayout(dev, k.set_layout, nullptr);
+    }
+    if (p->pool) vkDestroyDescriptorPool(dev, p->pool, nullptr);
+    if (p->cmd) vkFreeCommandBuffers(dev, cmd_pool_, 1, &p->cmd);
+    if (p->queries) vkDestroyQueryPool(dev, p->queries, nullptr);
+    for (auto& o : p->owned)
+      if (o) device_pool_.release(*o);
+    if (p->staging) host_pool_.release(*p->staging);
+    p.reset();
+  }
+
+  void save_pipeline_cache() {
+    if (pipeline_cache_path_.empty() || !pipeline_cache_) return;
+    size_t size = 0;
+    if (vkGetPipelineCacheData(d_->device, pipeline_cache_, &size, nullptr) != VK_SUCCESS || size == 0) return;
+    std::vector<char> data(size);
+    if (vkGetPipelineCacheData(d_->device, pipeline_cache_, &size, data.data()) != VK_SUCCESS) return;
+    const std::string tmp = pipeline_cache_path_ + ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(this));
+    std::ofstream f(tmp, std::ios::binary);
+    f.write(data.data(), static_cast<std::streamsize>(size));
+    f.close();
+    std::error_code ec;
+    if (f) std::filesystem::rename(tmp, pipeline_cache_path_, ec);
+    else std::filesystem::remove(tmp, ec);
+  }
+
+  std::unique_ptr<vk_device> d_;
+  shader_cache cache_;
+  uint64_t budget_used_ = 0, host_used_ = 0;
+  memory_pool device_pool_, host_pool_;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
+  std::string pipeline_cache_path_;
+  std::map<std::string, param> params_;
+  std::vector<std::unique_ptr<program>> programs_;
+  int last_run_ = -1;
+  bool lost_ = false;
+};
+
+}  // namespace
+
+expected<std::unique_ptr<executor>> make_vulkan_executor(const vulkan_options& options) {
+  auto d = vk_device::create(options);
+  if (!d) return tl::unexpected(d.error());
+  auto ex = std::make_unique<vulkan_executor>(std::move(*d), options);
+  if (auto ok = ex->init(); !ok) return tl::unexpected(ok.error());
+  return std::unique_ptr<executor>(std::move(ex));
+}
+
+}  // namespace mesh::gpu

@@ -1,0 +1,98 @@
+#pragma once
+// Shared helpers of the gpu tests: random tensors, the executors under test, and a check that
+// runs a graph on a back end and compares outputs and updated parameters with mesh::evaluate.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+
+#include "graph/builder.hpp"
+#include "graph/evaluate.hpp"
+#include "gpu/executor.hpp"
+
+namespace mesh::gpu::test {
+
+inline tensor random_tensor(dtype t, shape s, uint64_t seed, double lo = -1, double hi = 1) {
+  tensor x = tensor::zeros(t, s);
+  uint64_t state = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
+    x.set(i, t == dtype::i32 ? std::floor(lo + u * (hi - lo)) : lo + u * (hi - lo));
+  }
+  return x;
+}
+
+/// The Vulkan executor of this test process (lavapipe in CI); memory-only kernel cache. It lives
+/// until exit on purpose: destroying the last instance unloads the driver, and LeakSanitizer could
+/// then not name (nor suppress) what the driver leaked.
+inline executor& vulkan() {
+  static executor* ex = [] {
+    vulkan_options o;
+    o.cache_dir = "-";
+    auto e = make_vulkan_executor(o);
+    if (!e) FAIL("no Vulkan executor: " << e.error().to_string());
+    return e->release();
+  }();
+  return *ex;
+}
+
+inline executor& cpu() {
+  static std::unique_ptr<executor> ex = make_cpu_executor(2);
+  return *ex;
+}
+
+inline double tolerance_for(dtype t) {
+  switch (t) {
+    case dtype::f16: return 4e-3;
+    case dtype::bf16: return 3e-2;
+    default: return 2e-5;
+  }
+}
+
+/// Runs `g` on `ex` and on the reference; every output and every updated parameter must agree
+/// within `tol` (or the dtype's default when tol < 0). Returns the back end's outputs.
+inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, tensor_map params, double tol = -1) {
+  tensor_map ref_params = params;
+  auto ref = evaluate(g, inputs, ref_params);
+  REQUIRE(ref.has_value());
+  if (!params.empty()) REQUIRE(ex.set_parameters(params).has_value());
+  auto id = ex.load(g);
+  if (!id) FAIL("load failed: " << id.error().to_string());
+  auto out = ex.run(*id, inputs);
+  if (!out) FAIL("run failed: " << out.error().to_string());
+  for (const auto& [name, want] : *ref) {
+    INFO("output " << name << " on " << ex.info().name);
+    REQUIRE(out->count(name) == 1);
+    const tensor& got = out->at(name);
+    REQUIRE(got.type == want.type);
+    REQUIRE(got.dims == want.dims);
+    const double t = tol >= 0 ? tol : tolerance_for(want.type);
+    CHECK(normalised_error(got, want) <= t);
+  }
+  std::vector<std::string> names;
+  for (const auto& u : g.updates) names.push_back(g[u.target].attrs.name);
+  if (!names.empty()) {
+    auto got = ex.get_parameters(names);
+    REQUIRE(got.has_value());
+    for (const auto& n : names) {
+      INFO("updated parameter " << n);
+      CHECK(normalised_error(got->at(n), ref_params.at(n)) <= (tol >= 0 ? tol : tolerance_for(got->at(n).type)));
+    }
+  }
+  return *out;
+}
+
+/// Both back ends against the reference.
+inline void check(const graph& g, const tensor_map& inputs, const tensor_map& params = {}, double tol = -1) {
+  check_on(vulkan(), g, inputs, params, tol);
+  check_on(cpu(), g, inputs, params, tol);
+}
+
+inline graph finish(builder& b) {
+  auto g = b.finish();
+  if (!g) FAIL("graph: " << g.error().to_string());
+  return *g;
+}
+
+}  // namespace mesh::gpu::test

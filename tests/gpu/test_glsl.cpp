@@ -1,0 +1,105 @@
+#include <catch2/catch.hpp>
+
+#include "graph/builder.hpp"
+#include "graph/nn.hpp"
+#include "gpu/glsl.hpp"
+#include "gpu/shader_cache.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+using namespace mesh;
+
+namespace {
+graph done(builder& b) {
+  auto g = b.finish();
+  REQUIRE(g.has_value());
+  return *g;
+}
+}  // namespace
+
+TEST_CASE("glsl: every kernel of a varied graph compiles with shaderc, for both reduction variants") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {6, 300});
+  auto h = b.input("h", dtype::f16, {6, 300});
+  auto idx = b.input("i", dtype::i32, {5});
+  auto table = b.parameter("t", dtype::f32, {7, 3});
+  auto w = b.parameter("w", dtype::f32, {300, 9});
+  b.output("sm", nn::softmax(x));
+  b.output("h2", cast(h, dtype::f32) * 2.0);
+  b.output("mm", relu(matmul(x, w) + 1.0));
+  b.output("g", gather(table, idx));
+  b.output("s", scatter_add(idx, gather(table, idx), {7, 3}));
+  b.output("c", concat({slice_axis(x, 1, 0, 5), transpose(slice_axis(x, 0, 0, 5))}, 0));
+  b.output("r0", sum(x, {0}));
+  b.output("bf", cast(x, dtype::bf16));
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::shader_cache cache("", "test");
+  for (bool subgroups : {false, true}) {
+    gpu::device_caps caps;
+    caps.subgroup_arithmetic = subgroups;
+    caps.storage16 = true;
+    for (const auto& k : p.kernels) {
+      auto src = gpu::emit(g, p, k, caps);
+      REQUIRE(src.has_value());
+      INFO(src->glsl);
+      auto spirv = cache.get(src->name, src->glsl);
+      if (!spirv) FAIL(spirv.error().message);
+      CHECK(spirv->at(0) == 0x07230203u);
+    }
+  }
+}
+
+TEST_CASE("glsl: dispatch sizes respect the device's workgroup count limit (grid-stride loops)") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {65535 * 256 * 4 + 4});
+  b.output("y", x * 2.0);
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::device_caps caps;
+  caps.max_groups = {65535, 65535, 65535};
+  auto src = gpu::emit(g, p, p.kernels[0], caps);
+  REQUIRE(src.has_value());
+  CHECK(src->groups[0] == 65535);
+  CHECK(src->name.rfind("ew4_", 0) == 0);  // vec4 variant
+  CHECK(src->glsl.find("i += stride") != std::string::npos);
+}
+
+TEST_CASE("glsl: f16 tensors are refused without 16-bit storage") {
+  builder b;
+  auto h = b.input("h", dtype::f16, {4});
+  b.output("y", h + h);
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::device_caps caps;
+  caps.storage16 = false;
+  auto src = gpu::emit(g, p, p.kernels[0], caps);
+  REQUIRE_FALSE(src.has_value());
+  CHECK(src.error().code == error_code::unsupported);
+}
+
+TEST_CASE("shader cache: memory hit, then disk hit from a fresh cache") {
+  const std::string dir = "/tmp/mesh-gpu-cache-test-" + std::to_string(::getpid());
+  const std::string src = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n";
+  {
+    gpu::shader_cache c(dir, "dev");
+    REQUIRE(c.get("k", src).has_value());
+    REQUIRE(c.get("k", src).has_value());
+    CHECK(c.counters().compiles == 1);
+    CHECK(c.counters().memory_hits == 1);
+  }
+  {
+    gpu::shader_cache c(dir, "dev");
+    REQUIRE(c.get("k", src).has_value());
+    CHECK(c.counters().compiles == 0);
+    CHECK(c.counters().disk_hits == 1);
+  }
+  {
+    gpu::shader_cache c(dir, "other device");
+    REQUIRE(c.get("k", src).has_value());
+    CHECK(c.counters().compiles == 1);
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,215 @@
+// Cross-back-end op tests (in the spirit of ggml's test-backend-ops): every op, the dtypes it
+// supports and each fused pattern, on Vulkan (lavapipe in CI) and on the CPU back end, against the
+// reference evaluator. Sizes are odd on purpose (1, 3, 127, not multiples of tiles or of vec4).
+#include "harness.hpp"
+
+#include "graph/nn.hpp"
+#include "gpu/plan.hpp"
+
+using namespace mesh;
+using namespace mesh::gpu::test;
+
+TEST_CASE("ops: unary elementwise, f32, odd sizes") {
+  for (shape s : {shape{1}, shape{3, 127}}) {
+    builder b;
+    auto x = b.input("x", dtype::f32, s);
+    auto pos = abs(x) + 0.1;
+    b.output("neg", -x);
+    b.output("abs", abs(x));
+    b.output("exp", exp(x));
+    b.output("log", log(pos));
+    b.output("sqrt", sqrt(pos));
+    b.output("rsqrt", rsqrt(pos));
+    b.output("tanh", tanh(x * 3.0));
+    b.output("sin", sin(x));
+    b.output("cos", cos(x));
+    b.output("relu", relu(x));
+    b.output("sigmoid", sigmoid(x));
+    check(finish(b), {{"x", random_tensor(dtype::f32, s, 1)}});
+  }
+}
+
+TEST_CASE("ops: binary elementwise and compare, f32 and i32") {
+  for (dtype t : {dtype::f32, dtype::i32}) {
+    const shape s{5, 7};
+    builder b;
+    auto x = b.input("x", t, s);
+    auto y = b.input("y", t, s);
+    b.output("add", x + y);
+    b.output("sub", x - y);
+    b.output("mul", x * y);
+    b.output("div", x / y);
+    b.output("max", maximum(x, y));
+    b.output("min", minimum(x, y));
+    for (auto k : {compare_kind::eq, compare_kind::ne, compare_kind::lt, compare_kind::le, compare_kind::gt, compare_kind::ge})
+      b.output("cmp" + std::to_string(static_cast<int>(k)), compare(x, y, k));
+    if (t == dtype::f32) {
+      b.output("pow", pow(abs(x) + 0.5, y));
+      b.output("pow_int_exp", pow(x, 3.0));
+    }
+    check(finish(b), {{"x", random_tensor(t, s, 2, -5, 5)}, {"y", random_tensor(t, s, 3, -3, 3)}});
+  }
+}
+
+TEST_CASE("ops: select, casts and numpy broadcasting") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 1, 6});
+  auto y = b.input("y", dtype::f32, {3, 1});
+  auto c = b.input("c", dtype::i32, {6});
+  b.output("bcast", x * y + 1.0);
+  b.output("select", select(c, x, y));
+  b.output("to_int", cast(x * 10.0, dtype::i32));
+  b.output("int_to_float", cast(c, dtype::f32) * 0.5);
+  b.output("to_f16", cast(x, dtype::f16));
+  b.output("to_bf16", cast(x, dtype::bf16));
+  check(finish(b), {{"x", random_tensor(dtype::f32, {4, 1, 6}, 4)},
+                    {"y", random_tensor(dtype::f32, {3, 1}, 5)},
+                    {"c", random_tensor(dtype::i32, {6}, 6, 0, 2)}});
+}
+
+TEST_CASE("ops: f16 and bf16 tensors (16-bit storage, f32 compute)") {
+  for (dtype t : {dtype::f16, dtype::bf16}) {
+    builder b;
+    auto x = b.input("x", t, {9, 13});
+    const std::string wn = std::string("w_") + to_string(t);
+    auto w = b.parameter(wn, t, {13, 5});
+    b.output("chain", sigmoid(x) * x + 1.0);
+    b.output("sum", sum(x, {1}));
+    b.output("mm", matmul(x, w));
+    check(finish(b), {{"x", random_tensor(t, {9, 13}, 7)}}, {{wn, random_tensor(t, {13, 5}, 8)}});
+  }
+}
+
+TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
+  struct mm_case { int64_t batch, m, k, n; };
+  for (auto c : {mm_case{0, 1, 1, 1}, mm_case{0, 3, 5, 7}, mm_case{0, 127, 33, 65}, mm_case{2, 64, 64, 64},
+                 mm_case{3, 17, 1, 9}, mm_case{0, 520, 20, 515}}) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
+    shape as{c.m, c.k}, bs{c.k, c.n}, cs{c.n};
+    if (c.batch) {
+      as.insert(as.begin(), c.batch);
+      bs.insert(bs.begin(), c.batch);
+    }
+    builder b;
+    const std::string tag = std::to_string(c.batch) + "_" + std::to_string(c.m) + "_" + std::to_string(c.k) + "_" + std::to_string(c.n);
+    auto x = b.input("x", dtype::f32, as);
+    auto w = b.parameter("w" + tag, dtype::f32, bs);
+    auto bias = b.parameter("b" + tag, dtype::f32, cs);
+    b.output("plain", matmul(x, w));
+    b.output("epilogue", relu(matmul(x, w) + bias) * 2.0);
+    b.output("gelu", nn::gelu(matmul(x, w) + bias));
+    const graph g = finish(b);
+    check(g, {{"x", random_tensor(dtype::f32, as, 9)}},
+          {{"w" + tag, random_tensor(dtype::f32, bs, 10)}, {"b" + tag, random_tensor(dtype::f32, cs, 11)}}, 1e-4);
+  }
+  builder b;
+  auto x = b.input("x", dtype::f32, {7, 11});
+  auto w = b.parameter("wt", dtype::f32, {13, 11});
+  b.output("xt_w", matmul(x, transpose(w)) + x.owner()->fill(0.5, dtype::f32, {7, 13}));
+  b.output("xxt", matmul(transpose(x), x));
+  check(finish(b), {{"x", random_tensor(dtype::f32, {7, 11}, 12)}}, {{"wt", random_tensor(dtype::f32, {13, 11}, 13)}}, 1e-4);
+}
+
+TEST_CASE("ops: reductions over every axis pattern, with prologue and epilogue") {
+  const shape s{3, 4, 300};
+  builder b;
+  auto x = b.input("x", dtype::f32, s);
+  auto i = b.input("i", dtype::i32, {5, 3});
+  b.output("rows", sum(x, {2}));                   // trailing, one workgroup per row
+  b.output("rows_max", max_over(x, {2}, true));
+  b.output("first", sum(x, {0}));                   // thread per output
+  b.output("middle", max_over(x, {1}));
+  b.output("outer", sum(x, {0, 2}, true));
+  b.output("all", sum_all(x));
+  b.output("prologue", sum(exp(x) * 0.5, {2}));
+  b.output("mean", mean(x, {1, 2}));
+  b.output("int_sum", sum(i, {0}));
+  b.output("int_max", max_over(i, {1}));
+  check(finish(b), {{"x", random_tensor(dtype::f32, s, 14)}, {"i", random_tensor(dtype::i32, {5, 3}, 15, -9, 9)}}, {}, 1e-4);
+}
+
+TEST_CASE("ops: data movement is index arithmetic: permute, slice, concat, reshape, broadcast") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {2, 3, 5});
+  auto y = b.input("y", dtype::f32, {2, 4, 5});
+  b.output("perm", permute(x, {2, 0, 1}) * 1.5);
+  b.output("slice", slice(x, {1, 1, 2}, {2, 3, 5}));
+  b.output("concat", concat({x, y, x}, 1) + 1.0);
+  b.output("concat0", concat({x, x}, 0));
+  b.output("reshape", reshape(permute(x, {1, 0, 2}), {6, 5}));
+  b.output("bcast", broadcast_to(slice_axis(x, 1, 0, 1), {2, 3, 5}) - x);
+  b.output("identity", x);
+  check(finish(b), {{"x", random_tensor(dtype::f32, {2, 3, 5}, 16)}, {"y", random_tensor(dtype::f32, {2, 4, 5}, 17)}});
+}
+
+TEST_CASE("ops: gather and scatter_add, out-of-range indices read zero / are dropped") {
+  builder b;
+  auto table = b.parameter("table", dtype::f32, {6, 4});
+  auto idx = b.input("idx", dtype::i32, {3, 3});
+  auto upd = b.input("upd", dtype::f32, {3, 3, 4});
+  b.output("gather", gather(table, idx));
+  b.output("gather_fused", gather(table, idx) * 2.0 + 1.0);
+  b.output("scatter", scatter_add(idx, upd, {6, 4}));
+  auto ti = b.parameter("ti", dtype::i32, {6});
+  b.output("gather_int", gather(ti, idx));
+  check(finish(b), {{"idx", tensor::from_ints({3, 3}, {0, 5, 2, -1, 6, 2, 2, 3, 100})}, {"upd", random_tensor(dtype::f32, {3, 3, 4}, 18)}},
+        {{"table", random_tensor(dtype::f32, {6, 4}, 19)}, {"ti", tensor::from_ints({6}, {1, 2, 3, 4, 5, 6})}});
+}
+
+TEST_CASE("ops: empty tensors and scalars") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {0, 3});
+  auto s = b.input("s", dtype::f32, {});
+  b.output("empty", x * 2.0);
+  b.output("sum_empty", sum(x, {0}));
+  b.output("scalar", s * s + 1.0);
+  check(finish(b), {{"x", tensor::zeros(dtype::f32, {0, 3})}, {"s", tensor::scalar(1.5)}});
+}
+
+TEST_CASE("ops: parameters stay resident, updates apply together after the run") {
+  builder b;
+  auto w = b.parameter("w", dtype::f32, {4});
+  auto v = b.parameter("v", dtype::f32, {4});
+  auto x = b.input("x", dtype::f32, {4});
+  b.output("before", w + v);
+  b.update(w, v + x);  // reads v before its own update
+  b.update(v, w * 2.0);
+  const graph g = finish(b);
+  for (auto* ex : {&vulkan(), &cpu()}) {
+    tensor_map params{{"w", tensor::from_floats({4}, {1, 2, 3, 4})}, {"v", tensor::from_floats({4}, {10, 20, 30, 40})}};
+    tensor_map ref_params = params;
+    REQUIRE(ex->set_parameters(params));
+    auto id = ex->load(g);
+    REQUIRE(id);
+    const tensor_map in{{"x", tensor::from_floats({4}, {1, 1, 1, 1})}};
+    for (int step = 0; step < 3; ++step) {
+      auto out = ex->run(*id, in);
+      REQUIRE(out);
+      auto ref = evaluate(g, in, ref_params);
+      REQUIRE(ref);
+      CHECK(normalised_error(out->at("before"), ref->at("before")) == 0);
+    }
+    auto got = ex->get_parameters({"w", "v"});
+    REQUIRE(got);
+    CHECK(normalised_error(got->at("w"), ref_params.at("w")) == 0);
+    CHECK(normalised_error(got->at("v"), ref_params.at("v")) == 0);
+  }
+}
+
+TEST_CASE("ops: bad bindings are errors, not crashes") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4});
+  b.output("y", x + 1.0);
+  const graph g = finish(b);
+  for (auto* ex : {&vulkan(), &cpu()}) {
+    auto id = ex->load(g);
+    REQUIRE(id);
+    CHECK_FALSE(ex->run(*id, {}).has_value());
+    CHECK_FALSE(ex->run(*id, {{"x", tensor::zeros(dtype::f32, {5})}}).has_value());
+    CHECK_FALSE(ex->run(*id + 100, {{"x", tensor::zeros(dtype::f32, {4})}}).has_value());
+    CHECK_FALSE(ex->get_parameters({"nope"}).has_value());
+    graph bad = g;
+    bad.nodes[1].inputs = {7};
+    CHECK_FALSE(ex->load(bad).has_value());
+  }
+}

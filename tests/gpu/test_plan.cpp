@@ -1,0 +1,123 @@
+#include <catch2/catch.hpp>
+
+#include "graph/builder.hpp"
+#include "graph/nn.hpp"
+#include "gpu/plan.hpp"
+
+using namespace mesh;
+using mesh::gpu::describe;
+using mesh::gpu::kernel_kind;
+using mesh::gpu::lower;
+
+namespace {
+graph done(builder& b) {
+  auto g = b.finish();
+  REQUIRE(g.has_value());
+  return *g;
+}
+int count(const gpu::plan& p, kernel_kind k) {
+  int n = 0;
+  for (const auto& x : p.kernels) n += x.kind == k;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("lowering: an elementwise chain with fan-out and broadcasts is one kernel") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto bias = b.parameter("b", dtype::f32, {8});
+  auto s = x * sigmoid(x) + bias;
+  b.output("y", select(compare(s, 0.0, compare_kind::gt), s, s * 0.1));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 1);
+  CHECK(count(p, kernel_kind::elementwise) == 1);
+}
+
+TEST_CASE("lowering: bias + activation + residual become the matmul's epilogue") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {5, 8});
+  auto w = b.parameter("w", dtype::f32, {8, 8});
+  auto bias = b.parameter("b", dtype::f32, {8});
+  b.output("y", relu(matmul(x, w) + bias) + x);
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].kind == kernel_kind::matmul);
+  CHECK(p.kernels[0].anchor != p.kernels[0].root);
+}
+
+TEST_CASE("lowering: a transposed operand is index arithmetic, not a copy") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {5, 8});
+  auto w = b.parameter("w", dtype::f32, {6, 8});
+  b.output("y", matmul(x, transpose(w)));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 1);
+}
+
+TEST_CASE("lowering: reduction prologue fused, value needed twice is materialised once") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 16});
+  b.output("y", nn::softmax(x));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  // max, exp (needed by sum and by the division), sum, division: at most 4 kernels.
+  CHECK(p.kernels.size() <= 4);
+  CHECK(count(p, kernel_kind::reduce) == 2);
+}
+
+TEST_CASE("lowering: a mean is a reduction with its scaling as epilogue") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 16});
+  b.output("m", mean(exp(x), {1}));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].kind == kernel_kind::reduce);
+}
+
+TEST_CASE("lowering: outputs and update values always get buffers") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {3});
+  auto w = b.parameter("w", dtype::f32, {3});
+  auto t = x + w;
+  b.output("t", t);
+  b.output("u", t * 2.0);
+  b.update(w, w - t);
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 3);
+  CHECK(p.materialised[t.id()]);
+}
+
+TEST_CASE("lowering: an epilogue that uses the matmul result several times (GELU) still fuses") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {5, 8});
+  auto w = b.parameter("w", dtype::f32, {8, 8});
+  auto bias = b.parameter("b", dtype::f32, {8});
+  b.output("y", nn::gelu(matmul(x, w) + bias));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].kind == kernel_kind::matmul);
+}
+
+TEST_CASE("lowering: no epilogue when the matmul result is also re-indexed") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {8, 8});
+  auto m = matmul(x, x);
+  b.output("y", m + transpose(m));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 2);
+}

@@ -1,0 +1,170 @@
+// The Vulkan runtime: validation layers, kernel cache across processes, memory limits, device
+// choice, timings.
+#include "harness.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "graph/nn.hpp"
+#include "gpu/plan.hpp"
+
+using namespace mesh;
+using namespace mesh::gpu;
+using namespace mesh::gpu::test;
+
+namespace {
+
+/// A representative set of graphs: fused elementwise, matmul with epilogue, softmax, layer norm,
+/// gather/scatter, f16, concat/permute, parameter updates.
+std::vector<std::pair<graph, tensor_map>> representative_graphs() {
+  std::vector<std::pair<graph, tensor_map>> out;
+  builder b;
+  auto x = b.input("x", dtype::f32, {6, 40});
+  auto h = b.input("h", dtype::f16, {6, 40});
+  auto idx = b.input("idx", dtype::i32, {4});
+  auto w = b.parameter("rep.w", dtype::f32, {40, 24});
+  auto g = b.parameter("rep.g", dtype::f32, {40});
+  auto be = b.parameter("rep.b", dtype::f32, {40});
+  b.output("mlp", relu(matmul(x, w) + 0.5));
+  b.output("softmax", nn::softmax(x));
+  b.output("ln", nn::layer_norm(x, g, be));
+  b.output("gather", gather(x, idx));
+  b.output("scatter", scatter_add(idx, gather(x, idx), {6, 40}));
+  b.output("half", cast(h, dtype::f32) + sum(cast(h, dtype::f32), {1}, true));
+  b.output("move", concat({transpose(x), transpose(x)}, 1));
+  b.update(w, w * 0.5);
+  out.emplace_back(finish(b), tensor_map{{"x", random_tensor(dtype::f32, {6, 40}, 1)},
+                                         {"h", random_tensor(dtype::f16, {6, 40}, 2)},
+                                         {"idx", tensor::from_ints({4}, {0, 5, 3, 9})}});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: validation layers report zero errors over representative graphs") {
+  vulkan();  // keeps the driver loaded for the whole process (see harness.hpp)
+  vulkan_options o;
+  o.validation = true;
+  o.cache_dir = "-";
+  auto ex = make_vulkan_executor(o);
+  if (!ex && ex.error().code == error_code::unsupported) FAIL("validation layers are missing: " << ex.error().message);
+  REQUIRE(ex);
+  for (auto& [g, inputs] : representative_graphs()) {
+    tensor_map params = nn::init_parameters(g, 3);
+    check_on(**ex, g, inputs, params, 4e-3);
+    auto id = (*ex)->load(g);
+    REQUIRE(id);
+    REQUIRE((*ex)->run(*id, inputs));
+  }
+  CHECK((*ex)->stats().validation_errors == 0);
+}
+
+TEST_CASE("runtime: a second process loading the same graph compiles nothing") {
+  const std::string dir = "/tmp/mesh-gpu-kcache-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  // Each child is a fresh process: the parent never touches Vulkan before forking.
+  auto child = [&]() -> int {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      vulkan_options o;
+      o.cache_dir = dir;
+      auto ex = make_vulkan_executor(o);
+      if (!ex) _exit(200);
+      auto graphs = representative_graphs();
+      auto id = (*ex)->load(graphs[0].first);
+      if (!id) _exit(201);
+      const auto s = (*ex)->stats();
+      ex->reset();  // persists the pipeline cache
+      _exit(static_cast<int>(std::min<uint64_t>(s.shader_compiles, 99)) + (s.cache_disk_hits > 0 ? 100 : 0));
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  const int first = child();
+  INFO("exit codes encode compiles + 100 * (disk hits > 0)");
+  CHECK(first > 0);
+  CHECK(first < 100);  // all compiled, nothing from disk
+  const int second = child();
+  CHECK(second == 100);  // zero compiles, served from disk
+  CHECK(std::filesystem::exists(dir));
+  bool pipeline_cache = false;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    pipeline_cache = pipeline_cache || e.path().filename().string().rfind("pipelines-", 0) == 0;
+  CHECK(pipeline_cache);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("runtime: in one process the second load of a graph hits the memory cache") {
+  auto& ex = vulkan();
+  builder b;
+  auto x = b.input("x", dtype::f32, {33});
+  b.output("y", exp(x) * x - 3.0);
+  const graph g = finish(b);
+  REQUIRE(ex.load(g));
+  const auto before = ex.stats().shader_compiles;
+  REQUIRE(ex.load(g));
+  CHECK(ex.stats().shader_compiles == before);
+}
+
+TEST_CASE("runtime: running out of device memory is an error value and the executor survives") {
+  vulkan();
+  vulkan_options o;
+  o.cache_dir = "-";
+  o.memory_limit = 1 << 20;
+  o.block_bytes = 256 << 10;
+  auto ex = make_vulkan_executor(o);
+  REQUIRE(ex);
+  builder big;
+  auto x = big.input("x", dtype::f32, {1 << 20});
+  big.output("y", x * 2.0);
+  auto id = (*ex)->load(finish(big));
+  REQUIRE_FALSE(id);
+  CHECK(id.error().code == error_code::device);
+  CHECK(id.error().message.find("out of device memory") != std::string::npos);
+  auto p = (*ex)->set_parameters({{"huge", tensor::zeros(dtype::f32, {1 << 19})}});
+  CHECK_FALSE(p);
+  builder small;
+  auto s = small.input("x", dtype::f32, {100});
+  small.output("y", s * 2.0);
+  check_on(**ex, finish(small), {{"x", random_tensor(dtype::f32, {100}, 4)}}, {});
+}
+
+TEST_CASE("runtime: device choice by name or kind, with a clear error when nothing matches") {
+  vulkan();
+  vulkan_options o;
+  o.cache_dir = "-";
+  o.device = "no-such-device";
+  auto none = make_vulkan_executor(o);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == error_code::not_found);
+  CHECK(none.error().message.find("no-such-device") != std::string::npos);
+  o.device = vulkan().info().kind;
+  auto same = make_vulkan_executor(o);
+  REQUIRE(same);
+  CHECK((*same)->info().name == vulkan().info().name);
+  CHECK((*same)->info().subgroup_size > 0);
+  CHECK((*same)->info().shared_memory_bytes >= 16384);
+}
+
+TEST_CASE("runtime: per-kernel timings from timestamp queries") {
+  auto& ex = vulkan();
+  builder b;
+  auto x = b.input("x", dtype::f32, {64, 64});
+  auto w = b.parameter("tw", dtype::f32, {64, 64});
+  b.output("y", nn::softmax(matmul(x, w)));
+  const graph g = finish(b);
+  auto id = ex.load(g);
+  REQUIRE(id);
+  REQUIRE(ex.run(*id, {{"x", random_tensor(dtype::f32, {64, 64}, 5)}}));
+  REQUIRE(ex.run(*id, {{"x", random_tensor(dtype::f32, {64, 64}, 6)}}));
+  const auto s = ex.stats();
+  REQUIRE(s.kernels.size() == gpu::lower(g).kernels.size());
+  for (const auto& k : s.kernels) {
+    CHECK(k.runs == 2);
+    CHECK(k.total_ms >= 0);
+  }
+  CHECK(s.kernels[0].flops > 0);  // the matmul comes first
+}
