@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -34,10 +35,13 @@ struct stage_task {
   uint64_t job = 0;
   uint32_t attempt = 0;
   uint32_t stage = 0;
-  graph g;               ///< validated fragment
+  std::shared_ptr<const graph> g;  ///< validated fragment
   tensor_map inputs;     ///< job inputs and arrived activations, by input name
   tensor_map params;     ///< the fragment's parameters
   std::vector<msg::route> routes;
+  /// Non-empty for inference sessions: the parameters are named uniquely for the session and
+  /// need uploading only once per executor (this key says which upload they belong to).
+  std::string resident_key;
 };
 
 class job_engine {
@@ -67,8 +71,9 @@ class job_engine {
   struct job_state {
     std::string client;
     uint64_t client_job = 0;
-    graph g;
-    tensor_map tensors;
+    std::shared_ptr<const graph> g;
+    tensor_map tensors;   ///< one-shot: inputs and parameters; session call: inputs
+    uint64_t session = 0;  ///< internal session id for an inference call, else 0
     strategy kind = strategy::pipeline;
     uint32_t attempt = 0;
     plan current;
@@ -79,6 +84,19 @@ class job_engine {
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     double seconds = 0;
   };
+  /// A model loaded across a pipeline of peers for repeated calls.
+  struct session_state {
+    std::string client;
+    uint64_t client_session = 0;
+    std::shared_ptr<const graph> g;
+    tensor_map params;
+    uint32_t epoch = 0;  ///< bumped on every re-plan: workers cache fragments per epoch
+    plan current;
+    std::vector<std::string> stage_nodes;
+    std::vector<graph> fragments;            ///< parameters renamed to be unique to the session
+    std::vector<tensor_map> fragment_params;
+    std::set<std::pair<std::string, uint32_t>> loaded;  ///< (node, stage) holding this epoch's fragment
+  };
   struct waiting_stage {
     stage_task task;
     std::set<std::string> awaited;
@@ -87,8 +105,11 @@ class job_engine {
   using attempt_key = std::tuple<std::string, uint64_t, uint32_t>;
 
   std::vector<outbound> submit(const std::string& client, const msg::submit_job& s);
-  std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes,
-                               const std::vector<device_profile>& devices, expected<plan> p);
+  std::vector<outbound> open(const std::string& client, const msg::open_session& o);
+  std::vector<outbound> call(const std::string& client, const msg::infer& c);
+  /// (Re)starts a job over plan `p` (one-shot jobs) or over its session's plan (calls).
+  std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p);
+  expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
   std::vector<outbound> finish(uint64_t id, job_state& j, bool ok, const std::string& error);
   std::vector<outbound> on_run_stage(const std::string& from, const msg::run_stage& r);
   std::vector<outbound> on_activation(const msg::activation& a);
@@ -103,6 +124,16 @@ class job_engine {
   uint64_t next_job_ = 1;
   std::map<uint64_t, job_state> jobs_;               // coordinated here, by internal id
   std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id
+  std::map<uint64_t, session_state> sessions_;       // by internal id
+  std::map<std::pair<std::string, uint64_t>, uint64_t> sessions_by_client_;
+  struct cached_fragment {
+    std::shared_ptr<const graph> g;
+    tensor_map params;
+  };
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, cached_fragment> cache_;  // worker side
+  /// Calls that overtook the call carrying their fragment (bulk messages travel on separate
+  /// streams, so they may arrive in any order); replayed when the fragment arrives.
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, std::vector<msg::run_stage>> uncached_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
   std::map<attempt_key, tensor_map> early_;          // activations that came before their stage
   std::deque<stage_task> ready_;

@@ -6,7 +6,8 @@ namespace mesh::msg {
 namespace {
 
 const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_result", "run_stage",
-                                  "activation", "stage_done", "status_request", "status_reply"};
+                                  "activation", "stage_done", "status_request", "status_reply",
+                                  "open_session", "infer", "close_session"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
@@ -19,6 +20,8 @@ expected<void> check(const message& m) {
   if (auto* r = std::get_if<job_result>(&m)) return check_tensors(r->outputs);
   if (auto* s = std::get_if<stage_done>(&m)) return check_tensors(s->outputs);
   if (auto* a = std::get_if<activation>(&m)) return check_tensors({a->value});
+  if (auto* r = std::get_if<run_stage>(&m)) return check_tensors(r->inputs);
+  if (auto* i = std::get_if<infer>(&m)) return check_tensors(i->inputs);
   return {};
 }
 

@@ -75,6 +75,8 @@ struct route {
 
 /// Coordinator -> worker: run one stage of a job (the fragment, with its parameters and any job
 /// inputs it reads, as WireGraph bytes), waiting for `awaited` activations from other stages.
+/// For inference sessions, `cache` names a fragment the worker keeps (parameters resident on its
+/// device): the first call carries `wire`, later calls leave it empty and bring only `inputs`.
 struct run_stage {
   uint64_t job = 0;
   uint32_t attempt = 0;
@@ -83,7 +85,30 @@ struct run_stage {
   std::vector<char> wire;
   std::vector<std::string> awaited;  ///< cut names that arrive as activations
   std::vector<route> routes;
+  uint64_t cache = 0;                ///< 0: one-shot; else the cached fragment's key
+  std::vector<named_tensor> inputs;  ///< job inputs of this stage, when not inside `wire`
   bool operator==(const run_stage&) const = default;
+};
+
+/// Client -> node: load a model (graph + parameters, as WireGraph bytes) across a pipeline of
+/// peers once, for repeated `infer` calls. Answered by a job_result with job = session.
+struct open_session {
+  uint64_t session = 0;
+  std::vector<char> wire;
+  bool operator==(const open_session&) const = default;
+};
+
+/// Client -> node: one call of an open session; answered by a job_result with job = call.
+struct infer {
+  uint64_t session = 0;
+  uint64_t call = 0;
+  std::vector<named_tensor> inputs;
+  bool operator==(const infer&) const = default;
+};
+
+struct close_session {
+  uint64_t session = 0;
+  bool operator==(const close_session&) const = default;
 };
 
 /// Worker -> worker: a value crossing a cut, sent directly to the stage that needs it.
@@ -145,7 +170,7 @@ struct status_reply {
 
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
-                             status_request, status_reply>;
+                             status_request, status_reply, open_session, infer, close_session>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -185,7 +210,8 @@ typename F::result_type inspect(F& f, route& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, run_stage& x) {
-  return f(caf::meta::type_name("run_stage"), x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes);
+  return f(caf::meta::type_name("run_stage"), x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes,
+           x.cache, x.inputs);
 }
 template <class F>
 typename F::result_type inspect(F& f, activation& x) {
@@ -211,6 +237,19 @@ typename F::result_type inspect(F& f, job_status& x) {
 template <class F>
 typename F::result_type inspect(F& f, status_reply& x) {
   return f(caf::meta::type_name("status_reply"), x.id, x.node, x.device, x.gflops, x.uptime_s, x.peers, x.jobs);
+}
+
+template <class F>
+typename F::result_type inspect(F& f, open_session& x) {
+  return f(caf::meta::type_name("open_session"), x.session, x.wire);
+}
+template <class F>
+typename F::result_type inspect(F& f, infer& x) {
+  return f(caf::meta::type_name("infer"), x.session, x.call, x.inputs);
+}
+template <class F>
+typename F::result_type inspect(F& f, close_session& x) {
+  return f(caf::meta::type_name("close_session"), x.session);
 }
 
 }  // namespace mesh::msg

@@ -8,8 +8,10 @@
 #include <spdlog/spdlog.h>
 
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unistd.h>
 
@@ -83,6 +85,7 @@ void measure(gpu::executor& ex, msg::hello& h) {
 
 struct executor_state {
   std::unique_ptr<gpu::executor> device;
+  std::set<std::string> resident;  ///< inference-session parameter sets already on the device
 };
 
 caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::string choice, caf::actor core) {
@@ -97,9 +100,13 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
       [=](run_atom, std::shared_ptr<stage_task> t) {
         auto& ex = *self->state.device;
         auto result = std::make_shared<expected<tensor_map>>([&]() -> expected<tensor_map> {
-          auto p = ex.load(t->g);
+          auto p = ex.load(*t->g);
           if (!p) return tl::unexpected(p.error());
-          if (auto ok = ex.set_parameters(t->params); !ok) return tl::unexpected(ok.error());
+          // A session's parameters are uploaded once and stay resident; one-shot jobs bring theirs.
+          if (t->resident_key.empty() || !self->state.resident.count(t->resident_key)) {
+            if (auto ok = ex.set_parameters(t->params); !ok) return tl::unexpected(ok.error());
+            if (!t->resident_key.empty()) self->state.resident.insert(t->resident_key);
+          }
           return ex.run(*p, t->inputs);
         }());
         self->send(core, done_atom::value, t, result);
@@ -300,13 +307,16 @@ struct supervisor_state {
 };
 
 caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, transport::endpoint* ep, msg::hello own,
-                               node_config cfg, std::shared_ptr<std::mutex> core_mutex, std::shared_ptr<caf::actor> core_slot) {
+                               node_config cfg, std::shared_ptr<std::mutex> core_mutex, std::shared_ptr<caf::actor> core_slot,
+                               std::shared_ptr<std::vector<std::function<void(const caf::actor&)>>> early) {
   auto& st = self->state;
   st.budget = std::make_unique<restart_budget>(cfg.max_restarts, cfg.restart_window);
   st.core = self->spawn<caf::monitored>(core_actor, ep, own, cfg);
   {
     std::lock_guard<std::mutex> lock(*core_mutex);
     *core_slot = st.core;
+    for (auto& replay : *early) replay(st.core);
+    early->clear();
   }
   const auto start_executor = [=] {
     auto& s = self->state;
@@ -382,11 +392,15 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   }
 
   // The endpoint's callbacks run on its I/O thread: they only post to the node core.
+  // Events that arrive before the node core exists (a peer may dial as soon as the port is bound)
+  // wait in `early` and are replayed when the supervisor installs the core.
   auto core_mutex = std::make_shared<std::mutex>();
   auto core_slot = std::make_shared<caf::actor>();
-  const auto post = [core_mutex, core_slot](auto... xs) {
+  auto early = std::make_shared<std::vector<std::function<void(const caf::actor&)>>>();
+  const auto post = [core_mutex, core_slot, early](auto... xs) {
     std::lock_guard<std::mutex> lock(*core_mutex);
     if (*core_slot) caf::anon_send(*core_slot, xs...);
+    else early->push_back([xs...](const caf::actor& core) { caf::anon_send(core, xs...); });
   };
   transport::handlers h;
   h.on_peer_up = [post](const transport::node_id& id, const transport::peer_info&) { post(up_atom::value, id.to_string()); };
@@ -419,7 +433,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
 
   caf::actor_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
-  auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot);
+  auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early);
   for (const auto& p : cfg.peers) {
     auto parsed = parse_peer(p);
     if (!parsed) {

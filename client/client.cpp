@@ -54,11 +54,13 @@ class client_impl {
   }
 };
 
-client::client(std::unique_ptr<client_impl> impl) : impl_(std::move(impl)) {}
+client::client(std::shared_ptr<client_impl> impl) : impl_(std::move(impl)) {}
 
 client::~client() {
   if (impl_->ep) impl_->ep->stop();
   std::lock_guard<std::mutex> lock(impl_->m);
+  impl_->up = false;
+  impl_->failure = "client closed";
   impl_->fail_all("client closed");
 }
 
@@ -69,7 +71,7 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node, clien
   if (at == std::string::npos) return make_error(error_code::invalid_argument, "node \"" + node + "\" must be NODEID@HOST:PORT");
   auto id = transport::node_id::parse(node.substr(0, at));
   if (!id) return make_error(error_code::invalid_argument, "node \"" + node + "\": " + id.error().message);
-  auto impl = std::make_unique<client_impl>();
+  auto impl = std::make_shared<client_impl>();
   client_impl* p = impl.get();
   p->node = *id;
   transport::handlers h;
@@ -114,37 +116,69 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node, clien
   return std::unique_ptr<client>(new client(std::move(impl)));
 }
 
-std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
-                                                  strategy s) {
+/// Sends `m` (whose reply is a job_result with the id `assign` writes into it) and returns the
+/// future of that reply.
+template <class Msg, class Assign>
+std::future<expected<job_outcome>> request(client_impl& impl, Msg m, Assign assign) {
   std::promise<expected<job_outcome>> promise;
   auto future = promise.get_future();
-  wire_graph w{g, inputs};
-  for (const auto& [name, t] : params) w.tensors[name] = t;
-  auto wire = encode(w);
-  if (!wire) {
-    promise.set_value(tl::unexpected(wire.error()));
+  std::lock_guard<std::mutex> lock(impl.m);
+  if (!impl.up) {
+    promise.set_value(make_error(error_code::network, impl.failure.empty() ? "not connected" : impl.failure));
     return future;
   }
-  msg::submit_job job;
-  job.wire = std::move(*wire);
-  job.strategy = static_cast<uint8_t>(s);
-  std::lock_guard<std::mutex> lock(impl_->m);
-  if (!impl_->up) {
-    promise.set_value(make_error(error_code::network, impl_->failure.empty() ? "not connected" : impl_->failure));
-    return future;
-  }
-  job.job = impl_->next_id++;
-  auto bytes = msg::encode_message(job);
+  const uint64_t id = impl.next_id++;
+  assign(m, id);
+  auto bytes = msg::encode_message(m);
   if (!bytes) {
     promise.set_value(tl::unexpected(bytes.error()));
     return future;
   }
-  if (auto ok = impl_->ep->send(impl_->node, transport::channel::bulk, std::move(*bytes)); !ok) {
+  if (auto ok = impl.ep->send(impl.node, transport::channel::bulk, std::move(*bytes)); !ok) {
     promise.set_value(tl::unexpected(ok.error()));
     return future;
   }
-  impl_->jobs.emplace(job.job, std::move(promise));
+  impl.jobs.emplace(id, std::move(promise));
   return future;
+}
+
+expected<std::unique_ptr<inference_session>> client::open_inference(const graph& model, const tensor_map& params,
+                                                                    std::chrono::milliseconds timeout) {
+  auto wire = encode(wire_graph{model, params});
+  if (!wire) return tl::unexpected(wire.error());
+  uint64_t session = 0;
+  auto f = request(*impl_, msg::open_session{0, std::move(*wire)}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; });
+  if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "the model was not loaded in time");
+  auto r = f.get();
+  if (!r) return tl::unexpected(r.error());
+  return std::unique_ptr<inference_session>(new inference_session(impl_, session, r->workers));
+}
+
+std::future<expected<job_outcome>> inference_session::infer(const tensor_map& inputs) {
+  msg::infer call;
+  call.session = id_;
+  for (const auto& [name, t] : inputs) call.inputs.push_back({name, t});
+  return request(*impl_, std::move(call), [](msg::infer& m, uint64_t id) { m.call = id; });
+}
+
+inference_session::~inference_session() {
+  std::lock_guard<std::mutex> lock(impl_->m);
+  if (!impl_->up) return;
+  if (auto bytes = msg::encode_message(msg::close_session{id_})) (void)impl_->ep->send(impl_->node, transport::channel::control, std::move(*bytes));
+}
+
+std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                                  strategy s) {
+  wire_graph w{g, inputs};
+  for (const auto& [name, t] : params) w.tensors[name] = t;
+  auto wire = encode(w);
+  if (!wire) {
+    std::promise<expected<job_outcome>> failed;
+    failed.set_value(tl::unexpected(wire.error()));
+    return failed.get_future();
+  }
+  return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(s)},
+                 [](msg::submit_job& m, uint64_t id) { m.job = id; });
 }
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,

@@ -33,6 +33,26 @@ struct job_outcome {
 };
 
 class client_impl;
+class client;
+
+/// A model loaded once across a pipeline of peers (parameters resident on their devices), for
+/// repeated calls. Calls may overlap: each streams through the stages as a micro-batch.
+class inference_session {
+ public:
+  ~inference_session();
+  /// One call: the inputs of the model; the future completes with its outputs.
+  std::future<expected<job_outcome>> infer(const tensor_map& inputs);
+  /// Nodes holding a stage when the session was opened.
+  const std::vector<std::string>& workers() const { return workers_; }
+
+ private:
+  friend class client;
+  inference_session(std::shared_ptr<client_impl> impl, uint64_t id, std::vector<std::string> workers)
+      : impl_(std::move(impl)), id_(id), workers_(std::move(workers)) {}
+  std::shared_ptr<client_impl> impl_;
+  uint64_t id_;
+  std::vector<std::string> workers_;
+};
 
 class client {
  public:
@@ -46,14 +66,17 @@ class client {
   /// submit() and wait, at most `timeout`.
   expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params,
                             std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  /// Loads `model` (outputs from inputs, no updates) with `params` across the mesh once.
+  expected<std::unique_ptr<inference_session>> open_inference(const graph& model, const tensor_map& params,
+                                                              std::chrono::milliseconds timeout = std::chrono::minutes(1));
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.
   std::string node() const;
 
  private:
-  explicit client(std::unique_ptr<client_impl> impl);
-  std::unique_ptr<client_impl> impl_;
+  explicit client(std::shared_ptr<client_impl> impl);
+  std::shared_ptr<client_impl> impl_;
 };
 
 }  // namespace mesh

@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <map>
+#include <random>
 #include <set>
 
 #include "actors/job_engine.hpp"
@@ -15,14 +16,17 @@ using namespace mesh;
 
 namespace {
 
-/// Nodes "a", "b", "c" and a client "cli"; messages are queued and delivered one at a time, and
-/// each node's ready stages run on the reference evaluator.
+/// Nodes "a", "b", "c" and a client "cli"; messages are queued and delivered one at a time in a
+/// random order (the transport orders only control messages; bulk ones travel on separate
+/// streams), and each node's ready stages run on the reference evaluator.
 struct mesh_sim {
   std::map<std::string, job_engine> nodes;
   std::deque<std::pair<std::string, outbound>> queue;  // (from, message)
   std::set<std::string> dead;
   std::vector<msg::job_result> results;  // what the client received
   int delivered = 0;
+  int fragments_sent = 0;  // run_stage messages that carried a fragment
+  std::mt19937_64 rng{12345};
 
   explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}) {
     const char* names[] = {"a", "b", "c"};
@@ -40,14 +44,16 @@ struct mesh_sim {
   /// Delivers messages until the queue is empty or `limit` deliveries happened.
   void run(int limit = 100000) {
     while (!queue.empty() && limit-- > 0) {
-      auto [from, o] = std::move(queue.front());
-      queue.pop_front();
+      const size_t pick = rng() % queue.size();
+      auto [from, o] = std::move(queue[pick]);
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
       if (dead.count(from) || dead.count(o.to)) continue;  // a dead node sends and receives nothing
       ++delivered;
       if (o.to == "cli") {
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
         continue;
       }
+      if (auto* rs = std::get_if<msg::run_stage>(&o.m)) fragments_sent += !rs->wire.empty();
       // Through the real codec, as on the wire.
       auto bytes = msg::encode_message(o.m);
       REQUIRE(bytes);
@@ -57,7 +63,7 @@ struct mesh_sim {
       post(o.to, e.on_message(from, *m));
       for (auto& t : e.take_ready()) {
         tensor_map params = t.params;
-        post(o.to, e.on_executed(t, evaluate(t.g, t.inputs, params)));
+        post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, params)));
       }
     }
   }
@@ -162,4 +168,58 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
   sim.run();
   REQUIRE(sim.results.size() == 7);
   for (size_t i = 4; i < 7; ++i) CHECK(sim.results[i].ok);
+}
+
+TEST_CASE("an inference session loads the model once and serves many calls", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  INFO(sim.results[0].error);
+  REQUIRE(sim.results[0].ok);
+  const size_t stages = sim.results[0].workers.size();
+  CHECK(stages == 3);
+  // Five calls in flight at once: they stream through the stages.
+  for (uint64_t call = 10; call < 15; ++call) sim.post("cli", {{"a", msg::infer{1, call, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 6);
+  for (size_t i = 1; i < 6; ++i) {
+    INFO(sim.results[i].error);
+    REQUIRE(sim.results[i].ok);
+    for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  }
+  CHECK(sim.fragments_sent == static_cast<int>(stages));  // each stage's fragment travelled once
+  // A call to an unknown session and a call with a wrong input are clear errors.
+  sim.post("cli", {{"a", msg::infer{99, 20, {}}}, {"a", msg::infer{1, 21, {{"x", tensor::zeros(dtype::f32, {2})}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 8);
+  CHECK_FALSE(sim.results[6].ok);
+  CHECK(sim.results[6].error.find("no open session") != std::string::npos);
+  CHECK_FALSE(sim.results[7].ok);
+  CHECK(sim.results[7].error.find("\"x\"") != std::string::npos);
+}
+
+TEST_CASE("a session survives a dead worker: it is re-planned and calls still answer", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.run();
+  REQUIRE(sim.results.at(0).ok);
+  sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+  sim.run(3);  // the call is in flight
+  sim.kill("b");
+  sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 3);
+  for (size_t i = 1; i < 3; ++i) {
+    INFO(sim.results[i].error);
+    REQUIRE(sim.results[i].ok);
+    CHECK(std::find(sim.results[i].workers.begin(), sim.results[i].workers.end(), "b") == sim.results[i].workers.end());
+    for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  }
 }

@@ -15,11 +15,14 @@ std::vector<message> samples() {
           heartbeat{7, 42, 3},
           submit_job{9, {'a', 'b', 'c'}, 3},
           job_result{9, true, "", {{"y", t}}, 2, {"ab", "cd"}},
-          run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b"}}},
+          run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b"}}, 17, {{"x", t}}},
           activation{"coord", 1, 2, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}},
           status_request{5},
-          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5}}}};
+          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5}}},
+          open_session{3, {'g'}},
+          infer{3, 4, {{"x", t}}},
+          close_session{3}};
 }
 }  // namespace
 

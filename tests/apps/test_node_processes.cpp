@@ -166,3 +166,24 @@ TEST_CASE("the supervisor restarts a crashed executor, and gives up after too ma
   CHECK(a.wait_exit(20s) == 3);
   CHECK(a.log().find("stopping the node") != std::string::npos);
 }
+
+TEST_CASE("an inference session across 3 nodes serves overlapping calls", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.ec);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  const job j = mlp_job(8, 128);
+  auto session = (*cl)->open_inference(j.g, j.params);
+  INFO((session ? std::string() : session.error().message));
+  REQUIRE(session);
+  CHECK((*session)->workers().size() >= 2);
+  std::vector<std::future<expected<job_outcome>>> calls;
+  for (int i = 0; i < 8; ++i) calls.push_back((*session)->infer(j.inputs));
+  for (auto& f : calls) {
+    REQUIRE(f.wait_for(60s) == std::future_status::ready);
+    auto r = f.get();
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r);
+    CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+  }
+}
