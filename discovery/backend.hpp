@@ -27,12 +27,10 @@ class backend {
   virtual void stop() = 0;
 };
 
-/// Options of the mDNS backends.
+/// Options of the mDNS backends. The avahi-daemon used is the one on the process's D-Bus system
+/// bus (DBUS_SYSTEM_BUS_ADDRESS, else /run/dbus/system_bus_socket); libdbus reads that address
+/// once per process, so one process talks to one daemon.
 struct mdns_options {
-  /// D-Bus system bus of the avahi-daemon to use; empty: the process default
-  /// (DBUS_SYSTEM_BUS_ADDRESS or /run/dbus/system_bus_socket). Lets one process (tests, benches)
-  /// talk to several daemons, e.g. one per network namespace. Avahi backend only.
-  std::string dbus_address;
   /// Service instance name; empty: "meshnode-<first 12 chars of the node id>". A conflicting
   /// name is replaced by an alternative ("... #2"), never fatal.
   std::string service_name;
