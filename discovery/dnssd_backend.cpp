@@ -2,6 +2,12 @@
 // on stderr unless AVAHI_COMPAT_NOWARN=1 is set). A thin shell around browse_state: one thread
 // owns every DNSServiceRef and polls their sockets; browse -> resolve (SRV+TXT) -> query A/AAAA
 // of the target host -> browse_state. dns_sd refs are not thread-safe, hence the one thread.
+//
+// Lookups are one-shot (released as soon as they answered, or after lookup_timeout): besides
+// saving a thread per ref in avahi-compat, this matters because avahi-compat calls an
+// uninitialised callback pointer of a resolve or query ref whose daemon connection fails
+// (compat.c generic_client_callback), which crashes the process when the daemon stops while such
+// a ref is alive. Only the register and browse refs live long, and those are safe.
 #include <arpa/inet.h>
 #include <dns_sd.h>
 #include <net/if.h>
@@ -39,7 +45,21 @@ struct instance {
   std::vector<std::string> txt, addresses;
   uint16_t port = 0;
   bool txt_ok = false;
+  std::chrono::steady_clock::time_point lookup_started;
 };
+
+// How long a resolve or address query may stay unanswered before it is given up.
+constexpr std::chrono::seconds lookup_timeout{5};
+
+// "name" -> "name #2" -> "name #3": the alternative after a name conflict (as Avahi does).
+std::string alternative_name(const std::string& name) {
+  const auto hash = name.rfind(" #");
+  if (hash != std::string::npos && hash + 2 < name.size() &&
+      name.find_first_not_of("0123456789", hash + 2) == std::string::npos && name.size() - hash < 8) {
+    return name.substr(0, hash) + " #" + std::to_string(std::stoi(name.substr(hash + 2)) + 1);
+  }
+  return name + " #2";
+}
 
 class dnssd_backend final : public backend {
  public:
@@ -78,6 +98,14 @@ class dnssd_backend final : public backend {
   static void on_register(DNSServiceRef, DNSServiceFlags, DNSServiceErrorType err, const char* name,
                           const char*, const char*, void* ctx) {
     auto* b = static_cast<dnssd_backend*>(ctx);
+    if (err == kDNSServiceErr_NameConflict) {
+      // avahi-compat renames by itself only on conflicts found by probing, not on local ones.
+      const std::string alt = alternative_name(b->name_);
+      spdlog::info("discovery/dnssd: service name '{}' is taken, now '{}'", b->name_, alt);
+      b->name_ = alt;
+      b->reregister_ = true;
+      return;
+    }
     if (err != kDNSServiceErr_NoError) {
       b->went_down("announcement failed (dns_sd error " + std::to_string(err) + ")");
       return;
@@ -114,6 +142,7 @@ class dnssd_backend final : public backend {
         return;
       }
       b->live_.insert(inst->resolve);
+      inst->lookup_started = clock_type::now();
       b->instances_[key] = std::move(inst);
     } else {
       b->drop_instance(key);
@@ -126,7 +155,8 @@ class dnssd_backend final : public backend {
                          const unsigned char* txt, void* ctx) {
     auto* inst = static_cast<instance*>(ctx);
     dnssd_backend* b = inst->owner;
-    if (err != kDNSServiceErr_NoError) {
+    b->release(inst->resolve);  // one answer is all we wait for (see the top of this file)
+    if (err != kDNSServiceErr_NoError || !host) {
       spdlog::debug("discovery/dnssd: resolving '{}' failed ({})", inst->name, err);
       return;
     }
@@ -146,6 +176,7 @@ class dnssd_backend final : public backend {
       b->release(inst->query6);
       inst->addresses.clear();
       inst->host = host;
+      inst->lookup_started = clock_type::now();
       for (auto [ref, type] : {std::pair{&inst->query4, kDNSServiceType_A}, {&inst->query6, kDNSServiceType_AAAA}}) {
         if (DNSServiceQueryRecord(ref, 0, iface, host, type, kDNSServiceClass_IN, &dnssd_backend::on_query,
                                   inst) == kDNSServiceErr_NoError) {
@@ -175,14 +206,14 @@ class dnssd_backend final : public backend {
     } else {
       return;
     }
+    if (!(flags & kDNSServiceFlagsAdd)) return;
     auto& list = inst->addresses;
-    auto it = std::find(list.begin(), list.end(), addr);
-    if (flags & kDNSServiceFlagsAdd) {
-      if (it != list.end()) return;
-      list.push_back(addr);
-    } else {
-      if (it == list.end()) return;
-      list.erase(it);
+    if (std::find(list.begin(), list.end(), addr) != list.end()) return;
+    list.push_back(addr);
+    // The first address answers the lookup; collect what came with it, then stop asking.
+    if (!(flags & kDNSServiceFlagsMoreComing)) {
+      inst->owner->release(inst->query4);
+      inst->owner->release(inst->query6);
     }
     inst->owner->report(*inst);
   }
@@ -236,11 +267,38 @@ class dnssd_backend final : public backend {
     retry_at_ = clock_type::now() + backoff_.next();
   }
 
+  bool has_lookups() const {
+    return std::any_of(instances_.begin(), instances_.end(), [](const auto& kv) {
+      return kv.second->resolve || kv.second->query4 || kv.second->query6;
+    });
+  }
+
+  void expire_lookups() {
+    const auto now = clock_type::now();
+    for (auto& [key, inst] : instances_) {
+      if (now - inst->lookup_started < lookup_timeout) continue;
+      if (inst->resolve || inst->query4 || inst->query6) {
+        spdlog::debug("discovery/dnssd: lookup of '{}' unanswered, given up", inst->name);
+      }
+      release(inst->resolve);
+      release(inst->query4);
+      release(inst->query6);
+    }
+  }
+
   void connect() {
     retry_at_.reset();
-    DNSServiceErrorType err = DNSServiceRegister(
-        &register_, 0, 0, name_.c_str(), service_type, nullptr, nullptr, htons(self_.port),
-        static_cast<uint16_t>(txt_wire_.size()), txt_wire_.data(), &dnssd_backend::on_register, this);
+    DNSServiceErrorType err = kDNSServiceErr_NameConflict;
+    for (int attempt = 0; attempt < 16 && err == kDNSServiceErr_NameConflict; ++attempt) {
+      err = DNSServiceRegister(&register_, 0, 0, name_.c_str(), service_type, nullptr, nullptr,
+                               htons(self_.port), static_cast<uint16_t>(txt_wire_.size()),
+                               txt_wire_.data(), &dnssd_backend::on_register, this);
+      if (err == kDNSServiceErr_NameConflict) {  // taken on this very daemon: reported at once
+        const std::string alt = alternative_name(name_);
+        spdlog::info("discovery/dnssd: service name '{}' is taken, now '{}'", name_, alt);
+        name_ = alt;
+      }
+    }
     if (err != kDNSServiceErr_NoError) {
       register_ = nullptr;
       teardown("cannot announce (dns_sd error " + std::to_string(err) + "): is avahi-daemon running?");
@@ -265,7 +323,7 @@ class dnssd_backend final : public backend {
         fds.push_back({DNSServiceRefSockFD(r), POLLIN, 0});
         refs.push_back(r);
       }
-      int timeout = -1;
+      int timeout = has_lookups() ? 1000 : -1;  // to expire unanswered lookups
       if (retry_at_) {
         timeout = static_cast<int>(std::max<long long>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(*retry_at_ - clock_type::now()).count()));
@@ -281,6 +339,13 @@ class dnssd_backend final : public backend {
         teardown_.reset();
         teardown(why);
       }
+      if (reregister_) {
+        reregister_ = false;
+        release(browse_);
+        release(register_);
+        connect();
+      }
+      expire_lookups();
       if (retry_at_ && clock_type::now() >= *retry_at_) connect();
     }
     // Deallocating the registration withdraws the announcement (peers see us leave).
@@ -304,7 +369,7 @@ class dnssd_backend final : public backend {
   std::map<std::string, std::unique_ptr<instance>> instances_;
   std::optional<std::string> teardown_;
   std::optional<clock_type::time_point> retry_at_;
-  bool up_ = false, down_ = false;
+  bool up_ = false, down_ = false, reregister_ = false;
 };
 
 }  // namespace
