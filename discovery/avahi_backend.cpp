@@ -112,6 +112,7 @@ class avahi_backend final : public backend {
     browser_ = nullptr;
     if (group_) avahi_entry_group_free(group_);
     group_ = nullptr;
+    announced_ = false;
   }
 
   void teardown_client() {
@@ -143,6 +144,7 @@ class avahi_backend final : public backend {
       case AVAHI_CLIENT_S_REGISTERING:
         // The daemon's host name is (re)probing; our records go back up once it runs again.
         if (b->group_) avahi_entry_group_reset(b->group_);
+        b->announced_ = false;
         break;
       case AVAHI_CLIENT_CONNECTING:
         // NO_FAIL mode: avahi-daemon is not on the bus; the client reconnects by itself.
@@ -165,7 +167,7 @@ class avahi_backend final : public backend {
       went_down(std::string("cannot create entry group: ") + avahi_strerror(avahi_client_errno(c)), true);
       return false;
     }
-    if (!avahi_entry_group_is_empty(group_)) return true;
+    if (announced_) return true;
     AvahiStringList* txt = nullptr;
     for (auto it = txt_.rbegin(); it != txt_.rend(); ++it) txt = avahi_string_list_add(txt, it->c_str());
     int ret = 0;
@@ -182,6 +184,7 @@ class avahi_backend final : public backend {
       went_down(std::string("cannot announce: ") + avahi_strerror(ret), true);
       return false;
     }
+    announced_ = true;
     return true;
   }
 
@@ -198,6 +201,7 @@ class avahi_backend final : public backend {
       // Another host announces our name: take "name #2" and announce again.
       b->pick_alternative_name();
       avahi_entry_group_reset(g);
+      b->announced_ = false;
       b->register_service(avahi_entry_group_get_client(g));
     } else if (state == AVAHI_ENTRY_GROUP_FAILURE) {
       b->went_down(std::string("announcement failed: ") +
@@ -218,11 +222,13 @@ class avahi_backend final : public backend {
 
   static void on_browse(AvahiServiceBrowser* br, AvahiIfIndex iface, AvahiProtocol proto,
                         AvahiBrowserEvent ev, const char* name, const char* type, const char* domain,
-                        AvahiLookupResultFlags flags, void* self) {
+                        AvahiLookupResultFlags, void* self) {
     auto* b = static_cast<avahi_backend*>(self);
     switch (ev) {
       case AVAHI_BROWSER_NEW: {
-        if (flags & AVAHI_LOOKUP_RESULT_OUR_OWN) return;  // our own announcement
+        // Not skipped on AVAHI_LOOKUP_RESULT_OUR_OWN: while we probe a name that turns out to
+        // be taken, the other host's instance of it is flagged as ours and would never be
+        // reported again. browse_state recognises ourselves by node id instead.
         const std::string key = instance_key(iface, proto, name, domain);
         if (b->resolvers_.count(key)) return;
         // Resolve with the protocol it was seen on: IPv4 records give IPv4 addresses, IPv6 IPv6.
@@ -299,6 +305,7 @@ class avahi_backend final : public backend {
   AvahiEntryGroup* group_ = nullptr;
   AvahiServiceBrowser* browser_ = nullptr;
   std::map<std::string, AvahiServiceResolver*> resolvers_;
+  bool announced_ = false;  // our service is added to group_ and committed
   bool up_ = false;
   bool down_ = false;
 };

@@ -2,9 +2,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "avahi_lab.hpp"
-#include "event_log.hpp"
-#include "node_process.hpp"
+#include "discovery/lab/avahi_lab.hpp"
+#include "discovery/lab/event_log.hpp"
+#include "discovery/lab/node_process.hpp"
 #include "test_util.hpp"
 
 namespace mesh::discovery::test {

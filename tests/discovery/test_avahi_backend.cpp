@@ -4,9 +4,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "avahi_lab.hpp"
+#include "discovery/lab/avahi_lab.hpp"
 #include "mdns_cases.hpp"
-#include "node_process.hpp"
+#include "discovery/lab/node_process.hpp"
 #include "test_util.hpp"
 
 using namespace mesh::discovery;

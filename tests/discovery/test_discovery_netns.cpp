@@ -5,8 +5,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "avahi_lab.hpp"
-#include "node_process.hpp"
+#include "discovery/lab/avahi_lab.hpp"
+#include "discovery/lab/node_process.hpp"
 #include "test_util.hpp"
 
 using namespace mesh::discovery;
@@ -87,6 +87,23 @@ TEST_CASE("netns: a daemon restarted under a running node re-announces and re-di
   CHECK(n2.log().wait_for(event::peer_lost, a1.node_id, within));
   REQUIRE(h1.start_daemon());
   CHECK(n1.log().wait_for(event::backend_up, "", within));
+  CHECK(finds(n1, a2, "10.77.0.2"));
+  CHECK(finds(n2, a1, "10.77.0.1"));
+}
+
+TEST_CASE("netns: two hosts announcing one service name both get found", "[discovery][netns]") {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  lab::bridge br("cb");
+  lab::host h1("c1", br.netns(), "10.77.0.1"), h2("c2", br.netns(), "10.77.0.2");
+  REQUIRE(h1.start_daemon());
+  REQUIRE(h2.start_daemon());
+  const announcement a1 = test::make_announcement('1', 5001), a2 = test::make_announcement('2', 5002);
+  test::node_process n1("avahi", a1, h1.bus_address(), "meshnode-same");
+  REQUIRE(n1.log().wait_for(event::backend_up, "", within));
+  test::node_process n2("avahi", a2, h2.bus_address(), "meshnode-same");
   CHECK(finds(n1, a2, "10.77.0.2"));
   CHECK(finds(n2, a1, "10.77.0.1"));
 }

@@ -2,7 +2,7 @@
 
 #include "discovery/backend.hpp"
 #include "discovery/peer_table.hpp"
-#include "event_log.hpp"
+#include "discovery/lab/event_log.hpp"
 #include "test_util.hpp"
 
 using namespace mesh::discovery;

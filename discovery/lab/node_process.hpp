@@ -6,7 +6,7 @@
 #include <string>
 #include <thread>
 
-#include "event_log.hpp"
+#include "discovery/lab/event_log.hpp"
 
 namespace mesh::discovery::test {
 

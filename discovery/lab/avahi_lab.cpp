@@ -1,4 +1,4 @@
-#include "avahi_lab.hpp"
+#include "discovery/lab/avahi_lab.hpp"
 
 #include <signal.h>
 #include <sys/wait.h>

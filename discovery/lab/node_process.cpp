@@ -1,4 +1,4 @@
-#include "node_process.hpp"
+#include "discovery/lab/node_process.hpp"
 
 #include <signal.h>
 #include <spawn.h>
@@ -89,7 +89,10 @@ node_process::node_process(const std::string& kind, const announcement& self,
       std::string l(line);
       if (!l.empty() && l.back() == '\n') l.pop_back();
       auto fields = split(l, '\t');
-      if (fields.size() < 6) continue;
+      if (fields.size() < 6) {  // the node's own log lines: pass them on for the reader
+        std::fprintf(stderr, "[discovery_node] %s\n", l.c_str());
+        continue;
+      }
       event e;
       e.k = parse_kind(fields[1]);
       e.peer.node_id = fields[2];
