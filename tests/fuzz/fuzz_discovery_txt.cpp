@@ -10,7 +10,25 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mesh::discovery;
-  auto entries = txt_from_wire(std::span<const uint8_t>(data, size));
+  if (size == 0) return 0;
+  // First byte odd: the rest is newline-separated entries (reaches the key/value checks fast,
+  // as Avahi hands us entries); even: the RFC 6763 wire form (as dns_sd hands it).
+  mesh::expected<std::vector<std::string>> entries;
+  if (data[0] & 1) {
+    entries.emplace();
+    std::string cur;
+    for (size_t i = 1; i < size; ++i) {
+      if (data[i] == '\n') {
+        entries->push_back(cur);
+        cur.clear();
+      } else {
+        cur.push_back(static_cast<char>(data[i]));
+      }
+    }
+    entries->push_back(cur);
+  } else {
+    entries = txt_from_wire(std::span<const uint8_t>(data + 1, size - 1));
+  }
   if (!entries) return 0;
   auto decoded = decode_txt(*entries);
   static const announcement self{std::string(64, 'a'), "mesh-x", 1, 4000, ""};
