@@ -88,3 +88,32 @@ TEST_CASE("pex: at most 256 entries are encoded", "[discovery][pex]") {
   REQUIRE(out);
   CHECK(out->size() == max_pex_entries);
 }
+
+TEST_CASE("pex: a mesh across networks without multicast converges from one static peer",
+          "[discovery][pex]") {
+  // Network 1: A alone, configured with B as a static peer. Network 2: B, C and D see each other
+  // by mDNS. Once A and B are connected, each sends the other what it knows.
+  peer_table a(test::make_announcement('a')), b(test::make_announcement('b'));
+  auto mdns = [](char id, const char* addr) {
+    return event{event::peer_found, member(id, {addr}), ""};
+  };
+  b.apply(mdns('c', "10.2.0.3"));
+  b.apply(mdns('d', "10.2.0.4"));
+  peer_info b_static = member('b', {"192.0.2.2"});
+  b_static.source = "static";
+  a.apply({event::peer_found, b_static, ""});
+  // B -> A, A -> B, over the (simulated) connection: bytes only.
+  const auto to_a = encode_pex(b.members());
+  const auto to_b = encode_pex(a.members());
+  auto got_a = decode_pex(to_a);
+  auto got_b = decode_pex(to_b);
+  REQUIRE(got_a);
+  REQUIRE(got_b);
+  merge_pex(a, test::node_id('b'), *got_a);
+  merge_pex(b, test::node_id('a'), *got_b);
+  CHECK(a.members().size() == 3);  // B (static), C and D (exchange)
+  REQUIRE(a.find(test::node_id('c')));
+  CHECK(a.find(test::node_id('c'))->addresses == std::vector<std::string>{"10.2.0.3"});
+  CHECK(a.find(test::node_id('c'))->source == "exchange");
+  CHECK(b.members().size() == 2);  // A told B only about B itself: skipped
+}
