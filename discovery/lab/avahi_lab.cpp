@@ -92,7 +92,7 @@ bridge::bridge(std::string name) : netns_(prefix() + name) {
 
 bridge::~bridge() { sh("ip netns del " + netns_ + " 2>/dev/null"); }
 
-host::host(std::string name, std::string bridge_ns, std::string address)
+host::host(std::string name, std::string bridge_ns, std::string address, std::string ipv6_address)
     : name_(std::move(name)),
       netns_(prefix() + name_),
       dir_("/tmp/" + netns_),
@@ -105,10 +105,16 @@ host::host(std::string name, std::string bridge_ns, std::string address)
     const std::string port = "p-" + name_.substr(0, 10);
     sh("ip -n " + bridge_ + " link add " + port + " type veth peer name eth0 netns " + netns_ +
        " && ip -n " + bridge_ + " link set " + port + " master br0 up && ip -n " + netns_ +
-       " addr add " + address + "/24 dev eth0 && ip -n " + netns_ + " link set eth0 up");
+       " addr add " + address + "/24 dev eth0");
+    if (!ipv6_address.empty()) {
+      // No duplicate address detection: addresses (link-local too) are usable at once.
+      sh("ip netns exec " + netns_ + " sysctl -qw net.ipv6.conf.eth0.accept_dad=0 && ip -n " + netns_ +
+         " addr add " + ipv6_address + "/64 dev eth0 nodad");
+    }
+    sh("ip -n " + netns_ + " link set eth0 up");
   }
   std::ofstream conf(dir_ + "/avahi.conf");
-  conf << "[server]\nhost-name=" << name_ << "\nuse-ipv4=yes\nuse-ipv6=no\n"
+  conf << "[server]\nhost-name=" << name_ << "\nuse-ipv4=yes\nuse-ipv6=" << (ipv6_address.empty() ? "no" : "yes") << "\n"
        << "allow-interfaces=" << (loopback_only_ ? "lo" : "eth0") << "\nenable-dbus=yes\n"
        << "ratelimit-interval-usec=1000000\nratelimit-burst=1000\n"
        << "[wide-area]\nenable-wide-area=no\n"

@@ -18,8 +18,9 @@ std::optional<std::string> reason_unavailable();
 class host {
  public:
   /// Creates namespace "mnd-<pid>-<name>". With `bridge` empty, avahi uses loopback only;
-  /// otherwise the host gets eth0 = `address` (/24) on that bridge namespace.
-  host(std::string name, std::string bridge = "", std::string address = "");
+  /// otherwise the host gets eth0 = `address` (/24) on that bridge namespace. With `ipv6`,
+  /// eth0 also gets `ipv6_address` (/64) and avahi uses IPv6 too.
+  host(std::string name, std::string bridge = "", std::string address = "", std::string ipv6_address = "");
   ~host();
   host(const host&) = delete;
   host& operator=(const host&) = delete;

@@ -38,7 +38,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::string discovery_node_path() { return MESH_DISCOVERY_NODE_PATH; }
 
 node_process::node_process(const std::string& kind, const announcement& self,
-                           const std::string& bus_address, const std::string& service_name) {
+                           const std::string& bus_address, const std::string& service_name,
+                           const std::string& netns) {
   int in_pipe[2], out_pipe[2];
   if (::pipe2(in_pipe, O_CLOEXEC) != 0) return;
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -53,6 +54,7 @@ node_process::node_process(const std::string& kind, const announcement& self,
   const std::string path = discovery_node_path();
   const std::string port = std::to_string(self.port);
   std::vector<std::string> args{path, kind, self.node_id, self.mesh_id, port};
+  if (!netns.empty()) args.insert(args.begin(), {"ip", "netns", "exec", netns});  // execs in place
   if (!service_name.empty()) args.push_back(service_name);
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -68,7 +70,7 @@ node_process::node_process(const std::string& kind, const announcement& self,
   for (auto& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, path.c_str(), &actions, nullptr, argv.data(), envp.data());
+  const int rc = ::posix_spawnp(&pid, args[0].c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(in_pipe[0]);
   ::close(out_pipe[1]);

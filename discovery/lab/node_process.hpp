@@ -12,9 +12,10 @@ namespace mesh::discovery::test {
 
 class node_process {
  public:
-  /// Starts `discovery_node <kind> <node id> <mesh id> <port> [name]` against `bus_address`.
+  /// Starts `discovery_node <kind> <node id> <mesh id> <port> [name]` against `bus_address`;
+  /// inside network namespace `netns` when given (as a node on that host would run).
   node_process(const std::string& kind, const announcement& self, const std::string& bus_address,
-               const std::string& service_name = "");
+               const std::string& service_name = "", const std::string& netns = "");
   ~node_process();
   node_process(const node_process&) = delete;
   node_process& operator=(const node_process&) = delete;

@@ -107,3 +107,45 @@ TEST_CASE("netns: two hosts announcing one service name both get found", "[disco
   CHECK(finds(n1, a2, "10.77.0.2"));
   CHECK(finds(n2, a1, "10.77.0.1"));
 }
+
+TEST_CASE("netns: IPv4 and IPv6 addresses are resolved, link-local ones with their interface",
+          "[discovery][netns]") {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  lab::bridge br("6b");
+  lab::host h1("v1", br.netns(), "10.77.0.1", "fd77::1"), h2("v2", br.netns(), "10.77.0.2", "fd77::2");
+  REQUIRE(h1.start_daemon());
+  REQUIRE(h2.start_daemon());
+  const announcement a1 = test::make_announcement('1', 5001), a2 = test::make_announcement('2', 5002);
+  // Nodes run inside their host's namespace, so that interface names are theirs.
+  test::node_process n1("avahi", a1, h1.bus_address(), "", h1.netns());
+  test::node_process n2("avahi", a2, h2.bus_address(), "", h2.netns());
+  event e;
+  const bool both = n1.log().wait_for(
+      [&](const event& x) {
+        if ((x.k != event::peer_found && x.k != event::peer_updated) || x.peer.node_id != a2.node_id) return false;
+        const auto& addrs = x.peer.addresses;
+        const bool v4 = std::find(addrs.begin(), addrs.end(), "10.77.0.2") != addrs.end();
+        const bool v6 = std::any_of(addrs.begin(), addrs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; });
+        return v4 && v6;
+      },
+      within, &e);
+  INFO("last addresses seen: " << [&] {
+    std::string s;
+    for (const auto& x : n1.log().snapshot()) {
+      for (const auto& a : x.peer.addresses) s += a + " ";
+    }
+    return s;
+  }());
+  REQUIRE(both);
+  CHECK(e.peer.addresses.front() == "10.77.0.2");  // IPv4 first: the order to dial in
+  for (const auto& a : e.peer.addresses) {
+    // Avahi publishes the host's global address when it has one; a link-local one, if any,
+    // must carry its interface to be usable.
+    if (a.rfind("fe80:", 0) == 0) CHECK(a.find("%eth0") != std::string::npos);
+    if (a.find(':') != std::string::npos && a.rfind("fe80:", 0) != 0) CHECK(a == "fd77::2");
+  }
+  CHECK(n2.log().wait_for(event::peer_found, a1.node_id, within));
+}
