@@ -149,3 +149,21 @@ TEST_CASE("netns: IPv4 and IPv6 addresses are resolved, link-local ones with the
   }
   CHECK(n2.log().wait_for(event::peer_found, a1.node_id, within));
 }
+
+TEST_CASE("netns: the dns_sd backend finds peers on other hosts and Avahi nodes alike",
+          "[discovery][netns][dnssd]") {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  lab::bridge br("db");
+  lab::host h1("d1", br.netns(), "10.77.0.1"), h2("d2", br.netns(), "10.77.0.2");
+  REQUIRE(h1.start_daemon());
+  REQUIRE(h2.start_daemon());
+  const announcement a1 = test::make_announcement('1', 5001), a2 = test::make_announcement('2', 5002);
+  test::node_process n1("dnssd", a1, h1.bus_address()), n2("avahi", a2, h2.bus_address());
+  CHECK(finds(n1, a2, "10.77.0.2"));
+  CHECK(finds(n2, a1, "10.77.0.1"));
+  n2.stop();
+  CHECK(n1.log().wait_for(event::peer_lost, a2.node_id, within));
+}
