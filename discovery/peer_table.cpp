@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "discovery/txt_record.hpp"
+
 namespace mesh::discovery {
 namespace {
 
@@ -21,6 +23,9 @@ std::vector<event> peer_table::apply(const event& e) {
     case event::peer_found:
     case event::peer_updated: {
       if (e.peer.node_id == self_.node_id) return {};
+      if (!is_valid_node_id(e.peer.node_id)) {
+        return {{event::peer_rejected, e.peer, "not a valid node id: '" + sanitize_device_summary(e.peer.node_id.substr(0, 80)) + "'"}};
+      }
       if (!is_member(self_, e.peer)) {
         return {{event::foreign_peer, e.peer, e.detail.empty() ? "not a member of this mesh" : e.detail}};
       }

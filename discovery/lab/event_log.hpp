@@ -22,8 +22,8 @@ class event_log {
     };
   }
 
-  /// Waits up to `timeout` for an event matching `pred` (also among those already seen after
-  /// `from`); returns it, or nullopt-like empty event with detail "timeout".
+  /// Waits up to `timeout` for an event matching `pred`, among those already received too;
+  /// true when one came (copied to `found` if given).
   bool wait_for(const std::function<bool(const event&)>& pred, std::chrono::milliseconds timeout,
                 event* found = nullptr) {
     std::unique_lock lock(mutex_);

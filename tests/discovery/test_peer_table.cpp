@@ -46,6 +46,11 @@ TEST_CASE("peer_table: foreign, self and pass-through events", "[discovery][tabl
   REQUIRE(f.size() == 1);
   CHECK(f[0].k == event::foreign_peer);
   CHECK(t.members().empty());
+  event bad = found('b', "static", {"127.0.0.1"});
+  bad.peer.node_id = "short";
+  auto r = t.apply(bad);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].k == event::peer_rejected);
   event down{event::backend_down, {}, "daemon gone"};
   auto d = t.apply(down);
   REQUIRE(d.size() == 1);
