@@ -47,6 +47,7 @@ class avahi_backend final : public backend {
     if (!poll_) return make_error(error_code::internal, "avahi: cannot create the threaded poll");
     const AvahiPoll* api = avahi_threaded_poll_get(poll_);
     retry_ = api->timeout_new(api, nullptr, &avahi_backend::on_retry, this);  // disarmed
+    re_resolve_ = api->timeout_new(api, nullptr, &avahi_backend::on_re_resolve, this);
     connect();
     if (avahi_threaded_poll_start(poll_) < 0) {
       teardown_client();
@@ -65,6 +66,7 @@ class avahi_backend final : public backend {
     avahi_threaded_poll_free(poll_);
     poll_ = nullptr;
     retry_ = nullptr;
+    re_resolve_ = nullptr;
   }
 
  private:
@@ -108,6 +110,8 @@ class avahi_backend final : public backend {
   void free_objects() {
     for (auto& [key, r] : resolvers_) avahi_service_resolver_free(r);
     resolvers_.clear();
+    unresolved_.clear();
+    client_for_lookups_ = nullptr;
     if (browser_) avahi_service_browser_free(browser_);
     browser_ = nullptr;
     if (group_) avahi_entry_group_free(group_);
@@ -210,6 +214,7 @@ class avahi_backend final : public backend {
   }
 
   bool browse(AvahiClient* c) {
+    client_for_lookups_ = c;
     if (browser_) return true;
     browser_ = avahi_service_browser_new(c, AVAHI_IF_UNSPEC, AVAHI_PROTO_UNSPEC, service_type, nullptr,
                                          static_cast<AvahiLookupFlags>(0), &avahi_backend::on_browse, this);
@@ -229,19 +234,12 @@ class avahi_backend final : public backend {
         // Not skipped on AVAHI_LOOKUP_RESULT_OUR_OWN: while we probe a name that turns out to
         // be taken, the other host's instance of it is flagged as ours and would never be
         // reported again. browse_state recognises ourselves by node id instead.
-        const std::string key = instance_key(iface, proto, name, domain);
-        if (b->resolvers_.count(key)) return;
-        // Resolve with the protocol it was seen on: IPv4 records give IPv4 addresses, IPv6 IPv6.
-        AvahiServiceResolver* r = avahi_service_resolver_new(
-            avahi_service_browser_get_client(br), iface, proto, name, type, domain, proto,
-            static_cast<AvahiLookupFlags>(0), &avahi_backend::on_resolve, self);
-        if (r) b->resolvers_[key] = r;
-        else spdlog::warn("discovery/avahi: cannot resolve '{}': {}", name,
-                          avahi_strerror(avahi_client_errno(avahi_service_browser_get_client(br))));
+        b->resolve({iface, proto, name, type, domain});
         break;
       }
       case AVAHI_BROWSER_REMOVE: {
         const std::string key = instance_key(iface, proto, name, domain);
+        b->unresolved_.erase(key);
         if (auto it = b->resolvers_.find(key); it != b->resolvers_.end()) {
           avahi_service_resolver_free(it->second);
           b->resolvers_.erase(it);
@@ -260,19 +258,25 @@ class avahi_backend final : public backend {
   }
 
   static void on_resolve(AvahiServiceResolver* r, AvahiIfIndex iface, AvahiProtocol proto,
-                         AvahiResolverEvent ev, const char* name, const char*, const char* domain,
+                         AvahiResolverEvent ev, const char* name, const char* type, const char* domain,
                          const char*, const AvahiAddress* address, uint16_t port, AvahiStringList* txt,
                          AvahiLookupResultFlags, void* self) {
     auto* b = static_cast<avahi_backend*>(self);
     const std::string key = instance_key(iface, proto, name, domain);
     if (ev != AVAHI_RESOLVER_FOUND || !address) {
-      // Unresolvable (e.g. it left while we asked): forget the resolver; a new browse event retries.
-      spdlog::debug("discovery/avahi: resolving '{}' failed", name);
+      // Unanswered (packet loss, a host without address records): try again later, until the
+      // browser reports the instance removed.
+      spdlog::debug("discovery/avahi: resolving '{}' failed, will retry", name);
+      // Copy the names first: they belong to the resolver freed next.
+      b->unresolved_[key] = instance_ref{iface, proto, name, type, domain};
       if (auto it = b->resolvers_.find(key); it != b->resolvers_.end() && it->second == r) {
         b->resolvers_.erase(it);
         avahi_service_resolver_free(r);
       }
       b->emit_all(b->state_->removed(key));
+      timeval tv;
+      avahi_threaded_poll_get(b->poll_)->timeout_update(
+          b->re_resolve_, avahi_elapse_time(&tv, static_cast<unsigned>(re_resolve_after.count()), 0));
       return;
     }
     char text[AVAHI_ADDRESS_STR_MAX] = {};
@@ -292,6 +296,34 @@ class avahi_backend final : public backend {
     b->emit_all(b->state_->resolved(key, entries, {addr}, port));
   }
 
+  // What identifies a browsed instance to Avahi.
+  struct instance_ref {
+    AvahiIfIndex iface;
+    AvahiProtocol proto;
+    std::string name, type, domain;
+  };
+
+  void resolve(const instance_ref& i) {
+    const std::string key = instance_key(i.iface, i.proto, i.name.c_str(), i.domain.c_str());
+    if (resolvers_.count(key) || !client_for_lookups_) return;
+    // Resolve with the protocol it was seen on: IPv4 records give IPv4 addresses, IPv6 IPv6.
+    AvahiServiceResolver* r = avahi_service_resolver_new(
+        client_for_lookups_, i.iface, i.proto, i.name.c_str(), i.type.c_str(), i.domain.c_str(), i.proto,
+        static_cast<AvahiLookupFlags>(0), &avahi_backend::on_resolve, this);
+    if (r) resolvers_[key] = r;
+    else spdlog::warn("discovery/avahi: cannot resolve '{}': {}", i.name,
+                      avahi_strerror(avahi_client_errno(client_for_lookups_)));
+  }
+
+  static void on_re_resolve(AvahiTimeout*, void* self) {
+    auto* b = static_cast<avahi_backend*>(self);
+    auto pending = std::move(b->unresolved_);
+    b->unresolved_.clear();
+    for (const auto& [key, ref] : pending) b->resolve(ref);
+  }
+
+  static constexpr std::chrono::milliseconds re_resolve_after{2000};
+
   mdns_options options_;
   backoff backoff_;
   announcement self_;
@@ -305,6 +337,9 @@ class avahi_backend final : public backend {
   AvahiEntryGroup* group_ = nullptr;
   AvahiServiceBrowser* browser_ = nullptr;
   std::map<std::string, AvahiServiceResolver*> resolvers_;
+  std::map<std::string, instance_ref> unresolved_;  // resolution failed; retried on re_resolve_
+  AvahiTimeout* re_resolve_ = nullptr;
+  AvahiClient* client_for_lookups_ = nullptr;  // the client the browser belongs to
   bool announced_ = false;  // our service is added to group_ and committed
   bool up_ = false;
   bool down_ = false;

@@ -6,6 +6,7 @@
 // DBUS_SYSTEM_BUS_ADDRESS: one process per daemon, because libdbus reads that address once.
 //
 // usage: discovery_node avahi|dnssd <node id> <mesh id> <port> [service name]
+#include <spdlog/cfg/env.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s avahi|dnssd <node id> <mesh id> <port> [service name]\n", argv[0]);
     return 2;
   }
+  spdlog::cfg::load_env_levels();  // SPDLOG_LEVEL=debug shows the backends' debug lines
   const auto t0 = std::chrono::steady_clock::now();
   const std::string kind = argv[1];
   mdns_options options;

@@ -66,3 +66,32 @@ TEST_CASE("avahi: hostile TXT records are rejected, not fatal", "[discovery][ava
     if (pid > 0) ::kill(pid, SIGTERM);
   }
 }
+
+TEST_CASE("avahi: an instance that fails to resolve is retried until it resolves", "[discovery][avahi]") {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  if (lab::sh("command -v avahi-publish >/dev/null 2>&1") != 0) {
+    WARN("skipped: avahi-publish (avahi-utils) is not installed");
+    return;
+  }
+  lab::host h("avahi7");
+  REQUIRE(h.start_daemon());
+  test::node_process node("avahi", test::make_announcement('a'), h.bus_address());
+  REQUIRE(node.log().wait_for(event::backend_up, "", 15s));
+  // A service on a host name that has no address yet: Avahi's resolver gives up after 5 s.
+  const std::string env = "DBUS_SYSTEM_BUS_ADDRESS=" + h.bus_address() + " timeout 40 avahi-publish ";
+  const std::string late = test::node_id('7');
+  const int service = lab::spawn(env + "-s -H late.local meshnode-late _meshnode._udp 4300 id=" + late +
+                                 " mesh=mesh-a v=1 port=4300");
+  CHECK(!node.log().wait_for(event::peer_found, late, 6s));
+  // Now the address appears: the retried resolution finds the node.
+  const int address = lab::spawn(env + "-a -R late.local 127.0.0.9");
+  event e;
+  CHECK(node.log().wait_for(event::peer_found, late, 15s, &e));
+  CHECK(e.peer.addresses == std::vector<std::string>{"127.0.0.9"});
+  for (int pid : {service, address}) {
+    if (pid > 0) ::kill(pid, SIGTERM);
+  }
+}
