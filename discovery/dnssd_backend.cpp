@@ -39,12 +39,13 @@ class dnssd_backend;
 // One browsed service instance and the lookups resolving it.
 struct instance {
   dnssd_backend* owner = nullptr;
-  std::string key, name, domain, host;
+  std::string key, name, type, domain, host;
   uint32_t iface = 0;
   DNSServiceRef resolve = nullptr, query4 = nullptr, query6 = nullptr;
   std::vector<std::string> txt, addresses;
   uint16_t port = 0;
   bool txt_ok = false;
+  bool rejected = false;  // its TXT record failed validation
   std::chrono::steady_clock::time_point lookup_started;
 };
 
@@ -136,13 +137,8 @@ class dnssd_backend final : public backend {
       inst->name = name;
       inst->domain = domain;
       inst->iface = iface;
-      if (DNSServiceResolve(&inst->resolve, 0, iface, name, type, domain, &dnssd_backend::on_resolve,
-                            inst.get()) != kDNSServiceErr_NoError) {
-        spdlog::warn("discovery/dnssd: cannot resolve '{}'", name);
-        return;
-      }
-      b->live_.insert(inst->resolve);
-      inst->lookup_started = clock_type::now();
+      inst->type = type;
+      b->start_resolve(*inst);
       b->instances_[key] = std::move(inst);
     } else {
       b->drop_instance(key);
@@ -155,13 +151,17 @@ class dnssd_backend final : public backend {
                          const unsigned char* txt, void* ctx) {
     auto* inst = static_cast<instance*>(ctx);
     dnssd_backend* b = inst->owner;
-    b->release(inst->resolve);  // one answer is all we wait for (see the top of this file)
     if (err != kDNSServiceErr_NoError || !host) {
       spdlog::debug("discovery/dnssd: resolving '{}' failed ({})", inst->name, err);
+      b->release(inst->resolve);
       return;
     }
+    // Copy what the ref owns, then release it: one answer is all we wait for (see the top).
+    const std::string host_name = host;
     auto entries = txt_from_wire(std::span<const uint8_t>(txt, txt_len));
+    b->release(inst->resolve);
     inst->txt_ok = entries.has_value();
+    inst->rejected = !entries.has_value();
     inst->txt = entries ? std::move(*entries) : std::vector<std::string>{};
     if (!entries) {
       b->emit({event::peer_rejected, {}, "instance '" + sanitize_device_summary(inst->name) + "': " +
@@ -170,15 +170,15 @@ class dnssd_backend final : public backend {
       return;
     }
     inst->port = ntohs(port_be);
-    if (inst->host != host) {
+    if (inst->host != host_name) {
       // A new target host: look its addresses up afresh.
       b->release(inst->query4);
       b->release(inst->query6);
       inst->addresses.clear();
-      inst->host = host;
+      inst->host = host_name;
       inst->lookup_started = clock_type::now();
       for (auto [ref, type] : {std::pair{&inst->query4, kDNSServiceType_A}, {&inst->query6, kDNSServiceType_AAAA}}) {
-        if (DNSServiceQueryRecord(ref, 0, iface, host, type, kDNSServiceClass_IN, &dnssd_backend::on_query,
+        if (DNSServiceQueryRecord(ref, 0, iface, host_name.c_str(), type, kDNSServiceClass_IN, &dnssd_backend::on_query,
                                   inst) == kDNSServiceErr_NoError) {
           b->live_.insert(*ref);
         } else {
@@ -267,12 +267,29 @@ class dnssd_backend final : public backend {
     retry_at_ = clock_type::now() + backoff_.next();
   }
 
+  // Resolved to something: a usable peer, or a record we rejected (not worth asking again).
+  static bool settled(const instance& i) { return i.rejected || (i.txt_ok && !i.addresses.empty()); }
+
+  void start_resolve(instance& inst) {
+    inst.lookup_started = clock_type::now();
+    if (DNSServiceResolve(&inst.resolve, 0, inst.iface, inst.name.c_str(), inst.type.c_str(),
+                          inst.domain.c_str(), &dnssd_backend::on_resolve, &inst) != kDNSServiceErr_NoError) {
+      inst.resolve = nullptr;
+      spdlog::warn("discovery/dnssd: cannot resolve '{}' (will retry)", inst.name);
+      return;
+    }
+    live_.insert(inst.resolve);
+  }
+
+  // Lookups in flight, or instances still to resolve: the loop must wake up for them.
   bool has_lookups() const {
     return std::any_of(instances_.begin(), instances_.end(), [](const auto& kv) {
-      return kv.second->resolve || kv.second->query4 || kv.second->query6;
+      return kv.second->resolve || kv.second->query4 || kv.second->query6 || !settled(*kv.second);
     });
   }
 
+  // Gives up lookups unanswered for lookup_timeout; an instance not resolved yet starts over
+  // (packet loss, a host whose address is not published yet), until the browser removes it.
   void expire_lookups() {
     const auto now = clock_type::now();
     for (auto& [key, inst] : instances_) {
@@ -283,6 +300,10 @@ class dnssd_backend final : public backend {
       release(inst->resolve);
       release(inst->query4);
       release(inst->query6);
+      if (!settled(*inst)) {
+        inst->host.clear();  // query the addresses again after the next resolve
+        start_resolve(*inst);
+      }
     }
   }
 

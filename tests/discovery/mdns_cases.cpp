@@ -1,5 +1,7 @@
 #include "mdns_cases.hpp"
 
+#include <signal.h>
+
 #include <catch2/catch.hpp>
 
 #include "discovery/lab/avahi_lab.hpp"
@@ -104,6 +106,74 @@ void daemon_restart_reannounces(const std::string& kind) {
   CHECK(na.log().wait_for(event::backend_up, "", found_within));
   CHECK(na.log().wait_for(event::peer_found, b.node_id, found_within));
   CHECK(nb.log().wait_for(event::peer_found, a.node_id, found_within));
+}
+
+void hostile_txt_is_rejected(const std::string& kind) {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  if (lab::sh("command -v avahi-publish >/dev/null 2>&1") != 0) {
+    WARN("skipped: avahi-publish (avahi-utils) is not installed");
+    return;
+  }
+  lab::host h(kind + "6");
+  REQUIRE(h.start_daemon());
+  node_process node(kind, make_announcement('a'), h.bus_address());
+  // A bad id, a missing mesh and an oversized value, published by avahi's own tool (it runs
+  // until stopped; `timeout` bounds it anyway).
+  const std::string env = "DBUS_SYSTEM_BUS_ADDRESS=" + h.bus_address() + " timeout 30 avahi-publish -s ";
+  const int publishers[] = {
+      lab::spawn(env + "bad-id _meshnode._udp 4100 id=XYZ mesh=mesh-a v=1 port=4100"),
+      lab::spawn(env + "no-mesh _meshnode._udp 4101 id=" + node_id('e') + " v=1 port=4101"),
+      lab::spawn(env + "huge _meshnode._udp 4102 id=" + node_id('f') + " mesh=" +
+                 std::string(200, 'm') + " v=1 port=4102"),
+  };
+  // A good node after them shows the first one still works.
+  node_process good(kind, make_announcement('b'), h.bus_address());
+  auto rejected_with = [&](const char* text) {
+    return node.log().wait_for(
+        [&](const event& e) { return e.k == event::peer_rejected && e.detail.find(text) != std::string::npos; },
+        15s);
+  };
+  CHECK(rejected_with("node id"));
+  CHECK(rejected_with("lacks key 'mesh'"));
+  CHECK(rejected_with("mesh id"));
+  CHECK(node.log().wait_for(event::peer_found, node_id('b'), 15s));
+  CHECK(!node.log().seen(event::peer_found, node_id('e')));
+  CHECK(!node.log().seen(event::peer_found, node_id('f')));
+  for (int pid : publishers) {
+    if (pid > 0) ::kill(pid, SIGTERM);
+  }
+}
+
+void unresolved_is_retried(const std::string& kind) {
+  if (auto why = lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  if (lab::sh("command -v avahi-publish >/dev/null 2>&1") != 0) {
+    WARN("skipped: avahi-publish (avahi-utils) is not installed");
+    return;
+  }
+  lab::host h(kind + "7");
+  REQUIRE(h.start_daemon());
+  node_process node(kind, make_announcement('a'), h.bus_address());
+  REQUIRE(node.log().wait_for(event::backend_up, "", 15s));
+  // A service on a host name that has no address yet: Avahi's resolver gives up after 5 s.
+  const std::string env = "DBUS_SYSTEM_BUS_ADDRESS=" + h.bus_address() + " timeout 40 avahi-publish ";
+  const std::string late = node_id('7');
+  const int service = lab::spawn(env + "-s -H late.local meshnode-late _meshnode._udp 4300 id=" + late +
+                                 " mesh=mesh-a v=1 port=4300");
+  CHECK(!node.log().wait_for(event::peer_found, late, 6s));
+  // Now the address appears: the retried resolution finds the node.
+  const int address = lab::spawn(env + "-a -R late.local 127.0.0.9");
+  event e;
+  CHECK(node.log().wait_for(event::peer_found, late, 15s, &e));
+  CHECK(e.peer.addresses == std::vector<std::string>{"127.0.0.9"});
+  for (int pid : {service, address}) {
+    if (pid > 0) ::kill(pid, SIGTERM);
+  }
 }
 
 }  // namespace mesh::discovery::test

@@ -16,5 +16,9 @@ void name_conflict_is_resolved(const std::string& kind);
 void daemon_absent_then_started(const std::string& kind);
 /// The daemon restarted under running nodes: they report down, re-announce and re-discover.
 void daemon_restart_reannounces(const std::string& kind);
+/// Hostile TXT records (published with avahi-publish) are rejected; a good node is still found.
+void hostile_txt_is_rejected(const std::string& kind);
+/// A service whose host has no address yet is found once the address appears.
+void unresolved_is_retried(const std::string& kind);
 
 }  // namespace mesh::discovery::test

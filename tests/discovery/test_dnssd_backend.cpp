@@ -19,3 +19,9 @@ TEST_CASE("dnssd: daemon absent at start, started later", "[discovery][dnssd]") 
 TEST_CASE("dnssd: daemon restarted under running nodes", "[discovery][dnssd]") {
   mesh::discovery::test::daemon_restart_reannounces("dnssd");
 }
+TEST_CASE("dnssd: hostile TXT records are rejected, not fatal", "[discovery][dnssd]") {
+  mesh::discovery::test::hostile_txt_is_rejected("dnssd");
+}
+TEST_CASE("dnssd: an instance that fails to resolve is retried until it resolves", "[discovery][dnssd]") {
+  mesh::discovery::test::unresolved_is_retried("dnssd");
+}
