@@ -114,8 +114,11 @@ void converge(bool same_name) {
   lab::bridge br(same_name ? "sbr" : "cbr");
   std::vector<std::unique_ptr<lab::host>> hosts;
   for (int i = 0; i < n; ++i) {
-    hosts.push_back(std::make_unique<lab::host>((same_name ? "s" : "c") + std::to_string(i), br.netns(),
-                                                "10.77.0." + std::to_string(i + 1)));
+    // Names built with append: `"literal" + std::string&&` trips a false -Wrestrict in g++ 12 -O2.
+    std::string name(same_name ? "s" : "c"), address("10.77.0.");
+    name.append(std::to_string(i));
+    address.append(std::to_string(i + 1));
+    hosts.push_back(std::make_unique<lab::host>(name, br.netns(), address));
     if (!hosts.back()->start_daemon()) return;
   }
   std::this_thread::sleep_for(1500ms);  // the daemons' host names are probed
