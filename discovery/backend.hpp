@@ -14,7 +14,8 @@
 
 namespace mesh::discovery {
 
-/// Called from a backend's thread, never concurrently for one backend.
+/// Called from a backend's thread (or from within its start()), never concurrently for one
+/// backend; it must not call start() or stop() of that backend.
 using event_callback = std::function<void(event)>;
 
 class backend {
