@@ -333,7 +333,10 @@ expected<void> connection::handle_control_frame(frame f) {
 expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits);
+  // An admitted peer's announced size is reserved at once (one allocation, no regrowth copies);
+  // before admission a header alone may not make us reserve more than 16 MiB.
+  uint64_t reserve = state_ == state::admitted ? cfg_.limits.bulk : (16u << 20);
+  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve);
   auto& frames = bulk_frames_[sid];
   if (auto r = it->second.feed({data, len}, frames); !r)
     return make_error(r.error().code, "bulk stream: " + r.error().message);

@@ -459,10 +459,17 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
     if (!impl_->up_.count(peer))
       return make_error(error_code::network, "peer " + peer.short_string() + " is not connected");
   }
-  impl_->post([impl = impl_.get(), peer, ch, b = std::move(bytes)]() mutable {
+  auto queue = [impl = impl_.get(), peer, ch, b = std::move(bytes)]() mutable {
     auto it = impl->by_peer_.find(peer);
     if (it != impl->by_peer_.end()) it->second->queue(ch, std::move(b));
-  });
+    impl->need_write_ = true;
+  };
+  // From a callback (the I/O thread itself) the message is queued at once: a reply then leaves
+  // in the same loop iteration instead of one eventfd round later.
+  if (std::this_thread::get_id() == impl_->io_thread_id_)
+    queue();
+  else
+    impl_->post(std::move(queue));
   return {};
 }
 

@@ -9,9 +9,6 @@ namespace mesh::transport {
 
 namespace {
 bool known_kind(uint8_t k) { return k >= 1 && k <= 5; }
-
-// Reserve no more than this up front: a peer announcing 4 GiB must send it before we hold it.
-constexpr uint64_t max_up_front_reserve = 16u << 20;
 }  // namespace
 
 uint64_t frame_limits::for_kind(frame_kind k) const {
@@ -76,7 +73,7 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
       }
       header_size_ = 0;
       current_ = frame{kind, {}};
-      current_.payload.reserve(static_cast<size_t>(std::min(length, max_up_front_reserve)));
+      current_.payload.reserve(static_cast<size_t>(std::min(length, reserve_limit_)));
       remaining_ = length;
       in_payload_ = true;
     }

@@ -61,7 +61,10 @@ expected<std::vector<uint8_t>> encode_frame(frame_kind k, std::span<const uint8_
 /// After an error it stays failed (the stream is unusable and the connection must close).
 class frame_decoder {
  public:
-  explicit frame_decoder(frame_limits limits = {}) : limits_(limits) {}
+  /// `reserve_limit` caps the memory reserved from a header alone, before the payload arrives:
+  /// small for peers not yet trusted, the whole frame for admitted ones (no regrowth copies).
+  explicit frame_decoder(frame_limits limits = {}, uint64_t reserve_limit = 16u << 20)
+      : limits_(limits), reserve_limit_(reserve_limit) {}
 
   /// Consumes `bytes`; every frame completed by them is appended to `out`.
   expected<void> feed(std::span<const uint8_t> bytes, std::vector<frame>& out);
@@ -70,6 +73,7 @@ class frame_decoder {
 
  private:
   frame_limits limits_;
+  uint64_t reserve_limit_;
   std::array<uint8_t, max_frame_header> header_{};
   size_t header_size_ = 0;
   bool in_payload_ = false;
