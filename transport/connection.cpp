@@ -324,10 +324,15 @@ expected<void> connection::handle_control_frame(frame f) {
     held_.clear();
     return {};
   }
-  if (f.kind != frame_kind::control)
-    return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
-  deliver(channel::control, std::move(f.payload));
-  return {};
+  switch (f.kind) {
+    case frame_kind::control: deliver(channel::control, std::move(f.payload)); return {};
+    case frame_kind::observed_address:
+    case frame_kind::introduce:
+    case frame_kind::punch:
+    case frame_kind::relay_send:
+    case frame_kind::relay_deliver: owner_.on_traversal_frame(*this, std::move(f)); return {};
+    default: return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
+  }
 }
 
 expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
@@ -374,6 +379,14 @@ void connection::queue(channel ch, std::vector<uint8_t> bytes) {
       break;
     }
   }
+}
+
+void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) {
+  if (state_ != state::admitted) return;
+  auto f = encode_frame(kind, payload, cfg_.limits);
+  if (!f) return;
+  control_total_ += f->size();
+  control_out_.push_back(std::move(*f));
 }
 
 bool connection::has_pending_data() const {

@@ -33,6 +33,8 @@ class connection_owner {
   /// Both proofs verified: the peer is admitted.
   virtual void on_admitted(connection& c) = 0;
   virtual void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) = 0;
+  /// A NAT traversal frame (observed address, introduce, punch, relay) from an admitted peer.
+  virtual void on_traversal_frame(connection& c, frame f) = 0;
 };
 
 /// QUIC application error codes carried in CONNECTION_CLOSE.
@@ -75,6 +77,8 @@ class connection {
 
   /// Queues a message (the peer must be admitted). Bulk payloads are sent from `bytes` itself.
   void queue(channel ch, std::vector<uint8_t> bytes);
+  /// Queues a frame of another kind on the control stream (NAT traversal frames).
+  void queue_frame(frame_kind kind, std::span<const uint8_t> payload);
   /// Closes with an application error and a reason the peer will log; takes effect at the next write.
   void close(close_code code, std::string reason);
 

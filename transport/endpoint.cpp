@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "transport/connection.hpp"
+#include "transport/traversal.hpp"
 #include "transport/udp_socket.hpp"
 
 namespace mesh::transport {
@@ -57,6 +58,7 @@ class endpoint_impl final : public connection_owner {
 
   mutable std::mutex view_mu_;
   std::unordered_set<node_id> up_;  // the peers other threads may send to
+  std::optional<std::string> observed_;  // our address as the last peer saw it
 
   // Everything below belongs to the I/O thread.
   std::list<std::unique_ptr<connection>> conns_;
@@ -64,6 +66,9 @@ class endpoint_impl final : public connection_owner {
   std::unordered_map<node_id, connection*> by_peer_;
   std::unordered_map<connection*, node_id> dial_targets_;  // outbound: the id we asked for
   std::unordered_set<connection*> quiet_;  // superseded duplicates: their end is not a peer down
+  std::unordered_map<node_id, node_id> relay_routes_;   // peer up through a relay -> that relay
+  std::unordered_map<node_id, node_id> punch_pending_;  // peer being punched -> its rendezvous
+  std::vector<std::pair<uint64_t, std::function<void()>>> tasks_;  // timed actions (punch, dial)
   std::vector<uint8_t> pending_;            // bytes the socket refused (EAGAIN), sent first next time
   socket_address pending_to_;
   size_t pending_segment_ = 0;
@@ -101,6 +106,17 @@ class endpoint_impl final : public connection_owner {
     if (it != by_cid_.end() && it->second == &c) by_cid_.erase(it);
   }
   void on_admitted(connection& c) override;
+  void on_traversal_frame(connection& c, frame f) override;
+  void on_relay_deliver(connection& relay, relay_envelope env);
+  void start_relay(const node_id& target, const node_id& relay);
+  void relay_peer_up(const node_id& peer, const node_id& relay);
+  void relay_peer_down(const node_id& peer, const std::string& why);
+  void send_punch_packets(const socket_address& to);
+  void schedule(uint64_t at, std::function<void()> fn) { tasks_.emplace_back(at, std::move(fn)); }
+  connection* direct(const node_id& id) {
+    auto it = by_peer_.find(id);
+    return it == by_peer_.end() ? nullptr : it->second;
+  }
   void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) override {
     if (!c.up_reported || !c.peer()) return;
     if (h_.on_message) h_.on_message(*c.peer(), ch, std::move(bytes));
@@ -268,11 +284,154 @@ void endpoint_impl::on_admitted(connection& c) {
   }
   by_peer_[id] = &c;
   c.up_reported = true;
+  punch_pending_.erase(id);
+  // Tell the peer where its packets come from: behind a NAT that is its public mapping.
+  c.queue_frame(frame_kind::observed_address, encode_address(c.remote()));
+  if (relay_routes_.erase(id)) return;  // was up through a relay: now direct, still the same peer
   {
     std::lock_guard lock(view_mu_);
     up_.insert(id);
   }
-  if (h_.on_peer_up) h_.on_peer_up(id, peer_info{c.remote().to_string(), c.inbound()});
+  if (h_.on_peer_up) h_.on_peer_up(id, peer_info{c.remote().to_string(), c.inbound(), false, std::nullopt});
+}
+
+void endpoint_impl::send_punch_packets(const socket_address& to) {
+  // Not QUIC (too short for a short header with our 18-byte ids): the receiver drops it
+  // statelessly; its only job is to open this side's NAT mapping towards `to`.
+  static const uint8_t punch[] = {'m', 'e', 's', 'h', '-', 'p', 'u', 'n', 'c', 'h'};
+  auto dest = to.for_family(sock_.family());
+  if (!dest) return;
+  size_t sent = 0;
+  sock_.send(*dest, punch, sizeof(punch), sizeof(punch), &sent);
+}
+
+void endpoint_impl::on_traversal_frame(connection& c, frame f) {
+  const node_id from = *c.peer();
+  switch (f.kind) {
+    case frame_kind::observed_address: {
+      auto a = decode_address(f.payload);
+      if (!a) return log("peer " + from.short_string() + " sent a malformed observed address");
+      std::lock_guard lock(view_mu_);
+      observed_ = a->to_string();
+      return;
+    }
+    case frame_kind::introduce: {  // we are the rendezvous
+      auto target = decode_node_id(f.payload);
+      if (!target) return log("peer " + from.short_string() + " sent a malformed introduce frame");
+      connection* t = direct(*target);
+      if (!t) return log("cannot introduce " + from.short_string() + " to " + target->short_string() + ": not connected");
+      c.queue_frame(frame_kind::punch, encode_peer_address({*target, t->remote()}));
+      t->queue_frame(frame_kind::punch, encode_peer_address({from, c.remote()}));
+      return;
+    }
+    case frame_kind::punch: {  // from a rendezvous: punch now, the smaller id dials
+      auto p = decode_peer_address(f.payload);
+      if (!p) return log("peer " + from.short_string() + " sent a malformed punch frame");
+      if (direct(p->id) || p->id == node_id{cfg_.id.public_key()}) return;
+      punch_pending_[p->id] = from;
+      uint64_t now = now_ns();
+      for (uint64_t ms : {0u, 10u, 20u, 40u}) {
+        socket_address a = p->address;
+        schedule(now + ms * 1'000'000u, [this, a] { send_punch_packets(a); });
+      }
+      if (node_id{cfg_.id.public_key()} < p->id) {
+        node_id target = p->id;
+        std::string addr = p->address.to_string();
+        schedule(now + 30'000'000u, [this, target, addr] { start_dial(target, {addr}, now_ns()); });
+      } else {
+        // The other side dials; if no direct path appears it asks the rendezvous to relay.
+        node_id target = p->id;
+        schedule(now + 3 * static_cast<uint64_t>(cfg_.handshake_timeout.count()) * 1'000'000u,
+                 [this, target] { punch_pending_.erase(target); });
+      }
+      return;
+    }
+    case frame_kind::relay_send: {  // we are the relay
+      auto env = decode_relay(f.payload);
+      if (!env) return log("peer " + from.short_string() + " sent a malformed relay frame");
+      connection* t = direct(env->peer);
+      if (!t) return log("cannot relay from " + from.short_string() + " to " + env->peer.short_string() + ": not connected");
+      if (h_.on_relay) h_.on_relay(from, env->peer, env->box);
+      t->queue_frame(frame_kind::relay_deliver, encode_relay({from, std::move(env->box)}));
+      return;
+    }
+    case frame_kind::relay_deliver: {
+      auto env = decode_relay(f.payload);
+      if (!env) return log("peer " + from.short_string() + " sent a malformed relay frame");
+      on_relay_deliver(c, std::move(*env));
+      return;
+    }
+    default: return;
+  }
+}
+
+void endpoint_impl::relay_peer_up(const node_id& peer, const node_id& relay) {
+  if (direct(peer) || relay_routes_.count(peer)) return;
+  relay_routes_[peer] = relay;
+  punch_pending_.erase(peer);
+  {
+    std::lock_guard lock(view_mu_);
+    up_.insert(peer);
+  }
+  if (h_.on_peer_up) h_.on_peer_up(peer, peer_info{"via " + relay.short_string(), false, true, relay});
+}
+
+void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why) {
+  if (!relay_routes_.erase(peer)) return;
+  {
+    std::lock_guard lock(view_mu_);
+    up_.erase(peer);
+  }
+  log("peer " + peer.short_string() + " down: " + why);
+  if (h_.on_peer_down) h_.on_peer_down(peer, why);
+}
+
+void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {
+  const node_id relay_id = *relay.peer();
+  auto plain = open_from(cfg_.id, env.peer, env.box);
+  if (!plain) return log("dropped a relayed box from " + env.peer.short_string() + ": " + plain.error().message);
+  switch (plain->kind) {
+    case relay_kind::hello: {
+      // Only a peer the rendezvous introduced us to may open a relayed session.
+      auto pending = punch_pending_.find(env.peer);
+      if (!direct(env.peer) && (pending == punch_pending_.end() || !(pending->second == relay_id)))
+        return log("refused a relay session from " + env.peer.short_string() + ": not introduced by this relay");
+      auto ack = seal_for(cfg_.id, env.peer, relay_plain{relay_kind::hello_ack, 0, {}});
+      relay.queue_frame(frame_kind::relay_send, encode_relay({env.peer, std::move(ack)}));
+      relay_peer_up(env.peer, relay_id);
+      return;
+    }
+    case relay_kind::hello_ack: {
+      auto pending = punch_pending_.find(env.peer);
+      if (pending == punch_pending_.end() || !(pending->second == relay_id)) return;
+      relay_peer_up(env.peer, relay_id);
+      return;
+    }
+    case relay_kind::message: {
+      auto route = relay_routes_.find(env.peer);
+      if (route == relay_routes_.end() || !(route->second == relay_id)) return;
+      if (h_.on_message) h_.on_message(env.peer, static_cast<channel>(plain->channel), std::move(plain->payload));
+      return;
+    }
+  }
+}
+
+void endpoint_impl::start_relay(const node_id& target, const node_id& relay) {
+  connection* r = direct(relay);
+  if (!r) {
+    if (h_.on_connect_failed) h_.on_connect_failed(target, "", "no direct path and the relay is gone");
+    return;
+  }
+  punch_pending_[target] = relay;
+  log("no direct path to " + target.short_string() + ": relaying through " + relay.short_string());
+  auto hello = seal_for(cfg_.id, target, relay_plain{relay_kind::hello, 0, {}});
+  r->queue_frame(frame_kind::relay_send, encode_relay({target, std::move(hello)}));
+  need_write_ = true;
+  schedule(now_ns() + static_cast<uint64_t>(cfg_.handshake_timeout.count()) * 1'000'000u, [this, target, relay] {
+    if (direct(target) || relay_routes_.count(target)) return;
+    punch_pending_.erase(target);
+    if (h_.on_connect_failed) h_.on_connect_failed(target, "via " + relay.short_string(), "relay session got no answer");
+  });
 }
 
 void endpoint_impl::start_dial(const node_id& expected, std::vector<std::string> addresses, uint64_t ts) {
@@ -332,11 +491,19 @@ void endpoint_impl::reap() {
         }
         log("peer " + id.short_string() + " down: " + c->end_reason());
         if (h_.on_peer_down) h_.on_peer_down(id, c->end_reason());
+        std::vector<node_id> orphans;
+        for (auto& [peer, relay] : relay_routes_)
+          if (relay == id) orphans.push_back(peer);
+        for (auto& p : orphans) relay_peer_down(p, "the relay " + id.short_string() + " went away");
       } else if (!quiet) {
         log("connection " + std::string(c->inbound() ? "from " : "to ") + c->remote().to_string() +
             " failed: " + c->end_reason());
         auto target = dial_targets_.find(c);
-        if (!c->handshake_done() && target != dial_targets_.end() && !c->fallback_addresses.empty() && !stopping_) {
+        auto punched = target == dial_targets_.end() ? punch_pending_.end() : punch_pending_.find(target->second);
+        if (punched != punch_pending_.end() && !stopping_ && !direct(punched->first)) {
+          node_id t = punched->first, relay = punched->second;
+          start_relay(t, relay);
+        } else if (!c->handshake_done() && target != dial_targets_.end() && !c->fallback_addresses.empty() && !stopping_) {
           node_id expected = target->second;
           start_dial(expected, c->fallback_addresses, ts);
         } else if (h_.on_connect_failed) {
@@ -367,6 +534,7 @@ void endpoint_impl::run() {
   for (;;) {
     uint64_t next = UINT64_MAX;
     for (auto& c : conns_) next = std::min(next, c->expiry());
+    for (auto& t : tasks_) next = std::min(next, t.first);
     uint64_t now = now_ns();
     int timeout = -1;
     if (next <= now || need_write_) {
@@ -393,6 +561,18 @@ void endpoint_impl::run() {
     ts = now_ns();
     for (auto& c : conns_)
       if (c->expiry() <= ts) c->on_timer(ts);
+    if (!tasks_.empty() && !stopping_) {
+      std::vector<std::function<void()>> due;
+      for (auto it = tasks_.begin(); it != tasks_.end();) {
+        if (it->first <= ts) {
+          due.push_back(std::move(it->second));
+          it = tasks_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto& fn : due) fn();
+    }
     if (stopping_ && !closing_all) {
       // Graceful stop: CONNECTION_CLOSE to everyone, then leave (peers see a clean close, not
       // an idle timeout).
@@ -460,9 +640,16 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
       return make_error(error_code::network, "peer " + peer.short_string() + " is not connected");
   }
   auto queue = [impl = impl_.get(), peer, ch, b = std::move(bytes)]() mutable {
-    auto it = impl->by_peer_.find(peer);
-    if (it != impl->by_peer_.end()) it->second->queue(ch, std::move(b));
     impl->need_write_ = true;
+    if (connection* c = impl->direct(peer)) return c->queue(ch, std::move(b));
+    auto route = impl->relay_routes_.find(peer);
+    if (route == impl->relay_routes_.end()) return;
+    connection* relay = impl->direct(route->second);
+    if (!relay) return;
+    // Every channel becomes an ordered message on the relay's control stream, sealed for `peer`.
+    auto box = seal_for(impl->cfg_.id, peer, relay_plain{relay_kind::message, static_cast<uint8_t>(ch), std::move(b)});
+    auto env = encode_relay({peer, std::move(box)});
+    if (env.size() <= impl->cfg_.limits.relay) relay->queue_frame(frame_kind::relay_send, env);
   };
   // From a callback (the I/O thread itself) the message is queued at once: a reply then leaves
   // in the same loop iteration instead of one eventfd round later.
@@ -475,9 +662,14 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
 
 std::optional<peer_stats> endpoint::stats(const node_id& peer) const {
   auto compute = [impl = impl_.get(), peer]() -> std::optional<peer_stats> {
-    auto it = impl->by_peer_.find(peer);
-    if (it == impl->by_peer_.end()) return std::nullopt;
-    return it->second->stats();
+    if (connection* c = impl->direct(peer)) return c->stats();
+    auto route = impl->relay_routes_.find(peer);
+    if (route == impl->relay_routes_.end()) return std::nullopt;
+    connection* relay = impl->direct(route->second);
+    if (!relay) return std::nullopt;
+    peer_stats s = relay->stats();
+    s.relayed = true;
+    return s;
   };
   if (std::this_thread::get_id() == impl_->io_thread_id_) return compute();
   if (!impl_->thread_.joinable()) return std::nullopt;
@@ -488,6 +680,24 @@ std::optional<peer_stats> endpoint::stats(const node_id& peer) const {
   return fut.get();
 }
 
+void endpoint::connect_via(const node_id& target, const node_id& rendezvous) {
+  impl_->post([impl = impl_.get(), target, rendezvous] {
+    if (impl->direct(target) || impl->relay_routes_.count(target)) return;
+    connection* r = impl->direct(rendezvous);
+    if (!r) {
+      if (impl->h_.on_connect_failed)
+        impl->h_.on_connect_failed(target, "", "rendezvous " + rendezvous.short_string() + " is not connected");
+      return;
+    }
+    r->queue_frame(frame_kind::introduce, std::span<const uint8_t>(target.key.data(), target.key.size()));
+  });
+}
+
+std::optional<std::string> endpoint::observed_address() const {
+  std::lock_guard lock(impl_->view_mu_);
+  return impl_->observed_;
+}
+
 std::vector<node_id> endpoint::peers() const {
   std::lock_guard lock(impl_->view_mu_);
   return {impl_->up_.begin(), impl_->up_.end()};
@@ -495,8 +705,8 @@ std::vector<node_id> endpoint::peers() const {
 
 void endpoint::disconnect(const node_id& peer) {
   impl_->post([impl = impl_.get(), peer] {
-    auto it = impl->by_peer_.find(peer);
-    if (it != impl->by_peer_.end()) it->second->close(close_code::none, "closed by the peer's application");
+    if (connection* c = impl->direct(peer)) return c->close(close_code::none, "closed by the peer's application");
+    impl->relay_peer_down(peer, "closed locally");
   });
 }
 

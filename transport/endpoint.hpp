@@ -26,6 +26,8 @@ enum class channel : uint8_t {
 struct peer_info {
   std::string remote_address;  ///< "ip:port" the connection runs to
   bool inbound = false;        ///< the peer dialed us
+  bool relayed = false;        ///< no direct path: messages go through `relay`, sealed end to end
+  std::optional<node_id> relay;
 };
 
 /// Counters of one connection.
@@ -36,6 +38,7 @@ struct peer_stats {
   uint64_t bytes_received = 0;  ///< UDP payload bytes, all packets of the connection
   uint64_t cwnd = 0;            ///< congestion window, bytes
   std::string remote_address;
+  bool relayed = false;  ///< counters are those of the connection to the relay
 };
 
 /// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),
@@ -53,6 +56,9 @@ struct handlers {
       on_connect_failed;
   /// One line per notable event (connection refused, closed with an error).
   std::function<void(const std::string&)> on_log;
+  /// This node relayed a sealed box from `from` to `to` (metrics, tests): the bytes are all a
+  /// relay ever holds of a relayed message.
+  std::function<void(const node_id& from, const node_id& to, const std::vector<uint8_t>& sealed)> on_relay;
 };
 
 /// How an endpoint runs.
@@ -96,6 +102,12 @@ class endpoint {
   expected<void> send(const node_id& peer, channel ch, std::vector<uint8_t> bytes);
   /// Counters of the connection to `peer`, if it is up.
   std::optional<peer_stats> stats(const node_id& peer) const;
+  /// Reaches `target` through `rendezvous` (a peer that is up and also connected to `target`):
+  /// both ends punch their NATs at once and the smaller node id dials; if no direct path opens
+  /// within the handshake timeout, `rendezvous` relays (on_peer_up with relayed = true).
+  void connect_via(const node_id& target, const node_id& rendezvous);
+  /// The address the most recent peer reported seeing this node at (its public mapping behind a NAT).
+  std::optional<std::string> observed_address() const;
   /// Ids of the peers that are up now.
   std::vector<node_id> peers() const;
   /// Closes the connection to `peer` (CONNECTION_CLOSE, then on_peer_down "closed locally").
