@@ -161,10 +161,9 @@ void endpoint_impl::stop() {
   stopping_ = true;
   uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(eventfd_, &one, sizeof(one));
-  if (std::this_thread::get_id() == io_thread_id_) {
-    thread_.detach();  // stop() from a callback: the loop ends after this iteration
-    return;
-  }
+  // From a callback the loop just ends after this iteration; the thread is joined by the
+  // destructor, which therefore must not run on the I/O thread.
+  if (std::this_thread::get_id() == io_thread_id_) return;
   thread_.join();
 }
 

@@ -82,7 +82,8 @@ struct endpoint_config {
 
 class endpoint_impl;
 
-/// See the file comment. Destroying it stops it (closing every connection).
+/// See the file comment. Destroying it stops it (closing every connection); never destroy it
+/// from one of its own callbacks.
 class endpoint {
  public:
   static expected<std::unique_ptr<endpoint>> start(endpoint_config config, handlers h);
@@ -112,7 +113,8 @@ class endpoint {
   std::vector<node_id> peers() const;
   /// Closes the connection to `peer` (CONNECTION_CLOSE, then on_peer_down "closed locally").
   void disconnect(const node_id& peer);
-  /// Closes every connection and joins the I/O thread. Idempotent.
+  /// Closes every connection and joins the I/O thread. Idempotent. From a callback it only
+  /// asks the loop to end (destroy the endpoint from another thread).
   void stop();
 
  private:

@@ -2,9 +2,13 @@
 // printed next to a reference (kernel TCP, plain UDP) measured in the same run on loopback.
 //
 //   bench_transport [--bulk-mib N] [--rtt-count N] [--handshakes N] [--accept N]
+//   bench_transport --tbf 1 [--bulk-mib N]   (root) two network namespaces joined by a veth
+//                                            link shaped to 1 Gbit/s with tbf, QUIC vs TCP
 //
 // Build Release (build-rel) to measure; never a timed test.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -274,6 +278,123 @@ double accept_rate(size_t count) {
   return static_cast<double>(ws.ups) / s;
 }
 
+bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Runs `fn` on a thread inside network namespace `ns` (sockets and threads made there stay there).
+template <class F>
+void in_netns(const std::string& ns, F fn) {
+  std::thread t([&] {
+    int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+      std::fprintf(stderr, "cannot enter %s\n", ns.c_str());
+      std::exit(1);
+    }
+    ::close(fd);
+    fn();
+  });
+  t.join();
+}
+
+// 192.168.77.1 (ns a) <-> 192.168.77.2 (ns b), both directions shaped to 1 Gbit/s.
+int tbf_bench(size_t mib) {
+  std::string a = "mnt-bench-" + std::to_string(::getpid()) + "-a", b = "mnt-bench-" + std::to_string(::getpid()) + "-b";
+  bool ok = sh("ip netns add " + a) && sh("ip netns add " + b) &&
+            sh("ip -n " + a + " link add va type veth peer name vb netns " + b) &&
+            sh("ip -n " + a + " addr add 192.168.77.1/24 dev va") && sh("ip -n " + b + " addr add 192.168.77.2/24 dev vb") &&
+            sh("ip -n " + a + " link set va up") && sh("ip -n " + b + " link set vb up") &&
+            sh("ip -n " + a + " link set lo up") && sh("ip -n " + b + " link set lo up") &&
+            sh("ip netns exec " + a + " tc qdisc add dev va root tbf rate 1gbit burst 512kb latency 20ms") &&
+            sh("ip netns exec " + b + " tc qdisc add dev vb root tbf rate 1gbit burst 512kb latency 20ms");
+  struct cleanup {
+    std::string a, b;
+    ~cleanup() {
+      sh("ip netns del " + a);
+      sh("ip netns del " + b);
+    }
+  } guard{a, b};
+  if (!ok) {
+    std::printf("tbf: network namespace set-up failed (needs root, iproute2, tc tbf)\n");
+    return 1;
+  }
+  const double link_mib = 1e9 / 8 / (1 << 20);
+
+  // TCP reference over the same link.
+  double tcp = 0;
+  {
+    int ls = -1;
+    in_netns(b, [&] {
+      ls = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(47001);
+      inet_pton(AF_INET, "192.168.77.2", &sa.sin_addr);
+      ::bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+      ::listen(ls, 1);
+    });
+    size_t total = mib << 20;
+    std::thread reader([&] {
+      int s = ::accept(ls, nullptr, nullptr);
+      std::vector<uint8_t> buf(1 << 20);
+      size_t got = 0;
+      while (got < total) {
+        ssize_t n = ::read(s, buf.data(), buf.size());
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      ::close(s);
+    });
+    int c = -1;
+    in_netns(a, [&] { c = ::socket(AF_INET, SOCK_STREAM, 0); });
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(47001);
+    inet_pton(AF_INET, "192.168.77.2", &sa.sin_addr);
+    ::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    std::vector<uint8_t> buf(1 << 20, 1);
+    auto t0 = clk::now();
+    size_t sent = 0;
+    while (sent < total) {
+      ssize_t n = ::write(c, buf.data(), std::min(buf.size(), total - sent));
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    reader.join();
+    tcp = static_cast<double>(mib) / seconds_since(t0);
+    ::close(c);
+    ::close(ls);
+  }
+
+  waiter wa, wb;
+  std::unique_ptr<endpoint> ea, eb;
+  in_netns(a, [&] {
+    endpoint_config c;
+    c.bind = "192.168.77.1";
+    ea = std::move(*endpoint::start(c, counting(wa)));
+  });
+  in_netns(b, [&] {
+    endpoint_config c;
+    c.bind = "192.168.77.2";
+    eb = std::move(*endpoint::start(c, counting(wb)));
+  });
+  ea->dial(eb->id(), {"192.168.77.2:" + std::to_string(eb->port())});
+  wa.wait([&] { return wa.ups == 1; });
+  wb.wait([&] { return wb.ups == 1; });
+  size_t n = std::max<size_t>(1, mib / 64);
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < n; ++i) payloads.emplace_back(std::min<size_t>(64, mib) << 20, static_cast<uint8_t>(i));
+  auto t0 = clk::now();
+  for (auto& p : payloads) (void)ea->send(eb->id(), channel::bulk, std::move(p));
+  wb.wait([&] { return wb.messages == n; }, std::chrono::seconds(600));
+  double quic = static_cast<double>(n * std::min<size_t>(64, mib)) / seconds_since(t0);
+  std::printf("veth shaped to 1 Gbit/s (tbf, %.1f MiB/s), %zu MiB one way:\n", link_mib, mib);
+  std::printf("  kernel TCP  %6.1f MiB/s  (%.0f%% of the link)\n", tcp, 100 * tcp / link_mib);
+  std::printf("  QUIC        %6.1f MiB/s  (%.0f%% of the link, %.0f%% of TCP)\n", quic, 100 * quic / link_mib,
+              100 * quic / tcp);
+  ea.reset();
+  eb.reset();
+  return 0;
+}
+
 size_t arg(int argc, char** argv, const char* name, size_t def) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::stoul(argv[i + 1]);
@@ -287,6 +408,7 @@ int main(int argc, char** argv) {
   size_t rtts = arg(argc, argv, "--rtt-count", 10000);
   size_t hs = arg(argc, argv, "--handshakes", 200);
   size_t acc = arg(argc, argv, "--accept", 100);
+  if (arg(argc, argv, "--tbf", 0)) return tbf_bench(arg(argc, argv, "--bulk-mib", 256));
   if (arg(argc, argv, "--only-rtt", 0)) {
     auto u = udp_rtt(rtts);
     auto qi = quic_rtt_io(rtts);
