@@ -22,21 +22,15 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// Forwards between the first client that writes to it and `server_port`, impairing both ways.
+// Forwards between the first client that writes to its front socket and `server_port`, through
+// a back socket, impairing both ways. rebind() swaps the back socket for one on a new port: the
+// server then sees the client's address change, as after a NAT rebinding.
 class impairment_proxy {
  public:
   impairment_proxy(uint16_t server_port, double loss, std::chrono::milliseconds delay)
       : loss_(loss), delay_(delay) {
-    fd_ = ::socket(AF_INET, SOCK_DGRAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t l = sizeof(a);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &l);
-    port_ = ntohs(a.sin_port);
-    int big = 8 << 20;
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+    front_ = open_socket(&port_);
+    back_ = open_socket(nullptr);
     server_.sin_family = AF_INET;
     server_.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     server_.sin_port = htons(server_port);
@@ -45,53 +39,88 @@ class impairment_proxy {
   ~impairment_proxy() {
     stop_ = true;
     thread_.join();
-    ::close(fd_);
+    ::close(front_);
+    ::close(back_.load());
   }
   uint16_t port() const { return port_; }
   size_t dropped() const { return dropped_; }
+  /// The server-facing side moves to a new port; returns it.
+  uint16_t rebind() {
+    uint16_t p = 0;
+    int fresh = open_socket(&p);
+    int old = back_.exchange(fresh);
+    std::this_thread::sleep_for(20ms);  // let the loop stop using the old socket
+    ::close(old);
+    return p;
+  }
 
  private:
   struct pending {
     std::chrono::steady_clock::time_point due;
-    sockaddr_in to;
+    bool to_server;
     std::vector<uint8_t> bytes;
   };
+
+  static int open_socket(uint16_t* port) {
+    int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t l = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l);
+    if (port) *port = ntohs(a.sin_port);
+    int big = 8 << 20;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+    return fd;
+  }
 
   void loop() {
     std::mt19937 rng(1234);
     std::uniform_real_distribution<double> coin(0, 1);
     std::deque<pending> queue;  // FIFO: constant delay keeps it ordered by due time
     std::vector<uint8_t> buf(65536);
+    bool have_client = false;
     while (!stop_) {
+      int back = back_.load();
       auto now = std::chrono::steady_clock::now();
       while (!queue.empty() && queue.front().due <= now) {
         auto& p = queue.front();
-        ::sendto(fd_, p.bytes.data(), p.bytes.size(), 0, reinterpret_cast<sockaddr*>(&p.to), sizeof(p.to));
+        if (p.to_server)
+          ::sendto(back, p.bytes.data(), p.bytes.size(), 0, reinterpret_cast<sockaddr*>(&server_), sizeof(server_));
+        else if (have_client)
+          ::sendto(front_, p.bytes.data(), p.bytes.size(), 0, reinterpret_cast<sockaddr*>(&client_), sizeof(client_));
         queue.pop_front();
       }
       int wait_ms = queue.empty() ? 10
                                   : static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                          queue.front().due - now).count());
-      pollfd pfd{fd_, POLLIN, 0};
-      if (::poll(&pfd, 1, std::clamp(wait_ms, 0, 10)) <= 0) continue;
-      for (int i = 0; i < 256; ++i) {
-        sockaddr_in from{};
-        socklen_t fl = sizeof(from);
-        ssize_t n = ::recvfrom(fd_, buf.data(), buf.size(), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fl);
-        if (n <= 0) break;
-        bool from_server = from.sin_port == server_.sin_port;
-        if (!from_server) client_ = from;
-        if (coin(rng) < loss_) {
-          ++dropped_;
-          continue;
+      pollfd pfd[2] = {{front_, POLLIN, 0}, {back, POLLIN, 0}};
+      if (::poll(pfd, 2, std::clamp(wait_ms, 0, 10)) <= 0) continue;
+      for (int side = 0; side < 2; ++side) {
+        for (int i = 0; i < 256; ++i) {
+          sockaddr_in from{};
+          socklen_t fl = sizeof(from);
+          ssize_t n = ::recvfrom(side == 0 ? front_ : back, buf.data(), buf.size(), MSG_DONTWAIT,
+                                 reinterpret_cast<sockaddr*>(&from), &fl);
+          if (n <= 0) break;
+          if (side == 0) {
+            client_ = from;
+            have_client = true;
+          }
+          if (coin(rng) < loss_) {
+            ++dropped_;
+            continue;
+          }
+          queue.push_back({std::chrono::steady_clock::now() + delay_, side == 0,
+                           std::vector<uint8_t>(buf.begin(), buf.begin() + n)});
         }
-        queue.push_back({std::chrono::steady_clock::now() + delay_, from_server ? client_ : server_,
-                         std::vector<uint8_t>(buf.begin(), buf.begin() + n)});
       }
     }
   }
 
-  int fd_ = -1;
+  int front_ = -1;
+  std::atomic<int> back_{-1};
   uint16_t port_ = 0;
   double loss_;
   std::chrono::milliseconds delay_;
@@ -137,4 +166,29 @@ TEST_CASE("5% loss and 50 ms delay each way still deliver everything in order", 
   auto st = b.ep->stats(a.ep->id());
   REQUIRE(st);
   CHECK(st->min_rtt >= 100ms);
+}
+
+TEST_CASE("a connection survives the client's address changing", "[transport][endpoint][migration]") {
+  node a, b;
+  impairment_proxy proxy(a.ep->port(), 0.0, 0ms);
+  b.ep->dial(a.ep->id(), {"127.0.0.1:" + std::to_string(proxy.port())});
+  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  REQUIRE(b.ep->send(a.ep->id(), channel::control, {1}));
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }));
+  auto before = a.ep->stats(b.ep->id());
+  REQUIRE(before);
+
+  uint16_t new_port = proxy.rebind();  // as a NAT rebinding: same connection, new source port
+  REQUIRE(b.ep->send(a.ep->id(), channel::control, {2}));
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() == 2; }));
+  REQUIRE(a.ep->send(b.ep->id(), channel::control, {3}));
+  REQUIRE(b.log.wait([&] { return b.log.messages.size() == 1; }));
+  CHECK(b.log.messages[0].bytes == std::vector<uint8_t>{3});
+  auto after = a.ep->stats(b.ep->id());
+  REQUIRE(after);
+  CHECK(after->remote_address == "127.0.0.1:" + std::to_string(new_port));
+  CHECK(after->remote_address != before->remote_address);
+  CHECK(a.log.down.empty());
+  CHECK(b.log.down.empty());
 }
