@@ -59,6 +59,7 @@ class endpoint_impl final : public connection_owner {
   mutable std::mutex view_mu_;
   std::unordered_set<node_id> up_;  // the peers other threads may send to
   std::optional<std::string> observed_;  // our address as the last peer saw it
+  endpoint_counters counters_;           // published copy of the I/O thread's counters
 
   // Everything below belongs to the I/O thread.
   std::list<std::unique_ptr<connection>> conns_;
@@ -73,6 +74,7 @@ class endpoint_impl final : public connection_owner {
   socket_address pending_to_;
   size_t pending_segment_ = 0;
   bool blocked_ = false;
+  uint64_t initials_shed_ = 0, packets_dropped_ = 0;
   bool need_write_ = false;  // a connection was made outside the read/write pass: write before sleeping
   std::vector<uint8_t> rx_buf_ = std::vector<uint8_t>(65536);
 
@@ -112,6 +114,17 @@ class endpoint_impl final : public connection_owner {
   void relay_peer_up(const node_id& peer, const node_id& relay);
   void relay_peer_down(const node_id& peer, const std::string& why);
   void send_punch_packets(const socket_address& to);
+  size_t half_open() const {
+    size_t n = 0;
+    for (auto& c : conns_)
+      if (c->inbound() && c->current_state() == connection::state::handshaking) ++n;
+    return n;
+  }
+  void publish_counters() {
+    endpoint_counters k{conns_.size(), half_open(), initials_shed_, packets_dropped_};
+    std::lock_guard lock(view_mu_);
+    counters_ = k;
+  }
   void schedule(uint64_t at, std::function<void()> fn) { tasks_.emplace_back(at, std::move(fn)); }
   connection* direct(const node_id& id) {
     auto it = by_peer_.find(id);
@@ -228,7 +241,10 @@ void endpoint_impl::arm_timer(uint64_t at) {
 
 void endpoint_impl::dispatch(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts) {
   ngtcp2_version_cid vc{};
-  if (ngtcp2_pkt_decode_version_cid(&vc, data, len, short_header_cid_len) != 0) return;  // garbage or VN: drop
+  if (ngtcp2_pkt_decode_version_cid(&vc, data, len, short_header_cid_len) != 0) {  // garbage or VN: drop
+    ++packets_dropped_;
+    return;
+  }
   auto it = by_cid_.find(cid_key(vc.dcid, vc.dcidlen));
   if (it != by_cid_.end()) {
     it->second->read(sock_.local(), from, data, len, ts);
@@ -236,11 +252,14 @@ void endpoint_impl::dispatch(const socket_address& from, const uint8_t* data, si
   }
   if (stopping_) return;
   ngtcp2_pkt_hd hd{};
-  if (ngtcp2_accept(&hd, data, len) != 0) return;  // not a valid Initial: stateless drop
-  size_t half_open = 0;
-  for (auto& c : conns_)
-    if (c->inbound() && !c->handshake_done() && c->current_state() == connection::state::handshaking) ++half_open;
-  if (half_open >= cfg_.max_half_open || conns_.size() >= cfg_.max_connections) return;  // shed load statelessly
+  if (ngtcp2_accept(&hd, data, len) != 0) {  // not a valid Initial: stateless drop
+    ++packets_dropped_;
+    return;
+  }
+  if (half_open() >= cfg_.max_half_open || conns_.size() >= cfg_.max_connections) {
+    ++initials_shed_;  // shed load statelessly: the client retransmits, or gives up
+    return;
+  }
   auto c = connection::make_server(*this, cfg_, *tls_, sock_.local(), from, hd, ts);
   if (!c) {
     log("cannot accept a connection from " + from.to_string() + ": " + c.error().message);
@@ -581,6 +600,7 @@ void endpoint_impl::run() {
     }
     write_all(ts);
     reap();
+    publish_counters();
     if (closing_all) {
       bool all_sent = !blocked_;
       for (auto& c : conns_)
@@ -695,6 +715,11 @@ void endpoint::connect_via(const node_id& target, const node_id& rendezvous) {
 std::optional<std::string> endpoint::observed_address() const {
   std::lock_guard lock(impl_->view_mu_);
   return impl_->observed_;
+}
+
+endpoint_counters endpoint::counters() const {
+  std::lock_guard lock(impl_->view_mu_);
+  return impl_->counters_;
 }
 
 std::vector<node_id> endpoint::peers() const {

@@ -41,6 +41,14 @@ struct peer_stats {
   bool relayed = false;  ///< counters are those of the connection to the relay
 };
 
+/// Endpoint-wide counters (metrics).
+struct endpoint_counters {
+  size_t connections = 0;         ///< in any state
+  size_t half_open = 0;           ///< inbound handshakes in progress
+  uint64_t initials_shed = 0;     ///< Initials dropped by the half-open / connection bound
+  uint64_t packets_dropped = 0;   ///< datagrams that matched no connection and were no Initial
+};
+
 /// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),
 /// never block, and may call the endpoint's public functions.
 struct handlers {
@@ -109,6 +117,8 @@ class endpoint {
   void connect_via(const node_id& target, const node_id& rendezvous);
   /// The address the most recent peer reported seeing this node at (its public mapping behind a NAT).
   std::optional<std::string> observed_address() const;
+  /// Counters as of the I/O thread's last loop iteration.
+  endpoint_counters counters() const;
   /// Ids of the peers that are up now.
   std::vector<node_id> peers() const;
   /// Closes the connection to `peer` (CONNECTION_CLOSE, then on_peer_down "closed locally").

@@ -226,6 +226,9 @@ TEST_CASE("garbage datagrams do no harm", "[transport][endpoint]") {
     ::sendto(s, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof(to));
   }
   ::close(s);
+  for (int i = 0; i < 100 && a.ep->counters().packets_dropped < 1000; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(a.ep->counters().packets_dropped >= 1000);  // most are dropped before any state exists
+  CHECK(a.ep->counters().connections == 0);
   connect(a, b);  // still accepting and admitting
   REQUIRE(b.ep->send(a.ep->id(), channel::control, {42}));
   REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }));

@@ -27,8 +27,8 @@ namespace {
 // server then sees the client's address change, as after a NAT rebinding.
 class impairment_proxy {
  public:
-  impairment_proxy(uint16_t server_port, double loss, std::chrono::milliseconds delay)
-      : loss_(loss), delay_(delay) {
+  impairment_proxy(uint16_t server_port, double loss, std::chrono::milliseconds delay, bool black_hole_replies = false)
+      : loss_(loss), delay_(delay), black_hole_replies_(black_hole_replies) {
     front_ = open_socket(&port_);
     back_ = open_socket(nullptr);
     server_.sin_family = AF_INET;
@@ -108,7 +108,7 @@ class impairment_proxy {
             client_ = from;
             have_client = true;
           }
-          if (coin(rng) < loss_) {
+          if (coin(rng) < loss_ || (side == 1 && black_hole_replies_)) {
             ++dropped_;
             continue;
           }
@@ -124,6 +124,7 @@ class impairment_proxy {
   uint16_t port_ = 0;
   double loss_;
   std::chrono::milliseconds delay_;
+  bool black_hole_replies_;
   sockaddr_in server_{}, client_{};
   std::atomic<bool> stop_{false};
   std::atomic<size_t> dropped_{0};
@@ -191,4 +192,35 @@ TEST_CASE("a connection survives the client's address changing", "[transport][en
   CHECK(after->remote_address != before->remote_address);
   CHECK(a.log.down.empty());
   CHECK(b.log.down.empty());
+}
+
+TEST_CASE("inbound half-open handshakes are bounded", "[transport][endpoint][limits]") {
+  endpoint_config server_cfg;
+  server_cfg.max_half_open = 2;
+  server_cfg.handshake_timeout = 2000ms;
+  node server(server_cfg);
+  // Three clients whose handshakes can never finish: the server's replies vanish.
+  std::vector<std::unique_ptr<impairment_proxy>> holes;
+  std::vector<std::unique_ptr<node>> stuck;
+  for (int i = 0; i < 3; ++i) {
+    holes.push_back(std::make_unique<impairment_proxy>(server.ep->port(), 0.0, 0ms, true));
+    stuck.push_back(std::make_unique<node>());
+    stuck.back()->ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(holes.back()->port())});
+  }
+  bool shed = false;
+  for (int i = 0; i < 200 && !shed; ++i) {
+    std::this_thread::sleep_for(10ms);
+    auto k = server.ep->counters();
+    shed = k.initials_shed > 0 && k.half_open == 2;
+  }
+  CHECK(shed);
+  CHECK(server.ep->counters().half_open <= 2);
+  // Once the stuck handshakes time out, a real client gets in (its Initial is retransmitted).
+  endpoint_config client_cfg;
+  client_cfg.handshake_timeout = 10000ms;
+  node client(client_cfg);
+  client.ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(server.ep->port())});
+  REQUIRE(client.log.wait([&] { return !client.log.up.empty(); }, 15s));
+  stuck.clear();
+  holes.clear();
 }
