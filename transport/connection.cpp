@@ -280,6 +280,7 @@ void connection::on_handshake_completed() {
   auto f = encode_frame(frame_kind::admission, proof, cfg_.limits);
   control_total_ += f->size();
   control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
   state_ = state::admitting;
   if (!early_control_.empty()) {
     auto early = std::move(early_control_);
@@ -363,16 +364,24 @@ expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t
 void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
 
 void connection::queue(channel ch, std::vector<uint8_t> bytes) {
-  if (state_ != state::admitted) return;
+  if (state_ != state::admitted) {
+    if (ch != channel::heartbeat) owner_.on_released(*this, bytes.size());
+    return;
+  }
   switch (ch) {
     case channel::control: {
       auto f = encode_frame(frame_kind::control, bytes, cfg_.limits);
-      if (!f) return;
+      if (!f) return owner_.on_released(*this, bytes.size());
       control_total_ += f->size();
       control_out_.push_back(std::move(*f));
+      control_app_bytes_.push_back(bytes.size());
+      outstanding_ += bytes.size();
       break;
     }
-    case channel::bulk: bulk_waiting_.push_back(std::move(bytes)); break;
+    case channel::bulk:
+      outstanding_ += bytes.size();
+      bulk_waiting_.push_back(std::move(bytes));
+      break;
     case channel::heartbeat: {
       auto f = encode_frame(frame_kind::heartbeat, bytes, cfg_.limits);
       if (f) datagrams_out_.push_back(std::move(*f));
@@ -387,6 +396,7 @@ void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) 
   if (!f) return;
   control_total_ += f->size();
   control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
 }
 
 bool connection::has_pending_data() const {
@@ -405,6 +415,8 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
     while (!control_out_.empty() && control_base_ + control_out_.front().size() <= end) {
       control_base_ += control_out_.front().size();
       control_out_.pop_front();
+      release(control_app_bytes_.front());
+      control_app_bytes_.pop_front();
     }
     return;
   }
@@ -412,7 +424,11 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
 }
 
 void connection::on_stream_closed(int64_t sid) {
-  bulk_out_.erase(sid);
+  if (auto it = bulk_out_.find(sid); it != bulk_out_.end()) {
+    uint64_t n = it->second.payload.size();
+    bulk_out_.erase(it);
+    release(n);
+  }
   bulk_in_.erase(sid);
   bulk_frames_.erase(sid);
 }

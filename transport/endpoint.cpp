@@ -60,6 +60,7 @@ class endpoint_impl final : public connection_owner {
   std::unordered_set<node_id> up_;  // the peers other threads may send to
   std::optional<std::string> observed_;  // our address as the last peer saw it
   endpoint_counters counters_;           // published copy of the I/O thread's counters
+  std::unordered_map<node_id, uint64_t> queued_;  // per peer: payload reserved by send(), not yet acked
 
   // Everything below belongs to the I/O thread.
   std::list<std::unique_ptr<connection>> conns_;
@@ -109,6 +110,14 @@ class endpoint_impl final : public connection_owner {
   }
   void on_admitted(connection& c) override;
   void on_traversal_frame(connection& c, frame f) override;
+  void on_released(connection& c, uint64_t bytes) override {
+    if (c.peer()) release(*c.peer(), bytes);
+  }
+  void release(const node_id& peer, uint64_t bytes) {
+    std::lock_guard lock(view_mu_);
+    auto it = queued_.find(peer);
+    if (it != queued_.end()) it->second -= std::min(it->second, bytes);
+  }
   void on_relay_deliver(connection& relay, relay_envelope env);
   void start_relay(const node_id& target, const node_id& relay);
   void relay_peer_up(const node_id& peer, const node_id& relay);
@@ -399,6 +408,7 @@ void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why)
   {
     std::lock_guard lock(view_mu_);
     up_.erase(peer);
+    queued_.erase(peer);
   }
   log("peer " + peer.short_string() + " down: " + why);
   if (h_.on_peer_down) h_.on_peer_down(peer, why);
@@ -500,12 +510,14 @@ void endpoint_impl::reap() {
     if (ended && !c->end_reported) {
       c->end_reported = true;
       bool quiet = quiet_.count(c) > 0;
+      if (quiet && c->peer()) release(*c->peer(), c->outstanding_bytes());  // lost with the duplicate
       if (c->up_reported) {
         node_id id = *c->peer();
         by_peer_.erase(id);
         {
           std::lock_guard lock(view_mu_);
           up_.erase(id);
+          queued_.erase(id);
         }
         log("peer " + id.short_string() + " down: " + c->end_reason());
         if (h_.on_peer_down) h_.on_peer_down(id, c->end_reason());
@@ -620,6 +632,7 @@ void endpoint_impl::run() {
   {
     std::lock_guard lock(view_mu_);
     up_.clear();
+    queued_.clear();
   }
   conns_.clear();
   by_cid_.clear();
@@ -653,7 +666,18 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
   if (bytes.size() > limit)
     return make_error(error_code::limit_exceeded, "message of " + std::to_string(bytes.size()) +
                                                       " bytes exceeds its channel's limit of " + std::to_string(limit));
-  {
+  const uint64_t size = bytes.size();
+  if (ch != channel::heartbeat) {
+    std::lock_guard lock(impl_->view_mu_);
+    if (!impl_->up_.count(peer))
+      return make_error(error_code::network, "peer " + peer.short_string() + " is not connected");
+    uint64_t& queued = impl_->queued_[peer];
+    if (queued + size > impl_->cfg_.max_queued_bytes)
+      return make_error(error_code::limit_exceeded, "send queue to " + peer.short_string() + " is full (" +
+                                                        std::to_string(queued) +
+                                                        " bytes not yet acknowledged); retry later");
+    queued += size;
+  } else {
     std::lock_guard lock(impl_->view_mu_);
     if (!impl_->up_.count(peer))
       return make_error(error_code::network, "peer " + peer.short_string() + " is not connected");
@@ -661,6 +685,8 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
   auto queue = [impl = impl_.get(), peer, ch, b = std::move(bytes)]() mutable {
     impl->need_write_ = true;
     if (connection* c = impl->direct(peer)) return c->queue(ch, std::move(b));
+    // Relayed (or gone): the reservation ends here; the relay connection's own queue holds it.
+    if (ch != channel::heartbeat) impl->release(peer, b.size());
     auto route = impl->relay_routes_.find(peer);
     if (route == impl->relay_routes_.end()) return;
     connection* relay = impl->direct(route->second);

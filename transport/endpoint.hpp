@@ -86,6 +86,9 @@ struct endpoint_config {
   size_t max_udp_payload = 1452;   ///< above 1452 only on loopback-only meshes (MTU 65536)
   uint64_t stream_window = 16u << 20;      ///< per-stream flow control window
   uint64_t connection_window = 64u << 20;  ///< per-connection flow control window
+  /// Per peer: control and bulk payload queued and not yet acknowledged. Beyond it send()
+  /// refuses (limit_exceeded) until acknowledgements free room: the sender's backpressure.
+  uint64_t max_queued_bytes = uint64_t{2} << 30;
 };
 
 class endpoint_impl;
@@ -106,8 +109,9 @@ class endpoint {
   /// Connects to the node `expected` at the first of `addresses` ("host:port") that answers;
   /// the result arrives as on_peer_up or on_connect_failed. No-op when already connected.
   void dial(const node_id& expected, std::vector<std::string> addresses);
-  /// Queues a message to an admitted peer. Errors: the peer is not up, or the message exceeds
-  /// its channel's limit. Success means queued, not delivered.
+  /// Queues a message to an admitted peer. Errors: the peer is not up (network), the message
+  /// exceeds its channel's limit, or the peer's send queue is full (both limit_exceeded; retry
+  /// later). Success means queued, not delivered.
   expected<void> send(const node_id& peer, channel ch, std::vector<uint8_t> bytes);
   /// Counters of the connection to `peer`, if it is up.
   std::optional<peer_stats> stats(const node_id& peer) const;

@@ -44,6 +44,7 @@ class impairment_proxy {
   }
   uint16_t port() const { return port_; }
   size_t dropped() const { return dropped_; }
+  void set_loss(double loss) { loss_ = loss; }
   /// The server-facing side moves to a new port; returns it.
   uint16_t rebind() {
     uint16_t p = 0;
@@ -122,7 +123,7 @@ class impairment_proxy {
   int front_ = -1;
   std::atomic<int> back_{-1};
   uint16_t port_ = 0;
-  double loss_;
+  std::atomic<double> loss_;
   std::chrono::milliseconds delay_;
   bool black_hole_replies_;
   sockaddr_in server_{}, client_{};
@@ -223,4 +224,30 @@ TEST_CASE("inbound half-open handshakes are bounded", "[transport][endpoint][lim
   REQUIRE(client.log.wait([&] { return !client.log.up.empty(); }, 15s));
   stuck.clear();
   holes.clear();
+}
+
+TEST_CASE("a full send queue pushes back until acknowledgements drain it", "[transport][endpoint][limits]") {
+  endpoint_config cfg;
+  cfg.max_queued_bytes = 1u << 20;
+  cfg.idle_timeout = 20000ms;
+  node a(cfg), b(cfg);
+  impairment_proxy proxy(a.ep->port(), 0.0, 0ms);
+  b.ep->dial(a.ep->id(), {"127.0.0.1:" + std::to_string(proxy.port())});
+  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  proxy.set_loss(1.0);  // nothing gets through, so nothing is acknowledged
+  REQUIRE(b.ep->send(a.ep->id(), channel::bulk, std::vector<uint8_t>(700u << 10, 1)));
+  auto full = b.ep->send(a.ep->id(), channel::bulk, std::vector<uint8_t>(700u << 10, 2));
+  REQUIRE_FALSE(full);
+  CHECK(full.error().code == mesh::error_code::limit_exceeded);
+  CHECK(full.error().message.find("queue") != std::string::npos);
+  CHECK(b.ep->send(a.ep->id(), channel::heartbeat, {1}));  // datagrams are not queued: never refused
+  proxy.set_loss(0.0);
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() >= 1; }, 20s));
+  bool accepted = false;
+  for (int i = 0; i < 500 && !accepted; ++i) {
+    accepted = bool(b.ep->send(a.ep->id(), channel::bulk, std::vector<uint8_t>(700u << 10, 2)));
+    if (!accepted) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(accepted);
 }
