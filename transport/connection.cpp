@@ -61,7 +61,11 @@ struct connection_callbacks {
   }
 
   static int handshake_completed(ngtcp2_conn*, void* ud) {
-    self(ud).on_handshake_completed();
+    try {
+      self(ud).on_handshake_completed();
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::admission_refused, std::string("admission failed: ") + e.what());
+    }
     return 0;
   }
 
@@ -69,10 +73,16 @@ struct connection_callbacks {
                               size_t len, void* ud, void*) {
     connection& c = self(ud);
     expected<void> r;
-    if (c.remote_stream_is_control(sid))
-      r = c.on_control_data(data, len);
-    else
-      r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+    // No exception may unwind through ngtcp2's C frames (an allocation failure for a huge
+    // message, or a throwing handler): it closes this connection instead.
+    try {
+      if (c.remote_stream_is_control(sid))
+        r = c.on_control_data(data, len);
+      else
+        r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+    } catch (const std::exception& e) {
+      r = make_error(error_code::internal, std::string("cannot take the peer's data: ") + e.what());
+    }
     if (!r) {
       c.close(close_code::protocol_violation, r.error().message);
       return 0;
@@ -100,7 +110,16 @@ struct connection_callbacks {
     return 0;
   }
 
-  static int recv_datagram(ngtcp2_conn*, uint32_t, const uint8_t* data, size_t len, void* ud) {
+  static int recv_datagram(ngtcp2_conn*, uint32_t flags, const uint8_t* data, size_t len, void* ud) {
+    try {
+      return recv_datagram_unguarded(flags, data, len, ud);
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::protocol_violation, std::string("cannot take the peer's datagram: ") + e.what());
+      return 0;
+    }
+  }
+
+  static int recv_datagram_unguarded(uint32_t, const uint8_t* data, size_t len, void* ud) {
     connection& c = self(ud);
     auto f = decode_single_frame({data, len}, c.cfg_.limits);
     if (!f || f->kind != frame_kind::heartbeat) {
@@ -339,9 +358,9 @@ expected<void> connection::handle_control_frame(frame f) {
 expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  // An admitted peer's announced size is reserved at once (one allocation, no regrowth copies);
-  // before admission a header alone may not make us reserve more than 16 MiB.
-  uint64_t reserve = state_ == state::admitted ? cfg_.limits.bulk : (16u << 20);
+  // An admitted peer's announced size (up to 1 GiB) is reserved at once: one allocation, no
+  // regrowth copies. Before admission a header alone may not make us reserve more than 16 MiB.
+  uint64_t reserve = state_ == state::admitted ? std::min<uint64_t>(cfg_.limits.bulk, uint64_t{1} << 30) : (16u << 20);
   auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve);
   auto& frames = bulk_frames_[sid];
   if (auto r = it->second.feed({data, len}, frames); !r)
