@@ -298,6 +298,13 @@ void endpoint_impl::on_admitted(connection& c) {
     // Two connections to one peer (both dialed at once, or a copied identity). Both ends keep
     // the one dialed by the smaller node id, so they agree without talking about it.
     connection* old = it->second;
+    if (old->inbound() == c.inbound()) {
+      // Same direction twice: not a simultaneous dial but two live nodes with one identity (a
+      // copied state directory). The first one keeps the id; the second is refused.
+      c.close(close_code::duplicate, "another live node already uses node id " + id.short_string() +
+                                         " (copied state directory?)");
+      return;
+    }
     bool local_smaller = node_id{cfg_.id.public_key()} < id;
     bool keep_new = local_smaller ? !c.inbound() : c.inbound();
     connection* loser = keep_new ? old : &c;

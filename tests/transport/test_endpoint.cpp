@@ -296,3 +296,42 @@ TEST_CASE("simultaneous dials leave exactly one connection", "[transport][endpoi
   CHECK(a.log.down.empty());
   CHECK(b.log.down.empty());
 }
+
+TEST_CASE("a second live node with the same identity is refused", "[transport][endpoint]") {
+  auto shared = identity::generate();
+  endpoint_config c1, c2;
+  c1.id = shared;
+  c2.id = shared;
+  node hub, first(c1), clone(c2);
+  first.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(hub.log.wait([&] { return hub.log.up.size() == 1; }));
+  clone.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(clone.log.wait([&] { return !clone.log.failed.empty() || !clone.log.down.empty(); }));
+  std::string why = !clone.log.failed.empty() ? clone.log.failed[0].second : clone.log.down[0].second;
+  CHECK(why.find("already uses node id") != std::string::npos);
+  // The first one is unaffected.
+  REQUIRE(first.ep->send(hub.ep->id(), channel::control, {8}));
+  REQUIRE(hub.log.wait([&] { return hub.log.messages.size() == 1; }));
+  CHECK(hub.log.up.size() == 1);
+  CHECK(hub.log.down.empty());
+}
+
+TEST_CASE("an oversized frame from a peer closes that connection only", "[transport][endpoint]") {
+  endpoint_config loose;
+  loose.limits.control = 8u << 20;
+  endpoint_config strict;
+  strict.limits.control = 1u << 20;
+  node sender(loose), receiver(strict), bystander;
+  connect(receiver, sender);
+  connect(receiver, bystander);
+  REQUIRE(sender.ep->send(receiver.ep->id(), channel::control, std::vector<uint8_t>(2u << 20, 1)));
+  REQUIRE(receiver.log.wait([&] { return !receiver.log.down.empty(); }));
+  CHECK(receiver.log.down[0].first == sender.ep->id());
+  CHECK(receiver.log.down[0].second.find("limit") != std::string::npos);
+  REQUIRE(sender.log.wait([&] { return !sender.log.down.empty(); }));
+  CHECK(sender.log.down[0].second.find("limit") != std::string::npos);  // the reason reached the peer
+  CHECK(receiver.log.messages.empty());
+  // The receiver still serves its other peers.
+  REQUIRE(bystander.ep->send(receiver.ep->id(), channel::control, {4}));
+  REQUIRE(receiver.log.wait([&] { return receiver.log.messages.size() == 1; }));
+}
