@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,6 +81,17 @@ std::string addr(const endpoint& e) { return "127.0.0.1:" + std::to_string(e.por
 
 double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
+// CPU seconds (user + system, all threads) this process has used: a load-independent cost.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU seconds per GiB of the last bulk measurement.
+double last_cpu_per_gib = 0;
+
 // QUIC bulk: `mib` MiB as messages of `chunk_mib` MiB, one direction.
 double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload) {
   waiter wa, wb;
@@ -92,9 +104,11 @@ double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload) {
   std::vector<std::vector<uint8_t>> payloads;
   for (size_t i = 0; i < n; ++i) payloads.emplace_back(chunk_mib << 20, static_cast<uint8_t>(i));
   auto t0 = clk::now();
+  double c0 = cpu_seconds();
   for (auto& p : payloads) (void)a->send(b->id(), channel::bulk, std::move(p));
   if (!wb.wait([&] { return wb.messages == n; }, std::chrono::seconds(600))) return 0;
   double s = seconds_since(t0);
+  last_cpu_per_gib = (cpu_seconds() - c0) / (static_cast<double>(n * chunk_mib) / 1024);
   return static_cast<double>(n * chunk_mib) / s;
 }
 
@@ -123,6 +137,7 @@ double tcp_bulk(size_t mib) {
   ::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
   std::vector<uint8_t> buf(1 << 20, 1);
   auto t0 = clk::now();
+  double c0 = cpu_seconds();
   size_t sent = 0;
   while (sent < total) {
     ssize_t n = ::write(c, buf.data(), std::min(buf.size(), total - sent));
@@ -131,6 +146,7 @@ double tcp_bulk(size_t mib) {
   }
   reader.join();
   double s = seconds_since(t0);
+  last_cpu_per_gib = (cpu_seconds() - c0) / (static_cast<double>(mib) / 1024);
   ::close(c);
   ::close(ls);
   return static_cast<double>(mib) / s;
@@ -420,15 +436,18 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  double tcp = tcp_bulk(mib);
-  double q1 = quic_bulk(mib, 64, 1452);
-  double q1one = quic_bulk(mib, mib, 1452);
-  double qj = quic_bulk(mib, 64, 65000);
-  std::printf("bulk %zu MiB, loopback, one connection:\n", mib);
-  std::printf("  kernel TCP                          %8.0f MiB/s\n", tcp);
-  std::printf("  QUIC 1452 B packets, 64 MiB msgs    %8.0f MiB/s  (%.0f%% of TCP)\n", q1, 100 * q1 / tcp);
-  std::printf("  QUIC 1452 B packets, one %zu MiB msg %8.0f MiB/s  (%.0f%% of TCP)\n", mib, q1one, 100 * q1one / tcp);
-  std::printf("  QUIC 65000 B packets (loopback only) %7.0f MiB/s  (%.0f%% of TCP)\n", qj, 100 * qj / tcp);
+  double tcp = tcp_bulk(mib), tcp_cpu = last_cpu_per_gib;
+  double q1 = quic_bulk(mib, 64, 1452), q1_cpu = last_cpu_per_gib;
+  double q1one = quic_bulk(mib, mib, 1452), q1one_cpu = last_cpu_per_gib;
+  double qj = quic_bulk(mib, 64, 65000), qj_cpu = last_cpu_per_gib;
+  std::printf("bulk %zu MiB, loopback, one connection (CPU = user+system seconds per GiB, both ends):\n", mib);
+  std::printf("  kernel TCP                            %6.0f MiB/s  CPU %.2f s/GiB\n", tcp, tcp_cpu);
+  std::printf("  QUIC 1452 B packets, 64 MiB msgs      %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", q1,
+              100 * q1 / tcp, q1_cpu, q1_cpu / tcp_cpu);
+  std::printf("  QUIC 1452 B packets, one message      %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n",
+              q1one, 100 * q1one / tcp, q1one_cpu, q1one_cpu / tcp_cpu);
+  std::printf("  QUIC 65000 B packets (loopback only)  %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", qj,
+              100 * qj / tcp, qj_cpu, qj_cpu / tcp_cpu);
 
   auto u = udp_rtt(rtts);
   auto q = quic_rtt(rtts);
