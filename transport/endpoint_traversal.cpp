@@ -39,7 +39,9 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
       if (direct(p->id) || p->id == node_id{cfg_.id.public_key()}) return;
       punch_pending_[p->id] = from;
       uint64_t now = now_ns();
-      for (uint64_t ms : {0u, 10u, 20u, 40u}) {
+      // A burst, then a back-off: the peer's punch frame may arrive later than ours, and its
+      // mapping towards us only opens when its own punch packets leave.
+      for (uint64_t ms : {0u, 10u, 20u, 40u, 80u, 160u, 320u, 640u}) {
         socket_address a = p->address;
         schedule(now + ms * 1'000'000u, [this, a] { send_punch_packets(a); });
       }

@@ -205,7 +205,9 @@ TEST_CASE("inbound half-open handshakes are bounded", "[transport][endpoint][lim
   std::vector<std::unique_ptr<node>> stuck;
   for (int i = 0; i < 3; ++i) {
     holes.push_back(std::make_unique<impairment_proxy>(server.ep->port(), 0.0, 0ms, true));
-    stuck.push_back(std::make_unique<node>());
+    endpoint_config stuck_cfg;
+    stuck_cfg.handshake_timeout = 1500ms;  // gone before the server's half-open slots free up
+    stuck.push_back(std::make_unique<node>(stuck_cfg));
     stuck.back()->ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(holes.back()->port())});
   }
   bool shed = false;

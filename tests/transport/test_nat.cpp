@@ -106,7 +106,7 @@ void start_in(node& n, const std::string& ns, endpoint_config cfg) {
 endpoint_config nat_config() {
   endpoint_config c;
   c.mesh_secret.assign(32, 0x42);
-  c.handshake_timeout = 1500ms;
+  c.handshake_timeout = 3000ms;  // a lost first Initial is retransmitted once or twice within it
   c.idle_timeout = 10000ms;
   c.keep_alive = 2000ms;
   return c;
