@@ -481,6 +481,8 @@ void connection::read(const socket_address& local, const socket_address& remote,
     ngtcp2_conn_get_connection_close_error(conn_, &ccerr);
     std::string why(reinterpret_cast<const char*>(ccerr.reason), ccerr.reasonlen);
     if (why.empty()) why = "no reason given, code " + std::to_string(ccerr.error_code);
+    peer_closed_as_duplicate_ = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION &&
+                                ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
     set_end(state::draining, "peer closed the connection: " + why);
     close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
     return;

@@ -90,6 +90,8 @@ class connection {
   const std::optional<node_id>& peer() const { return check_.peer; }
   bool inbound() const { return inbound_; }
   const socket_address& remote() const { return remote_; }
+  /// The peer closed this connection as a duplicate of another one to the same node.
+  bool peer_closed_as_duplicate() const { return peer_closed_as_duplicate_; }
   /// Why the connection ended (closed or draining); empty while alive.
   const std::string& end_reason() const { return end_reason_; }
   /// True when there are queued messages not yet handed to ngtcp2.
@@ -173,6 +175,7 @@ class connection {
     outstanding_ -= std::min(outstanding_, n);
     if (n) owner_.on_released(*this, n);
   }
+  bool peer_closed_as_duplicate_ = false;
   bool tls_alert_close_ = false;   // the close is a TLS failure, not an application decision
   int transport_close_liberr_ = 0; // the close is a QUIC transport error
   std::vector<uint8_t> write_buf_;

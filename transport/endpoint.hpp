@@ -59,7 +59,8 @@ struct handlers {
   /// A message from an admitted peer.
   std::function<void(const node_id&, channel, std::vector<uint8_t>)> on_message;
   /// A connection that never got admitted: wrong key, wrong mesh secret, wrong version,
-  /// unreachable. `peer` is known when TLS got far enough to see the peer's key.
+  /// unreachable. `peer` is known when TLS got far enough to see the peer's key; inbound
+  /// attempts that never showed one go to on_log only.
   std::function<void(const std::optional<node_id>& peer, const std::string& address, const std::string& reason)>
       on_connect_failed;
   /// One line per notable event (connection refused, closed with an error).

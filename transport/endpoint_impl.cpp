@@ -186,6 +186,7 @@ void endpoint_impl::on_admitted(connection& c) {
   punch_pending_.erase(id);
   // Tell the peer where its packets come from: behind a NAT that is its public mapping.
   c.queue_frame(frame_kind::observed_address, encode_address(c.remote()));
+  if (replacing_.erase(id)) return;     // the peer never went down: this connection replaces its twin
   if (relay_routes_.erase(id)) return;  // was up through a relay: now direct, still the same peer
   {
     std::lock_guard lock(view_mu_);
@@ -243,7 +244,15 @@ void endpoint_impl::reap() {
       c->end_reported = true;
       bool quiet = quiet_.count(c) > 0;
       if (quiet && c->peer()) release(*c->peer(), c->outstanding_bytes());  // lost with the duplicate
-      if (c->up_reported) {
+      if (c->up_reported && c->peer_closed_as_duplicate() && has_other_attempt(*c->peer(), c)) {
+        // Simultaneous dials: the other side already chose the twin connection, which is still
+        // being set up here. The peer stays up; messages queued on this one are lost.
+        node_id id = *c->peer();
+        by_peer_.erase(id);
+        replacing_.insert(id);
+        release(id, c->outstanding_bytes());
+        log("peer " + id.short_string() + ": connection replaced by its simultaneous twin");
+      } else if (c->up_reported) {
         node_id id = *c->peer();
         by_peer_.erase(id);
         {
@@ -261,14 +270,32 @@ void endpoint_impl::reap() {
         log("connection " + std::string(c->inbound() ? "from " : "to ") + c->remote().to_string() +
             " failed: " + c->end_reason());
         auto target = dial_targets_.find(c);
+        std::optional<node_id> about = c->peer();
+        if (!about && target != dial_targets_.end()) about = target->second;
+        bool reported_down = false;
+        if (about && replacing_.count(*about) && !has_other_attempt(*about, c)) {
+          // The twin that was to replace a peer's connection failed: now the peer is down.
+          replacing_.erase(*about);
+          {
+            std::lock_guard lock(view_mu_);
+            up_.erase(*about);
+            queued_.erase(*about);
+          }
+          if (h_.on_peer_down) h_.on_peer_down(*about, c->end_reason());
+          reported_down = true;
+        }
         auto punched = target == dial_targets_.end() ? punch_pending_.end() : punch_pending_.find(target->second);
-        if (punched != punch_pending_.end() && !stopping_ && !direct(punched->first)) {
+        if (reported_down) {
+          // nothing more to say about this attempt
+        } else if (punched != punch_pending_.end() && !stopping_ && !direct(punched->first)) {
           node_id t = punched->first, relay = punched->second;
           start_relay(t, relay);
         } else if (!c->handshake_done() && target != dial_targets_.end() && !c->fallback_addresses.empty() && !stopping_) {
           node_id expected = target->second;
           start_dial(expected, c->fallback_addresses, ts);
-        } else if (h_.on_connect_failed) {
+        } else if (h_.on_connect_failed && (!c->inbound() || c->peer())) {
+          // An inbound attempt that never showed a node key (a scan, garbage, an aborted TLS
+          // handshake) is only logged: the layer above has no peer to attach it to.
           std::optional<node_id> who = c->peer();
           if (!who && target != dial_targets_.end()) who = target->second;
           h_.on_connect_failed(who, c->remote().to_string(), c->end_reason());

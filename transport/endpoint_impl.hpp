@@ -70,6 +70,9 @@ class endpoint_impl final : public connection_owner {
   std::unordered_map<node_id, connection*> by_peer_;
   std::unordered_map<connection*, node_id> dial_targets_;  // outbound: the id we asked for
   std::unordered_set<connection*> quiet_;  // superseded duplicates: their end is not a peer down
+  // Peers whose connection the other side closed as a duplicate while our copy of the winning
+  // connection was still being set up: they stay up, and its admission brings no second up.
+  std::unordered_set<node_id> replacing_;
   std::unordered_map<node_id, node_id> relay_routes_;   // peer up through a relay -> that relay
   std::unordered_map<node_id, node_id> punch_pending_;  // peer being punched -> its rendezvous
   std::vector<std::pair<uint64_t, std::function<void()>>> tasks_;  // timed actions (punch, dial)
@@ -130,6 +133,17 @@ class endpoint_impl final : public connection_owner {
     for (auto& c : conns_)
       if (c->inbound() && c->current_state() == connection::state::handshaking) ++n;
     return n;
+  }
+  /// Another live connection attempt to `id` besides `c` (for the duplicate hand-over).
+  bool has_other_attempt(const node_id& id, const connection* c) const {
+    for (auto& other : conns_) {
+      if (other.get() == c || other->end_reported) continue;
+      auto s = other->current_state();
+      if (s == connection::state::closing || s == connection::state::draining || s == connection::state::closed) continue;
+      auto t = dial_targets_.find(other.get());
+      if (other->peer() == id || (t != dial_targets_.end() && t->second == id)) return true;
+    }
+    return false;
   }
   void publish_counters() {
     endpoint_counters k{conns_.size(), half_open(), initials_shed_, packets_dropped_};

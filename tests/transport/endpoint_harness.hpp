@@ -59,6 +59,7 @@ inline handlers recording_handlers(event_log& log) {
   h.on_log = [&log](const std::string& line) {
     std::lock_guard l(log.mu);
     log.logs.push_back(line);
+    log.cv.notify_all();
   };
   return h;
 }
