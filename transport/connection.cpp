@@ -61,7 +61,11 @@ struct connection_callbacks {
   }
 
   static int handshake_completed(ngtcp2_conn*, void* ud) {
-    self(ud).on_handshake_completed();
+    try {
+      self(ud).on_handshake_completed();
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::admission_refused, std::string("admission failed: ") + e.what());
+    }
     return 0;
   }
 
@@ -69,10 +73,16 @@ struct connection_callbacks {
                               size_t len, void* ud, void*) {
     connection& c = self(ud);
     expected<void> r;
-    if (c.remote_stream_is_control(sid))
-      r = c.on_control_data(data, len);
-    else
-      r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+    // No exception may unwind through ngtcp2's C frames (an allocation failure for a huge
+    // message, or a throwing handler): it closes this connection instead.
+    try {
+      if (c.remote_stream_is_control(sid))
+        r = c.on_control_data(data, len);
+      else
+        r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+    } catch (const std::exception& e) {
+      r = make_error(error_code::internal, std::string("cannot take the peer's data: ") + e.what());
+    }
     if (!r) {
       c.close(close_code::protocol_violation, r.error().message);
       return 0;
@@ -100,7 +110,16 @@ struct connection_callbacks {
     return 0;
   }
 
-  static int recv_datagram(ngtcp2_conn*, uint32_t, const uint8_t* data, size_t len, void* ud) {
+  static int recv_datagram(ngtcp2_conn*, uint32_t flags, const uint8_t* data, size_t len, void* ud) {
+    try {
+      return recv_datagram_unguarded(flags, data, len, ud);
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::protocol_violation, std::string("cannot take the peer's datagram: ") + e.what());
+      return 0;
+    }
+  }
+
+  static int recv_datagram_unguarded(uint32_t, const uint8_t* data, size_t len, void* ud) {
     connection& c = self(ud);
     auto f = decode_single_frame({data, len}, c.cfg_.limits);
     if (!f || f->kind != frame_kind::heartbeat) {
@@ -280,6 +299,7 @@ void connection::on_handshake_completed() {
   auto f = encode_frame(frame_kind::admission, proof, cfg_.limits);
   control_total_ += f->size();
   control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
   state_ = state::admitting;
   if (!early_control_.empty()) {
     auto early = std::move(early_control_);
@@ -324,18 +344,23 @@ expected<void> connection::handle_control_frame(frame f) {
     held_.clear();
     return {};
   }
-  if (f.kind != frame_kind::control)
-    return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
-  deliver(channel::control, std::move(f.payload));
-  return {};
+  switch (f.kind) {
+    case frame_kind::control: deliver(channel::control, std::move(f.payload)); return {};
+    case frame_kind::observed_address:
+    case frame_kind::introduce:
+    case frame_kind::punch:
+    case frame_kind::relay_send:
+    case frame_kind::relay_deliver: owner_.on_traversal_frame(*this, std::move(f)); return {};
+    default: return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
+  }
 }
 
 expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  // An admitted peer's announced size is reserved at once (one allocation, no regrowth copies);
-  // before admission a header alone may not make us reserve more than 16 MiB.
-  uint64_t reserve = state_ == state::admitted ? cfg_.limits.bulk : (16u << 20);
+  // An admitted peer's announced size (up to 1 GiB) is reserved at once: one allocation, no
+  // regrowth copies. Before admission a header alone may not make us reserve more than 16 MiB.
+  uint64_t reserve = state_ == state::admitted ? std::min<uint64_t>(cfg_.limits.bulk, uint64_t{1} << 30) : (16u << 20);
   auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve);
   auto& frames = bulk_frames_[sid];
   if (auto r = it->second.feed({data, len}, frames); !r)
@@ -358,22 +383,39 @@ expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t
 void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
 
 void connection::queue(channel ch, std::vector<uint8_t> bytes) {
-  if (state_ != state::admitted) return;
+  if (state_ != state::admitted) {
+    if (ch != channel::heartbeat) owner_.on_released(*this, bytes.size());
+    return;
+  }
   switch (ch) {
     case channel::control: {
       auto f = encode_frame(frame_kind::control, bytes, cfg_.limits);
-      if (!f) return;
+      if (!f) return owner_.on_released(*this, bytes.size());
       control_total_ += f->size();
       control_out_.push_back(std::move(*f));
+      control_app_bytes_.push_back(bytes.size());
+      outstanding_ += bytes.size();
       break;
     }
-    case channel::bulk: bulk_waiting_.push_back(std::move(bytes)); break;
+    case channel::bulk:
+      outstanding_ += bytes.size();
+      bulk_waiting_.push_back(std::move(bytes));
+      break;
     case channel::heartbeat: {
       auto f = encode_frame(frame_kind::heartbeat, bytes, cfg_.limits);
       if (f) datagrams_out_.push_back(std::move(*f));
       break;
     }
   }
+}
+
+void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) {
+  if (state_ != state::admitted) return;
+  auto f = encode_frame(kind, payload, cfg_.limits);
+  if (!f) return;
+  control_total_ += f->size();
+  control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
 }
 
 bool connection::has_pending_data() const {
@@ -392,6 +434,8 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
     while (!control_out_.empty() && control_base_ + control_out_.front().size() <= end) {
       control_base_ += control_out_.front().size();
       control_out_.pop_front();
+      release(control_app_bytes_.front());
+      control_app_bytes_.pop_front();
     }
     return;
   }
@@ -399,7 +443,11 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
 }
 
 void connection::on_stream_closed(int64_t sid) {
-  bulk_out_.erase(sid);
+  if (auto it = bulk_out_.find(sid); it != bulk_out_.end()) {
+    uint64_t n = it->second.payload.size();
+    bulk_out_.erase(it);
+    release(n);
+  }
   bulk_in_.erase(sid);
   bulk_frames_.erase(sid);
 }
@@ -433,6 +481,8 @@ void connection::read(const socket_address& local, const socket_address& remote,
     ngtcp2_conn_get_connection_close_error(conn_, &ccerr);
     std::string why(reinterpret_cast<const char*>(ccerr.reason), ccerr.reasonlen);
     if (why.empty()) why = "no reason given, code " + std::to_string(ccerr.error_code);
+    peer_closed_as_duplicate_ = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION &&
+                                ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
     set_end(state::draining, "peer closed the connection: " + why);
     close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
     return;

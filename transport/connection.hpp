@@ -33,6 +33,10 @@ class connection_owner {
   /// Both proofs verified: the peer is admitted.
   virtual void on_admitted(connection& c) = 0;
   virtual void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) = 0;
+  /// A NAT traversal frame (observed address, introduce, punch, relay) from an admitted peer.
+  virtual void on_traversal_frame(connection& c, frame f) = 0;
+  /// `bytes` of queued application payload (control, bulk) were acknowledged or dropped.
+  virtual void on_released(connection& c, uint64_t bytes) = 0;
 };
 
 /// QUIC application error codes carried in CONNECTION_CLOSE.
@@ -75,6 +79,8 @@ class connection {
 
   /// Queues a message (the peer must be admitted). Bulk payloads are sent from `bytes` itself.
   void queue(channel ch, std::vector<uint8_t> bytes);
+  /// Queues a frame of another kind on the control stream (NAT traversal frames).
+  void queue_frame(frame_kind kind, std::span<const uint8_t> payload);
   /// Closes with an application error and a reason the peer will log; takes effect at the next write.
   void close(close_code code, std::string reason);
 
@@ -84,11 +90,15 @@ class connection {
   const std::optional<node_id>& peer() const { return check_.peer; }
   bool inbound() const { return inbound_; }
   const socket_address& remote() const { return remote_; }
+  /// The peer closed this connection as a duplicate of another one to the same node.
+  bool peer_closed_as_duplicate() const { return peer_closed_as_duplicate_; }
   /// Why the connection ended (closed or draining); empty while alive.
   const std::string& end_reason() const { return end_reason_; }
   /// True when there are queued messages not yet handed to ngtcp2.
   bool has_pending_data() const;
   peer_stats stats() const;
+  /// Application payload bytes queued and not yet acknowledged.
+  uint64_t outstanding_bytes() const { return outstanding_; }
 
   /// Bookkeeping for the endpoint.
   bool up_reported = false;
@@ -134,6 +144,7 @@ class connection {
   // Outgoing control stream: chunks kept until acknowledged (ngtcp2 does not copy).
   int64_t control_sid_ = -1;
   std::deque<std::vector<uint8_t>> control_out_;
+  std::deque<size_t> control_app_bytes_;  // per chunk: application payload bytes in it
   uint64_t control_base_ = 0;    // stream offset of control_out_.front()
   uint64_t control_sent_ = 0;    // stream offset handed to ngtcp2
   uint64_t control_total_ = 0;   // stream offset after the last queued byte
@@ -159,6 +170,12 @@ class connection {
   std::vector<std::pair<channel, std::vector<uint8_t>>> held_;  // complete before admission
 
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  uint64_t outstanding_ = 0;  // application payload queued, not yet acknowledged
+  void release(uint64_t n) {
+    outstanding_ -= std::min(outstanding_, n);
+    if (n) owner_.on_released(*this, n);
+  }
+  bool peer_closed_as_duplicate_ = false;
   bool tls_alert_close_ = false;   // the close is a TLS failure, not an application decision
   int transport_close_liberr_ = 0; // the close is a QUIC transport error
   std::vector<uint8_t> write_buf_;

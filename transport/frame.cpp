@@ -8,7 +8,7 @@
 namespace mesh::transport {
 
 namespace {
-bool known_kind(uint8_t k) { return k >= 1 && k <= 5; }
+bool known_kind(uint8_t k) { return k >= 1 && k <= 9; }
 }  // namespace
 
 uint64_t frame_limits::for_kind(frame_kind k) const {
@@ -18,6 +18,10 @@ uint64_t frame_limits::for_kind(frame_kind k) const {
     case frame_kind::bulk: return bulk;
     case frame_kind::heartbeat: return heartbeat;
     case frame_kind::observed_address: return observed_address;
+    case frame_kind::introduce: return introduce;
+    case frame_kind::punch: return punch;
+    case frame_kind::relay_send:
+    case frame_kind::relay_deliver: return relay;
   }
   return 0;
 }

@@ -20,6 +20,10 @@ enum class frame_kind : uint8_t {
   bulk = 3,       ///< one large message, alone on its own unidirectional stream
   heartbeat = 4,  ///< a small unreliable message in a QUIC DATAGRAM
   observed_address = 5,  ///< "this is the address I see you at" (control stream, NAT traversal)
+  introduce = 6,         ///< to a rendezvous: "help me reach node X" (control stream)
+  punch = 7,             ///< from a rendezvous: "node X is at address A: punch now" (control stream)
+  relay_send = 8,        ///< to a relay: "forward this sealed box to node X" (control stream)
+  relay_deliver = 9,     ///< from a relay: "node X sent you this sealed box" (control stream)
 };
 
 /// Largest payload accepted per kind. Limits protect the receiver's memory.
@@ -29,6 +33,9 @@ struct frame_limits {
   uint64_t bulk = uint64_t{4} << 30;
   uint64_t heartbeat = 1024;
   uint64_t observed_address = 64;
+  uint64_t introduce = 64;
+  uint64_t punch = 128;
+  uint64_t relay = 16u << 20;  ///< relay_send and relay_deliver
 
   uint64_t for_kind(frame_kind k) const;
 };

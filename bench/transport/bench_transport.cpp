@@ -2,15 +2,22 @@
 // printed next to a reference (kernel TCP, plain UDP) measured in the same run on loopback.
 //
 //   bench_transport [--bulk-mib N] [--rtt-count N] [--handshakes N] [--accept N]
+//   bench_transport --exchange 1 [--bulk-mib N]  N MiB each way at once, BLAKE2b-checked
+//   bench_transport --tbf 1 [--bulk-mib N]   (root) two network namespaces joined by a veth
+//                                            link shaped to 1 Gbit/s with tbf, QUIC vs TCP
 //
 // Build Release (build-rel) to measure; never a timed test.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -19,6 +26,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sodium.h>
 
 #include "transport/endpoint.hpp"
 
@@ -76,6 +85,17 @@ std::string addr(const endpoint& e) { return "127.0.0.1:" + std::to_string(e.por
 
 double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
+// CPU seconds (user + system, all threads) this process has used: a load-independent cost.
+double cpu_seconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU seconds per GiB of the last bulk measurement.
+double last_cpu_per_gib = 0;
+
 // QUIC bulk: `mib` MiB as messages of `chunk_mib` MiB, one direction.
 double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload) {
   waiter wa, wb;
@@ -88,9 +108,11 @@ double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload) {
   std::vector<std::vector<uint8_t>> payloads;
   for (size_t i = 0; i < n; ++i) payloads.emplace_back(chunk_mib << 20, static_cast<uint8_t>(i));
   auto t0 = clk::now();
+  double c0 = cpu_seconds();
   for (auto& p : payloads) (void)a->send(b->id(), channel::bulk, std::move(p));
   if (!wb.wait([&] { return wb.messages == n; }, std::chrono::seconds(600))) return 0;
   double s = seconds_since(t0);
+  last_cpu_per_gib = (cpu_seconds() - c0) / (static_cast<double>(n * chunk_mib) / 1024);
   return static_cast<double>(n * chunk_mib) / s;
 }
 
@@ -119,6 +141,7 @@ double tcp_bulk(size_t mib) {
   ::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
   std::vector<uint8_t> buf(1 << 20, 1);
   auto t0 = clk::now();
+  double c0 = cpu_seconds();
   size_t sent = 0;
   while (sent < total) {
     ssize_t n = ::write(c, buf.data(), std::min(buf.size(), total - sent));
@@ -127,6 +150,7 @@ double tcp_bulk(size_t mib) {
   }
   reader.join();
   double s = seconds_since(t0);
+  last_cpu_per_gib = (cpu_seconds() - c0) / (static_cast<double>(mib) / 1024);
   ::close(c);
   ::close(ls);
   return static_cast<double>(mib) / s;
@@ -274,6 +298,176 @@ double accept_rate(size_t count) {
   return static_cast<double>(ws.ups) / s;
 }
 
+bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Runs `fn` on a thread inside network namespace `ns` (sockets and threads made there stay there).
+template <class F>
+void in_netns(const std::string& ns, F fn) {
+  std::thread t([&] {
+    int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+      std::fprintf(stderr, "cannot enter %s\n", ns.c_str());
+      std::exit(1);
+    }
+    ::close(fd);
+    fn();
+  });
+  t.join();
+}
+
+// 192.168.77.1 (ns a) <-> 192.168.77.2 (ns b), both directions shaped to 1 Gbit/s.
+int tbf_bench(size_t mib) {
+  std::string a = "mnt-bench-" + std::to_string(::getpid()) + "-a", b = "mnt-bench-" + std::to_string(::getpid()) + "-b";
+  bool ok = sh("ip netns add " + a) && sh("ip netns add " + b) &&
+            sh("ip -n " + a + " link add va type veth peer name vb netns " + b) &&
+            sh("ip -n " + a + " addr add 192.168.77.1/24 dev va") && sh("ip -n " + b + " addr add 192.168.77.2/24 dev vb") &&
+            sh("ip -n " + a + " link set va up") && sh("ip -n " + b + " link set vb up") &&
+            sh("ip -n " + a + " link set lo up") && sh("ip -n " + b + " link set lo up") &&
+            sh("ip netns exec " + a + " tc qdisc add dev va root tbf rate 1gbit burst 512kb latency 20ms") &&
+            sh("ip netns exec " + b + " tc qdisc add dev vb root tbf rate 1gbit burst 512kb latency 20ms");
+  struct cleanup {
+    std::string a, b;
+    ~cleanup() {
+      sh("ip netns del " + a);
+      sh("ip netns del " + b);
+    }
+  } guard{a, b};
+  if (!ok) {
+    std::printf("tbf: network namespace set-up failed (needs root, iproute2, tc tbf)\n");
+    return 1;
+  }
+  const double link_mib = 1e9 / 8 / (1 << 20);
+
+  // TCP reference over the same link.
+  double tcp = 0;
+  {
+    int ls = -1;
+    in_netns(b, [&] {
+      ls = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_port = htons(47001);
+      inet_pton(AF_INET, "192.168.77.2", &sa.sin_addr);
+      ::bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+      ::listen(ls, 1);
+    });
+    size_t total = mib << 20;
+    std::thread reader([&] {
+      int s = ::accept(ls, nullptr, nullptr);
+      std::vector<uint8_t> buf(1 << 20);
+      size_t got = 0;
+      while (got < total) {
+        ssize_t n = ::read(s, buf.data(), buf.size());
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      ::close(s);
+    });
+    int c = -1;
+    in_netns(a, [&] { c = ::socket(AF_INET, SOCK_STREAM, 0); });
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(47001);
+    inet_pton(AF_INET, "192.168.77.2", &sa.sin_addr);
+    ::connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    std::vector<uint8_t> buf(1 << 20, 1);
+    auto t0 = clk::now();
+    size_t sent = 0;
+    while (sent < total) {
+      ssize_t n = ::write(c, buf.data(), std::min(buf.size(), total - sent));
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    reader.join();
+    tcp = static_cast<double>(mib) / seconds_since(t0);
+    ::close(c);
+    ::close(ls);
+  }
+
+  waiter wa, wb;
+  std::unique_ptr<endpoint> ea, eb;
+  in_netns(a, [&] {
+    endpoint_config c;
+    c.bind = "192.168.77.1";
+    ea = std::move(*endpoint::start(c, counting(wa)));
+  });
+  in_netns(b, [&] {
+    endpoint_config c;
+    c.bind = "192.168.77.2";
+    eb = std::move(*endpoint::start(c, counting(wb)));
+  });
+  ea->dial(eb->id(), {"192.168.77.2:" + std::to_string(eb->port())});
+  wa.wait([&] { return wa.ups == 1; });
+  wb.wait([&] { return wb.ups == 1; });
+  size_t n = std::max<size_t>(1, mib / 64);
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < n; ++i) payloads.emplace_back(std::min<size_t>(64, mib) << 20, static_cast<uint8_t>(i));
+  auto t0 = clk::now();
+  for (auto& p : payloads) (void)ea->send(eb->id(), channel::bulk, std::move(p));
+  wb.wait([&] { return wb.messages == n; }, std::chrono::seconds(600));
+  double quic = static_cast<double>(n * std::min<size_t>(64, mib)) / seconds_since(t0);
+  std::printf("veth shaped to 1 Gbit/s (tbf, %.1f MiB/s), %zu MiB one way:\n", link_mib, mib);
+  std::printf("  kernel TCP  %6.1f MiB/s  (%.0f%% of the link)\n", tcp, 100 * tcp / link_mib);
+  std::printf("  QUIC        %6.1f MiB/s  (%.0f%% of the link, %.0f%% of TCP)\n", quic, 100 * quic / link_mib,
+              100 * quic / tcp);
+  ea.reset();
+  eb.reset();
+  return 0;
+}
+
+// The full-size check (the ASan test moves 96 MiB): `mib` MiB each way at once, as one
+// message per direction, verified by BLAKE2b on both ends.
+int exchange(size_t mib) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<uint8_t> got_a, got_b;
+  handlers ha, hb;
+  waiter wa, wb;
+  ha = counting(wa, [&](const node_id&, channel, std::vector<uint8_t>& m) {
+    std::lock_guard l(mu);
+    got_a = std::move(m);
+    cv.notify_all();
+  });
+  hb = counting(wb, [&](const node_id&, channel, std::vector<uint8_t>& m) {
+    std::lock_guard l(mu);
+    got_b = std::move(m);
+    cv.notify_all();
+  });
+  auto a = start(std::move(ha)), b = start(std::move(hb));
+  b->dial(a->id(), {addr(*a)});
+  wa.wait([&] { return wa.ups == 1; });
+  wb.wait([&] { return wb.ups == 1; });
+  auto fill = [](size_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1);
+    for (size_t i = 0; i < n; i += 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::memcpy(v.data() + i, &x, std::min<size_t>(8, n - i));
+    }
+    return v;
+  };
+  auto sum = [](const std::vector<uint8_t>& v) {
+    std::array<uint8_t, 32> h{};
+    crypto_generichash(h.data(), h.size(), v.data(), v.size(), nullptr, 0);
+    return h;
+  };
+  auto to_b = fill(mib << 20, 1), to_a = fill(mib << 20, 2);
+  auto sum_b = sum(to_b), sum_a = sum(to_a);
+  auto t0 = clk::now();
+  (void)a->send(b->id(), channel::bulk, std::move(to_b));
+  (void)b->send(a->id(), channel::bulk, std::move(to_a));
+  std::unique_lock l(mu);
+  bool done = cv.wait_for(l, std::chrono::seconds(600), [&] { return !got_a.empty() && !got_b.empty(); });
+  double s = seconds_since(t0);
+  bool ok = done && sum(got_b) == sum_b && sum(got_a) == sum_a;
+  std::printf("exchange %zu MiB each way at once: %.1f s (%.0f MiB/s total), checksums %s\n", mib, s,
+              2.0 * static_cast<double>(mib) / s, ok ? "match" : "DIFFER");
+  l.unlock();
+  a->stop();
+  b->stop();
+  return ok ? 0 : 1;
+}
+
 size_t arg(int argc, char** argv, const char* name, size_t def) {
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::stoul(argv[i + 1]);
@@ -287,6 +481,8 @@ int main(int argc, char** argv) {
   size_t rtts = arg(argc, argv, "--rtt-count", 10000);
   size_t hs = arg(argc, argv, "--handshakes", 200);
   size_t acc = arg(argc, argv, "--accept", 100);
+  if (arg(argc, argv, "--tbf", 0)) return tbf_bench(arg(argc, argv, "--bulk-mib", 256));
+  if (arg(argc, argv, "--exchange", 0)) return exchange(mib);
   if (arg(argc, argv, "--only-rtt", 0)) {
     auto u = udp_rtt(rtts);
     auto qi = quic_rtt_io(rtts);
@@ -298,15 +494,18 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  double tcp = tcp_bulk(mib);
-  double q1 = quic_bulk(mib, 64, 1452);
-  double q1one = quic_bulk(mib, mib, 1452);
-  double qj = quic_bulk(mib, 64, 65000);
-  std::printf("bulk %zu MiB, loopback, one connection:\n", mib);
-  std::printf("  kernel TCP                          %8.0f MiB/s\n", tcp);
-  std::printf("  QUIC 1452 B packets, 64 MiB msgs    %8.0f MiB/s  (%.0f%% of TCP)\n", q1, 100 * q1 / tcp);
-  std::printf("  QUIC 1452 B packets, one %zu MiB msg %8.0f MiB/s  (%.0f%% of TCP)\n", mib, q1one, 100 * q1one / tcp);
-  std::printf("  QUIC 65000 B packets (loopback only) %7.0f MiB/s  (%.0f%% of TCP)\n", qj, 100 * qj / tcp);
+  double tcp = tcp_bulk(mib), tcp_cpu = last_cpu_per_gib;
+  double q1 = quic_bulk(mib, 64, 1452), q1_cpu = last_cpu_per_gib;
+  double q1one = quic_bulk(mib, mib, 1452), q1one_cpu = last_cpu_per_gib;
+  double qj = quic_bulk(mib, 64, 65000), qj_cpu = last_cpu_per_gib;
+  std::printf("bulk %zu MiB, loopback, one connection (CPU = user+system seconds per GiB, both ends):\n", mib);
+  std::printf("  kernel TCP                            %6.0f MiB/s  CPU %.2f s/GiB\n", tcp, tcp_cpu);
+  std::printf("  QUIC 1452 B packets, 64 MiB msgs      %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", q1,
+              100 * q1 / tcp, q1_cpu, q1_cpu / tcp_cpu);
+  std::printf("  QUIC 1452 B packets, one message      %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n",
+              q1one, 100 * q1one / tcp, q1one_cpu, q1one_cpu / tcp_cpu);
+  std::printf("  QUIC 65000 B packets (loopback only)  %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", qj,
+              100 * qj / tcp, qj_cpu, qj_cpu / tcp_cpu);
 
   auto u = udp_rtt(rtts);
   auto q = quic_rtt(rtts);

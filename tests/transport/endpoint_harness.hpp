@@ -17,6 +17,7 @@ struct event_log {
     node_id from;
     channel ch;
     std::vector<uint8_t> bytes;
+    std::chrono::steady_clock::time_point at;  // when the callback ran
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -47,7 +48,7 @@ inline handlers recording_handlers(event_log& log) {
   };
   h.on_message = [&log](const node_id& id, channel ch, std::vector<uint8_t> bytes) {
     std::lock_guard l(log.mu);
-    log.messages.push_back({id, ch, std::move(bytes)});
+    log.messages.push_back({id, ch, std::move(bytes), std::chrono::steady_clock::now()});
     log.cv.notify_all();
   };
   h.on_connect_failed = [&log](const std::optional<node_id>& id, const std::string&, const std::string& why) {
@@ -58,6 +59,7 @@ inline handlers recording_handlers(event_log& log) {
   h.on_log = [&log](const std::string& line) {
     std::lock_guard l(log.mu);
     log.logs.push_back(line);
+    log.cv.notify_all();
   };
   return h;
 }

@@ -127,7 +127,12 @@ TEST_CASE("dialing the wrong node id fails the TLS handshake on both sides", "[t
   b.ep->dial(impostor, {a.address()});
   REQUIRE(b.log.wait([&] { return !b.log.failed.empty(); }));
   CHECK(b.log.failed[0].second.find("expected " + impostor.to_string()) != std::string::npos);
-  REQUIRE(a.log.wait([&] { return !a.log.failed.empty(); }));
+  // The acceptor never saw the dialer's key (the dialer aborted first): it logs the reason.
+  REQUIRE(a.log.wait([&] {
+    for (auto& l : a.log.logs)
+      if (l.find("TLS handshake failed") != std::string::npos) return true;
+    return false;
+  }));
   CHECK(a.log.up.empty());
   CHECK(b.log.up.empty());
 }
@@ -155,6 +160,7 @@ TEST_CASE("1000 small messages arrive in order while a bulk transfer runs", "[tr
     std::memcpy(m.data(), &i, 4);
     REQUIRE(a.ep->send(b.ep->id(), channel::control, std::move(m)));
   }
+  auto all_sent = std::chrono::steady_clock::now();
   REQUIRE(b.log.wait([&] { return b.log.messages.size() == 1001; }, 120s));
   uint32_t expect = 0;
   size_t bulk_position = 0;
@@ -171,8 +177,10 @@ TEST_CASE("1000 small messages arrive in order while a bulk transfer runs", "[tr
     ++expect;
   }
   CHECK(expect == 1000);
-  // Not starved: every control message, queued after the bulk one, overtook it.
-  CHECK(bulk_position == 1000);
+  // Not starved: every control message, queued after the bulk one, overtook it. (Unless this
+  // thread was descheduled so long that the bulk message was complete before the last send:
+  // then there was nothing to overtake.)
+  if (b.log.messages[bulk_position].at > all_sent) CHECK(bulk_position == 1000);
 }
 
 TEST_CASE("large transfers both ways arrive intact", "[transport][endpoint]") {
@@ -226,6 +234,9 @@ TEST_CASE("garbage datagrams do no harm", "[transport][endpoint]") {
     ::sendto(s, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof(to));
   }
   ::close(s);
+  for (int i = 0; i < 100 && a.ep->counters().packets_dropped < 1000; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(a.ep->counters().packets_dropped >= 1000);  // most are dropped before any state exists
+  CHECK(a.ep->counters().connections == 0);
   connect(a, b);  // still accepting and admitting
   REQUIRE(b.ep->send(a.ep->id(), channel::control, {42}));
   REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }));
@@ -292,4 +303,43 @@ TEST_CASE("simultaneous dials leave exactly one connection", "[transport][endpoi
   CHECK(b.log.up.size() == 1);
   CHECK(a.log.down.empty());
   CHECK(b.log.down.empty());
+}
+
+TEST_CASE("a second live node with the same identity is refused", "[transport][endpoint]") {
+  auto shared = identity::generate();
+  endpoint_config c1, c2;
+  c1.id = shared;
+  c2.id = shared;
+  node hub, first(c1), clone(c2);
+  first.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(hub.log.wait([&] { return hub.log.up.size() == 1; }));
+  clone.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(clone.log.wait([&] { return !clone.log.failed.empty() || !clone.log.down.empty(); }));
+  std::string why = !clone.log.failed.empty() ? clone.log.failed[0].second : clone.log.down[0].second;
+  CHECK(why.find("already uses node id") != std::string::npos);
+  // The first one is unaffected.
+  REQUIRE(first.ep->send(hub.ep->id(), channel::control, {8}));
+  REQUIRE(hub.log.wait([&] { return hub.log.messages.size() == 1; }));
+  CHECK(hub.log.up.size() == 1);
+  CHECK(hub.log.down.empty());
+}
+
+TEST_CASE("an oversized frame from a peer closes that connection only", "[transport][endpoint]") {
+  endpoint_config loose;
+  loose.limits.control = 8u << 20;
+  endpoint_config strict;
+  strict.limits.control = 1u << 20;
+  node sender(loose), receiver(strict), bystander;
+  connect(receiver, sender);
+  connect(receiver, bystander);
+  REQUIRE(sender.ep->send(receiver.ep->id(), channel::control, std::vector<uint8_t>(2u << 20, 1)));
+  REQUIRE(receiver.log.wait([&] { return !receiver.log.down.empty(); }));
+  CHECK(receiver.log.down[0].first == sender.ep->id());
+  CHECK(receiver.log.down[0].second.find("limit") != std::string::npos);
+  REQUIRE(sender.log.wait([&] { return !sender.log.down.empty(); }));
+  CHECK(sender.log.down[0].second.find("limit") != std::string::npos);  // the reason reached the peer
+  CHECK(receiver.log.messages.empty());
+  // The receiver still serves its other peers.
+  REQUIRE(bystander.ep->send(receiver.ep->id(), channel::control, {4}));
+  REQUIRE(receiver.log.wait([&] { return receiver.log.messages.size() == 1; }));
 }
