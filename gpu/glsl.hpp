@@ -17,6 +17,9 @@ struct device_caps {
   std::array<uint32_t, 3> max_groups{65535, 65535, 65535};
   bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
   bool storage16 = false;            ///< 16-bit storage buffers (f16/bf16 tensors)
+  /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
+  /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
+  bool unroll_loops = true;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.

@@ -22,6 +22,17 @@
 
 using namespace mesh;
 
+// The static libstdc++ (std::random_device) references glibc 2.36's arc4random; defining it here
+// keeps the binary loadable on a GPU machine with an older glibc (2.35). Nothing here draws on it
+// for security.
+extern "C" uint32_t arc4random(void) {
+  static uint32_t state = 0x9e3779b9u;
+  state ^= state << 13;
+  state ^= state >> 17;
+  state ^= state << 5;
+  return state;
+}
+
 namespace {
 
 int reps = 10;

@@ -83,7 +83,8 @@ TEST_CASE("ops: f16 and bf16 tensors (16-bit storage, f32 compute)") {
 TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
   struct mm_case { int64_t batch, m, k, n; };
   for (auto c : {mm_case{0, 1, 1, 1}, mm_case{0, 3, 5, 7}, mm_case{0, 127, 33, 65}, mm_case{2, 64, 64, 64},
-                 mm_case{3, 17, 1, 9}, mm_case{0, 520, 20, 515}}) {
+                 mm_case{3, 17, 1, 9}, mm_case{0, 520, 20, 515}, mm_case{0, 300, 36, 516}, mm_case{32, 129, 4, 132},
+                 mm_case{32, 129, 3, 129}}) {
     INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
     shape as{c.m, c.k}, bs{c.k, c.n}, cs{c.n};
     if (c.batch) {
@@ -97,7 +98,7 @@ TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
     auto bias = b.parameter("b" + tag, dtype::f32, cs);
     b.output("plain", matmul(x, w));
     b.output("epilogue", relu(matmul(x, w) + bias) * 2.0);
-    b.output("gelu", nn::gelu(matmul(x, w) + bias));
+    if (c.m * c.n * std::max<int64_t>(c.batch, 1) < 100000) b.output("gelu", nn::gelu(matmul(x, w) + bias));
     const graph g = finish(b);
     check(g, {{"x", random_tensor(dtype::f32, as, 9)}},
           {{"w" + tag, random_tensor(dtype::f32, bs, 10)}, {"b" + tag, random_tensor(dtype::f32, cs, 11)}}, 1e-4);
