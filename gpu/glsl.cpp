@@ -569,9 +569,11 @@ std::string loader(emitter& e, const std::string& name, node_id operand) {
   return f;
 }
 
-/// The fast matmul: f32 operands read straight from their buffers as vec4 (k and n multiples of
-/// 4), the next tile prefetched into registers while the current one is multiplied, and a vec4
-/// register tile per thread. Falls back (nullopt) to the generic kernel otherwise.
+/// The fast matmul: f32 operands read straight from their buffers (B as vec4: n a multiple of 4),
+/// tiles stored as vec4 in shared memory (no component writes: those are read-modify-writes of a
+/// whole vec4 on some drivers, racing between threads), the next tile prefetched into registers
+/// while the current one is multiplied, and a vec4 register tile per thread. Falls back (nullopt)
+/// to the generic kernel otherwise.
 std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const kernel& k, const device_caps& caps, bool big) {
   const node& mm = g[k.anchor];
   const node_id a = mm.inputs[0], b = mm.inputs[1];
@@ -580,7 +582,7 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
   const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
   if (!q.materialised[a] || !q.materialised[b] || g[a].type != dtype::f32 || g[b].type != dtype::f32) return std::nullopt;
-  if (kd % 4 != 0 || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
+  if (!caps.fast_gemm || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
   // The operands are bound as vec4 arrays: the epilogue must not read them as scalars.
   std::vector<node_id> epi;
   inline_nodes(g, q, k.root, k.anchor, epi);
@@ -599,11 +601,14 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   const std::string S = std::to_string(bk), M4 = std::to_string(bm / 4), N4 = std::to_string(bn / 4);
   auto load_tile = [&](const std::string& kb) {
     std::string t;
+    // A: four rows of one k per thread (a column of As), consecutive threads along k.
     t += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
-    t += "        uint el = tid + l * 256u, mm = el / " + u(bk / 4) + ", kq = el % " + u(bk / 4) + ", gm = m0 + mm, gk = " + kb +
-         " + kq * 4u;\n";
-    t += "        ga[l] = (gm < " + u(m) + " && gk < " + u(kd) + ") ? b1.v[(bz * " + u(m * kd) + " + gm * " + u(kd) +
-         " + gk) >> 2] : vec4(0.0);\n      }\n";
+    t += "        uint el = tid + l * 256u, kk = el % " + u(bk) + ", mq = el / " + u(bk) + ", gm = m0 + mq * 4u, gk = " + kb +
+         " + kk;\n        vec4 v = vec4(0.0);\n";
+    t += "        if (gk < " + u(kd) + ") {\n          uint base = bz * " + u(m * kd) + " + gm * " + u(kd) + " + gk;\n";
+    for (int r = 0; r < 4; ++r)
+      t += "          if (gm + " + u(r) + " < " + u(m) + ") v[" + std::to_string(r) + "] = b1.v[base + " + u(r * kd) + "];\n";
+    t += "        }\n        ga[l] = v;\n      }\n";
     t += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
     t += "        uint el = tid + l * 256u, kk = el / " + u(bn / 4) + ", nq = el % " + u(bn / 4) + ", gk = " + kb +
          " + kk, gn = n0 + nq * 4u;\n";
@@ -624,9 +629,7 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   src += "    vec4 ga[" + std::to_string(la) + "], gb[" + std::to_string(lb) + "];\n    {\n" + load_tile("0u") + "    }\n";
   src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
   src += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
-  src += "        uint el = tid + l * 256u, mm = el / " + u(bk / 4) + ", kq = el % " + u(bk / 4) + ";\n";
-  src += "        As[kq * 4u + 0u][mm >> 2][mm & 3u] = ga[l].x;\n        As[kq * 4u + 1u][mm >> 2][mm & 3u] = ga[l].y;\n";
-  src += "        As[kq * 4u + 2u][mm >> 2][mm & 3u] = ga[l].z;\n        As[kq * 4u + 3u][mm >> 2][mm & 3u] = ga[l].w;\n      }\n";
+  src += "        uint el = tid + l * 256u;\n        As[el % " + u(bk) + "][el / " + u(bk) + "] = ga[l];\n      }\n";
   src += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
   src += "        uint el = tid + l * 256u;\n        Bs[el / " + u(bn / 4) + "][el % " + u(bn / 4) + "] = gb[l];\n      }\n";
   src += "      barrier();\n";
@@ -652,7 +655,7 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
               groups_for(batch, 1, caps.max_groups[2])};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
-  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false, 1, 3) + prelude + src;
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false, 2, 3) + prelude + src;
   return s;
 }
 

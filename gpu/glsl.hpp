@@ -20,6 +20,9 @@ struct device_caps {
   /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
   /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
   bool unroll_loops = true;
+  /// Use the vec4/prefetching matmul where it applies (env MESH_GEMM=generic turns it off, for
+  /// comparisons).
+  bool fast_gemm = true;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.
