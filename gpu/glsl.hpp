@@ -20,9 +20,9 @@ struct device_caps {
   /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
   /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
   bool unroll_loops = true;
-  /// Use the vec4/prefetching matmul where it applies (env MESH_GEMM=generic turns it off, for
-  /// comparisons).
-  bool fast_gemm = true;
+  /// Use the vec4/prefetching matmul variant where it applies (env MESH_GEMM=vec4). Off by
+  /// default: on the H200 it measured slower than the generic kernel (docs/gpu.md).
+  bool fast_gemm = false;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.

@@ -223,7 +223,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
                              (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
   caps.storage16 = info.fp16;
   caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
-  if (const char* gemm = std::getenv("MESH_GEMM"); gemm && std::strcmp(gemm, "generic") == 0) caps.fast_gemm = false;
+  if (const char* gemm = std::getenv("MESH_GEMM"); gemm && std::strcmp(gemm, "vec4") == 0) caps.fast_gemm = true;
 
   // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
   int dev_type = -1, host_type = -1, host_cached = -1;
