@@ -1,6 +1,6 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
-//   mesh-bench-gpu [--quick] [--zeros] [--reps N]
+//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N]
 //
 // Figures come from GPU timestamps around each kernel (median over N runs). Tensors are
 // parameters resident on the device and results are written back as parameter updates, so no
@@ -38,6 +38,8 @@ namespace {
 
 int reps = 10;
 bool zeros = false;  // --zeros: all-zero tensors, like the CUDA anchor
+bool fresh = false;  // --fresh: every graph in a new executor (nothing allocated before it)
+gpu::vulkan_options options;
 
 struct result {
   double ms = 0;       // median kernel time (sum of the graph's kernels)
@@ -45,7 +47,14 @@ struct result {
 };
 
 /// Runs `g` reps+1 times (the first is a warm-up) and returns the median summed kernel time.
-result time_graph(gpu::executor& ex, const graph& g) {
+result time_graph(gpu::executor& shared_ex, const graph& g, const std::function<void(gpu::executor&)>& after = {}) {
+  std::unique_ptr<gpu::executor> own;
+  if (fresh) {
+    auto e = gpu::make_vulkan_executor(options);
+    if (!e) std::exit(1);
+    own = std::move(*e);
+  }
+  gpu::executor& ex = fresh ? *own : shared_ex;
   tensor_map params;
   for (const auto& n : g.nodes)
     if (n.op == op_kind::parameter) {
@@ -80,6 +89,7 @@ result time_graph(gpu::executor& ex, const graph& g) {
   }
   std::sort(times.begin(), times.end());
   r.ms = times[times.size() / 2];
+  if (after) after(ex);
   return r;
 }
 
@@ -145,11 +155,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
+    else if (!std::strcmp(argv[i], "--fresh")) fresh = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
-  gpu::vulkan_options o;
+  gpu::vulkan_options& o = options;
   o.cache_dir = cache;
   o.block_bytes = 256ull << 20;
 
@@ -233,8 +244,10 @@ int main(int argc, char** argv) {
       auto w = b.parameter(p + "b", t, {s, s});
       b.update(b.parameter(p + "c", t, {s, s}), matmul(a, w));
       const std::string what = t == dtype::f32 ? "matmul fp32 (tiled, registers)" : "matmul f16 storage, f32 math";
-      row(what.c_str(), std::to_string(s) + "^3", time_graph(ex, finish(b)), 2.0 * s * s * s, "GFLOP/s");
-      std::printf("|   checked: max sampled error %.1e %s\n", verify_matmul(ex, p, s), "(relative to sum |a*b|)");
+      double err = 0;
+      const result r = time_graph(ex, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
+      row(what.c_str(), std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
+      std::printf("|   checked: max sampled error %.1e (relative to sum |a*b|)\n", err);
     }
   {
     builder b;
@@ -250,18 +263,20 @@ int main(int argc, char** argv) {
   {
     // The same matmuls with the vec4 + prefetch variant, for comparison.
     setenv("MESH_GEMM", "vec4", 1);
-    auto generic = gpu::make_vulkan_executor(o);
-    unsetenv("MESH_GEMM");
-    if (generic)
+    auto variant = gpu::make_vulkan_executor(o);
+    if (variant)
       for (auto s : sizes) {
         builder b;
-        const std::string p = "gen" + std::to_string(s) + ".";
+        const std::string p = "v4_" + std::to_string(s) + ".";
         auto a = b.parameter(p + "a", dtype::f32, {s, s});
         auto w = b.parameter(p + "b", dtype::f32, {s, s});
         b.update(b.parameter(p + "c", dtype::f32, {s, s}), matmul(a, w));
-        row("matmul fp32, vec4+prefetch variant", std::to_string(s) + "^3", time_graph(**generic, finish(b)), 2.0 * s * s * s, "GFLOP/s");
-        std::printf("|   checked: max sampled error %.1e\n", verify_matmul(**generic, p, s));
+        double err = 0;
+        const result r = time_graph(**variant, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
+        row("matmul fp32, vec4+prefetch variant", std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
+        std::printf("|   checked: max sampled error %.1e\n", err);
       }
+    unsetenv("MESH_GEMM");
   }
 
   std::printf("\ncompile latency (transformer block forward, %llu kernels compiled cold):\n",
