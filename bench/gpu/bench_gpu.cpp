@@ -2,7 +2,8 @@
 //
 //   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N]
 //
-// Figures come from GPU timestamps around each kernel (median over N runs). Tensors are
+// Figures come from GPU timestamps around each kernel (median over N runs, after 300 ms of
+// warm-up runs). Tensors are
 // parameters resident on the device and results are written back as parameter updates, so no
 // host transfer is timed. --quick uses small sizes (for lavapipe, which is CPU emulation).
 // Run it next to shared/anchors/cuda_anchor.cu on the same GPU for the reference column.
@@ -75,6 +76,11 @@ result time_graph(gpu::executor& shared_ex, const graph& g, const std::function<
   }
   std::vector<double> times;
   result r;
+  // Warm-up for 300 ms of runs: a GPU left idle (while the host checks results or compiles)
+  // drops its clocks and needs a moment under load to raise them again.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  while (std::chrono::steady_clock::now() < warm_until)
+    if (!ex.run(*id, {})) break;
   for (int i = 0; i <= reps; ++i) {
     auto out = ex.run(*id, {});
     if (!out) {
