@@ -122,7 +122,7 @@ double verify_matmul(gpu::executor& ex, const std::string& p, int64_t s) {
 }
 
 void row(const char* what, const std::string& size, const result& r, double amount, const char* unit) {
-  std::printf("| %-34s | %-14s | %7d | %9.3f | %10.0f %s |\n", what, size.c_str(), r.kernels, r.ms, amount / r.ms / 1e6, unit);
+  std::printf("| %-36s | %-14s | %7d | %9.3f | %10.1f %s |\n", what, size.c_str(), r.kernels, r.ms, amount / r.ms / 1e6, unit);
 }
 
 graph finish(builder& b) {
@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
   std::printf("device: %s (%s), subgroup %u, shared memory %u B, 16-bit storage %s, NV coopmat %s%s\n\n", info.name.c_str(),
               info.kind.c_str(), info.subgroup_size, info.shared_memory_bytes, info.fp16 ? "yes" : "no",
               info.coopmat ? "offered" : "no", info.kind == "cpu" ? "  [CPU EMULATION: not GPU figures]" : "");
-  std::printf("| %-34s | %-14s | %7s | %9s | %15s |\n", "kernel", "size", "kernels", "ms", "throughput");
-  std::printf("|%s|%s|%s|%s|%s|\n", std::string(36, '-').c_str(), std::string(16, '-').c_str(), std::string(9, '-').c_str(),
+  std::printf("| %-36s | %-14s | %7s | %9s | %15s |\n", "kernel", "size", "kernels", "ms", "throughput");
+  std::printf("|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(11, '-').c_str(), std::string(17, '-').c_str());
 
   const int64_t n = quick ? (1 << 20) : (16 << 20);
