@@ -50,7 +50,8 @@ class memory_pool {
     const uint64_t align = size >= (1u << 20) ? (2u << 20) : 0;
     auto r = alloc_.allocate(size, align);
     if (!r) {
-      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + (2u << 20) - 1) & ~uint64_t{(2u << 20) - 1});
+      const uint64_t granule = align ? align : 256;
+      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + granule - 1) & ~(granule - 1));
       if (auto ok = add_block(want); !ok) return tl::unexpected(ok.error());
       r = alloc_.allocate(size, align);
       if (!r) return make_error(error_code::internal, "allocator: new block has no room");
