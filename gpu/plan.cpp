@@ -81,7 +81,7 @@ plan lower(const graph& g) {
       reindexed = reindexed || reindexes(g[u].op);
     }
     if (cheap[id]) continue;
-    const bool recompute = is_elementwise(g[id].op) && cost[id] <= max_recompute_cost &&
+    const bool recompute = (is_elementwise(g[id].op) || reindexes(g[id].op)) && cost[id] <= max_recompute_cost &&
                            roots[id].size() <= max_recompute_kernels;
     if ((roots[id].size() > 1 && !recompute) || heavy_user || (reindexed && users[id].size() > 1))
       p.materialised[id] = true;

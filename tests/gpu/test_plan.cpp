@@ -135,3 +135,15 @@ TEST_CASE("lowering: a large subexpression two kernels need is materialised once
   CHECK(p.materialised[t.id()]);
   CHECK(p.kernels.size() == 3);
 }
+
+TEST_CASE("lowering: layer norm is 3 kernels (mean, variance, normalise)") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 16});
+  auto gamma = b.parameter("g", dtype::f32, {16});
+  auto beta = b.parameter("b", dtype::f32, {16});
+  b.output("y", nn::layer_norm(x, gamma, beta));
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  CHECK(p.kernels.size() == 3);
+}
