@@ -377,16 +377,19 @@ bool vectorisable(const graph& g, const plan& p, node_id root) {
   return true;
 }
 
+/// One storage buffer: binding b holds node `id`; binding 0 is the one written.
+std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4) {
+  const dtype t = g[id].type;
+  std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
+  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+         std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
+}
+
 std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
                          size_t vec4_from = SIZE_MAX, size_t vec4_to = 0) {
   std::string s;
-  for (size_t b = 0; b < bindings.size(); ++b) {
-    const dtype t = g[bindings[b]].type;
-    const bool vec4 = all_vec4 || (b >= vec4_from && b < vec4_to);
-    std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
-    s += "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
-         std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
-  }
+  for (size_t b = 0; b < bindings.size(); ++b)
+    s += buffer_decl(g, bindings[b], b, all_vec4 || (b >= vec4_from && b < vec4_to));
   return s;
 }
 
@@ -659,6 +662,87 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   return s;
 }
 
+/// f16 matmul on tensor cores through GL_NV_cooperative_matrix: 64x64 block tiles staged in
+/// shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
+/// f32 accumulation, then the accumulators go through shared memory so the epilogue runs per
+/// element like everywhere else. nullopt when it does not apply.
+std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  const node& mm = g[k.anchor];
+  const node_id a = mm.inputs[0], b = mm.inputs[1];
+  const shape& ad = g[a].dims;
+  const size_t rank = ad.size();
+  const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
+  const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
+  if (!caps.coopmat_f16 || !q.materialised[a] || !q.materialised[b] || a == b) return std::nullopt;
+  if (g[a].type != dtype::f16 || g[b].type != dtype::f16 || kd % 2 != 0 || n % 2 != 0 || kd == 0 || batch == 0)
+    return std::nullopt;
+  std::vector<node_id> epi;
+  inline_nodes(g, q, k.root, k.anchor, epi);
+  if (std::count(epi.begin(), epi.end(), a) || std::count(epi.begin(), epi.end(), b)) return std::nullopt;
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  e.bind(a);
+  e.bind(b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[li]"); });
+  const std::string frag16 = "fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>", frag32 = "fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>";
+  std::string decl;
+  for (size_t i = 0; i < e.bindings.size(); ++i)
+    decl += i == 1 || i == 2 ? "layout(std430, binding = " + std::to_string(i) + ") readonly restrict buffer B" +
+                                   std::to_string(i) + " { f16vec2 v[]; } b" + std::to_string(i) + ";\n"
+                             : buffer_decl(g, e.bindings[i], i, false);
+  std::string src;
+  src += "shared float16_t As[64 * 40];\nshared float16_t Bs[32 * 72];\nshared float Cs[64 * 64];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = gl_SubgroupID, wm = warp / 2u, wn = warp % 2u;\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + 63) / 64) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + 63) / 64) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * 64u, n0 = bx * 64u;\n";
+  src += "    " + frag32 + " acc[2][2];\n";
+  src += "    [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j) acc[i][j] = " + frag32 + "(0.0);\n";
+  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += 32u) {\n";
+  src += "      [[unroll]] for (uint l = 0u; l < 8u; ++l) {\n";
+  src += "        uint el = tid + l * 128u, r = el / 16u, c = el % 16u, gm = m0 + r, gk = k0 + c * 2u;\n";
+  src += "        f16vec2 v = (gm < " + u(m) + " && gk < " + u(kd) + ") ? b1.v[(bz * " + u(m * kd) + " + gm * " + u(kd) +
+         " + gk) >> 1] : f16vec2(0.0);\n";
+  src += "        As[r * 40u + c * 2u] = v.x;\n        As[r * 40u + c * 2u + 1u] = v.y;\n      }\n";
+  src += "      [[unroll]] for (uint l = 0u; l < 8u; ++l) {\n";
+  src += "        uint el = tid + l * 128u, r = el / 32u, c = el % 32u, gk = k0 + r, gn = n0 + c * 2u;\n";
+  src += "        f16vec2 v = (gk < " + u(kd) + " && gn < " + u(n) + ") ? b2.v[(bz * " + u(kd * n) + " + gk * " + u(n) +
+         " + gn) >> 1] : f16vec2(0.0);\n";
+  src += "        Bs[r * 72u + c * 2u] = v.x;\n        Bs[r * 72u + c * 2u + 1u] = v.y;\n      }\n";
+  src += "      barrier();\n";
+  src += "      [[unroll]] for (uint kk = 0u; kk < 32u; kk += 16u) {\n";
+  src += "        " + frag16 + " fa[2];\n        " + frag16 + " fb[2];\n";
+  src += "        [[unroll]] for (uint i = 0u; i < 2u; ++i) coopMatLoadNV(fa[i], As, (wm * 32u + i * 16u) * 40u + kk, 40u, false);\n";
+  src += "        [[unroll]] for (uint j = 0u; j < 2u; ++j) coopMatLoadNV(fb[j], Bs, kk * 72u + wn * 32u + j * 16u, 72u, false);\n";
+  src += "        [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);\n";
+  src += "      }\n      barrier();\n    }\n";
+  src += "    [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j)\n";
+  src += "      coopMatStoreNV(acc[i][j], Cs, (wm * 32u + i * 16u) * 64u + wn * 32u + j * 16u, 64u, false);\n";
+  src += "    barrier();\n";
+  src += "    for (uint li = tid; li < 4096u; li += 128u) {\n";
+  src += "      uint gm = m0 + li / 64u, gn = n0 + li % 64u;\n";
+  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
+  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
+  src += store + "    }\n    barrier();\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mmcoop_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, 64, caps.max_groups[0]), groups_for(m, 64, caps.max_groups[1]), groups_for(batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  std::string head = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
+                     "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+                     "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
+                     "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
+                     "layout(local_size_x = 128) in;\n";
+  s.glsl = head + decl + prelude + src;
+  return s;
+}
+
 kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& mm = g[k.anchor];
@@ -670,6 +754,7 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   // Big tiles only when there are enough of them to fill the device; both fit in 16 KiB of
   // shared memory.
   const bool big = ((m + 127) / 128) * ((n + 127) / 128) * batch >= 128 && caps.shared_memory_bytes >= 16384;
+  if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
   if (auto fast = matmul_vec4(g, q, k, caps, big)) return *fast;
   const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
   const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";

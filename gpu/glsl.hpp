@@ -23,6 +23,9 @@ struct device_caps {
   /// Use the vec4/prefetching matmul variant where it applies (env MESH_GEMM=vec4). Off by
   /// default: on the H200 it measured slower than the generic kernel (docs/gpu.md).
   bool fast_gemm = false;
+  /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
+  /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
+  bool coopmat_f16 = false;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.

@@ -45,6 +45,7 @@ gpu::vulkan_options options;
 struct result {
   double ms = 0;       // median kernel time (sum of the graph's kernels)
   int kernels = 0;
+  std::string variant;  // the first kernel's variant and root node
 };
 
 /// Runs `g` reps+1 times (the first is a warm-up) and returns the median summed kernel time.
@@ -91,6 +92,7 @@ result time_graph(gpu::executor& shared_ex, const graph& g, const std::function<
     double ms = 0;
     for (const auto& k : s.kernels) ms += k.last_ms;
     r.kernels = static_cast<int>(s.kernels.size());
+    if (!s.kernels.empty()) r.variant = s.kernels[0].name;
     if (i > 0) times.push_back(ms);
   }
   std::sort(times.begin(), times.end());
@@ -122,7 +124,8 @@ double verify_matmul(gpu::executor& ex, const std::string& p, int64_t s) {
 }
 
 void row(const char* what, const std::string& size, const result& r, double amount, const char* unit) {
-  std::printf("| %-36s | %-14s | %7d | %9.3f | %10.1f %s |\n", what, size.c_str(), r.kernels, r.ms, amount / r.ms / 1e6, unit);
+  std::printf("| %-36s | %-14s | %-12s | %7d | %9.3f | %10.1f %s |\n", what, size.c_str(), r.variant.c_str(), r.kernels, r.ms,
+              amount / r.ms / 1e6, unit);
 }
 
 graph finish(builder& b) {
@@ -209,9 +212,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s (%s), subgroup %u, shared memory %u B, 16-bit storage %s, NV coopmat %s%s\n\n", info.name.c_str(),
               info.kind.c_str(), info.subgroup_size, info.shared_memory_bytes, info.fp16 ? "yes" : "no",
               info.coopmat ? "offered" : "no", info.kind == "cpu" ? "  [CPU EMULATION: not GPU figures]" : "");
-  std::printf("| %-36s | %-14s | %7s | %9s | %15s |\n", "kernel", "size", "kernels", "ms", "throughput");
-  std::printf("|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(9, '-').c_str(),
-              std::string(11, '-').c_str(), std::string(17, '-').c_str());
+  std::printf("| %-36s | %-14s | %-12s | %7s | %9s | %15s |\n", "kernel", "size", "first kernel", "kernels", "ms", "throughput");
+  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(11, '-').c_str(), std::string(17, '-').c_str());
 
   const int64_t n = quick ? (1 << 20) : (16 << 20);
   int tag = 0;
@@ -249,7 +252,7 @@ int main(int argc, char** argv) {
       auto a = b.parameter(p + "a", t, {s, s});
       auto w = b.parameter(p + "b", t, {s, s});
       b.update(b.parameter(p + "c", t, {s, s}), matmul(a, w));
-      const std::string what = t == dtype::f32 ? "matmul fp32 (tiled, registers)" : "matmul f16 storage, f32 math";
+      const std::string what = t == dtype::f32 ? "matmul fp32 (tiled, registers)" : "matmul f16 (coopmat if offered)";
       double err = 0;
       const result r = time_graph(ex, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
       row(what.c_str(), std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
@@ -283,6 +286,24 @@ int main(int argc, char** argv) {
         std::printf("|   checked: max sampled error %.1e\n", err);
       }
     unsetenv("MESH_GEMM");
+  }
+  {
+    // f16 without tensor cores (16-bit storage, f32 math), for comparison.
+    setenv("MESH_COOPMAT", "0", 1);
+    auto variant = gpu::make_vulkan_executor(o);
+    if (variant)
+      for (auto s : sizes) {
+        builder b;
+        const std::string p = "nocoop" + std::to_string(s) + ".";
+        auto a = b.parameter(p + "a", dtype::f16, {s, s});
+        auto w = b.parameter(p + "b", dtype::f16, {s, s});
+        b.update(b.parameter(p + "c", dtype::f16, {s, s}), matmul(a, w));
+        double err = 0;
+        const result r = time_graph(**variant, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
+        row("matmul f16, no coopmat (f32 math)", std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
+        std::printf("|   checked: max sampled error %.1e\n", err);
+      }
+    unsetenv("MESH_COOPMAT");
   }
 
   std::printf("\ncompile latency (transformer block forward, %llu kernels compiled cold):\n",
