@@ -4,15 +4,18 @@
 
 namespace mesh::gpu {
 
-std::optional<block_allocator::range> block_allocator::allocate(uint64_t size) {
+std::optional<block_allocator::range> block_allocator::allocate(uint64_t size, uint64_t align) {
   const uint64_t need = round_up(std::max<uint64_t>(size, 1));
+  align = std::max(align, alignment_);
   for (uint32_t b = 0; b < blocks_.size(); ++b) {
     auto& fl = blocks_[b].free;
     for (auto it = fl.begin(); it != fl.end(); ++it) {
-      if (it->second < need) continue;
-      const uint64_t off = it->first, left = it->second - need;
+      const uint64_t start = it->first, len = it->second;
+      const uint64_t off = (start + align - 1) & ~(align - 1);
+      if (off - start + need > len) continue;
       fl.erase(it);
-      if (left) fl[off + need] = left;
+      if (off > start) fl[start] = off - start;  // the padding stays free
+      if (off + need < start + len) fl[off + need] = start + len - off - need;
       used_ += need;
       return range{b, off, need};
     }

@@ -24,7 +24,8 @@ class block_allocator {
   explicit block_allocator(uint64_t alignment) : alignment_(alignment) {}
 
   /// First fit over the existing blocks; nullopt when none has room (then add_block() and retry).
-  std::optional<range> allocate(uint64_t size);
+  /// `align` (a power of 2, at least the allocator's) raises the offset alignment of this range.
+  std::optional<range> allocate(uint64_t size, uint64_t align = 0);
   /// Adds an empty block of `size` bytes; returns its index.
   uint32_t add_block(uint64_t size);
   /// Returns a range (coalescing with free neighbours).

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 namespace mesh::gpu {
 namespace {
@@ -376,14 +377,19 @@ bool vectorisable(const graph& g, const plan& p, node_id root) {
   return true;
 }
 
-std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool vec4) {
-  std::string s;
-  for (size_t b = 0; b < bindings.size(); ++b) {
-    const dtype t = g[bindings[b]].type;
-    std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
-    s += "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+/// One storage buffer: binding b holds node `id`; binding 0 is the one written.
+std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4) {
+  const dtype t = g[id].type;
+  std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
+  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
          std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
-  }
+}
+
+std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
+                         size_t vec4_from = SIZE_MAX, size_t vec4_to = 0) {
+  std::string s;
+  for (size_t b = 0; b < bindings.size(); ++b)
+    s += buffer_decl(g, bindings[b], b, all_vec4 || (b >= vec4_from && b < vec4_to));
   return s;
 }
 
@@ -393,6 +399,7 @@ std::string header(const graph& g, const std::vector<node_id>& bindings, bool su
   for (auto id : bindings) has16 = has16 || g[id].type == dtype::f16 || g[id].type == dtype::bf16;
   if (has16) s += "#extension GL_EXT_shader_16bit_storage : require\n";
   if (subgroups) s += "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_arithmetic : require\n";
+  s += "#extension GL_EXT_control_flow_attributes : require\n";
   s += "layout(local_size_x = " + std::to_string(local_size) + ") in;\n";
   return s;
 }
@@ -565,6 +572,177 @@ std::string loader(emitter& e, const std::string& name, node_id operand) {
   return f;
 }
 
+/// The fast matmul: f32 operands read straight from their buffers (B as vec4: n a multiple of 4),
+/// tiles stored as vec4 in shared memory (no component writes: those are read-modify-writes of a
+/// whole vec4 on some drivers, racing between threads), the next tile prefetched into registers
+/// while the current one is multiplied, and a vec4 register tile per thread. Falls back (nullopt)
+/// to the generic kernel otherwise.
+std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const kernel& k, const device_caps& caps, bool big) {
+  const node& mm = g[k.anchor];
+  const node_id a = mm.inputs[0], b = mm.inputs[1];
+  const shape& ad = g[a].dims;
+  const size_t rank = ad.size();
+  const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
+  const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
+  if (!q.materialised[a] || !q.materialised[b] || g[a].type != dtype::f32 || g[b].type != dtype::f32) return std::nullopt;
+  if (!caps.fast_gemm || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
+  // The operands are bound as vec4 arrays: the epilogue must not read them as scalars.
+  std::vector<node_id> epi;
+  inline_nodes(g, q, k.root, k.anchor, epi);
+  if (std::count(epi.begin(), epi.end(), a) || std::count(epi.begin(), epi.end(), b)) return std::nullopt;
+  if (a == b) return std::nullopt;
+
+  const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
+  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
+  const int64_t tx = bn / tn, la = bm * bk / 4 / 256, lb = bk * bn / 4 / 256;
+  emitter e(g, q, false);
+  e.bind(k.root);
+  e.bind(a);
+  e.bind(b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][jj][c]"); });
+  const std::string S = std::to_string(bk), M4 = std::to_string(bm / 4), N4 = std::to_string(bn / 4);
+  auto load_tile = [&](const std::string& kb) {
+    std::string t;
+    // A: four rows of one k per thread (a column of As), consecutive threads along k.
+    t += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
+    t += "        uint el = tid + l * 256u, kk = el % " + u(bk) + ", mq = el / " + u(bk) + ", gm = m0 + mq * 4u, gk = " + kb +
+         " + kk;\n        vec4 v = vec4(0.0);\n";
+    t += "        if (gk < " + u(kd) + ") {\n          uint base = bz * " + u(m * kd) + " + gm * " + u(kd) + " + gk;\n";
+    for (int r = 0; r < 4; ++r)
+      t += "          if (gm + " + u(r) + " < " + u(m) + ") v[" + std::to_string(r) + "] = b1.v[base + " + u(r * kd) + "];\n";
+    t += "        }\n        ga[l] = v;\n      }\n";
+    t += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
+    t += "        uint el = tid + l * 256u, kk = el / " + u(bn / 4) + ", nq = el % " + u(bn / 4) + ", gk = " + kb +
+         " + kk, gn = n0 + nq * 4u;\n";
+    t += "        gb[l] = (gk < " + u(kd) + " && gn < " + u(n) + ") ? b2.v[(bz * " + u(kd * n) + " + gk * " + u(n) +
+         " + gn) >> 2] : vec4(0.0);\n      }\n";
+    return t;
+  };
+  std::string src;
+  src += "shared vec4 As[" + S + "][" + M4 + "];\nshared vec4 Bs[" + S + "][" + N4 + "];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, tx = tid % " + u(tx) + ", ty = tid / " + u(tx) + ";\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += "    vec4 acc[" + std::to_string(tm) + "][" + std::to_string(tn / 4) + "];\n";
+  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
+         "; ++jj) acc[i][jj] = vec4(0.0);\n";
+  src += "    vec4 ga[" + std::to_string(la) + "], gb[" + std::to_string(lb) + "];\n    {\n" + load_tile("0u") + "    }\n";
+  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
+  src += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
+  src += "        uint el = tid + l * 256u;\n        As[el % " + u(bk) + "][el / " + u(bk) + "] = ga[l];\n      }\n";
+  src += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
+  src += "        uint el = tid + l * 256u;\n        Bs[el / " + u(bn / 4) + "][el % " + u(bn / 4) + "] = gb[l];\n      }\n";
+  src += "      barrier();\n";
+  src += "      if (k0 + " + u(bk) + " < " + u(kd) + ") {\n        const uint kn = k0 + " + u(bk) + ";\n" + load_tile("kn") + "      }\n";
+  src += "      " + unroll + "for (uint kk = 0u; kk < " + u(bk) + "; ++kk) {\n";
+  src += "        vec4 ra[" + std::to_string(tm / 4) + "], rb[" + std::to_string(tn / 4) + "];\n";
+  src += "        " + unroll + "for (uint r = 0u; r < " + u(tm / 4) + "; ++r) ra[r] = As[kk][ty * " + u(tm / 4) + " + r];\n";
+  src += "        " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) + "; ++jj) rb[jj] = Bs[kk][tx + jj * " + u(tx) + "];\n";
+  src += "        " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
+         "; ++jj) acc[i][jj] = fma(vec4(ra[i >> 2][i & 3u]), rb[jj], acc[i][jj]);\n";
+  src += "      }\n      barrier();\n    }\n";
+  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
+         "; ++jj) " + unroll + "for (uint c = 0u; c < 4u; ++c) {\n";
+  src += "      uint gm = m0 + ty * " + u(tm) + " + i, gn = n0 + (tx + jj * " + u(tx) + ") * 4u + c;\n";
+  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
+  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
+  src += store + "    }\n  }\n}\n";
+
+  kernel_source s;
+  s.name = std::string(big ? "mm128v_" : "mm64v_") + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
+              groups_for(batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false, 2, 3) + prelude + src;
+  return s;
+}
+
+/// f16 matmul on tensor cores through GL_NV_cooperative_matrix: 64x64 block tiles staged in
+/// shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
+/// f32 accumulation, then the accumulators go through shared memory so the epilogue runs per
+/// element like everywhere else. nullopt when it does not apply.
+std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  const node& mm = g[k.anchor];
+  const node_id a = mm.inputs[0], b = mm.inputs[1];
+  const shape& ad = g[a].dims;
+  const size_t rank = ad.size();
+  const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
+  const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
+  if (!caps.coopmat_f16 || !q.materialised[a] || !q.materialised[b] || a == b) return std::nullopt;
+  if (g[a].type != dtype::f16 || g[b].type != dtype::f16 || kd % 2 != 0 || n % 2 != 0 || kd == 0 || batch == 0)
+    return std::nullopt;
+  std::vector<node_id> epi;
+  inline_nodes(g, q, k.root, k.anchor, epi);
+  if (std::count(epi.begin(), epi.end(), a) || std::count(epi.begin(), epi.end(), b)) return std::nullopt;
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  e.bind(a);
+  e.bind(b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[li]"); });
+  const std::string frag16 = "fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>", frag32 = "fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>";
+  std::string decl;
+  for (size_t i = 0; i < e.bindings.size(); ++i)
+    decl += i == 1 || i == 2 ? "layout(std430, binding = " + std::to_string(i) + ") readonly restrict buffer B" +
+                                   std::to_string(i) + " { f16vec2 v[]; } b" + std::to_string(i) + ";\n"
+                             : buffer_decl(g, e.bindings[i], i, false);
+  std::string src;
+  src += "shared float16_t As[64 * 40];\nshared float16_t Bs[32 * 72];\nshared float Cs[64 * 64];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = gl_SubgroupID, wm = warp / 2u, wn = warp % 2u;\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + 63) / 64) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + 63) / 64) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * 64u, n0 = bx * 64u;\n";
+  src += "    " + frag32 + " acc[2][2];\n";
+  src += "    [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j) acc[i][j] = " + frag32 + "(0.0);\n";
+  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += 32u) {\n";
+  src += "      [[unroll]] for (uint l = 0u; l < 8u; ++l) {\n";
+  src += "        uint el = tid + l * 128u, r = el / 16u, c = el % 16u, gm = m0 + r, gk = k0 + c * 2u;\n";
+  src += "        f16vec2 v = (gm < " + u(m) + " && gk < " + u(kd) + ") ? b1.v[(bz * " + u(m * kd) + " + gm * " + u(kd) +
+         " + gk) >> 1] : f16vec2(0.0);\n";
+  src += "        As[r * 40u + c * 2u] = v.x;\n        As[r * 40u + c * 2u + 1u] = v.y;\n      }\n";
+  src += "      [[unroll]] for (uint l = 0u; l < 8u; ++l) {\n";
+  src += "        uint el = tid + l * 128u, r = el / 32u, c = el % 32u, gk = k0 + r, gn = n0 + c * 2u;\n";
+  src += "        f16vec2 v = (gk < " + u(kd) + " && gn < " + u(n) + ") ? b2.v[(bz * " + u(kd * n) + " + gk * " + u(n) +
+         " + gn) >> 1] : f16vec2(0.0);\n";
+  src += "        Bs[r * 72u + c * 2u] = v.x;\n        Bs[r * 72u + c * 2u + 1u] = v.y;\n      }\n";
+  src += "      barrier();\n";
+  src += "      [[unroll]] for (uint kk = 0u; kk < 32u; kk += 16u) {\n";
+  src += "        " + frag16 + " fa[2];\n        " + frag16 + " fb[2];\n";
+  src += "        [[unroll]] for (uint i = 0u; i < 2u; ++i) coopMatLoadNV(fa[i], As, (wm * 32u + i * 16u) * 40u + kk, 40u, false);\n";
+  src += "        [[unroll]] for (uint j = 0u; j < 2u; ++j) coopMatLoadNV(fb[j], Bs, kk * 72u + wn * 32u + j * 16u, 72u, false);\n";
+  src += "        [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);\n";
+  src += "      }\n      barrier();\n    }\n";
+  src += "    [[unroll]] for (uint i = 0u; i < 2u; ++i) [[unroll]] for (uint j = 0u; j < 2u; ++j)\n";
+  src += "      coopMatStoreNV(acc[i][j], Cs, (wm * 32u + i * 16u) * 64u + wn * 32u + j * 16u, 64u, false);\n";
+  src += "    barrier();\n";
+  src += "    for (uint li = tid; li < 4096u; li += 128u) {\n";
+  src += "      uint gm = m0 + li / 64u, gn = n0 + li % 64u;\n";
+  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
+  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
+  src += store + "    }\n    barrier();\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mmcoop_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, 64, caps.max_groups[0]), groups_for(m, 64, caps.max_groups[1]), groups_for(batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  std::string head = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
+                     "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+                     "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
+                     "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
+                     "layout(local_size_x = 128) in;\n";
+  s.glsl = head + decl + prelude + src;
+  return s;
+}
+
 kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& mm = g[k.anchor];
@@ -573,9 +751,13 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   const size_t rank = ad.size();
   const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
   const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
-  // Big tiles only when the problem fills them; both fit in 16 KiB of shared memory.
-  const bool big = m >= 512 && n >= 512 && caps.shared_memory_bytes >= 16384;
+  // Big tiles only when there are enough of them to fill the device; both fit in 16 KiB of
+  // shared memory.
+  const bool big = ((m + 127) / 128) * ((n + 127) / 128) * batch >= 128 && caps.shared_memory_bytes >= 16384;
+  if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
+  if (auto fast = matmul_vec4(g, q, k, caps, big)) return *fast;
   const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
+  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
   const int64_t tx = bn / tn;
 
   emitter e(g, q, false);
@@ -594,24 +776,24 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
   src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
   src += "    float acc[" + std::to_string(tm) + "][" + std::to_string(tn) + "];\n";
-  src += "    for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = 0.0;\n";
+  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = 0.0;\n";
   src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
-  src += "      for (uint l = 0u; l < " + u(bm * bk / 256) + "; ++l) {\n";
+  src += "      " + unroll + "for (uint l = 0u; l < " + u(bm * bk / 256) + "; ++l) {\n";
   src += "        uint el = tid + l * 256u, kk = el % " + u(bk) + ", mm = el / " + u(bk) + ", gm = m0 + mm, gk = k0 + kk;\n";
   src += "        As[kk][mm] = (gm < " + u(m) + " && gk < " + u(kd) + ") ? load_a(bz * " + u(m * kd) + " + gm * " + u(kd) +
          " + gk) : 0.0;\n      }\n";
-  src += "      for (uint l = 0u; l < " + u(bn * bk / 256) + "; ++l) {\n";
+  src += "      " + unroll + "for (uint l = 0u; l < " + u(bn * bk / 256) + "; ++l) {\n";
   src += "        uint el = tid + l * 256u, nn = el % " + u(bn) + ", kk = el / " + u(bn) + ", gn = n0 + nn, gk = k0 + kk;\n";
   src += "        Bs[kk][nn] = (gn < " + u(n) + " && gk < " + u(kd) + ") ? load_b(bz * " + u(kd * n) + " + gk * " + u(n) +
          " + gn) : 0.0;\n      }\n";
   src += "      barrier();\n";
-  src += "      for (uint kk = 0u; kk < " + u(bk) + "; ++kk) {\n";
+  src += "      " + unroll + "for (uint kk = 0u; kk < " + u(bk) + "; ++kk) {\n";
   src += "        float ra[" + std::to_string(tm) + "], rb[" + std::to_string(tn) + "];\n";
-  src += "        for (uint i = 0u; i < " + u(tm) + "; ++i) ra[i] = As[kk][ty * " + u(tm) + " + i];\n";
-  src += "        for (uint j = 0u; j < " + u(tn) + "; ++j) rb[j] = Bs[kk][tx + j * " + u(tx) + "];\n";
-  src += "        for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = fma(ra[i], rb[j], acc[i][j]);\n";
+  src += "        " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) ra[i] = As[kk][ty * " + u(tm) + " + i];\n";
+  src += "        " + unroll + "for (uint j = 0u; j < " + u(tn) + "; ++j) rb[j] = Bs[kk][tx + j * " + u(tx) + "];\n";
+  src += "        " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint j = 0u; j < " + u(tn) + "; ++j) acc[i][j] = fma(ra[i], rb[j], acc[i][j]);\n";
   src += "      }\n      barrier();\n    }\n";
-  src += "    for (uint i = 0u; i < " + u(tm) + "; ++i) for (uint j = 0u; j < " + u(tn) + "; ++j) {\n";
+  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint j = 0u; j < " + u(tn) + "; ++j) {\n";
   src += "      uint gm = m0 + ty * " + u(tm) + " + i, gn = n0 + tx + j * " + u(tx) + ";\n";
   src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
   src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";

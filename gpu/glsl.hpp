@@ -17,6 +17,15 @@ struct device_caps {
   std::array<uint32_t, 3> max_groups{65535, 65535, 65535};
   bool subgroup_arithmetic = false;  ///< subgroupAdd/Max in compute shaders
   bool storage16 = false;            ///< 16-bit storage buffers (f16/bf16 tensors)
+  /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
+  /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
+  bool unroll_loops = true;
+  /// Use the vec4/prefetching matmul variant where it applies (env MESH_GEMM=vec4). Off by
+  /// default: on the H200 it measured slower than the generic kernel (docs/gpu.md).
+  bool fast_gemm = false;
+  /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
+  /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
+  bool coopmat_f16 = false;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.

@@ -1,5 +1,6 @@
 #include "gpu/plan.hpp"
 
+#include <algorithm>
 #include <set>
 
 namespace mesh::gpu {
@@ -52,8 +53,23 @@ plan lower(const graph& g) {
     }
   }
 
-  // Reverse pass: a node needed by several kernels (or re-read many times by a matmul or
-  // scatter_add, or at several indices) gets its own buffer unless it is cheap.
+  // Small elementwise subexpressions are recomputed by every kernel that needs them instead of
+  // being written and read back: on memory-bound hardware a pass over memory costs more than a
+  // few ALU ops (softmax's exp(x - max) feeds both the sum and the division). cost = inline ops
+  // in the expression (an upper bound: shared subexpressions count twice).
+  std::vector<int> cost(n, 0);
+  for (node_id id = 0; id < g.size(); ++id) {
+    if (p.materialised[id] || is_splat(g[id])) continue;
+    int c = 1;
+    for (auto in : g[id].inputs) c += cost[in];
+    cost[id] = std::min(c, 1 << 20);
+  }
+  constexpr int max_recompute_cost = 6;
+  constexpr size_t max_recompute_kernels = 3;
+
+  // Reverse pass: a node needed by several kernels (unless small enough to recompute), re-read
+  // many times by a matmul or scatter_add, or read at several indices, gets its own buffer
+  // unless it is cheap.
   std::vector<std::set<node_id>> roots(n);
   for (node_id id = g.size() - 1; id >= 0; --id) {
     if (p.materialised[id]) continue;
@@ -65,7 +81,10 @@ plan lower(const graph& g) {
       reindexed = reindexed || reindexes(g[u].op);
     }
     if (cheap[id]) continue;
-    if (roots[id].size() > 1 || heavy_user || (reindexed && users[id].size() > 1)) p.materialised[id] = true;
+    const bool recompute = (is_elementwise(g[id].op) || reindexes(g[id].op)) && cost[id] <= max_recompute_cost &&
+                           roots[id].size() <= max_recompute_kernels;
+    if ((roots[id].size() > 1 && !recompute) || heavy_user || (reindexed && users[id].size() > 1))
+      p.materialised[id] = true;
   }
 
   // Epilogue absorption: matmul/reduce -> single-use elementwise chain -> materialised root.

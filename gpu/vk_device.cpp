@@ -222,6 +222,8 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
                              (sub.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                              (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
   caps.storage16 = info.fp16;
+  caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+  if (const char* gemm = std::getenv("MESH_GEMM"); gemm && std::strcmp(gemm, "vec4") == 0) caps.fast_gemm = true;
 
   // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
   int dev_type = -1, host_type = -1, host_cached = -1;
@@ -238,6 +240,51 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   d->device_memory_type = static_cast<uint32_t>(dev_type >= 0 ? dev_type : host_type);
   d->host_memory_type = static_cast<uint32_t>(host_cached >= 0 ? host_cached : host_type);
 
+  // Tensor cores: NV cooperative matrices need the extension, a 16x16x16 f16 x f16 + f32
+  // subgroup configuration, shaderFloat16 and the Vulkan memory model (the GLSL extension
+  // compiles to it). MESH_COOPMAT=0 leaves them off.
+  auto coop_features = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesNV>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV);
+  auto f16_features = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES);
+  auto model_features = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
+  std::vector<const char*> extensions;
+  const char* coop_env = std::getenv("MESH_COOPMAT");
+  const bool coop_allowed = !(coop_env && std::strcmp(coop_env, "0") == 0);
+  if (coop_allowed && info.coopmat && info.fp16 && has_extension(chosen, "VK_KHR_shader_float16_int8") &&
+      has_extension(chosen, "VK_KHR_vulkan_memory_model")) {
+    coop_features.pNext = &f16_features;
+    f16_features.pNext = &model_features;
+    auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    query.pNext = &coop_features;
+    vkGetPhysicalDeviceFeatures2(chosen, &query);
+    bool config = false;
+    auto props_fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+        vkGetInstanceProcAddr(d->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+    if (props_fn) {
+      uint32_t nprops = 0;
+      props_fn(chosen, &nprops, nullptr);
+      std::vector<VkCooperativeMatrixPropertiesNV> cps(
+          nprops, vk_struct<VkCooperativeMatrixPropertiesNV>(VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV));
+      props_fn(chosen, &nprops, cps.data());
+      for (const auto& c : cps)
+        config = config || (c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                            c.BType == VK_COMPONENT_TYPE_FLOAT16_NV && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                            c.DType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV);
+    }
+    if (config && coop_features.cooperativeMatrix && f16_features.shaderFloat16 && model_features.vulkanMemoryModel &&
+        d->caps.subgroup_size == 32) {  // the kernel lays its 4 subgroups out as 2x2 of 128 threads
+      caps.coopmat_f16 = true;
+      extensions = {"VK_NV_cooperative_matrix", "VK_KHR_shader_float16_int8", "VK_KHR_vulkan_memory_model"};
+      // Enable exactly what the kernels use.
+      coop_features.cooperativeMatrixRobustBufferAccess = VK_FALSE;
+      f16_features.shaderInt8 = VK_FALSE;
+      model_features.vulkanMemoryModelDeviceScope = VK_FALSE;
+      model_features.vulkanMemoryModelAvailabilityVisibilityChains = VK_FALSE;
+    }
+  }
+
   float prio = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qci.queueFamilyIndex = d->queue_family;
@@ -247,6 +294,11 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   enable16.storageBuffer16BitAccess = s16.storageBuffer16BitAccess;
   auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.pNext = &enable16;
+  if (caps.coopmat_f16) {
+    enable16.pNext = &coop_features;  // -> f16_features -> model_features
+    dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+    dci.ppEnabledExtensionNames = extensions.data();
+  }
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   if (VkResult r = vkCreateDevice(chosen, &dci, nullptr, &d->device); r != VK_SUCCESS) {

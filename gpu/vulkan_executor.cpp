@@ -45,11 +45,15 @@ class memory_pool {
   }
 
   expected<allocation> allocate(uint64_t size) {
-    auto r = alloc_.allocate(size);
+    // Large tensors start on 2 MiB boundaries (the GPU's large pages) so that where a tensor lands
+    // does not depend on what was allocated before it.
+    const uint64_t align = size >= (1u << 20) ? (2u << 20) : 0;
+    auto r = alloc_.allocate(size, align);
     if (!r) {
-      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + 255) & ~uint64_t{255});
+      const uint64_t granule = align ? align : 256;
+      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + granule - 1) & ~(granule - 1));
       if (auto ok = add_block(want); !ok) return tl::unexpected(ok.error());
-      r = alloc_.allocate(size);
+      r = alloc_.allocate(size, align);
       if (!r) return make_error(error_code::internal, "allocator: new block has no room");
     }
     const block& b = blocks_[r->block];

@@ -52,10 +52,24 @@ inline double tolerance_for(dtype t) {
 
 /// Runs `g` on `ex` and on the reference; every output and every updated parameter must agree
 /// within `tol` (or the dtype's default when tol < 0). Returns the back end's outputs.
-inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, tensor_map params, double tol = -1) {
-  tensor_map ref_params = params;
-  auto ref = evaluate(g, inputs, ref_params);
-  REQUIRE(ref.has_value());
+/// The reference outputs and updated parameters of one run.
+struct reference {
+  tensor_map outputs, params;
+};
+
+inline reference reference_run(const graph& g, const tensor_map& inputs, const tensor_map& params) {
+  reference r;
+  r.params = params;
+  auto out = evaluate(g, inputs, r.params);
+  if (!out) FAIL("reference: " << out.error().to_string());
+  r.outputs = std::move(*out);
+  return r;
+}
+
+inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params,
+                           const reference& want_all, double tol = -1) {
+  const tensor_map* ref = &want_all.outputs;
+  const tensor_map& ref_params = want_all.params;
   if (!params.empty()) REQUIRE(ex.set_parameters(params).has_value());
   auto id = ex.load(g);
   if (!id) FAIL("load failed: " << id.error().to_string());
@@ -83,10 +97,15 @@ inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& input
   return *out;
 }
 
-/// Both back ends against the reference.
+inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params, double tol = -1) {
+  return check_on(ex, g, inputs, params, reference_run(g, inputs, params), tol);
+}
+
+/// Both back ends against the reference (evaluated once).
 inline void check(const graph& g, const tensor_map& inputs, const tensor_map& params = {}, double tol = -1) {
-  check_on(vulkan(), g, inputs, params, tol);
-  check_on(cpu(), g, inputs, params, tol);
+  const reference ref = reference_run(g, inputs, params);
+  check_on(vulkan(), g, inputs, params, ref, tol);
+  check_on(cpu(), g, inputs, params, ref, tol);
 }
 
 inline graph finish(builder& b) {

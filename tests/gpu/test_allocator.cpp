@@ -33,4 +33,19 @@ TEST_CASE("block allocator: first fit, alignment, coalescing, new blocks") {
   auto big = a.allocate(2000);
   REQUIRE(big);
   CHECK(big->block == 1);
+  // Raised alignment leaves the padding free.
+  block_allocator c(64);
+  c.add_block(1 << 20);
+  auto small = c.allocate(100);
+  auto aligned = c.allocate(1000, 4096);
+  REQUIRE(small);
+  REQUIRE(aligned);
+  CHECK(aligned->offset == 4096);
+  auto fill = c.allocate(200);
+  REQUIRE(fill);
+  CHECK(fill->offset == 128);  // first fit reuses the padding
+  c.release(*aligned);
+  c.release(*small);
+  c.release(*fill);
+  CHECK(c.largest_free(0) == (1 << 20));
 }

@@ -103,3 +103,23 @@ TEST_CASE("shader cache: memory hit, then disk hit from a fresh cache") {
   }
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices offering it)") {
+  builder b;
+  auto x = b.input("x", dtype::f16, {70, 48});
+  auto w = b.parameter("w", dtype::f16, {48, 66});
+  auto bias = b.parameter("b", dtype::f16, {66});
+  b.output("y", relu(matmul(x, w) + bias));
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::device_caps caps;
+  caps.storage16 = true;
+  caps.coopmat_f16 = true;
+  REQUIRE(p.kernels.size() == 1);
+  auto src = gpu::emit(g, p, p.kernels[0], caps);
+  REQUIRE(src.has_value());
+  CHECK(src->name.rfind("mmcoop_", 0) == 0);
+  gpu::shader_cache cache("", "test");
+  auto spirv = cache.get(src->name, src->glsl);
+  if (!spirv) FAIL(spirv.error().message << "\n" << src->glsl);
+}
