@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "actors/health.hpp"
+#include "discovery/backend.hpp"
+#include "transport/mesh_id.hpp"
 #include "actors/job_engine.hpp"
 #include "actors/messages.hpp"
 #include "actors/restart_budget.hpp"
@@ -431,6 +433,38 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.substr(0, 8), (*ep)->port(),
                own.device_name, own.device_kind, own.gflops, own.mem_gbps);
 
+  // mDNS says where peers may be; only heartbeats say whether they are alive.
+  std::unique_ptr<discovery::backend> mdns;
+  if (cfg.mdns) {
+    mdns = discovery::make_avahi_backend();
+    discovery::announcement ann{self_id, transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
+                                own.device_name.substr(0, 60)};
+    transport::endpoint* epp = ep->get();
+    auto started = mdns->start(ann, [epp](discovery::event e) {
+      using k = discovery::event;
+      switch (e.k) {
+        case k::peer_found:
+        case k::peer_updated: {
+          auto id = transport::node_id::parse(e.peer.node_id);
+          if (!id) return;
+          std::vector<std::string> addrs;
+          for (const auto& a : e.peer.addresses)
+            addrs.push_back(a.find(':') != std::string::npos ? "[" + a + "]:" + std::to_string(e.peer.port)
+                                                               : a + ":" + std::to_string(e.peer.port));
+          spdlog::debug("mDNS: found {} at {}", id->short_string(), addrs.empty() ? "?" : addrs.front());
+          epp->dial(*id, addrs);
+          break;
+        }
+        case k::foreign_peer: spdlog::info("mDNS: {} belongs to another mesh; not dialing it", e.peer.node_id.substr(0, 8)); break;
+        case k::peer_rejected: spdlog::warn("mDNS: ignored an announcement: {}", e.detail); break;
+        case k::backend_down: spdlog::warn("mDNS unavailable ({}); retrying. Peers given with --peer still work", e.detail); break;
+        case k::backend_up: spdlog::info("mDNS: announcing and browsing"); break;
+        default: break;
+      }
+    });
+    if (!started) spdlog::warn("mDNS: {}", started.error().message);
+  }
+
   caf::actor_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
   auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early);
@@ -464,6 +498,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     std::lock_guard<std::mutex> lock(*core_mutex);
     *core_slot = caf::actor{};
   }
+  if (mdns) mdns->stop();  // withdraw the announcement first, so peers see us leave
   (*ep)->stop();
   return code;
 }

@@ -17,6 +17,7 @@ struct node_config {
   std::string bind = "0.0.0.0";
   uint16_t port = 0;                   ///< 0 = any free port (written to <state_dir>/endpoint)
   std::vector<std::string> peers;      ///< static peers, "nodeid@host:port"
+  bool mdns = true;                    ///< announce and browse with mDNS (avahi-daemon)
   std::string device = "auto";         ///< auto | cpu | vulkan | a device name substring
   std::string log_level = "info";
   std::chrono::milliseconds heartbeat{250};

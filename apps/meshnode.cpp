@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
   std::vector<std::string> peers;
   bool print_id = false;
+  std::string mdns = "on";
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, with _)")->envname("MESH_CONFIG");
   auto* o_state = app.add_option("--state-dir", state_dir, "identity and state directory")->envname("MESH_STATE_DIR");
   auto* o_secret = app.add_option("--secret-file", secret_file, "mesh secret (32 bytes or 64 hex chars); none = open LAN mesh")->envname("MESH_SECRET_FILE");
@@ -69,6 +70,7 @@ int main(int argc, char** argv) {
   auto* o_log = app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->envname("MESH_LOG_LEVEL");
   auto* o_hb = app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval")->envname("MESH_HEARTBEAT_MS");
   auto* o_dead = app.add_option("--dead-after-ms", dead_after_ms, "silence after which a peer is dead")->envname("MESH_DEAD_AFTER_MS");
+  auto* o_mdns = app.add_option("--mdns", mdns, "find peers on the LAN with mDNS: on or off")->envname("MESH_MDNS")->check(CLI::IsMember({"on", "off"}))->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -93,6 +95,8 @@ int main(int argc, char** argv) {
     fill(o_log, "log_level", log_level);
     fill(o_hb, "heartbeat_ms", heartbeat_ms);
     fill(o_dead, "dead_after_ms", dead_after_ms);
+    if (o_mdns->count() == 0)
+      if (auto v = t["mdns"].value<bool>()) mdns = *v ? "on" : "off";
     if (o_peer->count() == 0)
       if (auto* arr = t["peers"].as_array())
         for (auto& p : *arr)
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
   cfg.port = static_cast<uint16_t>(port);
   cfg.bind = bind;
   cfg.device = device;
+  cfg.mdns = mdns == "on";
   cfg.heartbeat = std::chrono::milliseconds(heartbeat_ms);
   cfg.dead_after = std::chrono::milliseconds(dead_after_ms);
   for (const auto& p : peers) {

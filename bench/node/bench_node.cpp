@@ -28,7 +28,7 @@ namespace {
 pid_t start_node(const std::string& dir, const std::vector<std::string>& extra) {
   std::filesystem::create_directories(dir);
   std::filesystem::remove(dir + "/endpoint");
-  std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir, "--port", "0", "--device", "cpu", "--log-level", "warn"};
+  std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir, "--port", "0", "--device", "cpu", "--log-level", "warn", "--mdns", "off"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::fflush(nullptr);
   const pid_t pid = fork();

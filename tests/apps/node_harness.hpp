@@ -22,7 +22,7 @@ class node_process {
     std::filesystem::create_directories(dir_);
     std::filesystem::remove(dir_ / "endpoint");
     std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--port", "0", "--device", "cpu",
-                                     "--log-level", "info"};
+                                     "--log-level", "info", "--mdns", "off"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
     pid_ = fork();

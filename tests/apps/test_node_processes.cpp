@@ -187,3 +187,37 @@ TEST_CASE("an inference session across 3 nodes serves overlapping calls", "[apps
     CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
   }
 }
+
+TEST_CASE("nodes find each other with mDNS, with no peers given", "[apps][node][mdns]") {
+  if (std::system("avahi-daemon -c >/dev/null 2>&1") != 0) {
+    WARN("skipped: avahi-daemon is not running (./dev.sh test starts it when run as root)");
+    return;
+  }
+  temp_dir tmp;
+  // A secret of this test only: the nodes form their own mesh, apart from any other on the LAN.
+  const auto secret = tmp.path / "secret";
+  std::string hex;
+  for (int i = 0; i < 32; ++i) hex += "0123456789abcdef"[(getpid() + i * 7) % 16];
+  hex += hex;
+  {
+    std::ofstream f(secret);
+    f << hex << "\n";
+  }
+  std::filesystem::permissions(secret, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::vector<std::string> args = {"--mdns", "on", "--secret-file", secret.string()};
+  node_process a(tmp.path / "a", args), b(tmp.path / "b", args), c(tmp.path / "c", args);
+  const std::string ea = a.endpoint();
+  b.endpoint();
+  c.endpoint();
+  client_options opts;
+  for (size_t i = 0; i < 64; i += 2) opts.mesh_secret.push_back(static_cast<uint8_t>(std::stoul(hex.substr(i, 2), nullptr, 16)));
+  auto cl = client::connect(ea, opts);
+  INFO((cl ? std::string() : cl.error().message));
+  REQUIRE(cl);
+  INFO(a.log());
+  REQUIRE(wait_for_peers(**cl, 2, std::chrono::seconds(20)));
+  const job j = mlp_job();
+  auto r = (*cl)->run(j.g, j.inputs, j.params, 60s);
+  REQUIRE(r);
+  CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+}
