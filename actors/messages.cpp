@@ -7,7 +7,7 @@ namespace {
 
 const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_result", "run_stage",
                                   "activation", "stage_done", "status_request", "status_reply",
-                                  "open_session", "infer", "close_session"};
+                                  "open_session", "infer", "close_session", "peer_exchange"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)

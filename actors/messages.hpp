@@ -111,6 +111,13 @@ struct close_session {
   bool operator==(const close_session&) const = default;
 };
 
+/// Node -> newly joined worker: the other members I know and where (discovery's PEX wire form,
+/// discovery/peer_exchange.hpp), so meshes converge from one static peer.
+struct peer_exchange {
+  std::vector<uint8_t> pex;
+  bool operator==(const peer_exchange&) const = default;
+};
+
 /// Worker -> worker: a value crossing a cut, sent directly to the stage that needs it.
 struct activation {
   std::string coordinator;
@@ -170,7 +177,7 @@ struct status_reply {
 
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
-                             status_request, status_reply, open_session, infer, close_session>;
+                             status_request, status_reply, open_session, infer, close_session, peer_exchange>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -250,6 +257,11 @@ typename F::result_type inspect(F& f, infer& x) {
 template <class F>
 typename F::result_type inspect(F& f, close_session& x) {
   return f(caf::meta::type_name("close_session"), x.session);
+}
+
+template <class F>
+typename F::result_type inspect(F& f, peer_exchange& x) {
+  return f(caf::meta::type_name("peer_exchange"), x.pex);
 }
 
 }  // namespace mesh::msg

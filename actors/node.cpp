@@ -17,6 +17,7 @@
 
 #include "actors/health.hpp"
 #include "discovery/backend.hpp"
+#include "discovery/peer_exchange.hpp"
 #include "transport/mesh_id.hpp"
 #include "actors/job_engine.hpp"
 #include "actors/messages.hpp"
@@ -168,6 +169,42 @@ void handle(core_actor_t* self, const std::string& from, const msg::message& m) 
       st.health->add_peer(from, h->incarnation, now_mono());
       st.engine->peer_up(from, {from, h->gflops, h->mem_gbps, 1.0, static_cast<int64_t>(h->memory_bytes)});
       spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.substr(0, 8), h->device_name, h->gflops);
+      // Peer exchange: tell the newcomer where the other members are.
+      std::vector<discovery::peer_info> members;
+      for (const auto& [id, p] : st.peers) {
+        if (id == from || !p.hello_seen || p.info.is_client) continue;
+        auto nid = transport::node_id::parse(id);
+        auto stats = nid ? st.ep->stats(*nid) : std::nullopt;
+        if (!stats) continue;
+        const auto colon = stats->remote_address.rfind(':');
+        if (colon == std::string::npos) continue;
+        std::string host = stats->remote_address.substr(0, colon);
+        if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+        discovery::peer_info info;
+        info.node_id = id;
+        info.addresses = {host};
+        info.port = static_cast<uint16_t>(std::atoi(stats->remote_address.c_str() + colon + 1));
+        members.push_back(std::move(info));
+      }
+      if (!members.empty()) send_to(self, from, msg::peer_exchange{discovery::encode_pex(members)});
+    }
+    return;
+  }
+  if (auto* px = std::get_if<msg::peer_exchange>(&m)) {
+    auto entries = discovery::decode_pex(px->pex);
+    if (!entries) {
+      spdlog::warn("bad peer exchange from {}: {}", from.substr(0, 8), entries.error().message);
+      return;
+    }
+    for (const auto& e : *entries) {
+      if (e.node_id == st.self_id || st.peers.count(e.node_id)) continue;
+      auto nid = transport::node_id::parse(e.node_id);
+      if (!nid) continue;
+      std::vector<std::string> addrs;
+      for (const auto& a : e.addresses)
+        addrs.push_back(a.find(':') != std::string::npos ? "[" + a + "]:" + std::to_string(e.port) : a + ":" + std::to_string(e.port));
+      spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
+      st.ep->dial(*nid, addrs);
     }
     return;
   }
@@ -217,7 +254,7 @@ void send_to(core_actor_t* self, const std::string& to, const msg::message& m) {
   auto bytes = msg::encode_message(m);
   if (!id || !bytes) return;
   const bool heavy = !std::holds_alternative<msg::hello>(m) && !std::holds_alternative<msg::heartbeat>(m) &&
-                     !std::holds_alternative<msg::status_request>(m);
+                     !std::holds_alternative<msg::status_request>(m) && !std::holds_alternative<msg::peer_exchange>(m);
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
                   : heavy                                   ? transport::channel::bulk
                                                             : transport::channel::control;

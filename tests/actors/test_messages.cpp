@@ -22,7 +22,8 @@ std::vector<message> samples() {
           status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5}}},
           open_session{3, {'g'}},
           infer{3, 4, {{"x", t}}},
-          close_session{3}};
+          close_session{3},
+          peer_exchange{{'M', 'P', 'X', 1, 0, 0}}};
 }
 }  // namespace
 

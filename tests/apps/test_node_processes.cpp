@@ -221,3 +221,17 @@ TEST_CASE("nodes find each other with mDNS, with no peers given", "[apps][node][
   REQUIRE(r);
   CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
 }
+
+TEST_CASE("peer exchange: nodes that know only one peer find the whole mesh", "[apps][node]") {
+  temp_dir tmp;
+  node_process a(tmp.path / "a");
+  const std::string ea = a.endpoint();
+  node_process b(tmp.path / "b", {"--peer", ea});
+  b.endpoint();
+  node_process c(tmp.path / "c", {"--peer", ea});  // c is told only about a
+  const std::string ec = c.endpoint();
+  auto cl = client::connect(ec);
+  REQUIRE(cl);
+  INFO(c.log());
+  CHECK(wait_for_peers(**cl, 2, std::chrono::seconds(20)));  // a, and b learned from a
+}
