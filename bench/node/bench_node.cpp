@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   auto c = client::connect(ea);
   if (!c) {
     std::fprintf(stderr, "bench_node: %s\n", c.error().message.c_str());
+    stop(a);
     return 1;
   }
 
@@ -106,6 +107,8 @@ int main(int argc, char** argv) {
     const auto t2 = clock_type::now();
     if (!r || !s) {
       std::fprintf(stderr, "bench_node: %s\n", (!r ? r.error() : s.error()).message.c_str());
+      c->reset();
+      stop(a);
       return 1;
     }
     if (i < 20) continue;  // warm-up: kernel cache, connection windows
