@@ -23,6 +23,19 @@ inline std::vector<double> run(builder& b, const tensor_map& inputs = {}, const 
   return out->at(name).to_doubles();
 }
 
+/// Finishes `b`, validates, evaluates; returns every output by name.
+inline tensor_map run_all(builder& b, const tensor_map& inputs = {}) {
+  auto g = b.finish();
+  INFO((g ? std::string() : g.error().to_string()));
+  REQUIRE(g);
+  REQUIRE(validate(*g));
+  tensor_map params;
+  auto out = evaluate(*g, inputs, params);
+  INFO((out ? std::string() : out.error().to_string()));
+  REQUIRE(out);
+  return *out;
+}
+
 inline void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-6) {
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) {

@@ -50,21 +50,16 @@ TEST_CASE("binary ops broadcast like numpy", "[graph][ops]") {
   b.output("max", maximum(a, 3.5));
   b.output("min", minimum(a, c));
   b.output("outer", c * r);  // [2,1] x [3] -> [2,3]
-  auto g = b.finish();
-  REQUIRE(g);
-  REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  require_close(out->at("add").to_doubles(), {11, 22, 33, 14, 25, 36});
-  require_close(out->at("sub").to_doubles(), {-99, -98, -97, -196, -195, -194});
-  require_close(out->at("mul").to_doubles(), {2, 4, 6, 8, 10, 12});
-  require_close(out->at("div").to_doubles(), {12, 6, 4, 3, 2.4, 2}, 1e-6);
-  require_close(out->at("pow").to_doubles(), {1, 4, 9, 16, 25, 36});
-  require_close(out->at("max").to_doubles(), {3.5, 3.5, 3.5, 4, 5, 6});
-  require_close(out->at("min").to_doubles(), {1, 2, 3, 4, 5, 6});
-  require_close(out->at("outer").to_doubles(), {1000, 2000, 3000, 2000, 4000, 6000});
-  CHECK(out->at("outer").dims == shape{2, 3});
+  const tensor_map out = mesh::test::run_all(b);
+  require_close(out.at("add").to_doubles(), {11, 22, 33, 14, 25, 36});
+  require_close(out.at("sub").to_doubles(), {-99, -98, -97, -196, -195, -194});
+  require_close(out.at("mul").to_doubles(), {2, 4, 6, 8, 10, 12});
+  require_close(out.at("div").to_doubles(), {12, 6, 4, 3, 2.4, 2}, 1e-6);
+  require_close(out.at("pow").to_doubles(), {1, 4, 9, 16, 25, 36});
+  require_close(out.at("max").to_doubles(), {3.5, 3.5, 3.5, 4, 5, 6});
+  require_close(out.at("min").to_doubles(), {1, 2, 3, 4, 5, 6});
+  require_close(out.at("outer").to_doubles(), {1000, 2000, 3000, 2000, 4000, 6000});
+  CHECK(out.at("outer").dims == shape{2, 3});
 }
 
 TEST_CASE("compare, select and cast", "[graph][ops]") {
@@ -77,19 +72,14 @@ TEST_CASE("compare, select and cast", "[graph][ops]") {
   b.output("sel", select(compare(x, 0.0, compare_kind::gt), x, -x));
   b.output("int", cast(x, dtype::i32));
   b.output("half", cast(b.constant(tensor::from_values(dtype::f32, {1}, {1.0 / 3.0})), dtype::f16));
-  auto g = b.finish();
-  REQUIRE(g);
-  REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  CHECK(out->at("lt").type == dtype::i32);
-  require_close(out->at("lt").to_doubles(), {1, 0, 1, 0});
-  require_close(out->at("eq").to_doubles(), {0, 1, 0, 1});
-  require_close(out->at("ge").to_doubles(), {0, 1, 0, 1});
-  require_close(out->at("sel").to_doubles(), {1.5, 0, 2.7, 3}, 1e-6);
-  require_close(out->at("int").to_doubles(), {-1, 0, 2, 3});
-  CHECK(out->at("half").at(0) == Approx(0.333251953125));  // nearest f16 to 1/3
+  const tensor_map out = mesh::test::run_all(b);
+  CHECK(out.at("lt").type == dtype::i32);
+  require_close(out.at("lt").to_doubles(), {1, 0, 1, 0});
+  require_close(out.at("eq").to_doubles(), {0, 1, 0, 1});
+  require_close(out.at("ge").to_doubles(), {0, 1, 0, 1});
+  require_close(out.at("sel").to_doubles(), {1.5, 0, 2.7, 3}, 1e-6);
+  require_close(out.at("int").to_doubles(), {-1, 0, 2, 3});
+  CHECK(out.at("half").at(0) == Approx(0.333251953125));  // nearest f16 to 1/3
 }
 
 TEST_CASE("integer arithmetic truncates, and division by zero gives zero", "[graph][ops]") {
@@ -116,18 +106,14 @@ TEST_CASE("reductions over chosen axes, with and without keep_dims", "[graph][op
   b.output("all", sum_all(x));
   b.output("max", max_over(x, {-1}));
   b.output("mean", mean(x, {0, 1}));
-  auto g = b.finish();
-  REQUIRE(g);
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  require_close(out->at("y").to_doubles(), {9, 12});
-  require_close(out->at("s0").to_doubles(), {5, 7, 9});
-  CHECK(out->at("s0").dims == shape{1, 3});
-  require_close(out->at("all").to_doubles(), {21});
-  CHECK(out->at("all").dims.empty());
-  require_close(out->at("max").to_doubles(), {5, 6});
-  require_close(out->at("mean").to_doubles(), {3.5});
+  const tensor_map out = mesh::test::run_all(b);
+  require_close(out.at("y").to_doubles(), {9, 12});
+  require_close(out.at("s0").to_doubles(), {5, 7, 9});
+  CHECK(out.at("s0").dims == shape{1, 3});
+  require_close(out.at("all").to_doubles(), {21});
+  CHECK(out.at("all").dims.empty());
+  require_close(out.at("max").to_doubles(), {5, 6});
+  require_close(out.at("mean").to_doubles(), {3.5});
 }
 
 TEST_CASE("data movement: broadcast, reshape, permute, slice, concat", "[graph][ops]") {
@@ -139,18 +125,13 @@ TEST_CASE("data movement: broadcast, reshape, permute, slice, concat", "[graph][
   b.output("sl", slice(x, {0, 1}, {2, 3}));
   b.output("cat0", concat({x, x}, 0));
   b.output("cat1", concat({x, slice_axis(x, 1, 0, 1)}, 1));
-  auto g = b.finish();
-  REQUIRE(g);
-  REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  require_close(out->at("y").to_doubles(), {0, 3, 1, 4, 2, 5});
-  require_close(out->at("bc").to_doubles(), {7, 8, 9, 7, 8, 9});
-  CHECK(out->at("rs").dims == shape{3, 2});
-  require_close(out->at("sl").to_doubles(), {1, 2, 4, 5});
-  CHECK(out->at("cat0").dims == shape{4, 3});
-  require_close(out->at("cat1").to_doubles(), {0, 1, 2, 0, 3, 4, 5, 3});
+  const tensor_map out = mesh::test::run_all(b);
+  require_close(out.at("y").to_doubles(), {0, 3, 1, 4, 2, 5});
+  require_close(out.at("bc").to_doubles(), {7, 8, 9, 7, 8, 9});
+  CHECK(out.at("rs").dims == shape{3, 2});
+  require_close(out.at("sl").to_doubles(), {1, 2, 4, 5});
+  CHECK(out.at("cat0").dims == shape{4, 3});
+  require_close(out.at("cat1").to_doubles(), {0, 1, 2, 0, 3, 4, 5, 3});
 }
 
 TEST_CASE("gather and scatter_add, out-of-range indices read zero / are dropped", "[graph][ops]") {
@@ -160,15 +141,10 @@ TEST_CASE("gather and scatter_add, out-of-range indices read zero / are dropped"
   b.output("y", gather(table, idx));
   auto upd = b.constant(tensor::from_values(dtype::f32, {2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}));
   b.output("sa", scatter_add(idx, upd, {3, 2}));
-  auto g = b.finish();
-  REQUIRE(g);
-  REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  CHECK(out->at("y").dims == shape{2, 2, 2});
-  require_close(out->at("y").to_doubles(), {5, 6, 1, 2, 5, 6, 0, 0});
-  require_close(out->at("sa").to_doubles(), {2, 2, 0, 0, 4, 4});
+  const tensor_map out = mesh::test::run_all(b);
+  CHECK(out.at("y").dims == shape{2, 2, 2});
+  require_close(out.at("y").to_doubles(), {5, 6, 1, 2, 5, 6, 0, 0});
+  require_close(out.at("sa").to_doubles(), {2, 2, 0, 0, 4, 4});
 }
 
 TEST_CASE("edge shapes: rank 0, size-1 and empty dimensions", "[graph][ops]") {
@@ -180,16 +156,11 @@ TEST_CASE("edge shapes: rank 0, size-1 and empty dimensions", "[graph][ops]") {
   b.output("empty", sum(e * 2.0, {0}));
   b.output("empty_mm", matmul(e, b.fill(1.0, dtype::f32, {4, 2})));
   b.output("one", one + b.fill(1.0, dtype::f32, {3, 1}));
-  auto g = b.finish();
-  REQUIRE(g);
-  REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, {}, params);
-  REQUIRE(out);
-  require_close(out->at("y").to_doubles(), {10});
-  require_close(out->at("empty").to_doubles(), {0, 0, 0, 0});
-  CHECK(out->at("empty_mm").dims == shape{0, 2});
-  require_close(out->at("one").to_doubles(), {3, 3, 3});
+  const tensor_map out = mesh::test::run_all(b);
+  require_close(out.at("y").to_doubles(), {10});
+  require_close(out.at("empty").to_doubles(), {0, 0, 0, 0});
+  CHECK(out.at("empty_mm").dims == shape{0, 2});
+  require_close(out.at("one").to_doubles(), {3, 3, 3});
 }
 
 TEST_CASE("inputs and parameters bind by name; updates write parameters back", "[graph][ops]") {
