@@ -83,8 +83,10 @@ run_tests() {
   # Leaks inside system libraries we do not own (Mesa's lavapipe, LLVM, Avahi) are listed there.
   [ -f "$root/tests/lsan.supp" ] && export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
   local rc=0
-  (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
+  # Fuzzers first, so that ctest's summary is the last thing printed.
   run_fuzzers || rc=$?
+  (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
+  [ $rc = 0 ] || log "FAILED (exit $rc): see the failures above"
   return $rc
 }
 

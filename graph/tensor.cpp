@@ -98,6 +98,8 @@ std::vector<float> tensor::to_floats() const {
 }
 
 expected<void> tensor::check() const {
+  if (static_cast<int>(type) >= dtype_count)
+    return make_error(error_code::invalid_argument, "unknown dtype " + std::to_string(static_cast<int>(type)));
   if (dims.size() > static_cast<size_t>(max_rank))
     return make_error(error_code::limit_exceeded, "tensor rank " + std::to_string(dims.size()) +
                                                       " exceeds " + std::to_string(max_rank));

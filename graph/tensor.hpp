@@ -38,6 +38,8 @@ struct tensor {
 
   /// Checks that the byte count matches dtype and shape (for tensors from a peer or a file).
   expected<void> check() const;
+
+  bool operator==(const tensor&) const = default;
 };
 
 /// max |a-b| / max(1, max |b|): a normalised error for comparing a result with a reference.

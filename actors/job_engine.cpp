@@ -1,0 +1,484 @@
+#include "actors/job_engine.hpp"
+
+#include <algorithm>
+
+#include "graph/fragment.hpp"
+#include "graph/wire.hpp"
+
+namespace mesh {
+namespace {
+
+constexpr size_t max_early_activations = 4096;  // activations buffered for stages not yet here
+constexpr size_t max_finished_jobs = 100;        // kept for status
+constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
+constexpr size_t max_uncached_calls = 1024;      // calls parked until their fragment arrives
+
+bool is_cut(const std::string& name) { return name.rfind("cut.", 0) == 0; }
+
+std::vector<outbound> reply_error(const std::string& client, uint64_t id, const std::string& why) {
+  msg::job_result r;
+  r.job = id;
+  r.error = why;
+  return {{client, r}};
+}
+
+/// Splits a WireGraph's tensors into the graph's inputs and parameters; errors name strays.
+expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor_map tensors) {
+  tensor_map inputs, params;
+  for (auto& [name, t] : tensors) {
+    const node_id leaf = g.find_leaf(name);
+    if (leaf < 0) return make_error(error_code::invalid_argument, "tensor \"" + name + "\" matches no input or parameter of the graph");
+    (g[leaf].op == op_kind::input ? inputs : params)[name] = std::move(t);
+  }
+  return std::make_pair(std::move(inputs), std::move(params));
+}
+
+}  // namespace
+
+job_engine::job_engine(std::string self, device_profile own, graph_limits limits)
+    : self_(std::move(self)), own_(std::move(own)), limits_(limits) {}
+
+void job_engine::peer_up(const std::string& id, const device_profile& p) { peers_[id] = p; }
+
+void job_engine::live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const {
+  ids = {self_};
+  profiles = {own_};
+  for (const auto& [id, p] : peers_) {
+    ids.push_back(id);
+    profiles.push_back(p);
+  }
+}
+
+std::vector<std::string> job_engine::workers() const {
+  std::vector<std::string> ids;
+  std::vector<device_profile> profiles;
+  live_devices(ids, profiles);
+  return ids;
+}
+
+std::vector<outbound> job_engine::on_message(const std::string& from, const msg::message& m) {
+  if (auto* s = std::get_if<msg::submit_job>(&m)) return submit(from, *s);
+  if (auto* o = std::get_if<msg::open_session>(&m)) return open(from, *o);
+  if (auto* c = std::get_if<msg::infer>(&m)) return call(from, *c);
+  if (auto* c = std::get_if<msg::close_session>(&m)) {
+    auto it = sessions_by_client_.find({from, c->session});
+    if (it != sessions_by_client_.end()) {
+      sessions_.erase(it->second);
+      sessions_by_client_.erase(it);
+    }
+    return {};
+  }
+  if (auto* r = std::get_if<msg::run_stage>(&m)) return on_run_stage(from, *r);
+  if (auto* a = std::get_if<msg::activation>(&m)) return on_activation(*a);
+  if (auto* d = std::get_if<msg::stage_done>(&m)) return on_stage_done(from, *d);
+  return {};
+}
+
+// ---- coordinator: one-shot jobs ----
+
+std::vector<outbound> job_engine::submit(const std::string& client, const msg::submit_job& s) {
+  if (by_client_.count({client, s.job})) return reply_error(client, s.job, "job " + std::to_string(s.job) + " is already running");
+  auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
+  if (!w) return reply_error(client, s.job, "the graph was rejected: " + w.error().to_string());
+  if (s.strategy > static_cast<uint8_t>(strategy::automatic)) return reply_error(client, s.job, "unknown strategy " + std::to_string(s.strategy));
+  auto kind = static_cast<strategy>(s.strategy);
+  // The engine executes pipeline plans; data and tensor parallel plans are run by the trainer.
+  if (kind == strategy::automatic) kind = strategy::pipeline;
+  if (kind != strategy::pipeline)
+    return reply_error(client, s.job, std::string("one-shot jobs run as pipeline plans; ") + to_string(kind) + " is for training jobs");
+  auto split = split_tensors(w->g, w->tensors);
+  if (!split) return reply_error(client, s.job, split.error().message);
+  if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().message);
+  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, s.job, ok.error().message);
+
+  const uint64_t id = next_job_++;
+  job_state& j = jobs_[id];
+  j.client = client;
+  j.client_job = s.job;
+  j.g = std::make_shared<const graph>(std::move(w->g));
+  j.tensors = std::move(w->tensors);
+  j.kind = kind;
+  by_client_[{client, s.job}] = id;
+  std::vector<std::string> ids;
+  std::vector<device_profile> devices;
+  live_devices(ids, devices);
+  return launch(id, j, ids, partition(*j.g, devices, kind));
+}
+
+std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p) {
+  session_state* sess = nullptr;
+  if (j.session) {
+    auto it = sessions_.find(j.session);
+    if (it == sessions_.end()) return finish(id, j, false, "the session was closed");
+    sess = &it->second;
+  } else {
+    if (!p) return finish(id, j, false, "cannot plan the job: " + p.error().message);
+    j.current = std::move(*p);
+    j.stage_nodes.assign(j.current.stages.size(), "");
+    for (size_t s = 0; s < j.current.stages.size(); ++s)
+      if (!j.current.stages[s].nodes.empty()) j.stage_nodes[s] = nodes[static_cast<size_t>(j.current.stages[s].device)];
+  }
+  const plan& pl = sess ? sess->current : j.current;
+  if (sess) j.stage_nodes = sess->stage_nodes;
+  ++j.attempt;
+  j.state = "running";
+  j.pending.clear();
+  j.outputs.clear();
+  std::vector<outbound> out;
+  for (size_t s = 0; s < pl.stages.size(); ++s) {
+    if (j.stage_nodes[s].empty()) continue;
+    msg::run_stage r;
+    r.job = id;
+    r.attempt = j.attempt;
+    r.stage = static_cast<uint32_t>(s);
+    r.coordinator = self_;
+    for (const auto& t : pl.transfers)
+      if (t.from_stage == static_cast<int>(s)) r.routes.push_back({cut_name(t.value), j.stage_nodes[static_cast<size_t>(t.to_stage)]});
+    const graph* frag = nullptr;
+    graph one_shot;
+    if (sess) {
+      frag = &sess->fragments[s];
+      r.cache = (j.session << 16) | (sess->epoch & 0xffff);
+    } else {
+      auto f = stage_fragment(*j.g, pl, static_cast<int>(s));
+      if (!f) return finish(id, j, false, "cannot cut the graph: " + f.error().message);
+      one_shot = std::move(*f);
+      frag = &one_shot;
+    }
+    wire_graph w{*frag, {}};
+    for (const auto& n : frag->nodes) {
+      if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
+      if (is_cut(n.attrs.name)) r.awaited.push_back(n.attrs.name);
+      else if (sess && n.op == op_kind::input) r.inputs.push_back({n.attrs.name, j.tensors.at(n.attrs.name)});
+      else if (!sess) w.tensors[n.attrs.name] = j.tensors.at(n.attrs.name);
+    }
+    // A session's fragment and parameters travel once per (epoch, node, stage).
+    const bool send_fragment = !sess || !sess->loaded.count({j.stage_nodes[s], r.stage});
+    if (sess && send_fragment) w.tensors = sess->fragment_params[s];
+    if (send_fragment) {
+      auto bytes = encode(w);
+      if (!bytes) return finish(id, j, false, bytes.error().message);
+      r.wire = std::move(*bytes);
+      if (sess) sess->loaded.insert({j.stage_nodes[s], r.stage});
+    }
+    j.pending.insert(r.stage);
+    out.push_back({j.stage_nodes[s], std::move(r)});
+  }
+  if (j.pending.empty()) {
+    auto done = finish(id, j, true, "");
+    out.insert(out.end(), done.begin(), done.end());
+  }
+  return out;
+}
+
+std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, const std::string& error) {
+  msg::job_result r;
+  r.job = j.client_job;
+  r.ok = ok;
+  r.error = error;
+  r.attempts = j.attempt;
+  if (ok && j.g)
+    for (const auto& o : j.g->outputs) r.outputs.push_back({o.name, j.outputs.at(o.name)});
+  for (const auto& n : j.stage_nodes)
+    if (!n.empty()) r.workers.push_back(n);
+  j.state = ok ? "done" : "failed";
+  j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count();
+  j.pending.clear();
+  j.g.reset();  // free the graph and tensors; the status line stays
+  j.tensors.clear();
+  j.outputs.clear();
+  by_client_.erase({j.client, j.client_job});
+  std::vector<outbound> out{{j.client, std::move(r)}};
+  while (jobs_.size() > max_finished_jobs) {
+    auto oldest = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& kv) { return kv.first != id && (kv.second.state == "done" || kv.second.state == "failed"); });
+    if (oldest == jobs_.end()) break;
+    jobs_.erase(oldest);
+  }
+  return out;
+}
+
+std::vector<outbound> job_engine::on_stage_done(const std::string& from, const msg::stage_done& d) {
+  auto it = jobs_.find(d.job);
+  if (it == jobs_.end()) return {};
+  job_state& j = it->second;
+  if (d.attempt != j.attempt || !j.pending.count(d.stage) || j.stage_nodes[d.stage] != from) return {};  // stale or spoofed
+  if (!d.ok) return finish(d.job, j, false, "stage " + std::to_string(d.stage) + " failed on node " + from.substr(0, 8) + ": " + d.error);
+  for (const auto& o : d.outputs)
+    if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
+  j.pending.erase(d.stage);
+  if (!j.pending.empty()) return {};
+  for (const auto& o : j.g->outputs)
+    if (!j.outputs.count(o.name)) return finish(d.job, j, false, "no stage returned output \"" + o.name + "\"");
+  return finish(d.job, j, true, "");
+}
+
+// ---- coordinator: inference sessions ----
+
+expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p) {
+  if (!p) return tl::unexpected(p.error());
+  ++s.epoch;
+  s.current = std::move(*p);
+  s.loaded.clear();
+  s.stage_nodes.assign(s.current.stages.size(), "");
+  s.fragments.assign(s.current.stages.size(), graph{});
+  s.fragment_params.assign(s.current.stages.size(), tensor_map{});
+  // Parameters get names unique to this session, so that they stay resident on each worker's
+  // device next to other sessions' parameters of the same name.
+  const std::string prefix = "sess." + self_.substr(0, 8) + "." + std::to_string(id) + ".";
+  for (size_t k = 0; k < s.current.stages.size(); ++k) {
+    if (s.current.stages[k].nodes.empty()) continue;
+    s.stage_nodes[k] = nodes[static_cast<size_t>(s.current.stages[k].device)];
+    auto f = stage_fragment(*s.g, s.current, static_cast<int>(k));
+    if (!f) return tl::unexpected(f.error());
+    for (auto& n : f->nodes)
+      if (n.op == op_kind::parameter) {
+        s.fragment_params[k][prefix + n.attrs.name] = s.params.at(n.attrs.name);
+        n.attrs.name = prefix + n.attrs.name;
+      }
+    s.fragments[k] = std::move(*f);
+  }
+  return {};
+}
+
+std::vector<outbound> job_engine::open(const std::string& client, const msg::open_session& o) {
+  if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, "session " + std::to_string(o.session) + " is already open");
+  auto w = decode_wire_graph(o.wire.data(), o.wire.size(), limits_);
+  if (!w) return reply_error(client, o.session, "the model was rejected: " + w.error().to_string());
+  auto split = split_tensors(w->g, w->tensors);
+  if (!split) return reply_error(client, o.session, split.error().message);
+  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, o.session, ok.error().message);
+  if (!w->g.updates.empty()) return reply_error(client, o.session, "an inference model must not update its parameters");
+  const uint64_t id = next_job_++;
+  session_state& s = sessions_[id];
+  s.client = client;
+  s.client_session = o.session;
+  s.g = std::make_shared<const graph>(std::move(w->g));
+  s.params = std::move(split->second);
+  std::vector<std::string> ids;
+  std::vector<device_profile> devices;
+  live_devices(ids, devices);
+  if (auto ok = plan_session(id, s, ids, partition(*s.g, devices, strategy::pipeline)); !ok) {
+    sessions_.erase(id);
+    return reply_error(client, o.session, "cannot plan the model: " + ok.error().message);
+  }
+  sessions_by_client_[{client, o.session}] = id;
+  msg::job_result r;
+  r.job = o.session;
+  r.ok = true;
+  r.attempts = s.epoch;
+  for (const auto& n : s.stage_nodes)
+    if (!n.empty()) r.workers.push_back(n);
+  return {{client, r}};
+}
+
+std::vector<outbound> job_engine::call(const std::string& client, const msg::infer& c) {
+  auto sit = sessions_by_client_.find({client, c.session});
+  if (sit == sessions_by_client_.end()) return reply_error(client, c.call, "no open session " + std::to_string(c.session));
+  if (by_client_.count({client, c.call})) return reply_error(client, c.call, "call " + std::to_string(c.call) + " is already running");
+  session_state& s = sessions_.at(sit->second);
+  tensor_map inputs;
+  for (const auto& t : c.inputs) inputs[t.name] = t.value;
+  if (auto ok = check_bindings(*s.g, inputs, false); !ok) return reply_error(client, c.call, ok.error().message);
+  const uint64_t id = next_job_++;
+  job_state& j = jobs_[id];
+  j.client = client;
+  j.client_job = c.call;
+  j.g = s.g;
+  j.tensors = std::move(inputs);
+  j.session = sit->second;
+  by_client_[{client, c.call}] = id;
+  return launch(id, j, {}, make_error(error_code::internal, "unused"));
+}
+
+std::vector<outbound> job_engine::peer_dead(const std::string& id) {
+  std::vector<outbound> out;
+  auto gone = peers_.find(id);
+  if (gone == peers_.end()) return out;
+  // Worker side: stages coordinated by the dead node will never be collected.
+  for (auto it = waiting_.begin(); it != waiting_.end();)
+    it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
+  for (auto it = cache_.begin(); it != cache_.end();)
+    it = std::get<0>(it->first) == id ? cache_.erase(it) : std::next(it);
+  for (auto it = uncached_.begin(); it != uncached_.end();)
+    it = std::get<0>(it->first) == id ? uncached_.erase(it) : std::next(it);
+  // Coordinator side: re-plan every running job and session that had a stage there.
+  std::vector<std::string> old_ids;
+  std::vector<device_profile> old_devices;
+  live_devices(old_ids, old_devices);
+  const int dead = static_cast<int>(std::find(old_ids.begin(), old_ids.end(), id) - old_ids.begin());
+  peers_.erase(gone);
+  std::vector<std::string> ids;
+  std::vector<device_profile> devices;
+  live_devices(ids, devices);
+  const auto uses_dead = [&](const std::vector<std::string>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
+  // Survivors keep their part; only the dead node's stage moves (see replan()).
+  const auto new_plan = [&](const graph& g, const plan& old) {
+    return old.stages.size() == old_ids.size() ? replan(g, old, dead, devices) : partition(g, devices, strategy::pipeline);
+  };
+  std::set<uint64_t> replanned;
+  for (auto& [sid, s] : sessions_) {
+    if (!uses_dead(s.stage_nodes)) continue;
+    if (auto ok = plan_session(sid, s, ids, new_plan(*s.g, s.current)); ok) replanned.insert(sid);
+  }
+  for (auto& [jid, j] : jobs_) {
+    if (j.state != "running") continue;
+    if (j.session ? !replanned.count(j.session) && !uses_dead(j.stage_nodes) : !uses_dead(j.stage_nodes)) continue;
+    auto more = launch(jid, j, ids, j.session ? expected<plan>(plan{}) : new_plan(*j.g, j.current));
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+// ---- worker ----
+
+std::vector<outbound> job_engine::on_run_stage(const std::string& from, const msg::run_stage& r) {
+  const auto fail = [&](const std::string& why) {
+    msg::stage_done d;
+    d.job = r.job;
+    d.attempt = r.attempt;
+    d.stage = r.stage;
+    d.error = why;
+    return std::vector<outbound>{{r.coordinator, d}};
+  };
+  if (from != r.coordinator) return {};  // only the coordinator itself may hand out its stages
+  waiting_stage ws;
+  ws.task.coordinator = r.coordinator;
+  ws.task.job = r.job;
+  ws.task.attempt = r.attempt;
+  ws.task.stage = r.stage;
+  ws.task.routes = r.routes;
+  const std::tuple<std::string, uint64_t, uint32_t> cache_key{r.coordinator, r.cache, r.stage};
+  if (r.wire.empty()) {
+    if (!r.cache) return fail("the stage carries no fragment");
+    auto c = cache_.find(cache_key);
+    if (c == cache_.end()) {
+      size_t parked = 0;
+      for (const auto& [k, v] : uncached_) parked += v.size();
+      if (parked >= max_uncached_calls) return fail("too many calls waiting for their fragment");
+      uncached_[cache_key].push_back(r);
+      return {};
+    }
+    ws.task.g = c->second.g;
+    ws.task.params = c->second.params;
+  } else {
+    auto w = decode_wire_graph(r.wire.data(), r.wire.size(), limits_);
+    if (!w) return fail("fragment rejected: " + w.error().to_string());
+    auto split = split_tensors(w->g, std::move(w->tensors));
+    if (!split) return fail(split.error().message);
+    ws.task.inputs = std::move(split->first);
+    ws.task.params = std::move(split->second);
+    ws.task.g = std::make_shared<const graph>(std::move(w->g));
+    if (r.cache) {
+      if (cache_.size() >= max_cached_fragments) cache_.erase(cache_.begin());
+      cache_[cache_key] = {ws.task.g, ws.task.params};
+    }
+  }
+  std::vector<outbound> out;
+  if (auto parked = uncached_.find(cache_key); parked != uncached_.end() && !r.wire.empty()) {
+    auto calls = std::move(parked->second);
+    uncached_.erase(parked);
+    for (const auto& c : calls) {
+      auto more = on_run_stage(from, c);
+      out.insert(out.end(), more.begin(), more.end());
+    }
+  }
+  if (r.cache) ws.task.resident_key = r.coordinator + "/" + std::to_string(r.cache) + "/" + std::to_string(r.stage);
+  for (const auto& t : r.inputs) ws.task.inputs[t.name] = t.value;
+  for (const auto& a : r.awaited) {
+    const node_id leaf = ws.task.g->find_leaf(a);
+    if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail("awaited value \"" + a + "\" is not an input of the fragment");
+    ws.awaited.insert(a);
+  }
+  const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
+  if (waiting_.count(k)) return out;
+  // Activations that arrived before the stage itself.
+  auto early = early_.find({r.coordinator, r.job, r.attempt});
+  if (early != early_.end()) {
+    for (auto it = early->second.begin(); it != early->second.end();) {
+      if (ws.awaited.erase(it->first)) {
+        ws.task.inputs[it->first] = std::move(it->second);
+        it = early->second.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (early->second.empty()) early_.erase(early);
+  }
+  waiting_[k] = std::move(ws);
+  promote_ready(k);
+  return out;
+}
+
+std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
+  for (auto& [k, ws] : waiting_) {
+    if (std::get<0>(k) != a.coordinator || std::get<1>(k) != a.job || std::get<2>(k) != a.attempt) continue;
+    if (!ws.awaited.erase(a.value.name)) continue;
+    ws.task.inputs[a.value.name] = a.value.value;
+    promote_ready(k);
+    return {};
+  }
+  size_t buffered = 0;
+  for (const auto& [k, m] : early_) buffered += m.size();
+  if (buffered < max_early_activations) early_[{a.coordinator, a.job, a.attempt}][a.value.name] = a.value.value;
+  return {};
+}
+
+void job_engine::promote_ready(const stage_key& k) {
+  auto it = waiting_.find(k);
+  if (it == waiting_.end() || !it->second.awaited.empty()) return;
+  ready_.push_back(std::move(it->second.task));
+  waiting_.erase(it);
+}
+
+std::vector<stage_task> job_engine::take_ready() {
+  std::vector<stage_task> out(std::make_move_iterator(ready_.begin()), std::make_move_iterator(ready_.end()));
+  ready_.clear();
+  executing_ += out.size();
+  return out;
+}
+
+std::vector<outbound> job_engine::on_executed(const stage_task& t, const expected<tensor_map>& outputs) {
+  if (executing_ > 0) --executing_;
+  msg::stage_done d;
+  d.job = t.job;
+  d.attempt = t.attempt;
+  d.stage = t.stage;
+  std::vector<outbound> out;
+  if (!outputs) {
+    d.error = outputs.error().to_string();
+    out.push_back({t.coordinator, d});
+    return out;
+  }
+  for (const auto& r : t.routes) {
+    auto v = outputs->find(r.value);
+    if (v == outputs->end()) continue;
+    msg::activation a;
+    a.coordinator = t.coordinator;
+    a.job = t.job;
+    a.attempt = t.attempt;
+    a.value = {r.value, v->second};
+    out.push_back({r.to, std::move(a)});
+  }
+  d.ok = true;
+  for (const auto& [name, value] : *outputs)
+    if (!is_cut(name)) d.outputs.push_back({name, value});
+  out.push_back({t.coordinator, std::move(d)});
+  return out;
+}
+
+std::vector<msg::job_status> job_engine::jobs() const {
+  std::vector<msg::job_status> out;
+  for (const auto& [id, j] : jobs_) {
+    msg::job_status s;
+    s.job = j.client_job;
+    s.client = j.client;
+    s.state = j.state;
+    s.stages = static_cast<uint32_t>(std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); }));
+    s.attempts = j.attempt;
+    s.seconds = j.state == "running" ? std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count() : j.seconds;
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace mesh

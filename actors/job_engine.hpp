@@ -1,0 +1,143 @@
+#pragma once
+/// The job logic of a node, without I/O: the coordinator side (plan a submitted graph over the
+/// live devices, ship stage fragments, collect results, re-plan when a worker dies) and the worker
+/// side (wait for a stage's activations, hand it to the executor, route its outputs).
+///
+/// The actor shell feeds it decoded messages, peer changes and executor results, and carries out
+/// what it returns: messages to send and stages to execute. Any node can coordinate; a node is
+/// also a worker of its own plans (messages to itself are returned like any other).
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "graph/cost.hpp"
+#include "graph/evaluate.hpp"
+#include "graph/planner.hpp"
+#include "graph/validate.hpp"
+
+namespace mesh {
+
+/// A message for the shell to send (to == self is delivered locally by the shell).
+struct outbound {
+  std::string to;
+  msg::message m;
+};
+
+/// A stage ready to run on this node's executor.
+struct stage_task {
+  std::string coordinator;
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  std::shared_ptr<const graph> g;  ///< validated fragment
+  tensor_map inputs;     ///< job inputs and arrived activations, by input name
+  tensor_map params;     ///< the fragment's parameters
+  std::vector<msg::route> routes;
+  /// Non-empty for inference sessions: the parameters are named uniquely for the session and
+  /// need uploading only once per executor (this key says which upload they belong to).
+  std::string resident_key;
+};
+
+class job_engine {
+ public:
+  /// `self` is this node's id (hex); `limits` bound every graph this node accepts.
+  job_engine(std::string self, device_profile own, graph_limits limits = {});
+
+  /// A worker joined (its hello arrived) or changed.
+  void peer_up(const std::string& id, const device_profile& p);
+  /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
+  std::vector<outbound> peer_dead(const std::string& id);
+
+  /// A message from `from` (already decoded). Returns what to send.
+  std::vector<outbound> on_message(const std::string& from, const msg::message& m);
+
+  /// Stages whose inputs have all arrived; the shell runs them and calls on_executed.
+  std::vector<stage_task> take_ready();
+  /// The executor's result for a task from take_ready().
+  std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs);
+
+  /// Jobs this node coordinates, for status.
+  std::vector<msg::job_status> jobs() const;
+  size_t running_stages() const { return waiting_.size() + executing_; }
+  std::vector<std::string> workers() const;
+
+ private:
+  struct job_state {
+    std::string client;
+    uint64_t client_job = 0;
+    std::shared_ptr<const graph> g;
+    tensor_map tensors;   ///< one-shot: inputs and parameters; session call: inputs
+    uint64_t session = 0;  ///< internal session id for an inference call, else 0
+    strategy kind = strategy::pipeline;
+    uint32_t attempt = 0;
+    plan current;
+    std::vector<std::string> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
+    std::set<uint32_t> pending;            ///< stages not done yet
+    tensor_map outputs;
+    std::string state = "planning";
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    double seconds = 0;
+  };
+  /// A model loaded across a pipeline of peers for repeated calls.
+  struct session_state {
+    std::string client;
+    uint64_t client_session = 0;
+    std::shared_ptr<const graph> g;
+    tensor_map params;
+    uint32_t epoch = 0;  ///< bumped on every re-plan: workers cache fragments per epoch
+    plan current;
+    std::vector<std::string> stage_nodes;
+    std::vector<graph> fragments;            ///< parameters renamed to be unique to the session
+    std::vector<tensor_map> fragment_params;
+    std::set<std::pair<std::string, uint32_t>> loaded;  ///< (node, stage) holding this epoch's fragment
+  };
+  struct waiting_stage {
+    stage_task task;
+    std::set<std::string> awaited;
+  };
+  using stage_key = std::tuple<std::string, uint64_t, uint32_t, uint32_t>;  // coordinator, job, attempt, stage
+  using attempt_key = std::tuple<std::string, uint64_t, uint32_t>;
+
+  std::vector<outbound> submit(const std::string& client, const msg::submit_job& s);
+  std::vector<outbound> open(const std::string& client, const msg::open_session& o);
+  std::vector<outbound> call(const std::string& client, const msg::infer& c);
+  /// (Re)starts a job over plan `p` (one-shot jobs) or over its session's plan (calls).
+  std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p);
+  expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
+  std::vector<outbound> finish(uint64_t id, job_state& j, bool ok, const std::string& error);
+  std::vector<outbound> on_run_stage(const std::string& from, const msg::run_stage& r);
+  std::vector<outbound> on_activation(const msg::activation& a);
+  std::vector<outbound> on_stage_done(const std::string& from, const msg::stage_done& d);
+  void live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const;
+  void promote_ready(const stage_key& k);
+
+  std::string self_;
+  device_profile own_;
+  graph_limits limits_;
+  std::map<std::string, device_profile> peers_;
+  uint64_t next_job_ = 1;
+  std::map<uint64_t, job_state> jobs_;               // coordinated here, by internal id
+  std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id
+  std::map<uint64_t, session_state> sessions_;       // by internal id
+  std::map<std::pair<std::string, uint64_t>, uint64_t> sessions_by_client_;
+  struct cached_fragment {
+    std::shared_ptr<const graph> g;
+    tensor_map params;
+  };
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, cached_fragment> cache_;  // worker side
+  /// Calls that overtook the call carrying their fragment (bulk messages travel on separate
+  /// streams, so they may arrive in any order); replayed when the fragment arrives.
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, std::vector<msg::run_stage>> uncached_;
+  std::map<stage_key, waiting_stage> waiting_;       // worker side
+  std::map<attempt_key, tensor_map> early_;          // activations that came before their stage
+  std::deque<stage_task> ready_;
+  size_t executing_ = 0;
+};
+
+}  // namespace mesh

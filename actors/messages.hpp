@@ -1,0 +1,255 @@
+#pragma once
+/// The messages nodes (and clients) exchange, as plain structs with CAF `inspect` overloads.
+///
+/// On the wire a message is one kind byte followed by the struct in CAF's binary format; decoding
+/// goes through mesh::bounded_deserializer and then checks every tensor (see decode_message), so a
+/// hostile peer gets an error back and the node keeps running. Graphs travel inside as WireGraph
+/// bytes and are decoded (= validated) only by the node that runs them.
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <caf/meta/type_name.hpp>
+
+#include "graph/error.hpp"
+#include "graph/tensor.hpp"
+#include "graph/wire_inspect.hpp"
+
+namespace mesh::msg {
+
+/// Bumped on any change to these messages; peers of another version are not admitted.
+inline constexpr uint32_t protocol_version = 1;
+
+struct named_tensor {
+  std::string name;
+  tensor value;
+  bool operator==(const named_tensor&) const = default;
+};
+
+/// First message on a new connection: who I am and what my device can do (measured at start).
+struct hello {
+  uint64_t incarnation = 0;  ///< start time of this process: a restarted node has a higher one
+  std::string device_name;
+  std::string device_kind;  ///< "discrete", "integrated", "virtual", "cpu"
+  double gflops = 0;        ///< measured by a micro-benchmark at start
+  double mem_gbps = 0;
+  uint64_t memory_bytes = 0;
+  bool is_client = false;   ///< a client program or meshctl, not a worker
+  bool operator==(const hello&) const = default;
+};
+
+struct heartbeat {
+  uint64_t incarnation = 0;
+  uint64_t seq = 0;
+  uint32_t running_stages = 0;  ///< load, shown by meshctl
+  bool operator==(const heartbeat&) const = default;
+};
+
+/// Client -> any node: run this graph (WireGraph bytes carrying the graph, inputs and
+/// parameters) over the mesh and send me the outputs.
+struct submit_job {
+  uint64_t job = 0;  ///< chosen by the client, unique per client
+  std::vector<char> wire;
+  uint8_t strategy = 0;  ///< mesh::strategy
+  bool operator==(const submit_job&) const = default;
+};
+
+/// Node -> client: a job's outcome.
+struct job_result {
+  uint64_t job = 0;
+  bool ok = false;
+  std::string error;  ///< a sentence a person can act on, when !ok
+  std::vector<named_tensor> outputs;
+  uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
+  std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
+  bool operator==(const job_result&) const = default;
+};
+
+/// Where a stage sends one of its cut outputs.
+struct route {
+  std::string value;  ///< cut name, e.g. "cut.12"
+  std::string to;     ///< node id (hex) of the consumer
+  bool operator==(const route&) const = default;
+};
+
+/// Coordinator -> worker: run one stage of a job (the fragment, with its parameters and any job
+/// inputs it reads, as WireGraph bytes), waiting for `awaited` activations from other stages.
+/// For inference sessions, `cache` names a fragment the worker keeps (parameters resident on its
+/// device): the first call carries `wire`, later calls leave it empty and bring only `inputs`.
+struct run_stage {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  std::string coordinator;  ///< node id (hex)
+  std::vector<char> wire;
+  std::vector<std::string> awaited;  ///< cut names that arrive as activations
+  std::vector<route> routes;
+  uint64_t cache = 0;                ///< 0: one-shot; else the cached fragment's key
+  std::vector<named_tensor> inputs;  ///< job inputs of this stage, when not inside `wire`
+  bool operator==(const run_stage&) const = default;
+};
+
+/// Client -> node: load a model (graph + parameters, as WireGraph bytes) across a pipeline of
+/// peers once, for repeated `infer` calls. Answered by a job_result with job = session.
+struct open_session {
+  uint64_t session = 0;
+  std::vector<char> wire;
+  bool operator==(const open_session&) const = default;
+};
+
+/// Client -> node: one call of an open session; answered by a job_result with job = call.
+struct infer {
+  uint64_t session = 0;
+  uint64_t call = 0;
+  std::vector<named_tensor> inputs;
+  bool operator==(const infer&) const = default;
+};
+
+struct close_session {
+  uint64_t session = 0;
+  bool operator==(const close_session&) const = default;
+};
+
+/// Worker -> worker: a value crossing a cut, sent directly to the stage that needs it.
+struct activation {
+  std::string coordinator;
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  named_tensor value;
+  bool operator==(const activation&) const = default;
+};
+
+/// Worker -> coordinator: a stage finished (its graph outputs included) or failed.
+struct stage_done {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  bool ok = false;
+  std::string error;
+  std::vector<named_tensor> outputs;
+  bool operator==(const stage_done&) const = default;
+};
+
+struct status_request {
+  uint64_t id = 0;
+  bool operator==(const status_request&) const = default;
+};
+
+struct peer_status {
+  std::string node;
+  std::string health;  ///< healthy / suspect / dead
+  std::string address;
+  std::string device;
+  double gflops = 0;
+  uint32_t running_stages = 0;
+  double rtt_ms = 0;
+  bool operator==(const peer_status&) const = default;
+};
+
+struct job_status {
+  uint64_t job = 0;
+  std::string client;
+  std::string state;  ///< planning / running / done / failed
+  uint32_t stages = 0;
+  uint32_t attempts = 0;
+  double seconds = 0;
+  bool operator==(const job_status&) const = default;
+};
+
+struct status_reply {
+  uint64_t id = 0;
+  std::string node;
+  std::string device;
+  double gflops = 0;
+  double uptime_s = 0;
+  std::vector<peer_status> peers;
+  std::vector<job_status> jobs;
+  bool operator==(const status_reply&) const = default;
+};
+
+/// Any message, as decoded.
+using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
+                             status_request, status_reply, open_session, infer, close_session>;
+
+/// kind byte + CAF body.
+expected<std::vector<uint8_t>> encode_message(const message& m);
+
+/// Parses and checks one message from a peer. Errors name the message kind and the problem; the
+/// input size bounds memory use.
+expected<message> decode_message(const uint8_t* data, size_t size);
+
+/// "run_stage" etc., for logs.
+const char* kind_name(const message& m);
+
+// ---- inspect overloads (CAF 0.17 form) ----
+template <class F>
+typename F::result_type inspect(F& f, named_tensor& x) {
+  return f(caf::meta::type_name("named_tensor"), x.name, x.value);
+}
+template <class F>
+typename F::result_type inspect(F& f, hello& x) {
+  return f(caf::meta::type_name("hello"), x.incarnation, x.device_name, x.device_kind, x.gflops, x.mem_gbps,
+           x.memory_bytes, x.is_client);
+}
+template <class F>
+typename F::result_type inspect(F& f, heartbeat& x) {
+  return f(caf::meta::type_name("heartbeat"), x.incarnation, x.seq, x.running_stages);
+}
+template <class F>
+typename F::result_type inspect(F& f, submit_job& x) {
+  return f(caf::meta::type_name("submit_job"), x.job, x.wire, x.strategy);
+}
+template <class F>
+typename F::result_type inspect(F& f, job_result& x) {
+  return f(caf::meta::type_name("job_result"), x.job, x.ok, x.error, x.outputs, x.attempts, x.workers);
+}
+template <class F>
+typename F::result_type inspect(F& f, route& x) {
+  return f(caf::meta::type_name("route"), x.value, x.to);
+}
+template <class F>
+typename F::result_type inspect(F& f, run_stage& x) {
+  return f(caf::meta::type_name("run_stage"), x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes,
+           x.cache, x.inputs);
+}
+template <class F>
+typename F::result_type inspect(F& f, activation& x) {
+  return f(caf::meta::type_name("activation"), x.coordinator, x.job, x.attempt, x.value);
+}
+template <class F>
+typename F::result_type inspect(F& f, stage_done& x) {
+  return f(caf::meta::type_name("stage_done"), x.job, x.attempt, x.stage, x.ok, x.error, x.outputs);
+}
+template <class F>
+typename F::result_type inspect(F& f, status_request& x) {
+  return f(caf::meta::type_name("status_request"), x.id);
+}
+template <class F>
+typename F::result_type inspect(F& f, peer_status& x) {
+  return f(caf::meta::type_name("peer_status"), x.node, x.health, x.address, x.device, x.gflops, x.running_stages,
+           x.rtt_ms);
+}
+template <class F>
+typename F::result_type inspect(F& f, job_status& x) {
+  return f(caf::meta::type_name("job_status"), x.job, x.client, x.state, x.stages, x.attempts, x.seconds);
+}
+template <class F>
+typename F::result_type inspect(F& f, status_reply& x) {
+  return f(caf::meta::type_name("status_reply"), x.id, x.node, x.device, x.gflops, x.uptime_s, x.peers, x.jobs);
+}
+
+template <class F>
+typename F::result_type inspect(F& f, open_session& x) {
+  return f(caf::meta::type_name("open_session"), x.session, x.wire);
+}
+template <class F>
+typename F::result_type inspect(F& f, infer& x) {
+  return f(caf::meta::type_name("infer"), x.session, x.call, x.inputs);
+}
+template <class F>
+typename F::result_type inspect(F& f, close_session& x) {
+  return f(caf::meta::type_name("close_session"), x.session);
+}
+
+}  // namespace mesh::msg

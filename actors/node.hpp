@@ -1,0 +1,41 @@
+#pragma once
+/// A meshnode: the actor system of one node. CAF stays behind this header (node.cpp).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "graph/validate.hpp"
+
+namespace mesh {
+
+struct node_config {
+  std::filesystem::path state_dir;     ///< identity (node.key) and the endpoint file live here
+  std::vector<uint8_t> mesh_secret;    ///< empty = the open LAN mesh
+  std::string bind = "0.0.0.0";
+  uint16_t port = 0;                   ///< 0 = any free port (written to <state_dir>/endpoint)
+  std::vector<std::string> peers;      ///< static peers, "nodeid@host:port"
+  std::string device = "auto";         ///< auto | cpu | vulkan | a device name substring
+  std::string log_level = "info";
+  std::chrono::milliseconds heartbeat{250};
+  std::chrono::milliseconds dead_after{2500};
+  int max_restarts = 5;                           ///< of the executor, within restart_window
+  std::chrono::milliseconds restart_window{30000};
+  graph_limits limits;
+};
+
+/// Runs a node until `stop` becomes true (SIGINT/SIGTERM in meshnode) or its supervisor gives up.
+/// Returns the process exit code: 0 after a clean stop, non-zero when the node could not start or
+/// its children crashed more often than the restart budget allows. `crash_executor`, when set
+/// to true, makes the executor crash (a simulated device loss, used by tests via SIGUSR1).
+int run_node(const node_config& config, std::atomic<bool>& stop, std::atomic<bool>& crash_executor);
+
+/// The node id (hex) of the identity in `state_dir`, creating the identity if needed.
+expected<std::string> node_identity_string(const std::filesystem::path& state_dir);
+
+/// "id@host:port" -> (id, "host:port"), or an error naming the expected form.
+expected<std::pair<std::string, std::string>> parse_peer(const std::string& text);
+
+}  // namespace mesh

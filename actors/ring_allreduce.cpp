@@ -1,0 +1,144 @@
+#include "actors/ring_allreduce.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "graph/dtype.hpp"
+
+namespace mesh {
+namespace {
+
+size_t value_size(wire_format f) { return f == wire_format::f32 ? 4 : 2; }
+
+void put(std::vector<uint8_t>& out, const float* xs, size_t count, wire_format f) {
+  out.resize(count * value_size(f));
+  if (f == wire_format::f32) {
+    if (count) std::memcpy(out.data(), xs, count * 4);
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h = f == wire_format::bf16 ? float_to_bf16(xs[i]) : float_to_half(xs[i]);
+    std::memcpy(out.data() + 2 * i, &h, 2);
+  }
+}
+
+float get(const std::vector<uint8_t>& in, size_t i, wire_format f) {
+  if (f == wire_format::f32) {
+    float x;
+    std::memcpy(&x, in.data() + 4 * i, 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, in.data() + 2 * i, 2);
+  return f == wire_format::bf16 ? bf16_to_float(h) : half_to_float(h);
+}
+
+/// Rounds a value to what the wire carries, so the rank that keeps a reduced chunk holds exactly
+/// what the others receive (bit-identical replicas also with compression).
+float through_wire(float x, wire_format f) {
+  switch (f) {
+    case wire_format::f32: return x;
+    case wire_format::bf16: return bf16_to_float(float_to_bf16(x));
+    case wire_format::f16: return half_to_float(float_to_half(x));
+  }
+  return x;
+}
+
+int mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace
+
+ring_allreduce::ring_allreduce(uint64_t round, int rank, int n, std::vector<float> data, int pieces, wire_format format)
+    : round_(round), rank_(rank), n_(n < 1 ? 1 : n), pieces_(pieces < 1 ? 1 : pieces), format_(format),
+      data_(std::move(data)), seen_(2 * static_cast<size_t>(n_) * static_cast<size_t>(pieces_), false) {
+  if (n_ == 1) final_pieces_ = total_pieces();
+}
+
+std::pair<size_t, size_t> ring_allreduce::range(int chunk, int piece) const {
+  const size_t len = data_.size();
+  const size_t c0 = len * static_cast<size_t>(chunk) / static_cast<size_t>(n_);
+  const size_t c1 = len * static_cast<size_t>(chunk + 1) / static_cast<size_t>(n_);
+  const size_t w = c1 - c0;
+  return {c0 + w * static_cast<size_t>(piece) / static_cast<size_t>(pieces_),
+          c0 + w * static_cast<size_t>(piece + 1) / static_cast<size_t>(pieces_)};
+}
+
+int ring_allreduce::chunk_at(uint32_t step, bool received) const {
+  // Reduce-scatter step s: rank r sends chunk r-s and receives chunk r-1-s.
+  // All-gather step t (= s - (n-1)): rank r sends chunk r+1-t and receives chunk r-t.
+  const int s = static_cast<int>(step);
+  if (s < n_ - 1) return mod(rank_ - s - (received ? 1 : 0), n_);
+  const int t = s - (n_ - 1);
+  return mod(rank_ + 1 - t - (received ? 1 : 0), n_);
+}
+
+allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {
+  allreduce_message m;
+  m.round = round_;
+  m.step = step;
+  m.piece = static_cast<uint32_t>(piece);
+  auto [b, e] = range(chunk, piece);
+  put(m.payload, data_.data() + b, e - b, format_);
+  bytes_sent_ += m.payload.size();
+  return m;
+}
+
+std::vector<allreduce_message> ring_allreduce::start() {
+  std::vector<allreduce_message> out;
+  if (n_ == 1) return out;
+  for (int p = 0; p < pieces_; ++p) out.push_back(make(0, chunk_at(0, false), p));
+  return out;
+}
+
+expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allreduce_message& m) {
+  if (m.round != round_)
+    return make_error(error_code::invalid_argument, "all-reduce: message of round " + std::to_string(m.round) +
+                                                        " during round " + std::to_string(round_));
+  const uint32_t steps = 2 * static_cast<uint32_t>(n_ - 1);
+  if (m.step >= steps || m.piece >= static_cast<uint32_t>(pieces_))
+    return make_error(error_code::invalid_argument, "all-reduce: step/piece out of range");
+  const size_t slot = m.step * static_cast<size_t>(pieces_) + m.piece;
+  if (seen_[slot]) return make_error(error_code::invalid_argument, "all-reduce: duplicate message");
+  const int chunk = chunk_at(m.step, true);
+  const int piece = static_cast<int>(m.piece);
+  auto [b, e] = range(chunk, piece);
+  if (m.payload.size() != (e - b) * value_size(format_))
+    return make_error(error_code::invalid_argument, "all-reduce: payload of " + std::to_string(m.payload.size()) +
+                                                        " bytes, expected " + std::to_string((e - b) * value_size(format_)));
+  seen_[slot] = true;
+  std::vector<allreduce_message> out;
+  const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
+  if (m.step <= last_rs) {
+    for (size_t i = b; i < e; ++i) data_[i] = get(m.payload, i - b, format_) + data_[i];
+    if (m.step < last_rs) {
+      out.push_back(make(m.step + 1, chunk, piece));
+    } else {
+      // This piece of chunk `chunk` is now fully reduced here: fix it to its wire value and
+      // start it around the ring.
+      for (size_t i = b; i < e; ++i) data_[i] = through_wire(data_[i], format_);
+      ++final_pieces_;
+      out.push_back(make(m.step + 1, chunk, piece));
+    }
+  } else {
+    for (size_t i = b; i < e; ++i) data_[i] = get(m.payload, i - b, format_);
+    ++final_pieces_;
+    if (m.step + 1 < steps) out.push_back(make(m.step + 1, chunk, piece));
+  }
+  return out;
+}
+
+std::vector<size_t> make_buckets(const std::vector<int64_t>& sizes, int64_t bucket_elems) {
+  std::vector<size_t> firsts;
+  int64_t filled = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // A new bucket when this tensor would overflow a non-empty one; a big tensor gets its own.
+    if (firsts.empty() || (filled > 0 && filled + sizes[i] > bucket_elems)) {
+      firsts.push_back(i);
+      filled = 0;
+    }
+    filled += sizes[i];
+  }
+  return firsts;
+}
+
+}  // namespace mesh

@@ -1,0 +1,71 @@
+#pragma once
+/// The ring all-reduce's pure core: one rank's state machine for one round, no I/O.
+///
+/// The buffer is split into n chunks (n = ring size), each chunk into `pieces` so that a rank
+/// forwards piece p as soon as it has it: every link stays busy (pipelining). Reduce-scatter takes
+/// n-1 steps (each rank adds the chunk it receives to its own and forwards it), all-gather n-1
+/// more (the fully reduced chunk is copied around). Each chunk's sum is computed once, by one
+/// rank, in ring order, and then copied: every replica ends bit-identical.
+///
+/// A round is all or nothing: result() exists only when done(); a membership change aborts the
+/// round (drop the object) and the caller starts a new round over the new ring with its original
+/// data, so nothing is half applied. Messages carry the round id; stale ones are rejected.
+#include <cstdint>
+#include <vector>
+
+#include "graph/error.hpp"
+
+namespace mesh {
+
+/// How values travel between ranks; summation is always in f32.
+enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
+
+/// One piece of one step, sent from a rank to its successor in the ring.
+struct allreduce_message {
+  uint64_t round = 0;
+  uint32_t step = 0;   ///< 0 .. 2(n-1)-1; the first n-1 are reduce-scatter
+  uint32_t piece = 0;  ///< 0 .. pieces-1
+  std::vector<uint8_t> payload;  ///< the piece's values in the round's wire format
+};
+
+class ring_allreduce {
+ public:
+  /// Rank `rank` of a ring of `n`, summing `data` (same length on every rank).
+  ring_allreduce(uint64_t round, int rank, int n, std::vector<float> data, int pieces = 4,
+                 wire_format format = wire_format::f32);
+
+  /// The messages to send to the successor when the round starts.
+  std::vector<allreduce_message> start();
+
+  /// A message from the predecessor. Returns what to forward, or an error for a message that
+  /// does not belong to this round (wrong round, step, piece or size, or a duplicate).
+  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m);
+
+  bool done() const { return final_pieces_ == total_pieces(); }
+  /// The sum over all ranks (valid only when done()).
+  const std::vector<float>& result() const { return data_; }
+  uint64_t round() const { return round_; }
+  /// Bytes this rank sends in a whole round (for benchmarks: 2(n-1)/n of the buffer, per rank).
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+ private:
+  size_t total_pieces() const { return static_cast<size_t>(n_) * static_cast<size_t>(pieces_); }
+  /// Element range [begin, end) of piece p of chunk c.
+  std::pair<size_t, size_t> range(int chunk, int piece) const;
+  allreduce_message make(uint32_t step, int chunk, int piece);
+  int chunk_at(uint32_t step, bool received) const;
+
+  uint64_t round_;
+  int rank_, n_, pieces_;
+  wire_format format_;
+  std::vector<float> data_;
+  std::vector<bool> seen_;  ///< (step, piece) already received
+  size_t final_pieces_ = 0;
+  uint64_t bytes_sent_ = 0;
+};
+
+/// Groups consecutive tensors of `sizes` (elements) into buckets of about `bucket_elems`, so that
+/// small gradients travel together. Returns the index of the first tensor of each bucket.
+std::vector<size_t> make_buckets(const std::vector<int64_t>& sizes, int64_t bucket_elems);
+
+}  // namespace mesh

@@ -1,0 +1,124 @@
+// meshctl: shows the mesh as a node sees it.
+//
+//   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
+//   meshctl --json peers                     the same as JSON, for scripts
+// The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "client/client.hpp"
+
+namespace {
+
+std::string default_state_dir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME")) return std::string(xdg) + "/meshnode";
+  if (const char* home = std::getenv("HOME")) return std::string(home) + "/.local/state/meshnode";
+  return "meshnode-state";
+}
+
+nlohmann::json to_json(const mesh::msg::status_reply& s) {
+  nlohmann::json j{{"node", s.node}, {"device", s.device}, {"gflops", s.gflops}, {"uptime_s", s.uptime_s}};
+  j["peers"] = nlohmann::json::array();
+  for (const auto& p : s.peers)
+    j["peers"].push_back({{"node", p.node}, {"health", p.health}, {"address", p.address}, {"device", p.device},
+                          {"gflops", p.gflops}, {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms}});
+  j["jobs"] = nlohmann::json::array();
+  for (const auto& x : s.jobs)
+    j["jobs"].push_back({{"job", x.job}, {"client", x.client}, {"state", x.state}, {"stages", x.stages},
+                         {"attempts", x.attempts}, {"seconds", x.seconds}});
+  return j;
+}
+
+void print_peers(const mesh::msg::status_reply& s) {
+  std::printf("%-10s %-8s %-22s %-24s %9s %7s %8s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "STAGES", "RTT ms");
+  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s\n", (s.node.substr(0, 8) + "*").c_str(), "self", "-",
+              s.device.substr(0, 24).c_str(), s.gflops, "-", "-");
+  for (const auto& p : s.peers)
+    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f\n", p.node.substr(0, 8).c_str(), p.health.c_str(),
+                p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, p.running_stages, p.rtt_ms);
+}
+
+void print_jobs(const mesh::msg::status_reply& s) {
+  std::printf("%-6s %-10s %-8s %7s %9s %9s\n", "JOB", "CLIENT", "STATE", "STAGES", "ATTEMPTS", "SECONDS");
+  for (const auto& j : s.jobs)
+    std::printf("%-6llu %-10s %-8s %7u %9u %9.3f\n", static_cast<unsigned long long>(j.job), j.client.substr(0, 8).c_str(),
+                j.state.c_str(), j.stages, j.attempts, j.seconds);
+}
+
+void print_status(const mesh::msg::status_reply& s) {
+  int healthy = 0, suspect = 0, dead = 0, running = 0;
+  for (const auto& p : s.peers) (p.health == "healthy" ? healthy : p.health == "suspect" ? suspect : dead)++;
+  for (const auto& j : s.jobs) running += j.state == "running";
+  std::printf("node     %s\ndevice   %s, %.2f GFLOP/s\nuptime   %.0f s\npeers    %d healthy, %d suspect, %d dead\njobs     %d running, %zu known\n",
+              s.node.c_str(), s.device.c_str(), s.gflops, s.uptime_s, healthy, suspect, dead, running, s.jobs.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshctl: show the mesh"};
+  std::string node, state_dir = default_state_dir(), secret_file, command;
+  bool json = false;
+  int count = 0;
+  app.add_option("command", command, "peers, status, jobs or top")->required()->check(CLI::IsMember({"peers", "status", "jobs", "top"}));
+  app.add_option("--node", node, "NODEID@HOST:PORT of the node to ask")->envname("MESH_NODE");
+  app.add_option("--state-dir", state_dir, "a local node's state directory (its endpoint file)")->envname("MESH_STATE_DIR");
+  app.add_option("--secret-file", secret_file, "mesh secret file")->envname("MESH_SECRET_FILE");
+  app.add_flag("--json", json, "print JSON");
+  app.add_option("--count", count, "top: stop after this many refreshes (0 = until interrupted)");
+  CLI11_PARSE(app, argc, argv);
+
+  if (node.empty()) {
+    std::ifstream f(state_dir + "/endpoint");
+    if (!std::getline(f, node)) {
+      std::cerr << "meshctl: no --node given and no running node found in " << state_dir << " (start meshnode first)\n";
+      return 2;
+    }
+  }
+  mesh::client_options opts;
+  if (!secret_file.empty()) {
+    std::ifstream f(secret_file, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    if (s.size() == 64)
+      for (size_t i = 0; i < 64; i += 2) opts.mesh_secret.push_back(static_cast<uint8_t>(std::strtoul(s.substr(i, 2).c_str(), nullptr, 16)));
+    else opts.mesh_secret.assign(s.begin(), s.end());
+  }
+  auto c = mesh::client::connect(node, opts);
+  if (!c) {
+    std::cerr << "meshctl: " << c.error().message << "\n";
+    return 1;
+  }
+  for (int round = 0;; ++round) {
+    auto s = (*c)->status();
+    if (!s) {
+      std::cerr << "meshctl: " << s.error().message << "\n";
+      return 1;
+    }
+    if (json) {
+      auto j = to_json(*s);
+      std::cout << (command == "peers" ? j["peers"] : command == "jobs" ? j["jobs"] : j).dump(2) << "\n";
+    } else if (command == "peers") {
+      print_peers(*s);
+    } else if (command == "jobs") {
+      print_jobs(*s);
+    } else if (command == "status") {
+      print_status(*s);
+    } else {
+      std::printf("\033[2J\033[H");
+      print_status(*s);
+      std::printf("\n");
+      print_peers(*s);
+      std::printf("\n");
+      print_jobs(*s);
+      std::fflush(stdout);
+    }
+    if (command != "top" || (count > 0 && round + 1 >= count)) return 0;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}

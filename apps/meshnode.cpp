@@ -1,0 +1,149 @@
+// meshnode: the daemon every machine of the mesh runs.
+//
+// Settings come from flags, a TOML file (--config) and MESH_* environment variables, with the
+// same names: --state-dir / state_dir / MESH_STATE_DIR. A flag beats the environment, which beats
+// the file, which beats the default.
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+#include <toml++/toml.h>
+
+#include "actors/node.hpp"
+
+namespace {
+
+std::atomic<bool> stop_requested{false};
+std::atomic<bool> crash_requested{false};
+
+extern "C" void on_stop(int) { stop_requested.store(true); }
+extern "C" void on_usr1(int) { crash_requested.store(true); }
+
+std::string default_state_dir() {
+  if (const char* xdg = std::getenv("XDG_STATE_HOME")) return std::string(xdg) + "/meshnode";
+  if (const char* home = std::getenv("HOME")) return std::string(home) + "/.local/state/meshnode";
+  return "meshnode-state";
+}
+
+/// Reads a mesh secret: 32 raw bytes or 64 hex characters, from a file nobody else can read.
+mesh::expected<std::vector<uint8_t>> read_secret(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return mesh::make_error(mesh::error_code::io_error, "cannot read secret file " + path);
+  if (st.st_mode & 077)
+    return mesh::make_error(mesh::error_code::invalid_argument,
+                            "secret file " + path + " is readable by others: chmod 600 " + path);
+  std::ifstream f(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  std::vector<uint8_t> out;
+  if (s.size() == 32) return std::vector<uint8_t>(s.begin(), s.end());
+  if (s.size() == 64) {
+    for (size_t i = 0; i < 64; i += 2) {
+      const auto byte = std::strtoul(s.substr(i, 2).c_str(), nullptr, 16);
+      out.push_back(static_cast<uint8_t>(byte));
+    }
+    return out;
+  }
+  return mesh::make_error(mesh::error_code::invalid_argument, "secret file " + path + " must hold 32 bytes or 64 hex characters");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshnode: a node of the peer-to-peer compute mesh"};
+  std::string config_file, state_dir, secret_file, bind = "0.0.0.0", device = "auto", log_level = "info";
+  int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
+  std::vector<std::string> peers;
+  bool print_id = false;
+  app.add_option("--config", config_file, "TOML file with any of the settings below (same names, with _)")->envname("MESH_CONFIG");
+  auto* o_state = app.add_option("--state-dir", state_dir, "identity and state directory")->envname("MESH_STATE_DIR");
+  auto* o_secret = app.add_option("--secret-file", secret_file, "mesh secret (32 bytes or 64 hex chars); none = open LAN mesh")->envname("MESH_SECRET_FILE");
+  auto* o_bind = app.add_option("--bind", bind, "address to listen on")->envname("MESH_BIND");
+  auto* o_port = app.add_option("--port", port, "UDP port (0 = any free port)")->envname("MESH_PORT");
+  auto* o_peer = app.add_option("--peer", peers, "static peer NODEID@HOST:PORT (repeatable)")->envname("MESH_PEERS")->delimiter(',');
+  auto* o_device = app.add_option("--device", device, "auto, cpu, vulkan, or a device name substring")->envname("MESH_DEVICE");
+  auto* o_log = app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->envname("MESH_LOG_LEVEL");
+  auto* o_hb = app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval")->envname("MESH_HEARTBEAT_MS");
+  auto* o_dead = app.add_option("--dead-after-ms", dead_after_ms, "silence after which a peer is dead")->envname("MESH_DEAD_AFTER_MS");
+  app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  if (!config_file.empty()) {
+    // The file fills only what neither a flag nor the environment set.
+    toml::table t;
+    try {
+      t = toml::parse_file(config_file);
+    } catch (const toml::parse_error& e) {
+      std::cerr << "meshnode: " << config_file << ": " << e.description() << "\n";
+      return 2;
+    }
+    const auto fill = [&](CLI::Option* o, const char* key, auto& value) {
+      if (o->count() == 0)
+        if (auto v = t[key].value<std::decay_t<decltype(value)>>()) value = *v;
+    };
+    fill(o_state, "state_dir", state_dir);
+    fill(o_secret, "secret_file", secret_file);
+    fill(o_bind, "bind", bind);
+    fill(o_port, "port", port);
+    fill(o_device, "device", device);
+    fill(o_log, "log_level", log_level);
+    fill(o_hb, "heartbeat_ms", heartbeat_ms);
+    fill(o_dead, "dead_after_ms", dead_after_ms);
+    if (o_peer->count() == 0)
+      if (auto* arr = t["peers"].as_array())
+        for (auto& p : *arr)
+          if (auto s = p.value<std::string>()) peers.push_back(*s);
+  }
+
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("%H:%M:%S.%e %^%l%$ %v");
+  mesh::node_config cfg;
+  cfg.state_dir = state_dir.empty() ? default_state_dir() : state_dir;
+  if (port < 0 || port > 65535) {
+    std::cerr << "meshnode: --port must be 0..65535\n";
+    return 2;
+  }
+  if (heartbeat_ms <= 0 || dead_after_ms <= 2 * heartbeat_ms) {
+    std::cerr << "meshnode: --dead-after-ms must exceed two heartbeat intervals\n";
+    return 2;
+  }
+  cfg.port = static_cast<uint16_t>(port);
+  cfg.bind = bind;
+  cfg.device = device;
+  cfg.heartbeat = std::chrono::milliseconds(heartbeat_ms);
+  cfg.dead_after = std::chrono::milliseconds(dead_after_ms);
+  for (const auto& p : peers) {
+    if (auto ok = mesh::parse_peer(p); !ok) {
+      std::cerr << "meshnode: " << ok.error().message << "\n";
+      return 2;
+    }
+    cfg.peers.push_back(p);
+  }
+  if (!secret_file.empty()) {
+    auto s = read_secret(secret_file);
+    if (!s) {
+      std::cerr << "meshnode: " << s.error().message << "\n";
+      return 2;
+    }
+    cfg.mesh_secret = *s;
+  }
+  if (print_id) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.state_dir, ec);
+    auto id = mesh::node_identity_string(cfg.state_dir);
+    if (!id) {
+      std::cerr << "meshnode: " << id.error().message << "\n";
+      return 2;
+    }
+    std::cout << *id << "\n";
+    return 0;
+  }
+  std::signal(SIGINT, on_stop);
+  std::signal(SIGTERM, on_stop);
+  std::signal(SIGUSR1, on_usr1);  // simulated device loss: exercises the executor's restart path
+  return mesh::run_node(cfg, stop_requested, crash_requested);
+}

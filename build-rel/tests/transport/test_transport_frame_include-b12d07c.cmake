@@ -1,0 +1,5 @@
+if(EXISTS "/work/wt-transport/build-rel/tests/transport/test_transport_frame_tests-b12d07c.cmake")
+  include("/work/wt-transport/build-rel/tests/transport/test_transport_frame_tests-b12d07c.cmake")
+else()
+  add_test(test_transport_frame_NOT_BUILT-b12d07c test_transport_frame_NOT_BUILT-b12d07c)
+endif()

@@ -1,0 +1,207 @@
+#include "client/client.hpp"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "graph/wire.hpp"
+#include "transport/endpoint.hpp"
+
+namespace mesh {
+
+class client_impl {
+ public:
+  std::mutex m;
+  std::condition_variable cv;
+  bool up = false;
+  std::string failure;  // why the connection failed or went down
+  std::unique_ptr<transport::endpoint> ep;
+  transport::node_id node;
+  uint64_t next_id = 1;
+  std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
+  std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
+
+  void fail_all(const std::string& why) {
+    for (auto& [id, p] : jobs) p.set_value(make_error(error_code::network, why));
+    for (auto& [id, p] : statuses) p.set_value(make_error(error_code::network, why));
+    jobs.clear();
+    statuses.clear();
+  }
+
+  void on_message(std::vector<uint8_t> bytes) {
+    auto decoded = msg::decode_message(bytes.data(), bytes.size());
+    if (!decoded) return;
+    std::lock_guard<std::mutex> lock(m);
+    if (auto* r = std::get_if<msg::job_result>(&*decoded)) {
+      auto it = jobs.find(r->job);
+      if (it == jobs.end()) return;
+      if (!r->ok) {
+        it->second.set_value(make_error(error_code::invalid_argument, r->error));
+      } else {
+        job_outcome out;
+        for (auto& o : r->outputs) out.outputs[o.name] = std::move(o.value);
+        out.attempts = r->attempts;
+        out.workers = r->workers;
+        it->second.set_value(std::move(out));
+      }
+      jobs.erase(it);
+    } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
+      auto it = statuses.find(s->id);
+      if (it == statuses.end()) return;
+      it->second.set_value(*s);
+      statuses.erase(it);
+    }
+  }
+};
+
+client::client(std::shared_ptr<client_impl> impl) : impl_(std::move(impl)) {}
+
+client::~client() {
+  if (impl_->ep) impl_->ep->stop();
+  std::lock_guard<std::mutex> lock(impl_->m);
+  impl_->up = false;
+  impl_->failure = "client closed";
+  impl_->fail_all("client closed");
+}
+
+std::string client::node() const { return impl_->node.to_string(); }
+
+expected<std::unique_ptr<client>> client::connect(const std::string& node, client_options options) {
+  const auto at = node.find('@');
+  if (at == std::string::npos) return make_error(error_code::invalid_argument, "node \"" + node + "\" must be NODEID@HOST:PORT");
+  auto id = transport::node_id::parse(node.substr(0, at));
+  if (!id) return make_error(error_code::invalid_argument, "node \"" + node + "\": " + id.error().message);
+  auto impl = std::make_shared<client_impl>();
+  client_impl* p = impl.get();
+  p->node = *id;
+  transport::handlers h;
+  h.on_peer_up = [p](const transport::node_id&, const transport::peer_info&) {
+    std::lock_guard<std::mutex> lock(p->m);
+    p->up = true;
+    p->cv.notify_all();
+  };
+  h.on_peer_down = [p](const transport::node_id&, const std::string& why) {
+    std::lock_guard<std::mutex> lock(p->m);
+    p->up = false;
+    p->failure = "connection to the node lost: " + why;
+    p->fail_all(p->failure);
+    p->cv.notify_all();
+  };
+  h.on_connect_failed = [p](const std::optional<transport::node_id>&, const std::string& addr, const std::string& why) {
+    std::lock_guard<std::mutex> lock(p->m);
+    p->failure = "cannot connect to " + addr + ": " + why;
+    p->cv.notify_all();
+  };
+  h.on_message = [p](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
+  transport::endpoint_config ec;
+  ec.mesh_secret = options.mesh_secret;
+  ec.bind = "0.0.0.0";
+  ec.protocol_version = msg::protocol_version;
+  auto ep = transport::endpoint::start(ec, h);
+  if (!ep) return tl::unexpected(ep.error());
+  p->ep = std::move(*ep);
+  p->ep->dial(*id, {node.substr(at + 1)});
+  {
+    std::unique_lock<std::mutex> lock(p->m);
+    if (!p->cv.wait_for(lock, options.connect_timeout, [p] { return p->up || !p->failure.empty(); }))
+      return make_error(error_code::timeout, "no answer from " + node + " within " +
+                                                 std::to_string(options.connect_timeout.count()) + " ms");
+    if (!p->up) return make_error(error_code::network, p->failure);
+  }
+  msg::hello hi;
+  hi.is_client = true;
+  auto bytes = msg::encode_message(hi);
+  if (!bytes) return tl::unexpected(bytes.error());
+  if (auto ok = p->ep->send(*id, transport::channel::control, std::move(*bytes)); !ok) return tl::unexpected(ok.error());
+  return std::unique_ptr<client>(new client(std::move(impl)));
+}
+
+/// Sends `m` (whose reply is a job_result with the id `assign` writes into it) and returns the
+/// future of that reply.
+template <class Msg, class Assign>
+std::future<expected<job_outcome>> request(client_impl& impl, Msg m, Assign assign) {
+  std::promise<expected<job_outcome>> promise;
+  auto future = promise.get_future();
+  std::lock_guard<std::mutex> lock(impl.m);
+  if (!impl.up) {
+    promise.set_value(make_error(error_code::network, impl.failure.empty() ? "not connected" : impl.failure));
+    return future;
+  }
+  const uint64_t id = impl.next_id++;
+  assign(m, id);
+  auto bytes = msg::encode_message(m);
+  if (!bytes) {
+    promise.set_value(tl::unexpected(bytes.error()));
+    return future;
+  }
+  if (auto ok = impl.ep->send(impl.node, transport::channel::bulk, std::move(*bytes)); !ok) {
+    promise.set_value(tl::unexpected(ok.error()));
+    return future;
+  }
+  impl.jobs.emplace(id, std::move(promise));
+  return future;
+}
+
+expected<std::unique_ptr<inference_session>> client::open_inference(const graph& model, const tensor_map& params,
+                                                                    std::chrono::milliseconds timeout) {
+  auto wire = encode(wire_graph{model, params});
+  if (!wire) return tl::unexpected(wire.error());
+  uint64_t session = 0;
+  auto f = request(*impl_, msg::open_session{0, std::move(*wire)}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; });
+  if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "the model was not loaded in time");
+  auto r = f.get();
+  if (!r) return tl::unexpected(r.error());
+  return std::unique_ptr<inference_session>(new inference_session(impl_, session, r->workers));
+}
+
+std::future<expected<job_outcome>> inference_session::infer(const tensor_map& inputs) {
+  msg::infer call;
+  call.session = id_;
+  for (const auto& [name, t] : inputs) call.inputs.push_back({name, t});
+  return request(*impl_, std::move(call), [](msg::infer& m, uint64_t id) { m.call = id; });
+}
+
+inference_session::~inference_session() {
+  std::lock_guard<std::mutex> lock(impl_->m);
+  if (!impl_->up) return;
+  if (auto bytes = msg::encode_message(msg::close_session{id_})) (void)impl_->ep->send(impl_->node, transport::channel::control, std::move(*bytes));
+}
+
+std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                                  strategy s) {
+  wire_graph w{g, inputs};
+  for (const auto& [name, t] : params) w.tensors[name] = t;
+  auto wire = encode(w);
+  if (!wire) {
+    std::promise<expected<job_outcome>> failed;
+    failed.set_value(tl::unexpected(wire.error()));
+    return failed.get_future();
+  }
+  return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(s)},
+                 [](msg::submit_job& m, uint64_t id) { m.job = id; });
+}
+
+expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                  std::chrono::milliseconds timeout) {
+  auto f = submit(g, inputs, params);
+  if (f.wait_for(timeout) != std::future_status::ready)
+    return make_error(error_code::timeout, "the job did not finish within " + std::to_string(timeout.count()) + " ms");
+  return f.get();
+}
+
+expected<msg::status_reply> client::status(std::chrono::milliseconds timeout) {
+  std::future<expected<msg::status_reply>> f;
+  {
+    std::lock_guard<std::mutex> lock(impl_->m);
+    if (!impl_->up) return make_error(error_code::network, impl_->failure.empty() ? "not connected" : impl_->failure);
+    const uint64_t id = impl_->next_id++;
+    auto bytes = msg::encode_message(msg::status_request{id});
+    if (!bytes) return tl::unexpected(bytes.error());
+    if (auto ok = impl_->ep->send(impl_->node, transport::channel::control, std::move(*bytes)); !ok) return tl::unexpected(ok.error());
+    f = impl_->statuses[id].get_future();
+  }
+  if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "no status reply in time");
+  return f.get();
+}
+
+}  // namespace mesh

@@ -1,0 +1,82 @@
+#pragma once
+/// The public C++ API: connect to any node of a mesh and run graphs on it.
+///
+///   auto c = mesh::client::connect("8ea6...@127.0.0.1:7420");
+///   auto r = (*c)->run(graph, {{"x", x}}, params);   // r->outputs["y"]
+///
+/// A client is a peer with its own throw-away identity that says it is a client, so nodes never
+/// plan work onto it. Every call returns errors as values with a message a person can act on.
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "graph/evaluate.hpp"
+#include "graph/graph.hpp"
+#include "graph/planner.hpp"
+
+namespace mesh {
+
+struct client_options {
+  std::vector<uint8_t> mesh_secret;  ///< must match the mesh's; empty = the open LAN mesh
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
+/// A finished job.
+struct job_outcome {
+  tensor_map outputs;
+  uint32_t attempts = 1;             ///< > 1 when a worker died and the job was re-planned
+  std::vector<std::string> workers;  ///< node ids that ran a stage
+};
+
+class client_impl;
+class client;
+
+/// A model loaded once across a pipeline of peers (parameters resident on their devices), for
+/// repeated calls. Calls may overlap: each streams through the stages as a micro-batch.
+class inference_session {
+ public:
+  ~inference_session();
+  /// One call: the inputs of the model; the future completes with its outputs.
+  std::future<expected<job_outcome>> infer(const tensor_map& inputs);
+  /// Nodes holding a stage when the session was opened.
+  const std::vector<std::string>& workers() const { return workers_; }
+
+ private:
+  friend class client;
+  inference_session(std::shared_ptr<client_impl> impl, uint64_t id, std::vector<std::string> workers)
+      : impl_(std::move(impl)), id_(id), workers_(std::move(workers)) {}
+  std::shared_ptr<client_impl> impl_;
+  uint64_t id_;
+  std::vector<std::string> workers_;
+};
+
+class client {
+ public:
+  /// Connects to the node "NODEID@HOST:PORT" (see <state_dir>/endpoint of a running meshnode).
+  static expected<std::unique_ptr<client>> connect(const std::string& node, client_options options = {});
+  ~client();
+
+  /// Submits `g` with its inputs and parameters; the future completes with the outputs or an error.
+  std::future<expected<job_outcome>> submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                            strategy s = strategy::pipeline);
+  /// submit() and wait, at most `timeout`.
+  expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                            std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  /// Loads `model` (outputs from inputs, no updates) with `params` across the mesh once.
+  expected<std::unique_ptr<inference_session>> open_inference(const graph& model, const tensor_map& params,
+                                                              std::chrono::milliseconds timeout = std::chrono::minutes(1));
+  /// The node's view of the mesh: peers with health and load, jobs.
+  expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  /// The connected node's id.
+  std::string node() const;
+
+ private:
+  explicit client(std::shared_ptr<client_impl> impl);
+  std::shared_ptr<client_impl> impl_;
+};
+
+}  // namespace mesh

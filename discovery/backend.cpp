@@ -1,0 +1,7 @@
+#include "discovery/backend.hpp"
+
+namespace mesh::discovery {
+
+backend::~backend() = default;
+
+}  // namespace mesh::discovery

@@ -1,0 +1,72 @@
+#pragma once
+/// Encoding and decoding of any inspectable value with CAF's binary format, safe for hostile input.
+///
+/// CAF 0.17's binary_deserializer resizes strings and byte vectors to whatever length the input
+/// claims before reading them, so 8 hostile bytes could make a node allocate terabytes. The
+/// `bounded_deserializer` here refuses any sequence longer than the bytes that remain (every
+/// element takes at least one byte), so memory stays bounded by the input size.
+#include <caf/binary_deserializer.hpp>
+#include <caf/binary_serializer.hpp>
+#include <caf/deserializer.hpp>
+#include <caf/sec.hpp>
+
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+
+namespace mesh {
+
+/// A caf::deserializer over a byte span that never allocates more than the span's size.
+class bounded_deserializer final : public caf::deserializer {
+ public:
+  bounded_deserializer(const char* data, size_t size);
+
+  size_t remaining() const noexcept { return inner_.remaining(); }
+
+  caf::error begin_object(uint16_t& typenr, std::string& name) override;
+  caf::error end_object() override;
+  caf::error begin_sequence(size_t& list_size) override;
+  caf::error end_sequence() override;
+  caf::error apply_raw(size_t num_bytes, void* data) override;
+
+ protected:
+  caf::error apply_impl(int8_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint8_t& x) override { return inner_(x); }
+  caf::error apply_impl(int16_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint16_t& x) override { return inner_(x); }
+  caf::error apply_impl(int32_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint32_t& x) override { return inner_(x); }
+  caf::error apply_impl(int64_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint64_t& x) override { return inner_(x); }
+  caf::error apply_impl(float& x) override { return inner_(x); }
+  caf::error apply_impl(double& x) override { return inner_(x); }
+  caf::error apply_impl(long double& x) override;
+  caf::error apply_impl(std::string& x) override;
+  caf::error apply_impl(std::u16string& x) override;
+  caf::error apply_impl(std::u32string& x) override;
+
+ private:
+  caf::binary_deserializer inner_;
+};
+
+/// Serializes `xs...` (each with an inspect overload) into bytes.
+template <class... Ts>
+expected<std::vector<char>> caf_encode(Ts&... xs) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  if (auto err = sink(xs...)) return make_error(error_code::internal, "cannot encode: " + caf::to_string(err));
+  return buf;
+}
+
+/// Deserializes `xs...` from `src`, which must be consumed exactly; `what` names the message in
+/// errors ("WireGraph: truncated or malformed at byte 40 of 52").
+template <class... Ts>
+expected<void> caf_decode(bounded_deserializer& src, size_t total, const char* what, Ts&... xs) {
+  if (auto err = src(xs...))
+    return make_error(error_code::decode_error, std::string(what) + ": truncated or malformed input at byte " +
+                                                    std::to_string(total - src.remaining()) + " of " + std::to_string(total));
+  return {};
+}
+
+}  // namespace mesh

@@ -1,0 +1,225 @@
+// The job engine of several nodes over a simulated network: a job split over 3 nodes equals the
+// local reference; a node dying mid-job makes the coordinator re-plan and the job still completes
+// correctly; bad graphs from a client get clear errors and every node keeps working.
+#include <catch2/catch.hpp>
+
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+#include "actors/job_engine.hpp"
+#include "graph/nn.hpp"
+#include "graph/wire.hpp"
+
+using namespace mesh;
+
+namespace {
+
+/// Nodes "a", "b", "c" and a client "cli"; messages are queued and delivered one at a time in a
+/// random order (the transport orders only control messages; bulk ones travel on separate
+/// streams), and each node's ready stages run on the reference evaluator.
+struct mesh_sim {
+  std::map<std::string, job_engine> nodes;
+  std::deque<std::pair<std::string, outbound>> queue;  // (from, message)
+  std::set<std::string> dead;
+  std::vector<msg::job_result> results;  // what the client received
+  int delivered = 0;
+  int fragments_sent = 0;  // run_stage messages that carried a fragment
+  std::mt19937_64 rng{12345};
+
+  explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}) {
+    const char* names[] = {"a", "b", "c"};
+    for (size_t i = 0; i < speeds.size(); ++i)
+      nodes.emplace(names[i], job_engine(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, int64_t{1} << 40}));
+    for (auto& [id, e] : nodes)
+      for (size_t i = 0; i < speeds.size(); ++i)
+        if (names[i] != id) e.peer_up(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, int64_t{1} << 40});
+  }
+
+  void post(const std::string& from, std::vector<outbound> out) {
+    for (auto& o : out) queue.push_back({from, std::move(o)});
+  }
+
+  /// Delivers messages until the queue is empty or `limit` deliveries happened.
+  void run(int limit = 100000) {
+    while (!queue.empty() && limit-- > 0) {
+      const size_t pick = rng() % queue.size();
+      auto [from, o] = std::move(queue[pick]);
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
+      if (dead.count(from) || dead.count(o.to)) continue;  // a dead node sends and receives nothing
+      ++delivered;
+      if (o.to == "cli") {
+        if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
+        continue;
+      }
+      if (auto* rs = std::get_if<msg::run_stage>(&o.m)) fragments_sent += !rs->wire.empty();
+      // Through the real codec, as on the wire.
+      auto bytes = msg::encode_message(o.m);
+      REQUIRE(bytes);
+      auto m = msg::decode_message(bytes->data(), bytes->size());
+      REQUIRE(m);
+      auto& e = nodes.at(o.to);
+      post(o.to, e.on_message(from, *m));
+      for (auto& t : e.take_ready()) {
+        tensor_map params = t.params;
+        post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, params)));
+      }
+    }
+  }
+
+  void kill(const std::string& id) {
+    dead.insert(id);
+    for (auto& [other, e] : nodes)
+      if (!dead.count(other)) post(other, e.peer_dead(id));
+  }
+};
+
+struct model {
+  graph g;
+  tensor_map tensors;
+  tensor_map reference;
+};
+
+model mlp_job() {
+  builder b;
+  auto x = b.input("x", dtype::f32, {16, 8});
+  auto m = nn::make_mlp(b, "mlp", {8, 32, 32, 32, 4});
+  b.output("probs", nn::softmax(m(x)));
+  b.output("hidden_sum", sum_all(m.layers[0](x)));
+  model out;
+  out.g = *b.finish();
+  out.tensors = nn::init_parameters(out.g, 5);
+  std::vector<double> xv(128);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.3 * static_cast<double>(i));
+  out.tensors["x"] = tensor::from_values(dtype::f32, {16, 8}, xv);
+  tensor_map params = out.tensors;
+  params.erase("x");
+  out.reference = *evaluate(out.g, {{"x", out.tensors["x"]}}, params);
+  return out;
+}
+
+msg::submit_job submission(const model& m, uint64_t id) {
+  return {id, *encode(wire_graph{m.g, m.tensors}), static_cast<uint8_t>(strategy::pipeline)};
+}
+
+}  // namespace
+
+TEST_CASE("a job split over 3 nodes equals the local reference", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  sim.post("cli", {{"a", submission(m, 1)}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  const auto& r = sim.results[0];
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.workers.size() == 3);  // every node ran a stage
+  for (const auto& o : r.outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  CHECK(sim.nodes.at("a").jobs().at(0).state == "done");
+}
+
+TEST_CASE("a node dying mid-job: the coordinator re-plans and the job completes", "[actors][jobs]") {
+  for (const char* victim : {"b", "c"}) {
+    mesh_sim sim;
+    const model m = mlp_job();
+    sim.post("cli", {{"a", submission(m, 7)}});
+    sim.run(2);  // the stages are on their way; nothing has finished
+    sim.kill(victim);
+    sim.run();
+    REQUIRE(sim.results.size() == 1);
+    const auto& r = sim.results[0];
+    INFO(victim << ": " << r.error);
+    REQUIRE(r.ok);
+    CHECK(r.attempts == 2);
+    CHECK(std::find(r.workers.begin(), r.workers.end(), victim) == r.workers.end());
+    for (const auto& o : r.outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  }
+}
+
+TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  msg::submit_job garbage{1, {'n', 'o', 'p', 'e'}, 0};
+  auto missing = submission(m, 2);
+  {
+    wire_graph w{m.g, m.tensors};
+    w.tensors.erase("mlp.0.w");
+    missing.wire = *encode(w);
+  }
+  auto bad_graph = submission(m, 3);
+  {
+    graph g = m.g;
+    g.nodes.back().dims = {99};  // declared shape lies
+    bad_graph.wire = *encode(wire_graph{g, m.tensors});
+  }
+  auto wrong_strategy = submission(m, 4);
+  wrong_strategy.strategy = 77;
+  sim.post("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", wrong_strategy}});
+  sim.run();
+  REQUIRE(sim.results.size() == 4);
+  for (const auto& r : sim.results) {
+    INFO("job " << r.job << ": " << r.error);
+    CHECK_FALSE(r.ok);
+    CHECK_FALSE(r.error.empty());
+  }
+  // Every node still runs jobs.
+  for (const char* coordinator : {"a", "b", "c"}) sim.post("cli", {{coordinator, submission(m, 10 + coordinator[0])}});
+  sim.run();
+  REQUIRE(sim.results.size() == 7);
+  for (size_t i = 4; i < 7; ++i) CHECK(sim.results[i].ok);
+}
+
+TEST_CASE("an inference session loads the model once and serves many calls", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  INFO(sim.results[0].error);
+  REQUIRE(sim.results[0].ok);
+  const size_t stages = sim.results[0].workers.size();
+  CHECK(stages == 3);
+  // Five calls in flight at once: they stream through the stages.
+  for (uint64_t call = 10; call < 15; ++call) sim.post("cli", {{"a", msg::infer{1, call, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 6);
+  for (size_t i = 1; i < 6; ++i) {
+    INFO(sim.results[i].error);
+    REQUIRE(sim.results[i].ok);
+    for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  }
+  CHECK(sim.fragments_sent == static_cast<int>(stages));  // each stage's fragment travelled once
+  // A call to an unknown session and a call with a wrong input are clear errors.
+  sim.post("cli", {{"a", msg::infer{99, 20, {}}}, {"a", msg::infer{1, 21, {{"x", tensor::zeros(dtype::f32, {2})}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 8);
+  CHECK_FALSE(sim.results[6].ok);
+  CHECK(sim.results[6].error.find("no open session") != std::string::npos);
+  CHECK_FALSE(sim.results[7].ok);
+  CHECK(sim.results[7].error.find("\"x\"") != std::string::npos);
+}
+
+TEST_CASE("a session survives a dead worker: it is re-planned and calls still answer", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.run();
+  REQUIRE(sim.results.at(0).ok);
+  sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+  sim.run(3);  // the call is in flight
+  sim.kill("b");
+  sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 3);
+  for (size_t i = 1; i < 3; ++i) {
+    INFO(sim.results[i].error);
+    REQUIRE(sim.results[i].ok);
+    CHECK(std::find(sim.results[i].workers.begin(), sim.results[i].workers.end(), "b") == sim.results[i].workers.end());
+    for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
+  }
+}

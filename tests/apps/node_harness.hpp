@@ -1,0 +1,115 @@
+#pragma once
+// Starts real meshnode processes on loopback for integration tests, and stops them.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "client/client.hpp"
+
+namespace mesh::test {
+
+/// One meshnode child process with its own state directory under a temporary folder.
+class node_process {
+ public:
+  node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}) : dir_(dir) {
+    std::filesystem::create_directories(dir_);
+    std::filesystem::remove(dir_ / "endpoint");
+    std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--port", "0", "--device", "cpu",
+                                     "--log-level", "info"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::fflush(nullptr);  // or the child re-prints what the parent had buffered
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string log = (dir_ / "node.log").string();
+      FILE* f = std::freopen(log.c_str(), "a", stdout);
+      (void)f;
+      dup2(1, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~node_process() { kill(SIGKILL); }
+
+  /// "id@127.0.0.1:port", once the node is listening (waits up to 60 s: device measurement under
+  /// sanitizers takes a while).
+  std::string endpoint() {
+    for (int i = 0; i < 600; ++i) {
+      std::ifstream f(dir_ / "endpoint");
+      std::string line;
+      if (std::getline(f, line) && !line.empty()) return line;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    FAIL("meshnode in " << dir_ << " did not start; log:\n" << log());
+    return {};
+  }
+  std::string log() const {
+    std::ifstream f(dir_ / "node.log");
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  }
+  void signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  void kill(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+  /// Waits for the process to exit by itself; returns its exit code, or -1 on timeout.
+  int wait_exit(std::chrono::seconds timeout) {
+    for (int i = 0; i < timeout.count() * 10; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+  }
+  bool running() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+
+ private:
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+};
+
+/// A fresh temporary folder, removed at the end.
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    char tmpl[] = "/tmp/meshnode-test-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+/// Waits until the node behind `c` sees `healthy` healthy peers.
+inline bool wait_for_peers(client& c, size_t healthy, std::chrono::seconds timeout = std::chrono::seconds(30)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    if (auto s = c.status()) {
+      size_t n = 0;
+      for (auto& p : s->peers) n += p.health == "healthy";
+      if (n >= healthy) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+}  // namespace mesh::test

@@ -1,0 +1,189 @@
+// Real meshnode processes on loopback: jobs split over three nodes, a node killed with SIGKILL,
+// bad input from a client, a wrong mesh secret, and the executor's supervised restarts.
+#include <cmath>
+
+#include "graph/nn.hpp"
+#include "node_harness.hpp"
+
+using namespace mesh;
+using namespace mesh::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct job {
+  graph g;
+  tensor_map inputs, params, reference;
+};
+
+job mlp_job(int64_t batch = 32, int64_t width = 64) {
+  builder b;
+  auto x = b.input("x", dtype::f32, {batch, 16});
+  auto m = nn::make_mlp(b, "mlp", {16, width, width, width, 8});
+  b.output("probs", nn::softmax(m(x)));
+  job j;
+  j.g = *b.finish();
+  j.params = nn::init_parameters(j.g, 11);
+  std::vector<double> xv(static_cast<size_t>(batch * 16));
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.1 * static_cast<double>(i));
+  j.inputs["x"] = tensor::from_values(dtype::f32, {batch, 16}, xv);
+  tensor_map p = j.params;
+  j.reference = *evaluate(j.g, j.inputs, p);
+  return j;
+}
+
+/// Three nodes: b and c are told about a, c also about b.
+struct three_nodes {
+  temp_dir tmp;
+  std::unique_ptr<node_process> a, b, c;
+  std::string ea, eb, ec;
+  explicit three_nodes(std::vector<std::string> extra = {}) {
+    a = std::make_unique<node_process>(tmp.path / "a", extra);
+    ea = a->endpoint();
+    auto with = [&](std::vector<std::string> peers) {
+      auto args = extra;
+      for (auto& p : peers) {
+        args.push_back("--peer");
+        args.push_back(p);
+      }
+      return args;
+    };
+    b = std::make_unique<node_process>(tmp.path / "b", with({ea}));
+    eb = b->endpoint();
+    c = std::make_unique<node_process>(tmp.path / "c", with({ea, eb}));
+    ec = c->endpoint();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.ea);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  const job j = mlp_job();
+  auto r = (*cl)->run(j.g, j.inputs, j.params, 60s);
+  INFO((r ? std::string() : r.error().message));
+  REQUIRE(r);
+  CHECK(r->workers.size() >= 2);
+  CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+  auto s = (*cl)->status();
+  REQUIRE(s);
+  REQUIRE(s->jobs.size() == 1);
+  CHECK(s->jobs[0].state == "done");
+}
+
+TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivors", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.ea);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  // Stages big enough to take a while, so that c dies while computing its stage; a must notice
+  // (heartbeats stop), re-plan over a and b, and still answer correctly.
+  const job j = mlp_job(256, 384);
+  const std::string victim = mesh3.ec.substr(0, mesh3.ec.find('@'));
+  auto pending = (*cl)->submit(j.g, j.inputs, j.params);
+  std::this_thread::sleep_for(150ms);
+  mesh3.c->kill(SIGKILL);
+  REQUIRE(pending.wait_for(120s) == std::future_status::ready);
+  auto r = pending.get();
+  INFO((r ? std::string() : r.error().message) << "\nnode a log:\n" << mesh3.a->log());
+  REQUIRE(r);
+  CHECK(r->attempts == 2);
+  CHECK(std::find(r->workers.begin(), r->workers.end(), victim) == r->workers.end());
+  CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+  CHECK(mesh3.a->running());
+  CHECK(mesh3.b->running());
+}
+
+TEST_CASE("a malformed graph gets a clear error and every node keeps running", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.eb);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  job bad = mlp_job();
+  bad.g.nodes.back().dims = {3, 3};  // the declared shape lies
+  auto r = (*cl)->run(bad.g, bad.inputs, bad.params, 30s);
+  REQUIRE_FALSE(r);
+  INFO(r.error().message);
+  CHECK(r.error().message.find("the graph was rejected") != std::string::npos);
+  CHECK(r.error().message.find("declared") != std::string::npos);
+  job huge = mlp_job();
+  huge.inputs.clear();  // a missing input is named
+  auto m = (*cl)->run(huge.g, huge.inputs, huge.params, 30s);
+  REQUIRE_FALSE(m);
+  CHECK(m.error().message.find("\"x\"") != std::string::npos);
+  const job j = mlp_job();
+  auto ok = (*cl)->run(j.g, j.inputs, j.params, 60s);
+  if (!ok) FAIL("a valid job after the bad ones failed: " << ok.error().message);
+  CHECK(mesh3.a->running());
+  CHECK(mesh3.b->running());
+  CHECK(mesh3.c->running());
+}
+
+TEST_CASE("a client with the wrong mesh secret is refused", "[apps][node]") {
+  temp_dir tmp;
+  const auto secret = tmp.path / "secret";
+  {
+    std::ofstream f(secret);
+    f << std::string(64, 'a') << "\n";
+  }
+  std::filesystem::permissions(secret, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  node_process a(tmp.path / "a", {"--secret-file", secret.string()});
+  const std::string ea = a.endpoint();
+  client_options wrong;
+  wrong.mesh_secret.assign(32, 0xbb);
+  auto refused = client::connect(ea, wrong);
+  REQUIRE_FALSE(refused);
+  INFO(refused.error().message);
+  CHECK(refused.error().code == error_code::network);
+  client_options right;
+  right.mesh_secret.assign(32, 0xaa);
+  auto admitted = client::connect(ea, right);
+  INFO((admitted ? std::string() : admitted.error().message));
+  REQUIRE(admitted);
+  CHECK(a.running());
+}
+
+TEST_CASE("the supervisor restarts a crashed executor, and gives up after too many crashes", "[apps][node]") {
+  temp_dir tmp;
+  node_process a(tmp.path / "a");
+  const std::string ea = a.endpoint();
+  auto cl = client::connect(ea);
+  REQUIRE(cl);
+  a.signal(SIGUSR1);  // simulated device loss
+  std::this_thread::sleep_for(500ms);
+  const job j = mlp_job(4);
+  auto r = (*cl)->run(j.g, j.inputs, j.params, 60s);
+  INFO((r ? std::string() : r.error().message) << "\n" << a.log());
+  REQUIRE(r);
+  CHECK(a.log().find("restart 1 of 5") != std::string::npos);
+  for (int i = 0; i < 6; ++i) {  // a persistent fault: more crashes than the budget allows
+    a.signal(SIGUSR1);
+    std::this_thread::sleep_for(300ms);
+  }
+  CHECK(a.wait_exit(20s) == 3);
+  CHECK(a.log().find("stopping the node") != std::string::npos);
+}
+
+TEST_CASE("an inference session across 3 nodes serves overlapping calls", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.ec);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  const job j = mlp_job(8, 128);
+  auto session = (*cl)->open_inference(j.g, j.params);
+  INFO((session ? std::string() : session.error().message));
+  REQUIRE(session);
+  CHECK((*session)->workers().size() >= 2);
+  std::vector<std::future<expected<job_outcome>>> calls;
+  for (int i = 0; i < 8; ++i) calls.push_back((*session)->infer(j.inputs));
+  for (auto& f : calls) {
+    REQUIRE(f.wait_for(60s) == std::future_status::ready);
+    auto r = f.get();
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r);
+    CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+  }
+}

@@ -1,0 +1,27 @@
+// The dns_sd.h backend (avahi-compat on Linux) against private avahi-daemons on loopback, with
+// the same scenarios as the Avahi backend (see mdns_cases.hpp). Needs root; skips otherwise.
+#include <catch2/catch.hpp>
+
+#include "mdns_cases.hpp"
+
+TEST_CASE("dnssd: two announcers find each other, a clean exit is seen as lost", "[discovery][dnssd]") {
+  mesh::discovery::test::two_announcers_find_each_other("dnssd");
+}
+TEST_CASE("dnssd: another mesh id is foreign, not a member", "[discovery][dnssd]") {
+  mesh::discovery::test::other_mesh_is_foreign("dnssd");
+}
+TEST_CASE("dnssd: a service name conflict is resolved", "[discovery][dnssd]") {
+  mesh::discovery::test::name_conflict_is_resolved("dnssd");
+}
+TEST_CASE("dnssd: daemon absent at start, started later", "[discovery][dnssd]") {
+  mesh::discovery::test::daemon_absent_then_started("dnssd");
+}
+TEST_CASE("dnssd: daemon restarted under running nodes", "[discovery][dnssd]") {
+  mesh::discovery::test::daemon_restart_reannounces("dnssd");
+}
+TEST_CASE("dnssd: hostile TXT records are rejected, not fatal", "[discovery][dnssd]") {
+  mesh::discovery::test::hostile_txt_is_rejected("dnssd");
+}
+TEST_CASE("dnssd: an instance that fails to resolve is retried until it resolves", "[discovery][dnssd]") {
+  mesh::discovery::test::unresolved_is_retried("dnssd");
+}

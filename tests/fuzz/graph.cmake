@@ -1,0 +1,2 @@
+mesh_add_fuzzer(fuzz_wire_graph SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_wire_graph.cpp LIBS mesh_wire)
+target_include_directories(fuzz_wire_graph PRIVATE ${PROJECT_SOURCE_DIR}/tests/graph)

@@ -1,0 +1,101 @@
+// WireGraph: round trips, and hostile bytes are rejected with errors (never a crash, never an
+// unbounded allocation: this runs under ASan in CI).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+
+#include "graph/validate.hpp"
+#include "graph/wire.hpp"
+#include "random_graph.hpp"
+
+using namespace mesh;
+
+namespace {
+wire_graph sample(uint64_t seed) {
+  wire_graph w{test::random_graph(seed), {}};
+  w.tensors["x"] = tensor::from_values(dtype::f32, w.g[w.g.find_leaf("x")].dims, std::vector<double>(
+      static_cast<size_t>(element_count(w.g[w.g.find_leaf("x")].dims)), 1.5));
+  w.tensors["h"] = tensor::from_values(dtype::f16, {3}, {1, 2, 3});
+  return w;
+}
+}  // namespace
+
+TEST_CASE("random valid graphs round-trip through WireGraph", "[graph][wire]") {
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    const wire_graph w = sample(seed);
+    REQUIRE(validate(w.g));
+    auto bytes = encode(w);
+    REQUIRE(bytes);
+    auto back = decode_wire_graph(bytes->data(), bytes->size());
+    INFO((back ? std::string() : back.error().to_string()));
+    REQUIRE(back);
+    CHECK(*back == w);
+  }
+}
+
+TEST_CASE("every truncation of a WireGraph is rejected", "[graph][wire]") {
+  auto bytes = encode(sample(7));
+  REQUIRE(bytes);
+  for (size_t n = 0; n < bytes->size(); ++n) {
+    auto r = decode_wire_graph(bytes->data(), n);
+    REQUIRE_FALSE(r);
+  }
+  bytes->push_back(0);
+  auto trailing = decode_wire_graph(bytes->data(), bytes->size());
+  REQUIRE_FALSE(trailing);
+  CHECK(trailing.error().message.find("trailing") != std::string::npos);
+}
+
+TEST_CASE("bit flips give an error or a graph that validates, never a crash", "[graph][wire]") {
+  auto bytes = encode(sample(11));
+  REQUIRE(bytes);
+  std::mt19937_64 rng(5);
+  int rejected = 0;
+  for (int i = 0; i < 3000; ++i) {
+    auto copy = *bytes;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 3); ++k) copy[rng() % copy.size()] ^= static_cast<char>(1u << (rng() % 8));
+    auto r = decode_wire_graph(copy.data(), copy.size());
+    if (!r) ++rejected;
+    else CHECK(validate(r->g));
+  }
+  CHECK(rejected > 1000);
+}
+
+TEST_CASE("a version mismatch is a clear error", "[graph][wire]") {
+  auto bytes = encode(sample(1));
+  REQUIRE(bytes);
+  // The version is the big-endian u32 after the 4-byte magic (CAF writes network byte order).
+  (*bytes)[4] = (*bytes)[5] = (*bytes)[6] = 0;
+  (*bytes)[7] = 9;
+  auto r = decode_wire_graph(bytes->data(), bytes->size());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::version_mismatch);
+  CHECK(r.error().message.find("version 9") != std::string::npos);
+  (*bytes)[0] = 'X';
+  CHECK(decode_wire_graph(bytes->data(), bytes->size()).error().code == error_code::decode_error);
+}
+
+TEST_CASE("oversized graphs and absurd lengths are rejected without allocating them", "[graph][wire]") {
+  // A graph over the receiver's limits.
+  auto bytes = encode(sample(3));
+  REQUIRE(bytes);
+  graph_limits small;
+  small.max_nodes = 2;
+  auto r = decode_wire_graph(bytes->data(), bytes->size(), small);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::limit_exceeded);
+  // A header followed by a node count of 2^62: must fail fast, not reserve memory.
+  std::vector<char> hostile(bytes->begin(), bytes->begin() + 8);
+  for (uint8_t b : {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f}) hostile.push_back(static_cast<char>(b));
+  hostile.resize(hostile.size() + 16, '\x01');
+  REQUIRE_FALSE(decode_wire_graph(hostile.data(), hostile.size()));
+  // A tensor whose bytes do not match its shape.
+  wire_graph w = sample(4);
+  w.tensors["x"].bytes.pop_back();
+  auto bad = encode(w);
+  REQUIRE(bad);
+  auto t = decode_wire_graph(bad->data(), bad->size());
+  REQUIRE_FALSE(t);
+  CHECK(t.error().message.find("tensor \"x\"") != std::string::npos);
+}

@@ -1,0 +1,345 @@
+#include <arpa/inet.h>
+#include <catch2/catch.hpp>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sodium.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "endpoint_harness.hpp"
+
+using namespace mesh::transport;
+using namespace mesh::transport::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+endpoint_config config_with_secret(uint8_t secret_byte) {
+  endpoint_config c;
+  c.mesh_secret.assign(32, secret_byte);
+  return c;
+}
+
+// Connects b to a and waits until both report the other up.
+void connect(node& a, node& b) {
+  b.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+}
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+std::array<uint8_t, 32> checksum(const std::vector<uint8_t>& v) {
+  std::array<uint8_t, 32> h{};
+  crypto_generichash(h.data(), h.size(), v.data(), v.size(), nullptr, 0);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("endpoints connect and admit and exchange messages on every channel", "[transport][endpoint]") {
+  node a(config_with_secret(7)), b(config_with_secret(7));
+  REQUIRE(a.ep);
+  REQUIRE(b.ep);
+  connect(a, b);
+  CHECK(a.log.up.front() == b.ep->id());
+  CHECK(b.log.up.front() == a.ep->id());
+
+  REQUIRE(b.ep->send(a.ep->id(), channel::control, {1, 2, 3}));
+  REQUIRE(a.ep->send(b.ep->id(), channel::bulk, pattern(100000, 1)));
+  REQUIRE(a.ep->send(b.ep->id(), channel::heartbeat, {9}));
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }));
+  CHECK(a.log.messages[0].from == b.ep->id());
+  CHECK(a.log.messages[0].ch == channel::control);
+  CHECK(a.log.messages[0].bytes == std::vector<uint8_t>{1, 2, 3});
+  // The heartbeat is a datagram and may in principle be lost; on loopback it is not.
+  REQUIRE(b.log.wait([&] { return b.log.messages.size() == 2; }));
+  bool saw_bulk = false, saw_heartbeat = false;
+  for (auto& m : b.log.messages) {
+    if (m.ch == channel::bulk) saw_bulk = m.bytes == pattern(100000, 1);
+    if (m.ch == channel::heartbeat) saw_heartbeat = m.bytes == std::vector<uint8_t>{9};
+  }
+  CHECK(saw_bulk);
+  CHECK(saw_heartbeat);
+
+  auto st = a.ep->stats(b.ep->id());
+  REQUIRE(st);
+  CHECK(st->bytes_sent > 100000);
+  CHECK(st->smoothed_rtt.count() > 0);
+  CHECK(a.ep->peers() == std::vector<node_id>{b.ep->id()});
+}
+
+TEST_CASE("send refuses unknown peers and oversized messages", "[transport][endpoint]") {
+  endpoint_config cfg;
+  cfg.limits.control = 10;
+  node a(cfg), b;
+  auto r = a.ep->send(b.ep->id(), channel::control, {1});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == mesh::error_code::network);
+  auto big = a.ep->send(b.ep->id(), channel::control, std::vector<uint8_t>(11));
+  REQUIRE_FALSE(big);
+  CHECK(big.error().code == mesh::error_code::limit_exceeded);
+}
+
+TEST_CASE("a wrong mesh secret is refused on both sides", "[transport][endpoint][admission]") {
+  node a(config_with_secret(1)), b(config_with_secret(2));
+  b.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return !a.log.failed.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.failed.empty(); }));
+  CHECK(a.log.failed[0].second.find("admission") != std::string::npos);
+  CHECK(b.log.failed[0].second.find("admission") != std::string::npos);
+  CHECK(a.log.up.empty());
+  CHECK(b.log.up.empty());
+  CHECK(a.log.messages.empty());
+  CHECK_FALSE(a.ep->send(b.ep->id(), channel::control, {1}));
+}
+
+TEST_CASE("a protocol version mismatch is refused with a clear reason", "[transport][endpoint][admission]") {
+  endpoint_config ca, cb;
+  ca.protocol_version = 1;
+  cb.protocol_version = 2;
+  node a(ca), b(cb);
+  b.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return !a.log.failed.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.failed.empty(); }));
+  CHECK(a.log.failed[0].second.find("version") != std::string::npos);
+  CHECK(b.log.failed[0].second.find("version") != std::string::npos);
+  CHECK(a.log.up.empty());
+}
+
+TEST_CASE("dialing the wrong node id fails the TLS handshake on both sides", "[transport][endpoint][tls]") {
+  node a, b;
+  auto impostor = identity::generate().id();
+  b.ep->dial(impostor, {a.address()});
+  REQUIRE(b.log.wait([&] { return !b.log.failed.empty(); }));
+  CHECK(b.log.failed[0].second.find("expected " + impostor.to_string()) != std::string::npos);
+  // The acceptor never saw the dialer's key (the dialer aborted first): it logs the reason.
+  REQUIRE(a.log.wait([&] {
+    for (auto& l : a.log.logs)
+      if (l.find("TLS handshake failed") != std::string::npos) return true;
+    return false;
+  }));
+  CHECK(a.log.up.empty());
+  CHECK(b.log.up.empty());
+}
+
+TEST_CASE("dial falls back to the next address", "[transport][endpoint]") {
+  endpoint_config cb;
+  cb.handshake_timeout = 300ms;
+  node a, b(cb);
+  // Nothing listens on port 9 of loopback; the second address is right.
+  b.ep->dial(a.ep->id(), {"127.0.0.1:9", a.address()});
+  bool up = b.log.wait([&] { return !b.log.up.empty(); });
+  for (auto& l : b.log.logs) UNSCOPED_INFO(l);
+  for (auto& f : b.log.failed) UNSCOPED_INFO(f.second);
+  REQUIRE(up);
+  CHECK(b.log.failed.empty());
+}
+
+TEST_CASE("1000 small messages arrive in order while a bulk transfer runs", "[transport][endpoint]") {
+  node a, b;
+  connect(a, b);
+  const size_t bulk_size = 48u << 20;
+  REQUIRE(a.ep->send(b.ep->id(), channel::bulk, pattern(bulk_size, 5)));
+  for (uint32_t i = 0; i < 1000; ++i) {
+    std::vector<uint8_t> m(4);
+    std::memcpy(m.data(), &i, 4);
+    REQUIRE(a.ep->send(b.ep->id(), channel::control, std::move(m)));
+  }
+  auto all_sent = std::chrono::steady_clock::now();
+  REQUIRE(b.log.wait([&] { return b.log.messages.size() == 1001; }, 120s));
+  uint32_t expect = 0;
+  size_t bulk_position = 0;
+  for (size_t i = 0; i < b.log.messages.size(); ++i) {
+    auto& m = b.log.messages[i];
+    if (m.ch == channel::bulk) {
+      bulk_position = i;
+      CHECK(m.bytes.size() == bulk_size);
+      continue;
+    }
+    uint32_t got;
+    std::memcpy(&got, m.bytes.data(), 4);
+    CHECK(got == expect);
+    ++expect;
+  }
+  CHECK(expect == 1000);
+  // Not starved: every control message, queued after the bulk one, overtook it. (Unless this
+  // thread was descheduled so long that the bulk message was complete before the last send:
+  // then there was nothing to overtake.)
+  if (b.log.messages[bulk_position].at > all_sent) CHECK(bulk_position == 1000);
+}
+
+TEST_CASE("large transfers both ways arrive intact", "[transport][endpoint]") {
+  // The issue asks for 1 GiB each way; under ASan in Debug that takes minutes on two cores, so
+  // the test moves 96 MiB each way and bench_transport moves the full 1 GiB.
+  const size_t size = 96u << 20;
+  node a, b;
+  connect(a, b);
+  auto to_b = pattern(size, 11), to_a = pattern(size, 12);
+  auto sum_b = checksum(to_b), sum_a = checksum(to_a);
+  REQUIRE(a.ep->send(b.ep->id(), channel::bulk, std::move(to_b)));
+  REQUIRE(b.ep->send(a.ep->id(), channel::bulk, std::move(to_a)));
+  REQUIRE(b.log.wait([&] { return b.log.messages.size() == 1; }, 150s));
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }, 150s));
+  CHECK(b.log.messages[0].bytes.size() == size);
+  CHECK(checksum(b.log.messages[0].bytes) == sum_b);
+  CHECK(checksum(a.log.messages[0].bytes) == sum_a);
+}
+
+TEST_CASE("disconnect reports the peer down on both sides", "[transport][endpoint]") {
+  node a, b;
+  connect(a, b);
+  a.ep->disconnect(b.ep->id());
+  REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.down.empty(); }));
+  CHECK(b.log.down[0].first == a.ep->id());
+  CHECK(b.log.down[0].second.find("closed by the peer") != std::string::npos);
+  CHECK(b.ep->peers().empty());
+}
+
+TEST_CASE("stopping an endpoint closes its connections cleanly", "[transport][endpoint]") {
+  node a, b;
+  connect(a, b);
+  b.ep->stop();
+  REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }, 5s));
+  CHECK(a.log.down[0].second.find("shutting down") != std::string::npos);
+}
+
+TEST_CASE("garbage datagrams do no harm", "[transport][endpoint]") {
+  node a, b;
+  int s = ::socket(AF_INET, SOCK_DGRAM, 0);
+  REQUIRE(s >= 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(a.ep->port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < 2000; ++i) {
+    auto junk = pattern(static_cast<size_t>(1 + (i * 37) % 1500), static_cast<uint32_t>(i));
+    if (i % 3 == 0) junk[0] = 0xc0;  // long header, QUIC v1, the rest random
+    if (i % 3 == 0 && junk.size() > 4) junk[1] = junk[2] = junk[3] = 0, junk[4] = 1;
+    ::sendto(s, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+  }
+  ::close(s);
+  for (int i = 0; i < 100 && a.ep->counters().packets_dropped < 1000; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(a.ep->counters().packets_dropped >= 1000);  // most are dropped before any state exists
+  CHECK(a.ep->counters().connections == 0);
+  connect(a, b);  // still accepting and admitting
+  REQUIRE(b.ep->send(a.ep->id(), channel::control, {42}));
+  REQUIRE(a.log.wait([&] { return a.log.messages.size() == 1; }));
+  CHECK(a.log.messages[0].bytes == std::vector<uint8_t>{42});
+}
+
+TEST_CASE("a killed peer is reported down", "[transport][endpoint]") {
+  // The peer runs in a child process so that it can really die (SIGKILL: no close packet).
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  auto child_id = identity::generate();
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    endpoint_config cfg;
+    cfg.id = child_id;
+    cfg.bind = "127.0.0.1";
+    auto e = endpoint::start(cfg, {});
+    uint16_t port = e ? (*e)->port() : 0;
+    [[maybe_unused]] auto w = ::write(ready[1], &port, sizeof(port));
+    for (int i = 0; i < 600; ++i) ::usleep(100000);  // bounded: the parent kills it long before
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  uint16_t port = 0;
+  REQUIRE(::read(ready[0], &port, sizeof(port)) == sizeof(port));
+  ::close(ready[0]);
+  struct reaper {
+    pid_t pid;
+    ~reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } guard{pid};
+  REQUIRE(port != 0);
+
+  endpoint_config cfg;
+  cfg.idle_timeout = 1500ms;
+  cfg.keep_alive = 300ms;
+  node a(cfg);
+  a.ep->dial(child_id.id(), {"127.0.0.1:" + std::to_string(port)});
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  // Mid-transfer: a bulk message is in flight when the peer dies.
+  REQUIRE(a.ep->send(child_id.id(), channel::bulk, pattern(32u << 20, 3)));
+  std::this_thread::sleep_for(50ms);
+  ::kill(pid, SIGKILL);
+  REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }, 10s));
+  CHECK(a.log.down[0].first == child_id.id());
+  CHECK(a.log.down[0].second.find("idle timeout") != std::string::npos);
+  CHECK(a.ep->peers().empty());
+}
+
+TEST_CASE("simultaneous dials leave exactly one connection", "[transport][endpoint]") {
+  node a, b;
+  a.ep->dial(b.ep->id(), {b.address()});
+  b.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+  std::this_thread::sleep_for(300ms);
+  REQUIRE(a.ep->send(b.ep->id(), channel::control, {5}));
+  REQUIRE(b.log.wait([&] { return b.log.messages.size() == 1; }));
+  CHECK(a.log.up.size() == 1);
+  CHECK(b.log.up.size() == 1);
+  CHECK(a.log.down.empty());
+  CHECK(b.log.down.empty());
+}
+
+TEST_CASE("a second live node with the same identity is refused", "[transport][endpoint]") {
+  auto shared = identity::generate();
+  endpoint_config c1, c2;
+  c1.id = shared;
+  c2.id = shared;
+  node hub, first(c1), clone(c2);
+  first.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(hub.log.wait([&] { return hub.log.up.size() == 1; }));
+  clone.ep->dial(hub.ep->id(), {hub.address()});
+  REQUIRE(clone.log.wait([&] { return !clone.log.failed.empty() || !clone.log.down.empty(); }));
+  std::string why = !clone.log.failed.empty() ? clone.log.failed[0].second : clone.log.down[0].second;
+  CHECK(why.find("already uses node id") != std::string::npos);
+  // The first one is unaffected.
+  REQUIRE(first.ep->send(hub.ep->id(), channel::control, {8}));
+  REQUIRE(hub.log.wait([&] { return hub.log.messages.size() == 1; }));
+  CHECK(hub.log.up.size() == 1);
+  CHECK(hub.log.down.empty());
+}
+
+TEST_CASE("an oversized frame from a peer closes that connection only", "[transport][endpoint]") {
+  endpoint_config loose;
+  loose.limits.control = 8u << 20;
+  endpoint_config strict;
+  strict.limits.control = 1u << 20;
+  node sender(loose), receiver(strict), bystander;
+  connect(receiver, sender);
+  connect(receiver, bystander);
+  REQUIRE(sender.ep->send(receiver.ep->id(), channel::control, std::vector<uint8_t>(2u << 20, 1)));
+  REQUIRE(receiver.log.wait([&] { return !receiver.log.down.empty(); }));
+  CHECK(receiver.log.down[0].first == sender.ep->id());
+  CHECK(receiver.log.down[0].second.find("limit") != std::string::npos);
+  REQUIRE(sender.log.wait([&] { return !sender.log.down.empty(); }));
+  CHECK(sender.log.down[0].second.find("limit") != std::string::npos);  // the reason reached the peer
+  CHECK(receiver.log.messages.empty());
+  // The receiver still serves its other peers.
+  REQUIRE(bystander.ep->send(receiver.ep->id(), channel::control, {4}));
+  REQUIRE(receiver.log.wait([&] { return receiver.log.messages.size() == 1; }));
+}

@@ -1,0 +1,704 @@
+#include "transport/connection.hpp"
+
+#include <ngtcp2/ngtcp2_crypto_gnutls.h>
+#include <sodium.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/admission.hpp"
+
+namespace mesh::transport {
+
+namespace {
+
+constexpr size_t cid_len = 18;
+constexpr uint64_t ns_per_ms = 1'000'000;
+
+ngtcp2_path make_path(const socket_address& local, const socket_address& remote) {
+  ngtcp2_path p{};
+  p.local.addr = const_cast<sockaddr*>(local.get());
+  p.local.addrlen = local.len;
+  p.remote.addr = const_cast<sockaddr*>(remote.get());
+  p.remote.addrlen = remote.len;
+  return p;
+}
+
+socket_address from_ngtcp2(const ngtcp2_addr& a) {
+  socket_address s;
+  std::memcpy(&s.storage, a.addr, a.addrlen);
+  s.len = a.addrlen;
+  return s;
+}
+
+void random_cid(ngtcp2_cid* cid, size_t len) {
+  cid->datalen = len;
+  randombytes_buf(cid->data, len);
+}
+
+std::string liberr_text(int rv) { return ngtcp2_strerror(rv); }
+
+}  // namespace
+
+// ngtcp2 calls plain C functions; these forward to the connection (user_data).
+struct connection_callbacks {
+  static connection& self(void* user_data) { return *static_cast<connection*>(user_data); }
+
+  static void rand(uint8_t* dest, size_t len, const ngtcp2_rand_ctx*) { randombytes_buf(dest, len); }
+
+  static int get_new_connection_id(ngtcp2_conn*, ngtcp2_cid* cid, uint8_t* token, size_t len, void* ud) {
+    random_cid(cid, len);
+    // Stateless reset tokens are never honoured by this endpoint's peers in practice (we send
+    // no stateless resets), but QUIC requires one per connection id.
+    randombytes_buf(token, NGTCP2_STATELESS_RESET_TOKENLEN);
+    self(ud).owner_.on_cid_added(self(ud), *cid);
+    return 0;
+  }
+
+  static int remove_connection_id(ngtcp2_conn*, const ngtcp2_cid* cid, void* ud) {
+    self(ud).owner_.on_cid_removed(self(ud), *cid);
+    return 0;
+  }
+
+  static int handshake_completed(ngtcp2_conn*, void* ud) {
+    try {
+      self(ud).on_handshake_completed();
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::admission_refused, std::string("admission failed: ") + e.what());
+    }
+    return 0;
+  }
+
+  static int recv_stream_data(ngtcp2_conn* conn, uint32_t flags, int64_t sid, uint64_t, const uint8_t* data,
+                              size_t len, void* ud, void*) {
+    connection& c = self(ud);
+    expected<void> r;
+    // No exception may unwind through ngtcp2's C frames (an allocation failure for a huge
+    // message, or a throwing handler): it closes this connection instead.
+    try {
+      if (c.remote_stream_is_control(sid))
+        r = c.on_control_data(data, len);
+      else
+        r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+    } catch (const std::exception& e) {
+      r = make_error(error_code::internal, std::string("cannot take the peer's data: ") + e.what());
+    }
+    if (!r) {
+      c.close(close_code::protocol_violation, r.error().message);
+      return 0;
+    }
+    // Everything received is consumed at once (decoded into memory), so credit goes back now.
+    ngtcp2_conn_extend_max_stream_offset(conn, sid, len);
+    ngtcp2_conn_extend_max_offset(conn, len);
+    return 0;
+  }
+
+  static int acked_stream_data_offset(ngtcp2_conn*, int64_t sid, uint64_t offset, uint64_t len, void* ud, void*) {
+    self(ud).on_acked(sid, offset, len);
+    return 0;
+  }
+
+  static int stream_close(ngtcp2_conn* conn, uint32_t, int64_t sid, uint64_t, void* ud, void*) {
+    if (!ngtcp2_conn_is_local_stream(conn, sid)) ngtcp2_conn_extend_max_streams_uni(conn, 1);
+    self(ud).on_stream_closed(sid);
+    return 0;
+  }
+
+  static int stream_reset(ngtcp2_conn*, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
+    self(ud).bulk_in_.erase(sid);
+    self(ud).bulk_frames_.erase(sid);
+    return 0;
+  }
+
+  static int recv_datagram(ngtcp2_conn*, uint32_t flags, const uint8_t* data, size_t len, void* ud) {
+    try {
+      return recv_datagram_unguarded(flags, data, len, ud);
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::protocol_violation, std::string("cannot take the peer's datagram: ") + e.what());
+      return 0;
+    }
+  }
+
+  static int recv_datagram_unguarded(uint32_t, const uint8_t* data, size_t len, void* ud) {
+    connection& c = self(ud);
+    auto f = decode_single_frame({data, len}, c.cfg_.limits);
+    if (!f || f->kind != frame_kind::heartbeat) {
+      c.close(close_code::protocol_violation, "malformed datagram frame");
+      return 0;
+    }
+    // Datagrams are unreliable: one that overtakes admission is simply dropped.
+    if (c.state_ == connection::state::admitted) c.deliver(channel::heartbeat, std::move(f->payload));
+    return 0;
+  }
+};
+
+ngtcp2_callbacks connection::callbacks(bool server) {
+  ngtcp2_callbacks cb{};
+  if (server) {
+    cb.recv_client_initial = ngtcp2_crypto_recv_client_initial_cb;
+  } else {
+    cb.client_initial = ngtcp2_crypto_client_initial_cb;
+    cb.recv_retry = ngtcp2_crypto_recv_retry_cb;
+  }
+  cb.recv_crypto_data = ngtcp2_crypto_recv_crypto_data_cb;
+  cb.encrypt = ngtcp2_crypto_encrypt_cb;
+  cb.decrypt = ngtcp2_crypto_decrypt_cb;
+  cb.hp_mask = ngtcp2_crypto_hp_mask_cb;
+  cb.update_key = ngtcp2_crypto_update_key_cb;
+  cb.delete_crypto_aead_ctx = ngtcp2_crypto_delete_crypto_aead_ctx_cb;
+  cb.delete_crypto_cipher_ctx = ngtcp2_crypto_delete_crypto_cipher_ctx_cb;
+  cb.get_path_challenge_data = ngtcp2_crypto_get_path_challenge_data_cb;
+  cb.version_negotiation = ngtcp2_crypto_version_negotiation_cb;
+  cb.rand = connection_callbacks::rand;
+  cb.get_new_connection_id = connection_callbacks::get_new_connection_id;
+  cb.remove_connection_id = connection_callbacks::remove_connection_id;
+  cb.handshake_completed = connection_callbacks::handshake_completed;
+  cb.recv_stream_data = connection_callbacks::recv_stream_data;
+  cb.acked_stream_data_offset = connection_callbacks::acked_stream_data_offset;
+  cb.stream_close = connection_callbacks::stream_close;
+  cb.stream_reset = connection_callbacks::stream_reset;
+  cb.recv_datagram = connection_callbacks::recv_datagram;
+  return cb;
+}
+
+ngtcp2_conn* connection::get_conn(ngtcp2_crypto_conn_ref* ref) {
+  return static_cast<connection*>(ref->user_data)->conn_;
+}
+
+connection::connection(connection_owner& owner, const endpoint_config& cfg, bool inbound)
+    : owner_(owner), cfg_(cfg), inbound_(inbound), control_in_(cfg.limits) {
+  conn_ref_.get_conn = &connection::get_conn;
+  conn_ref_.user_data = this;
+}
+
+connection::~connection() {
+  if (conn_) ngtcp2_conn_del(conn_);
+  free_tls_session(tls_);
+}
+
+namespace {
+
+void fill_settings(ngtcp2_settings& s, const endpoint_config& cfg, uint64_t ts) {
+  ngtcp2_settings_default(&s);
+  s.initial_ts = ts;
+  s.max_tx_udp_payload_size = cfg.max_udp_payload;
+  // Without this ngtcp2 shapes packets down to 1200 B until PMTUD probes up; loopback meshes
+  // that ask for bigger packets want them from the start.
+  if (cfg.max_udp_payload > 1452) s.no_tx_udp_payload_size_shaping = 1;
+  s.handshake_timeout = static_cast<uint64_t>(cfg.handshake_timeout.count()) * ns_per_ms;
+  s.max_window = cfg.connection_window * 4;
+  s.max_stream_window = cfg.stream_window * 4;
+}
+
+void fill_params(ngtcp2_transport_params& p, const endpoint_config& cfg) {
+  ngtcp2_transport_params_default(&p);
+  p.initial_max_stream_data_uni = cfg.stream_window;
+  p.initial_max_data = cfg.connection_window;
+  p.initial_max_streams_uni = 128;
+  p.initial_max_streams_bidi = 0;  // this protocol uses unidirectional streams only
+  p.max_idle_timeout = static_cast<uint64_t>(cfg.idle_timeout.count()) * ns_per_ms;
+  p.max_datagram_frame_size = 65535;
+  p.active_connection_id_limit = 4;
+}
+
+}  // namespace
+
+expected<void> connection::init_tls(const tls_context& tls, bool server) {
+  auto s = make_tls_session(tls, server, &conn_ref_, &check_);
+  if (!s) return tl::unexpected(s.error());
+  tls_ = *s;
+  ngtcp2_conn_set_tls_native_handle(conn_, tls_);
+  ngtcp2_conn_set_keep_alive_timeout(conn_, static_cast<uint64_t>(cfg_.keep_alive.count()) * ns_per_ms);
+  return {};
+}
+
+expected<std::unique_ptr<connection>> connection::make_client(connection_owner& owner, const endpoint_config& cfg,
+                                                              const tls_context& tls, const socket_address& local,
+                                                              const socket_address& remote, const node_id& expected,
+                                                              uint64_t ts) {
+  std::unique_ptr<connection> c(new connection(owner, cfg, false));
+  c->check_.expected = expected;
+  c->local_ = local;
+  c->remote_ = remote;
+  ngtcp2_cid dcid{}, scid{};
+  random_cid(&dcid, cid_len);
+  random_cid(&scid, cid_len);
+  ngtcp2_settings settings;
+  fill_settings(settings, cfg, ts);
+  ngtcp2_transport_params params;
+  fill_params(params, cfg);
+  auto path = make_path(c->local_, c->remote_);
+  auto cb = callbacks(false);
+  int rv = ngtcp2_conn_client_new(&c->conn_, &dcid, &scid, &path, NGTCP2_PROTO_VER_V1, &cb, &settings, &params,
+                                  nullptr, c.get());
+  if (rv != 0) return make_error(error_code::internal, "ngtcp2_conn_client_new: " + liberr_text(rv));
+  if (auto r = c->init_tls(tls, false); !r) return tl::unexpected(r.error());
+  owner.on_cid_added(*c, scid);
+  return c;
+}
+
+expected<std::unique_ptr<connection>> connection::make_server(connection_owner& owner, const endpoint_config& cfg,
+                                                              const tls_context& tls, const socket_address& local,
+                                                              const socket_address& remote, const ngtcp2_pkt_hd& hd,
+                                                              uint64_t ts) {
+  std::unique_ptr<connection> c(new connection(owner, cfg, true));
+  c->local_ = local;
+  c->remote_ = remote;
+  ngtcp2_cid scid{};
+  random_cid(&scid, cid_len);
+  ngtcp2_settings settings;
+  fill_settings(settings, cfg, ts);
+  ngtcp2_transport_params params;
+  fill_params(params, cfg);
+  params.original_dcid = hd.dcid;
+  auto path = make_path(c->local_, c->remote_);
+  auto cb = callbacks(true);
+  int rv = ngtcp2_conn_server_new(&c->conn_, &hd.scid, &scid, &path, hd.version, &cb, &settings, &params, nullptr,
+                                  c.get());
+  if (rv != 0) return make_error(error_code::internal, "ngtcp2_conn_server_new: " + liberr_text(rv));
+  if (auto r = c->init_tls(tls, true); !r) return tl::unexpected(r.error());
+  // The client keeps addressing its first packets to the id it made up.
+  owner.on_cid_added(*c, hd.dcid);
+  owner.on_cid_added(*c, scid);
+  return c;
+}
+
+bool connection::remote_stream_is_control(int64_t sid) const {
+  // Each side opens its control stream first, so it is that side's first unidirectional
+  // stream: 2 when the client opened it, 3 when the server did (RFC 9000 §2.1).
+  return sid == (inbound_ ? 2 : 3);
+}
+
+void connection::set_end(state s, std::string reason) {
+  if (state_ == state::closing || state_ == state::draining || state_ == state::closed) {
+    if (s == state::closed) state_ = s;
+    return;
+  }
+  state_ = s;
+  if (end_reason_.empty()) end_reason_ = std::move(reason);
+}
+
+void connection::on_handshake_completed() {
+  handshake_done_ = true;
+  if (!check_.peer) {
+    close(close_code::admission_refused, "peer presented no node key");
+    return;
+  }
+  auto exporter = admission_exporter(tls_);
+  if (!exporter) {
+    close(close_code::admission_refused, exporter.error().message);
+    return;
+  }
+  int rv = ngtcp2_conn_open_uni_stream(conn_, &control_sid_, nullptr);
+  if (rv != 0) {
+    close(close_code::protocol_violation, "cannot open the control stream: " + liberr_text(rv));
+    return;
+  }
+  admission_binding b{*exporter, node_id{cfg_.id.public_key()}, *check_.peer, cfg_.protocol_version};
+  auto proof = make_admission_proof(cfg_.mesh_secret, b);
+  auto f = encode_frame(frame_kind::admission, proof, cfg_.limits);
+  control_total_ += f->size();
+  control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
+  state_ = state::admitting;
+  if (!early_control_.empty()) {
+    auto early = std::move(early_control_);
+    early_control_.clear();
+    if (auto r = on_control_data(early.data(), early.size()); !r)
+      close(close_code::protocol_violation, r.error().message);
+  }
+}
+
+expected<void> connection::on_control_data(const uint8_t* data, size_t len) {
+  if (!handshake_done_) {
+    if (early_control_.size() + len > 4096)
+      return make_error(error_code::limit_exceeded, "too much control data before the handshake finished");
+    early_control_.insert(early_control_.end(), data, data + len);
+    return {};
+  }
+  std::vector<frame> frames;
+  auto r = control_in_.feed({data, len}, frames);
+  for (auto& f : frames) {
+    if (state_ == state::closing || state_ == state::closed) break;
+    if (auto h = handle_control_frame(std::move(f)); !h) return h;
+  }
+  if (!r) return make_error(r.error().code, "control stream: " + r.error().message);
+  return {};
+}
+
+expected<void> connection::handle_control_frame(frame f) {
+  if (!peer_proof_ok_) {
+    if (f.kind != frame_kind::admission)
+      return make_error(error_code::decode_error, "peer sent a message before its admission proof");
+    auto exporter = admission_exporter(tls_);
+    if (!exporter) return tl::unexpected(exporter.error());
+    admission_binding b{*exporter, *check_.peer, node_id{cfg_.id.public_key()}, cfg_.protocol_version};
+    if (auto v = verify_admission_proof(f.payload, cfg_.mesh_secret, b); !v) {
+      close(close_code::admission_refused, "admission refused: " + v.error().message);
+      return {};
+    }
+    peer_proof_ok_ = true;
+    state_ = state::admitted;
+    owner_.on_admitted(*this);
+    for (auto& [ch, bytes] : held_) deliver(ch, std::move(bytes));
+    held_.clear();
+    return {};
+  }
+  switch (f.kind) {
+    case frame_kind::control: deliver(channel::control, std::move(f.payload)); return {};
+    case frame_kind::observed_address:
+    case frame_kind::introduce:
+    case frame_kind::punch:
+    case frame_kind::relay_send:
+    case frame_kind::relay_deliver: owner_.on_traversal_frame(*this, std::move(f)); return {};
+    default: return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
+  }
+}
+
+expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
+  if (ngtcp2_conn_is_local_stream(conn_, sid))
+    return make_error(error_code::decode_error, "data on a stream this side opened");
+  // An admitted peer's announced size (up to 1 GiB) is reserved at once: one allocation, no
+  // regrowth copies. Before admission a header alone may not make us reserve more than 16 MiB.
+  uint64_t reserve = state_ == state::admitted ? std::min<uint64_t>(cfg_.limits.bulk, uint64_t{1} << 30) : (16u << 20);
+  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve);
+  auto& frames = bulk_frames_[sid];
+  if (auto r = it->second.feed({data, len}, frames); !r)
+    return make_error(r.error().code, "bulk stream: " + r.error().message);
+  if (frames.size() > 1 || (!frames.empty() && frames.front().kind != frame_kind::bulk))
+    return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
+  if (!fin) return {};
+  bool complete = frames.size() == 1 && it->second.at_boundary();
+  std::vector<uint8_t> payload = complete ? std::move(frames.front().payload) : std::vector<uint8_t>{};
+  bulk_in_.erase(sid);
+  bulk_frames_.erase(sid);
+  if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
+  if (state_ == state::admitted)
+    deliver(channel::bulk, std::move(payload));
+  else
+    held_.emplace_back(channel::bulk, std::move(payload));  // overtook the proof; delivered on admission
+  return {};
+}
+
+void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
+
+void connection::queue(channel ch, std::vector<uint8_t> bytes) {
+  if (state_ != state::admitted) {
+    if (ch != channel::heartbeat) owner_.on_released(*this, bytes.size());
+    return;
+  }
+  switch (ch) {
+    case channel::control: {
+      auto f = encode_frame(frame_kind::control, bytes, cfg_.limits);
+      if (!f) return owner_.on_released(*this, bytes.size());
+      control_total_ += f->size();
+      control_out_.push_back(std::move(*f));
+      control_app_bytes_.push_back(bytes.size());
+      outstanding_ += bytes.size();
+      break;
+    }
+    case channel::bulk:
+      outstanding_ += bytes.size();
+      bulk_waiting_.push_back(std::move(bytes));
+      break;
+    case channel::heartbeat: {
+      auto f = encode_frame(frame_kind::heartbeat, bytes, cfg_.limits);
+      if (f) datagrams_out_.push_back(std::move(*f));
+      break;
+    }
+  }
+}
+
+void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) {
+  if (state_ != state::admitted) return;
+  auto f = encode_frame(kind, payload, cfg_.limits);
+  if (!f) return;
+  control_total_ += f->size();
+  control_out_.push_back(std::move(*f));
+  control_app_bytes_.push_back(0);
+}
+
+bool connection::has_pending_data() const {
+  return control_sent_ < control_total_ || !bulk_waiting_.empty() || !datagrams_out_.empty() ||
+         std::any_of(bulk_out_.begin(), bulk_out_.end(), [](auto& kv) { return kv.second.sent < kv.second.total(); });
+}
+
+void connection::close(close_code code, std::string reason) {
+  if (state_ == state::closing || state_ == state::draining || state_ == state::closed || pending_close_) return;
+  pending_close_ = {code, std::move(reason)};
+}
+
+void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
+  if (sid == control_sid_) {
+    uint64_t end = offset + len;
+    while (!control_out_.empty() && control_base_ + control_out_.front().size() <= end) {
+      control_base_ += control_out_.front().size();
+      control_out_.pop_front();
+      release(control_app_bytes_.front());
+      control_app_bytes_.pop_front();
+    }
+    return;
+  }
+  // Bulk buffers are released when the stream closes (fully acknowledged).
+}
+
+void connection::on_stream_closed(int64_t sid) {
+  if (auto it = bulk_out_.find(sid); it != bulk_out_.end()) {
+    uint64_t n = it->second.payload.size();
+    bulk_out_.erase(it);
+    release(n);
+  }
+  bulk_in_.erase(sid);
+  bulk_frames_.erase(sid);
+}
+
+void connection::open_bulk_streams() {
+  while (!bulk_waiting_.empty()) {
+    int64_t sid = -1;
+    if (ngtcp2_conn_open_uni_stream(conn_, &sid, nullptr) != 0) return;  // peer's stream limit: later
+    bulk_out b;
+    b.payload = std::move(bulk_waiting_.front());
+    bulk_waiting_.pop_front();
+    b.header = *encode_frame_header(frame_kind::bulk, b.payload.size(), cfg_.limits);
+    bulk_out_.emplace(sid, std::move(b));
+  }
+}
+
+void connection::read(const socket_address& local, const socket_address& remote, const uint8_t* data, size_t len,
+                      uint64_t ts) {
+  bytes_received_ += len;
+  if (state_ == state::closed || state_ == state::draining) return;
+  if (state_ == state::closing) return;  // the close packet is re-sent by on_timer's caller if needed
+  ngtcp2_path path = make_path(local, remote);
+  ngtcp2_pkt_info pi{};
+  int rv = ngtcp2_conn_read_pkt(conn_, &path, &pi, data, len, ts);
+  if (rv == 0) {
+    remote_ = from_ngtcp2(ngtcp2_conn_get_path(conn_)->remote);
+    return;
+  }
+  if (rv == NGTCP2_ERR_DRAINING) {
+    ngtcp2_connection_close_error ccerr{};
+    ngtcp2_conn_get_connection_close_error(conn_, &ccerr);
+    std::string why(reinterpret_cast<const char*>(ccerr.reason), ccerr.reasonlen);
+    if (why.empty()) why = "no reason given, code " + std::to_string(ccerr.error_code);
+    peer_closed_as_duplicate_ = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION &&
+                                ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
+    set_end(state::draining, "peer closed the connection: " + why);
+    close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
+    return;
+  }
+  if (rv == NGTCP2_ERR_DROP_CONN) {
+    set_end(state::closed, "connection dropped: " + liberr_text(rv));
+    return;
+  }
+  if (rv == NGTCP2_ERR_CRYPTO) {
+    std::string why = check_.failure.empty() ? "TLS handshake failed (alert " +
+                                                   std::to_string(ngtcp2_conn_get_tls_alert(conn_)) + ")"
+                                             : "TLS handshake failed: " + check_.failure;
+    pending_close_ = {close_code::none, why};
+    tls_alert_close_ = true;
+    return;
+  }
+  pending_close_ = {close_code::protocol_violation, "QUIC error: " + liberr_text(rv)};
+  transport_close_liberr_ = rv;
+}
+
+void connection::send_close_packet(const send_fn& send, uint64_t ts) {
+  auto [code, reason] = *pending_close_;
+  pending_close_.reset();
+  ngtcp2_connection_close_error ccerr{};
+  ngtcp2_connection_close_error_default(&ccerr);
+  std::string phrase = reason.substr(0, 200);
+  auto* rp = reinterpret_cast<const uint8_t*>(phrase.data());
+  if (tls_alert_close_)
+    ngtcp2_connection_close_error_set_transport_error_tls_alert(&ccerr, ngtcp2_conn_get_tls_alert(conn_), rp,
+                                                               phrase.size());
+  else if (transport_close_liberr_ != 0)
+    ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, transport_close_liberr_, rp, phrase.size());
+  else
+    ngtcp2_connection_close_error_set_application_error(&ccerr, static_cast<uint64_t>(code), rp, phrase.size());
+  set_end(state::closing, reason);
+  close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
+  close_packet_.resize(std::max<size_t>(cfg_.max_udp_payload, 1452));
+  ngtcp2_path_storage ps;
+  ngtcp2_path_storage_zero(&ps);
+  ngtcp2_pkt_info pi{};
+  ngtcp2_ssize n = ngtcp2_conn_write_connection_close(conn_, &ps.path, &pi, close_packet_.data(),
+                                                      close_packet_.size(), &ccerr, ts);
+  if (n <= 0) {
+    close_packet_.clear();
+    return;
+  }
+  close_packet_.resize(static_cast<size_t>(n));
+  bytes_sent_ += close_packet_.size();
+  send(remote_, close_packet_.data(), close_packet_.size(), close_packet_.size());
+}
+
+void connection::on_timer(uint64_t ts) {
+  if (state_ == state::closing || state_ == state::draining) {
+    if (ts >= close_deadline_) set_end(state::closed, "");
+    return;
+  }
+  if (state_ == state::closed) return;
+  int rv = ngtcp2_conn_handle_expiry(conn_, ts);
+  if (rv == 0) return;
+  if (rv == NGTCP2_ERR_IDLE_CLOSE) {
+    set_end(state::closed, "idle timeout: no packet from the peer for " + std::to_string(cfg_.idle_timeout.count()) +
+                               " ms");
+  } else if (rv == NGTCP2_ERR_HANDSHAKE_TIMEOUT) {
+    set_end(state::closed, "handshake timed out after " + std::to_string(cfg_.handshake_timeout.count()) + " ms");
+  } else {
+    pending_close_ = {close_code::protocol_violation, "QUIC error: " + liberr_text(rv)};
+    transport_close_liberr_ = rv;
+  }
+}
+
+uint64_t connection::expiry() const {
+  if (state_ == state::closed) return UINT64_MAX;
+  if (state_ == state::closing || state_ == state::draining) return close_deadline_;
+  if (pending_close_) return 0;
+  return ngtcp2_conn_get_expiry(conn_);
+}
+
+bool connection::write(const send_fn& send, uint64_t ts) {
+  if (pending_close_ && state_ != state::closing && state_ != state::draining && state_ != state::closed) {
+    send_close_packet(send, ts);
+    return true;
+  }
+  if (state_ == state::closing || state_ == state::draining || state_ == state::closed) return true;
+  open_bulk_streams();
+
+  const size_t max_pkt = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn_);
+  const size_t quantum = ngtcp2_conn_get_send_quantum(conn_);
+  const size_t max_pkts = std::clamp<size_t>(quantum / max_pkt, 1, 64);
+  std::vector<uint8_t>& buf = write_buf_;
+  if (buf.size() < max_pkt * 64) buf.resize(max_pkt * 64);
+  size_t pos = 0, pkts = 0;
+  socket_address batch_to;
+  std::vector<int64_t> blocked;  // streams ngtcp2 refused this round (flow control, shut)
+  auto is_blocked = [&](int64_t sid) { return std::find(blocked.begin(), blocked.end(), sid) != blocked.end(); };
+  bool ok = true;
+  auto flush = [&] {
+    if (pos == 0) return;
+    bytes_sent_ += pos;
+    if (!send(batch_to, buf.data(), pos, max_pkt)) ok = false;
+    pos = 0;
+    pkts = 0;
+  };
+
+  for (int guard = 0; guard < 4096 && ok; ++guard) {
+    ngtcp2_path_storage ps;
+    ngtcp2_path_storage_zero(&ps);
+    ngtcp2_pkt_info pi{};
+    ngtcp2_vec vec[3];
+    size_t vcnt = 0;
+    int64_t sid = -1;
+    uint32_t flags = NGTCP2_WRITE_STREAM_FLAG_MORE;
+    bool is_datagram = false;
+
+    // Priority: control messages, then heartbeats, then bulk streams round robin. A bulk
+    // transfer therefore only ever fills space control and heartbeats left over.
+    if (control_sid_ >= 0 && control_sent_ < control_total_ && !is_blocked(control_sid_)) {
+      sid = control_sid_;
+      uint64_t off = control_base_;
+      for (auto& chunk : control_out_) {
+        uint64_t end = off + chunk.size();
+        if (end > control_sent_ && vcnt < 3) {
+          size_t skip = static_cast<size_t>(control_sent_ > off ? control_sent_ - off : 0);
+          vec[vcnt++] = {chunk.data() + skip, chunk.size() - skip};
+        }
+        off = end;
+        if (vcnt == 3) break;
+      }
+    } else if (!datagrams_out_.empty() && state_ == state::admitted) {
+      is_datagram = true;
+    } else {
+      auto it = bulk_out_.upper_bound(bulk_cursor_);
+      for (size_t n = 0; n < bulk_out_.size(); ++n, ++it) {
+        if (it == bulk_out_.end()) it = bulk_out_.begin();
+        auto& b = it->second;
+        if (b.sent >= b.total() || is_blocked(it->first)) continue;
+        sid = it->first;
+        if (b.sent < b.header.size)
+          vec[vcnt++] = {const_cast<uint8_t*>(b.header.bytes.data()) + b.sent, b.header.size - b.sent};
+        size_t poff = static_cast<size_t>(b.sent > b.header.size ? b.sent - b.header.size : 0);
+        if (poff < b.payload.size()) vec[vcnt++] = {b.payload.data() + poff, b.payload.size() - poff};
+        flags |= NGTCP2_WRITE_STREAM_FLAG_FIN;
+        bulk_cursor_ = sid;
+        break;
+      }
+    }
+
+    ngtcp2_ssize datalen = -1;
+    ngtcp2_ssize n;
+    int accepted = 0;
+    if (is_datagram) {
+      auto& d = datagrams_out_.front();
+      ngtcp2_vec dv{d.data(), d.size()};
+      n = ngtcp2_conn_writev_datagram(conn_, &ps.path, &pi, buf.data() + pos, max_pkt, &accepted,
+                                      NGTCP2_WRITE_DATAGRAM_FLAG_MORE, 0, &dv, 1, ts);
+      if (accepted || n == NGTCP2_ERR_INVALID_ARGUMENT) datagrams_out_.pop_front();  // too big for the peer: dropped
+      if (n == NGTCP2_ERR_INVALID_ARGUMENT) continue;
+    } else {
+      n = ngtcp2_conn_writev_stream(conn_, &ps.path, &pi, buf.data() + pos, max_pkt, &datalen, flags, sid,
+                                    vcnt ? vec : nullptr, vcnt, ts);
+    }
+    if (n < 0) {
+      if (n == NGTCP2_ERR_STREAM_DATA_BLOCKED || n == NGTCP2_ERR_STREAM_SHUT_WR ||
+          n == NGTCP2_ERR_STREAM_NOT_FOUND) {
+        blocked.push_back(sid);
+        continue;
+      }
+      if (n == NGTCP2_ERR_WRITE_MORE) {
+        if (!is_datagram && sid >= 0 && datalen > 0) {
+          if (sid == control_sid_) control_sent_ += static_cast<uint64_t>(datalen);
+          else bulk_out_[sid].sent += static_cast<uint64_t>(datalen);
+        }
+        continue;
+      }
+      pending_close_ = {close_code::protocol_violation, "QUIC write error: " + liberr_text(static_cast<int>(n))};
+      transport_close_liberr_ = static_cast<int>(n);
+      flush();
+      return ok;
+    }
+    if (!is_datagram && sid >= 0 && datalen > 0) {
+      if (sid == control_sid_) control_sent_ += static_cast<uint64_t>(datalen);
+      else bulk_out_[sid].sent += static_cast<uint64_t>(datalen);
+    }
+    if (n == 0) break;  // congestion window, pacing or nothing left
+    socket_address to = from_ngtcp2(ps.path.remote);
+    if (pos > 0 && !(to == batch_to)) {
+      // A packet for another path (migration, probing) cannot share the GSO batch.
+      std::vector<uint8_t> pkt(buf.data() + pos, buf.data() + pos + n);
+      flush();
+      std::memcpy(buf.data(), pkt.data(), pkt.size());
+    }
+    batch_to = to;
+    pos += static_cast<size_t>(n);
+    ++pkts;
+    // GSO needs equal-size segments: a short packet ends the batch.
+    if (static_cast<size_t>(n) < max_pkt || pkts >= max_pkts) flush();
+  }
+  flush();
+  // ngtcp2 0.12.1 paces from initial_rtt before it has any sample, which delays the handshake
+  // by tens of milliseconds; pacing starts once a real RTT sample exists (fixed upstream in 1.0).
+  ngtcp2_conn_stat cstat;
+  ngtcp2_conn_get_conn_stat(conn_, &cstat);
+  if (cstat.first_rtt_sample_ts != UINT64_MAX) ngtcp2_conn_update_pkt_tx_time(conn_, ts);
+  return ok;
+}
+
+peer_stats connection::stats() const {
+  peer_stats s;
+  ngtcp2_conn_stat cstat;
+  ngtcp2_conn_get_conn_stat(conn_, &cstat);
+  s.smoothed_rtt = std::chrono::nanoseconds(cstat.smoothed_rtt);
+  s.min_rtt = std::chrono::nanoseconds(cstat.min_rtt == UINT64_MAX ? 0 : cstat.min_rtt);
+  s.cwnd = cstat.cwnd;
+  s.bytes_sent = bytes_sent_;
+  s.bytes_received = bytes_received_;
+  s.remote_address = remote_.to_string();
+  return s;
+}
+
+}  // namespace mesh::transport

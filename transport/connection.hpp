@@ -1,0 +1,184 @@
+#pragma once
+/// One QUIC connection to one peer: ngtcp2 + GnuTLS, the admission exchange, the control
+/// stream, bulk streams and heartbeat datagrams. Internal to transport/; driven only by the
+/// endpoint's I/O thread (no locking here), with explicit timestamps.
+#include <ngtcp2/ngtcp2.h>
+#include <ngtcp2/ngtcp2_crypto.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "transport/address.hpp"
+#include "transport/endpoint.hpp"
+#include "transport/frame.hpp"
+#include "transport/tls.hpp"
+
+namespace mesh::transport {
+
+class connection;
+
+/// What a connection tells the endpoint that owns it. Called from inside ngtcp2 callbacks:
+/// implementations must not close or destroy the connection there.
+class connection_owner {
+ public:
+  virtual ~connection_owner() = default;
+  virtual void on_cid_added(connection& c, const ngtcp2_cid& cid) = 0;
+  virtual void on_cid_removed(connection& c, const ngtcp2_cid& cid) = 0;
+  /// Both proofs verified: the peer is admitted.
+  virtual void on_admitted(connection& c) = 0;
+  virtual void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) = 0;
+  /// A NAT traversal frame (observed address, introduce, punch, relay) from an admitted peer.
+  virtual void on_traversal_frame(connection& c, frame f) = 0;
+  /// `bytes` of queued application payload (control, bulk) were acknowledged or dropped.
+  virtual void on_released(connection& c, uint64_t bytes) = 0;
+};
+
+/// QUIC application error codes carried in CONNECTION_CLOSE.
+enum class close_code : uint64_t {
+  none = 0,
+  admission_refused = 1,
+  protocol_violation = 2,
+  duplicate = 3,
+  shutting_down = 4,
+};
+
+class connection {
+ public:
+  enum class state { handshaking, admitting, admitted, closing, draining, closed };
+
+  /// Writes `len` bytes (datagrams of `segment` bytes) to `to`; false when the socket is full
+  /// (the callee keeps the bytes and the connection stops writing for now).
+  using send_fn = std::function<bool(const socket_address& to, const uint8_t* data, size_t len, size_t segment)>;
+
+  static expected<std::unique_ptr<connection>> make_client(connection_owner& owner, const endpoint_config& cfg,
+                                                           const tls_context& tls, const socket_address& local,
+                                                           const socket_address& remote, const node_id& expected,
+                                                           uint64_t ts);
+  static expected<std::unique_ptr<connection>> make_server(connection_owner& owner, const endpoint_config& cfg,
+                                                           const tls_context& tls, const socket_address& local,
+                                                           const socket_address& remote, const ngtcp2_pkt_hd& hd,
+                                                           uint64_t ts);
+  ~connection();
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+
+  /// One received UDP datagram.
+  void read(const socket_address& local, const socket_address& remote, const uint8_t* data, size_t len, uint64_t ts);
+  /// Timers (loss detection, idle, keep-alive, pacing, close deadline).
+  void on_timer(uint64_t ts);
+  /// Writes what there is to write; returns false when the socket blocked.
+  bool write(const send_fn& send, uint64_t ts);
+  /// When on_timer must be called next (UINT64_MAX: never).
+  uint64_t expiry() const;
+
+  /// Queues a message (the peer must be admitted). Bulk payloads are sent from `bytes` itself.
+  void queue(channel ch, std::vector<uint8_t> bytes);
+  /// Queues a frame of another kind on the control stream (NAT traversal frames).
+  void queue_frame(frame_kind kind, std::span<const uint8_t> payload);
+  /// Closes with an application error and a reason the peer will log; takes effect at the next write.
+  void close(close_code code, std::string reason);
+
+  state current_state() const { return state_; }
+  bool handshake_done() const { return handshake_done_; }
+  /// The peer's node id, once TLS showed its key.
+  const std::optional<node_id>& peer() const { return check_.peer; }
+  bool inbound() const { return inbound_; }
+  const socket_address& remote() const { return remote_; }
+  /// The peer closed this connection as a duplicate of another one to the same node.
+  bool peer_closed_as_duplicate() const { return peer_closed_as_duplicate_; }
+  /// Why the connection ended (closed or draining); empty while alive.
+  const std::string& end_reason() const { return end_reason_; }
+  /// True when there are queued messages not yet handed to ngtcp2.
+  bool has_pending_data() const;
+  peer_stats stats() const;
+  /// Application payload bytes queued and not yet acknowledged.
+  uint64_t outstanding_bytes() const { return outstanding_; }
+
+  /// Bookkeeping for the endpoint.
+  bool up_reported = false;
+  bool end_reported = false;
+  std::vector<std::string> fallback_addresses;  ///< dial: the addresses still to try
+
+ private:
+  connection(connection_owner& owner, const endpoint_config& cfg, bool inbound);
+  expected<void> init_tls(const tls_context& tls, bool server);
+  void set_end(state s, std::string reason);
+  void on_handshake_completed();
+  expected<void> on_control_data(const uint8_t* data, size_t len);
+  expected<void> handle_control_frame(frame f);
+  expected<void> on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin);
+  void deliver(channel ch, std::vector<uint8_t> bytes);
+  void send_close_packet(const send_fn& send, uint64_t ts);
+  void open_bulk_streams();
+  void on_acked(int64_t sid, uint64_t offset, uint64_t len);
+  void on_stream_closed(int64_t sid);
+  bool remote_stream_is_control(int64_t sid) const;
+
+  static ngtcp2_callbacks callbacks(bool server);
+  static ngtcp2_conn* get_conn(ngtcp2_crypto_conn_ref* ref);
+  friend struct connection_callbacks;
+
+  connection_owner& owner_;
+  const endpoint_config& cfg_;
+  bool inbound_;
+  ngtcp2_conn* conn_ = nullptr;
+  gnutls_session_t tls_ = nullptr;
+  ngtcp2_crypto_conn_ref conn_ref_{};
+  tls_peer_check check_;
+  state state_ = state::handshaking;
+  bool handshake_done_ = false;
+  bool peer_proof_ok_ = false;
+  std::string end_reason_;
+  std::optional<std::pair<close_code, std::string>> pending_close_;
+  std::vector<uint8_t> close_packet_;
+  uint64_t close_deadline_ = UINT64_MAX;
+  socket_address remote_;
+  socket_address local_;
+
+  // Outgoing control stream: chunks kept until acknowledged (ngtcp2 does not copy).
+  int64_t control_sid_ = -1;
+  std::deque<std::vector<uint8_t>> control_out_;
+  std::deque<size_t> control_app_bytes_;  // per chunk: application payload bytes in it
+  uint64_t control_base_ = 0;    // stream offset of control_out_.front()
+  uint64_t control_sent_ = 0;    // stream offset handed to ngtcp2
+  uint64_t control_total_ = 0;   // stream offset after the last queued byte
+
+  // Outgoing bulk streams, one message each.
+  struct bulk_out {
+    frame_header header;
+    std::vector<uint8_t> payload;
+    uint64_t sent = 0;
+    uint64_t total() const { return header.size + payload.size(); }
+  };
+  std::deque<std::vector<uint8_t>> bulk_waiting_;  // no stream id yet (peer's stream limit)
+  std::map<int64_t, bulk_out> bulk_out_;
+  int64_t bulk_cursor_ = -1;  // round robin among bulk streams
+
+  std::deque<std::vector<uint8_t>> datagrams_out_;
+
+  // Incoming.
+  frame_decoder control_in_;
+  std::vector<uint8_t> early_control_;  // control bytes that arrived before our handshake finished
+  std::map<int64_t, frame_decoder> bulk_in_;
+  std::map<int64_t, std::vector<frame>> bulk_frames_;
+  std::vector<std::pair<channel, std::vector<uint8_t>>> held_;  // complete before admission
+
+  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  uint64_t outstanding_ = 0;  // application payload queued, not yet acknowledged
+  void release(uint64_t n) {
+    outstanding_ -= std::min(outstanding_, n);
+    if (n) owner_.on_released(*this, n);
+  }
+  bool peer_closed_as_duplicate_ = false;
+  bool tls_alert_close_ = false;   // the close is a TLS failure, not an application decision
+  int transport_close_liberr_ = 0; // the close is a QUIC transport error
+  std::vector<uint8_t> write_buf_;
+};
+
+}  // namespace mesh::transport

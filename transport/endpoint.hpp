@@ -1,0 +1,140 @@
+#pragma once
+/// The QUIC endpoint of a node: one UDP socket, one I/O thread, any number of authenticated,
+/// admitted connections in both directions. Every public member is thread-safe.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/error.hpp"
+#include "transport/frame.hpp"
+#include "transport/identity.hpp"
+
+namespace mesh::transport {
+
+/// Which kind of traffic a message is; each has its own path through QUIC.
+enum class channel : uint8_t {
+  control,    ///< reliable, ordered with every other control message to the same peer
+  bulk,       ///< reliable, on its own stream: never delays control messages
+  heartbeat,  ///< unreliable QUIC DATAGRAM: never waits behind anything, may be lost
+};
+
+/// What an endpoint knows about a peer when it comes up.
+struct peer_info {
+  std::string remote_address;  ///< "ip:port" the connection runs to
+  bool inbound = false;        ///< the peer dialed us
+  bool relayed = false;        ///< no direct path: messages go through `relay`, sealed end to end
+  std::optional<node_id> relay;
+};
+
+/// Counters of one connection.
+struct peer_stats {
+  std::chrono::nanoseconds smoothed_rtt{0};
+  std::chrono::nanoseconds min_rtt{0};
+  uint64_t bytes_sent = 0;      ///< UDP payload bytes, all packets of the connection
+  uint64_t bytes_received = 0;  ///< UDP payload bytes, all packets of the connection
+  uint64_t cwnd = 0;            ///< congestion window, bytes
+  std::string remote_address;
+  bool relayed = false;  ///< counters are those of the connection to the relay
+};
+
+/// Endpoint-wide counters (metrics).
+struct endpoint_counters {
+  size_t connections = 0;         ///< in any state
+  size_t half_open = 0;           ///< inbound handshakes in progress
+  uint64_t initials_shed = 0;     ///< Initials dropped by the half-open / connection bound
+  uint64_t packets_dropped = 0;   ///< datagrams that matched no connection and were no Initial
+};
+
+/// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),
+/// never block, and may call the endpoint's public functions.
+struct handlers {
+  /// The peer finished TLS and admission both ways; messages may flow.
+  std::function<void(const node_id&, const peer_info&)> on_peer_up;
+  /// An admitted peer went away (closed, idle timeout, error); `reason` says which.
+  std::function<void(const node_id&, const std::string& reason)> on_peer_down;
+  /// A message from an admitted peer.
+  std::function<void(const node_id&, channel, std::vector<uint8_t>)> on_message;
+  /// A connection that never got admitted: wrong key, wrong mesh secret, wrong version,
+  /// unreachable. `peer` is known when TLS got far enough to see the peer's key; inbound
+  /// attempts that never showed one go to on_log only.
+  std::function<void(const std::optional<node_id>& peer, const std::string& address, const std::string& reason)>
+      on_connect_failed;
+  /// One line per notable event (connection refused, closed with an error).
+  std::function<void(const std::string&)> on_log;
+  /// This node relayed a sealed box from `from` to `to` (metrics, tests): the bytes are all a
+  /// relay ever holds of a relayed message.
+  std::function<void(const node_id& from, const node_id& to, const std::vector<uint8_t>& sealed)> on_relay;
+};
+
+/// How an endpoint runs.
+struct endpoint_config {
+  identity id = identity::generate();
+  std::vector<uint8_t> mesh_secret;  ///< empty = the open LAN mesh
+  std::string bind = "::";           ///< "::" (IPv4 and IPv6), "0.0.0.0", or one address
+  uint16_t port = 0;                 ///< 0 = ephemeral (see endpoint::port())
+  uint32_t protocol_version = 1;
+  frame_limits limits;
+  std::chrono::milliseconds idle_timeout{15000};       ///< no packet for this long: peer down
+  std::chrono::milliseconds keep_alive{5000};          ///< send a PING after this much quiet
+  std::chrono::milliseconds handshake_timeout{5000};   ///< dial attempt gives up after this
+  size_t max_half_open = 64;       ///< inbound handshakes in progress; more Initials are dropped
+  size_t max_connections = 1024;   ///< all connections, any state
+  int socket_buffer_bytes = 8 << 20;
+  size_t max_udp_payload = 1452;   ///< above 1452 only on loopback-only meshes (MTU 65536)
+  uint64_t stream_window = 16u << 20;      ///< per-stream flow control window
+  uint64_t connection_window = 64u << 20;  ///< per-connection flow control window
+  /// Per peer: control and bulk payload queued and not yet acknowledged. Beyond it send()
+  /// refuses (limit_exceeded) until acknowledgements free room: the sender's backpressure.
+  uint64_t max_queued_bytes = uint64_t{2} << 30;
+};
+
+class endpoint_impl;
+
+/// See the file comment. Destroying it stops it (closing every connection); never destroy it
+/// from one of its own callbacks.
+class endpoint {
+ public:
+  static expected<std::unique_ptr<endpoint>> start(endpoint_config config, handlers h);
+  ~endpoint();
+  endpoint(const endpoint&) = delete;
+  endpoint& operator=(const endpoint&) = delete;
+
+  /// The UDP port actually bound.
+  uint16_t port() const;
+  /// This node's id.
+  node_id id() const;
+  /// Connects to the node `expected` at the first of `addresses` ("host:port") that answers;
+  /// the result arrives as on_peer_up or on_connect_failed. No-op when already connected.
+  void dial(const node_id& expected, std::vector<std::string> addresses);
+  /// Queues a message to an admitted peer. Errors: the peer is not up (network), the message
+  /// exceeds its channel's limit, or the peer's send queue is full (both limit_exceeded; retry
+  /// later). Success means queued, not delivered.
+  expected<void> send(const node_id& peer, channel ch, std::vector<uint8_t> bytes);
+  /// Counters of the connection to `peer`, if it is up.
+  std::optional<peer_stats> stats(const node_id& peer) const;
+  /// Reaches `target` through `rendezvous` (a peer that is up and also connected to `target`):
+  /// both ends punch their NATs at once and the smaller node id dials; if no direct path opens
+  /// within the handshake timeout, `rendezvous` relays (on_peer_up with relayed = true).
+  void connect_via(const node_id& target, const node_id& rendezvous);
+  /// The address the most recent peer reported seeing this node at (its public mapping behind a NAT).
+  std::optional<std::string> observed_address() const;
+  /// Counters as of the I/O thread's last loop iteration.
+  endpoint_counters counters() const;
+  /// Ids of the peers that are up now.
+  std::vector<node_id> peers() const;
+  /// Closes the connection to `peer` (CONNECTION_CLOSE, then on_peer_down "closed locally").
+  void disconnect(const node_id& peer);
+  /// Closes every connection and joins the I/O thread. Idempotent. From a callback it only
+  /// asks the loop to end (destroy the endpoint from another thread).
+  void stop();
+
+ private:
+  explicit endpoint(std::unique_ptr<endpoint_impl> impl);
+  std::unique_ptr<endpoint_impl> impl_;
+};
+
+}  // namespace mesh::transport

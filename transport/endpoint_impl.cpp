@@ -1,0 +1,401 @@
+#include "transport/endpoint_impl.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace mesh::transport {
+
+expected<void> endpoint_impl::init() {
+  auto s = udp_socket::open(cfg_.bind, cfg_.port, cfg_.socket_buffer_bytes);
+  if (!s) return tl::unexpected(s.error());
+  sock_ = std::move(*s);
+  auto t = tls_context::create(cfg_.id);
+  if (!t) return tl::unexpected(t.error());
+  tls_ = std::move(*t);
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  timerfd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  eventfd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || timerfd_ < 0 || eventfd_ < 0)
+    return make_error(error_code::io_error, std::string("cannot create epoll/timerfd/eventfd: ") + std::strerror(errno));
+  for (int fd : {sock_.fd(), timerfd_, eventfd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+      return make_error(error_code::io_error, std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  thread_ = std::thread([this] { run(); });
+  io_thread_id_ = thread_.get_id();
+  return {};
+}
+
+void endpoint_impl::post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(cmd_mu_);
+    cmds_.push_back(std::move(fn));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(eventfd_, &one, sizeof(one));
+}
+
+void endpoint_impl::stop() {
+  if (!thread_.joinable()) return;
+  stopping_ = true;
+  uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(eventfd_, &one, sizeof(one));
+  // From a callback the loop just ends after this iteration; the thread is joined by the
+  // destructor, which therefore must not run on the I/O thread.
+  if (std::this_thread::get_id() == io_thread_id_) return;
+  thread_.join();
+}
+
+void endpoint_impl::drain_commands() {
+  uint64_t v;
+  while (::read(eventfd_, &v, sizeof(v)) > 0) {
+  }
+  std::vector<std::function<void()>> cmds;
+  {
+    std::lock_guard lock(cmd_mu_);
+    cmds.swap(cmds_);
+  }
+  for (auto& c : cmds) c();
+}
+
+void endpoint_impl::set_writable_interest(bool on) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | (on ? EPOLLOUT : 0u);
+  ev.data.fd = sock_.fd();
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, sock_.fd(), &ev);
+}
+
+bool endpoint_impl::send_bytes(const socket_address& to, const uint8_t* data, size_t len, size_t segment) {
+  if (blocked_) return false;
+  auto dest = to.for_family(sock_.family());
+  if (!dest) return true;  // unreachable from this socket: the packet is lost, QUIC copes
+  size_t sent = 0;
+  if (sock_.send(*dest, data, len, segment, &sent) == udp_socket::send_result::would_block) {
+    pending_.assign(data + sent, data + len);
+    pending_to_ = *dest;
+    pending_segment_ = segment;
+    blocked_ = true;
+    set_writable_interest(true);
+    return false;
+  }
+  return true;
+}
+
+bool endpoint_impl::flush_pending() {
+  if (!blocked_) return true;
+  size_t sent = 0;
+  auto r = sock_.send(pending_to_, pending_.data(), pending_.size(), pending_segment_, &sent);
+  if (r == udp_socket::send_result::would_block) {
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(sent));
+    return false;
+  }
+  pending_.clear();
+  blocked_ = false;
+  set_writable_interest(false);
+  return true;
+}
+
+void endpoint_impl::arm_timer(uint64_t at) {
+  itimerspec its{};
+  if (at != UINT64_MAX) {
+    its.it_value.tv_sec = static_cast<time_t>(at / 1'000'000'000u);
+    its.it_value.tv_nsec = static_cast<long>(at % 1'000'000'000u);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+  }
+  timerfd_settime(timerfd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+void endpoint_impl::dispatch(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts) {
+  ngtcp2_version_cid vc{};
+  if (ngtcp2_pkt_decode_version_cid(&vc, data, len, short_header_cid_len) != 0) {  // garbage or VN: drop
+    ++packets_dropped_;
+    return;
+  }
+  auto it = by_cid_.find(cid_key(vc.dcid, vc.dcidlen));
+  if (it != by_cid_.end()) {
+    it->second->read(sock_.local(), from, data, len, ts);
+    return;
+  }
+  if (stopping_) return;
+  ngtcp2_pkt_hd hd{};
+  if (ngtcp2_accept(&hd, data, len) != 0) {  // not a valid Initial: stateless drop
+    ++packets_dropped_;
+    return;
+  }
+  if (half_open() >= cfg_.max_half_open || conns_.size() >= cfg_.max_connections) {
+    ++initials_shed_;  // shed load statelessly: the client retransmits, or gives up
+    return;
+  }
+  auto c = connection::make_server(*this, cfg_, *tls_, sock_.local(), from, hd, ts);
+  if (!c) {
+    log("cannot accept a connection from " + from.to_string() + ": " + c.error().message);
+    return;
+  }
+  connection* raw = c->get();
+  conns_.push_back(std::move(*c));
+  raw->read(sock_.local(), from, data, len, ts);
+}
+
+void endpoint_impl::read_socket(uint64_t ts) {
+  for (int i = 0; i < 1024; ++i) {
+    auto r = sock_.receive(rx_buf_.data(), rx_buf_.size());
+    if (!r) return;
+    // With GRO one receive holds several datagrams of `segment` bytes each.
+    for (size_t off = 0; off < r->len; off += r->segment) {
+      size_t n = std::min(r->segment, r->len - off);
+      dispatch(r->from, rx_buf_.data() + off, n, ts);
+    }
+  }
+}
+
+void endpoint_impl::on_admitted(connection& c) {
+  const node_id id = *c.peer();
+  auto it = by_peer_.find(id);
+  if (it != by_peer_.end() && it->second != &c) {
+    // Two connections to one peer (both dialed at once, or a copied identity). Both ends keep
+    // the one dialed by the smaller node id, so they agree without talking about it.
+    connection* old = it->second;
+    if (old->inbound() == c.inbound()) {
+      // Same direction twice: not a simultaneous dial but two live nodes with one identity (a
+      // copied state directory). The first one keeps the id; the second is refused.
+      c.close(close_code::duplicate, "another live node already uses node id " + id.short_string() +
+                                         " (copied state directory?)");
+      return;
+    }
+    bool local_smaller = node_id{cfg_.id.public_key()} < id;
+    bool keep_new = local_smaller ? !c.inbound() : c.inbound();
+    connection* loser = keep_new ? old : &c;
+    quiet_.insert(loser);
+    loser->close(close_code::duplicate, "duplicate connection to the same node; keeping the other one");
+    if (!keep_new) return;
+    old->up_reported = false;
+    c.up_reported = true;
+    it->second = &c;
+    return;  // the peer stays up: no second on_peer_up
+  }
+  by_peer_[id] = &c;
+  c.up_reported = true;
+  punch_pending_.erase(id);
+  // Tell the peer where its packets come from: behind a NAT that is its public mapping.
+  c.queue_frame(frame_kind::observed_address, encode_address(c.remote()));
+  if (replacing_.erase(id)) return;     // the peer never went down: this connection replaces its twin
+  if (relay_routes_.erase(id)) return;  // was up through a relay: now direct, still the same peer
+  {
+    std::lock_guard lock(view_mu_);
+    up_.insert(id);
+  }
+  if (h_.on_peer_up) h_.on_peer_up(id, peer_info{c.remote().to_string(), c.inbound(), false, std::nullopt});
+}
+
+void endpoint_impl::start_dial(const node_id& expected, std::vector<std::string> addresses, uint64_t ts) {
+  if (by_peer_.count(expected)) return;
+  for (auto& c : conns_)
+    if (!c->inbound() && c->peer() == expected && c->current_state() == connection::state::handshaking) return;
+  std::string last_error = "no address given";
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    auto a = parse_address(addresses[i]);
+    if (!a) {
+      last_error = a.error().message;
+      continue;
+    }
+    auto dest = a->for_family(sock_.family());
+    if (!dest) {
+      last_error = dest.error().message;
+      continue;
+    }
+    auto c = connection::make_client(*this, cfg_, *tls_, sock_.local(), *dest, expected, ts);
+    if (!c) {
+      last_error = c.error().message;
+      continue;
+    }
+    (*c)->fallback_addresses.assign(addresses.begin() + static_cast<std::ptrdiff_t>(i) + 1, addresses.end());
+    node_id target = expected;  // `expected` may point into dial_targets_, which this insert rehashes
+    dial_targets_[c->get()] = target;
+    conns_.push_back(std::move(*c));
+    need_write_ = true;
+    return;
+  }
+  if (h_.on_connect_failed) h_.on_connect_failed(expected, addresses.empty() ? "" : addresses.back(), last_error);
+}
+
+void endpoint_impl::write_all(uint64_t ts) {
+  if (!flush_pending()) return;
+  auto send = [this](const socket_address& to, const uint8_t* d, size_t n, size_t seg) { return send_bytes(to, d, n, seg); };
+  for (auto& c : conns_) {
+    if (!c->write(send, ts)) return;  // socket full: the rest waits for EPOLLOUT
+  }
+}
+
+void endpoint_impl::reap() {
+  uint64_t ts = now_ns();
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    connection* c = it->get();
+    auto s = c->current_state();
+    bool ended = s == connection::state::closing || s == connection::state::draining || s == connection::state::closed;
+    if (ended && !c->end_reported) {
+      c->end_reported = true;
+      bool quiet = quiet_.count(c) > 0;
+      if (quiet && c->peer()) release(*c->peer(), c->outstanding_bytes());  // lost with the duplicate
+      if (c->up_reported && c->peer_closed_as_duplicate() && has_other_attempt(*c->peer(), c)) {
+        // Simultaneous dials: the other side already chose the twin connection, which is still
+        // being set up here. The peer stays up; messages queued on this one are lost.
+        node_id id = *c->peer();
+        by_peer_.erase(id);
+        replacing_.insert(id);
+        release(id, c->outstanding_bytes());
+        log("peer " + id.short_string() + ": connection replaced by its simultaneous twin");
+      } else if (c->up_reported) {
+        node_id id = *c->peer();
+        by_peer_.erase(id);
+        {
+          std::lock_guard lock(view_mu_);
+          up_.erase(id);
+          queued_.erase(id);
+        }
+        log("peer " + id.short_string() + " down: " + c->end_reason());
+        if (h_.on_peer_down) h_.on_peer_down(id, c->end_reason());
+        std::vector<node_id> orphans;
+        for (auto& [peer, relay] : relay_routes_)
+          if (relay == id) orphans.push_back(peer);
+        for (auto& p : orphans) relay_peer_down(p, "the relay " + id.short_string() + " went away");
+      } else if (!quiet) {
+        log("connection " + std::string(c->inbound() ? "from " : "to ") + c->remote().to_string() +
+            " failed: " + c->end_reason());
+        auto target = dial_targets_.find(c);
+        std::optional<node_id> about = c->peer();
+        if (!about && target != dial_targets_.end()) about = target->second;
+        bool reported_down = false;
+        if (about && replacing_.count(*about) && !has_other_attempt(*about, c)) {
+          // The twin that was to replace a peer's connection failed: now the peer is down.
+          replacing_.erase(*about);
+          {
+            std::lock_guard lock(view_mu_);
+            up_.erase(*about);
+            queued_.erase(*about);
+          }
+          if (h_.on_peer_down) h_.on_peer_down(*about, c->end_reason());
+          reported_down = true;
+        }
+        auto punched = target == dial_targets_.end() ? punch_pending_.end() : punch_pending_.find(target->second);
+        if (reported_down) {
+          // nothing more to say about this attempt
+        } else if (punched != punch_pending_.end() && !stopping_ && !direct(punched->first)) {
+          node_id t = punched->first, relay = punched->second;
+          start_relay(t, relay);
+        } else if (!c->handshake_done() && target != dial_targets_.end() && !c->fallback_addresses.empty() && !stopping_) {
+          node_id expected = target->second;
+          start_dial(expected, c->fallback_addresses, ts);
+        } else if (h_.on_connect_failed && (!c->inbound() || c->peer())) {
+          // An inbound attempt that never showed a node key (a scan, garbage, an aborted TLS
+          // handshake) is only logged: the layer above has no peer to attach it to.
+          std::optional<node_id> who = c->peer();
+          if (!who && target != dial_targets_.end()) who = target->second;
+          h_.on_connect_failed(who, c->remote().to_string(), c->end_reason());
+        }
+      }
+    }
+    if (s == connection::state::closed) {
+      for (auto cit = by_cid_.begin(); cit != by_cid_.end();) {
+        if (cit->second == c) cit = by_cid_.erase(cit);
+        else ++cit;
+      }
+      quiet_.erase(c);
+      dial_targets_.erase(c);
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void endpoint_impl::run() {
+  epoll_event events[8];
+  bool closing_all = false;
+  uint64_t stop_deadline = 0;
+  for (;;) {
+    uint64_t next = UINT64_MAX;
+    for (auto& c : conns_) next = std::min(next, c->expiry());
+    for (auto& t : tasks_) next = std::min(next, t.first);
+    uint64_t now = now_ns();
+    int timeout = -1;
+    if (next <= now || need_write_) {
+      need_write_ = false;
+      timeout = 0;
+    } else {
+      arm_timer(next);
+    }
+    if (closing_all) timeout = std::min<int>(timeout < 0 ? 10 : timeout, 10);
+    int n = epoll_wait(epfd_, events, 8, timeout);
+    uint64_t ts = now_ns();
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == eventfd_) {
+        drain_commands();
+      } else if (fd == timerfd_) {
+        uint64_t v;
+        [[maybe_unused]] auto r = ::read(timerfd_, &v, sizeof(v));
+      } else if (fd == sock_.fd()) {
+        if (events[i].events & EPOLLOUT) flush_pending();
+        if (events[i].events & EPOLLIN) read_socket(ts);
+      }
+    }
+    ts = now_ns();
+    for (auto& c : conns_)
+      if (c->expiry() <= ts) c->on_timer(ts);
+    if (!tasks_.empty() && !stopping_) {
+      std::vector<std::function<void()>> due;
+      for (auto it = tasks_.begin(); it != tasks_.end();) {
+        if (it->first <= ts) {
+          due.push_back(std::move(it->second));
+          it = tasks_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto& fn : due) fn();
+    }
+    if (stopping_ && !closing_all) {
+      // Graceful stop: CONNECTION_CLOSE to everyone, then leave (peers see a clean close, not
+      // an idle timeout).
+      closing_all = true;
+      stop_deadline = ts + 200'000'000u;
+      for (auto& c : conns_) c->close(close_code::shutting_down, "peer is shutting down");
+    }
+    write_all(ts);
+    reap();
+    publish_counters();
+    if (closing_all) {
+      bool all_sent = !blocked_;
+      for (auto& c : conns_)
+        if (c->current_state() == connection::state::handshaking || c->current_state() == connection::state::admitting ||
+            c->current_state() == connection::state::admitted)
+          all_sent = false;
+      if (all_sent || ts >= stop_deadline) break;
+    }
+  }
+  // Report the peers that were up as down, so the layer above sees a consistent end.
+  for (auto& c : conns_) {
+    if (c->up_reported && !c->end_reported && c->peer()) {
+      c->end_reported = true;
+      if (h_.on_peer_down) h_.on_peer_down(*c->peer(), "endpoint stopped");
+    }
+  }
+  {
+    std::lock_guard lock(view_mu_);
+    up_.clear();
+    queued_.clear();
+  }
+  conns_.clear();
+  by_cid_.clear();
+  by_peer_.clear();
+}
+
+}  // namespace mesh::transport

@@ -1,0 +1,164 @@
+#pragma once
+/// The endpoint's insides, shared by endpoint.cpp (public API), endpoint_impl.cpp (the I/O loop)
+/// and endpoint_traversal.cpp (NAT traversal). Internal to transport/.
+#include <time.h>
+
+#include <atomic>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "transport/connection.hpp"
+#include "transport/endpoint.hpp"
+#include "transport/traversal.hpp"
+#include "transport/udp_socket.hpp"
+
+namespace mesh::transport {
+
+/// CLOCK_MONOTONIC in nanoseconds: the time base of every ngtcp2 timestamp and of the timerfd.
+inline uint64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
+inline std::string cid_key(const uint8_t* data, size_t len) {
+  return std::string(reinterpret_cast<const char*>(data), len);
+}
+
+/// Every connection id this endpoint issues has this length (short headers carry no length).
+inline constexpr size_t short_header_cid_len = 18;
+
+/// One endpoint's state. The members are open to the three files above only; everything after
+/// "Everything below belongs to the I/O thread" is touched by that thread alone, the rest is
+/// immutable after init() or guarded by its mutex.
+class endpoint_impl final : public connection_owner {
+ public:
+  endpoint_impl(endpoint_config cfg, handlers h) : cfg_(std::move(cfg)), h_(std::move(h)) {}
+  ~endpoint_impl() override { stop(); close_fds(); }
+
+  expected<void> init();
+  void stop();
+
+  endpoint_config cfg_;
+  handlers h_;
+  udp_socket sock_;
+  std::unique_ptr<tls_context> tls_;
+  int epfd_ = -1, timerfd_ = -1, eventfd_ = -1;
+  std::thread thread_;
+  std::thread::id io_thread_id_;
+  std::atomic<bool> stopping_{false};
+
+  std::mutex cmd_mu_;
+  std::vector<std::function<void()>> cmds_;
+
+  mutable std::mutex view_mu_;
+  std::unordered_set<node_id> up_;  // the peers other threads may send to
+  std::optional<std::string> observed_;  // our address as the last peer saw it
+  endpoint_counters counters_;           // published copy of the I/O thread's counters
+  std::unordered_map<node_id, uint64_t> queued_;  // per peer: payload reserved by send(), not yet acked
+
+  // Everything below belongs to the I/O thread.
+  std::list<std::unique_ptr<connection>> conns_;
+  std::unordered_map<std::string, connection*> by_cid_;
+  std::unordered_map<node_id, connection*> by_peer_;
+  std::unordered_map<connection*, node_id> dial_targets_;  // outbound: the id we asked for
+  std::unordered_set<connection*> quiet_;  // superseded duplicates: their end is not a peer down
+  // Peers whose connection the other side closed as a duplicate while our copy of the winning
+  // connection was still being set up: they stay up, and its admission brings no second up.
+  std::unordered_set<node_id> replacing_;
+  std::unordered_map<node_id, node_id> relay_routes_;   // peer up through a relay -> that relay
+  std::unordered_map<node_id, node_id> punch_pending_;  // peer being punched -> its rendezvous
+  std::vector<std::pair<uint64_t, std::function<void()>>> tasks_;  // timed actions (punch, dial)
+  std::vector<uint8_t> pending_;            // bytes the socket refused (EAGAIN), sent first next time
+  socket_address pending_to_;
+  size_t pending_segment_ = 0;
+  bool blocked_ = false;
+  uint64_t initials_shed_ = 0, packets_dropped_ = 0;
+  bool need_write_ = false;  // a connection was made outside the read/write pass: write before sleeping
+  std::vector<uint8_t> rx_buf_ = std::vector<uint8_t>(65536);
+
+  void post(std::function<void()> fn);
+  void run();
+  void drain_commands();
+  void read_socket(uint64_t ts);
+  void dispatch(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts);
+  void write_all(uint64_t ts);
+  void reap();
+  void arm_timer(uint64_t at);
+  bool send_bytes(const socket_address& to, const uint8_t* data, size_t len, size_t segment);
+  bool flush_pending();
+  void set_writable_interest(bool on);
+  void start_dial(const node_id& expected, std::vector<std::string> addresses, uint64_t ts);
+  void log(const std::string& line) {
+    if (h_.on_log) h_.on_log(line);
+  }
+  void close_fds() {
+    for (int* fd : {&epfd_, &timerfd_, &eventfd_})
+      if (*fd >= 0) {
+        ::close(*fd);
+        *fd = -1;
+      }
+  }
+
+  // connection_owner
+  void on_cid_added(connection& c, const ngtcp2_cid& cid) override { by_cid_[cid_key(cid.data, cid.datalen)] = &c; }
+  void on_cid_removed(connection& c, const ngtcp2_cid& cid) override {
+    auto it = by_cid_.find(cid_key(cid.data, cid.datalen));
+    if (it != by_cid_.end() && it->second == &c) by_cid_.erase(it);
+  }
+  void on_admitted(connection& c) override;
+  void on_traversal_frame(connection& c, frame f) override;
+  void on_released(connection& c, uint64_t bytes) override {
+    if (c.peer()) release(*c.peer(), bytes);
+  }
+  void release(const node_id& peer, uint64_t bytes) {
+    std::lock_guard lock(view_mu_);
+    auto it = queued_.find(peer);
+    if (it != queued_.end()) it->second -= std::min(it->second, bytes);
+  }
+  void on_relay_deliver(connection& relay, relay_envelope env);
+  void start_relay(const node_id& target, const node_id& relay);
+  void relay_peer_up(const node_id& peer, const node_id& relay);
+  void relay_peer_down(const node_id& peer, const std::string& why);
+  void send_punch_packets(const socket_address& to);
+  size_t half_open() const {
+    size_t n = 0;
+    for (auto& c : conns_)
+      if (c->inbound() && c->current_state() == connection::state::handshaking) ++n;
+    return n;
+  }
+  /// Another live connection attempt to `id` besides `c` (for the duplicate hand-over).
+  bool has_other_attempt(const node_id& id, const connection* c) const {
+    for (auto& other : conns_) {
+      if (other.get() == c || other->end_reported) continue;
+      auto s = other->current_state();
+      if (s == connection::state::closing || s == connection::state::draining || s == connection::state::closed) continue;
+      auto t = dial_targets_.find(other.get());
+      if (other->peer() == id || (t != dial_targets_.end() && t->second == id)) return true;
+    }
+    return false;
+  }
+  void publish_counters() {
+    endpoint_counters k{conns_.size(), half_open(), initials_shed_, packets_dropped_};
+    std::lock_guard lock(view_mu_);
+    counters_ = k;
+  }
+  void schedule(uint64_t at, std::function<void()> fn) { tasks_.emplace_back(at, std::move(fn)); }
+  connection* direct(const node_id& id) {
+    auto it = by_peer_.find(id);
+    return it == by_peer_.end() ? nullptr : it->second;
+  }
+  void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) override {
+    if (!c.up_reported || !c.peer()) return;
+    if (h_.on_message) h_.on_message(*c.peer(), ch, std::move(bytes));
+  }
+};
+
+}  // namespace mesh::transport
