@@ -767,7 +767,9 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][j]"); });
 
   std::string src;
-  src += "shared float As[" + std::to_string(bk) + "][" + std::to_string(bm) + "];\n";
+  // As is stored transposed (As[k][m]): 16 threads write one m column at once, so each k row is
+  // padded by one float to put those writes in 16 different banks.
+  src += "shared float As[" + std::to_string(bk) + "][" + std::to_string(bm + 1) + "];\n";
   src += "shared float Bs[" + std::to_string(bk) + "][" + std::to_string(bn) + "];\n";
   src += la + lb;
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, tx = tid % " + u(tx) + ", ty = tid / " + u(tx) + ";\n";
