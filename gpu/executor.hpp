@@ -48,6 +48,7 @@ struct kernel_stats {
 
 using program_id = uint32_t;
 
+/// Not thread-safe: one caller at a time (the node's executor actor owns it).
 class executor {
  public:
   virtual ~executor() = default;

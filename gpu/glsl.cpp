@@ -479,6 +479,42 @@ std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::str
   return out;
 }
 
+/// Reductions over leading axes (in = [red..., outs...]): 32 neighbouring outputs per workgroup,
+/// read coalesced, with the reduced range split over 8 slices of threads and the slices combined
+/// in shared memory. One thread per output would leave a GPU nearly idle when outputs are few.
+kernel_source column_reduction(const graph& g, const plan& q, const kernel& k, const device_caps& caps, int64_t outs,
+                               int64_t red) {
+  const node& r = g[k.anchor];
+  const node_id x = r.inputs[0];
+  const auto ops = reduction_of(r);
+  const std::string acc_t = ops.is_int ? "int" : "float";
+  emitter e(g, q, false);
+  e.bind(k.root);
+  std::string inner;
+  e.scoped([&] {
+    const std::string v = e.value(x, "(o + r * " + u(outs) + ")");
+    inner = e.body + "        acc = " + ops.combine("acc", v) + ";\n";
+    e.body.clear();
+  });
+  std::string main;
+  main += "  const uint c = gl_LocalInvocationID.x % 32u, sl = gl_LocalInvocationID.x / 32u;\n";
+  main += "  for (uint og = gl_WorkGroupID.x * 32u; og < " + u(outs) + "; og += gl_NumWorkGroups.x * 32u) {\n";
+  main += "    uint o = og + c;\n    " + acc_t + " acc = " + ops.init + ";\n";
+  main += "    if (o < " + u(outs) + ") {\n      for (uint r = sl; r < " + u(red) + "; r += 8u) {\n" + inner + "      }\n    }\n";
+  main += "    sh[sl][c] = acc;\n    barrier();\n";
+  main += "    if (sl == 0u && o < " + u(outs) + ") {\n";
+  main += "      for (uint s = 1u; s < 8u; ++s) acc = " + ops.combine("acc", "sh[s][c]") + ";\n";
+  main += epilogue(e, g, k, "o", "acc") + "    }\n    barrier();\n  }\n";
+  kernel_source s;
+  s.name = "redc_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(outs, 32, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + "shared " + acc_t + " sh[8][32];\n" +
+           prelude + "void main() {\n" + main + "}\n";
+  return s;
+}
+
 kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& r = g[k.anchor];
@@ -499,6 +535,12 @@ kernel_source reduction(const graph& g, const plan& p, const kernel& k, const de
   while (first_red > 0 && reduced[first_red - 1]) --first_red;
   bool trailing = true;
   for (size_t a = 0; a < first_red; ++a) trailing = trailing && !reduced[a];
+  // Leading reduced axes (columns: bias gradients, batch sums): input index r * outs + o.
+  size_t last_red = 0;
+  while (last_red < xd.size() && reduced[last_red]) ++last_red;
+  bool leading = !trailing && last_red > 0;
+  for (size_t a = last_red; a < xd.size(); ++a) leading = leading && !reduced[a];
+  if (leading && red >= 64) return column_reduction(g, q, k, caps, outs, red);
   const bool per_group = red >= 256 && (trailing || outs < 1024);
 
   emitter e(g, q, false);
@@ -767,7 +809,9 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][j]"); });
 
   std::string src;
-  src += "shared float As[" + std::to_string(bk) + "][" + std::to_string(bm) + "];\n";
+  // As is stored transposed (As[k][m]): 16 threads write one m column at once, so each k row is
+  // padded by one float to put those writes in 16 different banks.
+  src += "shared float As[" + std::to_string(bk) + "][" + std::to_string(bm + 1) + "];\n";
   src += "shared float Bs[" + std::to_string(bk) + "][" + std::to_string(bn) + "];\n";
   src += la + lb;
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, tx = tid % " + u(tx) + ", ty = tid / " + u(tx) + ";\n";

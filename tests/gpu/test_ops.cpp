@@ -125,8 +125,13 @@ TEST_CASE("ops: reductions over every axis pattern, with prologue and epilogue")
   b.output("prologue", sum(exp(x) * 0.5, {2}));
   b.output("mean", mean(x, {1, 2}));
   b.output("int_sum", sum(i, {0}));
+  auto cols = b.input("cols", dtype::f32, {130, 5, 7});
+  b.output("columns", sum(cols, {0}));               // leading axes: 32 outputs x 8 slices per group
+  b.output("columns_max", max_over(cols, {0, 1}, true));
+  b.output("columns_epilogue", mean(exp(cols), {0}) + 1.0);
   b.output("int_max", max_over(i, {1}));
-  check(finish(b), {{"x", random_tensor(dtype::f32, s, 14)}, {"i", random_tensor(dtype::i32, {5, 3}, 15, -9, 9)}}, {}, 1e-4);
+  check(finish(b), {{"x", random_tensor(dtype::f32, s, 14)}, {"i", random_tensor(dtype::i32, {5, 3}, 15, -9, 9)},
+                    {"cols", random_tensor(dtype::f32, {130, 5, 7}, 16)}}, {}, 1e-4);
 }
 
 TEST_CASE("ops: data movement is index arithmetic: permute, slice, concat, reshape, broadcast") {
