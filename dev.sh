@@ -83,11 +83,25 @@ run_tests() {
   # Leaks inside system libraries we do not own (Mesa's lavapipe, LLVM, Avahi) are listed there.
   [ -f "$root/tests/lsan.supp" ] && export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
   local rc=0
-  # Fuzzers first, so that ctest's summary is the last thing printed.
+  # Fuzzers and the Vulkan validation pass first, so that ctest's summary is the last thing printed.
   run_fuzzers || rc=$?
+  run_vulkan_validation || rc=$?
   (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
   [ $rc = 0 ] || log "FAILED (exit $rc): see the failures above"
   return $rc
+}
+
+# The GPU tests once more with VK_LAYER_KHRONOS_validation on: any validation message fails.
+run_vulkan_validation() {
+  local out=build/test/vulkan-validation.log
+  log "gpu tests with Vulkan validation layers"
+  # -V: passing tests' output too (validation messages do not fail a test by themselves).
+  (cd build/test && MESH_VK_VALIDATION=1 ctest -L gpu -j "$jobs" -V) >"$out" 2>&1 || {
+    log "FAILED: gpu tests under validation (log: $out)"; tail -40 "$out"; return 1; }
+  local n
+  n=$(grep -c '\[vulkan validation\]' "$out" || true)
+  log "vulkan validation: $n messages over $(grep -c 'Passed' "$out") gpu tests"
+  [ "$n" = 0 ] || { grep '\[vulkan validation\]' "$out" | head -20; return 1; }
 }
 
 run_fuzzers() {
