@@ -253,10 +253,11 @@ void send_to(core_actor_t* self, const std::string& to, const msg::message& m) {
   auto id = transport::node_id::parse(to);
   auto bytes = msg::encode_message(m);
   if (!id || !bytes) return;
-  const bool heavy = !std::holds_alternative<msg::hello>(m) && !std::holds_alternative<msg::heartbeat>(m) &&
-                     !std::holds_alternative<msg::status_request>(m) && !std::holds_alternative<msg::peer_exchange>(m);
+  // Heartbeats as datagrams; large payloads (tensors, fragments) on their own bulk streams so they
+  // never delay small messages; everything else, in order, on the control stream.
+  constexpr size_t bulk_threshold = 64 << 10;
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
-                  : heavy                                   ? transport::channel::bulk
+                  : bytes->size() > bulk_threshold          ? transport::channel::bulk
                                                             : transport::channel::control;
   if (auto ok = st.ep->send(*id, ch, std::move(*bytes)); !ok)
     spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.substr(0, 8), ok.error().message);

@@ -4,8 +4,8 @@
 //                         reference is a status request on the same connection (the messaging
 //                         floor: same path without planning or execution)
 //   failure detection     time from SIGKILL of a peer until the survivor declares it Dead,
-//                         over N kills (polled every 50 ms through the client API)
-// Usage: bench_node [kills=20] [jobs=300] [poll_ms=50]
+//                         over N kills (polled every 20 ms through the client API)
+// Usage: bench_node [kills=20] [jobs=300] [poll_ms=20]
 // BENCH_DEBUG=1 prints a timeline; BENCH_NODE_LOG=debug sets the nodes' log level.
 #include <algorithm>
 #include <csignal>
@@ -97,9 +97,8 @@ std::string health_of(client& c, const std::string& which) {
 int main(int argc, char** argv) {
   const int kills = argc > 1 ? std::atoi(argv[1]) : 20;
   const int jobs = argc > 2 ? std::atoi(argv[2]) : 300;
-  // Status is polled every 50 ms: polling every 10 ms over one connection makes replies stop
-  // about 1.4 s after a peer goes silent (a known transport bug, see docs/node.md).
-  const int poll_ms = argc > 3 ? std::atoi(argv[3]) : 50;
+  // How often the survivor is asked (the resolution of the detection figure).
+  const int poll_ms = argc > 3 ? std::atoi(argv[3]) : 20;
   char tmpl[] = "/tmp/bench-node-XXXXXX";
   const std::string root = mkdtemp(tmpl);
 
