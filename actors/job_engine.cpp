@@ -91,18 +91,26 @@ std::vector<outbound> job_engine::submit(const std::string& client, const msg::s
   if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().message);
   if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, s.job, ok.error().message);
 
-  const uint64_t id = next_job_++;
-  job_state& j = jobs_[id];
-  j.client = client;
-  j.client_job = s.job;
-  j.g = std::make_shared<const graph>(std::move(w->g));
-  j.tensors = std::move(w->tensors);
+  const uint64_t id = new_job(client, s.job, std::make_shared<const graph>(std::move(w->g)), std::move(w->tensors), 0);
+  job_state& j = jobs_.at(id);
   j.kind = kind;
-  by_client_[{client, s.job}] = id;
   std::vector<std::string> ids;
   std::vector<device_profile> devices;
   live_devices(ids, devices);
   return launch(id, j, ids, partition(*j.g, devices, kind));
+}
+
+uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g,
+                             tensor_map tensors, uint64_t session) {
+  const uint64_t id = next_job_++;
+  job_state& j = jobs_[id];
+  j.client = client;
+  j.client_job = client_job;
+  j.g = std::move(g);
+  j.tensors = std::move(tensors);
+  j.session = session;
+  by_client_[{client, client_job}] = id;
+  return id;
 }
 
 std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p) {
@@ -279,15 +287,9 @@ std::vector<outbound> job_engine::call(const std::string& client, const msg::inf
   tensor_map inputs;
   for (const auto& t : c.inputs) inputs[t.name] = t.value;
   if (auto ok = check_bindings(*s.g, inputs, false); !ok) return reply_error(client, c.call, ok.error().message);
-  const uint64_t id = next_job_++;
-  job_state& j = jobs_[id];
-  j.client = client;
-  j.client_job = c.call;
-  j.g = s.g;
-  j.tensors = std::move(inputs);
-  j.session = sit->second;
-  by_client_[{client, c.call}] = id;
-  return launch(id, j, {}, make_error(error_code::internal, "unused"));
+  const uint64_t id = new_job(client, c.call, s.g, std::move(inputs), sit->second);
+  // A call runs over its session's plan: launch() takes no plan for it.
+  return launch(id, jobs_.at(id), {}, make_error(error_code::internal, "a session call has no plan of its own"));
 }
 
 std::vector<outbound> job_engine::peer_dead(const std::string& id) {

@@ -111,6 +111,9 @@ class job_engine {
   std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p);
   expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
   std::vector<outbound> finish(uint64_t id, job_state& j, bool ok, const std::string& error);
+  /// Registers a new job (or session call) of `client` and returns its internal id.
+  uint64_t new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
+                   uint64_t session);
   std::vector<outbound> on_run_stage(const std::string& from, const msg::run_stage& r);
   std::vector<outbound> on_activation(const msg::activation& a);
   std::vector<outbound> on_stage_done(const std::string& from, const msg::stage_done& d);

@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 
 #include "graph/autodiff.hpp"
+#include "graph/datasets.hpp"
 #include "graph/hash.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
@@ -21,24 +21,6 @@
 using namespace mesh;
 
 namespace {
-
-/// Two interleaving half circles with noise: a small problem a linear model cannot solve.
-void two_moons(int n, uint64_t seed, tensor& x, tensor& y) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> angle(0, M_PI);
-  std::normal_distribution<double> noise(0, 0.1);
-  std::vector<float> xs;
-  std::vector<int32_t> ys;
-  for (int i = 0; i < n; ++i) {
-    const double a = angle(rng);
-    const int cls = i % 2;
-    xs.push_back(static_cast<float>((cls ? 1 - std::cos(a) : std::cos(a)) + noise(rng)));
-    xs.push_back(static_cast<float>((cls ? 0.5 - std::sin(a) : std::sin(a)) + noise(rng)));
-    ys.push_back(cls);
-  }
-  x = tensor::from_floats({n, 2}, xs);
-  y = tensor::from_ints({n}, ys);
-}
 
 int fail(const error& e) {
   std::fprintf(stderr, "mesh-demo: %s\n", e.to_string().c_str());
@@ -95,8 +77,7 @@ int main(int argc, char** argv) {
               bytes->size(), received->tensors.size());
 
   // 5. Train on the CPU reference evaluator.
-  tensor xs, ys;
-  two_moons(static_cast<int>(n), 7, xs, ys);
+  const auto [xs, ys] = datasets::two_moons(n, 7);
   tensor_map state = received->tensors;
   const tensor_map inputs{{"x", xs}, {"labels", ys}};
   std::printf("5. training on two-moons (%lld points) with the reference evaluator:\n", static_cast<long long>(n));

@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <random>
 
 #include "graph/autodiff.hpp"
+#include "graph/datasets.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
 #include "graph/simplify.hpp"
@@ -15,30 +15,7 @@ using namespace mesh;
 
 namespace {
 
-struct dataset {
-  tensor x, y;  // f32 [n, 2], i32 [n]
-};
-
-dataset xor_data() {
-  return {tensor::from_floats({4, 2}, {0, 0, 0, 1, 1, 0, 1, 1}), tensor::from_ints({4}, {0, 1, 1, 0})};
-}
-
-dataset two_moons(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> angle(0, M_PI);
-  std::normal_distribution<double> noise(0, 0.1);
-  std::vector<float> xs;
-  std::vector<int32_t> ys;
-  for (int i = 0; i < n; ++i) {
-    const double a = angle(rng);
-    const int cls = i % 2;
-    const double px = cls ? 1 - std::cos(a) : std::cos(a), py = cls ? 0.5 - std::sin(a) : std::sin(a);
-    xs.push_back(static_cast<float>(px + noise(rng)));
-    xs.push_back(static_cast<float>(py + noise(rng)));
-    ys.push_back(cls);
-  }
-  return {tensor::from_floats({n, 2}, xs), tensor::from_ints({n}, ys)};
-}
+using dataset = datasets::labelled;
 
 struct trained {
   double first_loss = 0, last_loss = 0, accuracy = 0;
@@ -90,21 +67,21 @@ trained train(const dataset& d, int hidden, int steps, bool use_adam) {
 }  // namespace
 
 TEST_CASE("an MLP learns XOR with SGD + momentum", "[graph][training]") {
-  auto t = train(xor_data(), 8, 300, false);
+  auto t = train(datasets::xor_points(), 8, 300, false);
   INFO("loss " << t.first_loss << " -> " << t.last_loss);
   CHECK(t.last_loss < 0.05);
   CHECK(t.accuracy == 1.0);
 }
 
 TEST_CASE("an MLP learns XOR with Adam", "[graph][training]") {
-  auto t = train(xor_data(), 8, 200, true);
+  auto t = train(datasets::xor_points(), 8, 200, true);
   INFO("loss " << t.first_loss << " -> " << t.last_loss);
   CHECK(t.last_loss < 0.05);
   CHECK(t.accuracy == 1.0);
 }
 
 TEST_CASE("an MLP learns two-moons with Adam", "[graph][training]") {
-  auto t = train(two_moons(128, 3), 16, 200, true);
+  auto t = train(datasets::two_moons(128, 3), 16, 200, true);
   INFO("loss " << t.first_loss << " -> " << t.last_loss << ", accuracy " << t.accuracy);
   CHECK(t.last_loss < 0.3 * t.first_loss);
   CHECK(t.accuracy >= 0.95);
