@@ -504,6 +504,12 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   }
 
   caf::actor_system_config sys_cfg;
+  // The work-sharing scheduler: idle workers block on a condition variable instead of polling.
+  // With CAF's default work-stealing scheduler an idle node used 25% of a core (its workers spin
+  // and sleep in short loops between the 50 ms ticks). Heavy work runs in the detached executor,
+  // so two workers are enough.
+  sys_cfg.set("scheduler.policy", caf::atom("sharing"));
+  sys_cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{sys_cfg};
   auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early);
   for (const auto& p : cfg.peers) {
