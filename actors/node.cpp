@@ -46,6 +46,12 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 mono_time now_mono() { return std::chrono::steady_clock::now().time_since_epoch(); }
 
+/// "host:port" for dialing, with IPv6 literals in brackets.
+std::string host_port(const std::string& address, uint16_t port) {
+  return address.find(':') != std::string::npos ? "[" + address + "]:" + std::to_string(port)
+                                                : address + ":" + std::to_string(port);
+}
+
 /// The device this node offers, made once at start (the executor actor re-creates it on restart).
 expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) {
   if (choice == "cpu") return gpu::make_cpu_executor();
@@ -201,8 +207,7 @@ void handle(core_actor_t* self, const std::string& from, const msg::message& m) 
       auto nid = transport::node_id::parse(e.node_id);
       if (!nid) continue;
       std::vector<std::string> addrs;
-      for (const auto& a : e.addresses)
-        addrs.push_back(a.find(':') != std::string::npos ? "[" + a + "]:" + std::to_string(e.port) : a + ":" + std::to_string(e.port));
+      for (const auto& a : e.addresses) addrs.push_back(host_port(a, e.port));
       spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
       st.ep->dial(*nid, addrs);
     }
@@ -486,9 +491,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
           auto id = transport::node_id::parse(e.peer.node_id);
           if (!id) return;
           std::vector<std::string> addrs;
-          for (const auto& a : e.peer.addresses)
-            addrs.push_back(a.find(':') != std::string::npos ? "[" + a + "]:" + std::to_string(e.peer.port)
-                                                               : a + ":" + std::to_string(e.peer.port));
+          for (const auto& a : e.peer.addresses) addrs.push_back(host_port(a, e.peer.port));
           spdlog::debug("mDNS: found {} at {}", id->short_string(), addrs.empty() ? "?" : addrs.front());
           epp->dial(*id, addrs);
           break;
