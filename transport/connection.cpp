@@ -99,14 +99,15 @@ struct connection_callbacks {
   }
 
   static int stream_close(ngtcp2_conn* conn, uint32_t, int64_t sid, uint64_t, void* ud, void*) {
-    if (!ngtcp2_conn_is_local_stream(conn, sid)) ngtcp2_conn_extend_max_streams_uni(conn, 1);
+    if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
     self(ud).on_stream_closed(sid);
     return 0;
   }
 
-  static int stream_reset(ngtcp2_conn*, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
+  static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
     self(ud).bulk_in_.erase(sid);
     self(ud).bulk_frames_.erase(sid);
+    if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
     return 0;
   }
 
@@ -368,6 +369,10 @@ expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t
   if (frames.size() > 1 || (!frames.empty() && frames.front().kind != frame_kind::bulk))
     return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
   if (!fin) return {};
+  // The whole stream is read. ngtcp2 0.12 does not close a peer's unidirectional stream on its
+  // own here (stream_close never fired for them), so its credit goes back now; without this a
+  // peer could open only initial_max_streams_uni (128) bulk streams per connection, ever.
+  credit_remote_stream(sid);
   bool complete = frames.size() == 1 && it->second.at_boundary();
   std::vector<uint8_t> payload = complete ? std::move(frames.front().payload) : std::vector<uint8_t>{};
   bulk_in_.erase(sid);
@@ -440,6 +445,13 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
     return;
   }
   // Bulk buffers are released when the stream closes (fully acknowledged).
+}
+
+void connection::credit_remote_stream(int64_t sid) {
+  if (!credited_.insert(sid).second) return;
+  ngtcp2_conn_extend_max_streams_uni(conn_, 1);
+  // Stream ids only grow: forget old ones so the set stays small.
+  while (credited_.size() > 4096) credited_.erase(credited_.begin());
 }
 
 void connection::on_stream_closed(int64_t sid) {

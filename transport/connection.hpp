@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -167,6 +168,9 @@ class connection {
   std::vector<uint8_t> early_control_;  // control bytes that arrived before our handshake finished
   std::map<int64_t, frame_decoder> bulk_in_;
   std::map<int64_t, std::vector<frame>> bulk_frames_;
+  /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().
+  std::set<int64_t> credited_;
+  void credit_remote_stream(int64_t sid);
   std::vector<std::pair<channel, std::vector<uint8_t>>> held_;  // complete before admission
 
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;

@@ -343,3 +343,19 @@ TEST_CASE("an oversized frame from a peer closes that connection only", "[transp
   REQUIRE(bystander.ep->send(receiver.ep->id(), channel::control, {4}));
   REQUIRE(receiver.log.wait([&] { return receiver.log.messages.size() == 1; }));
 }
+
+TEST_CASE("more bulk messages than the peer's stream limit keep flowing", "[transport][endpoint]") {
+  // Each bulk message is a stream of its own: the receiver must give stream credit back, or a
+  // connection stalls after initial_max_streams_uni (128) messages in each direction.
+  node a(config_with_secret(7)), b(config_with_secret(7));
+  REQUIRE(a.ep);
+  REQUIRE(b.ep);
+  connect(a, b);
+  for (int i = 0; i < 600; ++i) {
+    REQUIRE(a.ep->send(b.ep->id(), channel::bulk, pattern(200, static_cast<uint8_t>(i))));
+    INFO("message " << i);
+    REQUIRE(b.log.wait([&] { return b.log.messages.size() == static_cast<size_t>(i + 1); }, std::chrono::seconds(5)));
+    REQUIRE(b.ep->send(a.ep->id(), channel::bulk, pattern(500, static_cast<uint8_t>(i))));
+    REQUIRE(a.log.wait([&] { return a.log.messages.size() == static_cast<size_t>(i + 1); }, std::chrono::seconds(5)));
+  }
+}
