@@ -104,8 +104,9 @@ void daemon_restart_reannounces(const std::string& kind) {
   CHECK(na.log().wait_for(event::peer_lost, b.node_id, 10s));
   REQUIRE(h.start_daemon());
   CHECK(na.log().wait_for(event::backend_up, "", found_within));
-  CHECK(na.log().wait_for(event::peer_found, b.node_id, found_within));
-  CHECK(nb.log().wait_for(event::peer_found, a.node_id, found_within));
+  // Both backends reconnect with back-off (up to 8 s) and then probe again: allow twice the usual.
+  CHECK(na.log().wait_for(event::peer_found, b.node_id, 2 * found_within));
+  CHECK(nb.log().wait_for(event::peer_found, a.node_id, 2 * found_within));
 }
 
 void hostile_txt_is_rejected(const std::string& kind) {
