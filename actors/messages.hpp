@@ -21,11 +21,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages; peers of another version are not admitted.
 inline constexpr uint32_t protocol_version = 1;
 
-struct named_tensor {
-  std::string name;
-  tensor value;
-  bool operator==(const named_tensor&) const = default;
-};
+using mesh::named_tensor;
 
 /// First message on a new connection: who I am and what my device can do (measured at start).
 struct hello {
@@ -190,10 +186,6 @@ expected<message> decode_message(const uint8_t* data, size_t size);
 const char* kind_name(const message& m);
 
 // ---- inspect overloads (CAF 0.17 form) ----
-template <class F>
-typename F::result_type inspect(F& f, named_tensor& x) {
-  return f(caf::meta::type_name("named_tensor"), x.name, x.value);
-}
 template <class F>
 typename F::result_type inspect(F& f, hello& x) {
   return f(caf::meta::type_name("hello"), x.incarnation, x.device_name, x.device_kind, x.gflops, x.mem_gbps,

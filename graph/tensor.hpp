@@ -4,6 +4,7 @@
 /// This is what crosses the API and the wire (inputs, outputs, parameters). Devices keep their
 /// own copies; the reference evaluator converts to double per element.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "graph/dtype.hpp"
@@ -40,6 +41,14 @@ struct tensor {
   expected<void> check() const;
 
   bool operator==(const tensor&) const = default;
+};
+
+/// A tensor with its name: how tensor maps travel in messages (as lists, so a decoder can refuse
+/// a duplicate name instead of silently dropping one).
+struct named_tensor {
+  std::string name;
+  tensor value;
+  bool operator==(const named_tensor&) const = default;
 };
 
 /// max |a-b| / max(1, max |b|): a normalised error for comparing a result with a reference.

@@ -1,26 +1,12 @@
 #include "graph/wire.hpp"
 
-#include <caf/meta/type_name.hpp>
-
 #include "graph/caf_codec.hpp"
 #include "graph/wire_inspect.hpp"
 
 namespace mesh {
 namespace {
 
-constexpr uint32_t wire_magic = 0x4652474d;  // "MGRF" little endian
-
-/// A tensor with its name: the wire form of one tensor_map entry (maps travel as lists, so the
-/// decoder can reject duplicate names instead of silently dropping one).
-struct named_tensor {
-  std::string name;
-  tensor value;
-};
-
-template <class F>
-typename F::result_type inspect(F& f, named_tensor& x) {
-  return f(caf::meta::type_name("named_tensor"), x.name, x.value);
-}
+constexpr uint32_t wire_magic = 0x4652474d;  // "MGRF" as a little-endian u32 (CAF writes it big-endian)
 
 }  // namespace
 

@@ -42,4 +42,9 @@ typename F::result_type inspect(F& f, tensor& x) {
   return f(caf::meta::type_name("tensor"), x.type, x.dims, x.bytes);
 }
 
+template <class F>
+typename F::result_type inspect(F& f, named_tensor& x) {
+  return f(caf::meta::type_name("named_tensor"), x.name, x.value);
+}
+
 }  // namespace mesh
