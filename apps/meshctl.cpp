@@ -11,15 +11,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "app_settings.hpp"
 #include "client/client.hpp"
 
 namespace {
-
-std::string default_state_dir() {
-  if (const char* xdg = std::getenv("XDG_STATE_HOME")) return std::string(xdg) + "/meshnode";
-  if (const char* home = std::getenv("HOME")) return std::string(home) + "/.local/state/meshnode";
-  return "meshnode-state";
-}
 
 nlohmann::json to_json(const mesh::msg::status_reply& s) {
   nlohmann::json j{{"node", s.node}, {"device", s.device}, {"gflops", s.gflops}, {"uptime_s", s.uptime_s}};
@@ -62,7 +57,7 @@ void print_status(const mesh::msg::status_reply& s) {
 
 int main(int argc, char** argv) {
   CLI::App app{"meshctl: show the mesh"};
-  std::string node, state_dir = default_state_dir(), secret_file, command;
+  std::string node, state_dir = mesh::app::default_state_dir(), secret_file, command;
   bool json = false;
   int count = 0;
   app.add_option("command", command, "peers, status, jobs or top")->required()->check(CLI::IsMember({"peers", "status", "jobs", "top"}));
@@ -82,12 +77,12 @@ int main(int argc, char** argv) {
   }
   mesh::client_options opts;
   if (!secret_file.empty()) {
-    std::ifstream f(secret_file, std::ios::binary);
-    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    if (s.size() == 64)
-      for (size_t i = 0; i < 64; i += 2) opts.mesh_secret.push_back(static_cast<uint8_t>(std::strtoul(s.substr(i, 2).c_str(), nullptr, 16)));
-    else opts.mesh_secret.assign(s.begin(), s.end());
+    auto secret = mesh::app::read_secret(secret_file);
+    if (!secret) {
+      std::cerr << "meshctl: " << secret.error().message << "\n";
+      return 2;
+    }
+    opts.mesh_secret = *secret;
   }
   auto c = mesh::client::connect(node, opts);
   if (!c) {

@@ -5,15 +5,14 @@
 // the file, which beats the default.
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
 #include "actors/node.hpp"
+#include "app_settings.hpp"
 
 namespace {
 
@@ -22,34 +21,6 @@ std::atomic<bool> crash_requested{false};
 
 extern "C" void on_stop(int) { stop_requested.store(true); }
 extern "C" void on_usr1(int) { crash_requested.store(true); }
-
-std::string default_state_dir() {
-  if (const char* xdg = std::getenv("XDG_STATE_HOME")) return std::string(xdg) + "/meshnode";
-  if (const char* home = std::getenv("HOME")) return std::string(home) + "/.local/state/meshnode";
-  return "meshnode-state";
-}
-
-/// Reads a mesh secret: 32 raw bytes or 64 hex characters, from a file nobody else can read.
-mesh::expected<std::vector<uint8_t>> read_secret(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return mesh::make_error(mesh::error_code::io_error, "cannot read secret file " + path);
-  if (st.st_mode & 077)
-    return mesh::make_error(mesh::error_code::invalid_argument,
-                            "secret file " + path + " is readable by others: chmod 600 " + path);
-  std::ifstream f(path, std::ios::binary);
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  std::vector<uint8_t> out;
-  if (s.size() == 32) return std::vector<uint8_t>(s.begin(), s.end());
-  if (s.size() == 64) {
-    for (size_t i = 0; i < 64; i += 2) {
-      const auto byte = std::strtoul(s.substr(i, 2).c_str(), nullptr, 16);
-      out.push_back(static_cast<uint8_t>(byte));
-    }
-    return out;
-  }
-  return mesh::make_error(mesh::error_code::invalid_argument, "secret file " + path + " must hold 32 bytes or 64 hex characters");
-}
 
 }  // namespace
 
@@ -106,7 +77,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%H:%M:%S.%e %^%l%$ %v");
   mesh::node_config cfg;
-  cfg.state_dir = state_dir.empty() ? default_state_dir() : state_dir;
+  cfg.state_dir = state_dir.empty() ? mesh::app::default_state_dir() : state_dir;
   if (port < 0 || port > 65535) {
     std::cerr << "meshnode: --port must be 0..65535\n";
     return 2;
@@ -129,7 +100,7 @@ int main(int argc, char** argv) {
     cfg.peers.push_back(p);
   }
   if (!secret_file.empty()) {
-    auto s = read_secret(secret_file);
+    auto s = mesh::app::read_secret(secret_file);
     if (!s) {
       std::cerr << "meshnode: " << s.error().message << "\n";
       return 2;
