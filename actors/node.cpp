@@ -97,8 +97,13 @@ struct executor_state {
   std::set<std::string> resident;  ///< inference-session parameter sets already on the device
 };
 
-caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::string choice, caf::actor core) {
-  auto dev = make_device(choice);
+/// The device measured at start, handed to the first executor so the node opens it once; a
+/// restarted executor opens a fresh one (the slot is empty by then).
+using device_slot = std::shared_ptr<std::unique_ptr<gpu::executor>>;
+
+caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::string choice, caf::actor core,
+                             device_slot first) {
+  auto dev = first && *first ? expected<std::unique_ptr<gpu::executor>>(std::move(*first)) : make_device(choice);
   if (!dev) {
     spdlog::error("executor: {}", dev.error().message);
     self->quit(caf::make_error(caf::sec::runtime_error, dev.error().message));
@@ -353,7 +358,8 @@ struct supervisor_state {
 
 caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, transport::endpoint* ep, msg::hello own,
                                node_config cfg, std::shared_ptr<std::mutex> core_mutex, std::shared_ptr<caf::actor> core_slot,
-                               std::shared_ptr<std::vector<std::function<void(const caf::actor&)>>> early) {
+                               std::shared_ptr<std::vector<std::function<void(const caf::actor&)>>> early,
+                               device_slot first_device) {
   auto& st = self->state;
   st.budget = std::make_unique<restart_budget>(cfg.max_restarts, cfg.restart_window);
   st.core = self->spawn<caf::monitored>(core_actor, ep, own, cfg);
@@ -365,7 +371,7 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, tran
   }
   const auto start_executor = [=] {
     auto& s = self->state;
-    s.executor = self->spawn<caf::monitored + caf::detached>(executor_actor, cfg.device, s.core);
+    s.executor = self->spawn<caf::monitored + caf::detached>(executor_actor, cfg.device, s.core, first_device);
     self->send(s.core, executor_atom::value, s.executor, s.restarts);
   };
   start_executor();
@@ -421,6 +427,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   // Measure the device before joining, so the first hello carries real speeds.
   msg::hello own;
   own.incarnation = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  device_slot first_device;
   {
     auto dev = make_device(cfg.device);
     if (!dev) {
@@ -434,6 +441,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     if (own.memory_bytes == 0)  // the CPU executor uses host memory
       own.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
     measure(**dev, own);
+    first_device = std::make_shared<std::unique_ptr<gpu::executor>>(std::move(*dev));
   }
 
   // The endpoint's callbacks run on its I/O thread: they only post to the node core.
@@ -514,7 +522,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{sys_cfg};
-  auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early);
+  auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early, first_device);
   for (const auto& p : cfg.peers) {
     auto parsed = parse_peer(p);
     if (!parsed) {
