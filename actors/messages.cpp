@@ -7,12 +7,19 @@ namespace {
 
 const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_result", "run_stage",
                                   "activation", "stage_done", "status_request", "status_reply",
-                                  "open_session", "infer", "close_session", "peer_exchange"};
+                                  "open_session", "infer", "close_session", "peer_exchange", "open_training",
+                                  "train_setup", "train_step", "allreduce_piece", "train_reduced", "train_state",
+                                  "train_progress"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
     if (auto ok = t.value.check(); !ok) return make_error(ok.error().code, "tensor \"" + t.name + "\": " + ok.error().message);
   return {};
+}
+
+expected<void> check_spec(const train_spec& s) {
+  if (auto ok = check_tensors(s.state); !ok) return ok;
+  return check_tensors(s.dataset);
 }
 
 /// Semantic checks beyond parsing: every tensor's bytes match its dtype and shape.
@@ -22,6 +29,9 @@ expected<void> check(const message& m) {
   if (auto* a = std::get_if<activation>(&m)) return check_tensors({a->value});
   if (auto* r = std::get_if<run_stage>(&m)) return check_tensors(r->inputs);
   if (auto* i = std::get_if<infer>(&m)) return check_tensors(i->inputs);
+  if (auto* o = std::get_if<open_training>(&m)) return check_spec(o->spec);
+  if (auto* t = std::get_if<train_setup>(&m)) return check_spec(t->spec);
+  if (auto* t = std::get_if<train_state>(&m)) return check_tensors(t->state);
   return {};
 }
 
@@ -40,6 +50,8 @@ expected<message> decode_kind(size_t kind, bounded_deserializer& src, size_t tot
 }
 
 }  // namespace
+
+static_assert(std::size(kind_names) == std::variant_size_v<message>, "one name per message kind");
 
 const char* kind_name(const message& m) { return kind_names[m.index()]; }
 

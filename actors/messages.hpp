@@ -19,7 +19,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 1;
+inline constexpr uint32_t protocol_version = 2;
 
 using mesh::named_tensor;
 
@@ -171,9 +171,114 @@ struct status_reply {
   bool operator==(const status_reply&) const = default;
 };
 
+
+// ---- training (see actors/train_engine.hpp) ----
+
+/// Everything a worker needs to train: the step graphs (WireGraph bytes, no tensors inside),
+/// the state (initial values of every parameter they name), the dataset and the schedule.
+///
+/// Graphs: `grad_wire` maps one micro-batch (inputs named like the dataset's columns, first
+/// dimension `micro_batch`) to outputs "loss" (f32 scalar, a mean over the micro-batch) and
+/// "grad.<p>" per trained parameter; `apply_wire` takes inputs "grad.<p>" and "scale" (f32
+/// scalar: the gradients are sums over micro-batches, scale turns them into a mean) and updates
+/// the parameters and optimizer state. DiLoCo adds `delta_wire` (outputs "delta.<p>" = outer copy
+/// minus local parameter) and `outer_wire` (inputs "delta.<p>" summed over workers and "scale";
+/// Nesterov step on the outer copy, local parameters reset to it).
+struct train_spec {
+  uint8_t method = 0;            ///< 0 = data parallel, 1 = DiLoCo
+  uint64_t start_step = 0;       ///< the step `state` is at (0, or a resumed checkpoint's step)
+  uint64_t steps = 0;            ///< train until this step (inner steps for DiLoCo)
+  uint32_t micro_batches = 1;    ///< micro-batches per step, over all workers together
+  uint32_t micro_batch = 1;      ///< rows per micro-batch
+  uint32_t inner_steps = 1;      ///< DiLoCo: local steps between averaging rounds
+  uint8_t compression = 0;       ///< mesh::wire_format of the all-reduce
+  uint64_t seed = 0;             ///< data order
+  std::vector<char> grad_wire, apply_wire, delta_wire, outer_wire;
+  std::vector<named_tensor> state;
+  std::vector<named_tensor> dataset;  ///< columns; dimension 0 = examples
+  bool operator==(const train_spec&) const = default;
+};
+
+/// Client -> node: train. The node coordinates; progress comes back as train_progress, the end
+/// as a job_result (job = train) whose outputs are the final state (parameters and optimizer).
+struct open_training {
+  uint64_t train = 0;
+  train_spec spec;
+  bool operator==(const open_training&) const = default;
+};
+
+/// Coordinator -> worker: join training `train` (graphs with parameters renamed for this run;
+/// `spec.state` is the state after step spec.start_step - 1 was applied).
+struct train_setup {
+  uint64_t train = 0;
+  train_spec spec;
+  bool operator==(const train_setup&) const = default;
+};
+
+/// Coordinator -> worker: first apply the held result of step `commit - 1` (commit = 0: none;
+/// a step already applied is not applied again), then compute step `step` over micro-batches
+/// `micro` and all-reduce it around `ring` (empty ring: no work). `report_state`: send the state
+/// back after the commit; `stop`: the run is over, free it.
+struct train_step {
+  uint64_t train = 0;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  std::vector<std::string> ring;
+  std::vector<uint64_t> micro;
+  uint64_t commit = 0;
+  bool report_state = false;
+  bool stop = false;
+  bool operator==(const train_step&) const = default;
+};
+
+/// Worker -> next worker in the ring: one piece of an all-reduce round.
+struct allreduce_piece {
+  uint64_t train = 0;
+  std::string coordinator;
+  uint64_t round = 0;
+  uint32_t ring_step = 0;
+  uint32_t piece = 0;
+  std::vector<uint8_t> payload;
+  bool operator==(const allreduce_piece&) const = default;
+};
+
+/// Worker -> coordinator: step `step` is reduced and held (or failed).
+struct train_reduced {
+  uint64_t train = 0;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  bool ok = false;
+  std::string error;
+  double loss = 0;          ///< mean loss of the step over all workers
+  uint64_t bytes_sent = 0;  ///< by this worker in the round
+  bool operator==(const train_reduced&) const = default;
+};
+
+/// Worker -> coordinator: the full state after applying step `step - 1`.
+struct train_state {
+  uint64_t train = 0;
+  uint64_t step = 0;
+  std::vector<named_tensor> state;
+  bool operator==(const train_state&) const = default;
+};
+
+/// Node -> client: one finished step.
+struct train_progress {
+  uint64_t train = 0;
+  uint64_t step = 0;  ///< steps done
+  uint64_t steps = 0;
+  double loss = 0;
+  double samples_per_s = 0;
+  uint32_t peers = 0;       ///< workers in the ring
+  uint64_t bytes_sent = 0;  ///< all-reduce bytes of this step, all workers
+  bool operator==(const train_progress&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
-                             status_request, status_reply, open_session, infer, close_session, peer_exchange>;
+                             status_request, status_reply, open_session, infer, close_session, peer_exchange,
+                             open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
+                             train_progress>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -254,6 +359,43 @@ typename F::result_type inspect(F& f, close_session& x) {
 template <class F>
 typename F::result_type inspect(F& f, peer_exchange& x) {
   return f(caf::meta::type_name("peer_exchange"), x.pex);
+}
+
+template <class F>
+typename F::result_type inspect(F& f, train_spec& x) {
+  return f(caf::meta::type_name("train_spec"), x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch,
+           x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state,
+           x.dataset);
+}
+template <class F>
+typename F::result_type inspect(F& f, open_training& x) {
+  return f(caf::meta::type_name("open_training"), x.train, x.spec);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_setup& x) {
+  return f(caf::meta::type_name("train_setup"), x.train, x.spec);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_step& x) {
+  return f(caf::meta::type_name("train_step"), x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state,
+           x.stop);
+}
+template <class F>
+typename F::result_type inspect(F& f, allreduce_piece& x) {
+  return f(caf::meta::type_name("allreduce_piece"), x.train, x.coordinator, x.round, x.ring_step, x.piece, x.payload);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_reduced& x) {
+  return f(caf::meta::type_name("train_reduced"), x.train, x.step, x.attempt, x.ok, x.error, x.loss, x.bytes_sent);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_state& x) {
+  return f(caf::meta::type_name("train_state"), x.train, x.step, x.state);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_progress& x) {
+  return f(caf::meta::type_name("train_progress"), x.train, x.step, x.steps, x.loss, x.samples_per_s, x.peers,
+           x.bytes_sent);
 }
 
 }  // namespace mesh::msg

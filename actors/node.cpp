@@ -22,6 +22,7 @@
 #include "actors/job_engine.hpp"
 #include "actors/messages.hpp"
 #include "actors/restart_budget.hpp"
+#include "actors/train_engine.hpp"
 #include "gpu/executor.hpp"
 #include "graph/builder.hpp"
 #include "transport/endpoint.hpp"
@@ -29,6 +30,8 @@
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::stage_task>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::expected<mesh::tensor_map>>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::msg::message>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::train_task>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::expected<mesh::train_work_result>>)
 
 namespace mesh {
 namespace {
@@ -125,6 +128,10 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
         }());
         self->send(core, done_atom::value, t, result);
       },
+      [=](run_atom, std::shared_ptr<train_task> t) {
+        auto result = std::make_shared<expected<train_work_result>>(t->work(*self->state.device));
+        self->send(core, done_atom::value, t, result);
+      },
       [=](crash_atom) {
         spdlog::error("executor: simulated device loss");
         self->quit(caf::make_error(caf::sec::runtime_error, "simulated device loss"));
@@ -144,11 +151,13 @@ struct core_state {
   transport::endpoint* ep = nullptr;
   std::string self_id;
   std::unique_ptr<job_engine> engine;
+  std::unique_ptr<train_engine> trainer;
   std::unique_ptr<health_monitor> health;
   msg::hello own;
   std::map<std::string, peer_entry> peers;
   caf::actor executor;
   std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
+  std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
   uint64_t beat_seq = 0;
   int restarts = 0;
   mono_time started{};
@@ -168,6 +177,11 @@ void run_ready(core_actor_t* self) {
     self->state.in_flight[task.get()] = task;
     self->send(self->state.executor, run_atom::value, task);
   }
+  for (auto& t : self->state.trainer->take_ready()) {
+    auto task = std::make_shared<train_task>(std::move(t));
+    self->state.train_in_flight[task.get()] = task;
+    self->send(self->state.executor, run_atom::value, task);
+  }
 }
 
 void handle(core_actor_t* self, const std::string& from, const msg::message& m) {
@@ -179,6 +193,7 @@ void handle(core_actor_t* self, const std::string& from, const msg::message& m) 
     if (!h->is_client) {
       st.health->add_peer(from, h->incarnation, now_mono());
       st.engine->peer_up(from, {from, h->gflops, h->mem_gbps, 1.0, static_cast<int64_t>(h->memory_bytes)});
+      st.trainer->peer_up(from);
       spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.substr(0, 8), h->device_name, h->gflops);
       // Peer exchange: tell the newcomer where the other members are.
       std::vector<discovery::peer_info> members;
@@ -247,10 +262,12 @@ void handle(core_actor_t* self, const std::string& from, const msg::message& m) 
       r.peers.push_back(ps);
     }
     r.jobs = st.engine->jobs();
+    for (auto& j : st.trainer->jobs()) r.jobs.push_back(std::move(j));
     send_to(self, from, r);
     return;
   }
   dispatch(self, st.engine->on_message(from, m));
+  dispatch(self, st.trainer->on_message(from, m));
   run_ready(self);
 }
 
@@ -282,6 +299,7 @@ void peer_gone(core_actor_t* self, const std::string& id, const std::string& why
   st.health->remove_peer(id);
   if (worker) spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
   dispatch(self, st.engine->peer_dead(id));
+  dispatch(self, st.trainer->peer_dead(id));
   run_ready(self);
 }
 
@@ -299,6 +317,7 @@ caf::behavior core_actor(core_actor_t* self, transport::endpoint* ep, msg::hello
   st.engine = std::make_unique<job_engine>(st.self_id, device_profile{st.self_id, own.gflops, own.mem_gbps, 1.0,
                                                                       static_cast<int64_t>(own.memory_bytes)},
                                            cfg.limits);
+  st.trainer = std::make_unique<train_engine>(st.self_id, cfg.limits);
   self->send(self, tick_atom::value);
   self->send(self, beat_atom::value);
   return {
@@ -308,6 +327,15 @@ caf::behavior core_actor(core_actor_t* self, transport::endpoint* ep, msg::hello
         s.restarts = restarts;
         // Work the old executor had in hand is handed to the new one, not lost.
         for (auto& [key, task] : s.in_flight) self->send(ex, run_atom::value, task);
+        // Training state lived on the lost device: this node leaves its runs, and the
+        // coordinators set it up again from the current state.
+        if (restarts > 0) {
+          s.trainer->executor_restarted();
+          auto lost = std::move(s.train_in_flight);
+          s.train_in_flight.clear();
+          for (auto& [key, task] : lost)
+            dispatch(self, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step")));
+        }
       },
       [=](inbound_atom, std::string from, std::shared_ptr<msg::message> m) { handle(self, from, *m); },
       [=](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
@@ -324,6 +352,12 @@ caf::behavior core_actor(core_actor_t* self, transport::endpoint* ep, msg::hello
         auto& s = self->state;
         if (!s.in_flight.erase(t.get())) return;  // already handed to a restarted executor
         dispatch(self, s.engine->on_executed(*t, *r));
+        run_ready(self);
+      },
+      [=](done_atom, std::shared_ptr<train_task> t, std::shared_ptr<expected<train_work_result>> r) {
+        auto& s = self->state;
+        if (!s.train_in_flight.erase(t.get())) return;  // given up when the executor restarted
+        dispatch(self, s.trainer->on_executed(*t, std::move(*r)));
         run_ready(self);
       },
       [=](tick_atom) {

@@ -20,6 +20,7 @@ class client_impl {
   uint64_t next_id = 1;
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
+  std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
 
   void fail_all(const std::string& why) {
     for (auto& [id, p] : jobs) p.set_value(make_error(error_code::network, why));
@@ -31,6 +32,16 @@ class client_impl {
   void on_message(std::vector<uint8_t> bytes) {
     auto decoded = msg::decode_message(bytes.data(), bytes.size());
     if (!decoded) return;
+    if (auto* p = std::get_if<msg::train_progress>(&*decoded)) {
+      // Called without the lock, so that the callback may use the client.
+      std::function<void(const msg::train_progress&)> f;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (auto it = progress.find(p->train); it != progress.end()) f = it->second;
+      }
+      if (f) f(*p);
+      return;
+    }
     std::lock_guard<std::mutex> lock(m);
     if (auto* r = std::get_if<msg::job_result>(&*decoded)) {
       auto it = jobs.find(r->job);
@@ -45,6 +56,7 @@ class client_impl {
         it->second.set_value(std::move(out));
       }
       jobs.erase(it);
+      progress.erase(r->job);
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
       auto it = statuses.find(s->id);
       if (it == statuses.end()) return;
@@ -181,6 +193,16 @@ std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_m
   }
   return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(s)},
                  [](msg::submit_job& m, uint64_t id) { m.job = id; });
+}
+
+std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
+                                                 std::function<void(const msg::train_progress&)> on_progress) {
+  client_impl* impl = impl_.get();
+  // The id is assigned (and the callback registered) under the lock, before anything is sent.
+  return request(*impl_, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
+    m.train = id;
+    impl->progress[id] = std::move(on_progress);
+  });
 }
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,

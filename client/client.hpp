@@ -8,6 +8,7 @@
 /// plan work onto it. Every call returns errors as values with a message a person can act on.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -69,6 +70,11 @@ class client {
   /// Loads `model` (outputs from inputs, no updates) with `params` across the mesh once.
   expected<std::unique_ptr<inference_session>> open_inference(const graph& model, const tensor_map& params,
                                                               std::chrono::milliseconds timeout = std::chrono::minutes(1));
+  /// Starts a training run coordinated by the connected node (see trainer.hpp, which builds
+  /// `spec`); `on_progress` runs on a client thread after every step. The future completes with
+  /// the final state (parameters and optimizer state) as outputs.
+  std::future<expected<job_outcome>> train(const msg::train_spec& spec,
+                                           std::function<void(const msg::train_progress&)> on_progress = {});
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.

@@ -1,0 +1,134 @@
+#pragma once
+/// Distributed training, without I/O: the coordinator side (drive the steps, keep the ring of
+/// workers, re-form it when one dies or joins) and the worker side (compute a step's gradients
+/// on the device, all-reduce them around the ring, apply the result only when told to commit).
+///
+/// A step, data parallel:
+///   1. coordinator -> every ring member: train_step{s, micro-batches, ring, commit = s}
+///      (commit: first apply the held result of step s-1).
+///   2. each worker sums the gradients of its micro-batches, then runs one ring all-reduce
+///      round (ring_allreduce.hpp) with its successor; the result is *held*, not applied.
+///   3. each worker -> coordinator: train_reduced. When all have answered, the step is decided
+///      and the next train_step carries its commit.
+/// A worker that dies before the decision makes the coordinator redo the step (attempt + 1) over
+/// the survivors with the dead one's micro-batches redistributed; nobody applied anything, so no
+/// step is lost or applied twice. Commits are idempotent (a step already applied is skipped).
+/// DiLoCo runs the same protocol per outer step: H local AdamW steps, then the all-reduce of the
+/// parameter deltas and, at commit, an outer Nesterov step.
+///
+/// A node joining mid-run (new, or restarted after a crash) is added at the next step boundary:
+/// the coordinator's own worker reports its state after the commit, the newcomer is set up with
+/// it, and the next step includes it.
+///
+/// The coordinator is also a worker (messages to itself go through the shell like any other).
+/// If the coordinator dies the run fails: the client's connection to it is lost.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/job_engine.hpp"
+#include "actors/messages.hpp"
+#include "actors/ring_allreduce.hpp"
+#include "actors/train_data.hpp"
+#include "graph/validate.hpp"
+
+namespace mesh {
+namespace gpu {
+class executor;
+}
+
+/// The graphs of a training run, decoded and checked against each other.
+struct train_graphs {
+  std::shared_ptr<const graph> grad, apply, delta, outer;  ///< delta/outer: DiLoCo only
+  std::vector<std::string> grads;    ///< "grad.<p>" outputs of `grad`, in the all-reduce order
+  std::vector<int64_t> grad_sizes;   ///< elements of each
+  std::vector<shape> grad_dims;
+  std::vector<std::string> deltas;   ///< "delta.<p>" outputs of `delta` (DiLoCo)
+  std::vector<int64_t> delta_sizes;
+  std::vector<shape> delta_dims;
+};
+
+/// Decodes and checks a spec (every graph valid, names and shapes consistent, the dataset
+/// matching the gradient graph's inputs, the state covering every parameter). Errors say what
+/// is wrong in words a client can act on.
+expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits);
+
+/// What a worker's device does for one train_step (run by the shell on the executor).
+struct train_work_result {
+  std::vector<float> buffer;  ///< to all-reduce: gradients or deltas, then loss sum and count
+  tensor_map state;           ///< when report_state
+};
+
+struct train_task {
+  std::string coordinator;
+  uint64_t train = 0;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  std::function<expected<train_work_result>(gpu::executor&)> work;
+};
+
+class train_engine {
+ public:
+  train_engine(std::string self, graph_limits limits = {});
+  ~train_engine();
+
+  /// A worker joined; it is used from the next step of every run.
+  void peer_up(const std::string& id);
+  /// A worker died or left: steps it was part of are redone without it.
+  std::vector<outbound> peer_dead(const std::string& id);
+  /// The executor was restarted: resident training state is gone, so this node leaves its runs
+  /// (the coordinators set it up again with the current state).
+  void executor_restarted();
+
+  /// Training messages (open_training, train_setup, train_step, allreduce_piece,
+  /// train_reduced, train_state); others are ignored.
+  std::vector<outbound> on_message(const std::string& from, const msg::message& m);
+  /// Device work ready to run; the shell runs each and calls on_executed.
+  std::vector<train_task> take_ready();
+  std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r);
+
+  /// Runs this node coordinates, for status ("training" jobs).
+  std::vector<msg::job_status> jobs() const;
+  size_t running() const { return coordinated_.size() + worker_.size(); }
+
+ private:
+  struct coord_run;
+  struct worker_run;
+  using worker_key = std::pair<std::string, uint64_t>;  // coordinator, train
+
+  std::vector<outbound> open(const std::string& client, const msg::open_training& o);
+  std::vector<outbound> on_setup(const std::string& from, const msg::train_setup& s);
+  std::vector<outbound> on_step(const std::string& from, const msg::train_step& s);
+  std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);
+  std::vector<outbound> on_reduced(const std::string& from, const msg::train_reduced& r);
+  std::vector<outbound> on_state(const std::string& from, const msg::train_state& s);
+  /// Coordinator: start (or redo) the current step over the current members.
+  std::vector<outbound> issue_step(uint64_t id, coord_run& c);
+  /// Coordinator: the current step is decided; go on (next step, sync newcomers, or finish).
+  std::vector<outbound> advance(uint64_t id, coord_run& c);
+  std::vector<outbound> fail_run(uint64_t id, coord_run& c, const std::string& why);
+  /// Worker: the round is complete; hold the result and tell the coordinator.
+  std::vector<outbound> round_done(worker_run& w);
+  std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
+  std::vector<outbound> accept_piece(worker_run& w, const std::string& from, const allreduce_message& m);
+
+  std::string self_;
+  graph_limits limits_;
+  std::set<std::string> peers_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::unique_ptr<coord_run>> coordinated_;
+  std::map<worker_key, std::shared_ptr<worker_run>> worker_;
+  /// Steps that overtook their setup (setups travel on bulk streams, steps on the control one).
+  std::map<worker_key, std::vector<msg::train_step>> early_steps_;
+  /// All-reduce pieces that overtook their setup.
+  std::map<worker_key, std::vector<std::pair<std::string, allreduce_message>>> early_pieces_;
+  std::vector<train_task> ready_;
+};
+
+}  // namespace mesh

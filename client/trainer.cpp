@@ -1,0 +1,207 @@
+#include "client/trainer.hpp"
+
+#include <algorithm>
+
+#include "graph/autodiff.hpp"
+#include "graph/simplify.hpp"
+#include "graph/wire.hpp"
+
+namespace mesh {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+expected<std::vector<char>> wire_of(const builder& b) {
+  auto g = b.finish();
+  if (!g) return tl::unexpected(g.error());
+  return encode(wire_graph{simplify(*g), {}});
+}
+
+struct param_info {
+  std::string name;
+  dtype type;
+  shape dims;
+};
+
+}  // namespace
+
+tensor_map parameters_only(const tensor_map& state) {
+  tensor_map out;
+  for (const auto& [name, t] : state)
+    if (!starts_with(name, "opt.") && !starts_with(name, "outer.")) out[name] = t;
+  return out;
+}
+
+expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& state, const tensor_map& dataset,
+                                          int64_t micro_batch, const train_options& o) {
+  const node_id loss = model.find_output("loss");
+  if (loss < 0) return make_error(error_code::invalid_argument, "the model needs an output \"loss\"");
+  std::vector<param_info> params;
+  std::vector<node_id> param_ids;
+  for (node_id i = 0; i < model.size(); ++i)
+    if (model[i].op == op_kind::parameter) {
+      params.push_back({model[i].attrs.name, model[i].type, model[i].dims});
+      param_ids.push_back(i);
+    }
+  if (params.empty()) return make_error(error_code::invalid_argument, "the model has no parameters to train");
+
+  msg::train_spec spec;
+  spec.method = static_cast<uint8_t>(o.method);
+  spec.start_step = o.start_step;
+  spec.steps = o.steps;
+  spec.micro_batches = o.micro_batches;
+  spec.micro_batch = static_cast<uint32_t>(micro_batch);
+  spec.inner_steps = o.method == train_method::diloco ? o.inner_steps : 1;
+  spec.compression = static_cast<uint8_t>(o.compression);
+  spec.seed = o.seed;
+
+  // Gradients: the model's loss and d loss / d p for every parameter, nothing else.
+  {
+    auto gg = grad(model, loss, param_ids);
+    if (!gg) return tl::unexpected(gg.error());
+    gg->g.outputs.clear();
+    gg->g.updates.clear();
+    gg->g.outputs.push_back({"loss", loss});
+    for (size_t i = 0; i < params.size(); ++i) gg->g.outputs.push_back({"grad." + params[i].name, gg->grads[i]});
+    auto bytes = encode(wire_graph{simplify(gg->g), {}});
+    if (!bytes) return tl::unexpected(bytes.error());
+    spec.grad_wire = std::move(*bytes);
+  }
+  // The optimizer step on gradients summed over micro-batches (scale makes them a mean).
+  {
+    builder b;
+    const expr scale = b.input("scale", dtype::f32, {});
+    std::vector<expr> ps, gs;
+    for (const auto& p : params) {
+      ps.push_back(b.parameter(p.name, p.type, p.dims));
+      gs.push_back(b.input("grad." + p.name, dtype::f32, p.dims) * scale);
+    }
+    if (auto* adam = std::get_if<optim::adam_options>(&o.optimizer)) optim::adam(b, ps, gs, *adam);
+    else optim::sgd(b, ps, gs, std::get<optim::sgd_options>(o.optimizer));
+    auto bytes = wire_of(b);
+    if (!bytes) return tl::unexpected(bytes.error());
+    spec.apply_wire = std::move(*bytes);
+  }
+  if (o.method == train_method::diloco) {
+    // delta = outer copy - local parameters (the "pseudo-gradient" of DiLoCo).
+    builder d;
+    for (const auto& p : params)
+      d.output("delta." + p.name, d.parameter("outer." + p.name, p.type, p.dims) - d.parameter(p.name, p.type, p.dims));
+    auto dbytes = wire_of(d);
+    if (!dbytes) return tl::unexpected(dbytes.error());
+    spec.delta_wire = std::move(*dbytes);
+    // Outer Nesterov step on the mean delta; the local parameters restart from the result.
+    builder b;
+    const expr scale = b.input("scale", dtype::f32, {});
+    for (const auto& p : params) {
+      const expr delta = b.input("delta." + p.name, dtype::f32, p.dims) * scale;
+      const expr outer = b.parameter("outer." + p.name, p.type, p.dims);
+      const expr mom = b.parameter("outer.mom." + p.name, p.type, p.dims);
+      const expr mom1 = mom * o.outer_momentum + delta;
+      const expr next = outer - (delta + mom1 * o.outer_momentum) * o.outer_lr;
+      b.update(mom, mom1);
+      b.update(outer, next);
+      b.update(b.parameter(p.name, p.type, p.dims), next);
+    }
+    auto obytes = wire_of(b);
+    if (!obytes) return tl::unexpected(obytes.error());
+    spec.outer_wire = std::move(*obytes);
+  }
+
+  // The state: the parameters, then whatever else the graphs keep (zeros unless resumed).
+  tensor_map all = state;
+  for (const auto& p : params) {
+    auto it = state.find(p.name);
+    if (it == state.end()) return make_error(error_code::invalid_argument, "no initial value for parameter \"" + p.name + "\"");
+    if (o.method == train_method::diloco && !all.count("outer." + p.name)) all["outer." + p.name] = it->second;
+  }
+  for (const auto* wire : {&spec.apply_wire, &spec.delta_wire, &spec.outer_wire}) {
+    if (wire->empty()) continue;
+    auto w = decode_wire_graph(wire->data(), wire->size());
+    if (!w) return tl::unexpected(w.error());
+    for (const auto& n : w->g.nodes)
+      if (n.op == op_kind::parameter && !all.count(n.attrs.name)) all[n.attrs.name] = tensor::zeros(n.type, n.dims);
+  }
+  for (auto& [name, t] : all) spec.state.push_back({name, std::move(t)});
+  for (const auto& [name, t] : dataset) spec.dataset.push_back({name, t});
+  return spec;
+}
+
+trainer::trainer(client& c, graph model, tensor_map state, tensor_map dataset, train_options options)
+    : client_(c), model_(std::move(model)), state_(std::move(state)), dataset_(std::move(dataset)), options_(std::move(options)) {}
+
+expected<train_result> trainer::fit(const std::function<void(const train_progress_info&)>& progress) {
+  int64_t micro_batch = -1;
+  for (const auto& n : model_.nodes)
+    if (n.op == op_kind::input && !n.dims.empty()) micro_batch = n.dims[0];
+  if (micro_batch < 1) return make_error(error_code::invalid_argument, "the model has no input with a batch dimension");
+  auto spec = make_train_spec(model_, state_, dataset_, micro_batch, options_);
+  if (!spec) return tl::unexpected(spec.error());
+  train_result result;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto done = client_.train(*spec, [&](const msg::train_progress& p) {
+    result.losses.push_back(p.loss);
+    result.bytes_sent += p.bytes_sent;
+    result.step = p.step;
+    if (!progress) return;
+    train_progress_info info;
+    info.step = p.step;
+    info.steps = p.steps;
+    info.loss = p.loss;
+    info.samples_per_s = p.samples_per_s;
+    info.peers = p.peers;
+    info.bytes_sent = p.bytes_sent;
+    info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    progress(info);
+  });
+  if (done.wait_for(options_.timeout) != std::future_status::ready)
+    return make_error(error_code::timeout, "training did not finish in time");
+  auto outcome = done.get();
+  if (!outcome) return tl::unexpected(outcome.error());
+  result.state = std::move(outcome->outputs);
+  result.workers = outcome->workers;
+  result.step = options_.steps;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+expected<double> evaluate_loss(client& c, const graph& model, const tensor_map& params, const tensor_map& dataset) {
+  int64_t micro_batch = -1;
+  for (const auto& n : model.nodes)
+    if (n.op == op_kind::input && !n.dims.empty()) micro_batch = n.dims[0];
+  if (micro_batch < 1 || dataset.empty()) return make_error(error_code::invalid_argument, "nothing to evaluate");
+  const int64_t rows = dataset.begin()->second.dims.at(0);
+  // Only the loss is needed back.
+  graph g = model;
+  const node_id loss = g.find_output("loss");
+  if (loss < 0) return make_error(error_code::invalid_argument, "the model needs an output \"loss\"");
+  g.outputs = {{"loss", loss}};
+  g.updates.clear();
+  g = simplify(g);
+  double total = 0;
+  int64_t batches = 0;
+  std::vector<std::future<expected<job_outcome>>> pending;
+  for (int64_t first = 0; first + micro_batch <= rows; first += micro_batch) {
+    tensor_map in;
+    for (const auto& [name, col] : dataset) {
+      const size_t row_bytes = col.bytes.size() / static_cast<size_t>(col.dims[0]);
+      tensor t;
+      t.type = col.type;
+      t.dims = col.dims;
+      t.dims[0] = micro_batch;
+      t.bytes.assign(col.bytes.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first) * row_bytes),
+                     col.bytes.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(first + micro_batch) * row_bytes));
+      in[name] = std::move(t);
+    }
+    pending.push_back(c.submit(g, in, params));
+  }
+  for (auto& f : pending) {
+    auto r = f.get();
+    if (!r) return tl::unexpected(r.error());
+    total += r->outputs.at("loss").at(0);
+    ++batches;
+  }
+  return batches ? total / static_cast<double>(batches) : 0.0;
+}
+
+}  // namespace mesh

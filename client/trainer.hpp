@@ -1,0 +1,89 @@
+#pragma once
+/// Distributed training through a node: data parallel or DiLoCo over every worker of the mesh.
+///
+///   mesh::trainer t(*client, model, params, dataset, {.steps = 500, .micro_batches = 6});
+///   auto r = t.fit([](const mesh::train_progress_info& p) { ... });   // r->state
+///
+/// The model is a graph whose inputs are the dataset's columns (dimension 0 = `micro_batch`
+/// rows) and whose output "loss" is an f32 scalar, the mean over the micro-batch; every
+/// parameter of the graph is trained. The trainer turns it into the graphs that travel to the
+/// workers (gradients, optimizer step, DiLoCo's delta and outer step; see train_spec in
+/// actors/messages.hpp) and the node the client is connected to coordinates the run
+/// (actors/train_engine.hpp).
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "actors/ring_allreduce.hpp"
+#include "client/client.hpp"
+#include "graph/optim.hpp"
+
+namespace mesh {
+
+enum class train_method : uint8_t { data_parallel = 0, diloco = 1 };
+
+struct train_options {
+  train_method method = train_method::data_parallel;
+  uint64_t steps = 100;          ///< train until this step (DiLoCo: counting inner steps)
+  uint64_t start_step = 0;       ///< > 0 to resume: the state passed in must be that step's
+  uint32_t micro_batches = 4;    ///< per step, spread over the workers (global batch = this x rows)
+  uint32_t inner_steps = 20;     ///< DiLoCo: local steps between averaging
+  double outer_lr = 0.7;         ///< DiLoCo: outer Nesterov step
+  double outer_momentum = 0.9;
+  wire_format compression = wire_format::f32;  ///< of the all-reduce
+  uint64_t seed = 1;             ///< data order
+  std::variant<optim::adam_options, optim::sgd_options> optimizer = optim::adam_options{};
+  std::chrono::milliseconds timeout{std::chrono::hours(24)};
+};
+
+/// One finished step, as the coordinating node reports it.
+struct train_progress_info {
+  uint64_t step = 0, steps = 0;
+  double loss = 0;
+  double samples_per_s = 0;
+  uint32_t peers = 0;        ///< workers that took part in the step
+  uint64_t bytes_sent = 0;   ///< all-reduce bytes of the step, all workers together
+  double seconds = 0;        ///< since fit() started
+};
+
+struct train_result {
+  tensor_map state;                ///< parameters and optimizer state (save it to resume)
+  std::vector<double> losses;      ///< per reported step
+  uint64_t step = 0;
+  uint64_t bytes_sent = 0;         ///< all-reduce bytes of the whole run
+  std::vector<std::string> workers;
+  double seconds = 0;
+};
+
+/// Builds what travels to the workers. `state` holds every parameter of `model`, and may hold
+/// optimizer state from a checkpoint (missing state starts at zero; DiLoCo's outer copy starts
+/// at the parameters). Errors say what does not fit.
+expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& state, const tensor_map& dataset,
+                                          int64_t micro_batch, const train_options& options);
+
+class trainer {
+ public:
+  trainer(client& c, graph model, tensor_map state, tensor_map dataset, train_options options = {});
+  /// Trains over the mesh; `progress` runs (on a client thread) after every step.
+  expected<train_result> fit(const std::function<void(const train_progress_info&)>& progress = {});
+
+ private:
+  client& client_;
+  graph model_;
+  tensor_map state_, dataset_;
+  train_options options_;
+};
+
+/// Mean of the model's "loss" over `dataset` (as many whole micro-batches as it holds), run as
+/// one-shot jobs on the mesh.
+expected<double> evaluate_loss(client& c, const graph& model, const tensor_map& params, const tensor_map& dataset);
+
+/// The parameters of `state` (drops optimizer and DiLoCo state: names starting "opt." or "outer.").
+tensor_map parameters_only(const tensor_map& state);
+
+}  // namespace mesh

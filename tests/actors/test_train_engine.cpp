@@ -1,0 +1,316 @@
+// The training engine of several nodes over a simulated network, each node with its own CPU
+// executor: data-parallel training over 3 nodes reaches the parameters of the single-node
+// reference (up to float rounding), also when a node dies or joins mid-run and when messages
+// arrive in any order; DiLoCo's loss is close to data parallel's; bad specs are refused.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+#include "actors/train_engine.hpp"
+#include "client/trainer.hpp"
+#include "gpu/executor.hpp"
+#include "graph/datasets.hpp"
+#include "graph/nn.hpp"
+
+using namespace mesh;
+
+namespace {
+
+struct model_setup {
+  graph model;
+  tensor_map params;
+  tensor_map data;
+  int64_t micro_batch = 16;
+};
+
+model_setup two_moons_mlp() {
+  model_setup s;
+  builder b;
+  auto x = b.input("x", dtype::f32, {s.micro_batch, 2});
+  auto labels = b.input("labels", dtype::i32, {s.micro_batch});
+  auto net = nn::make_mlp(b, "mlp", {2, 16, 2});
+  b.output("loss", nn::cross_entropy(net(x), labels));
+  s.model = *b.finish();
+  s.params = nn::init_parameters(s.model, 3);
+  auto [xs, ys] = datasets::two_moons(200, 11);
+  s.data = {{"x", xs}, {"labels", ys}};
+  return s;
+}
+
+/// Nodes "node-a".. with CPU executors and a client "client"; messages are delivered one at a
+/// time, in a random order when `shuffle` (only control messages are ordered by the transport).
+struct train_sim {
+  struct node {
+    std::unique_ptr<train_engine> engine;
+    std::unique_ptr<gpu::executor> device;
+  };
+  std::map<std::string, node> nodes;
+  std::deque<std::pair<std::string, outbound>> queue;
+  std::set<std::string> dead;
+  std::vector<msg::train_progress> progress;
+  std::vector<msg::job_result> results;
+  std::mt19937_64 rng{7};
+  bool shuffle = false;
+  /// Called after each delivered message (tests kill or add nodes here).
+  std::function<void(train_sim&)> on_tick;
+
+  explicit train_sim(int n) {
+    for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
+  }
+
+  void add(const std::string& id) {
+    node nd{std::make_unique<train_engine>(id), gpu::make_cpu_executor(1)};
+    for (auto& [other, o] : nodes) {
+      nd.engine->peer_up(other);
+      o.engine->peer_up(id);
+    }
+    nodes.emplace(id, std::move(nd));
+  }
+
+  void kill(const std::string& id) {
+    nodes.erase(id);
+    dead.insert(id);
+    for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(id));
+  }
+
+  void post(const std::string& from, std::vector<outbound> out) {
+    for (auto& o : out) queue.emplace_back(from, std::move(o));
+  }
+
+  void run_tasks(const std::string& id) {
+    auto it = nodes.find(id);
+    if (it == nodes.end()) return;
+    for (auto& t : it->second.engine->take_ready()) {
+      auto r = t.work(*it->second.device);
+      post(id, it->second.engine->on_executed(t, std::move(r)));
+    }
+  }
+
+  void run() {
+    for (int guard = 0; !queue.empty() && guard < 2000000; ++guard) {
+      size_t pick = 0;
+      if (shuffle) pick = std::uniform_int_distribution<size_t>(0, queue.size() - 1)(rng);
+      auto [from, o] = std::move(queue[pick]);
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
+      if (dead.count(from)) continue;
+      if (o.to == "client") {
+        if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
+        if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
+        continue;
+      }
+      auto it = nodes.find(o.to);
+      if (it == nodes.end()) continue;
+      post(o.to, it->second.engine->on_message(from, o.m));
+      run_tasks(o.to);
+      if (on_tick) on_tick(*this);
+    }
+  }
+
+  /// Starts a run from the client at node-a and runs the simulation to the end.
+  msg::job_result train(const msg::train_spec& spec) {
+    post("client", {{"node-a", msg::open_training{1, spec}}});
+    run();
+    REQUIRE(results.size() == 1);
+    return results[0];
+  }
+};
+
+tensor_map outputs_of(const msg::job_result& r) {
+  tensor_map m;
+  for (const auto& o : r.outputs) m[o.name] = o.value;
+  return m;
+}
+
+/// Largest |a - b| / (1 + |b|) over every parameter.
+double max_difference(const tensor_map& a, const tensor_map& b) {
+  double worst = 0;
+  for (const auto& [name, t] : b) {
+    REQUIRE(a.count(name));
+    const auto x = a.at(name).to_doubles(), y = t.to_doubles();
+    REQUIRE(x.size() == y.size());
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  }
+  return worst;
+}
+
+/// Mean loss over the whole dataset with the reference evaluator.
+double full_loss(const model_setup& s, const tensor_map& params) {
+  double total = 0;
+  int n = 0;
+  data_order order(s.data.at("x").dims[0], s.micro_batch, 0);
+  for (uint64_t i = 0; i < order.per_epoch(); ++i) {
+    auto in = take_rows(s.data, order.rows(i));
+    tensor_map p = params;
+    auto out = evaluate(s.model, *in, p);
+    REQUIRE(out);
+    total += out->at("loss").at(0);
+    ++n;
+  }
+  return total / n;
+}
+
+msg::train_spec spec_for(const model_setup& s, train_options o) {
+  auto spec = make_train_spec(s.model, s.params, s.data, s.micro_batch, o);
+  REQUIRE(spec);
+  return *spec;
+}
+
+train_options dp_options(uint64_t steps = 24) {
+  train_options o;
+  o.steps = steps;
+  o.micro_batches = 6;
+  o.optimizer = optim::adam_options{.lr = 0.02};
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  REQUIRE(reference.ok);
+  train_sim three(3);
+  const auto r = three.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(r.workers.size() == 3);
+  const auto ref_state = outputs_of(reference), state = outputs_of(r);
+  CHECK(state.at("opt.adam.t").at(0) == 24.0);  // every step applied exactly once
+  CHECK(max_difference(state, ref_state) < 1e-4);
+  REQUIRE(three.progress.size() == 24);
+  for (size_t i = 0; i < three.progress.size(); ++i) {
+    CHECK(three.progress[i].step == i + 1);
+    CHECK(three.progress[i].peers == 3);
+  }
+  CHECK(three.progress.back().loss < three.progress.front().loss);
+  CHECK(full_loss(s, parameters_only(state)) < full_loss(s, s.params) * 0.8);
+}
+
+TEST_CASE("messages in any order give the same result", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(10));
+  train_sim ordered(3), shuffled(3);
+  shuffled.shuffle = true;
+  const auto a = ordered.train(spec), b = shuffled.train(spec);
+  REQUIRE(a.ok);
+  REQUIRE(b.ok);
+  // The same members sum in the same ring order: bit-identical, not just close.
+  CHECK(outputs_of(a) == outputs_of(b));
+}
+
+TEST_CASE("a node dying mid-run: the run completes, no step lost or applied twice", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  sim.shuffle = true;
+  sim.on_tick = [](train_sim& t) {
+    if (!t.dead.count("node-c") && t.progress.size() == 7) t.kill("node-c");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  const auto state = outputs_of(r);
+  CHECK(state.at("opt.adam.t").at(0) == 24.0);
+  // The dead node's micro-batches went to the survivors: the same data per step as the reference.
+  CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
+  REQUIRE(sim.progress.size() == 24);
+  for (size_t i = 0; i < sim.progress.size(); ++i) CHECK(sim.progress[i].step == i + 1);
+  CHECK(sim.progress.back().peers == 2);
+}
+
+TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(2);
+  sim.on_tick = [](train_sim& t) {
+    if (!t.nodes.count("node-c") && t.progress.size() == 5) t.add("node-c");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(sim.progress.front().peers == 2);
+  CHECK(sim.progress.back().peers == 3);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+}
+
+TEST_CASE("DiLoCo reaches a loss close to data parallel with far fewer bytes", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto dp = dp_options(60);
+  auto dl = dp;
+  dl.method = train_method::diloco;
+  dl.inner_steps = 5;
+  train_sim a(3), b(3);
+  const auto rdp = a.train(spec_for(s, dp));
+  const auto rdl = b.train(spec_for(s, dl));
+  INFO(rdl.error);
+  REQUIRE(rdp.ok);
+  REQUIRE(rdl.ok);
+  const double loss_dp = full_loss(s, parameters_only(outputs_of(rdp)));
+  const double loss_dl = full_loss(s, parameters_only(outputs_of(rdl)));
+  uint64_t bytes_dp = 0, bytes_dl = 0;
+  for (const auto& p : a.progress) bytes_dp += p.bytes_sent;
+  for (const auto& p : b.progress) bytes_dl += p.bytes_sent;
+  INFO("data parallel loss " << loss_dp << " (" << bytes_dp << " B), DiLoCo " << loss_dl << " (" << bytes_dl << " B)");
+  CHECK(b.progress.size() == 12);  // one report per outer step
+  CHECK(loss_dl < full_loss(s, s.params) * 0.8);
+  CHECK(loss_dl <= loss_dp * 1.10 + 0.02);
+  CHECK(bytes_dl * 4 < bytes_dp);
+}
+
+TEST_CASE("a DiLoCo step redone after a death is not applied twice", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto o = dp_options(30);
+  o.method = train_method::diloco;
+  o.inner_steps = 5;
+  const auto spec = spec_for(s, o);
+  train_sim sim(3);
+  sim.shuffle = true;
+  sim.on_tick = [](train_sim& t) {
+    if (!t.dead.count("node-b") && t.progress.size() == 2) t.kill("node-b");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  // Each survivor ran every inner step once per outer step (a redone step restarts from the
+  // snapshot): the inner Adam counter is 30.
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 30.0);
+  REQUIRE(sim.progress.size() == 6);
+  CHECK(sim.progress.back().step == 30);
+}
+
+TEST_CASE("bad training specs are refused with a reason", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto spec = spec_for(s, dp_options());
+  const auto refused = [&](msg::train_spec bad) {
+    train_sim sim(2);
+    const auto r = sim.train(bad);
+    CHECK_FALSE(r.ok);
+    return r.error;
+  };
+  auto bad = spec;
+  bad.dataset.clear();
+  CHECK_THAT(refused(bad), Catch::Contains("no column"));
+  bad = spec;
+  bad.grad_wire.resize(bad.grad_wire.size() / 2);
+  CHECK_THAT(refused(bad), Catch::Contains("gradient graph was rejected"));
+  bad = spec;
+  bad.state.pop_back();
+  CHECK_THAT(refused(bad), Catch::Contains("no value for parameter"));
+  bad = spec;
+  bad.steps = 0;
+  CHECK_THAT(refused(bad), Catch::Contains("nothing to train"));
+  bad = spec;
+  bad.micro_batch = 7;
+  CHECK_THAT(refused(bad), Catch::Contains("micro_batch"));
+}
