@@ -1,104 +1,205 @@
-// mesh-demo: what the graph core does today, end to end on this machine.
+// mesh-demo: the README's first command. Starts meshnode processes on this machine that find each
+// other by mDNS (static peers when avahi-daemon is not running), trains a small character-level
+// transformer across them on additions the program writes itself, plots the loss, answers
+// held-out sums through pipelined inference, and stops the nodes.
 //
-// Builds a small classifier with the graph DSL, differentiates it, adds an Adam step as graph
-// updates, simplifies the result, ships it through the WireGraph encoding (as it will travel to a
-// worker), and trains it on the CPU reference evaluator on a generated two-moons dataset.
-// The mesh itself (discovery, transport, workers) replaces this demo as those layers land.
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <string>
+//   mesh-demo [--nodes 3] [--steps 600] [--digits 2] [--device cpu] [--out demo-out]
+#include <CLI/CLI.hpp>
 
-#include "graph/autodiff.hpp"
-#include "graph/datasets.hpp"
-#include "graph/hash.hpp"
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "apps/addition_model.hpp"
+#include "apps/app_settings.hpp"
+#include "apps/local_mesh.hpp"
+#include "apps/svg_plot.hpp"
+#include "client/trainer.hpp"
 #include "graph/nn.hpp"
-#include "graph/optim.hpp"
-#include "graph/simplify.hpp"
-#include "graph/validate.hpp"
-#include "graph/wire.hpp"
+#include "graph/safetensors.hpp"
 
 using namespace mesh;
 
 namespace {
 
-int fail(const error& e) {
-  std::fprintf(stderr, "mesh-demo: %s\n", e.to_string().c_str());
+int fail(const std::string& what) {
+  std::fprintf(stderr, "\nmesh-demo: %s\n", what.c_str());
   return 1;
+}
+
+/// A fresh random mesh secret in a file only we can read: the demo's nodes form their own
+/// mesh, separate from any other meshnode on the LAN.
+expected<std::string> write_secret(const std::filesystem::path& dir) {
+  std::random_device rd;
+  std::string hex;
+  for (int i = 0; i < 32; ++i) {
+    char b[3];
+    std::snprintf(b, sizeof b, "%02x", rd() & 0xff);
+    hex += b;
+  }
+  const auto path = (dir / "mesh.secret").string();
+  std::filesystem::remove(path);
+  {
+    std::ofstream f(path);
+    f << hex << "\n";
+    if (!f) return make_error(error_code::io_error, "cannot write " + path);
+  }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  return path;
+}
+
+bool avahi_running() { return std::system("avahi-daemon --check >/dev/null 2>&1") == 0; }
+
+std::string bar(double fraction, int width = 28) {
+  const int full = static_cast<int>(fraction * width + 0.5);
+  return std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.');
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 150;
-  const int64_t n = 256;
-  std::printf("meshnode graph core demo\n\n");
+  CLI::App cli{"mesh-demo: train a small transformer across local meshnode processes"};
+  int nodes = 3, steps = 600, digits = 2, layers = 2;
+  int64_t channels = 48;
+  uint32_t micro_batches = 3;
+  std::string device = "cpu", out = "demo-out", method = "dp";
+  bool mdns = true;
+  cli.add_option("--nodes", nodes, "meshnode processes to start")->check(CLI::Range(1, 16));
+  cli.add_option("--steps", steps, "training steps")->check(CLI::Range(1, 1000000));
+  cli.add_option("--digits", digits, "digits of each operand")->check(CLI::Range(1, 6));
+  cli.add_option("--layers", layers, "transformer blocks")->check(CLI::Range(1, 12));
+  cli.add_option("--channels", channels, "transformer width")->check(CLI::Range(8, 1024));
+  cli.add_option("--micro-batches", micro_batches, "micro-batches of 32 lines per step")->check(CLI::Range(1, 256));
+  cli.add_option("--method", method, "dp (data parallel) or diloco")->check(CLI::IsMember({"dp", "diloco"}));
+  cli.add_option("--device", device, "device of every node: cpu, auto, or a Vulkan device name");
+  cli.add_option("--out", out, "folder for the nodes' state, the loss plot and the checkpoint");
+  cli.add_flag("!--no-mdns", mdns, "use static peers instead of mDNS");
+  CLI11_PARSE(cli, argc, argv);
 
-  // 1. The model, written like the math.
-  builder b;
-  auto x = b.input("x", dtype::f32, {n, 2});
-  auto labels = b.input("labels", dtype::i32, {n});
-  auto model = nn::make_mlp(b, "mlp", {2, 32, 32, 2});
-  auto logits = model(x);
-  auto loss = nn::cross_entropy(logits, labels);
-  std::vector<expr> params;
-  for (auto& l : model.layers) {
-    params.push_back(l.w);
-    params.push_back(l.b);
+  const auto t_start = std::chrono::steady_clock::now();
+  std::filesystem::create_directories(out);
+  auto secret_file = write_secret(out);
+  if (!secret_file) return fail(secret_file.error().message);
+  auto secret = app::read_secret(*secret_file);
+  if (!secret) return fail(secret.error().message);
+  if (mdns && !avahi_running()) {
+    std::printf("avahi-daemon is not running: the nodes use static peers instead of mDNS.\n");
+    mdns = false;
   }
-  const size_t forward_nodes = b.peek().nodes.size();
 
-  // 2. Reverse-mode gradients and an Adam step, all inside the same graph.
-  auto grads = gradients(loss, params);
-  optim::adam(b, params, grads, {.lr = 0.02});
-  b.output("loss", loss);
-  b.output("logits", logits);
-  auto built = b.finish();
-  if (!built) return fail(built.error());
-  std::printf("1. built an MLP 2-32-32-2 with cross-entropy: %zu forward nodes\n", forward_nodes);
-  std::printf("2. autodiff + Adam as graph updates: %zu nodes, %zu parameter updates\n", built->nodes.size(),
-              built->updates.size());
-
-  // 3. Simplify (constant folding, identities, CSE, dead code).
-  simplify_stats st;
-  graph step = simplify(*built, &st);
-  if (auto ok = validate(step); !ok) return fail(ok.error());
-  std::printf("3. simplified to %zu nodes (folded %d, rewritten %d, merged %d, removed %d); hash %016llx\n",
-              step.nodes.size(), st.folded, st.rewritten, st.merged, st.removed,
-              static_cast<unsigned long long>(structural_hash(step)));
-
-  // 4. Ship it: encode as a WireGraph with its initial parameters, decode (= parse + validate).
-  wire_graph w{step, nn::init_parameters(step, 42)};
-  auto bytes = encode(w);
-  if (!bytes) return fail(bytes.error());
-  auto received = decode_wire_graph(bytes->data(), bytes->size());
-  if (!received) return fail(received.error());
-  std::printf("4. WireGraph v%u: %zu bytes with %zu parameter tensors; decoded and validated\n", wire_graph_version,
-              bytes->size(), received->tensors.size());
-
-  // 5. Train on the CPU reference evaluator.
-  const auto [xs, ys] = datasets::two_moons(n, 7);
-  tensor_map state = received->tensors;
-  const tensor_map inputs{{"x", xs}, {"labels", ys}};
-  std::printf("5. training on two-moons (%lld points) with the reference evaluator:\n", static_cast<long long>(n));
-  const auto t0 = std::chrono::steady_clock::now();
-  tensor_map out;
-  for (int s = 0; s < steps; ++s) {
-    auto r = evaluate(received->g, inputs, state);
-    if (!r) return fail(r.error());
-    out = std::move(*r);
-    if (s % 25 == 0 || s == steps - 1) std::printf("   step %4d  loss %.4f\n", s, out.at("loss").at(0));
+  // 1. The nodes.
+  const std::string binary = app::meshnode_beside(argv[0]);
+  std::printf("1. starting %d meshnode processes (%s device; peers found by %s)\n", nodes, device.c_str(),
+              mdns ? "mDNS" : "static --peer");
+  std::vector<std::unique_ptr<app::node_process>> procs;
+  std::string first;
+  for (int i = 0; i < nodes; ++i) {
+    std::vector<std::string> args = {"--port", "0", "--device", device, "--secret-file", *secret_file, "--mdns",
+                                     mdns ? "on" : "off", "--log-level", "info"};
+    if (!mdns && i > 0) args.insert(args.end(), {"--peer", first});
+    procs.push_back(std::make_unique<app::node_process>(binary, std::filesystem::path(out) / ("node" + std::to_string(i + 1)), args));
+    if (i == 0) {
+      auto ep = procs[0]->endpoint();
+      if (!ep) return fail(ep.error().message);
+      first = *ep;
+    }
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto lg = out.at("logits").to_doubles();
-  int correct = 0;
-  for (int64_t i = 0; i < n; ++i) correct += ((lg[2 * i + 1] > lg[2 * i]) ? 1 : 0) == ys.at(i);
-  std::printf("   %d steps in %.2f s; training accuracy %.1f%%\n", steps, secs, 100.0 * correct / static_cast<double>(n));
+  for (auto& p : procs)
+    if (auto ep = p->endpoint(); !ep) return fail(ep.error().message);
+  auto c = client::connect(first, {*secret});
+  if (!c) return fail("cannot connect to the first node: " + c.error().message);
+  // Wait until the first node sees every other one as healthy.
+  size_t healthy = 0;
+  for (int i = 0; i < 300 && healthy + 1 < static_cast<size_t>(nodes); ++i) {
+    auto st = (*c)->status();
+    healthy = 0;
+    if (st)
+      for (const auto& p : st->peers) healthy += p.health == "healthy";
+    if (healthy + 1 < static_cast<size_t>(nodes)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (healthy + 1 < static_cast<size_t>(nodes))
+    return fail("only " + std::to_string(healthy + 1) + " of " + std::to_string(nodes) + " nodes found each other in 30 s; logs in " + out);
+  const double found_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  std::printf("   %d nodes form a mesh after %.1f s\n", nodes, found_s);
 
-  // 6. Errors are values: a shape mistake names the line that made it.
-  builder bad;
-  auto a = bad.input("a", dtype::f32, {4, 3});
-  matmul(a, bad.parameter("w", dtype::f32, {4, 3}));
-  std::printf("6. a shape error, reported as a value: %s\n", bad.finish().error().to_string().c_str());
-  return correct * 10 >= n * 9 ? 0 : 2;
+  // 2. The data and the model.
+  demo::addition_task task;
+  task.digits = digits;
+  task.layers = layers;
+  task.channels = channels;
+  std::vector<std::string> train_lines, test_lines;
+  demo::make_corpus(task, 1, 0.1, train_lines, test_lines);
+  const graph model = demo::make_training_model(task);
+  const tensor_map params = nn::init_parameters(model, 7);
+  int64_t n_params = 0;
+  for (const auto& [name, t] : params) n_params += t.size();
+  std::printf("2. corpus: %zu lines like \"%s\" (%zu held out); model: %d-layer transformer, %lld parameters\n",
+              train_lines.size(), train_lines[0].c_str(), test_lines.size(), layers, static_cast<long long>(n_params));
+
+  // 3. Training across the mesh.
+  train_options o;
+  o.steps = static_cast<uint64_t>(steps);
+  o.micro_batches = micro_batches;
+  o.method = method == "diloco" ? train_method::diloco : train_method::data_parallel;
+  o.inner_steps = 10;
+  o.optimizer = optim::adam_options{.lr = 3e-3, .weight_decay = 0.0};
+  std::printf("3. training (%s, %u x %lld lines per step):\n", method == "dp" ? "data parallel" : "DiLoCo", micro_batches,
+              static_cast<long long>(task.batch));
+  std::vector<std::pair<double, double>> curve;
+  trainer t(**c, model, params, demo::make_dataset(task, train_lines), o);
+  auto result = t.fit([&](const train_progress_info& p) {
+    curve.emplace_back(static_cast<double>(p.step), p.loss);
+    std::printf("\r   [%s] step %4llu/%llu  loss %.3f  %6.0f samples/s  peers %u ", bar(static_cast<double>(p.step) / p.steps).c_str(),
+                static_cast<unsigned long long>(p.step), static_cast<unsigned long long>(p.steps), p.loss, p.samples_per_s, p.peers);
+    std::fflush(stdout);
+  });
+  std::printf("\n");
+  if (!result) return fail("training failed: " + result.error().message);
+  std::printf("   %llu steps in %.1f s on %zu nodes; all-reduce sent %.1f MB\n", static_cast<unsigned long long>(result->step),
+              result->seconds, result->workers.size(), static_cast<double>(result->bytes_sent) / 1e6);
+  const std::string plot = (std::filesystem::path(out) / "loss.svg").string();
+  if (app::write_line_plot_svg(plot, curve, "meshnode demo: training loss (answer characters)", "step", "cross-entropy"))
+    std::printf("   loss plot: %s\n", plot.c_str());
+  const std::string ckpt = (std::filesystem::path(out) / "model.safetensors").string();
+  if (auto ok = save_safetensors(ckpt, {result->state, {{"step", std::to_string(result->step)}}}); ok)
+    std::printf("   checkpoint: %s\n", ckpt.c_str());
+
+  // 4. Held-out sums through a pipelined inference session.
+  const int64_t rows = 64;
+  auto session = (*c)->open_inference(demo::make_inference_model(task, rows), parameters_only(result->state));
+  if (!session) return fail("cannot open the inference session: " + session.error().message);
+  std::printf("4. answering %d held-out sums through a pipeline over %zu node(s):\n", 4 * static_cast<int>(rows),
+              (*session)->workers().size());
+  std::vector<std::string> completed;
+  for (int k = 0; k < 4; ++k) {
+    std::vector<std::string> prompts(test_lines.begin() + k * rows, test_lines.begin() + (k + 1) * rows);
+    std::string error;
+    auto lines = demo::complete(task, prompts, [&](const tensor& x) {
+      auto r = (*session)->infer({{"x", x}}).get();
+      if (!r) {
+        error = r.error().message;
+        return tensor{};
+      }
+      return r->outputs.at("logits");
+    });
+    if (!error.empty()) return fail("inference failed: " + error);
+    completed.insert(completed.end(), lines.begin(), lines.end());
+  }
+  for (size_t i = 0; i < 8 && i < completed.size(); ++i)
+    std::printf("   %s  %s\n", completed[i].c_str(), demo::score({completed[i]}) > 0 ? "right" : "wrong");
+  const double share = demo::score(completed);
+  std::printf("   score: %.1f%% of %zu held-out sums right\n", 100 * share, completed.size());
+
+  // 5. Done.
+  session->reset();
+  c->reset();
+  for (auto& p : procs) p->stop();
+  std::printf("5. stopped the nodes; %.0f s in all. Logs: %s/node*/node.log\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), out.c_str());
+  return 0;
 }

@@ -1,0 +1,92 @@
+#pragma once
+/// Starts meshnode processes on this machine (for the demo and the examples) and stops them.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "graph/error.hpp"
+
+namespace mesh::app {
+
+/// One meshnode child process, its output in <state dir>/node.log.
+class node_process {
+ public:
+  node_process(const std::string& binary, const std::filesystem::path& state_dir, std::vector<std::string> args)
+      : dir_(state_dir) {
+    std::filesystem::create_directories(dir_);
+    std::filesystem::remove(dir_ / "endpoint");
+    args.insert(args.begin(), {binary, "--state-dir", dir_.string()});
+    std::fflush(nullptr);  // or the child re-prints what the parent had buffered
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string log = (dir_ / "node.log").string();
+      if (!std::freopen(log.c_str(), "a", stdout)) _exit(126);
+      dup2(1, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  node_process(const node_process&) = delete;
+  node_process& operator=(const node_process&) = delete;
+  ~node_process() { stop(); }
+
+  /// "id@127.0.0.1:port" once the node listens.
+  expected<std::string> endpoint(std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      std::ifstream f(dir_ / "endpoint");
+      std::string line;
+      if (std::getline(f, line) && !line.empty()) return line;
+      if (pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return make_error(error_code::timeout, "meshnode in " + dir_.string() + " did not start; see " + (dir_ / "node.log").string());
+  }
+  void signal(int sig) {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
+  /// SIGTERM (a clean leave), SIGKILL after 5 s.
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 100; ++i) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+  pid_t pid_ = -1;
+};
+
+/// The meshnode binary next to this program (they are built together).
+inline std::string meshnode_beside(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::filesystem::path self = n > 0 ? std::filesystem::path(std::string(buf, static_cast<size_t>(n))) : std::filesystem::path(argv0);
+  return (self.parent_path() / "meshnode").string();
+}
+
+}  // namespace mesh::app
