@@ -3,11 +3,18 @@
 // owns every DNSServiceRef and polls their sockets; browse -> resolve (SRV+TXT) -> query A/AAAA
 // of the target host -> browse_state. dns_sd refs are not thread-safe, hence the one thread.
 //
-// Lookups are one-shot (released as soon as they answered, or after lookup_timeout): besides
-// saving a thread per ref in avahi-compat, this matters because avahi-compat calls an
-// uninitialised callback pointer of a resolve or query ref whose daemon connection fails
-// (compat.c generic_client_callback), which crashes the process when the daemon stops while such
-// a ref is alive. Only the register and browse refs live long, and those are safe.
+// avahi-compat 0.8 (Debian 12) allocates each DNSServiceRef uninitialised (avahi_new, not
+// avahi_new0). When the daemon goes away, the failure handler of a resolve or query ref
+// (compat.c generic_client_callback) calls the first non-null of its callback pointers, and the
+// browse callback it tries first is garbage there: the process jumps to it and crashes inside
+// DNSServiceProcessResult. Any lookup open at the moment the daemon stops or restarts did that.
+// Upstream fixed it after 0.8 (avahi commit dffd549f, "libdns_sd: Use allocator with memory set
+// to zero"); for the releases without that fix, use_zeroing_avahi_allocator() below does the same
+// from here. With it a failing lookup reports kDNSServiceErr_Unknown to its own callback, which
+// releases it.
+//
+// Lookups are still one-shot (released once answered or failed, or after lookup_timeout): each
+// ref costs a thread and a D-Bus connection in avahi-compat.
 #include <arpa/inet.h>
 #include <dns_sd.h>
 #include <net/if.h>
@@ -18,11 +25,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+
+#ifdef MESH_DNSSD_AVAHI_COMPAT
+#include <avahi-common/malloc.h>
+#endif
 
 #include "discovery/backend.hpp"
 #include "discovery/backoff.hpp"
@@ -52,6 +65,27 @@ struct instance {
 // How long a resolve or address query may stay unanswered before it is given up.
 constexpr std::chrono::seconds lookup_timeout{5};
 
+#ifdef MESH_DNSSD_AVAHI_COMPAT
+void* zeroed_malloc(std::size_t size) { return std::calloc(1, size); }
+void plain_free(void* p) { std::free(p); }
+void* plain_realloc(void* p, std::size_t size) { return std::realloc(p, size); }
+void* plain_calloc(std::size_t count, std::size_t size) { return std::calloc(count, size); }
+
+/// Every allocation of libavahi-common (which avahi-compat allocates its refs with) zeroed, so
+/// that the callback pointers a ref never set are null (see the top of this file). Backed by
+/// libc like the default allocator, so memory allocated before the switch is freed correctly.
+const AvahiAllocator zeroing_allocator{zeroed_malloc, plain_free, plain_realloc, plain_calloc};
+#endif
+
+/// Installs zeroing_allocator once per process, before the first dns_sd call (avahi reads the
+/// allocator pointer without a lock: switch it before any avahi-compat ref exists).
+void use_zeroing_avahi_allocator() {
+#ifdef MESH_DNSSD_AVAHI_COMPAT
+  static std::once_flag once;
+  std::call_once(once, [] { avahi_set_allocator(&zeroing_allocator); });
+#endif
+}
+
 // "name" -> "name #2" -> "name #3": the alternative after a name conflict (as Avahi does).
 std::string alternative_name(const std::string& name) {
   const auto hash = name.rfind(" #");
@@ -79,6 +113,7 @@ class dnssd_backend final : public backend {
     on_event_ = std::move(on_event);
     name_ = options_.service_name.empty() ? "meshnode-" + self.node_id.substr(0, 12) : options_.service_name;
     state_ = std::make_unique<browse_state>(self, "dnssd");
+    use_zeroing_avahi_allocator();
     if (::pipe(wake_) != 0) return make_error(error_code::io_error, "dns_sd backend: cannot create a pipe");
     stopping_ = false;
     thread_ = std::thread([this] { run(); });
@@ -193,7 +228,14 @@ class dnssd_backend final : public backend {
                        const char*, uint16_t rrtype, uint16_t, uint16_t rdlen, const void* rdata,
                        uint32_t, void* ctx) {
     auto* inst = static_cast<instance*>(ctx);
-    if (err != kDNSServiceErr_NoError) return;
+    if (err != kDNSServiceErr_NoError) {
+      // A failed ref is never processed again (its daemon connection may be gone): release the
+      // pair; expire_lookups() starts over if the instance is still unresolved.
+      spdlog::debug("discovery/dnssd: address query for '{}' failed ({})", inst->name, err);
+      inst->owner->release(inst->query4);
+      inst->owner->release(inst->query6);
+      return;
+    }
     char text[INET6_ADDRSTRLEN] = {};
     std::string addr;
     if (rrtype == kDNSServiceType_A && rdlen == 4) {

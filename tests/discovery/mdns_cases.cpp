@@ -2,6 +2,9 @@
 
 #include <signal.h>
 
+#include <thread>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 #include "discovery/lab/avahi_lab.hpp"
@@ -173,6 +176,46 @@ void unresolved_is_retried(const std::string& kind) {
   CHECK(node.log().wait_for(event::peer_found, late, 15s, &e));
   CHECK(e.peer.addresses == std::vector<std::string>{"127.0.0.9"});
   for (int pid : {service, address}) {
+    if (pid > 0) ::kill(pid, SIGTERM);
+  }
+}
+
+void daemon_stops_during_lookup(const std::string& kind) {
+  SKIP_WITHOUT_LAB();
+  if (lab::sh("command -v avahi-publish >/dev/null 2>&1 && command -v avahi-browse >/dev/null 2>&1") != 0) {
+    WARN("skipped: avahi-publish/avahi-browse (avahi-utils) are not installed");
+    return;
+  }
+  lab::host h(kind + "8");
+  REQUIRE(h.start_daemon());
+  node_process node(kind, make_announcement('a'), h.bus_address());
+  REQUIRE(node.log().wait_for(event::backend_up, "", found_within));
+  // Services on host names without address: the node's resolutions of them stay open (Avahi's
+  // resolver waits 5 s for an address). Several, because which of the node's daemon
+  // connections learns first that the daemon is gone varies from run to run.
+  const std::string bus = "DBUS_SYSTEM_BUS_ADDRESS=" + h.bus_address();
+  std::vector<int> services;
+  for (char c : {'4', '5', '6'}) {
+    services.push_back(lab::spawn(bus + " timeout 40 avahi-publish -s -H nowhere" + c + ".local meshnode-nowhere" +
+                                  c + " _meshnode._udp 4300 id=" + node_id(c) + " mesh=mesh-a v=1 port=4300"));
+  }
+  // Once avahi-browse lists them (after ~1 s of probing), the node has seen them too.
+  bool listed = false;
+  for (int i = 0; i < 75 && !listed; ++i) {
+    listed = lab::sh(bus + " avahi-browse -pt _meshnode._udp 2>/dev/null | grep -c meshnode-nowhere | grep -qx 3") == 0;
+    if (!listed) std::this_thread::sleep_for(200ms);
+  }
+  REQUIRE(listed);
+  std::this_thread::sleep_for(300ms);  // resolutions under way, far from their 5 s timeout
+  // SIGKILL: no withdrawals first (they would end the resolutions); every connection of the
+  // node just learns that the daemon is gone.
+  h.stop_avahi(true);
+  CHECK(node.log().wait_for(event::backend_down, "", 10s));
+  // A node that crashed when its open lookups failed (avahi-compat 0.8, see docs/discovery.md)
+  // would never come back.
+  REQUIRE(h.start_daemon());
+  CHECK(node.log().wait_for(event::backend_up, "", found_within));
+  for (int pid : services) {
     if (pid > 0) ::kill(pid, SIGTERM);
   }
 }

@@ -20,5 +20,8 @@ void daemon_restart_reannounces(const std::string& kind);
 void hostile_txt_is_rejected(const std::string& kind);
 /// A service whose host has no address yet is found once the address appears.
 void unresolved_is_retried(const std::string& kind);
+/// The daemon stopped while a lookup (a resolution) is open: the node reports down, survives,
+/// and comes back up with the daemon.
+void daemon_stops_during_lookup(const std::string& kind);
 
 }  // namespace mesh::discovery::test

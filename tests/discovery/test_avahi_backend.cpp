@@ -28,3 +28,6 @@ TEST_CASE("avahi: hostile TXT records are rejected, not fatal", "[discovery][ava
 TEST_CASE("avahi: an instance that fails to resolve is retried until it resolves", "[discovery][avahi]") {
   test::unresolved_is_retried("avahi");
 }
+TEST_CASE("avahi: daemon stopped while a lookup is open", "[discovery][avahi]") {
+  test::daemon_stops_during_lookup("avahi");
+}
