@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   int nodes = 3, steps = 600, digits = 2, layers = 2;
   int64_t channels = 48;
   uint32_t micro_batches = 3;
+  double lr = 3e-3;
   std::string device = "cpu", out = "demo-out", method = "dp";
   bool mdns = true;
   cli.add_option("--nodes", nodes, "meshnode processes to start")->check(CLI::Range(1, 16));
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   cli.add_option("--layers", layers, "transformer blocks")->check(CLI::Range(1, 12));
   cli.add_option("--channels", channels, "transformer width")->check(CLI::Range(8, 1024));
   cli.add_option("--micro-batches", micro_batches, "micro-batches of 32 lines per step")->check(CLI::Range(1, 256));
+  cli.add_option("--lr", lr, "Adam learning rate")->check(CLI::Range(1e-6, 1.0));
   cli.add_option("--method", method, "dp (data parallel) or diloco")->check(CLI::IsMember({"dp", "diloco"}));
   cli.add_option("--device", device, "device of every node: cpu, auto, or a Vulkan device name");
   cli.add_option("--out", out, "folder for the nodes' state, the loss plot and the checkpoint");
@@ -147,7 +149,7 @@ int main(int argc, char** argv) {
   o.micro_batches = micro_batches;
   o.method = method == "diloco" ? train_method::diloco : train_method::data_parallel;
   o.inner_steps = 10;
-  o.optimizer = optim::adam_options{.lr = 3e-3, .weight_decay = 0.0};
+  o.optimizer = optim::adam_options{.lr = lr};
   std::printf("3. training (%s, %u x %lld lines per step):\n", method == "dp" ? "data parallel" : "DiLoCo", micro_batches,
               static_cast<long long>(task.batch));
   std::vector<std::pair<double, double>> curve;

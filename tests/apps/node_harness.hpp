@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <sys/wait.h>
@@ -111,5 +112,29 @@ inline bool wait_for_peers(client& c, size_t healthy, std::chrono::seconds timeo
   }
   return false;
 }
+
+/// Three nodes: b and c are told about a, c also about b.
+struct three_nodes {
+  temp_dir tmp;
+  std::unique_ptr<node_process> a, b, c;
+  std::string ea, eb, ec;
+  explicit three_nodes(std::vector<std::string> extra = {}) {
+    a = std::make_unique<node_process>(tmp.path / "a", extra);
+    ea = a->endpoint();
+    auto with = [&](std::vector<std::string> peers) {
+      auto args = extra;
+      for (auto& p : peers) {
+        args.push_back("--peer");
+        args.push_back(p);
+      }
+      return args;
+    };
+    b = std::make_unique<node_process>(tmp.path / "b", with({ea}));
+    eb = b->endpoint();
+    c = std::make_unique<node_process>(tmp.path / "c", with({ea, eb}));
+    ec = c->endpoint();
+  }
+};
+
 
 }  // namespace mesh::test

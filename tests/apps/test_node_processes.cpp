@@ -32,29 +32,6 @@ job mlp_job(int64_t batch = 32, int64_t width = 64) {
   return j;
 }
 
-/// Three nodes: b and c are told about a, c also about b.
-struct three_nodes {
-  temp_dir tmp;
-  std::unique_ptr<node_process> a, b, c;
-  std::string ea, eb, ec;
-  explicit three_nodes(std::vector<std::string> extra = {}) {
-    a = std::make_unique<node_process>(tmp.path / "a", extra);
-    ea = a->endpoint();
-    auto with = [&](std::vector<std::string> peers) {
-      auto args = extra;
-      for (auto& p : peers) {
-        args.push_back("--peer");
-        args.push_back(p);
-      }
-      return args;
-    };
-    b = std::make_unique<node_process>(tmp.path / "b", with({ea}));
-    eb = b->endpoint();
-    c = std::make_unique<node_process>(tmp.path / "c", with({ea, eb}));
-    ec = c->endpoint();
-  }
-};
-
 }  // namespace
 
 TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[apps][node]") {
