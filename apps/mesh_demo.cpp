@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   int nodes = 3, steps = 600, digits = 2, layers = 2;
   int64_t channels = 48;
   uint32_t micro_batches = 3;
+  int64_t batch = 32;
   double lr = 3e-3;
   std::string device = "cpu", out = "demo-out", method = "dp";
   bool mdns = true;
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   cli.add_option("--digits", digits, "digits of each operand")->check(CLI::Range(1, 6));
   cli.add_option("--layers", layers, "transformer blocks")->check(CLI::Range(1, 12));
   cli.add_option("--channels", channels, "transformer width")->check(CLI::Range(8, 1024));
-  cli.add_option("--micro-batches", micro_batches, "micro-batches of 32 lines per step")->check(CLI::Range(1, 256));
+  cli.add_option("--micro-batches", micro_batches, "micro-batches per step")->check(CLI::Range(1, 256));
+  cli.add_option("--batch", batch, "lines per micro-batch")->check(CLI::Range(1, 4096));
   cli.add_option("--lr", lr, "Adam learning rate")->check(CLI::Range(1e-6, 1.0));
   cli.add_option("--method", method, "dp (data parallel) or diloco")->check(CLI::IsMember({"dp", "diloco"}));
   cli.add_option("--device", device, "device of every node: cpu, auto, or a Vulkan device name");
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
   task.digits = digits;
   task.layers = layers;
   task.channels = channels;
+  task.batch = batch;
   std::vector<std::string> train_lines, test_lines;
   demo::make_corpus(task, 1, 0.1, train_lines, test_lines);
   const graph model = demo::make_training_model(task);
