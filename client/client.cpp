@@ -78,7 +78,13 @@ client::~client() {
 
 std::string client::node() const { return impl_->node.to_string(); }
 
-expected<std::unique_ptr<client>> client::connect(const std::string& node, client_options options) {
+expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdns, client_options options) {
+  std::string node = node_or_mdns;
+  if (node.empty() || node == "mdns") {
+    auto found = find_node(options, options.connect_timeout);
+    if (!found) return tl::unexpected(found.error());
+    node = std::move(*found);
+  }
   const auto at = node.find('@');
   if (at == std::string::npos) return make_error(error_code::invalid_argument, "node \"" + node + "\" must be NODEID@HOST:PORT");
   auto id = transport::node_id::parse(node.substr(0, at));

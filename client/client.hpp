@@ -36,6 +36,12 @@ struct job_outcome {
 class client_impl;
 class client;
 
+/// Looks for a node of the mesh of `options.mesh_secret` (same mesh id and protocol version) on
+/// the LAN by mDNS (`_meshnode._udp` through avahi-daemon), browsing without announcing, and
+/// returns the first one found as "NODEID@HOST:PORT". Errors: none found within `timeout` (the
+/// message says what to check), or discovery could not start.
+expected<std::string> find_node(const client_options& options, std::chrono::milliseconds timeout);
+
 /// A model loaded once across a pipeline of peers (parameters resident on their devices), for
 /// repeated calls. Calls may overlap: each streams through the stages as a micro-batch.
 class inference_session {
@@ -58,6 +64,8 @@ class inference_session {
 class client {
  public:
   /// Connects to the node "NODEID@HOST:PORT" (see <state_dir>/endpoint of a running meshnode).
+  /// An empty `node` or "mdns" first looks for a node of the mesh with find_node(), waiting at
+  /// most `options.connect_timeout` for it, then connects within the same timeout again.
   static expected<std::unique_ptr<client>> connect(const std::string& node, client_options options = {});
   ~client();
 

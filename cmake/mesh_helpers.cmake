@@ -10,7 +10,13 @@ function(mesh_add_test name)
   if(NOT labels)
     set(labels unit)
   endif()
-  catch_discover_tests(${name} PROPERTIES LABELS "${labels}" ${arg_PROPERTIES} DISCOVERY_TIMEOUT 60)
+  # Labels are set from a file ctest reads after the discovered tests, not through PROPERTIES:
+  # Catch2 v2 flattens list values there, so LABELS "a;b" became LABELS a plus a bogus property
+  # "b" that swallowed the next name (RESOURCE_LOCK, TIMEOUT were silently lost).
+  catch_discover_tests(${name} TEST_LIST ${name}_TESTS PROPERTIES ${arg_PROPERTIES} DISCOVERY_TIMEOUT 60)
+  set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+  file(WRITE ${labels_file} "if(${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${labels}\")\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
 endfunction()
 
 # mesh_add_fuzzer(<name> SOURCES <files...> LIBS <libs...>)

@@ -36,10 +36,12 @@ class avahi_backend final : public backend {
 
   expected<void> start(const announcement& self, event_callback on_event) override {
     if (poll_) return make_error(error_code::invalid_argument, "avahi backend already started");
-    auto txt = encode_txt(self);
-    if (!txt) return forward_error(txt);
+    if (options_.announce) {
+      auto txt = encode_txt(self);
+      if (!txt) return forward_error(txt);
+      txt_ = std::move(*txt);
+    }
     self_ = self;
-    txt_ = std::move(*txt);
     on_event_ = std::move(on_event);
     name_ = options_.service_name.empty() ? "meshnode-" + self.node_id.substr(0, 12) : options_.service_name;
     state_ = std::make_unique<browse_state>(self, "avahi");
@@ -137,7 +139,7 @@ class avahi_backend final : public backend {
     switch (state) {
       case AVAHI_CLIENT_S_RUNNING:
         b->backoff_.reset();
-        if (!b->register_service(c) || !b->browse(c)) return;
+        if ((b->options_.announce && !b->register_service(c)) || !b->browse(c)) return;
         if (!b->up_) {
           b->up_ = true;
           b->down_ = false;
@@ -161,6 +163,11 @@ class avahi_backend final : public backend {
   }
 
   static void emit_up(avahi_backend* b) {
+    if (!b->options_.announce) {
+      spdlog::debug("discovery/avahi: browsing {} (not announcing)", service_type);
+      b->emit({event::backend_up, {}, "browsing only"});
+      return;
+    }
     spdlog::info("discovery/avahi: announcing '{}' and browsing {}", b->name_, service_type);
     b->emit({event::backend_up, {}, "announcing as '" + b->name_ + "'"});
   }

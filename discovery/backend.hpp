@@ -38,6 +38,10 @@ struct mdns_options {
   /// Reconnect back-off while the daemon is gone.
   std::chrono::milliseconds retry_initial{250};
   std::chrono::milliseconds retry_max{8000};
+  /// false: browse only, publish nothing. For a client looking for a node: it is no member, so
+  /// nodes must not find (and dial) it. `self` then needs only node_id (may be empty), mesh_id and
+  /// protocol_version, which classify what is found. Avahi backend only.
+  bool announce = true;
 };
 
 /// Avahi native client API with AvahiThreadedPoll (Linux).

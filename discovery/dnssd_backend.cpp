@@ -104,6 +104,8 @@ class dnssd_backend final : public backend {
 
   expected<void> start(const announcement& self, event_callback on_event) override {
     if (thread_.joinable()) return make_error(error_code::invalid_argument, "dns_sd backend already started");
+    if (!options_.announce)
+      return make_error(error_code::invalid_argument, "dns_sd backend: browsing without announcing is not supported (use the avahi backend)");
     auto entries = encode_txt(self);
     if (!entries) return forward_error(entries);
     auto wire = txt_to_wire(*entries);

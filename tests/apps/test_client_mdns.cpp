@@ -1,0 +1,94 @@
+// A client finds a meshnode by mDNS (find_node, client::connect("")). The node and this test use
+// a private avahi-daemon in a network namespace (discovery's lab), reached through
+// DBUS_SYSTEM_BUS_ADDRESS, so other nodes on the machine's LAN cannot answer. Needs root; skips
+// with the reason otherwise. Each TEST_CASE runs in its own process (libdbus reads the bus address
+// once per process).
+#include <sys/stat.h>
+
+#include <random>
+
+#include "discovery/lab/avahi_lab.hpp"
+#include "graph/builder.hpp"
+#include "node_harness.hpp"
+
+using namespace mesh;
+using namespace mesh::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A random mesh secret in a file meshnode accepts (64 hex digits, mode 0600).
+std::vector<uint8_t> write_secret(const std::filesystem::path& path) {
+  std::random_device rd;
+  std::vector<uint8_t> secret(32);
+  std::string hex;
+  for (auto& b : secret) {
+    b = static_cast<uint8_t>(rd());
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  std::ofstream(path) << hex << "\n";
+  ::chmod(path.c_str(), 0600);
+  return secret;
+}
+
+}  // namespace
+
+TEST_CASE("a client finds a meshnode by mDNS and runs a job on it", "[apps][mdns]") {
+  if (auto why = discovery::lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  discovery::lab::host daemon("climdns");
+  REQUIRE(daemon.start_daemon());
+  ::setenv("DBUS_SYSTEM_BUS_ADDRESS", daemon.bus_address().c_str(), 1);  // inherited by the node
+
+  temp_dir tmp;
+  // A mesh of its own: only this test's node is a member.
+  const auto secret = write_secret(tmp.path / "secret");
+  node_process node(tmp.path / "n", {"--mdns", "on", "--secret-file", (tmp.path / "secret").string()});
+  const std::string ep = node.endpoint();
+
+  client_options options;
+  options.mesh_secret = secret;
+  auto found = find_node(options, 20s);
+  INFO("node log:\n" << node.log());
+  REQUIRE(found);
+  CHECK(found->substr(0, found->find('@')) == ep.substr(0, ep.find('@')));
+  CHECK(found->substr(found->rfind(':')) == ep.substr(ep.rfind(':')));
+
+  options.connect_timeout = 20s;
+  auto c = client::connect("", options);
+  REQUIRE(c);
+  CHECK((*c)->node() == ep.substr(0, ep.find('@')));
+  builder b;
+  auto x = b.input("x", dtype::f32, {4});
+  b.output("y", x + 1.0);
+  auto r = (*c)->run(*b.finish(), {{"x", tensor::from_floats({4}, {1, 2, 3, 4})}}, {}, 60s);
+  REQUIRE(r);
+  CHECK(r->outputs.at("y").to_floats() == std::vector<float>{2, 3, 4, 5});
+
+  // Another mesh's client sees the node as foreign and gives up with a clear error.
+  client_options other;
+  other.mesh_secret.assign(32, 7);
+  auto none = find_node(other, 3s);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().message.find("no meshnode of this mesh answered on mDNS within 3 s") != std::string::npos);
+  CHECK(none.error().message.find("another mesh") != std::string::npos);
+}
+
+TEST_CASE("find_node without avahi-daemon fails after the timeout and says what to do", "[apps][mdns]") {
+  // A bus nobody listens on: the discovery backend reports the daemon unreachable.
+  ::setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/meshnode-test-bus", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto none = find_node({}, 1500ms);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == error_code::timeout);
+  CHECK(none.error().message.find("is avahi-daemon running? pass NODEID@HOST:PORT instead") != std::string::npos);
+  CHECK(waited >= 1400ms);
+  CHECK(waited < 10s);
+  auto c = client::connect("mdns", {.mesh_secret = {}, .connect_timeout = 1s});
+  REQUIRE_FALSE(c);
+  CHECK(c.error().message.find("no meshnode of this mesh answered on mDNS within 1 s") != std::string::npos);
+}
