@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meshnode developer script: one entry point for set-up, the demo and the tests.
 #
-#   ./dev.sh demo    install what is missing, build Release, run the demo
+#   ./dev.sh demo    install what is missing, build Release, run the demo (3 local meshnodes
+#                    train a small transformer; options after `demo` go to mesh-demo, see --help)
 #   ./dev.sh test    install what is missing, build Debug (+ASan/UBSan), run every test via ctest,
 #                    build the libFuzzer targets with clang and run each briefly
 #   ./dev.sh build [Release|Debug]   just build
@@ -128,7 +129,13 @@ run_fuzzers() {
 
 run_demo() {
   build build/release Release
-  "$root/build/release/apps/mesh-demo" "$@"
+  # The demo's nodes find each other by mDNS: start avahi-daemon when we can (and stop it after);
+  # without it the demo says so and gives the nodes static peers.
+  start_services
+  local rc=0
+  "$root/build/release/apps/mesh-demo" "$@" || rc=$?
+  stop_services
+  return $rc
 }
 
 cmd=${1:-help}

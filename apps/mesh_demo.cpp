@@ -3,7 +3,7 @@
 // transformer across them on additions the program writes itself, plots the loss, answers
 // held-out sums through pipelined inference, and stops the nodes.
 //
-//   mesh-demo [--nodes 3] [--steps 600] [--digits 2] [--device cpu] [--out demo-out]
+//   mesh-demo [--nodes 3] [--steps 600] [--digits 2] [--device cpu] [--out demo-out] (--help: all options)
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -64,11 +64,11 @@ std::string bar(double fraction, int width = 28) {
 
 int main(int argc, char** argv) {
   CLI::App cli{"mesh-demo: train a small transformer across local meshnode processes"};
-  int nodes = 3, steps = 600, digits = 2, layers = 2;
-  int64_t channels = 48;
+  int nodes = 3, steps = 600, digits = 2, layers = 1;
+  int64_t channels = 32;
   uint32_t micro_batches = 3;
-  int64_t batch = 32;
-  double lr = 3e-3;
+  int64_t batch = 64;
+  double lr = 1e-2;
   std::string device = "cpu", out = "demo-out", method = "dp";
   bool mdns = true;
   cli.add_option("--nodes", nodes, "meshnode processes to start")->check(CLI::Range(1, 16));
