@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "gpu/executor.hpp"
+#include "graph/builder.hpp"
 #include "graph/wire.hpp"
 
 namespace mesh {
@@ -99,6 +100,28 @@ expected<void> accumulate(std::vector<float>& buf, const tensor_map& outs, const
 }
 
 tensor f32_scalar(double v) { return tensor::scalar(v, dtype::f32); }
+
+/// The gradient graph as two programs that keep the gradients on the device: `first` stores each
+/// gradient into a resident accumulator "<prefix><grad name>", `more` adds to it; both return only
+/// the loss. A step's gradients then leave the device once, not once per micro-batch.
+expected<std::pair<graph, graph>> accumulating(const graph& grad, const std::vector<std::string>& grads,
+                                               const std::string& prefix) {
+  std::pair<graph, graph> out;
+  for (int more = 0; more < 2; ++more) {
+    builder b(grad);
+    for (const auto& name : grads) {
+      const expr g = b.at(grad.find_output(name));
+      const shape dims = g.dims();
+      const expr acc = b.parameter(prefix + name, dtype::f32, dims);
+      b.update(acc, more ? acc + g : g);
+    }
+    auto done = b.finish();
+    if (!done) return tl::unexpected(done.error());
+    done->outputs = {{"loss", grad.find_output("loss")}};
+    (more ? out.second : out.first) = std::move(*done);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -214,7 +237,9 @@ struct train_engine::worker_run {
   struct device_side {
     bool loaded = false;
     tensor_map initial;  ///< uploaded with the first task
-    gpu::program_id grad = 0, apply = 0, delta = 0, outer = 0;
+    gpu::program_id apply = 0, delta = 0, outer = 0;
+    gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
+    std::vector<std::string> acc_names;
     std::unique_ptr<data_order> order;
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
@@ -629,13 +654,23 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     auto& d = *w->dev;
     const auto& g = w->graphs;
     if (!d.loaded) {
-      for (auto [graph_ptr, slot] : {std::pair{g.grad.get(), &d.grad}, std::pair{g.apply.get(), &d.apply},
+      for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
                                      std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
         if (!graph_ptr) continue;
         auto p = ex.load(*graph_ptr);
         if (!p) return tl::unexpected(p.error());
         *slot = *p;
       }
+      const std::string prefix = "acc." + w->coordinator.substr(0, 8) + "." + std::to_string(w->train) + ".";
+      auto acc = accumulating(*g.grad, g.grads, prefix);
+      if (!acc) return tl::unexpected(acc.error());
+      auto first = ex.load(acc->first);
+      if (!first) return tl::unexpected(first.error());
+      auto more = ex.load(acc->second);
+      if (!more) return tl::unexpected(more.error());
+      d.acc_first = *first;
+      d.acc_more = *more;
+      for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
       if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
       d.initial.clear();
       d.loaded = true;
@@ -665,12 +700,16 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
       for (size_t i = 0; i < count; ++i) {
         auto in = take_rows(w->dataset, d.order->rows(first[i]));
         if (!in) return tl::unexpected(in.error());
-        auto out = ex.run(d.grad, *in);
+        auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
         if (!out) return tl::unexpected(out.error());
         loss_sum += out->at("loss").at(0);
-        if (auto ok = accumulate(sum, *out, g.grads); !ok) return ok;
       }
-      return {};
+      if (count == 0) return {};
+      auto acc = ex.get_parameters(d.acc_names);
+      if (!acc) return tl::unexpected(acc.error());
+      tensor_map by_grad;
+      for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
+      return accumulate(sum, by_grad, g.grads);
     };
     if (w->method == 0) {
       if (auto ok = gradients(micro.data(), micro.size(), r.buffer); !ok) return tl::unexpected(ok.error());

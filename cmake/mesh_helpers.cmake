@@ -6,6 +6,8 @@ function(mesh_add_test name)
   cmake_parse_arguments(arg "" "" "SOURCES;LIBS;LABELS;PROPERTIES" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
   target_link_libraries(${name} PRIVATE ${arg_LIBS} Catch2::Catch2WithMain)
+  # Helpers shared by the tests of several layers (tests/common/*.hpp).
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/common)
   set(labels ${arg_LABELS})
   if(NOT labels)
     set(labels unit)

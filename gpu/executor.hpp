@@ -65,7 +65,8 @@ class executor {
 };
 
 struct vulkan_options {
-  /// Substring of the device name to pick, or "discrete", "integrated", "cpu"; empty: the env
+  /// Substring of the device name to pick, "#N" for the N-th device (0-based, the driver's
+  /// order: one node per GPU of a multi-GPU host), or "discrete", "integrated", "cpu"; empty: the env
   /// variable MESH_DEVICE, else the best (discrete > integrated > virtual > cpu).
   std::string device;
   /// Enable VK_LAYER_KHRONOS_validation with a messenger that counts errors (also env

@@ -157,14 +157,18 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   int best = -1;
   VkPhysicalDevice chosen = VK_NULL_HANDLE;
   std::string names;
-  for (auto p : devices) {
+  // "#N": the N-th device in the driver's order (several identical GPUs in one host, one node each).
+  const int index = want.size() > 1 && want[0] == '#' ? std::atoi(want.c_str() + 1) : -1;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    auto p = devices[i];
     VkPhysicalDeviceProperties pr;
     vkGetPhysicalDeviceProperties(p, &pr);
     if (pr.apiVersion < VK_API_VERSION_1_1) continue;
     names += std::string(names.empty() ? "" : ", ") + pr.deviceName;
     int score = type_rank(pr.deviceType);
     if (!want.empty()) {
-      const bool match = want == type_name(pr.deviceType) || std::string(pr.deviceName).find(want) != std::string::npos;
+      const bool match = index >= 0 ? static_cast<size_t>(index) == i
+                                    : want == type_name(pr.deviceType) || std::string(pr.deviceName).find(want) != std::string::npos;
       if (!match) continue;
     }
     if (score > best) {

@@ -7,8 +7,10 @@ namespace mesh {
 namespace {
 
 /// Gradient of a broadcast: sum over the axes that were added or expanded, back to `to`'s shape.
-expr unbroadcast(const expr& g, const shape& to, source_loc loc) {
-  const shape& from = g.dims();
+/// `to` and `from` are copies: expr::dims() refers into the builder's node list, which the sum
+/// below may reallocate.
+expr unbroadcast(const expr& g, shape to, source_loc loc) {
+  const shape from = g.dims();
   const size_t off = from.size() - to.size();
   std::vector<int64_t> axes;
   for (size_t i = 0; i < from.size(); ++i)

@@ -46,6 +46,7 @@ class expr {
   node_id id() const { return id_; }
   builder* owner() const { return owner_; }
   /// Result shape and type (empty/f32 for a poisoned expression).
+  /// Refers into the builder's node list: copy it before adding nodes that may reallocate it.
   const shape& dims() const;
   dtype type() const;
   int64_t rank() const { return static_cast<int64_t>(dims().size()); }

@@ -221,3 +221,21 @@ TEST_CASE("gradients reject a non-scalar loss and give zeros for unused variable
   CHECK_FALSE(bad[0].ok());
   REQUIRE_FALSE(b2.finish());
 }
+
+TEST_CASE("gradients of a deep MLP (the builder's node list reallocates mid-rule)", "[graph][autodiff]") {
+  // Regression: unbroadcast held a reference to a shape inside the node list while adding nodes;
+  // a 4-layer MLP made the list grow at that moment and the bias gradients read freed memory.
+  builder b;
+  auto x = b.input("x", dtype::f32, {16, 2});
+  auto labels = b.input("labels", dtype::i32, {16});
+  auto net = nn::make_mlp(b, "mlp", {2, 8, 8, 8, 2});
+  b.output("loss", nn::cross_entropy(net(x), labels));
+  auto g = b.finish();
+  REQUIRE(g);
+  std::vector<node_id> params;
+  for (node_id i = 0; i < g->size(); ++i)
+    if ((*g)[i].op == op_kind::parameter) params.push_back(i);
+  auto gg = grad(*g, g->find_output("loss"), params);
+  REQUIRE(gg);
+  for (size_t i = 0; i < params.size(); ++i) CHECK(gg->g[gg->grads[i]].dims == (*g)[params[i]].dims);
+}

@@ -1,0 +1,66 @@
+// Health between real meshnode processes over a lossy link (a user-space UDP proxy: this kernel
+// has no netem): 10% loss raises no false Dead, a 1.2 s stall makes the peer Suspect, and it is
+// Healthy again when heartbeats return.
+#include <set>
+
+#include "impairment_proxy.hpp"
+#include "node_harness.hpp"
+
+using namespace mesh;
+using namespace mesh::test;
+using namespace std::chrono_literals;
+
+namespace {
+/// B's health as A sees it ("" while A does not list B).
+std::string health_of(client& c, const std::string& b_id) {
+  auto s = c.status(1s);
+  if (!s) return "";
+  for (const auto& p : s->peers)
+    if (p.node == b_id) return p.health;
+  return "";
+}
+}  // namespace
+
+TEST_CASE("10% loss raises no false Dead; a stall is Suspect, then Healthy again", "[apps][node][health]") {
+  temp_dir tmp;
+  node_process a(tmp.path / "a");
+  const std::string ea = a.endpoint();
+  const std::string a_id = ea.substr(0, ea.find('@'));
+  const uint16_t a_port = static_cast<uint16_t>(std::stoi(ea.substr(ea.rfind(':') + 1)));
+  impairment_proxy proxy(a_port, 0.10, 2ms);
+  // B reaches A only through the proxy, so every datagram between them crosses it.
+  node_process b(tmp.path / "b", {"--peer", a_id + "@127.0.0.1:" + std::to_string(proxy.port())});
+  const std::string eb = b.endpoint();
+  const std::string b_id = eb.substr(0, eb.find('@'));
+  auto c = client::connect(ea);
+  REQUIRE(c);
+  std::string state;
+  for (int i = 0; i < 300 && state != "healthy"; ++i) {
+    state = health_of(**c, b_id);
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(state == "healthy");
+
+  std::set<std::string> seen;
+  const auto watch = [&](std::chrono::milliseconds how_long) {
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    while (std::chrono::steady_clock::now() < until) {
+      seen.insert(health_of(**c, b_id));
+      std::this_thread::sleep_for(50ms);
+    }
+  };
+  watch(8s);  // 10% loss both ways
+  CHECK_FALSE(seen.count("dead"));
+  CHECK_FALSE(seen.count(""));
+  CHECK(proxy.dropped() > 0);
+  proxy.set_loss(1.0);  // a 1.2 s stall: nothing gets through
+  watch(1200ms);
+  proxy.set_loss(0.10);
+  watch(3s);
+  INFO("states seen: " << seen.size());
+  CHECK(seen.count("suspect"));
+  CHECK_FALSE(seen.count("dead"));
+  CHECK(health_of(**c, b_id) == "healthy");
+  CHECK(a.running());
+  CHECK(b.running());
+}
