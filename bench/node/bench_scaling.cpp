@@ -3,7 +3,7 @@
 // per device. Scaling efficiency = samples/s on n nodes / (n x samples/s on 1 node).
 //
 //   bench_scaling [--nodes 4] [--device-prefix "#"] [--steps 12] [--width 2048] [--rows 4096]
-//                 [--micro 8] [--meshnode PATH]
+//                 [--micro 8] [--compression f32|bf16|f16] [--meshnode PATH]
 // --device-prefix "#" gives node i the device "#i" (the i-th GPU); "cpu" gives every node the CPU.
 #include <chrono>
 #include <cstdio>
@@ -28,6 +28,7 @@ struct settings {
   int nodes = 4, steps = 12;
   int64_t width = 2048, rows = 4096, micro = 8;
   std::string device_prefix = "#", meshnode;
+  wire_format compression = wire_format::f32;
 };
 
 struct measured {
@@ -80,6 +81,7 @@ expected<measured> run(const settings& s, int n) {
   o.steps = static_cast<uint64_t>(s.steps);
   o.micro_batches = static_cast<uint32_t>(s.micro * n);
   o.optimizer = optim::adam_options{.lr = 1e-4};
+  o.compression = s.compression;
   // Steps 1-2 include loading and compiling: time from the end of step 2 to the last one.
   std::chrono::steady_clock::time_point t2{};
   uint64_t bytes = 0;
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
     else if (k == "--micro") s.micro = std::atoll(v.c_str());
     else if (k == "--device-prefix") s.device_prefix = v;
     else if (k == "--meshnode") s.meshnode = v;
+    else if (k == "--compression") s.compression = v == "bf16" ? wire_format::bf16 : v == "f16" ? wire_format::f16 : wire_format::f32;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
