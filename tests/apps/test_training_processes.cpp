@@ -138,3 +138,31 @@ TEST_CASE("checkpoint save -> load -> resume continues the same loss curve", "[a
   for (size_t i = 0; i < 12; ++i) CHECK(second->losses[i] == Approx(straight->losses[12 + i]).epsilon(1e-5));
   CHECK(max_difference(second->state, straight->state) < 1e-5);
 }
+
+TEST_CASE("a peer restarted mid-training rejoins with the current parameters", "[apps][train]") {
+  const auto p = moons();
+  three_nodes mesh;
+  auto c = client::connect(mesh.ea);
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  enum { before, killed, restarted } phase = before;
+  std::vector<uint32_t> peers;
+  auto r = trainer(**c, p.model, p.params, p.data, options(400)).fit([&](const train_progress_info& i) {
+    peers.push_back(i.peers);
+    if (phase == before && i.step == 10) {
+      mesh.c->kill(SIGKILL);
+      phase = killed;
+    } else if (phase == killed && i.peers == 2) {
+      // Same state directory, so the same node id: a crashed node coming back.
+      mesh.c = std::make_unique<node_process>(mesh.tmp.path / "c", std::vector<std::string>{"--peer", mesh.ea});
+      phase = restarted;
+    }
+  });
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  REQUIRE(phase == restarted);
+  CHECK(r->state.at("opt.adam.t").at(0) == 400.0);
+  CHECK(std::find(peers.begin(), peers.end(), 2u) != peers.end());
+  CHECK(peers.back() == 3);  // it was set up with the state of the moment and used again
+  CHECK(r->workers.size() == 3);
+}
