@@ -1,8 +1,10 @@
 #include "actors/job_engine.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "graph/fragment.hpp"
+#include "graph/staged_plan.hpp"
 #include "graph/wire.hpp"
 
 namespace mesh {
@@ -81,11 +83,7 @@ std::vector<outbound> job_engine::submit(const std::string& client, const msg::s
   auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
   if (!w) return reply_error(client, s.job, "the graph was rejected: " + w.error().to_string());
   if (s.strategy > static_cast<uint8_t>(strategy::automatic)) return reply_error(client, s.job, "unknown strategy " + std::to_string(s.strategy));
-  auto kind = static_cast<strategy>(s.strategy);
-  // The engine executes pipeline plans; data and tensor parallel plans are run by the trainer.
-  if (kind == strategy::automatic) kind = strategy::pipeline;
-  if (kind != strategy::pipeline)
-    return reply_error(client, s.job, std::string("one-shot jobs run as pipeline plans; ") + to_string(kind) + " is for training jobs");
+  const auto kind = static_cast<strategy>(s.strategy);
   auto split = split_tensors(w->g, w->tensors);
   if (!split) return reply_error(client, s.job, split.error().message);
   if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().message);
@@ -94,10 +92,76 @@ std::vector<outbound> job_engine::submit(const std::string& client, const msg::s
   const uint64_t id = new_job(client, s.job, std::make_shared<const graph>(std::move(w->g)), std::move(w->tensors), 0);
   job_state& j = jobs_.at(id);
   j.kind = kind;
-  std::vector<std::string> ids;
-  std::vector<device_profile> devices;
-  live_devices(ids, devices);
-  return launch(id, j, ids, partition(*j.g, devices, kind));
+  j.source = j.g;
+  const auto ids = workers();
+  return launch(id, j, ids, plan_job(j, ids));
+}
+
+std::vector<device_profile> job_engine::profiles_of(const std::vector<std::string>& nodes) const {
+  std::vector<device_profile> out;
+  for (const auto& n : nodes) out.push_back(n == self_ ? own_ : peers_.at(n));
+  return out;
+}
+
+expected<plan> job_engine::plan_job(const job_state& j, const std::vector<std::string>& nodes) const {
+  const auto devices = profiles_of(nodes);
+  if (j.kind != strategy::automatic) return partition(*j.source, devices, j.kind);
+  // The planner's cheapest plan may be one the stages cannot express (a data-parallel plan of a
+  // graph that mixes batch rows): choose among those that can run.
+  std::optional<plan> best;
+  std::string why;
+  for (auto c : {strategy::pipeline, strategy::data_parallel, strategy::tensor_parallel}) {
+    auto p = partition(*j.source, devices, c);
+    if (p && c != strategy::pipeline)
+      if (auto staged = stage_plan(*j.source, *p); !staged) p = tl::unexpected(staged.error());
+    if (!p) {
+      why += std::string(" ") + to_string(c) + ": " + p.error().message + ";";
+      continue;
+    }
+    if (!best || p->step_seconds < best->step_seconds) best = std::move(*p);
+  }
+  if (!best) return make_error(error_code::unsupported, "no strategy applies:" + why);
+  return *best;
+}
+
+expected<void> job_engine::adopt_plan(job_state& j, const std::vector<std::string>& nodes, plan p) {
+  if (p.kind == strategy::pipeline) {
+    j.g = j.source;
+    j.current = p;
+    j.stage_tensors.clear();
+  } else {
+    auto staged = stage_plan(*j.source, p);
+    if (!staged) return tl::unexpected(staged.error());
+    auto bound = staged_tensors(*staged, j.tensors);
+    if (!bound) return tl::unexpected(bound.error());
+    j.g = std::make_shared<const graph>(std::move(staged->g));
+    j.current = std::move(staged->stages);
+    j.stage_tensors = std::move(*bound);
+  }
+  j.source_plan = std::move(p);
+  j.plan_nodes = nodes;
+  j.stage_nodes.assign(j.current.stages.size(), "");
+  for (size_t s = 0; s < j.current.stages.size(); ++s)
+    if (!j.current.stages[s].nodes.empty()) j.stage_nodes[s] = nodes[static_cast<size_t>(j.current.stages[s].device)];
+  return {};
+}
+
+expected<plan> job_engine::replan_job(const job_state& j, const std::string& dead, std::vector<std::string>& nodes) const {
+  const auto pos = std::find(j.plan_nodes.begin(), j.plan_nodes.end(), dead);
+  std::vector<std::string> survivors;
+  for (const auto& n : j.plan_nodes)
+    if (n != dead) survivors.push_back(n);
+  const bool intact = pos != j.plan_nodes.end() && !survivors.empty() &&
+                      std::all_of(survivors.begin(), survivors.end(), [&](const std::string& n) { return n == self_ || peers_.count(n); });
+  if (intact) {
+    auto p = replan(*j.source, j.source_plan, static_cast<int>(pos - j.plan_nodes.begin()), profiles_of(survivors));
+    if (p) {
+      nodes = std::move(survivors);
+      return p;
+    }
+  }
+  nodes = workers();
+  return plan_job(j, nodes);
 }
 
 uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g,
@@ -121,14 +185,13 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
     sess = &it->second;
   } else {
     if (!p) return finish(id, j, false, "cannot plan the job: " + p.error().message);
-    j.current = std::move(*p);
-    j.stage_nodes.assign(j.current.stages.size(), "");
-    for (size_t s = 0; s < j.current.stages.size(); ++s)
-      if (!j.current.stages[s].nodes.empty()) j.stage_nodes[s] = nodes[static_cast<size_t>(j.current.stages[s].device)];
+    const std::string kind = to_string(p->kind);
+    if (auto ok = adopt_plan(j, nodes, std::move(*p)); !ok) return finish(id, j, false, "cannot run the " + kind + " plan: " + ok.error().message);
   }
   const plan& pl = sess ? sess->current : j.current;
   if (sess) j.stage_nodes = sess->stage_nodes;
   ++j.attempt;
+  j.stages_done = 0;
   j.state = "running";
   j.pending.clear();
   j.outputs.clear();
@@ -141,7 +204,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
     r.stage = static_cast<uint32_t>(s);
     r.coordinator = self_;
     for (const auto& t : pl.transfers)
-      if (t.from_stage == static_cast<int>(s)) r.routes.push_back({cut_name(t.value), j.stage_nodes[static_cast<size_t>(t.to_stage)]});
+      if (t.from_stage == static_cast<int>(s)) r.routes.push_back({cut_name(t.value), j.stage_nodes[static_cast<size_t>(t.to_stage)], static_cast<uint32_t>(t.to_stage)});
     const graph* frag = nullptr;
     graph one_shot;
     if (sess) {
@@ -154,11 +217,12 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
       frag = &one_shot;
     }
     wire_graph w{*frag, {}};
+    const tensor_map& bound = j.stage_tensors.empty() ? j.tensors : j.stage_tensors;
     for (const auto& n : frag->nodes) {
       if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
       if (is_cut(n.attrs.name)) r.awaited.push_back(n.attrs.name);
       else if (sess && n.op == op_kind::input) r.inputs.push_back({n.attrs.name, j.tensors.at(n.attrs.name)});
-      else if (!sess) w.tensors[n.attrs.name] = j.tensors.at(n.attrs.name);
+      else if (!sess) w.tensors[n.attrs.name] = bound.at(n.attrs.name);
     }
     // A session's fragment and parameters travel once per (epoch, node, stage).
     const bool send_fragment = !sess || !sess->loaded.count({j.stage_nodes[s], r.stage});
@@ -185,6 +249,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
   r.ok = ok;
   r.error = error;
   r.attempts = j.attempt;
+  r.strategy = static_cast<uint8_t>(j.source_plan.kind);
   if (ok && j.g)
     for (const auto& o : j.g->outputs) r.outputs.push_back({o.name, j.outputs.at(o.name)});
   for (const auto& n : j.stage_nodes)
@@ -193,7 +258,9 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
   j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count();
   j.pending.clear();
   j.g.reset();  // free the graph and tensors; the status line stays
+  j.source.reset();
   j.tensors.clear();
+  j.stage_tensors.clear();
   j.outputs.clear();
   by_client_.erase({j.client, j.client_job});
   std::vector<outbound> out{{j.client, std::move(r)}};
@@ -214,10 +281,21 @@ std::vector<outbound> job_engine::on_stage_done(const std::string& from, const m
   for (const auto& o : d.outputs)
     if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
   j.pending.erase(d.stage);
-  if (!j.pending.empty()) return {};
+  std::vector<outbound> out;
+  if (!j.session) {  // session calls are single micro-batches: no progress for them
+    const auto stages = std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); });
+    out.push_back({j.client, msg::job_progress{j.client_job, j.attempt, ++j.stages_done, static_cast<uint32_t>(stages), from}});
+  }
+  if (!j.pending.empty()) return out;
   for (const auto& o : j.g->outputs)
-    if (!j.outputs.count(o.name)) return finish(d.job, j, false, "no stage returned output \"" + o.name + "\"");
-  return finish(d.job, j, true, "");
+    if (!j.outputs.count(o.name)) {
+      auto failed = finish(d.job, j, false, "no stage returned output \"" + o.name + "\"");
+      out.insert(out.end(), failed.begin(), failed.end());
+      return out;
+    }
+  auto done = finish(d.job, j, true, "");
+  out.insert(out.end(), done.begin(), done.end());
+  return out;
 }
 
 // ---- coordinator: inference sessions ----
@@ -303,6 +381,8 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id) {
     it = std::get<0>(it->first) == id ? cache_.erase(it) : std::next(it);
   for (auto it = uncached_.begin(); it != uncached_.end();)
     it = std::get<0>(it->first) == id ? uncached_.erase(it) : std::next(it);
+  for (auto it = early_.begin(); it != early_.end();)
+    it = std::get<0>(it->first) == id ? early_.erase(it) : std::next(it);
   // Coordinator side: re-plan every running job and session that had a stage there.
   std::vector<std::string> old_ids;
   std::vector<device_profile> old_devices;
@@ -325,7 +405,9 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id) {
   for (auto& [jid, j] : jobs_) {
     if (j.state != "running") continue;
     if (j.session ? !replanned.count(j.session) && !uses_dead(j.stage_nodes) : !uses_dead(j.stage_nodes)) continue;
-    auto more = launch(jid, j, ids, j.session ? expected<plan>(plan{}) : new_plan(*j.g, j.current));
+    std::vector<std::string> nodes;
+    auto p = j.session ? expected<plan>(plan{}) : replan_job(j, id, nodes);
+    auto more = launch(jid, j, nodes, std::move(p));
     out.insert(out.end(), more.begin(), more.end());
   }
   return out;
@@ -394,7 +476,7 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
   if (waiting_.count(k)) return out;
   // Activations that arrived before the stage itself.
-  auto early = early_.find({r.coordinator, r.job, r.attempt});
+  auto early = early_.find(k);
   if (early != early_.end()) {
     for (auto it = early->second.begin(); it != early->second.end();) {
       if (ws.awaited.erase(it->first)) {
@@ -412,16 +494,17 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
 }
 
 std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
-  for (auto& [k, ws] : waiting_) {
-    if (std::get<0>(k) != a.coordinator || std::get<1>(k) != a.job || std::get<2>(k) != a.attempt) continue;
-    if (!ws.awaited.erase(a.value.name)) continue;
-    ws.task.inputs[a.value.name] = a.value.value;
-    promote_ready(k);
-    return {};
+  const stage_key k{a.coordinator, a.job, a.attempt, a.stage};
+  if (auto it = waiting_.find(k); it != waiting_.end()) {
+    if (it->second.awaited.erase(a.value.name)) {
+      it->second.task.inputs[a.value.name] = a.value.value;
+      promote_ready(k);
+    }
+    return {};  // a duplicate or a value the stage does not take
   }
   size_t buffered = 0;
-  for (const auto& [k, m] : early_) buffered += m.size();
-  if (buffered < max_early_activations) early_[{a.coordinator, a.job, a.attempt}][a.value.name] = a.value.value;
+  for (const auto& [key, m] : early_) buffered += m.size();
+  if (buffered < max_early_activations) early_[k][a.value.name] = a.value.value;
   return {};
 }
 
@@ -458,6 +541,7 @@ std::vector<outbound> job_engine::on_executed(const stage_task& t, const expecte
     a.coordinator = t.coordinator;
     a.job = t.job;
     a.attempt = t.attempt;
+    a.stage = r.stage;
     a.value = {r.value, v->second};
     out.push_back({r.to, std::move(a)});
   }
@@ -477,6 +561,7 @@ std::vector<msg::job_status> job_engine::jobs() const {
     s.state = j.state;
     s.stages = static_cast<uint32_t>(std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); }));
     s.attempts = j.attempt;
+    s.kind = j.session ? "inference" : to_string(j.source_plan.kind);
     s.seconds = j.state == "running" ? std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count() : j.seconds;
     out.push_back(s);
   }

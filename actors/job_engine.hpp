@@ -74,8 +74,16 @@ class job_engine {
     std::shared_ptr<const graph> g;
     tensor_map tensors;   ///< one-shot: inputs and parameters; session call: inputs
     uint64_t session = 0;  ///< internal session id for an inference call, else 0
-    strategy kind = strategy::pipeline;
+    strategy kind = strategy::pipeline;  ///< as asked (automatic: chosen at each planning)
     uint32_t attempt = 0;
+    // One-shot jobs: the graph and tensors as submitted, the plan made for them and the nodes it
+    // was made over (for re-planning when one dies); `g`, `current` and `stage_tensors` are the
+    // stages that plan became (graph/staged_plan.hpp; for a pipeline plan the same graph).
+    std::shared_ptr<const graph> source;
+    plan source_plan;
+    std::vector<std::string> plan_nodes;
+    tensor_map stage_tensors;  ///< empty when the stages bind `tensors` as they are
+    uint32_t stages_done = 0;
     plan current;
     std::vector<std::string> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
     std::set<uint32_t> pending;            ///< stages not done yet
@@ -102,7 +110,6 @@ class job_engine {
     std::set<std::string> awaited;
   };
   using stage_key = std::tuple<std::string, uint64_t, uint32_t, uint32_t>;  // coordinator, job, attempt, stage
-  using attempt_key = std::tuple<std::string, uint64_t, uint32_t>;
 
   std::vector<outbound> submit(const std::string& client, const msg::submit_job& s);
   std::vector<outbound> open(const std::string& client, const msg::open_session& o);
@@ -111,6 +118,15 @@ class job_engine {
   std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p);
   expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
   std::vector<outbound> finish(uint64_t id, job_state& j, bool ok, const std::string& error);
+  /// The plan for a one-shot job over `nodes`: its strategy, or for automatic the cheapest plan
+  /// that can run as stages.
+  expected<plan> plan_job(const job_state& j, const std::vector<std::string>& nodes) const;
+  /// Makes `p` (over `nodes`) the job's plan and turns it into stages.
+  expected<void> adopt_plan(job_state& j, const std::vector<std::string>& nodes, plan p);
+  /// A one-shot job's plan after `dead` died: survivors keep their part when every node of the
+  /// old plan but `dead` is still live, else a fresh plan. `nodes` receives the device list.
+  expected<plan> replan_job(const job_state& j, const std::string& dead, std::vector<std::string>& nodes) const;
+  std::vector<device_profile> profiles_of(const std::vector<std::string>& nodes) const;
   /// Registers a new job (or session call) of `client` and returns its internal id.
   uint64_t new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
                    uint64_t session);
@@ -138,7 +154,7 @@ class job_engine {
   /// streams, so they may arrive in any order); replayed when the fragment arrives.
   std::map<std::tuple<std::string, uint64_t, uint32_t>, std::vector<msg::run_stage>> uncached_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
-  std::map<attempt_key, tensor_map> early_;          // activations that came before their stage
+  std::map<stage_key, tensor_map> early_;            // activations that came before their stage
   std::deque<stage_task> ready_;
   size_t executing_ = 0;
 };

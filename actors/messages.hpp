@@ -19,7 +19,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 2;
+inline constexpr uint32_t protocol_version = 3;
 
 using mesh::named_tensor;
 
@@ -59,13 +59,25 @@ struct job_result {
   std::vector<named_tensor> outputs;
   uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
   std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
+  uint8_t strategy = 0;              ///< mesh::strategy the job ran with (one-shot jobs)
   bool operator==(const job_result&) const = default;
+};
+
+/// Node -> client: a stage of a one-shot job finished.
+struct job_progress {
+  uint64_t job = 0;          ///< the client's job id
+  uint32_t attempt = 0;      ///< > 1 after a re-plan (counts restart from 0)
+  uint32_t stages_done = 0;
+  uint32_t stages = 0;       ///< stages of this attempt
+  std::string worker;        ///< node id that ran the stage
+  bool operator==(const job_progress&) const = default;
 };
 
 /// Where a stage sends one of its cut outputs.
 struct route {
   std::string value;  ///< cut name, e.g. "cut.12"
   std::string to;     ///< node id (hex) of the consumer
+  uint32_t stage = 0; ///< the consuming stage (one node may run several stages of a job)
   bool operator==(const route&) const = default;
 };
 
@@ -119,6 +131,7 @@ struct activation {
   std::string coordinator;
   uint64_t job = 0;
   uint32_t attempt = 0;
+  uint32_t stage = 0;  ///< the stage that consumes it
   named_tensor value;
   bool operator==(const activation&) const = default;
 };
@@ -157,6 +170,7 @@ struct job_status {
   uint32_t stages = 0;
   uint32_t attempts = 0;
   double seconds = 0;
+  std::string kind;  ///< "pipeline", "data_parallel", "tensor_parallel", "training"
   bool operator==(const job_status&) const = default;
 };
 
@@ -278,7 +292,7 @@ struct train_progress {
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
-                             train_progress>;
+                             train_progress, job_progress>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -306,11 +320,16 @@ typename F::result_type inspect(F& f, submit_job& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, job_result& x) {
-  return f(caf::meta::type_name("job_result"), x.job, x.ok, x.error, x.outputs, x.attempts, x.workers);
+  return f(caf::meta::type_name("job_result"), x.job, x.ok, x.error, x.outputs, x.attempts, x.workers,
+           x.strategy);
+}
+template <class F>
+typename F::result_type inspect(F& f, job_progress& x) {
+  return f(caf::meta::type_name("job_progress"), x.job, x.attempt, x.stages_done, x.stages, x.worker);
 }
 template <class F>
 typename F::result_type inspect(F& f, route& x) {
-  return f(caf::meta::type_name("route"), x.value, x.to);
+  return f(caf::meta::type_name("route"), x.value, x.to, x.stage);
 }
 template <class F>
 typename F::result_type inspect(F& f, run_stage& x) {
@@ -319,7 +338,7 @@ typename F::result_type inspect(F& f, run_stage& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, activation& x) {
-  return f(caf::meta::type_name("activation"), x.coordinator, x.job, x.attempt, x.value);
+  return f(caf::meta::type_name("activation"), x.coordinator, x.job, x.attempt, x.stage, x.value);
 }
 template <class F>
 typename F::result_type inspect(F& f, stage_done& x) {
@@ -336,7 +355,8 @@ typename F::result_type inspect(F& f, peer_status& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, job_status& x) {
-  return f(caf::meta::type_name("job_status"), x.job, x.client, x.state, x.stages, x.attempts, x.seconds);
+  return f(caf::meta::type_name("job_status"), x.job, x.client, x.state, x.stages, x.attempts, x.seconds,
+           x.kind);
 }
 template <class F>
 typename F::result_type inspect(F& f, status_reply& x) {

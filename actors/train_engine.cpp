@@ -526,6 +526,7 @@ std::vector<msg::job_status> train_engine::jobs() const {
     s.state = c->state == "running" ? "training " + std::to_string(c->step) + "/" + std::to_string(c->spec.steps) : c->state;
     s.stages = static_cast<uint32_t>(c->members.size());
     s.attempts = c->attempt;
+    s.kind = "training";
     s.seconds = c->state == "running" ? std::chrono::duration<double>(std::chrono::steady_clock::now() - c->started).count() : c->seconds;
     out.push_back(s);
   }

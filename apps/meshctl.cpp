@@ -25,7 +25,7 @@ nlohmann::json to_json(const mesh::msg::status_reply& s) {
   j["jobs"] = nlohmann::json::array();
   for (const auto& x : s.jobs)
     j["jobs"].push_back({{"job", x.job}, {"client", x.client}, {"state", x.state}, {"stages", x.stages},
-                         {"attempts", x.attempts}, {"seconds", x.seconds}});
+                         {"attempts", x.attempts}, {"seconds", x.seconds}, {"kind", x.kind}});
   return j;
 }
 
@@ -39,10 +39,10 @@ void print_peers(const mesh::msg::status_reply& s) {
 }
 
 void print_jobs(const mesh::msg::status_reply& s) {
-  std::printf("%-6s %-10s %-8s %7s %9s %9s\n", "JOB", "CLIENT", "STATE", "STAGES", "ATTEMPTS", "SECONDS");
+  std::printf("%-6s %-10s %-16s %-8s %7s %9s %9s\n", "JOB", "CLIENT", "KIND", "STATE", "STAGES", "ATTEMPTS", "SECONDS");
   for (const auto& j : s.jobs)
-    std::printf("%-6llu %-10s %-8s %7u %9u %9.3f\n", static_cast<unsigned long long>(j.job), j.client.substr(0, 8).c_str(),
-                j.state.c_str(), j.stages, j.attempts, j.seconds);
+    std::printf("%-6llu %-10s %-16s %-8s %7u %9u %9.3f\n", static_cast<unsigned long long>(j.job), j.client.substr(0, 8).c_str(),
+                j.kind.c_str(), j.state.c_str(), j.stages, j.attempts, j.seconds);
 }
 
 void print_status(const mesh::msg::status_reply& s) {

@@ -21,6 +21,7 @@ class client_impl {
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
+  std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
 
   void fail_all(const std::string& why) {
     for (auto& [id, p] : jobs) p.set_value(make_error(error_code::network, why));
@@ -42,6 +43,15 @@ class client_impl {
       if (f) f(*p);
       return;
     }
+    if (auto* p = std::get_if<msg::job_progress>(&*decoded)) {
+      std::function<void(const job_progress_info&)> f;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (auto it = job_progress.find(p->job); it != job_progress.end()) f = it->second;
+      }
+      if (f) f({p->stages_done, p->stages, p->attempt, p->worker});
+      return;
+    }
     std::lock_guard<std::mutex> lock(m);
     if (auto* r = std::get_if<msg::job_result>(&*decoded)) {
       auto it = jobs.find(r->job);
@@ -53,10 +63,12 @@ class client_impl {
         for (auto& o : r->outputs) out.outputs[o.name] = std::move(o.value);
         out.attempts = r->attempts;
         out.workers = r->workers;
+        out.ran_as = r->strategy <= static_cast<uint8_t>(strategy::automatic) ? static_cast<strategy>(r->strategy) : strategy::pipeline;
         it->second.set_value(std::move(out));
       }
       jobs.erase(it);
       progress.erase(r->job);
+      job_progress.erase(r->job);
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
       auto it = statuses.find(s->id);
       if (it == statuses.end()) return;
@@ -189,6 +201,13 @@ inference_session::~inference_session() {
 
 std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
                                                   strategy s) {
+  job_options o;
+  o.how = s;
+  return submit(g, inputs, params, std::move(o));
+}
+
+std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                                  job_options options) {
   wire_graph w{g, inputs};
   for (const auto& [name, t] : params) w.tensors[name] = t;
   auto wire = encode(w);
@@ -197,8 +216,12 @@ std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_m
     failed.set_value(tl::unexpected(wire.error()));
     return failed.get_future();
   }
-  return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(s)},
-                 [](msg::submit_job& m, uint64_t id) { m.job = id; });
+  client_impl* impl = impl_.get();
+  return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(options.how)},
+                 [&](msg::submit_job& m, uint64_t id) {
+                   m.job = id;
+                   if (options.on_progress) impl->job_progress[id] = std::move(options.on_progress);
+                 });
 }
 
 std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
@@ -213,7 +236,14 @@ std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,
                                   std::chrono::milliseconds timeout) {
-  auto f = submit(g, inputs, params);
+  job_options o;
+  o.timeout = timeout;
+  return run(g, inputs, params, std::move(o));
+}
+
+expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options) {
+  const auto timeout = options.timeout;
+  auto f = submit(g, inputs, params, std::move(options));
   if (f.wait_for(timeout) != std::future_status::ready)
     return make_error(error_code::timeout, "the job did not finish within " + std::to_string(timeout.count()) + " ms");
   return f.get();

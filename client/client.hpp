@@ -31,6 +31,26 @@ struct job_outcome {
   tensor_map outputs;
   uint32_t attempts = 1;             ///< > 1 when a worker died and the job was re-planned
   std::vector<std::string> workers;  ///< node ids that ran a stage
+  strategy ran_as = strategy::pipeline;  ///< the plan's strategy (automatic: the one chosen)
+};
+
+/// A stage of a one-shot job finished (see job_options::on_progress).
+struct job_progress_info {
+  uint32_t stages_done = 0;
+  uint32_t stages = 0;   ///< stages of the current attempt
+  uint32_t attempt = 1;  ///< a re-plan after a worker died starts a new attempt (counts restart)
+  std::string worker;    ///< node id that ran the stage
+};
+
+/// How to run a one-shot job.
+struct job_options {
+  /// pipeline (cut the graph into stages), data_parallel (each node a share of the batch rows;
+  /// the graph must not mix rows), tensor_parallel (matmul weights split by columns), or
+  /// automatic (the cheapest of those that apply, by the nodes' measured speeds).
+  strategy how = strategy::pipeline;
+  /// Called on a client thread as stages finish; may use the client.
+  std::function<void(const job_progress_info&)> on_progress;
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);  ///< for run()
 };
 
 class client_impl;
@@ -71,8 +91,11 @@ class client {
 
   /// Submits `g` with its inputs and parameters; the future completes with the outputs or an error.
   std::future<expected<job_outcome>> submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                            job_options options);
+  std::future<expected<job_outcome>> submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
                                             strategy s = strategy::pipeline);
-  /// submit() and wait, at most `timeout`.
+  /// submit() and wait, at most `options.timeout`.
+  expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options);
   expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params,
                             std::chrono::milliseconds timeout = std::chrono::minutes(5));
   /// Loads `model` (outputs from inputs, no updates) with `params` across the mesh once.

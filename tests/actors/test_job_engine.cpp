@@ -1,6 +1,7 @@
 // The job engine of several nodes over a simulated network: a job split over 3 nodes equals the
 // local reference; a node dying mid-job makes the coordinator re-plan and the job still completes
-// correctly; bad graphs from a client get clear errors and every node keeps working.
+// correctly (pipeline, data- and tensor-parallel plans); bad graphs from a client get clear errors
+// and every node keeps working.
 #include <catch2/catch.hpp>
 
 #include <deque>
@@ -24,6 +25,7 @@ struct mesh_sim {
   std::deque<std::pair<std::string, outbound>> queue;  // (from, message)
   std::set<std::string> dead;
   std::vector<msg::job_result> results;  // what the client received
+  std::vector<msg::job_progress> progress;
   int delivered = 0;
   int fragments_sent = 0;  // run_stage messages that carried a fragment
   std::mt19937_64 rng{12345};
@@ -51,6 +53,7 @@ struct mesh_sim {
       ++delivered;
       if (o.to == "cli") {
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
+        if (auto* p = std::get_if<msg::job_progress>(&o.m)) progress.push_back(*p);
         continue;
       }
       if (auto* rs = std::get_if<msg::run_stage>(&o.m)) fragments_sent += !rs->wire.empty();
@@ -99,8 +102,36 @@ model mlp_job() {
   return out;
 }
 
-msg::submit_job submission(const model& m, uint64_t id) {
-  return {id, *encode(wire_graph{m.g, m.tensors}), static_cast<uint8_t>(strategy::pipeline)};
+msg::submit_job submission(const model& m, uint64_t id, strategy s = strategy::pipeline) {
+  return {id, *encode(wire_graph{m.g, m.tensors}), static_cast<uint8_t>(s)};
+}
+
+/// Rows computed from their own input row only: data parallel applies.
+model row_job() {
+  builder b;
+  auto x = b.input("x", dtype::f32, {17, 8});
+  auto m = nn::make_mlp(b, "mlp", {8, 32, 24, 4});
+  b.output("probs", nn::softmax(m(x)));
+  model out;
+  out.g = *b.finish();
+  out.tensors = nn::init_parameters(out.g, 9);
+  std::vector<double> xv(17 * 8);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::cos(0.7 * static_cast<double>(i));
+  out.tensors["x"] = tensor::from_values(dtype::f32, {17, 8}, xv);
+  tensor_map params = out.tensors;
+  params.erase("x");
+  out.reference = *evaluate(out.g, {{"x", out.tensors["x"]}}, params);
+  return out;
+}
+
+void check_outputs(const msg::job_result& r, const model& m) {
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(r.outputs.size() == m.reference.size());
+  for (const auto& o : r.outputs) {
+    CHECK(o.value.dims == m.reference.at(o.name).dims);
+    CHECK(normalised_error(o.value, m.reference.at(o.name)) < 1e-12);
+  }
 }
 
 }  // namespace
@@ -222,4 +253,62 @@ TEST_CASE("a session survives a dead worker: it is re-planned and calls still an
     CHECK(std::find(sim.results[i].workers.begin(), sim.results[i].workers.end(), "b") == sim.results[i].workers.end());
     for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
   }
+}
+
+TEST_CASE("data-parallel and tensor-parallel jobs equal the reference and report progress", "[actors][jobs]") {
+  const model m = row_job();
+  for (auto how : {strategy::data_parallel, strategy::tensor_parallel, strategy::automatic}) {
+    INFO(to_string(how));
+    mesh_sim sim({1, 2, 3});
+    sim.post("cli", {{"b", submission(m, 5, how)}});
+    sim.run();
+    REQUIRE(sim.results.size() == 1);
+    check_outputs(sim.results[0], m);
+    const auto ran = static_cast<strategy>(sim.results[0].strategy);
+    if (how != strategy::automatic) CHECK(ran == how);
+    if (ran != strategy::pipeline) CHECK(sim.results[0].workers.size() >= 3);
+    // One progress message per stage, counting 1..stages (the simulated network reorders them).
+    REQUIRE_FALSE(sim.progress.empty());
+    std::set<uint32_t> counts;
+    for (const auto& p : sim.progress) {
+      CHECK(p.stages == sim.progress.front().stages);
+      counts.insert(p.stages_done);
+    }
+    CHECK(counts.size() == sim.progress.front().stages);
+    CHECK(*counts.rbegin() == sim.progress.front().stages);
+    CHECK(sim.nodes.at("b").jobs().at(0).kind == to_string(ran));
+  }
+}
+
+TEST_CASE("a node dying mid-job re-plans data- and tensor-parallel jobs too", "[actors][jobs]") {
+  const model m = row_job();
+  for (auto how : {strategy::data_parallel, strategy::tensor_parallel}) {
+    for (const char* victim : {"a", "c"}) {
+      INFO(to_string(how) << ", " << victim << " dies");
+      mesh_sim sim;
+      sim.post("cli", {{"b", submission(m, 3, how)}});
+      sim.run(2);
+      sim.kill(victim);
+      sim.run();
+      REQUIRE(sim.results.size() == 1);
+      check_outputs(sim.results[0], m);
+      CHECK(sim.results[0].attempts == 2);
+      CHECK(std::find(sim.results[0].workers.begin(), sim.results[0].workers.end(), victim) == sim.results[0].workers.end());
+    }
+  }
+}
+
+TEST_CASE("data parallel on a graph that mixes batch rows is refused; automatic still runs it", "[actors][jobs]") {
+  const model m = mlp_job();  // its "hidden_sum" adds over every row
+  mesh_sim sim;
+  sim.post("cli", {{"a", submission(m, 1, strategy::data_parallel)}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  CHECK_FALSE(sim.results[0].ok);
+  CHECK(sim.results[0].error.find("batch axis") != std::string::npos);
+  sim.post("cli", {{"a", submission(m, 2, strategy::automatic)}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  check_outputs(sim.results[1], m);
+  CHECK(static_cast<strategy>(sim.results[1].strategy) != strategy::data_parallel);
 }

@@ -14,12 +14,12 @@ std::vector<message> samples() {
   return {hello{7, "llvmpipe", "cpu", 12.5, 3.25, 1 << 30, false},
           heartbeat{7, 42, 3},
           submit_job{9, {'a', 'b', 'c'}, 3},
-          job_result{9, true, "", {{"y", t}}, 2, {"ab", "cd"}},
-          run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b"}}, 17, {{"x", t}}},
-          activation{"coord", 1, 2, {"cut.4", t}},
+          job_result{9, true, "", {{"y", t}}, 2, {"ab", "cd"}, 1},
+          run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b", 4}}, 17, {{"x", t}}},
+          activation{"coord", 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}},
           status_request{5},
-          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5}}},
+          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5, "data_parallel"}}},
           open_session{3, {'g'}},
           infer{3, 4, {{"x", t}}},
           close_session{3},
@@ -30,7 +30,8 @@ std::vector<message> samples() {
           allreduce_piece{5, "node-a", 77, 2, 1, {1, 2, 3, 4}},
           train_reduced{5, 3, 2, true, "", 0.75, 4096},
           train_state{5, 4, {{"w", t}}},
-          train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192}};
+          train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192},
+          job_progress{9, 2, 3, 5, "node-b"}};
 }
 }  // namespace
 
@@ -64,7 +65,7 @@ TEST_CASE("truncated, extended, mutated and unknown messages are errors", "[acto
   REQUIRE_FALSE(r);
   CHECK(r.error().message.find("unknown message kind") != std::string::npos);
   // A tensor whose byte count does not match its shape is refused after parsing.
-  activation bad{"c", 1, 1, {"x", tensor::from_values(dtype::f32, {3}, {1, 2, 3})}};
+  activation bad{"c", 1, 1, 0, {"x", tensor::from_values(dtype::f32, {3}, {1, 2, 3})}};
   bad.value.value.bytes.pop_back();
   auto bytes = *encode_message(bad);
   auto rb = decode_message(bytes.data(), bytes.size());

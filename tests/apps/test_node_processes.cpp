@@ -1,6 +1,8 @@
-// Real meshnode processes on loopback: jobs split over three nodes, a node killed with SIGKILL,
+// Real meshnode processes on loopback: jobs split over three nodes (pipeline, data and tensor
+// parallel, with progress), a node killed with SIGKILL,
 // bad input from a client, a wrong mesh secret, and the executor's supervised restarts.
 #include <cmath>
+#include <mutex>
 
 #include "graph/nn.hpp"
 #include "node_harness.hpp"
@@ -49,6 +51,45 @@ TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[
   REQUIRE(s);
   REQUIRE(s->jobs.size() == 1);
   CHECK(s->jobs[0].state == "done");
+}
+
+TEST_CASE("data-parallel, tensor-parallel and automatic jobs over 3 processes, with progress", "[apps][node]") {
+  three_nodes mesh3;
+  auto cl = client::connect(mesh3.ea);
+  REQUIRE(cl);
+  REQUIRE(wait_for_peers(**cl, 2));
+  const job j = mlp_job(48, 64);
+  for (auto how : {strategy::data_parallel, strategy::tensor_parallel, strategy::automatic}) {
+    INFO(to_string(how));
+    std::mutex m;
+    std::vector<job_progress_info> seen;
+    job_options o;
+    o.how = how;
+    o.timeout = 60s;
+    o.on_progress = [&](const job_progress_info& p) {
+      std::lock_guard<std::mutex> lock(m);
+      seen.push_back(p);
+    };
+    auto r = (*cl)->run(j.g, j.inputs, j.params, o);
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r);
+    if (how != strategy::automatic) {
+      CHECK(r->ran_as == how);
+      CHECK(r->workers.size() >= 3);  // every node computed part of it
+    }
+    CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
+    // Progress and a small result travel in order on the control stream, and the client calls
+    // back before it completes the future: every stage has been reported by now.
+    std::lock_guard<std::mutex> lock(m);
+    REQUIRE_FALSE(seen.empty());
+    CHECK(seen.back().stages_done == seen.back().stages);
+    CHECK(seen.size() == seen.back().stages);
+  }
+  auto s = (*cl)->status();
+  REQUIRE(s);
+  REQUIRE(s->jobs.size() == 3);
+  CHECK(s->jobs[0].kind == "data_parallel");
+  CHECK(s->jobs[1].kind == "tensor_parallel");
 }
 
 TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivors", "[apps][node]") {
