@@ -1,7 +1,7 @@
-// The actor system of a node: a supervisor with two children, the node core (transport bridge,
-// membership, health, job engine, status) and the executor (the device). The pure logic lives in
-// job_engine and health_monitor; these actors only move messages between them, the endpoint and
-// the device.
+// The actor system of a node: a supervisor over the bridge (endpoint events in), membership,
+// health, jobs, status and the executor (the device). The pure logic lives in job_engine,
+// train_engine and health_monitor; these actors only move messages between them, the endpoint
+// and the device.
 #include "actors/node.hpp"
 
 #include <caf/all.hpp>
@@ -33,8 +33,45 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::msg::message>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::train_task>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::expected<mesh::train_work_result>>)
 
+// Types that travel between the node's actors inside this process (never on the wire).
+namespace mesh::node_types {
+
+/// What every actor of the node needs to know about it; fixed for the node's lifetime.
+struct node_context {
+  transport::endpoint* ep = nullptr;
+  std::string self_id;
+  msg::hello own;
+  node_config cfg;
+  mono_time started{};
+};
+using context_ptr = std::shared_ptr<const node_context>;
+
+struct node_actors {
+  caf::actor bridge, membership, health, jobs, status;
+};
+using actors_ptr = std::shared_ptr<const node_actors>;
+
+using member_map = std::map<std::string, msg::hello>;  ///< peers that said hello, clients included
+using members_ptr = std::shared_ptr<const member_map>;
+
+struct peer_vitals {
+  std::string health;
+  uint32_t running_stages = 0;
+};
+using vitals_map = std::map<std::string, peer_vitals>;
+using vitals_ptr = std::shared_ptr<const vitals_map>;
+
+}  // namespace mesh::node_types
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_types::actors_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_types::members_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_types::vitals_ptr)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const std::vector<mesh::msg::job_status>>)
+
 namespace mesh {
 namespace {
+
+using namespace node_types;
 
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using beat_atom = caf::atom_constant<caf::atom("beat")>;
@@ -46,6 +83,11 @@ using done_atom = caf::atom_constant<caf::atom("done")>;
 using crash_atom = caf::atom_constant<caf::atom("crash")>;
 using executor_atom = caf::atom_constant<caf::atom("executor")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using wire_atom = caf::atom_constant<caf::atom("wire")>;
+using add_atom = caf::atom_constant<caf::atom("add")>;
+using remove_atom = caf::atom_constant<caf::atom("remove")>;
+using load_atom = caf::atom_constant<caf::atom("load")>;
+using view_atom = caf::atom_constant<caf::atom("view")>;
 
 mono_time now_mono() { return std::chrono::steady_clock::now().time_since_epoch(); }
 
@@ -139,144 +181,20 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
   };
 }
 
-// ---- node core: transport bridge, membership, health, jobs, status ----
+// ---- the node's long-lived actors ----
+//
+// bridge      endpoint events in: decodes every message and routes it to the actor that owns it
+// membership  who is in the mesh (hellos), peer exchange; tells health and jobs who came and went
+// health      heartbeats in and out, phi-accrual; a Dead peer is disconnected and reported
+// jobs        the job coordinators and workers (job_engine) and training (train_engine); runs
+//             stages on the executor
+// status      answers status requests from the views of membership, health and jobs
+//
+// They refer to each other, so the supervisor spawns them all and then sends each the handles.
 
-struct peer_entry {
-  bool hello_seen = false;
-  msg::hello info;
-  uint32_t running_stages = 0;
-};
 
-struct core_state {
-  transport::endpoint* ep = nullptr;
-  std::string self_id;
-  std::unique_ptr<job_engine> engine;
-  std::unique_ptr<train_engine> trainer;
-  std::unique_ptr<health_monitor> health;
-  msg::hello own;
-  std::map<std::string, peer_entry> peers;
-  caf::actor executor;
-  std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
-  std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
-  uint64_t beat_seq = 0;
-  int restarts = 0;
-  mono_time started{};
-};
-
-using core_actor_t = caf::stateful_actor<core_state>;
-
-void send_to(core_actor_t* self, const std::string& to, const msg::message& m);
-
-void dispatch(core_actor_t* self, std::vector<outbound> out) {
-  for (auto& o : out) send_to(self, o.to, o.m);
-}
-
-void run_ready(core_actor_t* self) {
-  for (auto& t : self->state.engine->take_ready()) {
-    auto task = std::make_shared<stage_task>(std::move(t));
-    self->state.in_flight[task.get()] = task;
-    self->send(self->state.executor, run_atom::value, task);
-  }
-  for (auto& t : self->state.trainer->take_ready()) {
-    auto task = std::make_shared<train_task>(std::move(t));
-    self->state.train_in_flight[task.get()] = task;
-    self->send(self->state.executor, run_atom::value, task);
-  }
-}
-
-void handle(core_actor_t* self, const std::string& from, const msg::message& m) {
-  auto& st = self->state;
-  if (auto* h = std::get_if<msg::hello>(&m)) {
-    auto& p = st.peers[from];
-    p.hello_seen = true;
-    p.info = *h;
-    if (!h->is_client) {
-      st.health->add_peer(from, h->incarnation, now_mono());
-      st.engine->peer_up(from, {from, h->gflops, h->mem_gbps, 1.0, static_cast<int64_t>(h->memory_bytes)});
-      st.trainer->peer_up(from);
-      spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.substr(0, 8), h->device_name, h->gflops);
-      // Peer exchange: tell the newcomer where the other members are.
-      std::vector<discovery::peer_info> members;
-      for (const auto& [id, p] : st.peers) {
-        if (id == from || !p.hello_seen || p.info.is_client) continue;
-        auto nid = transport::node_id::parse(id);
-        auto stats = nid ? st.ep->stats(*nid) : std::nullopt;
-        if (!stats) continue;
-        const auto colon = stats->remote_address.rfind(':');
-        if (colon == std::string::npos) continue;
-        std::string host = stats->remote_address.substr(0, colon);
-        if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-        discovery::peer_info info;
-        info.node_id = id;
-        info.addresses = {host};
-        info.port = static_cast<uint16_t>(std::atoi(stats->remote_address.c_str() + colon + 1));
-        members.push_back(std::move(info));
-      }
-      if (!members.empty()) send_to(self, from, msg::peer_exchange{discovery::encode_pex(members)});
-    }
-    return;
-  }
-  if (auto* px = std::get_if<msg::peer_exchange>(&m)) {
-    auto entries = discovery::decode_pex(px->pex);
-    if (!entries) {
-      spdlog::warn("bad peer exchange from {}: {}", from.substr(0, 8), entries.error().message);
-      return;
-    }
-    for (const auto& e : *entries) {
-      if (e.node_id == st.self_id || st.peers.count(e.node_id)) continue;
-      auto nid = transport::node_id::parse(e.node_id);
-      if (!nid) continue;
-      std::vector<std::string> addrs;
-      for (const auto& a : e.addresses) addrs.push_back(host_port(a, e.port));
-      spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
-      st.ep->dial(*nid, addrs);
-    }
-    return;
-  }
-  if (auto* hb = std::get_if<msg::heartbeat>(&m)) {
-    st.peers[from].running_stages = hb->running_stages;
-    for (auto& tr : st.health->on_heartbeat(from, hb->incarnation, now_mono()))
-      spdlog::info("peer {}: {} -> {}", tr.peer.substr(0, 8), to_string(tr.from), to_string(tr.to));
-    return;
-  }
-  if (auto* rq = std::get_if<msg::status_request>(&m)) {
-    msg::status_reply r;
-    r.id = rq->id;
-    r.node = st.self_id;
-    r.device = st.own.device_name + " (" + st.own.device_kind + ")";
-    r.gflops = st.own.gflops;
-    r.uptime_s = std::chrono::duration<double>(now_mono() - st.started).count();
-    for (const auto& [id, p] : st.peers) {
-      if (!p.hello_seen || p.info.is_client) continue;
-      msg::peer_status ps;
-      ps.node = id;
-      ps.health = to_string(st.health->state(id));
-      ps.device = p.info.device_name;
-      ps.gflops = p.info.gflops;
-      ps.running_stages = p.running_stages;
-      if (auto nid = transport::node_id::parse(id))
-        if (auto s = st.ep->stats(*nid)) {
-          ps.address = s->remote_address;
-          ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
-        }
-      r.peers.push_back(ps);
-    }
-    r.jobs = st.engine->jobs();
-    for (auto& j : st.trainer->jobs()) r.jobs.push_back(std::move(j));
-    send_to(self, from, r);
-    return;
-  }
-  dispatch(self, st.engine->on_message(from, m));
-  dispatch(self, st.trainer->on_message(from, m));
-  run_ready(self);
-}
-
-void send_to(core_actor_t* self, const std::string& to, const msg::message& m) {
-  auto& st = self->state;
-  if (to == st.self_id) {  // our own stages and results: through the mailbox, like any message
-    self->send(self, inbound_atom::value, st.self_id, std::make_shared<msg::message>(m));
-    return;
-  }
+/// Sends `m` to a peer (not to this node). The endpoint is thread-safe: any actor may send.
+void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
   auto id = transport::node_id::parse(to);
   auto bytes = msg::encode_message(m);
   if (!id || !bytes) return;
@@ -286,45 +204,232 @@ void send_to(core_actor_t* self, const std::string& to, const msg::message& m) {
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
                   : bytes->size() > bulk_threshold          ? transport::channel::bulk
                                                             : transport::channel::control;
-  if (auto ok = st.ep->send(*id, ch, std::move(*bytes)); !ok)
+  if (auto ok = ctx.ep->send(*id, ch, std::move(*bytes)); !ok)
     spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.substr(0, 8), ok.error().message);
 }
 
-void peer_gone(core_actor_t* self, const std::string& id, const std::string& why) {
-  auto& st = self->state;
-  auto it = st.peers.find(id);
-  if (it == st.peers.end()) return;
-  const bool worker = it->second.hello_seen && !it->second.info.is_client;
-  st.peers.erase(it);
-  st.health->remove_peer(id);
-  if (worker) spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
-  dispatch(self, st.engine->peer_dead(id));
-  dispatch(self, st.trainer->peer_dead(id));
-  run_ready(self);
+using message_ptr = std::shared_ptr<msg::message>;
+
+// ---- bridge ----
+
+struct bridge_state {
+  node_actors a;
+};
+
+caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr ctx) {
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](up_atom, std::string id) { send_peer(*ctx, id, ctx->own); },  // our hello comes first
+      [=](down_atom, std::string id, std::string why) { self->send(self->state.a.membership, down_atom::value, id, why); },
+      [=](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
+        auto m = msg::decode_message(bytes.data(), bytes.size());
+        if (!m) {
+          spdlog::warn("dropped a message from {}: {}", from.substr(0, 8), m.error().message);
+          return;
+        }
+        const auto& a = self->state.a;
+        const caf::actor& owner = std::holds_alternative<msg::hello>(*m) || std::holds_alternative<msg::peer_exchange>(*m) ? a.membership
+                                  : std::holds_alternative<msg::heartbeat>(*m)                                             ? a.health
+                                  : std::holds_alternative<msg::status_request>(*m)                                        ? a.status
+                                                                                                                           : a.jobs;
+        self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
+      },
+  };
 }
 
-caf::behavior core_actor(core_actor_t* self, transport::endpoint* ep, msg::hello own, node_config cfg) {
-  auto& st = self->state;
-  st.ep = ep;
-  st.self_id = ep->id().to_string();
-  st.own = own;
-  st.started = now_mono();
+// ---- membership ----
+
+
+struct membership_state {
+  node_actors a;
+  member_map peers;
+};
+
+/// Tells the newcomer `to` where the other members are (peer exchange).
+void send_peer_exchange(const node_context& ctx, const member_map& peers, const std::string& to) {
+  std::vector<discovery::peer_info> members;
+  for (const auto& [id, hello] : peers) {
+    if (id == to || hello.is_client) continue;
+    auto nid = transport::node_id::parse(id);
+    auto stats = nid ? ctx.ep->stats(*nid) : std::nullopt;
+    if (!stats) continue;
+    const auto colon = stats->remote_address.rfind(':');
+    if (colon == std::string::npos) continue;
+    std::string host = stats->remote_address.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    discovery::peer_info info;
+    info.node_id = id;
+    info.addresses = {host};
+    info.port = static_cast<uint16_t>(std::atoi(stats->remote_address.c_str() + colon + 1));
+    members.push_back(std::move(info));
+  }
+  if (!members.empty()) send_peer(ctx, to, msg::peer_exchange{discovery::encode_pex(members)});
+}
+
+caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, context_ptr ctx) {
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](inbound_atom, std::string from, message_ptr m) {
+        auto& st = self->state;
+        if (auto* h = std::get_if<msg::hello>(m.get())) {
+          st.peers[from] = *h;
+          if (h->is_client) return;
+          self->send(st.a.health, add_atom::value, from, h->incarnation);
+          self->send(st.a.jobs, up_atom::value, from, m);
+          spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.substr(0, 8), h->device_name, h->gflops);
+          send_peer_exchange(*ctx, st.peers, from);
+        } else if (auto* px = std::get_if<msg::peer_exchange>(m.get())) {
+          auto entries = discovery::decode_pex(px->pex);
+          if (!entries) {
+            spdlog::warn("bad peer exchange from {}: {}", from.substr(0, 8), entries.error().message);
+            return;
+          }
+          for (const auto& e : *entries) {
+            if (e.node_id == ctx->self_id || st.peers.count(e.node_id)) continue;
+            auto nid = transport::node_id::parse(e.node_id);
+            if (!nid) continue;
+            std::vector<std::string> addrs;
+            for (const auto& addr : e.addresses) addrs.push_back(host_port(addr, e.port));
+            spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
+            ctx->ep->dial(*nid, addrs);
+          }
+        }
+      },
+      // The connection closed, or health declared the peer Dead.
+      [=](down_atom, std::string id, std::string why) {
+        auto& st = self->state;
+        auto it = st.peers.find(id);
+        if (it == st.peers.end()) return;
+        const bool worker = !it->second.is_client;
+        st.peers.erase(it);
+        if (worker) {
+          spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
+          self->send(st.a.health, remove_atom::value, id);
+        }
+        self->send(st.a.jobs, down_atom::value, id, why);
+      },
+      [=](view_atom) { return std::make_shared<const member_map>(self->state.peers); },
+  };
+}
+
+// ---- health ----
+
+
+struct health_state {
+  node_actors a;
+  std::unique_ptr<health_monitor> monitor;
+  std::map<std::string, uint32_t> load;  ///< running stages each peer reported
+  uint32_t own_load = 0;
+  uint64_t beat_seq = 0;
+};
+
+void log_transition(const health_transition& tr) {
+  spdlog::info("peer {}: {} -> {}", tr.peer.substr(0, 8), to_string(tr.from), to_string(tr.to));
+}
+
+caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr ctx) {
   health_config hc;
-  hc.heartbeat_interval = cfg.heartbeat;
-  hc.dead_after = cfg.dead_after;
-  hc.min_suspect_silence = 3 * cfg.heartbeat;
-  st.health = std::make_unique<health_monitor>(hc);
-  st.engine = std::make_unique<job_engine>(st.self_id, device_profile{st.self_id, own.gflops, own.mem_gbps, 1.0,
-                                                                      static_cast<int64_t>(own.memory_bytes)},
-                                           cfg.limits);
-  st.trainer = std::make_unique<train_engine>(st.self_id, cfg.limits);
+  hc.heartbeat_interval = ctx->cfg.heartbeat;
+  hc.dead_after = ctx->cfg.dead_after;
+  hc.min_suspect_silence = 3 * ctx->cfg.heartbeat;
+  self->state.monitor = std::make_unique<health_monitor>(hc);
   self->send(self, tick_atom::value);
   self->send(self, beat_atom::value);
   return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](add_atom, std::string id, uint64_t incarnation) { self->state.monitor->add_peer(id, incarnation, now_mono()); },
+      [=](remove_atom, std::string id) {
+        self->state.monitor->remove_peer(id);
+        self->state.load.erase(id);
+      },
+      [=](load_atom, uint32_t running) { self->state.own_load = running; },
+      [=](inbound_atom, std::string from, message_ptr m) {
+        auto* hb = std::get_if<msg::heartbeat>(m.get());
+        if (!hb) return;
+        self->state.load[from] = hb->running_stages;
+        for (auto& tr : self->state.monitor->on_heartbeat(from, hb->incarnation, now_mono())) log_transition(tr);
+      },
+      [=](tick_atom) {
+        auto& st = self->state;
+        for (auto& tr : st.monitor->tick(now_mono())) {
+          log_transition(tr);
+          if (tr.to != peer_health::dead) continue;
+          if (auto id = transport::node_id::parse(tr.peer)) ctx->ep->disconnect(*id);
+          self->send(st.a.membership, down_atom::value, tr.peer, std::string("no heartbeats"));
+        }
+        self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
+      },
+      [=](beat_atom) {
+        auto& st = self->state;
+        const msg::heartbeat hb{ctx->own.incarnation, ++st.beat_seq, st.own_load};
+        for (const auto& id : st.monitor->peers())
+          if (st.monitor->state(id) != peer_health::dead) send_peer(*ctx, id, hb);
+        self->delayed_send(self, ctx->cfg.heartbeat, beat_atom::value);
+      },
+      [=](view_atom) {
+        auto& st = self->state;
+        auto v = std::make_shared<vitals_map>();
+        for (const auto& id : st.monitor->peers()) (*v)[id] = {to_string(st.monitor->state(id)), st.load.count(id) ? st.load.at(id) : 0};
+        return vitals_ptr(std::move(v));
+      },
+  };
+}
+
+// ---- jobs: coordinators and workers of one-shot jobs, sessions and training ----
+
+struct jobs_state {
+  node_actors a;
+  std::unique_ptr<job_engine> engine;
+  std::unique_ptr<train_engine> trainer;
+  caf::actor executor;
+  std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
+  std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
+  uint32_t reported_load = 0;
+};
+
+using jobs_actor_t = caf::stateful_actor<jobs_state>;
+
+void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to, const msg::message& m) {
+  if (to == ctx.self_id)  // our own stages and results: through the mailbox, like any message
+    self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
+  else
+    send_peer(ctx, to, m);
+}
+
+void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
+  for (auto& o : out) send_to(self, ctx, o.to, o.m);
+}
+
+/// Hands ready stages to the executor and tells health our load (heartbeats carry it).
+void run_ready(jobs_actor_t* self) {
+  auto& st = self->state;
+  for (auto& t : st.engine->take_ready()) {
+    auto task = std::make_shared<stage_task>(std::move(t));
+    st.in_flight[task.get()] = task;
+    self->send(st.executor, run_atom::value, task);
+  }
+  for (auto& t : st.trainer->take_ready()) {
+    auto task = std::make_shared<train_task>(std::move(t));
+    st.train_in_flight[task.get()] = task;
+    self->send(st.executor, run_atom::value, task);
+  }
+  const auto load = static_cast<uint32_t>(st.engine->running_stages());
+  if (load != st.reported_load && st.a.health) self->send(st.a.health, load_atom::value, load);
+  st.reported_load = load;
+}
+
+caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
+  auto& st = self->state;
+  const auto& own = ctx->own;
+  st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id, own.gflops, own.mem_gbps, 1.0,
+                                                                        static_cast<int64_t>(own.memory_bytes)},
+                                           ctx->cfg.limits);
+  st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
       [=](executor_atom, caf::actor ex, int restarts) {
         auto& s = self->state;
         s.executor = ex;
-        s.restarts = restarts;
         // Work the old executor had in hand is handed to the new one, not lost.
         for (auto& [key, task] : s.in_flight) self->send(ex, run_atom::value, task);
         // Training state lived on the lost device: this node leaves its runs, and the
@@ -334,104 +439,177 @@ caf::behavior core_actor(core_actor_t* self, transport::endpoint* ep, msg::hello
           auto lost = std::move(s.train_in_flight);
           s.train_in_flight.clear();
           for (auto& [key, task] : lost)
-            dispatch(self, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step")));
+            dispatch(self, *ctx, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step")));
         }
       },
-      [=](inbound_atom, std::string from, std::shared_ptr<msg::message> m) { handle(self, from, *m); },
-      [=](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
-        auto m = msg::decode_message(bytes.data(), bytes.size());
-        if (!m) {
-          spdlog::warn("dropped a message from {}: {}", from.substr(0, 8), m.error().message);
-          return;
-        }
-        handle(self, from, *m);
+      [=](inbound_atom, std::string from, message_ptr m) {
+        dispatch(self, *ctx, self->state.engine->on_message(from, *m));
+        dispatch(self, *ctx, self->state.trainer->on_message(from, *m));
+        run_ready(self);
       },
-      [=](up_atom, std::string id) { send_to(self, id, self->state.own); },
-      [=](down_atom, std::string id, std::string why) { peer_gone(self, id, why); },
+      [=](up_atom, std::string id, message_ptr m) {
+        const auto& h = std::get<msg::hello>(*m);
+        self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
+        self->state.trainer->peer_up(id);
+      },
+      [=](down_atom, std::string id, std::string) {
+        dispatch(self, *ctx, self->state.engine->peer_dead(id));
+        dispatch(self, *ctx, self->state.trainer->peer_dead(id));
+        run_ready(self);
+      },
       [=](done_atom, std::shared_ptr<stage_task> t, std::shared_ptr<expected<tensor_map>> r) {
-        auto& s = self->state;
-        if (!s.in_flight.erase(t.get())) return;  // already handed to a restarted executor
-        dispatch(self, s.engine->on_executed(*t, *r));
+        if (!self->state.in_flight.erase(t.get())) return;  // already handed to a restarted executor
+        dispatch(self, *ctx, self->state.engine->on_executed(*t, *r));
         run_ready(self);
       },
       [=](done_atom, std::shared_ptr<train_task> t, std::shared_ptr<expected<train_work_result>> r) {
-        auto& s = self->state;
-        if (!s.train_in_flight.erase(t.get())) return;  // given up when the executor restarted
-        dispatch(self, s.trainer->on_executed(*t, std::move(*r)));
+        if (!self->state.train_in_flight.erase(t.get())) return;  // given up when the executor restarted
+        dispatch(self, *ctx, self->state.trainer->on_executed(*t, std::move(*r)));
         run_ready(self);
       },
-      [=](tick_atom) {
-        auto& s = self->state;
-        for (auto& tr : s.health->tick(now_mono())) {
-          spdlog::info("peer {}: {} -> {}", tr.peer.substr(0, 8), to_string(tr.from), to_string(tr.to));
-          if (tr.to == peer_health::dead) {
-            if (auto id = transport::node_id::parse(tr.peer)) s.ep->disconnect(*id);
-            peer_gone(self, tr.peer, "no heartbeats");
-          }
-        }
-        self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
-      },
-      [=](beat_atom) {
-        auto& s = self->state;
-        msg::heartbeat hb{s.own.incarnation, ++s.beat_seq, static_cast<uint32_t>(s.engine->running_stages())};
-        for (const auto& [id, p] : s.peers)
-          if (p.hello_seen && !p.info.is_client) send_to(self, id, hb);
-        self->delayed_send(self, cfg.heartbeat, beat_atom::value);
+      [=](view_atom) {
+        auto jobs = self->state.engine->jobs();
+        for (auto& j : self->state.trainer->jobs()) jobs.push_back(std::move(j));
+        return std::make_shared<const std::vector<msg::job_status>>(std::move(jobs));
       },
       [=](stop_atom) { self->quit(); },
   };
 }
 
-// ---- supervisor: starts the children, restarts the executor within a budget ----
+// ---- status: a snapshot of the node for meshctl and clients ----
+
+struct status_state {
+  node_actors a;
+};
+
+msg::status_reply make_status(const node_context& ctx, uint64_t id, const member_map& members, const vitals_map& vitals,
+                              const std::vector<msg::job_status>& jobs) {
+  msg::status_reply r;
+  r.id = id;
+  r.node = ctx.self_id;
+  r.device = ctx.own.device_name + " (" + ctx.own.device_kind + ")";
+  r.gflops = ctx.own.gflops;
+  r.uptime_s = std::chrono::duration<double>(now_mono() - ctx.started).count();
+  for (const auto& [peer, hello] : members) {
+    if (hello.is_client) continue;
+    msg::peer_status ps;
+    ps.node = peer;
+    auto v = vitals.find(peer);
+    ps.health = v != vitals.end() ? v->second.health : "unknown";
+    ps.running_stages = v != vitals.end() ? v->second.running_stages : 0;
+    ps.device = hello.device_name;
+    ps.gflops = hello.gflops;
+    if (auto nid = transport::node_id::parse(peer))
+      if (auto s = ctx.ep->stats(*nid)) {
+        ps.address = s->remote_address;
+        ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
+      }
+    r.peers.push_back(ps);
+  }
+  r.jobs = jobs;
+  return r;
+}
+
+caf::behavior status_actor(caf::stateful_actor<status_state>* self, context_ptr ctx) {
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](inbound_atom, std::string from, message_ptr m) {
+        auto* rq = std::get_if<msg::status_request>(m.get());
+        if (!rq) return;
+        const uint64_t id = rq->id;
+        const auto& a = self->state.a;
+        const auto failed = [from](caf::error& e) { spdlog::warn("status for {}: {}", from.substr(0, 8), caf::to_string(e)); };
+        constexpr auto timeout = std::chrono::seconds(2);
+        self->request(a.membership, timeout, view_atom::value).then([=](members_ptr members) {
+          self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) {
+            self->request(self->state.a.jobs, timeout, view_atom::value).then([=](std::shared_ptr<const std::vector<msg::job_status>> jobs) {
+              send_peer(*ctx, from, make_status(*ctx, id, *members, *vitals, *jobs));
+            }, failed);
+          }, failed);
+        }, failed);
+      },
+  };
+}
+
+// ---- supervisor: starts the children; restarts the executor and the status actor within a
+// budget; a crash of an actor that holds the node's state (bridge, membership, health, jobs)
+// stops the node with a non-zero exit, for its own supervisor (systemd) to restart it whole ----
 
 struct supervisor_state {
-  caf::actor core, executor;
+  node_actors a;
+  caf::actor executor;
   std::unique_ptr<restart_budget> budget;
   int restarts = 0;
 };
 
-caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, transport::endpoint* ep, msg::hello own,
-                               node_config cfg, std::shared_ptr<std::mutex> core_mutex, std::shared_ptr<caf::actor> core_slot,
+caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, context_ptr ctx, std::shared_ptr<std::mutex> bridge_mutex,
+                               std::shared_ptr<caf::actor> bridge_slot,
                                std::shared_ptr<std::vector<std::function<void(const caf::actor&)>>> early,
                                device_slot first_device) {
   auto& st = self->state;
+  const auto& cfg = ctx->cfg;
   st.budget = std::make_unique<restart_budget>(cfg.max_restarts, cfg.restart_window);
-  st.core = self->spawn<caf::monitored>(core_actor, ep, own, cfg);
+  st.a.bridge = self->spawn<caf::monitored>(bridge_actor, ctx);
+  st.a.membership = self->spawn<caf::monitored>(membership_actor, ctx);
+  st.a.health = self->spawn<caf::monitored>(health_actor, ctx);
+  st.a.jobs = self->spawn<caf::monitored>(jobs_actor, ctx);
+  st.a.status = self->spawn<caf::monitored>(status_actor, ctx);
+  const auto wire_all = [=] {
+    auto handles = std::make_shared<const node_actors>(self->state.a);
+    for (const auto& child : {handles->bridge, handles->membership, handles->health, handles->jobs, handles->status})
+      self->send(child, wire_atom::value, handles);
+  };
+  wire_all();
   {
-    std::lock_guard<std::mutex> lock(*core_mutex);
-    *core_slot = st.core;
-    for (auto& replay : *early) replay(st.core);
+    // Endpoint events go to the bridge from now on; those that came early are replayed first.
+    std::lock_guard<std::mutex> lock(*bridge_mutex);
+    *bridge_slot = st.a.bridge;
+    for (auto& replay : *early) replay(st.a.bridge);
     early->clear();
   }
   const auto start_executor = [=] {
     auto& s = self->state;
-    s.executor = self->spawn<caf::monitored + caf::detached>(executor_actor, cfg.device, s.core, first_device);
-    self->send(s.core, executor_atom::value, s.executor, s.restarts);
+    s.executor = self->spawn<caf::monitored + caf::detached>(executor_actor, cfg.device, s.a.jobs, first_device);
+    self->send(s.a.jobs, executor_atom::value, s.executor, s.restarts);
   };
   start_executor();
+  const auto stop_all = [=](const caf::error& reason) {
+    auto& s = self->state;
+    for (const auto& child : {s.a.bridge, s.a.membership, s.a.health, s.a.jobs, s.a.status, s.executor})
+      self->send_exit(child, caf::exit_reason::user_shutdown);
+    self->quit(reason);
+  };
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
-    if (dm.source == s.executor) {
+    const bool restartable = dm.source == s.executor || dm.source == s.a.status;
+    if (restartable && dm.reason != caf::make_error(caf::exit_reason::user_shutdown)) {
+      const char* what = dm.source == s.executor ? "executor" : "status actor";
       if (!s.budget->allow(now_mono())) {
-        spdlog::critical("executor crashed {} times within {} s: stopping the node", cfg.max_restarts,
+        spdlog::critical("children crashed {} times within {} s: stopping the node", cfg.max_restarts,
                          std::chrono::duration_cast<std::chrono::seconds>(cfg.restart_window).count());
-        self->send_exit(s.core, caf::exit_reason::user_shutdown);
-        self->quit(caf::make_error(caf::sec::runtime_error, "restart budget exhausted"));
+        stop_all(caf::make_error(caf::sec::runtime_error, "restart budget exhausted"));
         return;
       }
       ++s.restarts;
-      spdlog::warn("executor stopped ({}); restart {} of {}", caf::to_string(dm.reason), s.restarts, cfg.max_restarts);
-      start_executor();
-    } else if (dm.source == s.core) {
-      if (dm.reason)
-        spdlog::critical("node core stopped: {}", caf::to_string(dm.reason));
-      self->send_exit(s.executor, caf::exit_reason::user_shutdown);
-      self->quit(dm.reason);
+      spdlog::warn("{} stopped ({}); restart {} of {}", what, caf::to_string(dm.reason), s.restarts, cfg.max_restarts);
+      if (dm.source == s.executor) {
+        start_executor();
+      } else {
+        s.a.status = self->spawn<caf::monitored>(status_actor, ctx);
+        wire_all();
+      }
+      return;
     }
+    if (dm.source == s.a.jobs && !dm.reason) {  // a clean stop
+      stop_all(caf::error{});
+      return;
+    }
+    spdlog::critical("node actor stopped: {}", caf::to_string(dm.reason));
+    stop_all(dm.reason ? dm.reason : caf::make_error(caf::sec::runtime_error, "a node actor stopped"));
   });
   return {
       [=](crash_atom) { self->send(self->state.executor, crash_atom::value); },
-      [=](stop_atom) { self->send(self->state.core, stop_atom::value); },
+      [=](stop_atom) { self->send(self->state.a.jobs, stop_atom::value); },
   };
 }
 
@@ -478,16 +656,16 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     first_device = std::make_shared<std::unique_ptr<gpu::executor>>(std::move(*dev));
   }
 
-  // The endpoint's callbacks run on its I/O thread: they only post to the node core.
-  // Events that arrive before the node core exists (a peer may dial as soon as the port is bound)
-  // wait in `early` and are replayed when the supervisor installs the core.
-  auto core_mutex = std::make_shared<std::mutex>();
-  auto core_slot = std::make_shared<caf::actor>();
+  // The endpoint's callbacks run on its I/O thread: they only post to the bridge actor.
+  // Events that arrive before the bridge exists (a peer may dial as soon as the port is bound)
+  // wait in `early` and are replayed when the supervisor installs the bridge.
+  auto bridge_mutex = std::make_shared<std::mutex>();
+  auto bridge_slot = std::make_shared<caf::actor>();
   auto early = std::make_shared<std::vector<std::function<void(const caf::actor&)>>>();
-  const auto post = [core_mutex, core_slot, early](auto... xs) {
-    std::lock_guard<std::mutex> lock(*core_mutex);
-    if (*core_slot) caf::anon_send(*core_slot, xs...);
-    else early->push_back([xs...](const caf::actor& core) { caf::anon_send(core, xs...); });
+  const auto post = [bridge_mutex, bridge_slot, early](auto... xs) {
+    std::lock_guard<std::mutex> lock(*bridge_mutex);
+    if (*bridge_slot) caf::anon_send(*bridge_slot, xs...);
+    else early->push_back([xs...](const caf::actor& bridge) { caf::anon_send(bridge, xs...); });
   };
   transport::handlers h;
   h.on_peer_up = [post](const transport::node_id& id, const transport::peer_info&) { post(up_atom::value, id.to_string()); };
@@ -556,7 +734,13 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   sys_cfg.set("scheduler.policy", caf::atom("sharing"));
   sys_cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{sys_cfg};
-  auto sup = sys.spawn(supervisor_actor, ep->get(), own, cfg, core_mutex, core_slot, early, first_device);
+  auto ctx = std::make_shared<node_context>();
+  ctx->ep = ep->get();
+  ctx->self_id = self_id;
+  ctx->own = own;
+  ctx->cfg = cfg;
+  ctx->started = now_mono();
+  auto sup = sys.spawn(supervisor_actor, context_ptr(ctx), bridge_mutex, bridge_slot, early, first_device);
   for (const auto& p : cfg.peers) {
     auto parsed = parse_peer(p);
     if (!parsed) {
@@ -584,8 +768,8 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
         caf::after(std::chrono::milliseconds(100)) >> [] {});
   }
   {
-    std::lock_guard<std::mutex> lock(*core_mutex);
-    *core_slot = caf::actor{};
+    std::lock_guard<std::mutex> lock(*bridge_mutex);
+    *bridge_slot = caf::actor{};
   }
   if (mdns) mdns->stop();  // withdraw the announcement first, so peers see us leave
   (*ep)->stop();
