@@ -115,7 +115,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
   CHECK(mesh3.b->running());
 }
 
-TEST_CASE("a malformed graph gets a clear error and every node keeps running", "[apps][node]") {
+TEST_CASE("a malformed or oversized graph gets a clear error and every node keeps running", "[apps][node]") {
   three_nodes mesh3;
   auto cl = client::connect(mesh3.eb);
   REQUIRE(cl);
@@ -127,11 +127,24 @@ TEST_CASE("a malformed graph gets a clear error and every node keeps running", "
   INFO(r.error().message);
   CHECK(r.error().message.find("the graph was rejected") != std::string::npos);
   CHECK(r.error().message.find("declared") != std::string::npos);
-  job huge = mlp_job();
-  huge.inputs.clear();  // a missing input is named
-  auto m = (*cl)->run(huge.g, huge.inputs, huge.params, 30s);
+  job missing = mlp_job();
+  missing.inputs.clear();  // a missing input is named
+  auto m = (*cl)->run(missing.g, missing.inputs, missing.params, 30s);
   REQUIRE_FALSE(m);
   CHECK(m.error().message.find("\"x\"") != std::string::npos);
+  // An oversized graph: a scalar broadcast to 2^34 elements (64 GiB), beyond the node's limits.
+  graph huge;
+  huge.nodes.resize(2);
+  huge.nodes[0].op = op_kind::constant;
+  huge.nodes[0].attrs.values = {1.0};
+  huge.nodes[1].op = op_kind::broadcast;
+  huge.nodes[1].dims = {int64_t{1} << 17, int64_t{1} << 17};
+  huge.nodes[1].inputs = {0};
+  huge.outputs = {{"y", 1}};
+  auto h = (*cl)->run(huge, {}, {}, 30s);
+  REQUIRE_FALSE(h);
+  INFO(h.error().message);
+  CHECK(h.error().message.find("the graph was rejected") != std::string::npos);
   const job j = mlp_job();
   auto ok = (*cl)->run(j.g, j.inputs, j.params, 60s);
   if (!ok) FAIL("a valid job after the bad ones failed: " << ok.error().message);
