@@ -328,9 +328,17 @@ tensor slice_tensor(const tensor& t, int axis, int64_t begin, int64_t end) {
 expected<tensor_map> staged_tensors(const staged_job& s, const tensor_map& job) {
   std::map<std::string, const tensor_piece*> piece_of;
   for (const auto& p : s.pieces) piece_of[p.name] = &p;
+  // Only the leaves some stage reads (a sharded parameter's whole tensor is not bound again).
+  std::vector<bool> used(s.g.nodes.size(), false);
+  for (const auto& st : s.stages.stages)
+    for (auto id : st.nodes) {
+      used[static_cast<size_t>(id)] = true;
+      for (auto in : s.g[id].inputs) used[static_cast<size_t>(in)] = true;
+    }
   tensor_map out;
-  for (const auto& n : s.g.nodes) {
-    if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
+  for (node_id id = 0; id < s.g.size(); ++id) {
+    const node& n = s.g[id];
+    if ((n.op != op_kind::input && n.op != op_kind::parameter) || !used[static_cast<size_t>(id)]) continue;
     auto pc = piece_of.find(n.attrs.name);
     const std::string& source = pc == piece_of.end() ? n.attrs.name : pc->second->source;
     auto t = job.find(source);

@@ -46,7 +46,7 @@ struct staged_job {
 /// cannot be run as stages (for data parallel: the node that mixes batch rows).
 expected<staged_job> stage_plan(const graph& g, const plan& p);
 
-/// The tensors the staged graph's leaves bind: pieces cut from `job`, the rest taken as they are.
+/// The tensors the stages' leaves bind: pieces cut from `job`, the rest taken as they are.
 expected<tensor_map> staged_tensors(const staged_job& s, const tensor_map& job);
 
 /// Elements [begin, end) of `axis` of `t` (0 <= begin <= end <= dims[axis]).
