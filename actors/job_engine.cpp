@@ -1,7 +1,6 @@
 #include "actors/job_engine.hpp"
 
 #include <algorithm>
-#include <optional>
 
 #include "graph/fragment.hpp"
 #include "graph/staged_plan.hpp"
@@ -108,20 +107,12 @@ expected<plan> job_engine::plan_job(const job_state& j, const std::vector<std::s
   if (j.kind != strategy::automatic) return partition(*j.source, devices, j.kind);
   // The planner's cheapest plan may be one the stages cannot express (a data-parallel plan of a
   // graph that mixes batch rows): choose among those that can run.
-  std::optional<plan> best;
-  std::string why;
-  for (auto c : {strategy::pipeline, strategy::data_parallel, strategy::tensor_parallel}) {
-    auto p = partition(*j.source, devices, c);
-    if (p && c != strategy::pipeline)
-      if (auto staged = stage_plan(*j.source, *p); !staged) p = tl::unexpected(staged.error());
-    if (!p) {
-      why += std::string(" ") + to_string(c) + ": " + p.error().message + ";";
-      continue;
-    }
-    if (!best || p->step_seconds < best->step_seconds) best = std::move(*p);
-  }
-  if (!best) return make_error(error_code::unsupported, "no strategy applies:" + why);
-  return *best;
+  return cheapest_plan(*j.source, devices, [&](const plan& p) -> expected<void> {
+    if (p.kind == strategy::pipeline) return {};
+    auto staged = stage_plan(*j.source, p);
+    if (!staged) return tl::unexpected(staged.error());
+    return {};
+  });
 }
 
 expected<void> job_engine::adopt_plan(job_state& j, const std::vector<std::string>& nodes, plan p) {

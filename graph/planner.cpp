@@ -296,22 +296,27 @@ expected<plan> partition(const graph& g, const std::vector<device_profile>& devi
     }
     case strategy::data_parallel: return data_parallel(g, devices);
     case strategy::tensor_parallel: return tensor_parallel(g, devices);
-    case strategy::automatic: {
-      std::optional<plan> best;
-      std::string why;
-      for (auto c : {strategy::pipeline, strategy::data_parallel, strategy::tensor_parallel}) {
-        auto p = partition(g, devices, c);
-        if (!p) {
-          why += std::string(" ") + to_string(c) + ": " + p.error().message + ";";
-          continue;
-        }
-        if (!best || p->step_seconds < best->step_seconds) best = std::move(*p);
-      }
-      if (!best) return make_error(error_code::unsupported, "no strategy applies:" + why);
-      return *best;
-    }
+    case strategy::automatic: return cheapest_plan(g, devices);
   }
   return make_error(error_code::invalid_argument, "partition: unknown strategy");
+}
+
+expected<plan> cheapest_plan(const graph& g, const std::vector<device_profile>& devices,
+                             const std::function<expected<void>(const plan&)>& usable) {
+  std::optional<plan> best;
+  std::string why;
+  for (auto c : {strategy::pipeline, strategy::data_parallel, strategy::tensor_parallel}) {
+    auto p = partition(g, devices, c);
+    if (p && usable)
+      if (auto ok = usable(*p); !ok) p = tl::unexpected(ok.error());
+    if (!p) {
+      why += std::string(" ") + to_string(c) + ": " + p.error().message + ";";
+      continue;
+    }
+    if (!best || p->step_seconds < best->step_seconds) best = std::move(*p);
+  }
+  if (!best) return make_error(error_code::unsupported, "no strategy applies:" + why);
+  return *best;
 }
 
 expected<plan> replan(const graph& g, const plan& old, int dead, const std::vector<device_profile>& survivors) {

@@ -14,6 +14,7 @@
 ///   across devices, proportional to speed, and their outputs all-gathered; the rest is replicated.
 /// - automatic: the cheapest of the three by estimated step time.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,12 @@ struct plan {
 /// graphs: use data parallel); tensor parallel without any shardable matmul; no stage fitting a
 /// device's memory.
 expected<plan> partition(const graph& g, const std::vector<device_profile>& devices, strategy s);
+
+/// The cheapest (by estimated step time) of the pipeline, data- and tensor-parallel plans that
+/// `usable` accepts (every plan the planner can make, when it is empty); the error lists why each
+/// strategy was left out. partition(..., automatic) is cheapest_plan(g, devices).
+expected<plan> cheapest_plan(const graph& g, const std::vector<device_profile>& devices,
+                             const std::function<expected<void>(const plan&)>& usable = {});
 
 /// The schedule order the pipeline planner cuts: topological, leaves just before first use.
 std::vector<node_id> schedule_order(const graph& g);
