@@ -7,21 +7,34 @@
 #include "actors/job_engine.hpp"
 #include "actors/messages.hpp"
 #include "actors/train_engine.hpp"
+#include "graph/builder.hpp"
+#include "graph/wire.hpp"
 
 namespace {
-const std::vector<uint8_t>& seed_bytes() {
-  static const std::vector<uint8_t> bytes = [] {
+/// Valid messages whose edits reach deep into the decoders and engines: a training step, and a
+/// data-parallel job of a small graph (its strategy byte and graph are then mutated).
+const std::vector<uint8_t>& seed_bytes(int which) {
+  static const std::vector<uint8_t> step = [] {
     mesh::msg::train_step s{1, 2, 1, {"peer-aaaa", "self-bbbb"}, {1, 2, 3}, 0, false, false};
     return *mesh::msg::encode_message(s);
   }();
-  return bytes;
+  static const std::vector<uint8_t> job = [] {
+    mesh::builder b;
+    auto x = b.input("x", mesh::dtype::f32, {4, 3});
+    auto w = b.parameter("w", mesh::dtype::f32, {3, 2});
+    b.output("y", relu(matmul(x, w) + 1.0));
+    mesh::wire_graph wg{*b.finish(), {{"x", mesh::tensor::zeros(mesh::dtype::f32, {4, 3})}, {"w", mesh::tensor::zeros(mesh::dtype::f32, {3, 2})}}};
+    mesh::msg::submit_job s{1, *mesh::encode(wg), static_cast<uint8_t>(mesh::strategy::data_parallel)};
+    return *mesh::msg::encode_message(s);
+  }();
+  return which == 0 ? step : job;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] == 0xff) {  // edits of a valid message, to reach deep into the decoder
-    bytes = seed_bytes();
+  if (size > 0 && data[0] >= 0xfe) {  // edits of a valid message, to reach deep into the decoder
+    bytes = seed_bytes(data[0] == 0xff ? 0 : 1);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
   auto m = mesh::msg::decode_message(bytes.data(), bytes.size());
@@ -32,6 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mesh::job_engine jobs("self-bbbb", {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30}, limits);
   mesh::train_engine train("self-bbbb", limits);
   train.peer_up("peer-aaaa");
+  jobs.peer_up("peer-aaaa", {"peer-aaaa", 2e-6, 1e3, 1e3, int64_t{1} << 30});  // plans span two devices
   (void)jobs.on_message("peer-aaaa", *m);
   (void)train.on_message("peer-aaaa", *m);
   (void)jobs.take_ready();
