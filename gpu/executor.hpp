@@ -22,7 +22,7 @@ struct device_info {
   uint32_t shared_memory_bytes = 0;
   bool fp16 = false;          ///< 16-bit storage: f16/bf16 tensors supported
   bool bf16_storage = false;  ///< bf16 tensors (stored as 16-bit words, computed in f32)
-  bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (not used yet: see docs/gpu.md)
+  bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (f16 matmuls use it: docs/gpu.md)
 };
 
 /// Time spent in one kernel of a program, summed over runs (GPU timestamps).

@@ -627,7 +627,7 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
   const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
   if (!q.materialised[a] || !q.materialised[b] || g[a].type != dtype::f32 || g[b].type != dtype::f32) return std::nullopt;
-  if (!caps.fast_gemm || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
+  if (caps.gemm_variant != "vec4" || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
   // The operands are bound as vec4 arrays: the epilogue must not read them as scalars.
   std::vector<node_id> epi;
   inline_nodes(g, q, k.root, k.anchor, epi);
@@ -704,8 +704,9 @@ std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const ke
   return s;
 }
 
-/// f16 matmul on tensor cores through GL_NV_cooperative_matrix: 64x64 block tiles staged in
-/// shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
+/// The first f16 matmul on tensor cores through GL_NV_cooperative_matrix, kept for shapes the
+/// tiled one does not take (k or n not a multiple of 8) and MESH_COOPMAT=64: 64x64 block tiles
+/// staged in shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
 /// f32 accumulation, then the accumulators go through shared memory so the epilogue runs per
 /// element like everywhere else. nullopt when it does not apply.
 std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
@@ -785,6 +786,349 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
   return s;
 }
 
+/// The problem of one matmul kernel: c[batch][m][n] = a[batch][m][kd] x b[batch][kd][n].
+struct mm_dims {
+  node_id a = 0, b = 0;
+  int64_t m = 0, kd = 0, n = 0, batch = 0;
+  double flops() const {
+    return 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  }
+};
+
+mm_dims dims_of(const graph& g, const kernel& k) {
+  const node& mm = g[k.anchor];
+  mm_dims d;
+  d.a = mm.inputs[0];
+  d.b = mm.inputs[1];
+  const shape& ad = g[d.a].dims;
+  const size_t rank = ad.size();
+  d.m = ad[rank - 2];
+  d.kd = ad[rank - 1];
+  d.n = mm.dims[rank - 1];
+  d.batch = d.m * d.n != 0 ? element_count(mm.dims) / (d.m * d.n) : 0;
+  return d;
+}
+
+/// A matmul operand read straight from a buffer: the materialised node `id`, whose consecutive
+/// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like
+/// a weight in x[b, t, c] x w[c, d]).
+struct operand_view {
+  node_id id = 0;
+  int64_t batch_stride = 0;
+};
+
+/// The buffer behind matmul operand `x` when it is materialised, or a broadcast of a
+/// materialised matrix over batch axes only; nullopt when it needs index arithmetic.
+std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_id x) {
+  const shape& xd = g[x].dims;
+  const int64_t matrix = xd[xd.size() - 2] * xd[xd.size() - 1];
+  if (q.materialised[x]) return operand_view{x, matrix};
+  if (g[x].op != op_kind::broadcast) return std::nullopt;
+  const node_id src = g[x].inputs[0];
+  const shape& sd = g[src].dims;
+  if (!q.materialised[src] || sd.size() < 2 || element_count(sd) != matrix || sd[sd.size() - 2] != xd[xd.size() - 2] ||
+      sd[sd.size() - 1] != xd[xd.size() - 1])
+    return std::nullopt;
+  return operand_view{src, 0};
+}
+
+/// Whether `operand` is read by the kernel's epilogue or by the inline expression of `other`:
+/// such an operand cannot be bound as a vector array (the other readers index it as scalars).
+bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id operand, node_id other) {
+  std::vector<node_id> seen;
+  inline_nodes(g, q, k.root, k.anchor, seen);
+  inline_nodes(g, q, other, -1, seen);
+  return operand == other || std::count(seen.begin(), seen.end(), operand) > 0;
+}
+
+/// Block shape of the warp-tiled f32 matmul. 256 threads form 8 "warps" of 32 (NVIDIA's
+/// subgroups; elsewhere only a numbering of threads, so any subgroup size is correct) in a 4 x 2
+/// grid. A warp's lanes form a 4 x 8 grid and each lane owns rm x rn blocks of 4x4 outputs,
+/// the blocks of a warp interleaved: a warp's vec4 reads of one shared row are then 4 (A) and 8
+/// (B) consecutive vec4s, conflict-free, and its stores cover whole 128-byte rows.
+struct warp_tile {
+  int64_t rm = 2, rn = 2, bk = 8;  ///< 4x4 blocks per lane along m and n; depth of a shared tile
+  int64_t wtm() const { return 4 * 4 * rm; }  ///< warp tile: 4 lanes along m
+  int64_t wtn() const { return 8 * 4 * rn; }  ///< 8 lanes along n
+  int64_t bm() const { return 4 * wtm(); }     ///< 4 warps along m
+  int64_t bn() const { return 2 * wtn(); }     ///< 2 warps along n
+  /// Two stages of A (transposed, rows padded by one vec4) and B tiles.
+  int64_t shared_bytes() const { return 2 * bk * (bm() / 4 + 1) * 16 + 2 * bk * (bn() / 4) * 16; }
+};
+
+/// Picks the warp tile: 128x128 (8x8 per thread) when there are enough such tiles to fill a GPU,
+/// else 64x64 (4x4 per thread); MESH_GEMM=warp16 doubles the tile depth, MESH_GEMM=wide uses
+/// 128x256 (8x16 per thread), MESH_GEMM=narrow 128x64 (8x4 per thread, fewer registers). nullopt when the device's shared memory is too small.
+std::optional<warp_tile> pick_warp_tile(const mm_dims& d, const device_caps& caps) {
+  warp_tile t;
+  const bool big = ((d.m + 127) / 128) * ((d.n + 127) / 128) * d.batch >= 128;
+  if (!big) t.rm = t.rn = 1;
+  if (big && caps.gemm_variant == "wide") t.rn = 4;
+  if (big && caps.gemm_variant == "narrow") t.rn = 1;
+  if (caps.gemm_variant == "warp16") t.bk = 16;
+  if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
+  return t;
+}
+
+/// The warp-tiled f32 matmul (any operand type: loads go through the prologue loaders, B as
+/// vec4 straight from its buffer when it is a materialised f32 tensor with n % 4 == 0).
+/// Shared tiles are double-buffered: the next tile is loaded from global memory into registers
+/// while the current one is multiplied, then stored to the other stage, with one barrier per
+/// tile. All shared accesses are whole vec4s (component writes are read-modify-writes of a vec4
+/// on some drivers, racing between threads).
+std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  const mm_dims d = dims_of(g, k);
+  const auto tile = pick_warp_tile(d, caps);
+  if (!tile || d.kd == 0 || d.batch == 0) return std::nullopt;
+  const warp_tile t = *tile;
+  const int64_t bm = t.bm(), bn = t.bn(), bk = t.bk, m = d.m, n = d.n, kd = d.kd;
+  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
+  const auto loop = [&](const char* var, int64_t count) {
+    return unroll + "for (uint " + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string la = loader(e, "load_a", d.a);
+  const auto bv = direct_operand(g, q, d.b);
+  const bool b_vec4 = bv && g[bv->id].type == dtype::f32 && n % 4 == 0 && !read_elsewhere(g, q, k, bv->id, d.a);
+  const int b_binding = b_vec4 ? e.bind(bv->id) : -1;
+  const int64_t b_batch = b_vec4 ? bv->batch_stride : kd * n;
+  const std::string lb = b_vec4 ? "" : loader(e, "load_b", d.b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[rm * 4u + i][rn][c]"); });
+
+  // Global -> registers: A as groups of 4 rows at one k (consecutive threads along k read
+  // neighbouring words of 4 rows), B as 4 neighbouring columns at one k.
+  const int64_t a_items = bm / 4 * bk, b_items = bk * bn / 4;
+  const int64_t a_per = (a_items + 255) / 256, b_per = (b_items + 255) / 256;
+  const auto guard = [](int64_t items) { return items % 256 == 0 ? std::string() : "if (el < " + u(items) + ") "; };
+  auto fetch = [&](const std::string& kb) {
+    std::string f;
+    f += "      " + loop("l", a_per) + "{\n        uint el = tid + l * 256u, gm = m0 + (el / " + u(bk) + ") * 4u, gk = " + kb +
+         " + el % " + u(bk) + ";\n        vec4 v = vec4(0.0);\n";
+    f += "        " + guard(a_items) + "if (gk < " + u(kd) + ") {\n          uint base = bz * " + u(m * kd) + " + gm * " + u(kd) +
+         " + gk;\n";
+    f += "          " + loop("r", 4) + "if (gm + r < " + u(m) + ") v[r] = load_a(base + r * " + u(kd) + ");\n        }\n";
+    f += "        ga[l] = v;\n      }\n";
+    f += "      " + loop("l", b_per) + "{\n        uint el = tid + l * 256u, gk = " + kb + " + el / " + u(bn / 4) +
+         ", gn = n0 + (el % " + u(bn / 4) + ") * 4u, base = bz * " + u(b_batch) + " + gk * " + u(n) + " + gn;\n";
+    if (b_vec4) {
+      std::string in_range = "gk < " + u(kd) + " && gn < " + u(n);
+      if (b_items % 256 != 0) in_range = "el < " + u(b_items) + " && " + in_range;
+      f += "        gb[l] = (" + in_range + ") ? b" + std::to_string(b_binding) + ".v[base >> 2] : vec4(0.0);\n";
+    } else {
+      f += "        vec4 v = vec4(0.0);\n        " + guard(b_items) + "if (gk < " + u(kd) + ") " + loop("c", 4) +
+           "if (gn + c < " + u(n) + ") v[c] = load_b(base + c);\n        gb[l] = v;\n";
+    }
+    f += "      }\n";
+    return f;
+  };
+  auto stash = [&](const std::string& stage) {
+    std::string s;
+    s += "      " + loop("l", a_per) + "{\n        uint el = tid + l * 256u;\n        " + guard(a_items) + "As[" + stage +
+         "][el % " + u(bk) + "][el / " + u(bk) + "] = ga[l];\n      }\n";
+    s += "      " + loop("l", b_per) + "{\n        uint el = tid + l * 256u;\n        " + guard(b_items) + "Bs[" + stage +
+         "][el / " + u(bn / 4) + "][el % " + u(bn / 4) + "] = gb[l];\n      }\n";
+    return s;
+  };
+
+  const int64_t tiles = (kd + bk - 1) / bk;
+  std::string src;
+  src += "shared vec4 As[2][" + std::to_string(bk) + "][" + std::to_string(bm / 4 + 1) + "];\n";
+  src += "shared vec4 Bs[2][" + std::to_string(bk) + "][" + std::to_string(bn / 4) + "];\n";
+  src += la + lb;
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = tid >> 5, lane = tid & 31u;\n";
+  src += "  const uint wm = warp >> 1, wn = warp & 1u, lm = lane >> 3, ln = lane & 7u;\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(d.batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += "    vec4 acc[" + std::to_string(4 * t.rm) + "][" + std::to_string(t.rn) + "];\n";
+  src += "    " + loop("i", 4 * t.rm) + loop("j", t.rn) + "acc[i][j] = vec4(0.0);\n";
+  src += "    vec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";
+  src += "    {\n" + fetch("0u") + stash("0") + "    }\n    barrier();\n";
+  src += "    for (uint t = 0u; t < " + u(tiles) + "; ++t) {\n      const uint cur = t & 1u;\n";
+  src += "      if (t + 1u < " + u(tiles) + ") {\n        const uint kn = (t + 1u) * " + u(bk) + ";\n" + fetch("kn") + "      }\n";
+  src += "      " + loop("kk", bk) + "{\n        vec4 ra[" + std::to_string(t.rm) + "], rb[" + std::to_string(t.rn) + "];\n";
+  src += "        " + loop("rm", t.rm) + "ra[rm] = As[cur][kk][wm * " + u(t.wtm() / 4) + " + rm * 4u + lm];\n";
+  src += "        " + loop("rn", t.rn) + "rb[rn] = Bs[cur][kk][wn * " + u(t.wtn() / 4) + " + rn * 8u + ln];\n";
+  src += "        " + loop("rm", t.rm) + loop("i", 4) + loop("rn", t.rn) +
+         "acc[rm * 4u + i][rn] = fma(vec4(ra[rm][i]), rb[rn], acc[rm * 4u + i][rn]);\n      }\n";
+  src += "      if (t + 1u < " + u(tiles) + ") {\n" + stash("cur ^ 1u") + "      }\n      barrier();\n    }\n";
+  src += "    " + loop("rm", t.rm) + loop("i", 4) + loop("rn", t.rn) + loop("c", 4) + "{\n";
+  src += "      uint gm = m0 + wm * " + u(t.wtm()) + " + rm * 16u + lm * 4u + i, gn = n0 + wn * " + u(t.wtn()) +
+         " + rn * 32u + ln * 4u + c;\n";
+  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
+  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
+  src += store + "    }\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mmw" + std::to_string(bm) + "x" + std::to_string(bn) + (bk == 8 ? "" : "k" + std::to_string(bk)) + "_" +
+           std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), groups_for(d.batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = d.flops();
+  const size_t vb = b_vec4 ? static_cast<size_t>(b_binding) : SIZE_MAX;
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false, vb, vb + 1) + prelude + src;
+  return s;
+}
+
+/// Block shape of the tiled cooperative-matrix f16 matmul: sgm x sgn subgroups of 32, each owning
+/// fm x fn fragments of 16x16 f32 accumulators. Shared tiles are bk deep, two stages, stored as
+/// uvec4 (8 halves) with every row padded by one uvec4, so that the 8 rows of a fragment load
+/// (16 bytes each) fall in distinct banks.
+struct coop_tile {
+  int64_t sgm = 2, sgn = 4, fm = 4, fn = 2, bk = 32;
+  int64_t bm() const { return sgm * fm * 16; }
+  int64_t bn() const { return sgn * fn * 16; }
+  int64_t threads() const { return 32 * sgm * sgn; }
+  int64_t a_stride() const { return bk / 8 + 1; }    ///< uvec4 per shared A row
+  int64_t b_stride() const { return bn() / 8 + 1; }  ///< uvec4 per shared B row
+  /// Two stages of A and B, plus a 16x16 f32 staging fragment per subgroup for the epilogue.
+  int64_t shared_bytes() const { return 16 * 2 * (bm() * a_stride() + bk * b_stride()) + sgm * sgn * 256 * 4; }
+};
+
+/// 128x128 tiles of 4 subgroups (64x64 each) when there are enough of them to fill a GPU, else
+/// 64x64 of 4 subgroups (32x32 each). MESH_COOPMAT=s8 (8 subgroups of 64x32) and =wide (128x256,
+/// tiles 16 deep) are kept for comparison: both measured slower on the H100 (docs/gpu.md).
+std::optional<coop_tile> pick_coop_tile(const mm_dims& d, const device_caps& caps) {
+  coop_tile t{2, 2, 4, 4, 32};
+  const bool big = ((d.m + 127) / 128) * ((d.n + 127) / 128) * d.batch >= 128;
+  if (!big) t = {2, 2, 2, 2, 32};
+  else if (caps.coopmat_variant == "s8") t = {2, 4, 4, 2, 32};
+  else if (caps.coopmat_variant == "wide") t = {2, 4, 4, 4, 16};
+  if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
+  return t;
+}
+
+/// f16 matmul on tensor cores (GL_NV_cooperative_matrix 16x16x16, f32 accumulation) with
+/// 128-bit loads: operands bound as uvec4 arrays (k and n multiples of 8), tiles copied to shared
+/// memory a uvec4 per thread and access, two shared stages with the next tile held in registers
+/// while the current one is multiplied (one barrier per tile), fragments loaded from shared memory
+/// with a padded stride. Each subgroup stages one accumulator fragment at a time in shared memory
+/// so that the epilogue runs per element like everywhere else. nullopt when it does not apply.
+std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  const mm_dims d = dims_of(g, k);
+  const auto av = direct_operand(g, q, d.a), bv = direct_operand(g, q, d.b);
+  if (!caps.coopmat_f16 || caps.coopmat_variant == "64" || !av || !bv) return std::nullopt;
+  if (g[av->id].type != dtype::f16 || g[bv->id].type != dtype::f16 || d.kd % 8 != 0 || d.n % 8 != 0 || d.kd == 0 ||
+      d.batch == 0)
+    return std::nullopt;
+  if (read_elsewhere(g, q, k, av->id, d.b) || read_elsewhere(g, q, k, bv->id, d.a)) return std::nullopt;
+  const auto tile = pick_coop_tile(d, caps);
+  if (!tile) return std::nullopt;
+  const coop_tile t = *tile;
+  const int64_t m = d.m, n = d.n, kd = d.kd, bm = t.bm(), bn = t.bn(), bk = t.bk, as = t.a_stride(), bs = t.b_stride();
+  const int64_t threads = t.threads();
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  e.bind(av->id);
+  e.bind(bv->id);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[sg * 256u + li]"); });
+  // Without an epilogue the f16 result of a whole tile goes from the accumulators to memory
+  // directly (converted to f16 fragments: the same rounding as the per-element path), through a
+  // float16_t view of binding 0 (two views of one buffer, so neither is `restrict`).
+  const bool direct = k.root == k.anchor && g[k.root].type == dtype::f16;
+  std::string decl;
+  for (size_t i = 0; i < e.bindings.size(); ++i) {
+    if (i == 1 || i == 2)
+      decl += "layout(std430, binding = " + std::to_string(i) + ") readonly restrict buffer B" + std::to_string(i) +
+              " { uvec4 v[]; } b" + std::to_string(i) + ";\n";
+    else if (i == 0 && direct)
+      decl += "layout(std430, binding = 0) buffer B0 { uint16_t v[]; } b0;\n"
+              "layout(std430, binding = 0) buffer B0h { float16_t v[]; } c16;\n";
+    else
+      decl += buffer_decl(g, e.bindings[i], i, false);
+  }
+
+  const std::string frag16 = "fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>", frag32 = "fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>";
+  const auto loop = [](const char* var, int64_t count) {
+    return std::string("[[unroll]] for (uint ") + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+  const int64_t a_items = bm * bk / 8, b_items = bk * bn / 8;
+  const int64_t a_per = (a_items + threads - 1) / threads, b_per = (b_items + threads - 1) / threads;
+  const auto guard = [&](int64_t items) { return items % threads == 0 ? std::string() : "el < " + u(items) + " && "; };
+  auto fetch = [&](const std::string& kb) {
+    std::string f;
+    f += "      " + loop("l", a_per) + "{\n        uint el = tid + l * " + u(threads) + ", gm = m0 + el / " + u(bk / 8) +
+         ", gk = " + kb + " + (el % " + u(bk / 8) + ") * 8u;\n";
+    f += "        ga[l] = (" + guard(a_items) + "gm < " + u(m) + " && gk < " + u(kd) + ") ? b1.v[(bz * " + u(av->batch_stride) +
+         " + gm * " + u(kd) + " + gk) >> 3] : uvec4(0u);\n      }\n";
+    f += "      " + loop("l", b_per) + "{\n        uint el = tid + l * " + u(threads) + ", gk = " + kb + " + el / " +
+         u(bn / 8) + ", gn = n0 + (el % " + u(bn / 8) + ") * 8u;\n";
+    f += "        gb[l] = (" + guard(b_items) + "gk < " + u(kd) + " && gn < " + u(n) + ") ? b2.v[(bz * " + u(bv->batch_stride) +
+         " + gk * " + u(n) + " + gn) >> 3] : uvec4(0u);\n      }\n";
+    return f;
+  };
+  auto stash = [&](const std::string& stage) {
+    const std::string ga = guard(a_items), gb = guard(b_items);
+    std::string s;
+    s += "      " + loop("l", a_per) + "{\n        uint el = tid + l * " + u(threads) + ";\n        " +
+         (ga.empty() ? "" : "if (el < " + u(a_items) + ") ") + "As[(" + stage + ") * " + u(bm * as) + " + (el / " +
+         u(bk / 8) + ") * " + u(as) + " + el % " + u(bk / 8) + "] = ga[l];\n      }\n";
+    s += "      " + loop("l", b_per) + "{\n        uint el = tid + l * " + u(threads) + ";\n        " +
+         (gb.empty() ? "" : "if (el < " + u(b_items) + ") ") + "Bs[(" + stage + ") * " + u(bk * bs) + " + (el / " +
+         u(bn / 8) + ") * " + u(bs) + " + el % " + u(bn / 8) + "] = gb[l];\n      }\n";
+    return s;
+  };
+
+  const int64_t tiles = (kd + bk - 1) / bk;
+  std::string src;
+  src += "shared uvec4 As[" + std::to_string(2 * bm * as) + "];\nshared uvec4 Bs[" + std::to_string(2 * bk * bs) + "];\n";
+  src += "shared float Cs[" + std::to_string(t.sgm * t.sgn * 256) + "];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
+  src += "  const uint wm = sg / " + u(t.sgn) + ", wn = sg % " + u(t.sgn) + ";\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(d.batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += "    " + frag32 + " acc[" + std::to_string(t.fm) + "][" + std::to_string(t.fn) + "];\n";
+  src += "    " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = " + frag32 + "(0.0);\n";
+  src += "    uvec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";
+  src += "    {\n" + fetch("0u") + stash("0u") + "    }\n    barrier();\n";
+  src += "    for (uint t = 0u; t < " + u(tiles) + "; ++t) {\n      const uint cur = t & 1u;\n";
+  src += "      if (t + 1u < " + u(tiles) + ") {\n        const uint kn = (t + 1u) * " + u(bk) + ";\n" + fetch("kn") + "      }\n";
+  src += "      " + loop("kk", bk / 16) + "{\n        " + frag16 + " fa[" + std::to_string(t.fm) + "];\n        " + frag16 +
+         " fb[" + std::to_string(t.fn) + "];\n";
+  src += "        " + loop("i", t.fm) + "coopMatLoadNV(fa[i], As, cur * " + u(bm * as) + " + (wm * " + u(t.fm * 16) +
+         " + i * 16u) * " + u(as) + " + kk * 2u, " + u(as) + ", false);\n";
+  src += "        " + loop("j", t.fn) + "coopMatLoadNV(fb[j], Bs, cur * " + u(bk * bs) + " + kk * " + u(16 * bs) + " + wn * " +
+         u(t.fn * 2) + " + j * 2u, " + u(bs) + ", false);\n";
+  src += "        " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);\n      }\n";
+  src += "      if (t + 1u < " + u(tiles) + ") {\n" + stash("cur ^ 1u") + "      }\n      barrier();\n    }\n";
+  if (direct) {
+    const std::string full = (m % bm == 0 && n % bn == 0) ? "true" : "m0 + " + u(bm) + " <= " + u(m) + " && n0 + " + u(bn) + " <= " + u(n);
+    src += "    if (" + full + ") {\n      " + loop("i", t.fm) + loop("j", t.fn) + "{\n";
+    src += "        " + frag16 + " h = " + frag16 + "(acc[i][j]);\n";
+    src += "        coopMatStoreNV(h, c16.v, bz * " + u(m * n) + " + (m0 + wm * " + u(t.fm * 16) + " + i * 16u) * " + u(n) +
+           " + n0 + wn * " + u(t.fn * 16) + " + j * 16u, " + u(n) + ", false);\n      }\n      continue;\n    }\n";
+  }
+  src += "    " + loop("i", t.fm) + loop("j", t.fn) + "{\n";
+  src += "      coopMatStoreNV(acc[i][j], Cs, sg * 256u, 16u, false);\n      subgroupMemoryBarrierShared();\n      subgroupBarrier();\n";
+  src += "      " + loop("r", 8) + "{\n        uint li = lane + r * 32u, gm = m0 + wm * " + u(t.fm * 16) +
+         " + i * 16u + li / 16u, gn = n0 + wn * " + u(t.fn * 16) + " + j * 16u + li % 16u;\n";
+  src += "        if (gm < " + u(m) + " && gn < " + u(n) + ") {\n          uint ci = bz * " + u(m * n) + " + gm * " + u(n) +
+         " + gn;\n" + store + "        }\n      }\n      subgroupMemoryBarrierShared();\n      subgroupBarrier();\n    }\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mmct" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(t.sgm * t.sgn) + "_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), groups_for(d.batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = d.flops();
+  const std::string head = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
+                           "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+                           "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
+                           "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
+                           "layout(local_size_x = " + std::to_string(threads) + ") in;\n";
+  s.glsl = head + decl + prelude + src;
+  return s;
+}
+
 kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& mm = g[k.anchor];
@@ -796,8 +1140,11 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   // Big tiles only when there are enough of them to fill the device; both fit in 16 KiB of
   // shared memory.
   const bool big = ((m + 127) / 128) * ((n + 127) / 128) * batch >= 128 && caps.shared_memory_bytes >= 16384;
+  if (auto coop = matmul_coopmat_tiled(g, q, k, caps)) return *coop;
   if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
   if (auto fast = matmul_vec4(g, q, k, caps, big)) return *fast;
+  if (caps.gemm_variant != "classic")
+    if (auto warp = matmul_warp(g, q, k, caps)) return *warp;
   const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
   const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
   const int64_t tx = bn / tn;

@@ -20,9 +20,13 @@ struct device_caps {
   /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
   /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
   bool unroll_loops = true;
-  /// Use the vec4/prefetching matmul variant where it applies (env MESH_GEMM=vec4). Off by
-  /// default: on the H200 it measured slower than the generic kernel (docs/gpu.md).
-  bool fast_gemm = false;
+  /// f32 matmul variant (env MESH_GEMM): "" picks the warp-tiled double-buffered kernel;
+  /// "warp16" (tiles 16 deep), "wide" (128x256) and "narrow" (128x64) are its other shapes, "classic" the
+  /// earlier single-buffered kernel, "vec4" the earlier vec4/prefetch one (docs/gpu.md has figures).
+  std::string gemm_variant;
+  /// Cooperative-matrix kernel variant (env MESH_COOPMAT): "" picks the tiled 128-bit-load kernel;
+  /// "s8" (8 subgroups of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel.
+  std::string coopmat_variant;
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;

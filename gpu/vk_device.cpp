@@ -227,7 +227,8 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
                              (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
   caps.storage16 = info.fp16;
   caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
-  if (const char* gemm = std::getenv("MESH_GEMM"); gemm && std::strcmp(gemm, "vec4") == 0) caps.fast_gemm = true;
+  if (const char* gemm = std::getenv("MESH_GEMM")) caps.gemm_variant = gemm;
+  if (const char* coop = std::getenv("MESH_COOPMAT")) caps.coopmat_variant = coop;
 
   // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
   int dev_type = -1, host_type = -1, host_cached = -1;
@@ -289,6 +290,17 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     }
   }
 
+  // Compiler statistics of each pipeline, for tuning kernels (off by default: capturing them
+  // may cost pipeline-creation time).
+  auto exec_features = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR);
+  if (const char* st = std::getenv("MESH_PIPELINE_STATS");
+      st && std::strcmp(st, "1") == 0 && has_extension(chosen, "VK_KHR_pipeline_executable_properties")) {
+    exec_features.pipelineExecutableInfo = VK_TRUE;
+    extensions.push_back("VK_KHR_pipeline_executable_properties");
+    d->pipeline_stats = true;
+  }
+
   float prio = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qci.queueFamilyIndex = d->queue_family;
@@ -298,11 +310,13 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   enable16.storageBuffer16BitAccess = s16.storageBuffer16BitAccess;
   auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
   dci.pNext = &enable16;
-  if (caps.coopmat_f16) {
-    enable16.pNext = &coop_features;  // -> f16_features -> model_features
-    dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
-    dci.ppEnabledExtensionNames = extensions.data();
+  if (caps.coopmat_f16) enable16.pNext = &coop_features;  // -> f16_features -> model_features
+  if (d->pipeline_stats) {
+    exec_features.pNext = enable16.pNext;
+    enable16.pNext = &exec_features;
   }
+  dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  dci.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();
   dci.queueCreateInfoCount = 1;
   dci.pQueueCreateInfos = &qci;
   if (VkResult r = vkCreateDevice(chosen, &dci, nullptr, &d->device); r != VK_SUCCESS) {

@@ -38,6 +38,9 @@ struct vk_device {
   device_info info;
   device_caps caps;
   bool timestamps = false;
+  /// MESH_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each new pipeline's
+  /// compiler statistics (registers, shared memory, spills on NVIDIA) are printed to stderr.
+  bool pipeline_stats = false;
   uint32_t device_memory_type = 0;  ///< DEVICE_LOCAL
   uint32_t host_memory_type = 0;    ///< HOST_VISIBLE | HOST_COHERENT (cached when offered)
   std::atomic<uint64_t> validation_errors{0}, validation_warnings{0};

@@ -2,6 +2,7 @@
 // per run); tensors are sub-allocated from a few large memory blocks.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -496,13 +497,51 @@ class vulkan_executor final : public executor {
     cpi.stage.module = module;
     cpi.stage.pName = "main";
     cpi.layout = ck.layout;
+    if (d_->pipeline_stats) cpi.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
     VkResult r = vkCreateComputePipelines(d_->device, pipeline_cache_, 1, &cpi, nullptr, &ck.pipeline);
     vkDestroyShaderModule(d_->device, module, nullptr);
     if (r != VK_SUCCESS) {
       ck.pipeline = VK_NULL_HANDLE;
       return tl::unexpected(vk_error(r, "vkCreateComputePipelines(" + ck.src.name + ")"));
     }
+    if (d_->pipeline_stats) print_pipeline_stats(ck.pipeline, ck.src.name);
     return {};
+  }
+
+  /// Prints the driver's statistics of `pipeline` (MESH_PIPELINE_STATS=1): one line per kernel.
+  void print_pipeline_stats(VkPipeline pipeline, const std::string& name) {
+    auto props_fn = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+        vkGetDeviceProcAddr(d_->device, "vkGetPipelineExecutablePropertiesKHR"));
+    auto stats_fn = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+        vkGetDeviceProcAddr(d_->device, "vkGetPipelineExecutableStatisticsKHR"));
+    if (!props_fn || !stats_fn) return;
+    auto pi = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
+    pi.pipeline = pipeline;
+    uint32_t count = 0;
+    props_fn(d_->device, &pi, &count, nullptr);
+    for (uint32_t e = 0; e < count; ++e) {
+      auto ei = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
+      ei.pipeline = pipeline;
+      ei.executableIndex = e;
+      uint32_t n = 0;
+      stats_fn(d_->device, &ei, &n, nullptr);
+      std::vector<VkPipelineExecutableStatisticKHR> st(n, vk_struct<VkPipelineExecutableStatisticKHR>(
+                                                              VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
+      stats_fn(d_->device, &ei, &n, st.data());
+      std::string line = "[pipeline stats] " + name + ":";
+      for (const auto& x : st) {
+        line += std::string(" ") + x.name + "=";
+        switch (x.format) {
+          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += x.value.b32 ? "yes" : "no"; break;
+          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += std::to_string(x.value.i64); break;
+          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += std::to_string(x.value.u64); break;
+          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += std::to_string(x.value.f64); break;
+          default: break;
+        }
+        line += ";";
+      }
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
   }
 
   expected<void> record(program& pr) {

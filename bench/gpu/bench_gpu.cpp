@@ -1,9 +1,15 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
-//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N]
+//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step]
 //
-// Figures come from GPU timestamps around each kernel (median over N runs, after 300 ms of
-// warm-up runs). Tensors are
+// Matmul kernels are checked before they are timed: every variant timed here first computes
+// odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
+// on the host, and every timed matmul is checked on 256 sampled entries. Any failure prints
+// "CHECK FAILED" and the exit status is 2. --no-sweep leaves out the other matmul variants
+// (MESH_GEMM / MESH_COOPMAT), --no-step the transformer block training step.
+//
+// Figures come from GPU timestamps around each kernel (median over N runs, after warm-up runs:
+// at least 300 ms, until the run time stops improving). Tensors are
 // parameters resident on the device and results are written back as parameter updates, so no
 // host transfer is timed. --quick uses small sizes (for lavapipe, which is CPU emulation).
 // Run it next to shared/anchors/cuda_anchor.cu on the same GPU for the reference column.
@@ -18,8 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "graph/autodiff.hpp"
 #include "graph/builder.hpp"
 #include "graph/nn.hpp"
+#include "graph/optim.hpp"
 #include "gpu/executor.hpp"
 
 using namespace mesh;
@@ -41,12 +49,39 @@ int reps = 10;
 bool zeros = false;  // --zeros: all-zero tensors, like the CUDA anchor
 bool fresh = false;  // --fresh: every graph in a new executor (nothing allocated before it)
 gpu::vulkan_options options;
+int failures = 0;  // matmul checks that failed (exit status 2)
 
 struct result {
   double ms = 0;       // median kernel time (sum of the graph's kernels)
   int kernels = 0;
   std::string variant;  // the first kernel's variant and root node
 };
+
+/// GPU time of one run of program `id` (sum of its kernels), or -1 on error.
+double run_ms(gpu::executor& ex, gpu::program_id id) {
+  if (!ex.run(id, {})) return -1;
+  double ms = 0;
+  for (const auto& k : ex.stats().kernels) ms += k.last_ms;
+  return ms;
+}
+
+/// Runs program `id` until the GPU is at speed: a GPU left idle (while the host checks results or
+/// compiles) drops its clocks and needs time under load to raise them; short kernels leave it
+/// idle between submits and raised them slowly (a 2048 GEMM measured 3x slow after 300 ms).
+/// At least 300 ms, then on until no run has beaten the best by 2% for 200 ms (at most 3 s).
+void warm_up(gpu::executor& ex, gpu::program_id id) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto last_best = start;
+  double best = 1e30;
+  while (clock::now() - start < std::chrono::seconds(3)) {
+    const double ms = run_ms(ex, id);
+    if (ms < 0) return;
+    if (ms < best * 0.98) last_best = clock::now();
+    best = std::min(best, ms);
+    if (clock::now() - start > std::chrono::milliseconds(300) && clock::now() - last_best > std::chrono::milliseconds(200)) return;
+  }
+}
 
 /// Runs `g` reps+1 times (the first is a warm-up) and returns the median summed kernel time.
 result time_graph(gpu::executor& shared_ex, const graph& g, const std::function<void(gpu::executor&)>& after = {}) {
@@ -77,11 +112,7 @@ result time_graph(gpu::executor& shared_ex, const graph& g, const std::function<
   }
   std::vector<double> times;
   result r;
-  // Warm-up for 300 ms of runs: a GPU left idle (while the host checks results or compiles)
-  // drops its clocks and needs a moment under load to raise them again.
-  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-  while (std::chrono::steady_clock::now() < warm_until)
-    if (!ex.run(*id, {})) break;
+  warm_up(ex, *id);
   for (int i = 0; i <= reps; ++i) {
     auto out = ex.run(*id, {});
     if (!out) {
@@ -157,15 +188,204 @@ graph chain(int64_t n, int ops, int tag) {
   return finish(b);
 }
 
+/// Records a matmul check: prints it, and counts it as a failure over `limit`.
+void report_check(const std::string& what, double err, double limit) {
+  const bool ok = err <= limit;
+  if (!ok) ++failures;
+  std::printf("|   %s: max error %.1e (relative to sum |a*b|, limit %.0e)%s\n", what.c_str(), err, limit,
+              ok ? "" : "  <<< CHECK FAILED");
+}
+
+/// Error limit for a matmul of `t` (inputs exact in f32; an f16 result is rounded twice).
+double matmul_limit(dtype t) { return t == dtype::f32 ? 1e-4 : 1e-2; }
+
+/// A deterministic pseudo-random tensor in [-1, 1) (rounded to its dtype).
+tensor random_tensor(dtype t, const shape& s, uint64_t seed) {
+  tensor x = tensor::zeros(t, s);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int64_t i = 0; i < x.size(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    x.set(i, static_cast<double>(state >> 40) / static_cast<double>(1ull << 23) - 1.0);
+  }
+  return x;
+}
+
+/// Computes relu(a x w + bias) (a [batch, m, k] or [m, k]; w [k, n], or [batch, k, n] when
+/// `batched_w`) on `ex` and checks every entry against a host dot product; returns the largest
+/// error normalised by sum |a*w| + |bias|. Covers tile edges, batches, a weight broadcast over the
+/// batch (read with batch stride 0) and the epilogue of whichever kernel the device picks.
+double check_matmul(gpu::executor& ex, dtype t, int64_t batch, int64_t m, int64_t k, int64_t n, bool batched_w, bool plain,
+                    std::string* kernel) {
+  const std::string p = "chk" + std::to_string(batch) + "_" + std::to_string(m) + "_" + std::to_string(k) + "_" +
+                        std::to_string(n) + (batched_w ? "b" : "") + (plain ? "p" : "") + to_string(t) + ".";
+  const shape as{batch, m, k}, ws = batched_w ? shape{batch, k, n} : shape{k, n}, cs{batch, m, n};
+  builder b;
+  auto a = b.parameter(p + "a", t, as);
+  auto w = b.parameter(p + "w", t, ws);
+  auto bias = b.parameter(p + "bias", t, {n});
+  b.update(b.parameter(p + "c", t, cs), plain ? matmul(a, w) : relu(matmul(a, w) + bias));
+  tensor_map params{{p + "a", random_tensor(t, as, 1)}, {p + "w", random_tensor(t, ws, 2)}, {p + "bias", random_tensor(t, {n}, 3)}};
+  if (plain) params[p + "bias"] = tensor::zeros(t, {n});  // not in the graph: the reference adds 0 and skips relu
+  params[p + "c"] = tensor::zeros(t, cs);
+  for (int64_t i = 0; i < params[p + "c"].size(); ++i) params[p + "c"].set(i, -7.0);  // poison: every entry must be written
+  if (!ex.set_parameters(params)) return 1e9;
+  auto id = ex.load(finish(b));
+  if (!id || !ex.run(*id, {})) return 1e9;
+  if (kernel && !ex.stats().kernels.empty()) *kernel = ex.stats().kernels[0].name;
+  auto got = ex.get_parameters({p + "c"});
+  if (!got) return 1e9;
+  const auto values = [](const tensor& x) {
+    std::vector<double> v(static_cast<size_t>(x.size()));
+    for (int64_t i = 0; i < x.size(); ++i) v[static_cast<size_t>(i)] = x.at(i);
+    return v;
+  };
+  const std::vector<double> va = values(params[p + "a"]), vw = values(params[p + "w"]), vb = values(params[p + "bias"]),
+                            vc = values(got->at(p + "c"));
+  double worst = 0;
+  std::vector<double> want(static_cast<size_t>(n)), scale(static_cast<size_t>(n));
+  for (int64_t z = 0; z < batch; ++z)
+    for (int64_t i = 0; i < m; ++i) {
+      // Row i of the result, accumulated along rows of w (contiguous reads).
+      for (int64_t j = 0; j < n; ++j) want[j] = vb[j], scale[j] = std::abs(vb[j]);
+      const double* w = vw.data() + (batched_w ? z * k * n : 0);
+      for (int64_t q = 0; q < k; ++q) {
+        const double x = va[static_cast<size_t>((z * m + i) * k + q)];
+        for (int64_t j = 0; j < n; ++j) {
+          want[j] += x * w[q * n + j];
+          scale[j] += std::abs(x * w[q * n + j]);
+        }
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const double expect = plain ? want[j] : std::max(want[j], 0.0);
+        const double err = std::abs(vc[static_cast<size_t>((z * m + i) * n + j)] - expect) / std::max(scale[j], 1e-6);
+        worst = std::max(worst, std::isnan(err) ? 1e9 : err);
+      }
+    }
+  return worst;
+}
+
+/// Runs the entry-by-entry matmul checks of dtype `t` on `ex` (the variant it was created for).
+void check_matmuls(gpu::executor& ex, dtype t, const std::string& variant, bool quick, bool few) {
+  struct shape4 { int64_t batch, m, k, n; bool batched_w, plain = false; };
+  // Quick (lavapipe): small problems only. Otherwise both tile sizes with ragged edges; the sweep's
+  // variants (`few`) get one small and one large problem.
+  std::vector<shape4> cases{{1, 77, 40, 24, false}};
+  if (quick) cases.push_back({2, 130, 64, 136, true});
+  else if (few) cases.push_back({2, 1000, 256, 1032, true});
+  else
+    cases.insert(cases.end(), {{1, 300, 264, 520, false}, {2, 1000, 256, 1032, true}, {4, 500, 128, 1000, false},
+                               {2, 1000, 256, 1032, true, true}});
+  for (const auto& c : cases) {
+    std::string kernel;
+    const double err = check_matmul(ex, t, c.batch, c.m, c.k, c.n, c.batched_w, c.plain, &kernel);
+    char what[200];
+    std::snprintf(what, sizeof what, "check %s %s %lldx%lldx%lldx%lld%s%s [%s]", variant.c_str(), to_string(t),
+                  static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.k),
+                  static_cast<long long>(c.n), c.batched_w ? " (batched w)" : " (w broadcast)",
+                  c.plain ? " no epilogue" : " +bias relu", kernel.c_str());
+    report_check(what, err, matmul_limit(t));
+  }
+}
+
+/// Times the square matmuls of `sizes` in dtype `t` on `ex` and checks 256 sampled entries of
+/// each; returns the best rate (GFLOP/s).
+double time_matmuls(gpu::executor& ex, dtype t, const std::vector<int64_t>& sizes, const std::string& what) {
+  double best = 0;
+  for (auto s : sizes) {
+    builder b;
+    const std::string p = "mm" + std::to_string(s) + to_string(t) + what + ".";
+    auto a = b.parameter(p + "a", t, {s, s});
+    auto w = b.parameter(p + "b", t, {s, s});
+    b.update(b.parameter(p + "c", t, {s, s}), matmul(a, w));
+    double err = 0;
+    const result r = time_graph(ex, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
+    row(what.c_str(), std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
+    report_check("sampled check", err, matmul_limit(t));
+    best = std::max(best, 2.0 * s * s * s / r.ms / 1e6);
+  }
+  return best;
+}
+
+/// A new executor with environment variable `var` set to `value` (the device caps read it).
+std::unique_ptr<gpu::executor> executor_with(const char* var, const char* value) {
+  setenv(var, value, 1);
+  auto ex = gpu::make_vulkan_executor(options);
+  unsetenv(var);
+  if (!ex) return nullptr;
+  return std::move(*ex);
+}
+
+/// One training step of a transformer block (forward, backward through autodiff, SGD update),
+/// timed per kernel (median of `reps` runs each) against each kernel's ideal time:
+/// max(bytes / copy bandwidth, flops / GEMM rate), both measured earlier in the same run.
+void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t channels, int64_t heads, double copy_gbs,
+                      double gemm_gflops) {
+  builder b;
+  auto x = b.parameter("step.x", dtype::f32, {batch, time, channels});
+  auto blk = nn::make_transformer_block(b, "step.blk", channels, heads);
+  auto loss = nn::mse(blk(x), b.fill(0.25, dtype::f32, {batch, time, channels}));
+  const std::vector<expr> params{blk.ln1_gamma, blk.ln1_beta, blk.attn.wq, blk.attn.wk, blk.attn.wv, blk.attn.wo,
+                                 blk.ln2_gamma, blk.ln2_beta, blk.up.w,    blk.up.b,    blk.down.w,  blk.down.b};
+  optim::sgd(b, params, gradients(loss, params), {.lr = 1e-3});
+  const graph g = finish(b);
+  tensor_map init = nn::init_parameters(g, 7);
+  init["step.x"] = random_tensor(dtype::f32, {batch, time, channels}, 9);
+  if (!ex.set_parameters(init)) std::exit(1);
+  auto id = ex.load(g);
+  if (!id) {
+    std::fprintf(stderr, "load: %s\n", id.error().to_string().c_str());
+    std::exit(1);
+  }
+  warm_up(ex, *id);
+  std::vector<std::vector<double>> per_kernel;
+  std::vector<gpu::kernel_timing> kernels;
+  for (int i = 0; i < reps; ++i) {
+    if (!ex.run(*id, {})) std::exit(1);
+    kernels = ex.stats().kernels;
+    per_kernel.resize(kernels.size());
+    for (size_t k = 0; k < kernels.size(); ++k) per_kernel[k].push_back(kernels[k].last_ms);
+  }
+  struct line { std::string name; double ms, ideal_ms; };
+  std::vector<line> lines;
+  double total = 0, ideal = 0, mm_ms = 0, mm_ideal = 0;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    auto& v = per_kernel[k];
+    std::sort(v.begin(), v.end());
+    const double ms = v[v.size() / 2];
+    const double ideal_ms = std::max(static_cast<double>(kernels[k].bytes) / copy_gbs / 1e6, kernels[k].flops / gemm_gflops / 1e6);
+    lines.push_back({kernels[k].name, ms, ideal_ms});
+    total += ms;
+    ideal += ideal_ms;
+    if (kernels[k].flops > 0) {
+      mm_ms += ms;
+      mm_ideal += ideal_ms;
+    }
+  }
+  std::printf("\ntransformer block training step (x [%lld, %lld, %lld], %lld heads; forward, backward, SGD): %zu kernels\n",
+              static_cast<long long>(batch), static_cast<long long>(time), static_cast<long long>(channels),
+              static_cast<long long>(heads), kernels.size());
+  std::printf("  ideal per kernel = max(bytes / %.0f GB/s copy, flops / %.0f GFLOP/s fp32 GEMM), both measured above\n",
+              copy_gbs, gemm_gflops);
+  std::printf("  measured %.3f ms, sum of ideal times %.3f ms: %.0f%% of ideal\n", total, ideal, 100.0 * ideal / total);
+  std::printf("  matmul kernels %.3f ms (ideal %.3f), other kernels %.3f ms (ideal %.3f)\n", mm_ms, mm_ideal, total - mm_ms,
+              ideal - mm_ideal);
+  std::sort(lines.begin(), lines.end(), [](const line& p, const line& q) { return p.ms - p.ideal_ms > q.ms - q.ideal_ms; });
+  std::printf("  largest gaps (kernel, ms, ideal ms):\n");
+  for (size_t i = 0; i < std::min<size_t>(lines.size(), 12); ++i)
+    std::printf("    %-22s %8.3f %8.3f\n", lines[i].name.c_str(), lines[i].ms, lines[i].ideal_ms);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, sweep = true, step = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
     else if (!std::strcmp(argv[i], "--fresh")) fresh = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--no-sweep")) sweep = false;
+    else if (!std::strcmp(argv[i], "--no-step")) step = false;
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
@@ -245,19 +465,10 @@ int main(int argc, char** argv) {
   row("layer norm rows (read+write)", rc, time_graph(ex, reduce_graph(3)), 2 * mat, "GB/s");
 
   const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
-  for (auto s : sizes)
-    for (dtype t : {dtype::f32, dtype::f16}) {
-      builder b;
-      const std::string p = "mm" + std::to_string(s) + to_string(t) + ".";
-      auto a = b.parameter(p + "a", t, {s, s});
-      auto w = b.parameter(p + "b", t, {s, s});
-      b.update(b.parameter(p + "c", t, {s, s}), matmul(a, w));
-      const std::string what = t == dtype::f32 ? "matmul fp32 (tiled, registers)" : "matmul f16 (coopmat if offered)";
-      double err = 0;
-      const result r = time_graph(ex, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
-      row(what.c_str(), std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
-      std::printf("|   checked: max sampled error %.1e (relative to sum |a*b|)\n", err);
-    }
+  check_matmuls(ex, dtype::f32, "default", quick, false);
+  check_matmuls(ex, dtype::f16, "default", quick, false);
+  const double gemm_gflops = time_matmuls(ex, dtype::f32, sizes, "matmul fp32 (default kernel)");
+  time_matmuls(ex, dtype::f16, sizes, "matmul f16 (default kernel)");
   {
     builder b;
     const int64_t bm = quick ? 64 : 1024;
@@ -268,42 +479,36 @@ int main(int argc, char** argv) {
     row("matmul + bias + gelu (1 kernel?)", std::to_string(bm) + "x1024x1024", time_graph(ex, finish(b)),
         2.0 * bm * 1024 * 1024, "GFLOP/s");
   }
-
+  // Copy bandwidth (y = -x: one read, one write), the memory ceiling of the training step.
+  double copy_gbs = 0;
   {
-    // The same matmuls with the vec4 + prefetch variant, for comparison.
-    setenv("MESH_GEMM", "vec4", 1);
-    auto variant = gpu::make_vulkan_executor(o);
-    if (variant)
-      for (auto s : sizes) {
-        builder b;
-        const std::string p = "v4_" + std::to_string(s) + ".";
-        auto a = b.parameter(p + "a", dtype::f32, {s, s});
-        auto w = b.parameter(p + "b", dtype::f32, {s, s});
-        b.update(b.parameter(p + "c", dtype::f32, {s, s}), matmul(a, w));
-        double err = 0;
-        const result r = time_graph(**variant, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
-        row("matmul fp32, vec4+prefetch variant", std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
-        std::printf("|   checked: max sampled error %.1e\n", err);
-      }
-    unsetenv("MESH_GEMM");
+    builder b;
+    auto x = b.parameter("copy.x", dtype::f32, {n});
+    b.update(b.parameter("copy.y", dtype::f32, {n}), -x);
+    const result r = time_graph(ex, finish(b));
+    row("copy y = -x (read + write)", std::to_string(n >> 20) + "M f32", r, 2.0 * n * 4, "GB/s");
+    copy_gbs = 2.0 * n * 4 / r.ms / 1e6;
   }
-  {
-    // f16 without tensor cores (16-bit storage, f32 math), for comparison.
-    setenv("MESH_COOPMAT", "0", 1);
-    auto variant = gpu::make_vulkan_executor(o);
-    if (variant)
-      for (auto s : sizes) {
-        builder b;
-        const std::string p = "nocoop" + std::to_string(s) + ".";
-        auto a = b.parameter(p + "a", dtype::f16, {s, s});
-        auto w = b.parameter(p + "b", dtype::f16, {s, s});
-        b.update(b.parameter(p + "c", dtype::f16, {s, s}), matmul(a, w));
-        double err = 0;
-        const result r = time_graph(**variant, finish(b), [&](gpu::executor& e) { err = verify_matmul(e, p, s); });
-        row("matmul f16, no coopmat (f32 math)", std::to_string(s) + "^3", r, 2.0 * s * s * s, "GFLOP/s");
-        std::printf("|   checked: max sampled error %.1e\n", err);
+
+  if (sweep) {
+    // The other kernel variants, each in its own executor (the device caps read the variable),
+    // each checked entry by entry before it is timed. "classic" and "64" are the kernels these
+    // replaced.
+    for (const char* v : {"classic", "warp16", "wide", "narrow", "vec4"})
+      if (auto vex = executor_with("MESH_GEMM", v)) {
+        check_matmuls(*vex, dtype::f32, std::string("MESH_GEMM=") + v, quick, true);
+        time_matmuls(*vex, dtype::f32, sizes, std::string("matmul fp32, MESH_GEMM=") + v);
       }
-    unsetenv("MESH_COOPMAT");
+    if (info.coopmat)
+      for (const char* v : {"64", "s8", "wide", "0"})
+        if (auto vex = executor_with("MESH_COOPMAT", v)) {
+          check_matmuls(*vex, dtype::f16, std::string("MESH_COOPMAT=") + v, quick, true);
+          time_matmuls(*vex, dtype::f16, sizes, std::string("matmul f16, MESH_COOPMAT=") + v);
+        }
+  }
+  if (step) {
+    if (quick) transformer_step(ex, 2, 32, 64, 4, copy_gbs, gemm_gflops);
+    else transformer_step(ex, 8, 256, 768, 12, copy_gbs, gemm_gflops);
   }
 
   std::printf("\ncompile latency (transformer block forward, %llu kernels compiled cold):\n",
@@ -313,5 +518,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(disk_compiles));
   std::printf("  same executor, memory cache     %8.1f ms\n", memory);
   std::filesystem::remove_all(cache);
-  return 0;
+  if (failures) std::printf("\n%d MATMUL CHECKS FAILED\n", failures);
+  return failures ? 2 : 0;
 }

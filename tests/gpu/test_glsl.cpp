@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 using namespace mesh;
@@ -122,4 +123,70 @@ TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices
   gpu::shader_cache cache("", "test");
   auto spirv = cache.get(src->name, src->glsl);
   if (!spirv) FAIL(spirv.error().message << "\n" << src->glsl);
+}
+
+TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shapes) compiles") {
+  // Small (64x64 tiles) and large (enough 128-wide tiles to fill a GPU) problems, a weight
+  // broadcast over the batch (read straight from its buffer), a transposed operand (loader), and
+  // an epilogue that reads another buffer.
+  builder b;
+  auto xs = b.input("xs", dtype::f32, {2, 40, 24});
+  auto xl = b.input("xl", dtype::f32, {16, 256, 64});
+  auto w = b.parameter("w", dtype::f32, {24, 36});
+  auto wl = b.parameter("wl", dtype::f32, {64, 520});
+  auto bias = b.parameter("bias", dtype::f32, {520});
+  b.output("small", relu(matmul(xs, w)));
+  b.output("large", nn::gelu(matmul(xl, wl) + bias));
+  b.output("transposed", matmul(transpose(xs), xs));
+  auto hs = b.input("hs", dtype::f16, {40, 24});
+  auto hl = b.input("hl", dtype::f16, {8, 256, 64});
+  auto hw = b.parameter("hw", dtype::f16, {24, 40});
+  auto hwl = b.parameter("hwl", dtype::f16, {64, 1024});
+  auto hb = b.parameter("hb", dtype::f16, {1024});
+  b.output("hsmall", matmul(hs, hw));
+  b.output("hlarge", relu(matmul(hl, hwl) + hb));
+  b.output("hplain", matmul(hl, hwl));  // no epilogue: whole tiles stored straight from the fragments
+  auto hr = b.input("hr", dtype::f16, {8, 250, 64});
+  b.output("hragged", matmul(hr, hwl));
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::shader_cache cache("", "test");
+  struct variant { const char* gemm; const char* coop; bool coopmat; };
+  for (auto v : {variant{"", "", false}, variant{"warp16", "", false}, variant{"wide", "", false}, variant{"classic", "", false},
+                 variant{"narrow", "", false}, variant{"", "", true}, variant{"", "s8", true}, variant{"", "wide", true}, variant{"", "64", true}}) {
+    gpu::device_caps caps;
+    caps.storage16 = true;
+    caps.shared_memory_bytes = 49152;
+    caps.gemm_variant = v.gemm;
+    caps.coopmat_variant = v.coop;
+    caps.coopmat_f16 = v.coopmat;
+    std::vector<std::string> names;
+    int direct_stores = 0;  // tiled coopmat kernels without an epilogue store fragments directly
+    for (const auto& k : p.kernels) {
+      if (k.kind != gpu::kernel_kind::matmul) continue;
+      auto src = gpu::emit(g, p, k, caps);
+      REQUIRE(src.has_value());
+      names.push_back(src->name);
+      if (src->glsl.find("coopMatStoreNV(h, c16.v") != std::string::npos) ++direct_stores;
+      INFO(v.gemm << "/" << v.coop << " " << src->name << "\n" << src->glsl);
+      auto spirv = cache.get(src->name, src->glsl);
+      if (!spirv) FAIL(spirv.error().message);
+    }
+    INFO(v.gemm << "/" << v.coop);
+    const auto has = [&](const std::string& prefix) {
+      return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+    };
+    if (!v.coopmat) {
+      CHECK(has(std::string(v.gemm) == "classic" ? "mm64_" : "mmw64x64"));
+      const std::string g = v.gemm;
+      const std::string big = g == "classic" ? "mm128_" : g == "wide" ? "mmw128x256" : g == "narrow" ? "mmw128x64" : "mmw128x128";
+      CHECK(has(big));
+    } else if (std::string(v.coop) == "64") {
+      CHECK(has("mmcoop_"));
+    } else {
+      CHECK(has("mmct64x64s4"));  // the small f16 problem
+      CHECK(direct_stores == 3);   // hsmall, hplain, hragged
+      CHECK(has(std::string(v.coop) == "s8" ? "mmct128x128s8" : std::string(v.coop) == "wide" ? "mmct128x256s8" : "mmct128x128s4"));
+    }
+  }
 }

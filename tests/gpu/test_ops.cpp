@@ -246,3 +246,50 @@ TEST_CASE("ops: the vec4 + prefetch matmul variant (MESH_GEMM=vec4) matches the 
     CHECK((*ex)->stats().kernels.at(0).name.find("v_") != std::string::npos);  // the variant ran
   }
 }
+
+TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 and f16, with epilogues") {
+  // The weight is read straight from its buffer with a batch stride of 0 (vec4 loads when n % 4
+  // == 0; f16 with k, n multiples of 8 takes the tiled cooperative-matrix kernel on GPUs offering
+  // it). n = 37 takes the loader path.
+  for (dtype t : {dtype::f32, dtype::f16})
+    for (int64_t n : {36, 37, 40}) {
+      INFO(to_string(t) << " n=" << n);
+      builder b;
+      const std::string tag = std::string(to_string(t)) + std::to_string(n);
+      auto x = b.input("x", t, {3, 17, 40});
+      auto w = b.parameter("bw" + tag, t, {40, n});
+      auto bias = b.parameter("bb" + tag, t, {n});
+      b.output("plain", matmul(x, w));
+      b.output("gelu", nn::gelu(matmul(x, w) + bias));
+      b.output("residual", relu(matmul(x, w)) + slice_axis(x, 2, 0, n > 40 ? 40 : n));
+      check(finish(b), {{"x", random_tensor(t, {3, 17, 40}, 30)}},
+            {{"bw" + tag, random_tensor(t, {40, n}, 31)}, {"bb" + tag, random_tensor(t, {n}, 32)}}, t == dtype::f32 ? 1e-4 : -1);
+    }
+}
+
+TEST_CASE("ops: the other matmul variants (MESH_GEMM=warp16, wide, narrow, classic) match the reference") {
+  vulkan();  // keeps the driver loaded (see harness.hpp)
+  for (const char* variant : {"warp16", "wide", "narrow", "classic"}) {
+    setenv("MESH_GEMM", variant, 1);
+    gpu::vulkan_options o;
+    o.cache_dir = "-";
+    auto ex = gpu::make_vulkan_executor(o);
+    unsetenv("MESH_GEMM");
+    REQUIRE(ex);
+    struct mm_case { int64_t batch, m, k, n; };
+    for (auto c : {mm_case{0, 3, 5, 8}, mm_case{0, 127, 33, 65}, mm_case{32, 129, 4, 132}, mm_case{32, 129, 3, 129}}) {
+      INFO(variant << " m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
+      shape as{c.m, c.k}, bs{c.k, c.n};
+      if (c.batch) {
+        as.insert(as.begin(), c.batch);
+        bs.insert(bs.begin(), c.batch);
+      }
+      builder b;
+      const std::string w = std::string("var") + variant + std::to_string(c.m) + "_" + std::to_string(c.k);
+      auto x = b.input("x", dtype::f32, as);
+      auto wp = b.parameter(w, dtype::f32, bs);
+      b.output("y", relu(matmul(x, wp)) - 0.25);
+      check_on(**ex, finish(b), {{"x", random_tensor(dtype::f32, as, 22)}}, {{w, random_tensor(dtype::f32, bs, 23)}}, 1e-4);
+    }
+  }
+}
