@@ -103,10 +103,15 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<app::node_process>> procs;
   std::string first;
   for (int i = 0; i < nodes; ++i) {
+    // Each run starts its nodes with fresh state (identity, logs): the demo's nodes are its own,
+    // and an identity left by an earlier run (perhaps copied with other permissions) is not reused.
+    const auto dir = std::filesystem::path(out) / ("node" + std::to_string(i + 1));
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
     std::vector<std::string> args = {"--port", "0", "--device", device, "--secret-file", *secret_file, "--mdns",
                                      mdns ? "on" : "off", "--log-level", "info"};
     if (!mdns && i > 0) args.insert(args.end(), {"--peer", first});
-    procs.push_back(std::make_unique<app::node_process>(binary, std::filesystem::path(out) / ("node" + std::to_string(i + 1)), args));
+    procs.push_back(std::make_unique<app::node_process>(binary, dir, args));
     if (i == 0) {
       auto ep = procs[0]->endpoint();
       if (!ep) return fail(ep.error().message);

@@ -79,6 +79,10 @@ struct vulkan_options {
   uint64_t memory_limit = 0;
   /// Size of each device memory block that tensors are sub-allocated from.
   uint64_t block_bytes = 64ull << 20;
+  /// Two-pass (split) reductions for few outputs over long ranges (a loss's mean): -1 chooses (on
+  /// for GPUs; off for CPU devices such as lavapipe, where more workgroups only add dispatch
+  /// overhead), 0 off, 1 on. The env variable MESH_SPLIT_REDUCE=0 or 1 overrides it.
+  int split_reductions = -1;
 };
 
 /// A Vulkan executor on the chosen device, or an error saying why none is available.

@@ -396,7 +396,8 @@ std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, b
 std::string header(const graph& g, const std::vector<node_id>& bindings, bool subgroups, uint32_t local_size) {
   std::string s = "#version 450\n";
   bool has16 = false;
-  for (auto id : bindings) has16 = has16 || g[id].type == dtype::f16 || g[id].type == dtype::bf16;
+  for (auto id : bindings)
+    if (id < g.size()) has16 = has16 || g[id].type == dtype::f16 || g[id].type == dtype::bf16;
   if (has16) s += "#extension GL_EXT_shader_16bit_storage : require\n";
   if (subgroups) s += "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_KHR_shader_subgroup_arithmetic : require\n";
   s += "#extension GL_EXT_control_flow_attributes : require\n";
@@ -411,7 +412,8 @@ uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap) {
 
 uint64_t bytes_of(const graph& g, const std::vector<node_id>& bindings) {
   uint64_t b = 0;
-  for (auto id : bindings) b += static_cast<uint64_t>(element_count(g[id].dims)) * size_of(g[id].type);
+  for (auto id : bindings)
+    if (id < g.size()) b += static_cast<uint64_t>(element_count(g[id].dims)) * size_of(g[id].type);  // not scratch
   return b;
 }
 
@@ -515,11 +517,33 @@ kernel_source column_reduction(const graph& g, const plan& q, const kernel& k, c
   return s;
 }
 
-kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
-  const plan q = with_root_inline(p, k.root);
-  const node& r = g[k.anchor];
-  const node_id x = r.inputs[0];
-  const shape& xd = g[x].dims;
+/// Combines every thread's `acc` over the 256-thread workgroup (in a fixed order: results are
+/// reproducible) and opens a block in which thread 0 holds the result in `acc`; the caller closes
+/// it and adds a barrier before `sh` is reused. Needs `shared <acc type> sh[256]`.
+std::string workgroup_combine(const reduction_ops& ops, bool subgroups) {
+  std::string m;
+  if (subgroups) {
+    m += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
+    m += "    if (gl_SubgroupInvocationID == 0u) sh[gl_SubgroupID] = acc;\n    barrier();\n";
+    m += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = " + ops.init +
+         ";\n      for (uint s = 0u; s < gl_NumSubgroups; ++s) acc = " + ops.combine("acc", "sh[s]") + ";\n";
+  } else {
+    m += "    sh[gl_LocalInvocationID.x] = acc;\n    barrier();\n";
+    m += "    for (uint s = 128u; s > 0u; s >>= 1) {\n      if (gl_LocalInvocationID.x < s) sh[gl_LocalInvocationID.x] = " +
+         ops.combine("sh[gl_LocalInvocationID.x]", "sh[gl_LocalInvocationID.x + s]") + ";\n      barrier();\n    }\n";
+    m += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = sh[0];\n";
+  }
+  return m;
+}
+
+/// Offsets into a reduction's input: `base` of output o, `roff` of reduced element r.
+struct reduction_offsets {
+  std::string base, roff;
+};
+
+reduction_offsets offsets_of(const graph& g, node_id anchor, bool trailing) {
+  const node& r = g[anchor];
+  const shape& xd = g[r.inputs[0]].dims;
   const auto xs = strides_of(xd);
   std::vector<bool> reduced(xd.size(), false);
   for (auto a : r.attrs.axes) reduced[static_cast<size_t>(a)] = true;
@@ -529,44 +553,150 @@ kernel_source reduction(const graph& g, const plan& p, const kernel& k, const de
     (reduced[a] ? red_dims : kept_dims).push_back(xd[a]);
     (reduced[a] ? red_strides : kept_strides).push_back(xs[a]);
   }
-  const int64_t outs = element_count(kept_dims), red = element_count(red_dims);
-  // Trailing reduced axes (rows): contiguous, one workgroup per output pays off.
-  size_t first_red = xd.size();
-  while (first_red > 0 && reduced[first_red - 1]) --first_red;
-  bool trailing = true;
-  for (size_t a = 0; a < first_red; ++a) trailing = trailing && !reduced[a];
-  // Leading reduced axes (columns: bias gradients, batch sums): input index r * outs + o.
-  size_t last_red = 0;
-  while (last_red < xd.size() && reduced[last_red]) ++last_red;
-  bool leading = !trailing && last_red > 0;
-  for (size_t a = last_red; a < xd.size(); ++a) leading = leading && !reduced[a];
-  if (leading && red >= 64) return column_reduction(g, q, k, caps, outs, red);
-  const bool per_group = red >= 256 && (trailing || outs < 1024);
-
-  emitter e(g, q, false);
-  e.bind(k.root);
   auto offset = [&](const std::string& idx, const shape& dims, const std::vector<int64_t>& strides) {
     std::vector<std::string> terms;
     for (size_t d = 0; d < dims.size(); ++d)
       if (dims[d] != 1) terms.push_back(emitter::times(emitter::coord(idx, dims, d), strides[d]));
     return emitter::sum_terms(terms);
   };
-  const std::string base = trailing ? emitter::times("o", red) : offset("o", kept_dims, kept_strides);
-  const std::string roff = trailing ? "r" : offset("r", red_dims, red_strides);
-  const auto ops = reduction_of(r);
-  const std::string acc_t = ops.is_int ? "int" : "float";
+  if (trailing) return {emitter::times("o", element_count(red_dims)), "r"};
+  return {offset("o", kept_dims, kept_strides), offset("r", red_dims, red_strides)};
+}
 
+/// The statements that fold the input at reduced index `r` (of output o) into `acc`: the
+/// prologue is evaluated inline.
+std::string fold_input(emitter& e, const graph& g, const kernel& k, const reduction_ops& ops, const std::string& at,
+                       const std::string& indent) {
   std::string inner;
   e.scoped([&] {
-    const std::string v = e.value(x, "(base + " + roff + ")");
-    inner = e.body + "    acc = " + ops.combine("acc", v) + ";\n";
+    const std::string v = e.value(g[k.anchor].inputs[0], at);
+    inner = e.body + indent + "acc = " + ops.combine("acc", v) + ";\n";
     e.body.clear();
   });
+  return inner;
+}
+
+/// The storage buffer of a split reduction's partials (binding b; written by pass 1).
+std::string scratch_decl(const plan& p, const kernel& k, size_t b) {
+  const bool is_int = p.scratch[static_cast<size_t>(k.scratch)].type == dtype::i32;
+  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+         std::to_string(b) + " { " + (is_int ? "int" : "float") + " v[]; } b" + std::to_string(b) + ";\n";
+}
+
+/// Buffer declarations of a split reduction's pass: graph nodes and its scratch buffer.
+std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_id>& bindings) {
+  std::string s;
+  for (size_t b = 0; b < bindings.size(); ++b)
+    s += bindings[b] < g.size() ? buffer_decl(g, bindings[b], b, false) : scratch_decl(p, k, b);
+  return s;
+}
+
+/// Pass 1 of a split reduction: workgroup (o, s) folds slice s of output o's range (prologue
+/// inline) into partial[o * slices + s] (rows) or partial[s * outputs + o] (columns: 32 outputs x
+/// 8 interleaved sub-slices per workgroup, as in `redc`). No epilogue: pass 2 applies it.
+kernel_source split_pass1(const graph& g, const plan& q, const kernel& k, const device_caps& caps, const reduction_layout& l) {
+  const auto ops = reduction_of(g[k.anchor]);
+  const std::string acc_t = ops.is_int ? "int" : "float";
+  const int64_t len = slice_length(l.reduced, k.slices);
+  emitter e(g, q, false);
+  e.bind(scratch_id(g, k.scratch));  // binding 0: written
+  const bool cols = l.columns(), subgroups = !cols && caps.subgroup_arithmetic;
+  std::string main = "  for (uint s = gl_WorkGroupID.y; s < " + u(k.slices) + "; s += gl_NumWorkGroups.y) {\n";
+  main += "  const uint r_begin = s * " + u(len) + ", r_end = min(r_begin + " + u(len) + ", " + u(l.reduced) + ");\n";
+  std::string shared;
+  if (cols) {
+    shared = "shared " + acc_t + " sh[8][32];\n";
+    const std::string inner = fold_input(e, g, k, ops, "(o + r * " + u(l.outputs) + ")", "        ");
+    main += "  const uint c = gl_LocalInvocationID.x % 32u, sl = gl_LocalInvocationID.x / 32u;\n";
+    main += "  for (uint og = gl_WorkGroupID.x * 32u; og < " + u(l.outputs) + "; og += gl_NumWorkGroups.x * 32u) {\n";
+    main += "    uint o = og + c;\n    " + acc_t + " acc = " + ops.init + ";\n";
+    main += "    if (o < " + u(l.outputs) + ") {\n      for (uint r = r_begin + sl; r < r_end; r += 8u) {\n" + inner +
+            "      }\n    }\n";
+    main += "    sh[sl][c] = acc;\n    barrier();\n    if (sl == 0u && o < " + u(l.outputs) + ") {\n";
+    main += "      for (uint t = 1u; t < 8u; ++t) acc = " + ops.combine("acc", "sh[t][c]") + ";\n";
+    main += "      b0.v[s * " + u(l.outputs) + " + o] = acc;\n    }\n    barrier();\n  }\n";
+  } else {
+    shared = "shared " + acc_t + " sh[256];\n";
+    const auto off = offsets_of(g, k.anchor, l.trailing);
+    const std::string inner = fold_input(e, g, k, ops, "(base + " + off.roff + ")", "    ");
+    main += "  for (uint o = gl_WorkGroupID.x; o < " + u(l.outputs) + "; o += gl_NumWorkGroups.x) {\n";
+    main += "    uint base = " + off.base + ";\n    " + acc_t + " acc = " + ops.init + ";\n";
+    main += "    for (uint r = r_begin + gl_LocalInvocationID.x; r < r_end; r += 256u) {\n" + inner + "    }\n";
+    main += workgroup_combine(ops, subgroups);
+    main += "      b0.v[o * " + u(k.slices) + " + s] = acc;\n    }\n    barrier();\n  }\n";
+  }
+  main += "  }\n";
+  kernel_source src;
+  src.name = std::string(cols ? "redcs1_" : "reds1_") + std::to_string(k.root);
+  src.bindings = e.bindings;
+  const int64_t x_groups = cols ? (l.outputs + 31) / 32 : l.outputs;
+  src.groups = {static_cast<uint32_t>(std::clamp<int64_t>(x_groups, 1, caps.max_groups[0])),
+                static_cast<uint32_t>(std::clamp<int64_t>(k.slices, 1, caps.max_groups[1])), 1};
+  src.bytes = bytes_of(g, src.bindings) + static_cast<uint64_t>(k.slices * l.outputs) * 4;
+  src.glsl = header(g, src.bindings, subgroups, 256) + split_decls(g, q, k, src.bindings) + shared + prelude +
+             "void main() {\n" + main + "}\n";
+  return src;
+}
+
+/// Pass 2 of a split reduction: combines each output's partials in slice order (a workgroup per
+/// output for rows, a thread per output for columns: reads coalesced either way) and applies the
+/// epilogue.
+kernel_source split_pass2(const graph& g, const plan& q, const kernel& k, const device_caps& caps, const reduction_layout& l) {
+  const auto ops = reduction_of(g[k.anchor]);
+  const std::string acc_t = ops.is_int ? "int" : "float";
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string part = "b" + std::to_string(e.bind(scratch_id(g, k.scratch))) + ".v";
+  const bool cols = l.columns(), subgroups = !cols && caps.subgroup_arithmetic;
+  std::string main, shared;
+  if (cols) {
+    main += "  for (uint o = gl_GlobalInvocationID.x; o < " + u(l.outputs) + "; o += gl_NumWorkGroups.x * 256u) {\n";
+    main += "    " + acc_t + " acc = " + ops.init + ";\n";
+    main += "    for (uint s = 0u; s < " + u(k.slices) + "; ++s) acc = " +
+            ops.combine("acc", part + "[s * " + u(l.outputs) + " + o]") + ";\n";
+    main += epilogue(e, g, k, "o", "acc") + "  }\n";
+  } else {
+    shared = "shared " + acc_t + " sh[256];\n";
+    main += "  for (uint o = gl_WorkGroupID.x; o < " + u(l.outputs) + "; o += gl_NumWorkGroups.x) {\n";
+    main += "    " + acc_t + " acc = " + ops.init + ";\n";
+    main += "    for (uint s = gl_LocalInvocationID.x; s < " + u(k.slices) + "; s += 256u) acc = " +
+            ops.combine("acc", part + "[o * " + u(k.slices) + " + s]") + ";\n";
+    main += workgroup_combine(ops, subgroups);
+    main += epilogue(e, g, k, "o", "acc") + "    }\n    barrier();\n  }\n";
+  }
+  kernel_source src;
+  src.name = std::string(cols ? "redcs2_" : "reds2_") + std::to_string(k.root);
+  src.bindings = e.bindings;
+  src.groups = {cols ? groups_for(l.outputs, 256, caps.max_groups[0])
+                     : static_cast<uint32_t>(std::clamp<int64_t>(l.outputs, 1, caps.max_groups[0])),
+                1, 1};
+  src.bytes = bytes_of(g, src.bindings) + static_cast<uint64_t>(k.slices * l.outputs) * 4;
+  src.glsl = header(g, src.bindings, subgroups, 256) + split_decls(g, q, k, src.bindings) + shared + prelude +
+             "void main() {\n" + main + "}\n";
+  return src;
+}
+
+kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  if (k.pass == 1) return split_pass1(g, q, k, caps, layout_of(g, k.anchor));
+  if (k.pass == 2) return split_pass2(g, q, k, caps, layout_of(g, k.anchor));
+  // The plan's split decision reads the same layout (reduction_layout::columns / per_group).
+  const reduction_layout l = layout_of(g, k.anchor);
+  const int64_t outs = l.outputs, red = l.reduced;
+  if (l.columns()) return column_reduction(g, q, k, caps, outs, red);
+  const bool per_group = l.per_group();
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const auto off = offsets_of(g, k.anchor, l.trailing);
+  const auto ops = reduction_of(g[k.anchor]);
+  const std::string acc_t = ops.is_int ? "int" : "float";
+  const std::string inner = fold_input(e, g, k, ops, "(base + " + off.roff + ")", "    ");
   std::string main;
   const std::string loop_o = per_group ? "for (uint o = gl_WorkGroupID.x; o < " + u(outs) + "; o += gl_NumWorkGroups.x)"
                                        : "for (uint o = gl_GlobalInvocationID.x; o < " + u(outs) +
                                              "; o += gl_NumWorkGroups.x * 256u)";
-  main += "  " + loop_o + " {\n    uint base = " + base + ";\n    " + acc_t + " acc = " + ops.init + ";\n";
+  main += "  " + loop_o + " {\n    uint base = " + off.base + ";\n    " + acc_t + " acc = " + ops.init + ";\n";
   main += per_group ? "    for (uint r = gl_LocalInvocationID.x; r < " + u(red) + "; r += 256u) {\n"
                     : "    for (uint r = 0u; r < " + u(red) + "; ++r) {\n";
   main += inner + "    }\n";
@@ -574,17 +704,7 @@ kernel_source reduction(const graph& g, const plan& p, const kernel& k, const de
   std::string shared;
   if (per_group) {
     shared = "shared " + acc_t + " sh[256];\n";
-    if (subgroups) {
-      main += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
-      main += "    if (gl_SubgroupInvocationID == 0u) sh[gl_SubgroupID] = acc;\n    barrier();\n";
-      main += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = " + ops.init +
-              ";\n      for (uint s = 0u; s < gl_NumSubgroups; ++s) acc = " + ops.combine("acc", "sh[s]") + ";\n";
-    } else {
-      main += "    sh[gl_LocalInvocationID.x] = acc;\n    barrier();\n";
-      main += "    for (uint s = 128u; s > 0u; s >>= 1) {\n      if (gl_LocalInvocationID.x < s) sh[gl_LocalInvocationID.x] = " +
-              ops.combine("sh[gl_LocalInvocationID.x]", "sh[gl_LocalInvocationID.x + s]") + ";\n      barrier();\n    }\n";
-      main += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = sh[0];\n";
-    }
+    main += workgroup_combine(ops, subgroups);
     main += epilogue(e, g, k, "o", "acc") + "    }\n    barrier();\n";
   } else {
     main += epilogue(e, g, k, "o", "acc");

@@ -24,9 +24,69 @@ bool reindexes(op_kind op) {
   return f == op_family::movement || f == op_family::gather;
 }
 
+/// The kernel(s) of reduction kernel `k`: itself, or its two passes when splitting pays.
+void add_reduction(const graph& g, const kernel& k, const split_options& split, plan& p) {
+  const reduction_layout l = layout_of(g, k.anchor);
+  const int64_t slices = split_slices(l, split);
+  if (slices == 0) {
+    p.kernels.push_back(k);
+    return;
+  }
+  kernel first = k;
+  first.pass = 1;
+  first.slices = slices;
+  first.scratch = static_cast<int>(p.scratch.size());
+  // Partials stay in the accumulator's type: an f16 sum is rounded once, at the end.
+  p.scratch.push_back({g[k.anchor].type == dtype::i32 ? dtype::i32 : dtype::f32, slices * l.outputs});
+  kernel second = first;
+  second.pass = 2;
+  p.kernels.push_back(first);
+  p.kernels.push_back(second);
+}
+
 }  // namespace
 
-plan lower(const graph& g) {
+reduction_layout layout_of(const graph& g, node_id reduce) {
+  const node& r = g[reduce];
+  const shape& xd = g[r.inputs[0]].dims;
+  std::vector<bool> reduced(xd.size(), false);
+  for (auto a : r.attrs.axes) reduced[static_cast<size_t>(a)] = true;
+  reduction_layout l;
+  l.outputs = l.reduced = 1;
+  for (size_t a = 0; a < xd.size(); ++a) (reduced[a] ? l.reduced : l.outputs) *= xd[a];
+  size_t first_red = xd.size();
+  while (first_red > 0 && reduced[first_red - 1]) --first_red;
+  l.trailing = true;
+  for (size_t a = 0; a < first_red; ++a) l.trailing = l.trailing && !reduced[a];
+  size_t last_red = 0;
+  while (last_red < xd.size() && reduced[last_red]) ++last_red;
+  l.leading = !l.trailing && last_red > 0;
+  for (size_t a = last_red; a < xd.size(); ++a) l.leading = l.leading && !reduced[a];
+  return l;
+}
+
+int64_t slice_length(int64_t reduced, int64_t slices) {
+  const int64_t len = (reduced + slices - 1) / std::max<int64_t>(slices, 1);
+  return (len + 63) / 64 * 64;
+}
+
+int64_t split_slices(const reduction_layout& l, const split_options& o) {
+  if (!o.enabled || l.outputs <= 0 || l.reduced < std::max<int64_t>(o.min_reduced, 2)) return 0;
+  // Workgroups of the one-pass kernel; one thread per output (redt) is never split.
+  const int64_t groups = l.columns() ? (l.outputs + 31) / 32 : l.per_group() ? l.outputs : 0;
+  if (groups == 0 || groups >= o.max_groups) return 0;
+  int64_t slices = (o.target_groups + groups - 1) / groups;
+  // A column workgroup reads 32 outputs at each reduced index, a row workgroup one.
+  const int64_t per_index = l.columns() ? 32 : 1;
+  slices = std::min({slices, l.reduced * per_index / std::max<int64_t>(o.min_slice, 1), o.max_slices});
+  if (slices < 2) return 0;
+  // Slices are whole multiples of 64 elements: count only the non-empty ones.
+  const int64_t len = slice_length(l.reduced, slices);
+  slices = (l.reduced + len - 1) / len;
+  return slices >= 2 ? slices : 0;
+}
+
+plan lower(const graph& g, const split_options& split) {
   const auto n = static_cast<size_t>(g.size());
   std::vector<std::vector<node_id>> users(n);
   for (node_id id = 0; id < g.size(); ++id)
@@ -126,7 +186,8 @@ plan lower(const graph& g) {
       case op_kind::scatter_add: k.kind = kernel_kind::scatter_add; break;
       default: k.kind = kernel_kind::elementwise; k.anchor = -1; break;
     }
-    p.kernels.push_back(k);
+    if (k.kind == kernel_kind::reduce) add_reduction(g, k, split, p);
+    else p.kernels.push_back(k);
   }
   return p;
 }
@@ -137,12 +198,13 @@ std::string describe(const graph&, const plan& p) {
     if (!s.empty()) s += ' ';
     switch (k.kind) {
       case kernel_kind::elementwise: s += "ew"; break;
-      case kernel_kind::reduce: s += "red"; break;
+      case kernel_kind::reduce: s += k.pass ? "red" + std::to_string(k.pass) : "red"; break;
       case kernel_kind::matmul: s += "mm"; break;
       case kernel_kind::scatter_add: s += "scat"; break;
     }
     s += "(%" + std::to_string(k.root);
     if (k.anchor >= 0 && k.anchor != k.root) s += "<-%" + std::to_string(k.anchor);
+    if (k.pass == 1) s += " x" + std::to_string(k.slices);
     s += ")";
   }
   return s;

@@ -29,19 +29,71 @@ struct kernel {
   kernel_kind kind = kernel_kind::elementwise;
   node_id root = -1;    ///< the node this kernel writes
   node_id anchor = -1;  ///< the matmul/reduce/scatter_add node (== root when no epilogue)
+  /// A split reduction runs as two kernels: pass 1 reduces `slices` fixed slices of every
+  /// output's range (with the prologue) into a partial buffer, pass 2 combines each output's
+  /// partials in slice order and applies the epilogue. 0: a one-pass kernel.
+  int pass = 0;
+  int64_t slices = 0;  ///< split reduction: slices per output
+  int scratch = -1;    ///< split reduction: its partial buffer, an index into plan::scratch
+};
+
+/// A device buffer that no graph node owns (the partials of a split reduction). Emitted kernels
+/// bind it as the id scratch_id(g, index), past the graph's node ids.
+struct scratch_buffer {
+  dtype type = dtype::f32;
+  int64_t elements = 0;
 };
 
 /// The lowering of one graph.
 struct plan {
-  std::vector<bool> materialised;  ///< per node: has a device buffer
-  std::vector<kernel> kernels;     ///< in execution (topological) order
+  std::vector<bool> materialised;      ///< per node: has a device buffer
+  std::vector<kernel> kernels;         ///< in execution (topological) order
+  std::vector<scratch_buffer> scratch;  ///< buffers of split reductions' partials
 };
+
+/// The binding id of plan::scratch[index] (ids past the graph's own nodes).
+inline node_id scratch_id(const graph& g, int index) { return g.size() + index; }
+
+/// How a reduction reads its input: `outputs` results, each combining `reduced` elements.
+struct reduction_layout {
+  int64_t outputs = 0, reduced = 0;
+  bool trailing = false;  ///< the reduced axes are the last ones (rows: each output's range is contiguous)
+  bool leading = false;   ///< the reduced axes are the first ones, not all (columns: input index r * outputs + o)
+
+  /// The kernel reads columns: 32 neighbouring outputs per workgroup (`redc`).
+  bool columns() const { return leading && reduced >= 64; }
+  /// Otherwise, one workgroup per output (`redg`) rather than one thread per output (`redt`).
+  bool per_group() const { return !columns() && reduced >= 256 && (trailing || outputs < 1024); }
+};
+
+/// The layout of reduction node `reduce` (reduce_sum or reduce_max).
+reduction_layout layout_of(const graph& g, node_id reduce);
+
+/// When a reduction is split into two passes. A one-pass kernel gives each output (rows) or each
+/// 32 outputs (columns) one workgroup: with few outputs over long ranges that leaves most of a GPU
+/// idle (a loss: one workgroup for 1.5M elements). Thresholds are fields so tests can reach the
+/// split path with small tensors.
+struct split_options {
+  bool enabled = true;
+  int64_t max_groups = 264;      ///< split when the one-pass kernel has fewer workgroups (2x a 132-SM GPU)
+  int64_t min_reduced = 2048;    ///< ... and each output combines at least this many elements
+  int64_t min_slice = 2048;      ///< elements each pass-1 workgroup reduces, at least (8 per thread)
+  int64_t target_groups = 1024;  ///< pass 1 aims at this many workgroups (a full wave of 256-thread groups)
+  int64_t max_slices = 1024;     ///< partials per output, at most (pass 2 reads them all)
+};
+
+/// Slices for a reduction of this layout: 0 for one pass, else >= 2.
+int64_t split_slices(const reduction_layout& l, const split_options& o);
+
+/// Elements of the reduced range in each slice: slice s covers [s * len, min((s + 1) * len, reduced)).
+/// A multiple of 64 so that every slice of a row starts on a 256-byte boundary of f32 data.
+int64_t slice_length(int64_t reduced, int64_t slices);
 
 /// True for a constant holding one value for all elements (emitted as a literal).
 bool is_splat(const node& n);
 
 /// Lowers a valid graph.
-plan lower(const graph& g);
+plan lower(const graph& g, const split_options& split = {});
 
 /// "ew(%5<-%3,%4) mm(%7+epi %9)": a compact listing for logs and tests.
 std::string describe(const graph& g, const plan& p);

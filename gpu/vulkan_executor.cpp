@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <string>
 
 #include "graph/validate.hpp"
 #include "gpu/allocator.hpp"
@@ -21,6 +23,19 @@ namespace mesh::gpu {
 namespace {
 
 uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.dims)) * size_of(n.type); }
+
+/// Whether reductions may run in two passes: vulkan_options::split_reductions, overridden by
+/// MESH_SPLIT_REDUCE=0/1 (the benchmark times the one-pass kernels beside the split ones); by
+/// default on GPUs only (on lavapipe a 1M-element mean took twice as long split: its workgroups
+/// are run by a few CPU threads, and each extra one costs).
+split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
+  split_options o;
+  int want = vo.split_reductions;
+  if (const char* v = std::getenv("MESH_SPLIT_REDUCE"); v && (std::string(v) == "0" || std::string(v) == "1"))
+    want = v[0] - '0';
+  o.enabled = want < 0 ? d.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU : want == 1;
+  return o;
+}
 
 /// One memory type's blocks: each block is a VkDeviceMemory bound to one VkBuffer.
 class memory_pool {
@@ -152,7 +167,8 @@ class vulkan_executor final : public executor {
         cache_(o.cache_dir == "-" ? "" : (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir), d_->key()),
         device_pool_(*d_, d_->device_memory_type, d_->device_memory_type == d_->host_memory_type, o.block_bytes,
                      &budget_used_, o.memory_limit),
-        host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0) {
+        host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0),
+        split_(split_options_for(*d_, o)) {
     cache_.warm_up();
   }
 
@@ -374,10 +390,11 @@ class vulkan_executor final : public executor {
 
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
-    pr.p = lower(g);
+    pr.p = lower(g, split_);
     const auto n = static_cast<size_t>(g.size());
-    pr.owned.resize(n);
-    pr.views.resize(n);
+    // Views past the graph's nodes are the plan's scratch buffers (scratch_id).
+    pr.owned.resize(n + pr.p.scratch.size());
+    pr.views.resize(n + pr.p.scratch.size());
     const uint64_t max_range = d_->props.limits.maxStorageBufferRange;
     // Buffers: parameters are shared by name; everything else materialised belongs to the program.
     for (node_id id = 0; id < g.size(); ++id) {
@@ -405,6 +422,13 @@ class vulkan_executor final : public executor {
         tensor t = tensor::from_values(x.type, x.dims, x.attrs.values);
         if (auto ok = upload(*a, t.bytes); !ok) return ok;
       }
+    }
+    for (size_t i = 0; i < pr.p.scratch.size(); ++i) {
+      const auto& sb = pr.p.scratch[i];
+      auto a = device_pool_.allocate(static_cast<uint64_t>(sb.elements) * size_of(sb.type));
+      if (!a) return tl::unexpected(a.error());
+      pr.owned[n + i] = *a;
+      pr.views[n + i] = *a;
     }
     // Staging: inputs then outputs.
     uint64_t staging = 0;
@@ -555,7 +579,7 @@ class vulkan_executor final : public executor {
       return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
     }
     for (size_t i = 0; i < pr.kernels.size(); ++i)
-      if (element_count(g[pr.kernels[i].src.bindings[0]].dims) > 0) pr.timed.push_back(static_cast<int>(i));
+      if (element_count(g[pr.p.kernels[i].root].dims) > 0) pr.timed.push_back(static_cast<int>(i));
     if (d_->timestamps && !pr.timed.empty()) {
       auto qi = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
       qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -576,7 +600,7 @@ class vulkan_executor final : public executor {
             VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
             VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pr.queries, 0);
-    std::vector<bool> dirty(static_cast<size_t>(g.size()), false);
+    std::vector<bool> dirty(pr.views.size(), false);  // graph nodes and scratch buffers
     uint32_t query = 1;
     for (const auto ki : pr.timed) {
       const auto& ck = pr.kernels[static_cast<size_t>(ki)];
@@ -678,6 +702,7 @@ class vulkan_executor final : public executor {
   shader_cache cache_;
   uint64_t budget_used_ = 0, host_used_ = 0;
   memory_pool device_pool_, host_pool_;
+  split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;

@@ -1,12 +1,13 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
-//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step]
+//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions]
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
 // odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
 // on the host, and every timed matmul is checked on 256 sampled entries. Any failure prints
 // "CHECK FAILED" and the exit status is 2. --no-sweep leaves out the other matmul variants
-// (MESH_GEMM / MESH_COOPMAT), --no-step the transformer block training step.
+// (MESH_GEMM / MESH_COOPMAT), --no-step the transformer block training step; --reductions keeps
+// only the reduction rows (split and one-pass), copy, the fp32 GEMM at 4096 and the training step.
 //
 // Figures come from GPU timestamps around each kernel (median over N runs, after warm-up runs:
 // at least 300 ms, until the run time stops improving). Tensors are
@@ -49,7 +50,7 @@ int reps = 10;
 bool zeros = false;  // --zeros: all-zero tensors, like the CUDA anchor
 bool fresh = false;  // --fresh: every graph in a new executor (nothing allocated before it)
 gpu::vulkan_options options;
-int failures = 0;  // matmul checks that failed (exit status 2)
+int failures = 0;  // matmul and mean checks that failed (exit status 2)
 
 struct result {
   double ms = 0;       // median kernel time (sum of the graph's kernels)
@@ -306,6 +307,26 @@ double time_matmuls(gpu::executor& ex, dtype t, const std::vector<int64_t>& size
   return best;
 }
 
+/// Checks a mean_all result (parameters p + "x" -> p + "o") against a host sum in double; counts
+/// a failure when the error exceeds 1e-5 of mean |x|.
+std::function<void(gpu::executor&)> check_mean(const std::string& p) {
+  return [p](gpu::executor& ex) {
+    auto got = ex.get_parameters({p + "x", p + "o"});
+    if (!got) return;
+    const tensor& x = got->at(p + "x");
+    double sum = 0, abs_sum = 0;
+    for (int64_t i = 0; i < x.size(); ++i) {
+      sum += x.at(i);
+      abs_sum += std::abs(x.at(i));
+    }
+    const double n = static_cast<double>(std::max<int64_t>(x.size(), 1));
+    const double err = std::abs(got->at(p + "o").at(0) - sum / n) / std::max(abs_sum / n, 1e-30);
+    const bool ok = err <= 1e-5;
+    if (!ok) ++failures;
+    std::printf("|   %s mean: error %.1e relative to mean |x|%s\n", p.c_str(), err, ok ? "" : "  CHECK FAILED");
+  };
+}
+
 /// A new executor with environment variable `var` set to `value` (the device caps read it).
 std::unique_ptr<gpu::executor> executor_with(const char* var, const char* value) {
   setenv(var, value, 1);
@@ -378,7 +399,7 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, sweep = true, step = true;
+  bool quick = false, sweep = true, step = true, focus = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
@@ -386,6 +407,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--no-sweep")) sweep = false;
     else if (!std::strcmp(argv[i], "--no-step")) step = false;
+    else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
@@ -439,6 +461,7 @@ int main(int argc, char** argv) {
   const int64_t n = quick ? (1 << 20) : (16 << 20);
   int tag = 0;
   for (int ops : {2, 3, 5, 8}) {
+    if (focus) break;
     const std::string what = ops == 2 ? "fused (a+b)^2 [CUDA anchor's kernel]" : "fused chain, " + std::to_string(ops) + " ops";
     row(what.c_str(), std::to_string(n >> 20) + "M f32", time_graph(ex, chain(n, ops, tag++)), 3.0 * n * 4, "GB/s");
   }
@@ -461,15 +484,42 @@ int main(int argc, char** argv) {
   const double mat = static_cast<double>(rows) * cols * 4;
   row("row sum (reduce last axis)", rc, time_graph(ex, reduce_graph(0)), mat, "GB/s");
   row("column sum (reduce first axis)", rc, time_graph(ex, reduce_graph(1)), mat, "GB/s");
-  row("softmax rows (read+write)", rc, time_graph(ex, reduce_graph(2)), 2 * mat, "GB/s");
-  row("layer norm rows (read+write)", rc, time_graph(ex, reduce_graph(3)), 2 * mat, "GB/s");
+  if (!focus) {
+    row("softmax rows (read+write)", rc, time_graph(ex, reduce_graph(2)), 2 * mat, "GB/s");
+    row("layer norm rows (read+write)", rc, time_graph(ex, reduce_graph(3)), 2 * mat, "GB/s");
+  }
+  // Full reductions (one output): a loss's mean. Split into two passes unless MESH_SPLIT_REDUCE=0;
+  // the one-pass kernels (one workgroup per output, 32 columns per workgroup) are timed beside them.
+  const std::vector<int64_t> full_sizes = quick ? std::vector<int64_t>{1 << 20} : std::vector<int64_t>{1572864, n};
+  auto full_mean = [&](const std::string& p, int64_t count) {
+    builder b;
+    b.update(b.parameter(p + "o", dtype::f32, {}), mean_all(b.parameter(p + "x", dtype::f32, {count})));
+    return finish(b);
+  };
+  for (auto count : full_sizes)
+    row("mean over all (split reduction)", std::to_string(count) + " f32",
+        time_graph(ex, full_mean("mean" + std::to_string(count) + ".", count), check_mean("mean" + std::to_string(count) + ".")),
+        count * 4.0, "GB/s");
+  auto one_pass = executor_with("MESH_SPLIT_REDUCE", "0");
+  if (one_pass) {
+    row("column sum, one pass (no split)", rc, time_graph(*one_pass, reduce_graph(1)), mat, "GB/s");
+    for (auto count : full_sizes)
+      row("mean over all, one pass (no split)", std::to_string(count) + " f32",
+          time_graph(*one_pass, full_mean("mean1p" + std::to_string(count) + ".", count),
+                     check_mean("mean1p" + std::to_string(count) + ".")),
+          count * 4.0, "GB/s");
+  }
 
-  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
+  // --reductions: only what the reduction rows and the training step need (the fp32 GEMM rate
+  // is the step's ideal for matmul kernels).
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512}
+                                     : focus ? std::vector<int64_t>{4096}
+                                             : std::vector<int64_t>{2048, 4096};
   check_matmuls(ex, dtype::f32, "default", quick, false);
-  check_matmuls(ex, dtype::f16, "default", quick, false);
+  if (!focus) check_matmuls(ex, dtype::f16, "default", quick, false);
   const double gemm_gflops = time_matmuls(ex, dtype::f32, sizes, "matmul fp32 (default kernel)");
-  time_matmuls(ex, dtype::f16, sizes, "matmul f16 (default kernel)");
-  {
+  if (!focus) time_matmuls(ex, dtype::f16, sizes, "matmul f16 (default kernel)");
+  if (!focus) {
     builder b;
     const int64_t bm = quick ? 64 : 1024;
     auto x = b.parameter("ep.x", dtype::f32, {bm, 1024});
@@ -507,8 +557,12 @@ int main(int argc, char** argv) {
         }
   }
   if (step) {
-    if (quick) transformer_step(ex, 2, 32, 64, 4, copy_gbs, gemm_gflops);
-    else transformer_step(ex, 8, 256, 768, 12, copy_gbs, gemm_gflops);
+    for (gpu::executor* e : {&ex, one_pass.get()}) {
+      if (!e) continue;
+      if (e != &ex) std::printf("\none-pass reductions (MESH_SPLIT_REDUCE=0), for comparison:");
+      if (quick) transformer_step(*e, 2, 32, 64, 4, copy_gbs, gemm_gflops);
+      else transformer_step(*e, 8, 256, 768, 12, copy_gbs, gemm_gflops);
+    }
   }
 
   std::printf("\ncompile latency (transformer block forward, %llu kernels compiled cold):\n",
@@ -518,6 +572,6 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(disk_compiles));
   std::printf("  same executor, memory cache     %8.1f ms\n", memory);
   std::filesystem::remove_all(cache);
-  if (failures) std::printf("\n%d MATMUL CHECKS FAILED\n", failures);
+  if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
   return failures ? 2 : 0;
 }

@@ -53,6 +53,42 @@ TEST_CASE("glsl: every kernel of a varied graph compiles with shaderc, for both 
   }
 }
 
+TEST_CASE("glsl: split reductions emit two passes that compile, bind a scratch buffer and cap their grids") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {3, 70001});
+  auto h = b.input("h", dtype::f16, {70001});
+  auto cols = b.input("cols", dtype::f32, {9001, 40});
+  auto i = b.input("i", dtype::i32, {3, 70001});
+  b.output("rows", sqrt(sum(exp(x), {1}) + 1.0));
+  b.output("hmax", max_over(h, {0}));
+  b.output("cols", mean(cols, {0}));
+  b.output("imax", max_over(i, {0, 1}));
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  REQUIRE(p.scratch.size() == 4);
+  gpu::shader_cache cache("", "test");
+  for (bool subgroups : {false, true}) {
+    gpu::device_caps caps;
+    caps.subgroup_arithmetic = subgroups;
+    caps.storage16 = true;
+    caps.max_groups = {2, 3, 65535};  // grid-stride over outputs and over slices
+    for (const auto& k : p.kernels) {
+      REQUIRE(k.pass != 0);
+      auto src = gpu::emit(g, p, k, caps);
+      REQUIRE(src.has_value());
+      INFO(src->name << "\n" << src->glsl);
+      CHECK(src->groups[0] <= 2);
+      CHECK(src->groups[1] <= 3);
+      // Pass 1 writes the scratch buffer (binding 0) and never the root; pass 2 reads it.
+      const node_id scratch = gpu::scratch_id(g, k.scratch);
+      if (k.pass == 1) CHECK(src->bindings[0] == scratch);
+      if (k.pass == 2) CHECK((src->bindings[0] == k.root && src->bindings[1] == scratch));
+      auto spirv = cache.get(src->name, src->glsl);
+      if (!spirv) FAIL(spirv.error().message);
+    }
+  }
+}
+
 TEST_CASE("glsl: dispatch sizes respect the device's workgroup count limit (grid-stride loops)") {
   builder b;
   auto x = b.input("x", dtype::f32, {65535 * 256 * 4 + 4});

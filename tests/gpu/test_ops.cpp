@@ -134,6 +134,70 @@ TEST_CASE("ops: reductions over every axis pattern, with prologue and epilogue")
                     {"cols", random_tensor(dtype::f32, {130, 5, 7}, 16)}}, {}, 1e-4);
 }
 
+/// Kernels of `g`'s plan that are the first pass of a split reduction.
+static int split_count(const graph& g) {
+  int n = 0;
+  for (const auto& k : gpu::lower(g).kernels) n += k.pass == 1;
+  return n;
+}
+
+TEST_CASE("ops: split reductions (few outputs over long ranges) match the reference and repeat bit for bit") {
+  builder b;
+  auto flat = b.input("flat", dtype::f32, {100003});   // odd: the last slice is short
+  auto x = b.input("x", dtype::f32, {3, 7, 4999});
+  auto rows = b.input("rows", dtype::f32, {5, 20011});
+  auto mid = b.input("mid", dtype::f32, {3, 5003, 2});
+  auto i = b.input("i", dtype::i32, {30011});
+  auto cols = b.input("cols", dtype::f32, {4099, 33});
+  auto cube = b.input("cube", dtype::f32, {1031, 4, 33});
+  auto bias = b.input("bias", dtype::f32, {5});
+  b.output("sum_all", sum_all(flat));
+  b.output("mean_all", mean_all(x));                                   // epilogue: the 1/n, in pass 2 only
+  b.output("max_all", max_over(x, {0, 1, 2}));
+  b.output("prologue_epilogue", sqrt(sum(rows * rows, {1}) + 1.0) + bias);  // 5 rows, prologue in pass 1
+  b.output("rows_max", max_over(exp(rows) - 1.0, {1}, true));
+  b.output("middle", sum(mid, {1}));                                   // strided rows: 6 outputs
+  b.output("int_sum", sum(i, {0}));
+  b.output("int_max", max_over(i * 3, {0}));
+  b.output("columns", sum(cols, {0}));                                 // 33 columns over 4099 rows
+  b.output("columns_epilogue", mean(exp(cols), {0}) + 1.0);
+  b.output("columns_max", max_over(cube, {0, 1}, true));
+  const graph g = finish(b);
+  CHECK(split_count(g) == 11);
+  const tensor_map inputs{{"flat", random_tensor(dtype::f32, {100003}, 31)},
+                          {"x", random_tensor(dtype::f32, {3, 7, 4999}, 32)},
+                          {"rows", random_tensor(dtype::f32, {5, 20011}, 33)},
+                          {"mid", random_tensor(dtype::f32, {3, 5003, 2}, 34)},
+                          {"i", random_tensor(dtype::i32, {30011}, 35, -9, 9)},
+                          {"cols", random_tensor(dtype::f32, {4099, 33}, 36)},
+                          {"cube", random_tensor(dtype::f32, {1031, 4, 33}, 37)},
+                          {"bias", random_tensor(dtype::f32, {5}, 38)}};
+  const auto first = check_on(vulkan(), g, inputs, {}, reference_run(g, inputs, {}), 1e-5);
+  // Fixed slices, fixed combine order, no atomics: a second run gives the same bits.
+  auto id = vulkan().load(g);
+  REQUIRE(id.has_value());
+  auto again = vulkan().run(*id, inputs);
+  REQUIRE(again.has_value());
+  for (const auto& [name, t] : first) {
+    INFO(name);
+    CHECK(again->at(name).bytes == t.bytes);
+  }
+  // The sums are exact in i32 (no rounding): equal to the reference, not just close.
+  const auto ref = reference_run(g, inputs, {});
+  CHECK(first.at("int_sum").bytes == ref.outputs.at("int_sum").bytes);
+  CHECK(first.at("int_max").bytes == ref.outputs.at("int_max").bytes);
+}
+
+TEST_CASE("ops: split reductions of f16 tensors round once, at the end") {
+  builder b;
+  auto h = b.input("h", dtype::f16, {3, 12007});
+  b.output("mean", mean(h, {1}));
+  b.output("sum", sum_all(h * h));
+  const graph g = finish(b);
+  CHECK(split_count(g) == 2);
+  check(g, {{"h", random_tensor(dtype::f16, {3, 12007}, 39)}});
+}
+
 TEST_CASE("ops: data movement is index arithmetic: permute, slice, concat, reshape, broadcast") {
   builder b;
   auto x = b.input("x", dtype::f32, {2, 3, 5});

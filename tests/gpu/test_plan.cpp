@@ -147,3 +147,61 @@ TEST_CASE("lowering: layer norm is 3 kernels (mean, variance, normalise)") {
   INFO(describe(g, p));
   CHECK(p.kernels.size() == 3);
 }
+
+TEST_CASE("lowering: few outputs over long ranges split into two passes; thresholds are options") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {8, 256, 768});
+  auto m = b.input("m", dtype::f32, {4096, 4096});
+  b.output("loss", mean_all(x * x));   // one output over 1.5M elements: split
+  b.output("cols", sum(m, {0}));       // 4096 columns = 128 workgroups: split
+  b.output("rows", sum(m, {1}));       // 4096 rows = 4096 workgroups: one pass
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  REQUIRE(p.kernels.size() == 5);
+  CHECK(p.kernels[0].pass == 1);
+  CHECK(p.kernels[1].pass == 2);
+  CHECK(p.kernels[0].anchor != p.kernels[0].root);  // the 1/n stays an epilogue (of pass 2)
+  CHECK(p.kernels[0].slices == 768);                // 2048 elements (8 per thread) each
+  CHECK(p.kernels[2].pass == 1);
+  CHECK(p.kernels[2].slices == 8);                  // 128 x 8 = 1024 workgroups
+  CHECK(p.kernels[4].pass == 0);
+  REQUIRE(p.scratch.size() == 2);
+  CHECK(p.scratch[0].elements == 768);
+  CHECK(p.scratch[1].elements == 8 * 4096);
+  CHECK(describe(g, p).find(" x768)") != std::string::npos);
+
+  gpu::split_options off;
+  off.enabled = false;
+  CHECK(lower(g, off).kernels.size() == 3);
+  gpu::split_options strict;
+  strict.min_reduced = 1 << 22;  // longer than any range here
+  CHECK(lower(g, strict).scratch.empty());
+}
+
+TEST_CASE("lowering: split slices cover the reduced range in 64-element multiples") {
+  gpu::reduction_layout l;
+  l.outputs = 1;
+  l.trailing = true;
+  for (int64_t red : {4096, 4099, 100003, 1572864, 50000000}) {
+    l.reduced = red;
+    const int64_t s = gpu::split_slices(l, {});
+    INFO(red << " -> " << s);
+    REQUIRE(s >= 2);
+    const int64_t len = gpu::slice_length(red, s);
+    CHECK(len % 64 == 0);
+    CHECK(len * s >= red);        // every element in a slice
+    CHECK(len * (s - 1) < red);   // no empty slice
+    CHECK(s <= 1024);
+  }
+  l.reduced = 4000;  // too short to split into slices of 2048
+  CHECK(gpu::split_slices(l, {}) == 0);
+  l.reduced = 1000;  // too short to split at all
+  CHECK(gpu::split_slices(l, {}) == 0);
+  l.reduced = 1 << 20;
+  l.outputs = 300;  // enough workgroups already
+  CHECK(gpu::split_slices(l, {}) == 0);
+  l.trailing = false;  // a middle axis with many outputs: one thread per output, never split
+  l.outputs = 2048;
+  CHECK(gpu::split_slices(l, {}) == 0);
+}

@@ -34,10 +34,14 @@ std::vector<std::pair<graph, tensor_map>> representative_graphs() {
   b.output("scatter", scatter_add(idx, gather(x, idx), {6, 40}));
   b.output("half", cast(h, dtype::f32) + sum(cast(h, dtype::f32), {1}, true));
   b.output("move", concat({transpose(x), transpose(x)}, 1));
+  auto tall = b.input("tall", dtype::f32, {4099, 5});
+  b.output("loss", mean_all((tall - 0.25) * (tall - 0.25)));  // split reductions: two passes and a
+  b.output("cols", sum(tall, {0}));                           // scratch buffer between them
   b.update(w, w * 0.5);
   out.emplace_back(finish(b), tensor_map{{"x", random_tensor(dtype::f32, {6, 40}, 1)},
                                          {"h", random_tensor(dtype::f16, {6, 40}, 2)},
-                                         {"idx", tensor::from_ints({4}, {0, 5, 3, 9})}});
+                                         {"idx", tensor::from_ints({4}, {0, 5, 3, 9})},
+                                         {"tall", random_tensor(dtype::f32, {4099, 5}, 3)}});
   return out;
 }
 
@@ -48,6 +52,7 @@ TEST_CASE("runtime: validation layers report zero errors over representative gra
   vulkan_options o;
   o.validation = true;
   o.cache_dir = "-";
+  o.split_reductions = 1;  // representative_graphs() has split reductions
   auto ex = make_vulkan_executor(o);
   if (!ex && ex.error().code == error_code::unsupported) FAIL("validation layers are missing: " << ex.error().message);
   REQUIRE(ex);
