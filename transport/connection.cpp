@@ -572,6 +572,25 @@ uint64_t connection::expiry() const {
   return ngtcp2_conn_get_expiry(conn_);
 }
 
+std::map<int64_t, connection::bulk_out>::iterator connection::next_bulk_stream(const std::vector<int64_t>& blocked) {
+  const auto usable = [&](const auto& kv) {
+    return kv.second.sent < kv.second.total() && std::find(blocked.begin(), blocked.end(), kv.first) == blocked.end();
+  };
+  if (cfg_.bulk_scheduling == endpoint_config::bulk_order::shortest_first) {
+    auto best = bulk_out_.end();
+    for (auto it = bulk_out_.begin(); it != bulk_out_.end(); ++it)  // ties: the older stream
+      if (usable(*it) && (best == bulk_out_.end() || it->second.total() - it->second.sent < best->second.total() - best->second.sent))
+        best = it;
+    return best;
+  }
+  auto it = bulk_out_.upper_bound(bulk_cursor_);  // round robin from the last stream served
+  for (size_t n = 0; n < bulk_out_.size(); ++n, ++it) {
+    if (it == bulk_out_.end()) it = bulk_out_.begin();
+    if (usable(*it)) return it;
+  }
+  return bulk_out_.end();
+}
+
 bool connection::write(const send_fn& send, uint64_t ts) {
   if (pending_close_ && state_ != state::closing && state_ != state::draining && state_ != state::closed) {
     send_close_packet(send, ts);
@@ -624,21 +643,15 @@ bool connection::write(const send_fn& send, uint64_t ts) {
       }
     } else if (!datagrams_out_.empty() && state_ == state::admitted) {
       is_datagram = true;
-    } else {
-      auto it = bulk_out_.upper_bound(bulk_cursor_);
-      for (size_t n = 0; n < bulk_out_.size(); ++n, ++it) {
-        if (it == bulk_out_.end()) it = bulk_out_.begin();
-        auto& b = it->second;
-        if (b.sent >= b.total() || is_blocked(it->first)) continue;
-        sid = it->first;
-        if (b.sent < b.header.size)
-          vec[vcnt++] = {const_cast<uint8_t*>(b.header.bytes.data()) + b.sent, b.header.size - b.sent};
-        size_t poff = static_cast<size_t>(b.sent > b.header.size ? b.sent - b.header.size : 0);
-        if (poff < b.payload.size()) vec[vcnt++] = {b.payload.data() + poff, b.payload.size() - poff};
-        flags |= NGTCP2_WRITE_STREAM_FLAG_FIN;
-        bulk_cursor_ = sid;
-        break;
-      }
+    } else if (auto next = next_bulk_stream(blocked); next != bulk_out_.end()) {
+      auto& b = next->second;
+      sid = next->first;
+      if (b.sent < b.header.size)
+        vec[vcnt++] = {const_cast<uint8_t*>(b.header.bytes.data()) + b.sent, b.header.size - b.sent};
+      size_t poff = static_cast<size_t>(b.sent > b.header.size ? b.sent - b.header.size : 0);
+      if (poff < b.payload.size()) vec[vcnt++] = {b.payload.data() + poff, b.payload.size() - poff};
+      flags |= NGTCP2_WRITE_STREAM_FLAG_FIN;
+      bulk_cursor_ = sid;
     }
 
     ngtcp2_ssize datalen = -1;

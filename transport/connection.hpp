@@ -159,7 +159,9 @@ class connection {
   };
   std::deque<std::vector<uint8_t>> bulk_waiting_;  // no stream id yet (peer's stream limit)
   std::map<int64_t, bulk_out> bulk_out_;
-  int64_t bulk_cursor_ = -1;  // round robin among bulk streams
+  int64_t bulk_cursor_ = -1;  // the bulk stream served last (round robin continues after it)
+  /// The bulk stream to write next (cfg_.bulk_scheduling), or end() when none can be written.
+  std::map<int64_t, bulk_out>::iterator next_bulk_stream(const std::vector<int64_t>& blocked);
 
   std::deque<std::vector<uint8_t>> datagrams_out_;
 

@@ -90,6 +90,12 @@ struct endpoint_config {
   /// Per peer: control and bulk payload queued and not yet acknowledged. Beyond it send()
   /// refuses (limit_exceeded) until acknowledgements free room: the sender's backpressure.
   uint64_t max_queued_bytes = uint64_t{2} << 30;
+  /// Which bulk message gets the next packet when several are queued to one peer.
+  /// shortest_first: the one with the fewest bytes left, so a message finishes as early as
+  /// possible (an all-reduce piece can be forwarded while the next arrives; a small tensor
+  /// overtakes a large one); a large message waits while smaller ones keep coming.
+  /// round_robin: a packet each in turn, so every message progresses and all finish late.
+  enum class bulk_order : uint8_t { shortest_first, round_robin } bulk_scheduling = bulk_order::shortest_first;
 };
 
 class endpoint_impl;

@@ -245,6 +245,9 @@ int rank_main(const args& a) {
   cfg.mesh_secret = *secret;
   cfg.bind = a.get("--bind").value_or("127.0.0.1");
   cfg.protocol_version = msg::protocol_version;
+  // MESH_BULK_ORDER=round_robin compares the transport's other bulk scheduling (A/B runs).
+  if (const char* order = std::getenv("MESH_BULK_ORDER"); order && std::string(order) == "round_robin")
+    cfg.bulk_scheduling = transport::endpoint_config::bulk_order::round_robin;
   auto started = transport::endpoint::start(cfg, h);
   if (!started) rank_fail("endpoint: " + started.error().message);
   auto ep = std::move(*started);
