@@ -466,6 +466,11 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   }
   const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
   if (waiting_.count(k)) return out;
+  // Activations of earlier attempts of this job (sent before a re-plan) will never be used.
+  for (auto it = early_.begin(); it != early_.end();) {
+    const bool stale = std::get<0>(it->first) == r.coordinator && std::get<1>(it->first) == r.job && std::get<2>(it->first) < r.attempt;
+    it = stale ? early_.erase(it) : std::next(it);
+  }
   // Activations that arrived before the stage itself.
   auto early = early_.find(k);
   if (early != early_.end()) {
