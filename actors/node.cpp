@@ -146,7 +146,7 @@ struct executor_state {
 /// restarted executor opens a fresh one (the slot is empty by then).
 using device_slot = std::shared_ptr<std::unique_ptr<gpu::executor>>;
 
-caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::string choice, caf::actor core,
+caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::string choice, caf::actor jobs,
                              device_slot first) {
   auto dev = first && *first ? expected<std::unique_ptr<gpu::executor>>(std::move(*first)) : make_device(choice);
   if (!dev) {
@@ -168,11 +168,11 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
           }
           return ex.run(*p, t->inputs);
         }());
-        self->send(core, done_atom::value, t, result);
+        self->send(jobs, done_atom::value, t, result);
       },
       [=](run_atom, std::shared_ptr<train_task> t) {
         auto result = std::make_shared<expected<train_work_result>>(t->work(*self->state.device));
-        self->send(core, done_atom::value, t, result);
+        self->send(jobs, done_atom::value, t, result);
       },
       [=](crash_atom) {
         spdlog::error("executor: simulated device loss");
@@ -191,7 +191,6 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
 // status      answers status requests from the views of membership, health and jobs
 //
 // They refer to each other, so the supervisor spawns them all and then sends each the handles.
-
 
 /// Sends `m` to a peer (not to this node). The endpoint is thread-safe: any actor may send.
 void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
