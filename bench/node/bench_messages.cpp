@@ -10,6 +10,11 @@
 //   two processes   the same between two processes (a forked receiver); the receiver reports
 //                   its count back every 1024 messages with a message of its own, which is
 //                   what paces the sender and what the rate is computed from.
+//   actor to actor  the two-process figure with CAF actors at both ends, as in meshnode: the
+//                   sender is an actor that encodes and sends each message it is given; at the
+//                   receiver the endpoint's callback posts the bytes to a bridge actor, which
+//                   decodes and forwards the message to the actor that owns it (here: one that
+//                   counts). Same CAF scheduler as meshnode (work sharing, 2 threads).
 //   udp reference   the same number of bytes per message as plain UDP datagrams on loopback, one
 //                   send() and one recv() per message, same window: the kernel's per-datagram
 //                   floor on this machine.
@@ -31,11 +36,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include <caf/all.hpp>
+
 #include "actors/messages.hpp"
 #include "transport/endpoint.hpp"
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::msg::message>)
 
 using namespace mesh;
 using clk = std::chrono::steady_clock;
@@ -130,14 +140,51 @@ double node_messages(double seconds, size_t window, size_t* message_bytes) {
   return rate;
 }
 
-/// The receiving node of the two-process figure: counts decoded messages and reports the count
-/// every 1024 (as a heartbeat whose seq is the count); exits when the sender goes away.
-[[noreturn]] void receiver_process(int report_fd) {
+using inbound_atom = caf::atom_constant<caf::atom("inbound")>;
+using send_atom = caf::atom_constant<caf::atom("send")>;
+
+/// meshnode's actor scheduler (actors/node.cpp): work sharing, two threads.
+caf::actor_system_config node_like_config() {
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.policy", caf::atom("sharing"));
+  cfg.set("scheduler.max-threads", size_t{2});
+  return cfg;
+}
+
+/// Counts received heartbeats and acknowledges every 1024th (a heartbeat whose seq is the count).
+struct counter {
+  transport::endpoint* ep = nullptr;
+  uint64_t count = 0;
+  void on(const transport::node_id& from, const msg::message& m) {
+    if (!std::holds_alternative<msg::heartbeat>(m) || (++count & 1023) != 0) return;
+    if (auto ack = msg::encode_message(msg::heartbeat{0, count, 0})) (void)ep->send(from, transport::channel::control, std::move(*ack));
+  }
+};
+
+/// The receiving node of the two-process figures: counts decoded messages and reports the count
+/// every 1024; exits when the sender goes away. With `actors`, messages take meshnode's path:
+/// endpoint callback -> bridge actor (decode) -> owning actor (count).
+[[noreturn]] void receiver_process(int report_fd, bool actors) {
   std::mutex mu;
   std::condition_variable cv;
   bool gone = false;
-  uint64_t count = 0;
-  transport::endpoint* self = nullptr;
+  counter c;
+  std::optional<caf::actor_system_config> sys_cfg;
+  std::optional<caf::actor_system> sys;
+  caf::actor bridge;
+  if (actors) {
+    sys_cfg.emplace(node_like_config());
+    sys.emplace(*sys_cfg);
+    auto owner = sys->spawn([&c](caf::event_based_actor*) -> caf::behavior {
+      return {[&c](inbound_atom, std::string from, std::shared_ptr<msg::message> m) { c.on(*transport::node_id::parse(from), *m); }};
+    });
+    bridge = sys->spawn([owner](caf::event_based_actor* self) -> caf::behavior {
+      return {[self, owner](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
+        auto m = msg::decode_message(bytes.data(), bytes.size());
+        if (m) self->send(owner, inbound_atom::value, std::move(from), std::make_shared<msg::message>(std::move(*m)));
+      }};
+    });
+  }
   transport::handlers h;
   h.on_peer_down = [&](const transport::node_id&, const std::string&) {
     std::lock_guard l(mu);
@@ -145,14 +192,14 @@ double node_messages(double seconds, size_t window, size_t* message_bytes) {
     cv.notify_all();
   };
   h.on_message = [&](const transport::node_id& from, transport::channel, std::vector<uint8_t> bytes) {
-    auto m = msg::decode_message(bytes.data(), bytes.size());
-    if (!m || !std::holds_alternative<msg::heartbeat>(*m)) return;
-    if ((++count & 1023) == 0) {
-      if (auto ack = msg::encode_message(msg::heartbeat{0, count, 0})) (void)self->send(from, transport::channel::control, std::move(*ack));
+    if (actors) {
+      caf::anon_send(bridge, inbound_atom::value, from.to_string(), std::move(bytes));
+      return;
     }
+    if (auto m = msg::decode_message(bytes.data(), bytes.size())) c.on(from, *m);
   };
   auto ep = loopback_endpoint(std::move(h));
-  self = ep.get();
+  c.ep = ep.get();
   const std::string line = ep->id().to_string() + "@127.0.0.1:" + std::to_string(ep->port()) + "\n";
   if (::write(report_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) std::_Exit(1);
   ::close(report_fd);
@@ -163,15 +210,16 @@ double node_messages(double seconds, size_t window, size_t* message_bytes) {
   std::_Exit(0);
 }
 
-/// Node messages between two processes (see the file comment). Returns messages per second.
-double node_messages_two_processes(double seconds, size_t window) {
+/// Node messages between two processes (see the file comment), from a sending thread or, with
+/// `actors`, from actor to actor. Returns messages per second.
+double node_messages_two_processes(double seconds, size_t window, bool actors) {
   int fds[2];
   if (::pipe(fds) != 0) return -1;
   std::fflush(nullptr);
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(fds[0]);
-    receiver_process(fds[1]);
+    receiver_process(fds[1], actors);
   }
   ::close(fds[1]);
   std::string line;
@@ -207,13 +255,31 @@ double node_messages_two_processes(double seconds, size_t window) {
     std::unique_lock l(mu);
     if (!cv.wait_for(l, std::chrono::seconds(10), [&] { return up; })) std::fprintf(stderr, "bench_messages: no connection to the receiver process\n");
   }
-  if (up) {
+  if (up && !actors) {
     rate = paced_rate(
         [&](uint64_t seq) {
           auto bytes = msg::encode_message(sample_heartbeat(seq));
           return ep->send(*peer, transport::channel::control, std::move(*bytes)).has_value();
         },
         acked, window, seconds);
+  } else if (up) {
+    // The sending actor encodes and sends what it is told to; this thread only paces it.
+    caf::actor_system_config cfg = node_like_config();
+    caf::actor_system sys{cfg};
+    transport::endpoint* e = ep.get();
+    const transport::node_id to = *peer;
+    auto sender = sys.spawn([e, to](caf::event_based_actor*) -> caf::behavior {
+      return {[e, to](send_atom, uint64_t seq) {
+        if (auto bytes = msg::encode_message(sample_heartbeat(seq))) (void)e->send(to, transport::channel::control, std::move(*bytes));
+      }};
+    });
+    rate = paced_rate(
+        [&](uint64_t seq) {
+          caf::anon_send(sender, send_atom::value, seq);
+          return true;
+        },
+        acked, window, seconds);
+    caf::anon_send_exit(sender, caf::exit_reason::user_shutdown);
   }
   ep->stop();  // the receiver sees us leave and exits
   int status = 0;
@@ -280,27 +346,32 @@ int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 3.0;
   const size_t window = argc > 2 ? static_cast<size_t>(std::atol(argv[2])) : 20000;
   const int repeats = argc > 3 ? std::atoi(argv[3]) : 3;
-  std::vector<double> node, node2, udp, codec;
+  std::vector<double> node, node2, actors, udp, codec;
   size_t bytes = 0;
   // Interleaved, so that a noisy neighbour on the machine hits all figures alike.
   for (int r = 0; r < repeats; ++r) {
     const double n = node_messages(seconds, window, &bytes);
     if (n < 0) return 1;
     node.push_back(n);
-    const double n2 = node_messages_two_processes(seconds, window);
+    const double n2 = node_messages_two_processes(seconds, window, false);
     if (n2 < 0) return 1;
     node2.push_back(n2);
+    const double na = node_messages_two_processes(seconds, window, true);
+    if (na < 0) return 1;
+    actors.push_back(na);
     udp.push_back(udp_reference(seconds, window, bytes));
     codec.push_back(codec_rate(seconds / 3));
   }
   std::printf("message: msg::heartbeat, %zu bytes encoded; window %zu; %d x %.1f s\n", bytes, window, repeats, seconds);
   report("node messages, QUIC control channel, decoded", node);
   report("  the same, two processes", node2);
+  report("  the same, two processes, actor to actor", actors);
   report("reference: plain UDP datagrams, same size", udp);
   report("reference: encode + decode only, one thread", codec);
   std::sort(node.begin(), node.end());
   std::sort(udp.begin(), udp.end());
-  std::printf("ratio node messages / UDP datagrams (median): %.2f; target 200000 /s: %s\n",
-              node[node.size() / 2] / udp[udp.size() / 2], node[node.size() / 2] >= 200000 ? "met" : "NOT met");
+  std::sort(actors.begin(), actors.end());
+  std::printf("ratio node messages / UDP datagrams (median): %.2f; target 200000 /s actor to actor: %s\n",
+              node[node.size() / 2] / udp[udp.size() / 2], actors[actors.size() / 2] >= 200000 ? "met" : "NOT met");
   return 0;
 }
