@@ -976,6 +976,30 @@ struct warp_tile {
   int64_t shared_bytes() const { return 2 * bk * (bm() / 4 + 1) * 16 + 2 * bk * (bn() / 4) * 16; }
 };
 
+/// The tile loops of the tiled matmuls (grid-stride over batch, tile rows, tile columns), ending
+/// with `m0` and `n0`, the tile's first row and column. With `swizzle` = G > 1 the (tile row,
+/// tile column) pair the hardware enumerates row-major is remapped, as a bijection of the tile
+/// grid, to walk G tile rows down a column before the next column (the last group has the
+/// remaining rows), so workgroups running at the same time share A and B tiles in L2.
+std::string tile_loops(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t bn, uint32_t swizzle) {
+  const int64_t tm = (m + bm - 1) / bm, tn = (n + bn - 1) / bn;
+  std::string src;
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  if (swizzle <= 1 || tm <= 1 || tn <= 1) {
+    src += "  for (uint by = gl_WorkGroupID.y; by < " + u(tm) + "; by += gl_NumWorkGroups.y)\n";
+    src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u(tn) + "; bx += gl_NumWorkGroups.x) {\n";
+  } else {
+    const int64_t g = swizzle, group = g * tn;
+    src += "  for (uint ry = gl_WorkGroupID.y; ry < " + u(tm) + "; ry += gl_NumWorkGroups.y)\n";
+    src += "  for (uint rx = gl_WorkGroupID.x; rx < " + u(tn) + "; rx += gl_NumWorkGroups.x) {\n";
+    src += "    const uint lin = ry * " + u(tn) + " + rx, grp = lin / " + u(group) + ", first = grp * " + u(g) +
+           ", rows = min(" + u(g) + ", " + u(tm) + " - first), rem = lin - grp * " + u(group) + ";\n";
+    src += "    const uint by = first + rem % rows, bx = rem / rows;\n";
+  }
+  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  return src;
+}
+
 /// Picks the warp tile: 128x128 (8x8 per thread) when there are enough such tiles to fill a GPU,
 /// else 64x64 (4x4 per thread); MESH_GEMM=warp16 doubles the tile depth, MESH_GEMM=wide uses
 /// 128x256 (8x16 per thread), MESH_GEMM=narrow 128x64 (8x4 per thread, fewer registers). nullopt when the device's shared memory is too small.
@@ -1060,10 +1084,7 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   src += la + lb;
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = tid >> 5, lane = tid & 31u;\n";
   src += "  const uint wm = warp >> 1, wn = warp & 1u, lm = lane >> 3, ln = lane & 7u;\n";
-  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(d.batch) + "; bz += gl_NumWorkGroups.z)\n";
-  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
-  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
-  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += tile_loops(d.batch, m, n, bm, bn, caps.gemm_swizzle);
   src += "    vec4 acc[" + std::to_string(4 * t.rm) + "][" + std::to_string(t.rn) + "];\n";
   src += "    " + loop("i", 4 * t.rm) + loop("j", t.rn) + "acc[i][j] = vec4(0.0);\n";
   src += "    vec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";
@@ -1202,10 +1223,7 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
   src += "shared float Cs[" + std::to_string(t.sgm * t.sgn * 256) + "];\n";
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
   src += "  const uint wm = sg / " + u(t.sgn) + ", wn = sg % " + u(t.sgn) + ";\n";
-  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(d.batch) + "; bz += gl_NumWorkGroups.z)\n";
-  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
-  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
-  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
+  src += tile_loops(d.batch, m, n, bm, bn, caps.gemm_swizzle);
   src += "    " + frag32 + " acc[" + std::to_string(t.fm) + "][" + std::to_string(t.fn) + "];\n";
   src += "    " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = " + frag32 + "(0.0);\n";
   src += "    uvec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";

@@ -27,6 +27,11 @@ struct device_caps {
   /// Cooperative-matrix kernel variant (env MESH_COOPMAT): "" picks the tiled 128-bit-load kernel;
   /// "s8" (8 subgroups of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel.
   std::string coopmat_variant;
+  /// Workgroup-tile rasterisation of the tiled matmuls (`mmw*`, `mmct*`; env MESH_GEMM_SWIZZLE):
+  /// G > 1 walks G tile rows down a column before the next column so that concurrent workgroups
+  /// share A and B tiles in L2; 0 or 1 keeps row-major tile order. Off by default: G = 4, 8, 16
+  /// changed no GEMM rate on the H100 beyond run-to-run noise (docs/gpu.md has figures).
+  uint32_t gemm_swizzle = 0;
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;

@@ -229,6 +229,8 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
   if (const char* gemm = std::getenv("MESH_GEMM")) caps.gemm_variant = gemm;
   if (const char* coop = std::getenv("MESH_COOPMAT")) caps.coopmat_variant = coop;
+  if (const char* sw = std::getenv("MESH_GEMM_SWIZZLE"); sw && *sw)
+    caps.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(sw), 0L, 64L));
 
   // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
   int dev_type = -1, host_type = -1, host_cached = -1;

@@ -1,6 +1,6 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
-//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions]
+//   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions] [--gemm]
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
 // odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
@@ -8,6 +8,8 @@
 // "CHECK FAILED" and the exit status is 2. --no-sweep leaves out the other matmul variants
 // (MESH_GEMM / MESH_COOPMAT), --no-step the transformer block training step; --reductions keeps
 // only the reduction rows (split and one-pass), copy, the fp32 GEMM at 4096 and the training step.
+// --gemm keeps only the GEMMs (fp32 and f16, 2048 and 4096): one executor per tile rasterisation
+// MESH_GEMM_SWIZZLE = 0, 8, 16, 4, then 0 and 8 again (clock drift), each checked before it is timed.
 //
 // Figures come from GPU timestamps around each kernel (median over N runs, after warm-up runs:
 // at least 300 ms, until the run time stops improving). Tensors are
@@ -399,7 +401,7 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, sweep = true, step = true, focus = false;
+  bool quick = false, sweep = true, step = true, focus = false, gemm_only = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
@@ -408,6 +410,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-sweep")) sweep = false;
     else if (!std::strcmp(argv[i], "--no-step")) step = false;
     else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
+    else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
@@ -458,6 +461,22 @@ int main(int argc, char** argv) {
   std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str(),
               std::string(9, '-').c_str(), std::string(11, '-').c_str(), std::string(17, '-').c_str());
 
+  if (gemm_only) {
+    const std::vector<int64_t> gs = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
+    for (const char* v : {"0", "8", "16", "4", "0", "8"})
+      if (auto vex = executor_with("MESH_GEMM_SWIZZLE", v)) {
+        const std::string tagv = std::string("MESH_GEMM_SWIZZLE=") + v;
+        check_matmuls(*vex, dtype::f32, tagv, quick, false);
+        time_matmuls(*vex, dtype::f32, gs, "matmul fp32, " + tagv);
+        if (info.coopmat) {
+          check_matmuls(*vex, dtype::f16, tagv, quick, false);
+          time_matmuls(*vex, dtype::f16, gs, "matmul f16, " + tagv);
+        }
+      }
+    if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
+    std::filesystem::remove_all(cache);
+    return failures ? 2 : 0;
+  }
   const int64_t n = quick ? (1 << 20) : (16 << 20);
   int tag = 0;
   for (int ops : {2, 3, 5, 8}) {

@@ -331,6 +331,35 @@ TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 an
     }
 }
 
+TEST_CASE("ops: matmuls under every tile rasterisation (MESH_GEMM_SWIZZLE=0, 1, 3, 8) match the reference") {
+  // 64-wide tiles: 1000 rows are 16 tile rows (3 leaves a ragged last group), 455 rows 8, one
+  // tile column, batches (per batch index), and 128-wide tiles (32 x 2 x 2 of them).
+  vulkan();  // keeps the driver loaded (see harness.hpp)
+  for (const char* sw : {"0", "1", "3", "8"}) {
+    setenv("MESH_GEMM_SWIZZLE", sw, 1);
+    gpu::vulkan_options o;
+    o.cache_dir = "-";
+    auto ex = gpu::make_vulkan_executor(o);
+    unsetenv("MESH_GEMM_SWIZZLE");
+    REQUIRE(ex);
+    struct mm_case { int64_t batch, m, k, n; };
+    for (auto c : {mm_case{0, 1000, 33, 200}, mm_case{3, 455, 7, 300}, mm_case{0, 200, 5, 60}, mm_case{32, 129, 4, 132}}) {
+      INFO("swizzle " << sw << " m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
+      shape as{c.m, c.k}, bs{c.k, c.n};
+      if (c.batch) {
+        as.insert(as.begin(), c.batch);
+        bs.insert(bs.begin(), c.batch);
+      }
+      builder b;
+      const std::string w = std::string("sw") + sw + "_" + std::to_string(c.m) + "_" + std::to_string(c.k);
+      auto x = b.input("x", dtype::f32, as);
+      auto wp = b.parameter(w, dtype::f32, bs);
+      b.output("y", relu(matmul(x, wp)) - 0.25);
+      check_on(**ex, finish(b), {{"x", random_tensor(dtype::f32, as, 24)}}, {{w, random_tensor(dtype::f32, bs, 25)}}, 1e-4);
+    }
+  }
+}
+
 TEST_CASE("ops: the other matmul variants (MESH_GEMM=warp16, wide, narrow, classic) match the reference") {
   vulkan();  // keeps the driver loaded (see harness.hpp)
   for (const char* variant : {"warp16", "wide", "narrow", "classic"}) {
