@@ -83,7 +83,7 @@ TEST_CASE("a 1 s stall makes a peer Suspect, then Healthy again, never Dead", "[
   CHECK(o.final_state == peer_health::healthy);
 }
 
-TEST_CASE("Suspect returns to Healthy on a heartbeat; Dead needs a new incarnation", "[actors][health]") {
+TEST_CASE("Suspect returns to Healthy on a heartbeat, Dead needs a new incarnation", "[actors][health]") {
   health_monitor m;
   m.add_peer("p", 3, 0ms);
   for (int i = 1; i <= 20; ++i) m.on_heartbeat("p", 3, i * 250ms);

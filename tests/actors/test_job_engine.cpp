@@ -298,7 +298,7 @@ TEST_CASE("a node dying mid-job re-plans data- and tensor-parallel jobs too", "[
   }
 }
 
-TEST_CASE("data parallel on a graph that mixes batch rows is refused; automatic still runs it", "[actors][jobs]") {
+TEST_CASE("data parallel on a graph that mixes batch rows is refused, automatic still runs it", "[actors][jobs]") {
   const model m = mlp_job();  // its "hidden_sum" adds over every row
   mesh_sim sim;
   sim.post("cli", {{"a", submission(m, 1, strategy::data_parallel)}});

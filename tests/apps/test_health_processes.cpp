@@ -21,7 +21,7 @@ std::string health_of(client& c, const std::string& b_id) {
 }
 }  // namespace
 
-TEST_CASE("10% loss raises no false Dead; a stall is Suspect, then Healthy again", "[apps][node][health]") {
+TEST_CASE("10% loss raises no false Dead, a stall is Suspect, then Healthy again", "[apps][node][health]") {
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();

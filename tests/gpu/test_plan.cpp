@@ -148,7 +148,7 @@ TEST_CASE("lowering: layer norm is 3 kernels (mean, variance, normalise)") {
   CHECK(p.kernels.size() == 3);
 }
 
-TEST_CASE("lowering: few outputs over long ranges split into two passes; thresholds are options") {
+TEST_CASE("lowering: few outputs over long ranges split into two passes, thresholds are options") {
   builder b;
   auto x = b.input("x", dtype::f32, {8, 256, 768});
   auto m = b.input("m", dtype::f32, {4096, 4096});

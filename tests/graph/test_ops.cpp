@@ -163,7 +163,7 @@ TEST_CASE("edge shapes: rank 0, size-1 and empty dimensions", "[graph][ops]") {
   require_close(out.at("one").to_doubles(), {3, 3, 3});
 }
 
-TEST_CASE("inputs and parameters bind by name; updates write parameters back", "[graph][ops]") {
+TEST_CASE("inputs and parameters bind by name, updates write parameters back", "[graph][ops]") {
   builder b;
   auto x = b.input("x", dtype::f32, {2});
   auto p = b.parameter("p", dtype::f32, {2});

@@ -183,7 +183,7 @@ TEST_CASE("1000 small messages arrive in order while a bulk transfer runs", "[tr
   if (b.log.messages[bulk_position].at > all_sent) CHECK(bulk_position == 1000);
 }
 
-TEST_CASE("bulk scheduling: shortest first finishes messages one by one; round robin all at the end",
+TEST_CASE("bulk scheduling: shortest first finishes messages one by one, round robin all at the end",
           "[transport][endpoint]") {
   // Four equal bulk messages queued at once. Shortest-first serves one until it is done (ties:
   // the older), so they arrive in send order, the first after about a quarter of the time; round
