@@ -160,6 +160,8 @@ struct peer_status {
   double gflops = 0;
   uint32_t running_stages = 0;
   double rtt_ms = 0;
+  uint64_t packets_lost = 0;  ///< by this node's connection to the peer (transport::peer_stats)
+  bool relayed = false;       ///< the connection goes through a relay
   bool operator==(const peer_status&) const = default;
 };
 
@@ -351,7 +353,7 @@ typename F::result_type inspect(F& f, status_request& x) {
 template <class F>
 typename F::result_type inspect(F& f, peer_status& x) {
   return f(caf::meta::type_name("peer_status"), x.node, x.health, x.address, x.device, x.gflops, x.running_stages,
-           x.rtt_ms);
+           x.rtt_ms, x.packets_lost, x.relayed);
 }
 template <class F>
 typename F::result_type inspect(F& f, job_status& x) {

@@ -502,6 +502,8 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
       if (auto s = ctx.ep->stats(*nid)) {
         ps.address = s->remote_address;
         ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
+        ps.packets_lost = s->packets_lost;
+        ps.relayed = s->relayed;
       }
     r.peers.push_back(ps);
   }

@@ -21,7 +21,8 @@ nlohmann::json to_json(const mesh::msg::status_reply& s) {
   j["peers"] = nlohmann::json::array();
   for (const auto& p : s.peers)
     j["peers"].push_back({{"node", p.node}, {"health", p.health}, {"address", p.address}, {"device", p.device},
-                          {"gflops", p.gflops}, {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms}});
+                          {"gflops", p.gflops}, {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms},
+                          {"packets_lost", p.packets_lost}, {"relayed", p.relayed}});
   j["jobs"] = nlohmann::json::array();
   for (const auto& x : s.jobs)
     j["jobs"].push_back({{"job", x.job}, {"client", x.client}, {"state", x.state}, {"stages", x.stages},
@@ -30,12 +31,14 @@ nlohmann::json to_json(const mesh::msg::status_reply& s) {
 }
 
 void print_peers(const mesh::msg::status_reply& s) {
-  std::printf("%-10s %-8s %-22s %-24s %9s %7s %8s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "STAGES", "RTT ms");
-  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s\n", (s.node.substr(0, 8) + "*").c_str(), "self", "-",
-              s.device.substr(0, 24).c_str(), s.gflops, "-", "-");
+  std::printf("%-10s %-8s %-22s %-24s %9s %7s %8s %6s %-6s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "STAGES",
+              "RTT ms", "LOST", "PATH");
+  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s %6s %-6s\n", (s.node.substr(0, 8) + "*").c_str(), "self", "-",
+              s.device.substr(0, 24).c_str(), s.gflops, "-", "-", "-", "-");
   for (const auto& p : s.peers)
-    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f\n", p.node.substr(0, 8).c_str(), p.health.c_str(),
-                p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, p.running_stages, p.rtt_ms);
+    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f %6llu %-6s\n", p.node.substr(0, 8).c_str(), p.health.c_str(),
+                p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, p.running_stages, p.rtt_ms,
+                static_cast<unsigned long long>(p.packets_lost), p.relayed ? "relay" : "direct");
 }
 
 void print_jobs(const mesh::msg::status_reply& s) {

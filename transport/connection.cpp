@@ -104,6 +104,11 @@ struct connection_callbacks {
     return 0;
   }
 
+  static int lost_datagram(ngtcp2_conn*, uint64_t, void* ud) {
+    ++self(ud).lost_datagrams_;
+    return 0;
+  }
+
   static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
     self(ud).bulk_in_.erase(sid);
     self(ud).bulk_frames_.erase(sid);
@@ -159,6 +164,7 @@ ngtcp2_callbacks connection::callbacks(bool server) {
   cb.stream_close = connection_callbacks::stream_close;
   cb.stream_reset = connection_callbacks::stream_reset;
   cb.recv_datagram = connection_callbacks::recv_datagram;
+  cb.lost_datagram = connection_callbacks::lost_datagram;
   return cb;
 }
 
@@ -455,6 +461,8 @@ void connection::credit_remote_stream(int64_t sid) {
 }
 
 void connection::on_stream_closed(int64_t sid) {
+  // The stream's loss count goes with it; keep it for stats (called before ngtcp2 frees it).
+  if (ngtcp2_conn_is_local_stream(conn_, sid)) lost_closed_streams_ += ngtcp2_conn_get_stream_loss_count(conn_, sid);
   if (auto it = bulk_out_.find(sid); it != bulk_out_.end()) {
     uint64_t n = it->second.payload.size();
     bulk_out_.erase(it);
@@ -720,6 +728,9 @@ peer_stats connection::stats() const {
   s.smoothed_rtt = std::chrono::nanoseconds(cstat.smoothed_rtt);
   s.min_rtt = std::chrono::nanoseconds(cstat.min_rtt == UINT64_MAX ? 0 : cstat.min_rtt);
   s.cwnd = cstat.cwnd;
+  s.packets_lost = lost_closed_streams_ + lost_datagrams_;
+  if (control_sid_ >= 0) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, control_sid_);
+  for (const auto& [sid, b] : bulk_out_) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, sid);
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received_;
   s.remote_address = remote_.to_string();

@@ -159,6 +159,8 @@ class connection {
   };
   std::deque<std::vector<uint8_t>> bulk_waiting_;  // no stream id yet (peer's stream limit)
   std::map<int64_t, bulk_out> bulk_out_;
+  uint64_t lost_closed_streams_ = 0;  // packets lost, summed over streams already closed
+  uint64_t lost_datagrams_ = 0;
   int64_t bulk_cursor_ = -1;  // the bulk stream served last (round robin continues after it)
   /// The bulk stream to write next (cfg_.bulk_scheduling), or end() when none can be written.
   std::map<int64_t, bulk_out>::iterator next_bulk_stream(const std::vector<int64_t>& blocked);

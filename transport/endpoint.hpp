@@ -37,6 +37,10 @@ struct peer_stats {
   uint64_t bytes_sent = 0;      ///< UDP payload bytes, all packets of the connection
   uint64_t bytes_received = 0;  ///< UDP payload bytes, all packets of the connection
   uint64_t cwnd = 0;            ///< congestion window, bytes
+  /// Packets this side sent that QUIC declared lost (spurious losses included), counted per
+  /// stream they carried data of (ngtcp2 0.12 counts losses per stream only: a lost packet with
+  /// frames of two streams counts twice) plus lost heartbeat datagrams.
+  uint64_t packets_lost = 0;
   std::string remote_address;
   bool relayed = false;  ///< counters are those of the connection to the relay
 };

@@ -19,7 +19,7 @@ std::vector<message> samples() {
           activation{"coord", 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}},
           status_request{5},
-          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25}}, {{9, "c", "done", 3, 1, 0.5, "data_parallel"}}},
+          status_reply{5, "me", "dev", 1.5, 10, {{"p", "healthy", "1.2.3.4:5", "gpu", 2, 1, 0.25, 17, true}}, {{9, "c", "done", 3, 1, 0.5, "data_parallel"}}},
           open_session{3, {'g'}},
           infer{3, 4, {{"x", t}}},
           close_session{3},
