@@ -9,6 +9,13 @@
 using namespace mesh;
 using namespace mesh::gpu::test;
 
+namespace {
+/// A matmul shape for the tables of cases below.
+struct mm_case {
+  int64_t batch, m, k, n;  ///< batch 0: a plain rank-2 matmul
+};
+}  // namespace
+
 TEST_CASE("ops: unary elementwise, f32, odd sizes") {
   for (shape s : {shape{1}, shape{3, 127}}) {
     builder b;
@@ -81,7 +88,6 @@ TEST_CASE("ops: f16 and bf16 tensors (16-bit storage, f32 compute)") {
 }
 
 TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
-  struct mm_case { int64_t batch, m, k, n; };
   for (auto c : {mm_case{0, 1, 1, 1}, mm_case{0, 3, 5, 7}, mm_case{0, 127, 33, 65}, mm_case{2, 64, 64, 64},
                  mm_case{3, 17, 1, 9}, mm_case{0, 520, 20, 515}, mm_case{0, 300, 36, 516}, mm_case{32, 129, 4, 132},
                  mm_case{32, 129, 3, 129}}) {
@@ -284,30 +290,43 @@ TEST_CASE("ops: bad bindings are errors, not crashes") {
   }
 }
 
-TEST_CASE("ops: the vec4 + prefetch matmul variant (MESH_GEMM=vec4) matches the reference") {
+namespace {
+
+/// A Vulkan executor made while `var` = `value` (kernel variants are chosen from the environment
+/// when the device is opened); memory-only kernel cache, so no other test's kernels are reused.
+std::unique_ptr<gpu::executor> vulkan_with_env(const char* var, const char* value) {
   vulkan();  // keeps the driver loaded (see harness.hpp)
-  setenv("MESH_GEMM", "vec4", 1);
+  setenv(var, value, 1);
   gpu::vulkan_options o;
   o.cache_dir = "-";
   auto ex = gpu::make_vulkan_executor(o);
-  unsetenv("MESH_GEMM");
+  unsetenv(var);
   REQUIRE(ex);
-  struct mm_case { int64_t batch, m, k, n; };
+  return std::move(*ex);
+}
+
+/// relu(x @ w) - 0.25 for one shape on `ex`, against the reference; `w` names the parameter.
+void check_relu_matmul(gpu::executor& ex, const mm_case& c, const std::string& w, uint64_t seed) {
+  INFO(w << ": m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
+  shape as{c.m, c.k}, bs{c.k, c.n};
+  if (c.batch) {
+    as.insert(as.begin(), c.batch);
+    bs.insert(bs.begin(), c.batch);
+  }
+  builder b;
+  auto x = b.input("x", dtype::f32, as);
+  auto wp = b.parameter(w, dtype::f32, bs);
+  b.output("y", relu(matmul(x, wp)) - 0.25);
+  check_on(ex, finish(b), {{"x", random_tensor(dtype::f32, as, seed)}}, {{w, random_tensor(dtype::f32, bs, seed + 1)}}, 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("ops: the vec4 + prefetch matmul variant (MESH_GEMM=vec4) matches the reference") {
+  auto ex = vulkan_with_env("MESH_GEMM", "vec4");
   for (auto c : {mm_case{0, 3, 5, 8}, mm_case{2, 64, 64, 64}, mm_case{0, 300, 37, 516}, mm_case{32, 129, 4, 132}}) {
-    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
-    shape as{c.m, c.k}, bs{c.k, c.n};
-    if (c.batch) {
-      as.insert(as.begin(), c.batch);
-      bs.insert(bs.begin(), c.batch);
-    }
-    builder b;
-    const std::string w = "v4w" + std::to_string(c.m) + "_" + std::to_string(c.k);
-    auto x = b.input("x", dtype::f32, as);
-    auto wp = b.parameter(w, dtype::f32, bs);
-    b.output("y", relu(matmul(x, wp)) - 0.25);
-    const graph g = finish(b);
-    auto out = check_on(**ex, g, {{"x", random_tensor(dtype::f32, as, 20)}}, {{w, random_tensor(dtype::f32, bs, 21)}}, 1e-4);
-    CHECK((*ex)->stats().kernels.at(0).name.find("v_") != std::string::npos);  // the variant ran
+    check_relu_matmul(*ex, c, "v4w" + std::to_string(c.m) + "_" + std::to_string(c.k), 20);
+    CHECK(ex->stats().kernels.at(0).name.find("v_") != std::string::npos);  // the variant ran
   }
 }
 
@@ -334,55 +353,17 @@ TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 an
 TEST_CASE("ops: matmuls under every tile rasterisation (MESH_GEMM_SWIZZLE=0, 1, 3, 8) match the reference") {
   // 64-wide tiles: 1000 rows are 16 tile rows (3 leaves a ragged last group), 455 rows 8, one
   // tile column, batches (per batch index), and 128-wide tiles (32 x 2 x 2 of them).
-  vulkan();  // keeps the driver loaded (see harness.hpp)
   for (const char* sw : {"0", "1", "3", "8"}) {
-    setenv("MESH_GEMM_SWIZZLE", sw, 1);
-    gpu::vulkan_options o;
-    o.cache_dir = "-";
-    auto ex = gpu::make_vulkan_executor(o);
-    unsetenv("MESH_GEMM_SWIZZLE");
-    REQUIRE(ex);
-    struct mm_case { int64_t batch, m, k, n; };
-    for (auto c : {mm_case{0, 1000, 33, 200}, mm_case{3, 455, 7, 300}, mm_case{0, 200, 5, 60}, mm_case{32, 129, 4, 132}}) {
-      INFO("swizzle " << sw << " m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
-      shape as{c.m, c.k}, bs{c.k, c.n};
-      if (c.batch) {
-        as.insert(as.begin(), c.batch);
-        bs.insert(bs.begin(), c.batch);
-      }
-      builder b;
-      const std::string w = std::string("sw") + sw + "_" + std::to_string(c.m) + "_" + std::to_string(c.k);
-      auto x = b.input("x", dtype::f32, as);
-      auto wp = b.parameter(w, dtype::f32, bs);
-      b.output("y", relu(matmul(x, wp)) - 0.25);
-      check_on(**ex, finish(b), {{"x", random_tensor(dtype::f32, as, 24)}}, {{w, random_tensor(dtype::f32, bs, 25)}}, 1e-4);
-    }
+    auto ex = vulkan_with_env("MESH_GEMM_SWIZZLE", sw);
+    for (auto c : {mm_case{0, 1000, 33, 200}, mm_case{3, 455, 7, 300}, mm_case{0, 200, 5, 60}, mm_case{32, 129, 4, 132}})
+      check_relu_matmul(*ex, c, std::string("sw") + sw + "_" + std::to_string(c.m) + "_" + std::to_string(c.k), 24);
   }
 }
 
 TEST_CASE("ops: the other matmul variants (MESH_GEMM=warp16, wide, narrow, classic) match the reference") {
-  vulkan();  // keeps the driver loaded (see harness.hpp)
   for (const char* variant : {"warp16", "wide", "narrow", "classic"}) {
-    setenv("MESH_GEMM", variant, 1);
-    gpu::vulkan_options o;
-    o.cache_dir = "-";
-    auto ex = gpu::make_vulkan_executor(o);
-    unsetenv("MESH_GEMM");
-    REQUIRE(ex);
-    struct mm_case { int64_t batch, m, k, n; };
-    for (auto c : {mm_case{0, 3, 5, 8}, mm_case{0, 127, 33, 65}, mm_case{32, 129, 4, 132}, mm_case{32, 129, 3, 129}}) {
-      INFO(variant << " m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
-      shape as{c.m, c.k}, bs{c.k, c.n};
-      if (c.batch) {
-        as.insert(as.begin(), c.batch);
-        bs.insert(bs.begin(), c.batch);
-      }
-      builder b;
-      const std::string w = std::string("var") + variant + std::to_string(c.m) + "_" + std::to_string(c.k);
-      auto x = b.input("x", dtype::f32, as);
-      auto wp = b.parameter(w, dtype::f32, bs);
-      b.output("y", relu(matmul(x, wp)) - 0.25);
-      check_on(**ex, finish(b), {{"x", random_tensor(dtype::f32, as, 22)}}, {{w, random_tensor(dtype::f32, bs, 23)}}, 1e-4);
-    }
+    auto ex = vulkan_with_env("MESH_GEMM", variant);
+    for (auto c : {mm_case{0, 3, 5, 8}, mm_case{0, 127, 33, 65}, mm_case{32, 129, 4, 132}, mm_case{32, 129, 3, 129}})
+      check_relu_matmul(*ex, c, std::string("var") + variant + std::to_string(c.m) + "_" + std::to_string(c.k), 22);
   }
 }
