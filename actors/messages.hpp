@@ -5,6 +5,7 @@
 /// goes through mesh::bounded_deserializer and then checks every tensor (see decode_message), so a
 /// hostile peer gets an error back and the node keeps running. Graphs travel inside as WireGraph
 /// bytes and are decoded (= validated) only by the node that runs them.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -20,6 +21,10 @@ namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
 inline constexpr uint32_t protocol_version = 3;
+
+/// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
+/// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
+inline constexpr size_t max_control_message = 64 << 10;
 
 using mesh::named_tensor;
 

@@ -199,10 +199,9 @@ void send_peer(const node_context& ctx, const std::string& to, const msg::messag
   if (!id || !bytes) return;
   // Heartbeats as datagrams; large payloads (tensors, fragments) on their own bulk streams so they
   // never delay small messages; everything else, in order, on the control stream.
-  constexpr size_t bulk_threshold = 64 << 10;
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
-                  : bytes->size() > bulk_threshold          ? transport::channel::bulk
-                                                            : transport::channel::control;
+                  : bytes->size() > msg::max_control_message ? transport::channel::bulk
+                                                             : transport::channel::control;
   if (auto ok = ctx.ep->send(*id, ch, std::move(*bytes)); !ok)
     spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.substr(0, 8), ok.error().message);
 }

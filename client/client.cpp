@@ -165,7 +165,7 @@ std::future<expected<job_outcome>> request(client_impl& impl, Msg m, Assign assi
     return future;
   }
   // Large requests (graphs with parameters) on a bulk stream, small ones on the control stream.
-  const auto ch = bytes->size() > (64u << 10) ? transport::channel::bulk : transport::channel::control;
+  const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
   if (auto ok = impl.ep->send(impl.node, ch, std::move(*bytes)); !ok) {
     promise.set_value(tl::unexpected(ok.error()));
     return future;

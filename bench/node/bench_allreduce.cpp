@@ -283,8 +283,7 @@ int rank_main(const args& a) {
       p.payload = std::move(m.payload);
       auto bytes = msg::encode_message(p);
       if (!bytes) rank_fail("encode: " + bytes.error().message);
-      constexpr size_t bulk_threshold = 64 << 10;  // actors/node.cpp, send_to
-      const auto ch = bytes->size() > bulk_threshold ? transport::channel::bulk : transport::channel::control;
+      const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
       if (auto ok = ep->send(*succ, ch, std::move(*bytes)); !ok) rank_fail("send: " + ok.error().message);
     }
   };
