@@ -26,6 +26,14 @@ socket_address socket_address::unmapped() const {
   return out;
 }
 
+bool socket_address::is_loopback() const {
+  socket_address u = unmapped();
+  if (u.family() == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&u.storage)->sin_addr.s_addr) >> 24) == 127;
+  if (u.family() == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&u.storage)->sin6_addr);
+  return false;
+}
+
 std::string socket_address::to_string() const {
   socket_address u = unmapped();
   char buf[INET6_ADDRSTRLEN] = {};

@@ -25,6 +25,8 @@ struct socket_address {
   expected<socket_address> for_family(int family) const;
   /// IPv4-mapped IPv6 becomes plain IPv4; anything else is unchanged.
   socket_address unmapped() const;
+  /// 127.0.0.0/8 or ::1 (also v4-mapped): a peer on this very host.
+  bool is_loopback() const;
 
   friend bool operator==(const socket_address& a, const socket_address& b);
 };

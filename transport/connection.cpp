@@ -172,8 +172,12 @@ ngtcp2_conn* connection::get_conn(ngtcp2_crypto_conn_ref* ref) {
   return static_cast<connection*>(ref->user_data)->conn_;
 }
 
-connection::connection(connection_owner& owner, const endpoint_config& cfg, bool inbound)
+connection::connection(connection_owner& owner, const endpoint_config& cfg, bool inbound, const socket_address& remote)
     : owner_(owner), cfg_(cfg), inbound_(inbound), control_in_(cfg.limits) {
+  remote_ = remote;
+  max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
+                         ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
+                         : cfg.max_udp_payload;
   conn_ref_.get_conn = &connection::get_conn;
   conn_ref_.user_data = this;
 }
@@ -185,13 +189,13 @@ connection::~connection() {
 
 namespace {
 
-void fill_settings(ngtcp2_settings& s, const endpoint_config& cfg, uint64_t ts) {
+void fill_settings(ngtcp2_settings& s, size_t max_udp_payload, const endpoint_config& cfg, uint64_t ts) {
   ngtcp2_settings_default(&s);
   s.initial_ts = ts;
-  s.max_tx_udp_payload_size = cfg.max_udp_payload;
-  // Without this ngtcp2 shapes packets down to 1200 B until PMTUD probes up; loopback meshes
-  // that ask for bigger packets want them from the start.
-  if (cfg.max_udp_payload > 1452) s.no_tx_udp_payload_size_shaping = 1;
+  s.max_tx_udp_payload_size = max_udp_payload;
+  // Without this ngtcp2 shapes packets down to 1200 B until PMTUD probes up (0.12 probes only
+  // up to ~1500): loopback paths and meshes that ask for bigger packets want them from the start.
+  if (max_udp_payload > 1452) s.no_tx_udp_payload_size_shaping = 1;
   s.handshake_timeout = static_cast<uint64_t>(cfg.handshake_timeout.count()) * ns_per_ms;
   s.max_window = cfg.connection_window * 4;
   s.max_stream_window = cfg.stream_window * 4;
@@ -223,15 +227,14 @@ expected<std::unique_ptr<connection>> connection::make_client(connection_owner& 
                                                               const tls_context& tls, const socket_address& local,
                                                               const socket_address& remote, const node_id& expected,
                                                               uint64_t ts) {
-  std::unique_ptr<connection> c(new connection(owner, cfg, false));
+  std::unique_ptr<connection> c(new connection(owner, cfg, false, remote));
   c->check_.expected = expected;
   c->local_ = local;
-  c->remote_ = remote;
   ngtcp2_cid dcid{}, scid{};
   random_cid(&dcid, cid_len);
   random_cid(&scid, cid_len);
   ngtcp2_settings settings;
-  fill_settings(settings, cfg, ts);
+  fill_settings(settings, c->max_udp_payload_, cfg, ts);
   ngtcp2_transport_params params;
   fill_params(params, cfg);
   auto path = make_path(c->local_, c->remote_);
@@ -248,13 +251,12 @@ expected<std::unique_ptr<connection>> connection::make_server(connection_owner& 
                                                               const tls_context& tls, const socket_address& local,
                                                               const socket_address& remote, const ngtcp2_pkt_hd& hd,
                                                               uint64_t ts) {
-  std::unique_ptr<connection> c(new connection(owner, cfg, true));
+  std::unique_ptr<connection> c(new connection(owner, cfg, true, remote));
   c->local_ = local;
-  c->remote_ = remote;
   ngtcp2_cid scid{};
   random_cid(&scid, cid_len);
   ngtcp2_settings settings;
-  fill_settings(settings, cfg, ts);
+  fill_settings(settings, c->max_udp_payload_, cfg, ts);
   ngtcp2_transport_params params;
   fill_params(params, cfg);
   params.original_dcid = hd.dcid;
@@ -539,7 +541,7 @@ void connection::send_close_packet(const send_fn& send, uint64_t ts) {
     ngtcp2_connection_close_error_set_application_error(&ccerr, static_cast<uint64_t>(code), rp, phrase.size());
   set_end(state::closing, reason);
   close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
-  close_packet_.resize(std::max<size_t>(cfg_.max_udp_payload, 1452));
+  close_packet_.resize(std::max<size_t>(max_udp_payload_, 1452));
   ngtcp2_path_storage ps;
   ngtcp2_path_storage_zero(&ps);
   ngtcp2_pkt_info pi{};

@@ -107,7 +107,7 @@ class connection {
   std::vector<std::string> fallback_addresses;  ///< dial: the addresses still to try
 
  private:
-  connection(connection_owner& owner, const endpoint_config& cfg, bool inbound);
+  connection(connection_owner& owner, const endpoint_config& cfg, bool inbound, const socket_address& remote);
   expected<void> init_tls(const tls_context& tls, bool server);
   void set_end(state s, std::string reason);
   void on_handshake_completed();
@@ -140,6 +140,7 @@ class connection {
   std::vector<uint8_t> close_packet_;
   uint64_t close_deadline_ = UINT64_MAX;
   socket_address remote_;
+  size_t max_udp_payload_;  ///< largest datagram sent on this path (bigger to a loopback peer)
   socket_address local_;
 
   // Outgoing control stream: chunks kept until acknowledged (ngtcp2 does not copy).

@@ -110,6 +110,9 @@ bool endpoint_impl::flush_pending() {
 }
 
 void endpoint_impl::arm_timer(uint64_t at) {
+  // Still pending from an earlier pass (the caller arms only deadlines in the future).
+  if (at == timer_armed_at_) return;
+  timer_armed_at_ = at;
   itimerspec its{};
   if (at != UINT64_MAX) {
     its.it_value.tv_sec = static_cast<time_t>(at / 1'000'000'000u);
@@ -233,6 +236,9 @@ void endpoint_impl::start_dial(const node_id& expected, std::vector<std::string>
 }
 
 void endpoint_impl::write_all(uint64_t ts) {
+  // This pass writes whatever was queued so far (a reply queued by a callback included): no
+  // extra zero-timeout loop pass for it. What the socket refuses waits for EPOLLOUT.
+  need_write_ = false;
   if (!flush_pending()) return;
   auto send = [this](const socket_address& to, const uint8_t* d, size_t n, size_t seg) { return send_bytes(to, d, n, seg); };
   for (auto& c : conns_) {
@@ -346,6 +352,7 @@ void endpoint_impl::run() {
       if (fd == eventfd_) {
         drain_commands();
       } else if (fd == timerfd_) {
+        timer_armed_at_ = UINT64_MAX;  // fired: disarmed
         uint64_t v;
         [[maybe_unused]] auto r = ::read(timerfd_, &v, sizeof(v));
       } else if (fd == sock_.fd()) {

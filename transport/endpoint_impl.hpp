@@ -51,6 +51,7 @@ class endpoint_impl final : public connection_owner {
   udp_socket sock_;
   std::unique_ptr<tls_context> tls_;
   int epfd_ = -1, timerfd_ = -1, eventfd_ = -1;
+  uint64_t timer_armed_at_ = UINT64_MAX;  // the deadline timerfd_ holds (a syscall saved when unchanged)
   std::thread thread_;
   std::thread::id io_thread_id_;
   std::atomic<bool> stopping_{false};

@@ -490,7 +490,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (arg(argc, argv, "--only-bulk", 0)) {
-    std::printf("QUIC bulk %zu MiB: %.0f MiB/s\n", mib, quic_bulk(mib, 64, 1452));
+    double mbs = quic_bulk(mib, 64, 1452);
+    std::printf("QUIC bulk %zu MiB: %.0f MiB/s, CPU %.2f s/GiB\n", mib, mbs, last_cpu_per_gib);
     return 0;
   }
 
