@@ -20,7 +20,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 3;
+inline constexpr uint32_t protocol_version = 4;
 
 /// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
 /// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
@@ -233,6 +233,8 @@ struct open_training {
 struct train_setup {
   uint64_t train = 0;
   train_spec spec;
+  std::string client;         ///< the client that opened the run (may ask a worker to take it over)
+  uint64_t client_train = 0;  ///< the client's id of the run
   bool operator==(const train_setup&) const = default;
 };
 
@@ -295,11 +297,20 @@ struct train_progress {
   bool operator==(const train_progress&) const = default;
 };
 
+/// Client -> a worker of a run whose coordinator died: coordinate it from now on, starting from
+/// this worker's state after its last applied step (train_engine.hpp, "coordinator failover").
+/// The answer is what open_training gets: progress, then a job_result for `train`.
+struct train_resume {
+  uint64_t train = 0;       ///< the client's id of the run
+  std::string coordinator;  ///< the node that coordinated it
+  bool operator==(const train_resume&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
-                             train_progress, job_progress>;
+                             train_progress, job_progress, train_resume>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -400,7 +411,7 @@ typename F::result_type inspect(F& f, open_training& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, train_setup& x) {
-  return f(caf::meta::type_name("train_setup"), x.train, x.spec);
+  return f(caf::meta::type_name("train_setup"), x.train, x.spec, x.client, x.client_train);
 }
 template <class F>
 typename F::result_type inspect(F& f, train_step& x) {
@@ -423,6 +434,10 @@ template <class F>
 typename F::result_type inspect(F& f, train_progress& x) {
   return f(caf::meta::type_name("train_progress"), x.train, x.step, x.steps, x.loss, x.samples_per_s, x.peers,
            x.bytes_sent);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_resume& x) {
+  return f(caf::meta::type_name("train_resume"), x.train, x.coordinator);
 }
 
 }  // namespace mesh::msg

@@ -15,8 +15,15 @@ constexpr size_t max_early_steps = 64;      // steps that arrived before their s
 constexpr size_t max_early_runs = 64;       // runs with early steps or pieces waiting
 constexpr int ring_pieces = 4;              // pieces per chunk: pipelining within a round
 constexpr int max_failures = 3;             // of one worker in one run, before it is left out
+constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
 
 uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) | (attempt & 0xffffu); }
+
+/// Parameters of run `id` coordinated by `coordinator` carry this prefix on every device, so that
+/// runs sharing a device never mix state. Workers derive it too (to undo it for a takeover).
+std::string run_prefix(const std::string& coordinator, uint64_t id) {
+  return "tr." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+}
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
@@ -100,6 +107,34 @@ expected<void> accumulate(std::vector<float>& buf, const tensor_map& outs, const
 }
 
 tensor f32_scalar(double v) { return tensor::scalar(v, dtype::f32); }
+
+/// `spec` without its tensors (dataset and state): what a worker keeps to reopen the run.
+msg::train_spec spec_shell(const msg::train_spec& spec) {
+  msg::train_spec out;
+  out.method = spec.method;
+  out.start_step = spec.start_step;
+  out.steps = spec.steps;
+  out.micro_batches = spec.micro_batches;
+  out.micro_batch = spec.micro_batch;
+  out.inner_steps = spec.inner_steps;
+  out.compression = spec.compression;
+  out.seed = spec.seed;
+  out.grad_wire = spec.grad_wire;
+  out.apply_wire = spec.apply_wire;
+  out.delta_wire = spec.delta_wire;
+  out.outer_wire = spec.outer_wire;
+  return out;
+}
+
+/// The graph `wire` with every parameter named `from` + x renamed to `to` + x.
+expected<std::vector<char>> rename_parameters(const std::vector<char>& wire, const std::string& from, const std::string& to,
+                                              const graph_limits& limits) {
+  auto w = decode_wire_graph(wire.data(), wire.size(), limits);
+  if (!w) return tl::unexpected(w.error());
+  for (auto& n : w->g.nodes)
+    if (n.op == op_kind::parameter && starts_with(n.attrs.name, from)) n.attrs.name = to + n.attrs.name.substr(from.size());
+  return encode(wire_graph{std::move(w->g), {}});
+}
 
 /// The gradient graph as two programs that keep the gradients on the device: `first` stores each
 /// gradient into a resident accumulator "<prefix><grad name>", `more` adds to it; both return only
@@ -225,6 +260,10 @@ struct train_engine::coord_run {
 struct train_engine::worker_run {
   std::string coordinator;
   uint64_t train = 0;
+  std::string client;          ///< who opened the run: the only one that may resume it
+  uint64_t client_train = 0;
+  msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
+  bool orphaned = false;       ///< the coordinator died; kept for a train_resume
   uint8_t method = 0;
   uint64_t steps = 0;
   uint32_t micro_batches = 1, inner_steps = 1;
@@ -285,6 +324,7 @@ std::vector<outbound> train_engine::on_message(const std::string& from, const ms
   if (auto* p = std::get_if<msg::allreduce_piece>(&m)) return on_piece(from, *p);
   if (auto* r = std::get_if<msg::train_reduced>(&m)) return on_reduced(from, *r);
   if (auto* s = std::get_if<msg::train_state>(&m)) return on_state(from, *s);
+  if (auto* r = std::get_if<msg::train_resume>(&m)) return on_resume(from, *r);
   return {};
 }
 
@@ -309,14 +349,10 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
   c->step = o.spec.start_step;
   c->commit = o.spec.start_step;
   // Parameters get names unique to this run, so that runs sharing a device do not mix state.
-  c->prefix = "tr." + self_.substr(0, 8) + "." + std::to_string(id) + ".";
+  c->prefix = run_prefix(self_, id);
   for (auto* wire : {&c->spec.grad_wire, &c->spec.apply_wire, &c->spec.delta_wire, &c->spec.outer_wire}) {
     if (wire->empty()) continue;
-    auto w = decode_wire_graph(wire->data(), wire->size(), limits_);
-    if (!w) return refuse(w.error().message);
-    for (auto& n : w->g.nodes)
-      if (n.op == op_kind::parameter) n.attrs.name = c->prefix + n.attrs.name;
-    auto bytes = encode(wire_graph{std::move(w->g), {}});
+    auto bytes = rename_parameters(*wire, "", c->prefix, limits_);
     if (!bytes) return refuse(bytes.error().message);
     *wire = std::move(*bytes);
   }
@@ -326,7 +362,7 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
   c->members.push_back(self_);
   for (const auto& p : peers_) c->members.push_back(p);
   std::sort(c->members.begin(), c->members.end());
-  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec}});
+  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train}});
   auto& run = *c;
   coordinated_[id] = std::move(c);
   auto more = issue_step(id, run);
@@ -475,7 +511,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
   c.spec.start_step = c.step;
   for (const auto& n : c.newcomers) {
     if (!peers_.count(n)) continue;
-    out.push_back({n, msg::train_setup{s.train, c.spec}});
+    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train}});
     c.members.push_back(n);
   }
   c.newcomers.clear();
@@ -488,9 +524,29 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
 std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   peers_.erase(id);
   std::vector<outbound> out;
-  // Worker side: runs coordinated by the dead node are over.
-  for (auto it = worker_.begin(); it != worker_.end();)
-    it = it->first.first == id ? worker_.erase(it) : std::next(it);
+  // Worker side: runs coordinated by the dead node become orphans, kept (a few) for their client
+  // to resume elsewhere; runs whose client died cannot be resumed.
+  for (auto it = worker_.begin(); it != worker_.end();) {
+    worker_run& w = *it->second;
+    if (w.client == id) {
+      it = worker_.erase(it);
+      continue;
+    }
+    if (it->first.first == id) {
+      if (w.broken || w.client.empty()) {
+        it = worker_.erase(it);
+        continue;
+      }
+      w.orphaned = true;
+      w.round.reset();
+      w.ring.clear();
+      w.parked.clear();
+    }
+    ++it;
+  }
+  size_t orphans = 0;
+  for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
+    it = it->second->orphaned && ++orphans > max_orphans ? worker_.erase(it) : std::next(it);
   for (auto it = early_steps_.begin(); it != early_steps_.end();)
     it = it->first.first == id ? early_steps_.erase(it) : std::next(it);
   for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
@@ -548,6 +604,14 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   auto w = std::make_shared<worker_run>();
   w->coordinator = from;
   w->train = s.train;
+  w->client = s.client;
+  w->client_train = s.client_train;
+  w->shell = spec_shell(s.spec);
+  // The run resumed under a new coordinator: what this node kept of it before is stale now.
+  if (!s.client.empty())
+    std::erase_if(worker_, [&](const auto& kv) {
+      return kv.first != key && kv.second->client == s.client && kv.second->client_train == s.client_train;
+    });
   w->method = s.spec.method;
   w->steps = s.spec.steps;
   w->micro_batches = s.spec.micro_batches;
@@ -598,6 +662,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     return {};
   }
   auto w = it->second;
+  if (w->orphaned) return {};  // its client is taking it elsewhere
   const auto refuse = [&](const std::string& why) {
     std::vector<outbound> out;
     if (!s.ring.empty()) {
@@ -753,6 +818,7 @@ std::vector<train_task> train_engine::take_ready() {
 }
 
 std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r) {
+  if (t.takeover) return take_over(t, std::move(r));
   std::vector<outbound> out;
   const worker_key key{t.coordinator, t.train};
   if (r && !r->state.empty()) {
@@ -836,6 +902,7 @@ std::vector<outbound> train_engine::on_piece(const std::string& from, const msg:
     return {};
   }
   worker_run& w = *it->second;
+  if (w.orphaned) return {};
   const uint64_t current = round_id(w.step, w.attempt);
   if (p.round < current) return {};  // a stale round
   if (p.round > current || !w.round) {
@@ -876,6 +943,92 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   w.held = std::move(h);
   w.round.reset();
   return {{w.coordinator, r}};
+}
+
+}  // namespace mesh
+
+namespace mesh {
+
+// ---- coordinator failover ----
+
+std::vector<outbound> train_engine::on_resume(const std::string& client, const msg::train_resume& r) {
+  // The client's word that the coordinator is gone is enough for its own run, even before this
+  // node's health monitor says so: the run can no longer report to the client anyway.
+  std::shared_ptr<worker_run> w;
+  for (const auto& [key, run] : worker_)
+    if (key.first == r.coordinator && run->client == client && run->client_train == r.train && !run->broken) w = run;
+  if (!w) {
+    msg::job_result no;
+    no.job = r.train;
+    no.error = "node " + self_.substr(0, 8) + " holds no state of training " + std::to_string(r.train) + " coordinated by " +
+               r.coordinator.substr(0, 8) + " (it was not a member, its device was restarted, or the run ended)";
+    return {{client, no}};
+  }
+  w->orphaned = true;
+  w->round.reset();
+  w->ring.clear();
+  w->parked.clear();
+  train_task t;
+  t.coordinator = w->coordinator;
+  t.train = w->train;
+  t.step = w->applied;
+  t.takeover = true;
+  const uint64_t applied = w->applied;
+  t.work = [w, applied](gpu::executor& ex) -> expected<train_work_result> {
+    auto& d = *w->dev;
+    train_work_result out;
+    if (!d.loaded) {  // never ran a step: the state it was set up with
+      out.state = d.initial;
+      return out;
+    }
+    // DiLoCo: inner steps of the unfinished outer step changed the local parameters; its
+    // snapshot is the state after the last applied step.
+    if (w->method == 1 && d.snapshot_step == applied)
+      if (auto ok = ex.set_parameters(d.snapshot); !ok) return tl::unexpected(ok.error());
+    auto st = ex.get_parameters(w->state_names);
+    if (!st) return tl::unexpected(st.error());
+    out.state = std::move(*st);
+    return out;
+  };
+  ready_.push_back(std::move(t));
+  return {};
+}
+
+std::vector<outbound> train_engine::take_over(const train_task& t, expected<train_work_result> r) {
+  auto it = worker_.find({t.coordinator, t.train});
+  if (it == worker_.end()) return {};  // resumed already, or its client went away meanwhile
+  auto w = it->second;
+  worker_.erase(it);
+  const auto fail = [&](const std::string& why) {
+    msg::job_result no;
+    no.job = w->client_train;
+    no.error = "cannot take over training " + std::to_string(w->client_train) + ": " + why;
+    return std::vector<outbound>{{w->client, no}};
+  };
+  if (!r) return fail("reading this node's training state failed: " + r.error().to_string());
+  // The client's spec again: names without the old run's prefix, this node's state, its data.
+  const std::string old_prefix = run_prefix(w->coordinator, w->train);
+  msg::train_spec spec = w->shell;
+  for (auto* wire : {&spec.grad_wire, &spec.apply_wire, &spec.delta_wire, &spec.outer_wire}) {
+    if (wire->empty()) continue;
+    auto bytes = rename_parameters(*wire, old_prefix, "", limits_);
+    if (!bytes) return fail(bytes.error().message);
+    *wire = std::move(*bytes);
+  }
+  for (auto& [name, value] : r->state)
+    spec.state.push_back({starts_with(name, old_prefix) ? name.substr(old_prefix.size()) : name, std::move(value)});
+  for (const auto& [name, column] : w->dataset) spec.dataset.push_back({name, column});
+  spec.start_step = t.step;
+  if (spec.start_step >= spec.steps) {
+    // Every step was applied here; only the result was not delivered.
+    msg::job_result done;
+    done.job = w->client_train;
+    done.ok = true;
+    done.outputs = std::move(spec.state);
+    done.workers = {self_};
+    return {{w->client, std::move(done)}};
+  }
+  return open(w->client, msg::open_training{w->client_train, std::move(spec)});
 }
 
 }  // namespace mesh

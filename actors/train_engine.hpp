@@ -21,7 +21,15 @@
 /// it, and the next step includes it.
 ///
 /// The coordinator is also a worker (messages to itself go through the shell like any other).
-/// If the coordinator dies the run fails: the client's connection to it is lost.
+///
+/// Coordinator failover: when the coordinator dies, its workers keep their runs as orphans
+/// (bounded), with the state they reached. The client, which lost its connection, connects to a
+/// surviving member and sends train_resume; that node reads its own state after the last step it
+/// applied (DiLoCo: from the snapshot taken at the start of the unfinished outer step) and opens
+/// the rest of the run as a new run it coordinates, from that step, over every member. Its state
+/// is a consistent point of the run (every step before it applied once, none after), so the
+/// finished run equals an uninterrupted one; an unfinished step is simply redone, and progress
+/// may report it twice. Other survivors' orphans are dropped when the new setup reaches them.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -70,6 +78,7 @@ struct train_task {
   uint64_t train = 0;
   uint64_t step = 0;
   uint32_t attempt = 0;
+  bool takeover = false;  ///< reads the state an orphaned run resumes from (train_resume)
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 
@@ -87,7 +96,7 @@ class train_engine {
   void executor_restarted();
 
   /// Training messages (open_training, train_setup, train_step, allreduce_piece,
-  /// train_reduced, train_state); others are ignored.
+  /// train_reduced, train_state, train_resume); others are ignored.
   std::vector<outbound> on_message(const std::string& from, const msg::message& m);
   /// Device work ready to run; the shell runs each and calls on_executed.
   std::vector<train_task> take_ready();
@@ -108,6 +117,9 @@ class train_engine {
   std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);
   std::vector<outbound> on_reduced(const std::string& from, const msg::train_reduced& r);
   std::vector<outbound> on_state(const std::string& from, const msg::train_state& s);
+  std::vector<outbound> on_resume(const std::string& client, const msg::train_resume& r);
+  /// The takeover task finished: open the rest of the run as one this node coordinates.
+  std::vector<outbound> take_over(const train_task& t, expected<train_work_result> r);
   /// Coordinator: start (or redo) the current step over the current members.
   std::vector<outbound> issue_step(uint64_t id, coord_run& c);
   /// Coordinator: the current step is decided; go on (next step, sync newcomers, or finish).

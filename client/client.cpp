@@ -23,11 +23,64 @@ class client_impl {
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
   std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
 
-  void fail_all(const std::string& why) {
-    for (auto& [id, p] : jobs) p.set_value(make_error(error_code::network, why));
+  // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
+  std::map<uint64_t, transport::node_id> trainings;  ///< open trainings: id -> coordinating node
+  /// Other nodes of the mesh as the last status reply listed them: where to resume.
+  std::vector<std::pair<transport::node_id, std::string>> others;
+  std::vector<std::pair<transport::node_id, std::string>> candidates;  ///< not tried yet
+  bool failing_over = false;
+  uint64_t progress_seen = 0;
+
+  /// Fails every pending request; trainings too unless `keep_trainings`.
+  void fail_all(const std::string& why, bool keep_trainings = false) {
+    for (auto it = jobs.begin(); it != jobs.end();) {
+      if (keep_trainings && trainings.count(it->first)) {
+        ++it;
+        continue;
+      }
+      it->second.set_value(make_error(error_code::network, why));
+      progress.erase(it->first);
+      trainings.erase(it->first);
+      it = jobs.erase(it);
+    }
     for (auto& [id, p] : statuses) p.set_value(make_error(error_code::network, why));
-    jobs.clear();
     statuses.clear();
+  }
+
+  /// Asks the node for its view of the mesh; the reply refreshes `others` (no one waits for it).
+  void refresh_others() {
+    if (!up) return;
+    if (auto bytes = msg::encode_message(msg::status_request{next_id++}))
+      (void)ep->send(node, transport::channel::control, std::move(*bytes));
+  }
+
+  /// The connection to `node` is gone while trainings run: dial the next node that may take them
+  /// over; with none left, they fail with `why`.
+  void try_next_node(const std::string& why) {
+    while (!candidates.empty()) {
+      auto [id, address] = candidates.front();
+      candidates.erase(candidates.begin());
+      node = id;
+      failing_over = true;
+      ep->dial(id, {address});
+      return;
+    }
+    failing_over = false;
+    failure = why;
+    fail_all(why);
+  }
+
+  /// Connected to a node while failing over: say who we are and ask it to take the runs over.
+  void resume_trainings() {
+    failing_over = false;
+    std::vector<msg::message> out{msg::hello{}};
+    std::get<msg::hello>(out[0]).is_client = true;
+    for (auto& [train, coordinator] : trainings) {
+      out.push_back(msg::train_resume{train, coordinator.to_string()});
+      coordinator = node;
+    }
+    for (const auto& m : out)
+      if (auto bytes = msg::encode_message(m)) (void)ep->send(node, transport::channel::control, std::move(*bytes));
   }
 
   void on_message(std::vector<uint8_t> bytes) {
@@ -39,6 +92,7 @@ class client_impl {
       {
         std::lock_guard<std::mutex> lock(m);
         if (auto it = progress.find(p->train); it != progress.end()) f = it->second;
+        if (++progress_seen % 16 == 0) refresh_others();  // members come and go during a run
       }
       if (f) f(*p);
       return;
@@ -69,7 +123,13 @@ class client_impl {
       jobs.erase(it);
       progress.erase(r->job);
       job_progress.erase(r->job);
+      trainings.erase(r->job);
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
+      others.clear();
+      for (const auto& peer : s->peers) {
+        auto id = transport::node_id::parse(peer.node);
+        if (id && peer.health != "dead" && !peer.address.empty()) others.emplace_back(*id, peer.address);
+      }
       auto it = statuses.find(s->id);
       if (it == statuses.end()) return;
       it->second.set_value(*s);
@@ -105,21 +165,32 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
   client_impl* p = impl.get();
   p->node = *id;
   transport::handlers h;
-  h.on_peer_up = [p](const transport::node_id&, const transport::peer_info&) {
+  h.on_peer_up = [p](const transport::node_id& id, const transport::peer_info&) {
     std::lock_guard<std::mutex> lock(p->m);
+    if (id != p->node) return;
     p->up = true;
+    if (p->failing_over) p->resume_trainings();
     p->cv.notify_all();
   };
-  h.on_peer_down = [p](const transport::node_id&, const std::string& why) {
+  h.on_peer_down = [p](const transport::node_id& id, const std::string& why) {
     std::lock_guard<std::mutex> lock(p->m);
+    if (id != p->node) return;  // a node given up on during a failover
     p->up = false;
     p->failure = "connection to the node lost: " + why;
-    p->fail_all(p->failure);
+    p->fail_all(p->failure, true);
+    if (!p->trainings.empty()) {
+      p->candidates.clear();
+      for (const auto& o : p->others)
+        if (o.first != id) p->candidates.push_back(o);
+      p->try_next_node("connection to the coordinating node lost (" + why + ") and no other node could take the training over");
+    }
     p->cv.notify_all();
   };
-  h.on_connect_failed = [p](const std::optional<transport::node_id>&, const std::string& addr, const std::string& why) {
+  h.on_connect_failed = [p](const std::optional<transport::node_id>& who, const std::string& addr, const std::string& why) {
     std::lock_guard<std::mutex> lock(p->m);
     p->failure = "cannot connect to " + addr + ": " + why;
+    if (p->failing_over && who == p->node)
+      p->try_next_node("the coordinating node was lost and no other node of the run could be reached (last: " + p->failure + ")");
     p->cv.notify_all();
   };
   h.on_message = [p](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
@@ -127,6 +198,10 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
   ec.mesh_secret = options.mesh_secret;
   ec.bind = "0.0.0.0";
   ec.protocol_version = msg::protocol_version;
+  // A node that dies without a word (SIGKILL, power) is noticed by the idle timeout: short, so a
+  // training fails over soon after the nodes' own failure detector (~2.5 s) has acted.
+  ec.idle_timeout = options.idle_timeout;
+  ec.keep_alive = std::min(ec.keep_alive, options.idle_timeout / 4);
   auto ep = transport::endpoint::start(ec, h);
   if (!ep) return tl::unexpected(ep.error());
   p->ep = std::move(*ep);
@@ -228,10 +303,13 @@ std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
                                                  std::function<void(const msg::train_progress&)> on_progress) {
   client_impl* impl = impl_.get();
   // The id is assigned (and the callback registered) under the lock, before anything is sent.
-  return request(*impl_, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
+  auto f = request(*impl_, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
     m.train = id;
     impl->progress[id] = std::move(on_progress);
+    impl->trainings[id] = impl->node;
+    impl->refresh_others();  // who could take over if this node dies
   });
+  return f;
 }
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,

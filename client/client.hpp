@@ -24,6 +24,9 @@ namespace mesh {
 struct client_options {
   std::vector<uint8_t> mesh_secret;  ///< must match the mesh's; empty = the open LAN mesh
   std::chrono::milliseconds connect_timeout{5000};
+  /// No packet from the node for this long: it is gone (keep-alives are sent at a quarter of
+  /// it). A training then continues on another node of the mesh (see client::train).
+  std::chrono::milliseconds idle_timeout{5000};
 };
 
 /// A finished job.
@@ -104,6 +107,11 @@ class client {
   /// Starts a training run coordinated by the connected node (see trainer.hpp, which builds
   /// `spec`); `on_progress` runs on a client thread after every step. The future completes with
   /// the final state (parameters and optimizer state) as outputs.
+  ///
+  /// If the coordinating node dies, the client connects to another node of the mesh (from the
+  /// nodes' own status reports) and asks it to take the run over from its state; the run then
+  /// continues there (a step in progress is redone, so progress may report a step twice) and
+  /// this client stays connected to that node. Other requests in flight fail as usual.
   std::future<expected<job_outcome>> train(const msg::train_spec& spec,
                                            std::function<void(const msg::train_progress&)> on_progress = {});
   /// The node's view of the mesh: peers with health and load, jobs.

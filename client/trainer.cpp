@@ -139,7 +139,15 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
   if (!spec) return tl::unexpected(spec.error());
   train_result result;
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<uint64_t> loss_steps;  // the step of each entry of result.losses
   auto done = client_.train(*spec, [&](const msg::train_progress& p) {
+    // After a coordinator failover the unfinished step is redone and reported again: its new
+    // loss replaces the old one (and any later, never-committed ones).
+    while (!loss_steps.empty() && loss_steps.back() >= p.step) {
+      loss_steps.pop_back();
+      result.losses.pop_back();
+    }
+    loss_steps.push_back(p.step);
     result.losses.push_back(p.loss);
     result.bytes_sent += p.bytes_sent;
     result.step = p.step;

@@ -4,6 +4,7 @@
 // arrive in any order; DiLoCo's loss is close to data parallel's; bad specs are refused.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -224,6 +225,87 @@ TEST_CASE("a node dying mid-run: the run completes, no step lost or applied twic
   REQUIRE(sim.progress.size() == 24);
   for (size_t i = 0; i < sim.progress.size(); ++i) CHECK(sim.progress[i].step == i + 1);
   CHECK(sim.progress.back().peers == 2);
+}
+
+TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's train_resume", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  for (const bool diloco : {false, true}) {
+    INFO((diloco ? "DiLoCo" : "data parallel"));
+    auto o = dp_options(diloco ? 30 : 24);
+    if (diloco) {
+      o.method = train_method::diloco;
+      o.inner_steps = 5;
+    }
+    const auto spec = spec_for(s, o);
+    // The reference: data parallel equals one node; DiLoCo (whose result depends on the number
+    // of workers) is compared with the same run where another node dies at the same point.
+    train_sim one(diloco ? 3 : 1);
+    if (diloco)
+      one.on_tick = [](train_sim& t) {
+        if (!t.dead.count("node-c") && t.progress.size() == 2) t.kill("node-c");
+      };
+    const auto reference = one.train(spec);
+    REQUIRE(reference.ok);
+    train_sim sim(3);
+    sim.shuffle = true;
+    // node-a coordinates (the client opened the run there); it dies after a few steps, and the
+    // client, having lost its connection, asks node-c to take over.
+    sim.on_tick = [&](train_sim& t) {
+      if (!t.dead.count("node-a") && t.progress.size() == (diloco ? 2u : 7u)) {
+        t.kill("node-a");
+        t.post("client", {{"node-c", msg::train_resume{1, "node-a"}}});
+      }
+    };
+    const auto r = sim.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    const auto state = outputs_of(r);
+    // Every step applied exactly once (DiLoCo: every inner step of every outer step).
+    CHECK(state.at("opt.adam.t").at(0) == (diloco ? 30.0 : 24.0));
+    if (!diloco) {
+      CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
+    } else {
+      // After a takeover every worker starts from the new coordinator's state, inner optimizer
+      // moments included (as a node joining mid-run does), so the runs differ a little.
+      const double loss = full_loss(s, parameters_only(state)), ref = full_loss(s, parameters_only(outputs_of(reference)));
+      INFO("loss after the takeover " << loss << ", without " << ref);
+      CHECK(loss <= ref * 1.10 + 0.02);
+    }
+    CHECK(sim.progress.back().step == (diloco ? 30u : 24u));
+    CHECK(sim.progress.back().peers == 2);
+    CHECK(std::find(r.workers.begin(), r.workers.end(), "node-a") == r.workers.end());
+  }
+}
+
+TEST_CASE("train_resume to a node without the run, or from another client, is refused", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(12));
+  train_sim sim(3);
+  bool asked = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (!asked && t.progress.size() == 3) {
+      asked = true;
+      // Not the client that opened the run: refused, and the run goes on.
+      t.post("node-c", {{"node-b", msg::train_resume{1, "node-a"}}});
+      // A run that never existed.
+      t.post("client", {{"node-b", msg::train_resume{7, "node-a"}}});
+    }
+  };
+  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  const auto& refused = sim.results[0].job == 7 ? sim.results[0] : sim.results[1];
+  const auto& r = sim.results[0].job == 1 ? sim.results[0] : sim.results[1];
+  CHECK_FALSE(refused.ok);
+  CHECK_THAT(refused.error, Catch::Contains("holds no state of training 7"));
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
+  train_sim lone(1);
+  lone.post("client", {{"node-a", msg::train_resume{3, "node-x"}}});
+  lone.run();
+  REQUIRE(lone.results.size() == 1);
+  CHECK_FALSE(lone.results[0].ok);
+  CHECK_THAT(lone.results[0].error, Catch::Contains("holds no state of training 3"));
 }
 
 TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]") {

@@ -1,5 +1,6 @@
 // Training across real meshnode processes: data parallel over 3 nodes equals a 1-node run, a
 // peer killed with SIGKILL mid-training leaves the run complete with every step applied once,
+// the coordinating node killed the same way leaves the run to a survivor (coordinator failover),
 // and a checkpoint saved, loaded and resumed continues the same loss curve.
 #include <cmath>
 #include <filesystem>
@@ -165,4 +166,39 @@ TEST_CASE("a peer restarted mid-training rejoins with the current parameters", "
   CHECK(std::find(peers.begin(), peers.end(), 2u) != peers.end());
   CHECK(peers.back() == 3);  // it was set up with the state of the moment and used again
   CHECK(r->workers.size() == 3);
+}
+
+TEST_CASE("the coordinating node killed with SIGKILL mid-training: a survivor takes the run over",
+          "[apps][train]") {
+  const auto p = moons();
+  temp_dir solo_dir;
+  node_process solo(solo_dir.path / "solo");
+  auto c1 = client::connect(solo.endpoint());
+  REQUIRE(c1);
+  auto reference = trainer(**c1, p.model, p.params, p.data, options(60)).fit();
+  REQUIRE(reference);
+
+  three_nodes mesh;
+  auto c = client::connect(mesh.ea);  // node a coordinates the run
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  bool killed = false;
+  uint32_t peers_at_end = 0;
+  auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
+    if (i.step == 10 && !killed) {
+      mesh.a->kill(SIGKILL);
+      killed = true;
+    }
+    peers_at_end = i.peers;
+  });
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(killed);
+  CHECK((*c)->node() != mesh.ea.substr(0, mesh.ea.find('@')));  // moved to the node that took over
+  CHECK(r->state.at("opt.adam.t").at(0) == 60.0);  // every step applied exactly once
+  CHECK(max_difference(r->state, reference->state) < 1e-4);
+  CHECK(r->losses.size() == 60);
+  CHECK(peers_at_end == 2);
+  CHECK(mesh.b->running());
+  CHECK(mesh.c->running());
 }
