@@ -32,6 +32,10 @@ expected<void> check(const message& m) {
   if (auto* o = std::get_if<open_training>(&m)) return check_spec(o->spec);
   if (auto* t = std::get_if<train_setup>(&m)) return check_spec(t->spec);
   if (auto* t = std::get_if<train_state>(&m)) return check_tensors(t->state);
+  if (auto* t = std::get_if<train_step>(&m))
+    for (const auto& shard : t->shards)
+      if (auto ok = check_tensors(shard.columns); !ok) return ok;
+  if (auto* r = std::get_if<train_resume>(&m)) return check_tensors(r->dataset);
   return {};
 }
 

@@ -217,6 +217,9 @@ struct train_spec {
   std::vector<char> grad_wire, apply_wire, delta_wire, outer_wire;
   std::vector<named_tensor> state;
   std::vector<named_tensor> dataset;  ///< columns; dimension 0 = examples
+  /// Rows of the whole dataset. Set by the coordinator in setups, whose dataset columns carry no
+  /// rows (the shards come with the steps: actors/train_data.hpp); 0 in a client's spec.
+  uint64_t dataset_rows = 0;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -238,6 +241,13 @@ struct train_setup {
   bool operator==(const train_setup&) const = default;
 };
 
+/// The rows of one dataset shard (actors/train_data.hpp, shard_plan), columns as in the dataset.
+struct train_shard {
+  uint32_t index = 0;
+  std::vector<named_tensor> columns;
+  bool operator==(const train_shard&) const = default;
+};
+
 /// Coordinator -> worker: first apply the held result of step `commit - 1` (commit = 0: none;
 /// a step already applied is not applied again), then compute step `step` over micro-batches
 /// `micro` and all-reduce it around `ring` (empty ring: no work). `report_state`: send the state
@@ -251,6 +261,7 @@ struct train_step {
   uint64_t commit = 0;
   bool report_state = false;
   bool stop = false;
+  std::vector<train_shard> shards;  ///< dataset shards `micro` needs that the worker has not got yet
   bool operator==(const train_step&) const = default;
 };
 
@@ -303,6 +314,8 @@ struct train_progress {
 struct train_resume {
   uint64_t train = 0;       ///< the client's id of the run
   std::string coordinator;  ///< the node that coordinated it
+  /// The run's dataset again: workers hold only their shards, the new coordinator needs it all.
+  std::vector<named_tensor> dataset;
   bool operator==(const train_resume&) const = default;
 };
 
@@ -403,7 +416,7 @@ template <class F>
 typename F::result_type inspect(F& f, train_spec& x) {
   return f(caf::meta::type_name("train_spec"), x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch,
            x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state,
-           x.dataset);
+           x.dataset, x.dataset_rows);
 }
 template <class F>
 typename F::result_type inspect(F& f, open_training& x) {
@@ -414,9 +427,13 @@ typename F::result_type inspect(F& f, train_setup& x) {
   return f(caf::meta::type_name("train_setup"), x.train, x.spec, x.client, x.client_train);
 }
 template <class F>
+typename F::result_type inspect(F& f, train_shard& x) {
+  return f(caf::meta::type_name("train_shard"), x.index, x.columns);
+}
+template <class F>
 typename F::result_type inspect(F& f, train_step& x) {
   return f(caf::meta::type_name("train_step"), x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state,
-           x.stop);
+           x.stop, x.shards);
 }
 template <class F>
 typename F::result_type inspect(F& f, allreduce_piece& x) {
@@ -437,7 +454,7 @@ typename F::result_type inspect(F& f, train_progress& x) {
 }
 template <class F>
 typename F::result_type inspect(F& f, train_resume& x) {
-  return f(caf::meta::type_name("train_resume"), x.train, x.coordinator);
+  return f(caf::meta::type_name("train_resume"), x.train, x.coordinator, x.dataset);
 }
 
 }  // namespace mesh::msg

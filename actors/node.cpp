@@ -193,10 +193,12 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
 // They refer to each other, so the supervisor spawns them all and then sends each the handles.
 
 /// Sends `m` to a peer (not to this node). The endpoint is thread-safe: any actor may send.
-void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
+/// False when the peer is not connected (nothing was sent); other failures are logged.
+bool try_send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
   auto id = transport::node_id::parse(to);
   auto bytes = msg::encode_message(m);
-  if (!id || !bytes) return;
+  if (!id || !bytes) return true;  // nothing that could ever be sent
+  if (!ctx.ep->connected(*id)) return false;
   // Heartbeats as datagrams; large payloads (tensors, fragments) on their own bulk streams so they
   // never delay small messages; everything else, in order, on the control stream.
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
@@ -204,6 +206,11 @@ void send_peer(const node_context& ctx, const std::string& to, const msg::messag
                                                              : transport::channel::control;
   if (auto ok = ctx.ep->send(*id, ch, std::move(*bytes)); !ok)
     spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.substr(0, 8), ok.error().message);
+  return true;
+}
+
+void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
+  if (!try_send_peer(ctx, to, m)) spdlog::warn("send {} to {}: peer {} is not connected", msg::kind_name(m), to.substr(0, 8), to.substr(0, 8));
 }
 
 using message_ptr = std::shared_ptr<msg::message>;
@@ -383,15 +390,34 @@ struct jobs_state {
   std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
   std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
   uint32_t reported_load = 0;
+  /// Messages to peers this node is not connected to (yet, or again): held, in order, until the
+  /// peer's hello, dropped when it is reported down. A node joining a training ring learns of
+  /// its neighbours by peer exchange and may finish its first step before it has dialed them;
+  /// a node restarted after a crash is back in a ring (its coordinator saw its hello) before
+  /// its neighbours have seen it.
+  std::map<std::string, std::vector<msg::message>> held;
+  size_t held_count = 0;
 };
+
+constexpr size_t max_held_messages = 4096;  // all peers together
 
 using jobs_actor_t = caf::stateful_actor<jobs_state>;
 
 void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to, const msg::message& m) {
-  if (to == ctx.self_id)  // our own stages and results: through the mailbox, like any message
+  auto& st = self->state;
+  if (to == ctx.self_id) {  // our own stages and results: through the mailbox, like any message
     self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
-  else
-    send_peer(ctx, to, m);
+    return;
+  }
+  auto held = st.held.find(to);
+  if (held == st.held.end() && try_send_peer(ctx, to, m)) return;
+  if (st.held_count >= max_held_messages) {
+    spdlog::warn("send {} to {}: not connected, and {} messages already wait for peers; dropped", msg::kind_name(m),
+                 to.substr(0, 8), st.held_count);
+    return;
+  }
+  st.held[to].push_back(m);
+  ++st.held_count;
 }
 
 void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
@@ -446,11 +472,23 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         run_ready(self);
       },
       [=](up_atom, std::string id, message_ptr m) {
+        auto& s = self->state;
+        if (auto held = s.held.find(id); held != s.held.end()) {
+          auto waiting = std::move(held->second);
+          s.held.erase(held);
+          s.held_count -= waiting.size();
+          for (const auto& w : waiting) send_to(self, *ctx, id, w);
+        }
         const auto& h = std::get<msg::hello>(*m);
         self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
         self->state.trainer->peer_up(id);
       },
       [=](down_atom, std::string id, std::string) {
+        auto& s = self->state;
+        if (auto held = s.held.find(id); held != s.held.end()) {
+          s.held_count -= held->second.size();
+          s.held.erase(held);
+        }
         dispatch(self, *ctx, self->state.engine->peer_dead(id));
         dispatch(self, *ctx, self->state.trainer->peer_dead(id));
         run_ready(self);

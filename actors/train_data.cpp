@@ -1,5 +1,6 @@
 #include "actors/train_data.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -23,6 +24,27 @@ std::vector<int64_t> data_order::rows(uint64_t index) {
   const auto first = static_cast<size_t>((index % per_epoch()) * static_cast<uint64_t>(size_));
   return {order_.begin() + static_cast<std::ptrdiff_t>(first),
           order_.begin() + static_cast<std::ptrdiff_t>(first + static_cast<size_t>(size_))};
+}
+
+shard_plan shard_plan::make(int64_t rows, int64_t micro_batch, uint32_t micro_batches) {
+  shard_plan p;
+  p.micro_batches = std::max<uint32_t>(micro_batches, 1);
+  const auto fit = static_cast<uint64_t>(rows / std::max<int64_t>(micro_batch, 1));
+  p.shards = static_cast<uint32_t>(std::clamp<uint64_t>(fit, 1, p.micro_batches));
+  p.draws_per_step = (p.micro_batches + p.shards - 1) / p.shards;
+  return p;
+}
+
+std::vector<int64_t> shard_rows(int64_t rows, uint32_t shards, uint64_t seed, uint32_t shard) {
+  std::vector<int64_t> all(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) all[static_cast<size_t>(i)] = i;
+  std::mt19937_64 rng(seed * 0xbf58476d1ce4e5b9ull + 1);  // the same Fisher-Yates loop as data_order
+  for (int64_t i = rows - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
+    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(j)]);
+  }
+  const auto first = static_cast<size_t>(rows * shard / shards), last = static_cast<size_t>(rows * (shard + 1) / shards);
+  return {all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(last)};
 }
 
 expected<tensor_map> take_rows(const tensor_map& columns, const std::vector<int64_t>& rows) {

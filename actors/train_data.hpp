@@ -29,6 +29,35 @@ class data_order {
   std::vector<int64_t> order_;
 };
 
+/// The dataset cut into shards, so that a worker holds only the rows it trains on.
+///
+/// The rows are permuted once (from the seed) and cut into S near-equal shards, S = the
+/// micro-batches per step k, or fewer when the dataset is too small for k shards of one
+/// micro-batch each. Micro-batch slot j of every step always draws from shard j mod S, with that
+/// shard's own epoch order: which rows a micro-batch holds depends on the seed, k and the step,
+/// never on how many workers there are or which one computes it. A worker computing slot j needs
+/// only shard j mod S; when workers come or go, the shards move with the slots.
+struct shard_plan {
+  uint32_t shards = 1;          ///< S
+  uint32_t micro_batches = 1;   ///< k
+  uint32_t draws_per_step = 1;  ///< ceil(k / S): slots of a step that share one shard
+
+  /// `rows` >= `micro_batch` >= 1 (checked by the caller).
+  static shard_plan make(int64_t rows, int64_t micro_batch, uint32_t micro_batches);
+  /// The shard that micro-batch `index` of the run (step * k + slot) draws from.
+  uint32_t shard_of(uint64_t index) const { return static_cast<uint32_t>(index % micro_batches) % shards; }
+  /// Which draw from that shard's order it is (its micro-batch index within the shard).
+  uint64_t draw_of(uint64_t index) const {
+    return (index / micro_batches) * draws_per_step + (index % micro_batches) / shards;
+  }
+};
+
+/// The rows of the whole dataset that shard `shard` holds, in the order it stores them.
+std::vector<int64_t> shard_rows(int64_t rows, uint32_t shards, uint64_t seed, uint32_t shard);
+
+/// The seed of shard `shard`'s own epoch order.
+inline uint64_t shard_seed(uint64_t seed, uint32_t shard) { return seed ^ (0x9e3779b97f4a7c15ull * (shard + 1)); }
+
 /// The given rows of every column (dimension 0 = examples), as one micro-batch of inputs.
 expected<tensor_map> take_rows(const tensor_map& columns, const std::vector<int64_t>& rows);
 

@@ -160,7 +160,7 @@ expected<std::pair<graph, graph>> accumulating(const graph& grad, const std::vec
 
 }  // namespace
 
-expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits) {
+expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits, bool with_rows) {
   const auto bad = [](const std::string& why) { return make_error(error_code::invalid_argument, why); };
   if (spec.method > 1) return bad("unknown training method " + std::to_string(spec.method));
   if (spec.steps <= spec.start_step) return bad("nothing to train: steps (" + std::to_string(spec.steps) + ") must exceed the start step (" + std::to_string(spec.start_step) + ")");
@@ -208,17 +208,25 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph
     if (auto ok = covers_parameters(*t.outer, "DiLoCo outer", state); !ok) return tl::unexpected(ok.error());
   }
 
-  // The dataset: one column per input of the gradient graph, each with the micro-batch's shape
-  // except for the number of rows.
-  const tensor_map data = to_map(spec.dataset);
+  auto rows = dataset_rows(*t.grad, spec.micro_batch, to_map(spec.dataset));
+  if (!rows) return tl::unexpected(rows.error());
+  if (with_rows && *rows < static_cast<int64_t>(spec.micro_batch)) return bad("the dataset has fewer rows than one micro-batch");
+  if (!with_rows && spec.dataset_rows < spec.micro_batch) return bad("the dataset has fewer rows than one micro-batch");
+  return t;
+}
+
+expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const tensor_map& data) {
+  const auto bad = [](const std::string& why) { return make_error(error_code::invalid_argument, why); };
+  // One column per input of the gradient graph, each with the micro-batch's shape except for the
+  // number of rows.
   int64_t rows = -1;
-  for (const auto& n : t.grad->nodes) {
+  for (const auto& n : grad.nodes) {
     if (n.op != op_kind::input) continue;
     auto it = data.find(n.attrs.name);
     if (it == data.end()) return bad("the dataset has no column \"" + n.attrs.name + "\" (an input of the model)");
     const tensor& c = it->second;
-    if (n.dims.empty() || n.dims[0] != spec.micro_batch)
-      return bad("input \"" + n.attrs.name + "\" must have micro_batch (" + std::to_string(spec.micro_batch) + ") rows");
+    if (n.dims.empty() || n.dims[0] != micro_batch)
+      return bad("input \"" + n.attrs.name + "\" must have micro_batch (" + std::to_string(micro_batch) + ") rows");
     shape want = n.dims;
     if (c.dims.empty()) return bad("dataset column \"" + n.attrs.name + "\" is a scalar");
     want[0] = c.dims[0];
@@ -228,18 +236,62 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph
     if (rows >= 0 && c.dims[0] != rows) return bad("dataset columns have different numbers of rows");
     rows = c.dims[0];
   }
-  if (data.size() != static_cast<size_t>(std::count_if(t.grad->nodes.begin(), t.grad->nodes.end(), [](auto& n) { return n.op == op_kind::input; })))
+  if (data.size() != static_cast<size_t>(std::count_if(grad.nodes.begin(), grad.nodes.end(), [](auto& n) { return n.op == op_kind::input; })))
     return bad("the dataset has columns the model does not read");
-  if (rows < static_cast<int64_t>(spec.micro_batch)) return bad("the dataset has fewer rows than one micro-batch");
-  return t;
+  return std::max<int64_t>(rows, 0);
 }
+
+/// Gives each of the k micro-batch slots of a step to a member, balanced (every member k/n,
+/// rounded), moving as few slots as possible: a member keeps its slots, and with them the
+/// dataset shards it already holds, across membership changes; a dead member's slots go to
+/// those with the fewest, a newcomer takes from those with the most.
+namespace {
+void assign_slots(std::map<uint32_t, std::string>& owner, const std::vector<std::string>& members, uint32_t k) {
+  if (members.empty()) return;
+  std::map<std::string, std::vector<uint32_t>> held;
+  for (const auto& m : members) held[m];
+  std::vector<uint32_t> free;
+  for (uint32_t j = 0; j < k; ++j) {
+    auto it = owner.find(j);
+    if (it != owner.end() && held.count(it->second)) held[it->second].push_back(j);
+    else free.push_back(j);
+  }
+  // Members in ring order, so that ties go the same way on every run.
+  const auto fewest = [&] {
+    const std::string* best = &members.front();
+    for (const auto& m : members)
+      if (held[m].size() < held[*best].size()) best = &m;
+    return *best;
+  };
+  const auto most = [&] {
+    const std::string* best = &members.front();
+    for (const auto& m : members)
+      if (held[m].size() > held[*best].size()) best = &m;
+    return *best;
+  };
+  for (uint32_t j : free) held[fewest()].push_back(j);
+  for (;;) {
+    const std::string lo = fewest(), hi = most();
+    if (held[hi].size() <= held[lo].size() + 1) break;
+    held[lo].push_back(held[hi].back());
+    held[hi].pop_back();
+  }
+  owner.clear();
+  for (const auto& [m, slots] : held)
+    for (uint32_t j : slots) owner[j] = m;
+}
+}  // namespace
 
 // ---- the two sides' state ----
 
 struct train_engine::coord_run {
   std::string client;
   uint64_t client_train = 0;
-  msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up
+  msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up; no dataset rows
+  tensor_map data;       ///< the whole dataset: the coordinator hands out its shards
+  shard_plan plan;
+  std::map<std::string, std::set<uint32_t>> shards_sent;  ///< per member (of its current setup)
+  std::map<uint32_t, std::string> slot_owner;  ///< micro-batch slot j of every step -> member
   std::vector<std::string> members;
   std::set<std::string> newcomers;
   std::map<std::string, int> failures;
@@ -269,7 +321,15 @@ struct train_engine::worker_run {
   uint32_t micro_batches = 1, inner_steps = 1;
   wire_format format = wire_format::f32;
   train_graphs graphs;
-  tensor_map dataset;
+  uint64_t seed = 0;
+  int64_t micro_batch = 1;
+  shard_plan plan;
+  /// The dataset shards received so far (immutable once here: device work shares them).
+  std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;
+  /// A step whose shards have not arrived yet (they travel with an earlier attempt's step,
+  /// which a bulk stream may deliver later).
+  std::optional<msg::train_step> waiting;
+  std::vector<named_tensor> resume_dataset;  ///< from train_resume, for the takeover
   std::vector<std::string> state_names, local_names;  ///< all state; DiLoCo: the local part
 
   /// Touched only by the device work, which runs one task at a time on the executor.
@@ -279,7 +339,7 @@ struct train_engine::worker_run {
     gpu::program_id apply = 0, delta = 0, outer = 0;
     gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
     std::vector<std::string> acc_names;
-    std::unique_ptr<data_order> order;
+    std::map<uint32_t, data_order> orders;  ///< each shard's epoch order
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };
@@ -357,6 +417,14 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
     *wire = std::move(*bytes);
   }
   for (auto& t : c->spec.state) t.name = c->prefix + t.name;
+  // The dataset stays here; setups carry its columns with no rows, steps carry the shards.
+  c->data = to_map(c->spec.dataset);
+  c->spec.dataset_rows = static_cast<uint64_t>(c->data.begin()->second.dims[0]);
+  c->plan = shard_plan::make(static_cast<int64_t>(c->spec.dataset_rows), c->spec.micro_batch, c->spec.micro_batches);
+  for (auto& column : c->spec.dataset) {
+    column.value.dims[0] = 0;
+    column.value.bytes.clear();
+  }
 
   std::vector<outbound> out;
   c->members.push_back(self_);
@@ -383,6 +451,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   c.bytes = 0;
   const uint64_t inner = s.method == 1 ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
   std::vector<outbound> out;
+  assign_slots(c.slot_owner, c.ring, static_cast<uint32_t>(k));
   for (size_t r = 0; r < c.ring.size(); ++r) {
     msg::train_step m;
     m.train = id;
@@ -393,7 +462,19 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
     // Micro-batch j of a step goes to ring member j mod n: a dead member's share is simply
     // spread over the survivors when the step is redone.
     for (uint64_t h = 0; h < inner; ++h)
-      for (size_t j = r; j < k; j += c.ring.size()) m.micro.push_back((c.step + h) * k + j);
+      for (const auto& [j, owner] : c.slot_owner)
+        if (owner == c.ring[r]) m.micro.push_back((c.step + h) * k + j);
+    // The shards these micro-batches draw from that this member has not been sent yet: a dead
+    // member's shards move to the survivors with its micro-batches.
+    auto& sent = c.shards_sent[c.ring[r]];
+    for (const uint64_t micro : m.micro) {
+      const uint32_t shard = c.plan.shard_of(micro);
+      if (!sent.insert(shard).second) continue;
+      auto rows = take_rows(c.data, shard_rows(static_cast<int64_t>(s.dataset_rows), c.plan.shards, s.seed, shard));
+      msg::train_shard sh{shard, {}};
+      for (auto& [name, t] : *rows) sh.columns.push_back({name, std::move(t)});
+      m.shards.push_back(std::move(sh));
+    }
     out.push_back({c.ring[r], std::move(m)});
   }
   return out;
@@ -415,6 +496,7 @@ std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, const st
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
   c.members.clear();
   c.spec = {};
+  c.data.clear();
   return out;
 }
 
@@ -428,6 +510,7 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
     // The worker lost its state (device restart) or failed the step: redo the step without it,
     // and set it up again at the next boundary unless it keeps failing.
     c.members.erase(std::find(c.members.begin(), c.members.end(), from));
+    c.shards_sent.erase(from);  // its run is gone there
     if (++c.failures[from] < max_failures && peers_.count(from)) c.newcomers.insert(from);
     if (from == self_) return fail_run(r.train, c, "the coordinating node failed a step: " + r.error);
     return issue_step(r.train, c);
@@ -504,6 +587,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     c.state = "done";
     c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
     c.spec = {};
+    c.data.clear();
     return out;
   }
   if (c.ph != coord_run::phase::syncing) return {};
@@ -513,6 +597,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     if (!peers_.count(n)) continue;
     out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train}});
     c.members.push_back(n);
+    c.shards_sent.erase(n);
   }
   c.newcomers.clear();
   std::sort(c.members.begin(), c.members.end());
@@ -564,6 +649,7 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
     auto m = std::find(c.members.begin(), c.members.end(), id);
     if (m == c.members.end()) continue;
     c.members.erase(m);
+    c.shards_sent.erase(id);
     // A step the dead node took part in is redone; nothing of it was applied anywhere.
     if (c.ph == coord_run::phase::stepping && std::find(c.ring.begin(), c.ring.end(), id) != c.ring.end()) {
       auto more = issue_step(rid, c);
@@ -593,7 +679,7 @@ std::vector<msg::job_status> train_engine::jobs() const {
 
 std::vector<outbound> train_engine::on_setup(const std::string& from, const msg::train_setup& s) {
   const worker_key key{from, s.train};
-  auto graphs = check_train_spec(s.spec, limits_);
+  auto graphs = check_train_spec(s.spec, limits_, false);
   if (!graphs) {
     msg::train_reduced r;
     r.train = s.train;
@@ -618,7 +704,9 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   w->inner_steps = s.spec.inner_steps;
   w->format = static_cast<wire_format>(s.spec.compression);
   w->graphs = std::move(*graphs);
-  w->dataset = to_map(s.spec.dataset);
+  w->seed = s.spec.seed;
+  w->micro_batch = s.spec.micro_batch;
+  w->plan = shard_plan::make(static_cast<int64_t>(s.spec.dataset_rows), s.spec.micro_batch, s.spec.micro_batches);
   w->applied = s.spec.start_step;
   w->dev->initial = to_map(s.spec.state);
   for (const auto& [name, t] : w->dev->initial) w->state_names.push_back(name);
@@ -628,8 +716,6 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     for (const auto& n : g->nodes)
       if (n.op == op_kind::parameter) local.insert(n.attrs.name);
   w->local_names.assign(local.begin(), local.end());
-  const auto rows = w->dataset.begin()->second.dims[0];
-  w->dev->order = std::make_unique<data_order>(rows, static_cast<int64_t>(s.spec.micro_batch), s.spec.seed);
   if (auto early = early_pieces_.find(key); early != early_pieces_.end()) {
     w->parked = std::move(early->second);
     early_pieces_.erase(early);
@@ -645,6 +731,15 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     }
   }
   return out;
+}
+
+std::vector<outbound> train_engine::retry_waiting(const std::string& from, worker_run& w) {
+  if (!w.waiting) return {};
+  for (const uint64_t micro : w.waiting->micro)
+    if (!w.shards.count(w.plan.shard_of(micro))) return {};
+  msg::train_step next = std::move(*w.waiting);
+  w.waiting.reset();
+  return on_step(from, next);
 }
 
 std::vector<outbound> train_engine::on_step(const std::string& from, const msg::train_step& s) {
@@ -682,6 +777,23 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     return {};
   }
   if (w->broken) return refuse("this node's device was restarted and lost the training state");
+  for (const auto& sh : s.shards) {
+    if (sh.index >= w->plan.shards) return refuse("dataset shard " + std::to_string(sh.index) + " does not exist");
+    auto columns = std::make_shared<tensor_map>(to_map(sh.columns));
+    auto rows = dataset_rows(*w->graphs.grad, static_cast<uint32_t>(w->micro_batch), *columns);
+    if (!rows) return refuse("dataset shard " + std::to_string(sh.index) + ": " + rows.error().message);
+    if (*rows < w->micro_batch) return refuse("dataset shard " + std::to_string(sh.index) + " has fewer rows than one micro-batch");
+    w->shards[sh.index] = std::move(columns);
+  }
+  // A step of an earlier attempt (its shards, just kept, may be what a newer one waits for).
+  if (!s.stop && !s.report_state && std::pair(s.step, s.attempt) < std::pair(w->step, w->attempt)) return retry_waiting(from, *w);
+  for (const uint64_t micro : s.micro)
+    if (!w->shards.count(w->plan.shard_of(micro))) {
+      w->waiting = s;
+      w->waiting->shards.clear();
+      return {};
+    }
+  if (w->waiting && std::pair(w->waiting->step, w->waiting->attempt) <= std::pair(s.step, s.attempt)) w->waiting.reset();
   // Whatever round was in progress belongs to an earlier attempt.
   w->round.reset();
   w->step = s.step;
@@ -716,7 +828,9 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   const auto micro = s.micro;
   const uint64_t step = s.step;
   const uint32_t k = w->micro_batches;
-  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k](gpu::executor& ex) -> expected<train_work_result> {
+  std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;  // what this step's micro-batches read
+  for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
+  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
     if (!d.loaded) {
@@ -764,7 +878,10 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>& sum) -> expected<void> {
       sum.assign(grad_total, 0.0f);
       for (size_t i = 0; i < count; ++i) {
-        auto in = take_rows(w->dataset, d.order->rows(first[i]));
+        const uint32_t shard = w->plan.shard_of(first[i]);
+        const tensor_map& columns = *shards.at(shard);
+        auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
+        auto in = take_rows(columns, order->second.rows(w->plan.draw_of(first[i])));
         if (!in) return tl::unexpected(in.error());
         auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
         if (!out) return tl::unexpected(out.error());
@@ -964,10 +1081,18 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
                r.coordinator.substr(0, 8) + " (it was not a member, its device was restarted, or the run ended)";
     return {{client, no}};
   }
+  if (r.dataset.empty()) {
+    msg::job_result no;
+    no.job = r.train;
+    no.error = "train_resume carries no dataset (the new coordinator hands out the shards)";
+    return {{client, no}};
+  }
   w->orphaned = true;
   w->round.reset();
   w->ring.clear();
   w->parked.clear();
+  w->waiting.reset();
+  w->resume_dataset = r.dataset;
   train_task t;
   t.coordinator = w->coordinator;
   t.train = w->train;
@@ -1017,7 +1142,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
   }
   for (auto& [name, value] : r->state)
     spec.state.push_back({starts_with(name, old_prefix) ? name.substr(old_prefix.size()) : name, std::move(value)});
-  for (const auto& [name, column] : w->dataset) spec.dataset.push_back({name, column});
+  spec.dataset = std::move(w->resume_dataset);
   spec.start_step = t.step;
   if (spec.start_step >= spec.steps) {
     // Every step was applied here; only the result was not delivered.

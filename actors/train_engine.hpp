@@ -64,8 +64,14 @@ struct train_graphs {
 
 /// Decodes and checks a spec (every graph valid, names and shapes consistent, the dataset
 /// matching the gradient graph's inputs, the state covering every parameter). Errors say what
-/// is wrong in words a client can act on.
-expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits);
+/// is wrong in words a client can act on. `with_rows`: the dataset has its rows (a client's
+/// spec); otherwise only its columns' shapes (a setup: the rows come as shards with the steps,
+/// spec.dataset_rows says how many there are).
+expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits, bool with_rows = true);
+
+/// Checks that `columns` are the inputs of the gradient graph `grad` (names, dtypes, shapes but
+/// the number of rows) and returns the number of rows they share.
+expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const tensor_map& columns);
 
 /// What a worker's device does for one train_step (run by the shell on the executor).
 struct train_work_result {
@@ -114,6 +120,8 @@ class train_engine {
   std::vector<outbound> open(const std::string& client, const msg::open_training& o);
   std::vector<outbound> on_setup(const std::string& from, const msg::train_setup& s);
   std::vector<outbound> on_step(const std::string& from, const msg::train_step& s);
+  /// Runs the step that waited for its dataset shards, if they are all here now.
+  std::vector<outbound> retry_waiting(const std::string& from, worker_run& w);
   std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);
   std::vector<outbound> on_reduced(const std::string& from, const msg::train_reduced& r);
   std::vector<outbound> on_state(const std::string& from, const msg::train_state& s);

@@ -25,6 +25,8 @@ class client_impl {
 
   // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
   std::map<uint64_t, transport::node_id> trainings;  ///< open trainings: id -> coordinating node
+  /// Their datasets: workers hold only shards, a node taking a run over needs it all again.
+  std::map<uint64_t, std::vector<msg::named_tensor>> training_data;
   /// Other nodes of the mesh as the last status reply listed them: where to resume.
   std::vector<std::pair<transport::node_id, std::string>> others;
   std::vector<std::pair<transport::node_id, std::string>> candidates;  ///< not tried yet
@@ -41,6 +43,7 @@ class client_impl {
       it->second.set_value(make_error(error_code::network, why));
       progress.erase(it->first);
       trainings.erase(it->first);
+      training_data.erase(it->first);
       it = jobs.erase(it);
     }
     for (auto& [id, p] : statuses) p.set_value(make_error(error_code::network, why));
@@ -76,11 +79,14 @@ class client_impl {
     std::vector<msg::message> out{msg::hello{}};
     std::get<msg::hello>(out[0]).is_client = true;
     for (auto& [train, coordinator] : trainings) {
-      out.push_back(msg::train_resume{train, coordinator.to_string()});
+      out.push_back(msg::train_resume{train, coordinator.to_string(), training_data[train]});
       coordinator = node;
     }
     for (const auto& m : out)
-      if (auto bytes = msg::encode_message(m)) (void)ep->send(node, transport::channel::control, std::move(*bytes));
+      if (auto bytes = msg::encode_message(m)) {
+        const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
+        (void)ep->send(node, ch, std::move(*bytes));
+      }
   }
 
   void on_message(std::vector<uint8_t> bytes) {
@@ -124,6 +130,7 @@ class client_impl {
       progress.erase(r->job);
       job_progress.erase(r->job);
       trainings.erase(r->job);
+      training_data.erase(r->job);
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
       others.clear();
       for (const auto& peer : s->peers) {
@@ -307,6 +314,7 @@ std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
     m.train = id;
     impl->progress[id] = std::move(on_progress);
     impl->trainings[id] = impl->node;
+    impl->training_data[id] = spec.dataset;
     impl->refresh_others();  // who could take over if this node dies
   });
   return f;

@@ -70,6 +70,11 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
   return {};
 }
 
+bool endpoint::connected(const node_id& peer) const {
+  std::lock_guard lock(impl_->view_mu_);
+  return impl_->up_.count(peer) > 0;
+}
+
 std::optional<peer_stats> endpoint::stats(const node_id& peer) const {
   auto compute = [impl = impl_.get(), peer]() -> std::optional<peer_stats> {
     if (connection* c = impl->direct(peer)) return c->stats();

@@ -128,6 +128,8 @@ class endpoint {
   /// exceeds its channel's limit, or the peer's send queue is full (both limit_exceeded; retry
   /// later). Success means queued, not delivered.
   expected<void> send(const node_id& peer, channel ch, std::vector<uint8_t> bytes);
+  /// Whether `peer` is up (admitted, directly or through a relay): send() can queue to it.
+  bool connected(const node_id& peer) const;
   /// Counters of the connection to `peer`, if it is up.
   std::optional<peer_stats> stats(const node_id& peer) const;
   /// Reaches `target` through `rendezvous` (a peer that is up and also connected to `target`):

@@ -54,6 +54,8 @@ struct train_sim {
   std::set<std::string> dead;
   std::vector<msg::train_progress> progress;
   std::vector<msg::job_result> results;
+  std::map<std::string, std::vector<uint32_t>> shards_received;  ///< dataset shards each node was sent
+  std::map<std::string, int64_t> rows_received;
   std::mt19937_64 rng{7};
   bool shuffle = false;
   /// Called after each delivered message (tests kill or add nodes here).
@@ -105,6 +107,11 @@ struct train_sim {
       }
       auto it = nodes.find(o.to);
       if (it == nodes.end()) continue;
+      if (auto* st = std::get_if<msg::train_step>(&o.m))
+        for (const auto& sh : st->shards) {
+          shards_received[o.to].push_back(sh.index);
+          rows_received[o.to] += sh.columns.at(0).value.dims.at(0);
+        }
       post(o.to, it->second.engine->on_message(from, o.m));
       run_tasks(o.to);
       if (on_tick) on_tick(*this);
@@ -253,7 +260,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     sim.on_tick = [&](train_sim& t) {
       if (!t.dead.count("node-a") && t.progress.size() == (diloco ? 2u : 7u)) {
         t.kill("node-a");
-        t.post("client", {{"node-c", msg::train_resume{1, "node-a"}}});
+        t.post("client", {{"node-c", msg::train_resume{1, "node-a", spec.dataset}}});
       }
     };
     const auto r = sim.train(spec);
@@ -286,9 +293,9 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
     if (!asked && t.progress.size() == 3) {
       asked = true;
       // Not the client that opened the run: refused, and the run goes on.
-      t.post("node-c", {{"node-b", msg::train_resume{1, "node-a"}}});
+      t.post("node-c", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
       // A run that never existed.
-      t.post("client", {{"node-b", msg::train_resume{7, "node-a"}}});
+      t.post("client", {{"node-b", msg::train_resume{7, "node-a", spec.dataset}}});
     }
   };
   sim.post("client", {{"node-a", msg::open_training{1, spec}}});
@@ -301,11 +308,46 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
   REQUIRE(r.ok);
   CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
   train_sim lone(1);
-  lone.post("client", {{"node-a", msg::train_resume{3, "node-x"}}});
+  lone.post("client", {{"node-a", msg::train_resume{3, "node-x", spec.dataset}}});
   lone.run();
   REQUIRE(lone.results.size() == 1);
   CHECK_FALSE(lone.results[0].ok);
   CHECK_THAT(lone.results[0].error, Catch::Contains("holds no state of training 3"));
+}
+
+TEST_CASE("the dataset is sharded: each worker gets only its shards, a dead worker's move to the survivors", "[actors][train]") {
+  const auto s = two_moons_mlp();  // 200 rows, 6 micro-batches of 16 per step: 6 shards of 33-34 rows
+  const auto spec = spec_for(s, dp_options());
+  for (const auto& column : spec.dataset) INFO(column.name);
+  train_sim sim(3);
+  std::map<std::string, std::vector<uint32_t>> before_death;
+  sim.on_tick = [&](train_sim& t) {
+    if (!t.dead.count("node-c") && t.progress.size() == 7) {
+      before_death = t.shards_received;
+      t.kill("node-c");
+    }
+  };
+  const auto r = sim.train(spec);
+  REQUIRE(r.ok);
+  // Before the death: 2 shards each, disjoint, together the whole dataset.
+  REQUIRE(before_death.size() == 3);
+  std::set<uint32_t> all;
+  for (const auto& [node, shards] : before_death) {
+    CHECK(shards.size() == 2);
+    all.insert(shards.begin(), shards.end());
+  }
+  CHECK(all.size() == 6);
+  // After it: each survivor got more shards (node-c's slots), none twice.
+  for (const std::string node : {"node-a", "node-b"}) {
+    const auto& got = sim.shards_received.at(node);
+    CHECK(got.size() == 3);
+    CHECK(std::set<uint32_t>(got.begin(), got.end()).size() == got.size());
+    CHECK(sim.rows_received.at(node) < 200);
+  }
+  CHECK(sim.rows_received.at("node-a") + sim.rows_received.at("node-b") == 200);  // 200 rows, each sent once
+  // The data each step used is the same as on one node: the result equals the reference.
+  train_sim one(1);
+  CHECK(max_difference(outputs_of(r), outputs_of(one.train(spec))) < 1e-4);
 }
 
 TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]") {
