@@ -39,6 +39,7 @@ struct kernel_stats {
   uint64_t shader_compiles = 0;  ///< shaderc invocations
   uint64_t cache_memory_hits = 0;
   uint64_t cache_disk_hits = 0;
+  uint64_t pipelines_created = 0;  ///< driver pipelines made; a kernel loaded again shares its own
   double compile_ms = 0;
   uint64_t validation_errors = 0;  ///< validation-layer errors seen (validation mode only)
   uint64_t validation_warnings = 0;

@@ -102,16 +102,33 @@ TEST_CASE("runtime: a second process loading the same graph compiles nothing") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("runtime: in one process the second load of a graph hits the memory cache") {
+TEST_CASE("runtime: in one process the second load of a graph compiles nothing and shares the pipelines") {
   auto& ex = vulkan();
   builder b;
   auto x = b.input("x", dtype::f32, {33});
   b.output("y", exp(x) * x - 3.0);
   const graph g = finish(b);
-  REQUIRE(ex.load(g));
-  const auto before = ex.stats().shader_compiles;
-  REQUIRE(ex.load(g));
-  CHECK(ex.stats().shader_compiles == before);
+  auto first = ex.load(g);
+  REQUIRE(first);
+  const auto before = ex.stats();
+  auto second = ex.load(g);
+  REQUIRE(second);
+  CHECK(ex.stats().shader_compiles == before.shader_compiles);
+  CHECK(ex.stats().pipelines_created == before.pipelines_created);  // the pipelines are shared
+  // Both programs run, each on its own buffers: the same kernels give the same bits.
+  const tensor a = random_tensor(dtype::f32, {33}, 1), c = random_tensor(dtype::f32, {33}, 2);
+  auto ra = ex.run(*first, {{"x", a}});
+  auto rc = ex.run(*second, {{"x", c}});
+  auto ra2 = ex.run(*second, {{"x", a}});
+  REQUIRE(ra);
+  REQUIRE(rc);
+  REQUIRE(ra2);
+  CHECK(ra->at("y") == ra2->at("y"));
+  CHECK_FALSE(rc->at("y") == ra->at("y"));
+  tensor_map none;
+  const auto want = evaluate(g, {{"x", a}}, none)->at("y").to_doubles();
+  const auto got = ra->at("y").to_doubles();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(std::abs(got[i] - want[i]) <= 1e-5 * (1 + std::abs(want[i])));
 }
 
 TEST_CASE("runtime: running out of device memory is an error value and the executor survives") {
