@@ -9,7 +9,7 @@
 
 using namespace mesh;
 
-TEST_CASE("shards partition the rows; the plan fits the dataset", "[actors][train]") {
+TEST_CASE("shards partition the rows and the plan fits the dataset", "[actors][train]") {
   for (const auto& [rows, micro_batch, k] : {std::tuple{200, 16, 6u}, {40, 16, 6u}, {16, 16, 4u}, {1000, 1, 7u}}) {
     INFO(rows << " rows, micro-batch " << micro_batch << ", " << k << " slots");
     const auto plan = shard_plan::make(rows, micro_batch, k);
