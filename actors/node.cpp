@@ -210,7 +210,7 @@ bool try_send_peer(const node_context& ctx, const std::string& to, const msg::me
 }
 
 void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
-  if (!try_send_peer(ctx, to, m)) spdlog::warn("send {} to {}: peer {} is not connected", msg::kind_name(m), to.substr(0, 8), to.substr(0, 8));
+  if (!try_send_peer(ctx, to, m)) spdlog::warn("send {} to {}: the peer is not connected", msg::kind_name(m), to.substr(0, 8));
 }
 
 using message_ptr = std::shared_ptr<msg::message>;

@@ -459,8 +459,8 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
     m.attempt = c.attempt;
     m.ring = c.ring;
     m.commit = c.commit;
-    // Micro-batch j of a step goes to ring member j mod n: a dead member's share is simply
-    // spread over the survivors when the step is redone.
+    // The member's micro-batch slots (assign_slots): a dead member's are spread over the
+    // survivors when the step is redone.
     for (uint64_t h = 0; h < inner; ++h)
       for (const auto& [j, owner] : c.slot_owner)
         if (owner == c.ring[r]) m.micro.push_back((c.step + h) * k + j);

@@ -60,7 +60,7 @@ class client_impl {
   /// The connection to `node` is gone while trainings run: dial the next node that may take them
   /// over; with none left, they fail with `why`.
   void try_next_node(const std::string& why) {
-    while (!candidates.empty()) {
+    if (!candidates.empty()) {
       auto [id, address] = candidates.front();
       candidates.erase(candidates.begin());
       node = id;
