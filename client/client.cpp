@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "graph/wire.hpp"
 #include "transport/endpoint.hpp"
@@ -31,6 +32,7 @@ class client_impl {
   std::vector<std::pair<transport::node_id, std::string>> others;
   std::vector<std::pair<transport::node_id, std::string>> candidates;  ///< not tried yet
   bool failing_over = false;
+  std::set<uint64_t> resuming;  ///< asked to be taken over; no progress from the new node yet
   uint64_t progress_seen = 0;
 
   /// Fails every pending request; trainings too unless `keep_trainings`.
@@ -78,9 +80,9 @@ class client_impl {
     failing_over = false;
     std::vector<msg::message> out{msg::hello{}};
     std::get<msg::hello>(out[0]).is_client = true;
-    for (auto& [train, coordinator] : trainings) {
+    for (const auto& [train, coordinator] : trainings) {
       out.push_back(msg::train_resume{train, coordinator.to_string(), training_data[train]});
-      coordinator = node;
+      resuming.insert(train);
     }
     for (const auto& m : out)
       if (auto bytes = msg::encode_message(m)) {
@@ -98,6 +100,7 @@ class client_impl {
       {
         std::lock_guard<std::mutex> lock(m);
         if (auto it = progress.find(p->train); it != progress.end()) f = it->second;
+        if (resuming.erase(p->train) && trainings.count(p->train)) trainings[p->train] = node;  // taken over
         if (++progress_seen % 16 == 0) refresh_others();  // members come and go during a run
       }
       if (f) f(*p);
@@ -116,6 +119,14 @@ class client_impl {
     if (auto* r = std::get_if<msg::job_result>(&*decoded)) {
       auto it = jobs.find(r->job);
       if (it == jobs.end()) return;
+      if (!r->ok && resuming.count(r->job) && resuming.size() == trainings.size() && !candidates.empty()) {
+        // This node could not take the runs over (restarted, or never a member): the next one.
+        failure = r->error;
+        resuming.clear();
+        try_next_node("no node could take the training over (last: " + r->error + ")");
+        return;
+      }
+      resuming.erase(r->job);
       if (!r->ok) {
         it->second.set_value(make_error(error_code::invalid_argument, r->error));
       } else {

@@ -1,5 +1,6 @@
 #pragma once
 // Starts real meshnode processes on loopback for integration tests, and stops them.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <csignal>
@@ -22,8 +23,9 @@ class node_process {
   node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}) : dir_(dir) {
     std::filesystem::create_directories(dir_);
     std::filesystem::remove(dir_ / "endpoint");
-    std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--port", "0", "--device", "cpu",
+    std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--device", "cpu",
                                      "--log-level", "info", "--mdns", "off"};
+    if (std::find(extra.begin(), extra.end(), "--port") == extra.end()) args.insert(args.end(), {"--port", "0"});
     args.insert(args.end(), extra.begin(), extra.end());
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
     pid_ = fork();

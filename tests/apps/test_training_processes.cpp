@@ -1,6 +1,7 @@
 // Training across real meshnode processes: data parallel over 3 nodes equals a 1-node run, a
 // peer killed with SIGKILL mid-training leaves the run complete with every step applied once,
-// the coordinating node killed the same way leaves the run to a survivor (coordinator failover),
+// the coordinating node killed the same way leaves the run to a survivor (coordinator failover;
+// also when the first node the client tries is dead too),
 // and a checkpoint saved, loaded and resumed continues the same loss curve.
 #include <cmath>
 #include <filesystem>
@@ -201,4 +202,73 @@ TEST_CASE("the coordinating node killed with SIGKILL mid-training: a survivor ta
   CHECK(peers_at_end == 2);
   CHECK(mesh.b->running());
   CHECK(mesh.c->running());
+}
+
+TEST_CASE("the coordinator and the first node the client tries both killed: the last survivor takes over",
+          "[apps][train]") {
+  const auto p = moons();
+  temp_dir solo_dir;
+  node_process solo(solo_dir.path / "solo");
+  auto c1 = client::connect(solo.endpoint());
+  REQUIRE(c1);
+  auto reference = trainer(**c1, p.model, p.params, p.data, options(60)).fit();
+  REQUIRE(reference);
+
+  three_nodes mesh;
+  auto c = client::connect(mesh.ea);
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  // The client tries the other nodes in the order of their ids (the status report's order):
+  // kill the coordinator and the first of those, so that the client's first dial fails.
+  const auto id_of = [](const std::string& endpoint) { return endpoint.substr(0, endpoint.find('@')); };
+  const bool b_first = id_of(mesh.eb) < id_of(mesh.ec);
+  const std::string survivor = id_of(b_first ? mesh.ec : mesh.eb);
+  bool killed = false;
+  auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
+    if (i.step == 10 && !killed) {
+      mesh.a->kill(SIGKILL);
+      (b_first ? mesh.b : mesh.c)->kill(SIGKILL);
+      killed = true;
+    }
+  });
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(killed);
+  CHECK((*c)->node() == survivor);
+  CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
+  CHECK(max_difference(r->state, reference->state) < 1e-4);
+  CHECK(r->losses.size() == 60);
+  CHECK(r->workers == std::vector<std::string>{survivor});
+}
+
+TEST_CASE("a node that lost the run refuses the takeover and the client tries the next one", "[apps][train]") {
+  const auto p = moons();
+  three_nodes mesh;
+  auto c = client::connect(mesh.ea);
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  const auto id_of = [](const std::string& endpoint) { return endpoint.substr(0, endpoint.find('@')); };
+  const auto port_of = [](const std::string& endpoint) { return endpoint.substr(endpoint.rfind(':') + 1); };
+  // The first node the client will try (lowest id) is restarted at once on the same port: it is
+  // reachable and has the same id, but a fresh process holds nothing of the run.
+  const bool b_first = id_of(mesh.eb) < id_of(mesh.ec);
+  const std::string fresh = b_first ? "b" : "c", other = id_of(b_first ? mesh.ec : mesh.eb);
+  const std::string fresh_port = port_of(b_first ? mesh.eb : mesh.ec), other_endpoint = b_first ? mesh.ec : mesh.eb;
+  bool done = false;
+  auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
+    if (i.step == 10 && !done) {
+      mesh.a->kill(SIGKILL);
+      auto& node = b_first ? mesh.b : mesh.c;
+      node->kill(SIGKILL);
+      node = std::make_unique<node_process>(mesh.tmp.path / fresh,
+                                            std::vector<std::string>{"--port", fresh_port, "--peer", other_endpoint});
+      done = true;
+    }
+  });
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(done);
+  CHECK((*c)->node() == other);  // the restarted node said no; the other one took the run over
+  CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
+  CHECK(r->losses.size() == 60);
 }
