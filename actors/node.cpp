@@ -449,8 +449,13 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
                                                                         static_cast<int64_t>(own.memory_bytes)},
                                            ctx->cfg.limits);
   st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
+  self->send(self, tick_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](tick_atom) {  // time-driven training decisions (a lost client's grace time)
+        dispatch(self, *ctx, self->state.trainer->tick(std::chrono::steady_clock::now()));
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+      },
       [=](executor_atom, caf::actor ex, int restarts) {
         auto& s = self->state;
         s.executor = ex;

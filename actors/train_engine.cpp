@@ -306,6 +306,7 @@ struct train_engine::coord_run {
   std::string prefix;
   std::string state = "running";
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), last_step = started;
+  std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
   double seconds = 0;
 };
 
@@ -642,8 +643,9 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
     if (c.state != "running") continue;
     c.newcomers.erase(id);
     if (c.client == id) {
-      auto more = fail_run(rid, c, "the client went away");
-      out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
+      // Lost, or only cut off from us: it may be resuming the run elsewhere (it then reaches us
+      // as that node's setup). The run goes on meanwhile; tick() ends it after the grace time.
+      c.client_lost_at = std::chrono::steady_clock::now();
       continue;
     }
     auto m = std::find(c.members.begin(), c.members.end(), id);
@@ -655,6 +657,16 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
       auto more = issue_step(rid, c);
       out.insert(out.end(), more.begin(), more.end());
     }
+  }
+  return out;
+}
+
+std::vector<outbound> train_engine::tick(std::chrono::steady_clock::time_point now) {
+  std::vector<outbound> out;
+  for (auto& [rid, c] : coordinated_) {
+    if (c->state != "running" || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
+    auto more = fail_run(rid, *c, "the client went away");
+    out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
   }
   return out;
 }
@@ -693,11 +705,21 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   w->client = s.client;
   w->client_train = s.client_train;
   w->shell = spec_shell(s.spec);
-  // The run resumed under a new coordinator: what this node kept of it before is stale now.
-  if (!s.client.empty())
+  // The run resumed under a new coordinator: what this node kept of it before is stale now,
+  // and if this node was coordinating it (the client was only cut off from us), ours stops.
+  std::vector<outbound> out;
+  if (!s.client.empty()) {
     std::erase_if(worker_, [&](const auto& kv) {
       return kv.first != key && kv.second->client == s.client && kv.second->client_train == s.client_train;
     });
+    if (from != self_)
+      for (auto& [rid, c] : coordinated_)
+        if (c->state == "running" && c->client == s.client && c->client_train == s.client_train) {
+          auto more = fail_run(rid, *c, "");
+          out.insert(out.end(), more.begin() + 1, more.end());  // the client is with the new coordinator
+          c->state = "taken over by " + from.substr(0, 8);
+        }
+  }
   w->method = s.spec.method;
   w->steps = s.spec.steps;
   w->micro_batches = s.spec.micro_batches;
@@ -721,7 +743,6 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     early_pieces_.erase(early);
   }
   worker_[key] = w;
-  std::vector<outbound> out;
   if (auto early = early_steps_.find(key); early != early_steps_.end()) {
     auto steps = std::move(early->second);
     early_steps_.erase(early);

@@ -30,6 +30,8 @@
 /// is a consistent point of the run (every step before it applied once, none after), so the
 /// finished run equals an uninterrupted one; an unfinished step is simply redone, and progress
 /// may report it twice. Other survivors' orphans are dropped when the new setup reaches them.
+/// A coordinator that only lost its client keeps training for client_grace; a takeover
+/// elsewhere (its setup reaching this node) stops the old run.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -100,6 +102,12 @@ class train_engine {
   /// The executor was restarted: resident training state is gone, so this node leaves its runs
   /// (the coordinators set it up again with the current state).
   void executor_restarted();
+  /// Called every second or so: a run whose client has been gone for `client_grace` without
+  /// resuming it elsewhere is ended.
+  std::vector<outbound> tick(std::chrono::steady_clock::time_point now);
+  /// How long a coordinator keeps training for a client it lost (which may only be cut off from
+  /// it, and resume the run on another node: that node's setup then stops this run).
+  static constexpr std::chrono::seconds client_grace{30};
 
   /// Training messages (open_training, train_setup, train_step, allreduce_piece,
   /// train_reduced, train_state, train_resume); others are ignored.

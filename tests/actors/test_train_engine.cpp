@@ -284,6 +284,61 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
   }
 }
 
+TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the old run stops", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  sim.shuffle = true;
+  bool cut = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (!cut && t.progress.size() == 6) {
+      cut = true;
+      // node-a still runs, but its connection to the client is gone: the client thinks it dead
+      // and asks node-b, whose worker run of node-a's run is still live.
+      t.post("node-a", t.nodes.at("node-a").engine->peer_dead("client"));
+      t.post("client", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
+    }
+  };
+  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);  // node-a's run stopped when node-b's setup reached it
+  const auto& r = sim.results[0];
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(r.workers.size() == 3);  // node-a works in node-b's run
+  bool a_stopped = false;
+  for (const auto& j : sim.nodes.at("node-a").engine->jobs()) a_stopped = a_stopped || j.state.rfind("taken over by", 0) == 0;
+  CHECK(a_stopped);
+}
+
+TEST_CASE("a run whose client is gone ends after the grace time", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(2000));
+  train_sim sim(2);
+  bool lost = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (!lost && t.progress.size() == 3) {
+      lost = true;
+      auto& a = *t.nodes.at("node-a").engine;
+      t.post("node-a", a.peer_dead("client"));
+      const auto now = std::chrono::steady_clock::now();
+      CHECK(a.tick(now).empty());  // still within the grace time: training goes on
+      t.post("node-a", a.tick(now + train_engine::client_grace + std::chrono::seconds(1)));
+    }
+  };
+  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.run();
+  CHECK(sim.results.empty());  // nobody to tell
+  CHECK(sim.progress.size() < 2000);
+  REQUIRE(sim.nodes.at("node-a").engine->jobs().size() == 1);
+  CHECK(sim.nodes.at("node-a").engine->jobs()[0].state == "failed");
+  CHECK(sim.nodes.at("node-b").engine->running() == 0);  // told to stop
+}
+
 TEST_CASE("train_resume to a node without the run, or from another client, is refused", "[actors][train]") {
   const auto s = two_moons_mlp();
   const auto spec = spec_for(s, dp_options(12));
