@@ -806,8 +806,11 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     if (*rows < w->micro_batch) return refuse("dataset shard " + std::to_string(sh.index) + " has fewer rows than one micro-batch");
     w->shards[sh.index] = std::move(columns);
   }
-  // A step of an earlier attempt (its shards, just kept, may be what a newer one waits for).
-  if (!s.stop && !s.report_state && std::pair(s.step, s.attempt) < std::pair(w->step, w->attempt)) return retry_waiting(from, *w);
+  // A step of an earlier attempt than the one running or waiting: only its shards (just kept)
+  // count; they may be what the waiting one needs.
+  auto newest = std::pair(w->step, w->attempt);
+  if (w->waiting) newest = std::max(newest, std::pair(w->waiting->step, w->waiting->attempt));
+  if (!s.stop && !s.report_state && std::pair(s.step, s.attempt) < newest) return retry_waiting(from, *w);
   for (const uint64_t micro : s.micro)
     if (!w->shards.count(w->plan.shard_of(micro))) {
       w->waiting = s;

@@ -405,6 +405,43 @@ TEST_CASE("the dataset is sharded: each worker gets only its shards, a dead work
   CHECK(max_difference(outputs_of(r), outputs_of(one.train(spec))) < 1e-4);
 }
 
+TEST_CASE("a redone step that overtakes the earlier attempt carrying its shards waits for them", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto o = dp_options();
+  o.micro_batches = 8;  // 8 slots, 8 shards: a{0,4} b{1,5} c{2,6} d{3,7}
+  const auto spec = spec_for(s, o);
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(4);
+  bool killed = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (killed || t.progress.size() != 5) return;
+    killed = true;
+    // Attempt 2 gives c's slots (and shards 2, 6) to a and b; attempt 3 gives them d's, and
+    // carries only the shards they have not been sent, so a's attempt 3 needs shard 2 from its
+    // attempt 2. Deliver the attempt-2 steps that carry shards last, as a bulk stream may.
+    t.kill("node-c");
+    t.kill("node-d");
+    uint32_t latest = 0;
+    for (const auto& q : t.queue)
+      if (const auto* st = std::get_if<msg::train_step>(&q.second.m)) latest = std::max(latest, st->attempt);
+    size_t moved = 0;
+    std::stable_partition(t.queue.begin(), t.queue.end(), [&](const auto& q) {
+      const auto* st = std::get_if<msg::train_step>(&q.second.m);
+      const bool late = st && !st->shards.empty() && st->attempt < latest;
+      moved += late;
+      return !late;
+    });
+    CHECK(moved == 2);  // a's and b's attempt 2
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(sim.progress.back().peers == 2);
+}
+
 TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]") {
   const auto s = two_moons_mlp();
   const auto spec = spec_for(s, dp_options());
