@@ -1,6 +1,8 @@
 // libFuzzer target for node messages: decode_message never crashes and bounds memory by the input;
 // whatever decodes is then handed to a job engine and a training engine as if a peer sent it
-// (the checks of graphs, training specs and all-reduce pieces run on hostile values).
+// (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
+// training engine first gets a valid setup from that peer, so that steps (with their dataset
+// shards), pieces and resumes reach a live run.
 #include <cstdint>
 #include <vector>
 
@@ -11,11 +13,37 @@
 #include "graph/wire.hpp"
 
 namespace {
-/// Valid messages whose edits reach deep into the decoders and engines: a training step, and a
-/// data-parallel job of a small graph (its strategy byte and graph are then mutated).
+/// A tiny, valid training setup (run 1 coordinated by peer-aaaa): y = x * w, loss its sum; SGD.
+mesh::msg::train_setup tiny_setup() {
+  mesh::builder g;
+  auto x = g.input("x", mesh::dtype::f32, {2, 1});
+  auto w = g.parameter("w", mesh::dtype::f32, {1, 1});
+  g.output("loss", sum_all(x * w));
+  g.output("grad.w", sum(x, {0}, true));
+  mesh::builder a;
+  auto gw = a.input("grad.w", mesh::dtype::f32, {1, 1});
+  auto scale = a.input("scale", mesh::dtype::f32, {});
+  auto aw = a.parameter("w", mesh::dtype::f32, {1, 1});
+  a.update(aw, aw - gw * scale);
+  mesh::msg::train_spec spec;
+  spec.steps = 10;
+  spec.micro_batches = 2;
+  spec.micro_batch = 2;
+  spec.dataset_rows = 8;
+  spec.grad_wire = *mesh::encode(mesh::wire_graph{*g.finish(), {}});
+  spec.apply_wire = *mesh::encode(mesh::wire_graph{*a.finish(), {}});
+  spec.state = {{"w", mesh::tensor::zeros(mesh::dtype::f32, {1, 1})}};
+  spec.dataset = {{"x", mesh::tensor::zeros(mesh::dtype::f32, {0, 1})}};  // rows come as shards
+  return {1, spec, "client-c", 1};
+}
+
+/// Valid messages whose edits reach deep into the decoders and engines: a training step with a
+/// dataset shard, and a data-parallel job of a small graph (its strategy byte and graph are
+/// then mutated).
 const std::vector<uint8_t>& seed_bytes(int which) {
   static const std::vector<uint8_t> step = [] {
-    mesh::msg::train_step s{1, 2, 1, {"peer-aaaa", "self-bbbb"}, {1, 2, 3}, 0, false, false};
+    mesh::msg::train_step s{1, 2, 1, {"peer-aaaa", "self-bbbb"}, {5, 7}, 0, false, false,
+                            {{1, {{"x", mesh::tensor::zeros(mesh::dtype::f32, {4, 1})}}}}};
     return *mesh::msg::encode_message(s);
   }();
   static const std::vector<uint8_t> job = [] {
@@ -45,6 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mesh::job_engine jobs("self-bbbb", {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30}, limits);
   mesh::train_engine train("self-bbbb", limits);
   train.peer_up("peer-aaaa");
+  static const mesh::msg::train_setup setup = tiny_setup();
+  (void)train.on_message("peer-aaaa", setup);
+  if (train.running() != 1) __builtin_trap();  // the setup must be accepted, or nothing below is live
   jobs.peer_up("peer-aaaa", {"peer-aaaa", 2e-6, 1e3, 1e3, int64_t{1} << 30});  // plans span two devices
   (void)jobs.on_message("peer-aaaa", *m);
   (void)train.on_message("peer-aaaa", *m);
