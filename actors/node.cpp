@@ -395,11 +395,16 @@ struct jobs_state {
   /// its neighbours by peer exchange and may finish its first step before it has dialed them;
   /// a node restarted after a crash is back in a ring (its coordinator saw its hello) before
   /// its neighbours have seen it.
-  std::map<std::string, std::vector<msg::message>> held;
-  size_t held_count = 0;
+  struct held_message {
+    msg::message m;
+    size_t bytes;  ///< encoded size
+  };
+  std::map<std::string, std::vector<held_message>> held;
+  size_t held_count = 0, held_bytes = 0;
 };
 
-constexpr size_t max_held_messages = 4096;  // all peers together
+constexpr size_t max_held_messages = 4096;            // all peers together
+constexpr size_t max_held_bytes = size_t{256} << 20;  // (all-reduce pieces are megabytes)
 
 using jobs_actor_t = caf::stateful_actor<jobs_state>;
 
@@ -411,13 +416,27 @@ void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to,
   }
   auto held = st.held.find(to);
   if (held == st.held.end() && try_send_peer(ctx, to, m)) return;
-  if (st.held_count >= max_held_messages) {
-    spdlog::warn("send {} to {}: not connected, and {} messages already wait for peers; dropped", msg::kind_name(m),
-                 to.substr(0, 8), st.held_count);
+  auto bytes = msg::encode_message(m);  // only for its size: this path is rare
+  const size_t size = bytes ? bytes->size() : 0;
+  if (st.held_count >= max_held_messages || st.held_bytes + size > max_held_bytes) {
+    spdlog::warn("send {} to {}: not connected, and {} messages ({} MiB) already wait for peers; dropped",
+                 msg::kind_name(m), to.substr(0, 8), st.held_count, st.held_bytes >> 20);
     return;
   }
-  st.held[to].push_back(m);
+  st.held[to].push_back({m, size});
   ++st.held_count;
+  st.held_bytes += size;
+}
+
+/// Forgets what waits for `id`; returns it.
+std::vector<jobs_state::held_message> take_held(jobs_state& st, const std::string& id) {
+  auto it = st.held.find(id);
+  if (it == st.held.end()) return {};
+  auto waiting = std::move(it->second);
+  st.held.erase(it);
+  st.held_count -= waiting.size();
+  for (const auto& w : waiting) st.held_bytes -= w.bytes;
+  return waiting;
 }
 
 void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
@@ -477,23 +496,13 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         run_ready(self);
       },
       [=](up_atom, std::string id, message_ptr m) {
-        auto& s = self->state;
-        if (auto held = s.held.find(id); held != s.held.end()) {
-          auto waiting = std::move(held->second);
-          s.held.erase(held);
-          s.held_count -= waiting.size();
-          for (const auto& w : waiting) send_to(self, *ctx, id, w);
-        }
+        for (const auto& w : take_held(self->state, id)) send_to(self, *ctx, id, w.m);
         const auto& h = std::get<msg::hello>(*m);
         self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
         self->state.trainer->peer_up(id);
       },
       [=](down_atom, std::string id, std::string) {
-        auto& s = self->state;
-        if (auto held = s.held.find(id); held != s.held.end()) {
-          s.held_count -= held->second.size();
-          s.held.erase(held);
-        }
+        take_held(self->state, id);  // it will not come back for them
         dispatch(self, *ctx, self->state.engine->peer_dead(id));
         dispatch(self, *ctx, self->state.trainer->peer_dead(id));
         run_ready(self);
