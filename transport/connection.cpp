@@ -627,6 +627,25 @@ bool connection::write(const send_fn& send, uint64_t ts) {
     pkts = 0;
   };
 
+  // A packet ngtcp2 just wrote at buf[pos] joins the GSO batch.
+  auto append_packet = [&](const ngtcp2_path_storage& ps, ngtcp2_ssize n) {
+    socket_address to = from_ngtcp2(ps.path.remote);
+    if (pos > 0 && !(to == batch_to)) {
+      // A packet for another path (migration, probing) cannot share the GSO batch.
+      std::vector<uint8_t> pkt(buf.data() + pos, buf.data() + pos + n);
+      flush();
+      std::memcpy(buf.data(), pkt.data(), pkt.size());
+    }
+    batch_to = to;
+    pos += static_cast<size_t>(n);
+    ++pkts;
+    // GSO needs equal-size segments: a short packet ends the batch.
+    if (static_cast<size_t>(n) < max_pkt || pkts >= max_pkts) flush();
+  };
+  // A packet is being filled (ngtcp2 said WRITE_MORE): it must be finished before this returns,
+  // or the next ngtcp2_conn_read_pkt aborts the process (PPE_PENDING assertion). With 64 KB
+  // packets and many small messages the guard below can end the loop in the middle of one.
+  bool filling = false;
   for (int guard = 0; guard < 4096 && ok; ++guard) {
     ngtcp2_path_storage ps;
     ngtcp2_path_storage_zero(&ps);
@@ -685,6 +704,7 @@ bool connection::write(const send_fn& send, uint64_t ts) {
         continue;
       }
       if (n == NGTCP2_ERR_WRITE_MORE) {
+        filling = true;
         if (!is_datagram && sid >= 0 && datalen > 0) {
           if (sid == control_sid_) control_sent_ += static_cast<uint64_t>(datalen);
           else bulk_out_[sid].sent += static_cast<uint64_t>(datalen);
@@ -700,19 +720,18 @@ bool connection::write(const send_fn& send, uint64_t ts) {
       if (sid == control_sid_) control_sent_ += static_cast<uint64_t>(datalen);
       else bulk_out_[sid].sent += static_cast<uint64_t>(datalen);
     }
+    filling = false;
     if (n == 0) break;  // congestion window, pacing or nothing left
-    socket_address to = from_ngtcp2(ps.path.remote);
-    if (pos > 0 && !(to == batch_to)) {
-      // A packet for another path (migration, probing) cannot share the GSO batch.
-      std::vector<uint8_t> pkt(buf.data() + pos, buf.data() + pos + n);
-      flush();
-      std::memcpy(buf.data(), pkt.data(), pkt.size());
-    }
-    batch_to = to;
-    pos += static_cast<size_t>(n);
-    ++pkts;
-    // GSO needs equal-size segments: a short packet ends the batch.
-    if (static_cast<size_t>(n) < max_pkt || pkts >= max_pkts) flush();
+    append_packet(ps, n);
+  }
+  if (filling && ok) {
+    // Close the packet being filled: no more data, no MORE flag.
+    ngtcp2_path_storage ps;
+    ngtcp2_path_storage_zero(&ps);
+    ngtcp2_pkt_info pi{};
+    const ngtcp2_ssize n = ngtcp2_conn_writev_stream(conn_, &ps.path, &pi, buf.data() + pos, max_pkt, nullptr,
+                                                     NGTCP2_WRITE_STREAM_FLAG_NONE, -1, nullptr, 0, ts);
+    if (n > 0) append_packet(ps, n);
   }
   flush();
   // ngtcp2 0.12.1 paces from initial_rtt before it has any sample, which delays the handshake
