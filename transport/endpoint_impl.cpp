@@ -206,8 +206,16 @@ void endpoint_impl::on_admitted(connection& c) {
 
 void endpoint_impl::start_dial(const node_id& expected, std::vector<std::string> addresses, uint64_t ts) {
   if (by_peer_.count(expected)) return;
-  for (auto& c : conns_)
-    if (!c->inbound() && c->peer() == expected && c->current_state() == connection::state::handshaking) return;
+  // A dial already under way (handshake or admission) is not repeated: mDNS and peer exchange
+  // often name the same peer at once, and two outbound connections to one peer were taken for a
+  // copied identity, each side closing a different one (the demo's nodes then missed a peer).
+  for (auto& c : conns_) {
+    if (c->inbound()) continue;
+    auto target = dial_targets_.find(c.get());
+    const bool same = c->peer() == expected || (target != dial_targets_.end() && target->second == expected);
+    if (same && (c->current_state() == connection::state::handshaking || c->current_state() == connection::state::admitting))
+      return;
+  }
   std::string last_error = "no address given";
   for (size_t i = 0; i < addresses.size(); ++i) {
     auto a = parse_address(addresses[i]);
