@@ -35,7 +35,7 @@ shard_plan shard_plan::make(int64_t rows, int64_t micro_batch, uint32_t micro_ba
   return p;
 }
 
-std::vector<int64_t> shard_rows(int64_t rows, uint32_t shards, uint64_t seed, uint32_t shard) {
+std::vector<int64_t> shard_permutation(int64_t rows, uint64_t seed) {
   std::vector<int64_t> all(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) all[static_cast<size_t>(i)] = i;
   std::mt19937_64 rng(seed * 0xbf58476d1ce4e5b9ull + 1);  // the same Fisher-Yates loop as data_order
@@ -43,8 +43,13 @@ std::vector<int64_t> shard_rows(int64_t rows, uint32_t shards, uint64_t seed, ui
     const auto j = static_cast<int64_t>(rng() % static_cast<uint64_t>(i + 1));
     std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(j)]);
   }
+  return all;
+}
+
+std::vector<int64_t> shard_rows(const std::vector<int64_t>& permutation, uint32_t shards, uint32_t shard) {
+  const auto rows = static_cast<uint64_t>(permutation.size());
   const auto first = static_cast<size_t>(rows * shard / shards), last = static_cast<size_t>(rows * (shard + 1) / shards);
-  return {all.begin() + static_cast<std::ptrdiff_t>(first), all.begin() + static_cast<std::ptrdiff_t>(last)};
+  return {permutation.begin() + static_cast<std::ptrdiff_t>(first), permutation.begin() + static_cast<std::ptrdiff_t>(last)};
 }
 
 expected<tensor_map> take_rows(const tensor_map& columns, const std::vector<int64_t>& rows) {

@@ -52,8 +52,11 @@ struct shard_plan {
   }
 };
 
-/// The rows of the whole dataset that shard `shard` holds, in the order it stores them.
-std::vector<int64_t> shard_rows(int64_t rows, uint32_t shards, uint64_t seed, uint32_t shard);
+/// The dataset's rows in the seeded order the shards are cut from (computed once per run).
+std::vector<int64_t> shard_permutation(int64_t rows, uint64_t seed);
+/// The rows that shard `shard` of `shards` holds, in the order it stores them: its slice of
+/// `permutation`.
+std::vector<int64_t> shard_rows(const std::vector<int64_t>& permutation, uint32_t shards, uint32_t shard);
 
 /// The seed of shard `shard`'s own epoch order.
 inline uint64_t shard_seed(uint64_t seed, uint32_t shard) { return seed ^ (0x9e3779b97f4a7c15ull * (shard + 1)); }

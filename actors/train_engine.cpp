@@ -290,6 +290,7 @@ struct train_engine::coord_run {
   msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up; no dataset rows
   tensor_map data;       ///< the whole dataset: the coordinator hands out its shards
   shard_plan plan;
+  std::vector<int64_t> permutation;  ///< shard_permutation of the dataset's rows
   std::map<std::string, std::set<uint32_t>> shards_sent;  ///< per member (of its current setup)
   std::map<uint32_t, std::string> slot_owner;  ///< micro-batch slot j of every step -> member
   std::vector<std::string> members;
@@ -422,6 +423,7 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
   c->data = to_map(c->spec.dataset);
   c->spec.dataset_rows = static_cast<uint64_t>(c->data.begin()->second.dims[0]);
   c->plan = shard_plan::make(static_cast<int64_t>(c->spec.dataset_rows), c->spec.micro_batch, c->spec.micro_batches);
+  c->permutation = shard_permutation(static_cast<int64_t>(c->spec.dataset_rows), c->spec.seed);
   for (auto& column : c->spec.dataset) {
     column.value.dims[0] = 0;
     column.value.bytes.clear();
@@ -471,7 +473,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
     for (const uint64_t micro : m.micro) {
       const uint32_t shard = c.plan.shard_of(micro);
       if (!sent.insert(shard).second) continue;
-      auto rows = take_rows(c.data, shard_rows(static_cast<int64_t>(s.dataset_rows), c.plan.shards, s.seed, shard));
+      auto rows = take_rows(c.data, shard_rows(c.permutation, c.plan.shards, shard));
       msg::train_shard sh{shard, {}};
       for (auto& [name, t] : *rows) sh.columns.push_back({name, std::move(t)});
       m.shards.push_back(std::move(sh));
@@ -498,6 +500,7 @@ std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, const st
   c.members.clear();
   c.spec = {};
   c.data.clear();
+  c.permutation.clear();
   return out;
 }
 
@@ -589,6 +592,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
     c.spec = {};
     c.data.clear();
+    c.permutation.clear();
     return out;
   }
   if (c.ph != coord_run::phase::syncing) return {};
@@ -623,10 +627,7 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
         it = worker_.erase(it);
         continue;
       }
-      w.orphaned = true;
-      w.round.reset();
-      w.ring.clear();
-      w.parked.clear();
+      orphan(w);
     }
     ++it;
   }
@@ -752,6 +753,14 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     }
   }
   return out;
+}
+
+void train_engine::orphan(worker_run& w) {
+  w.orphaned = true;  // no round, ring or parked piece of it will go on
+  w.round.reset();
+  w.ring.clear();
+  w.parked.clear();
+  w.waiting.reset();
 }
 
 std::vector<outbound> train_engine::retry_waiting(const std::string& from, worker_run& w) {
@@ -1111,11 +1120,7 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
     no.error = "train_resume carries no dataset (the new coordinator hands out the shards)";
     return {{client, no}};
   }
-  w->orphaned = true;
-  w->round.reset();
-  w->ring.clear();
-  w->parked.clear();
-  w->waiting.reset();
+  orphan(*w);
   w->resume_dataset = r.dataset;
   train_task t;
   t.coordinator = w->coordinator;

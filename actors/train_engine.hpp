@@ -128,6 +128,8 @@ class train_engine {
   std::vector<outbound> open(const std::string& client, const msg::open_training& o);
   std::vector<outbound> on_setup(const std::string& from, const msg::train_setup& s);
   std::vector<outbound> on_step(const std::string& from, const msg::train_step& s);
+  /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.
+  static void orphan(worker_run& w);
   /// Runs the step that waited for its dataset shards, if they are all here now.
   std::vector<outbound> retry_waiting(const std::string& from, worker_run& w);
   std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);

@@ -16,8 +16,9 @@ TEST_CASE("shards partition the rows and the plan fits the dataset", "[actors][t
     CHECK(plan.shards == std::min<uint32_t>(k, static_cast<uint32_t>(rows / micro_batch)));
     std::set<int64_t> seen;
     size_t total = 0;
+    const auto permutation = shard_permutation(rows, 9);
     for (uint32_t s = 0; s < plan.shards; ++s) {
-      const auto r = shard_rows(rows, plan.shards, 9, s);
+      const auto r = shard_rows(permutation, plan.shards, s);
       CHECK(static_cast<int64_t>(r.size()) >= micro_batch);  // every shard fills a micro-batch
       seen.insert(r.begin(), r.end());
       total += r.size();
