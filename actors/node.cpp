@@ -226,8 +226,11 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
       [=](up_atom, std::string id) { send_peer(*ctx, id, ctx->own); },  // our hello comes first
       [=](down_atom, std::string id, std::string why) { self->send(self->state.a.membership, down_atom::value, id, why); },
-      [=](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
+      [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
         auto m = msg::decode_message(bytes.data(), bytes.size());
+        // The decoded message owns copies of everything: the buffer goes back to the endpoint,
+        // which receives the next large message into it (no fresh pages for the kernel to zero).
+        ctx->ep->recycle(std::move(bytes));
         if (!m) {
           spdlog::warn("dropped a message from {}: {}", from.substr(0, 8), m.error().message);
           return;
@@ -714,10 +717,11 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   auto bridge_mutex = std::make_shared<std::mutex>();
   auto bridge_slot = std::make_shared<caf::actor>();
   auto early = std::make_shared<std::vector<std::function<void(const caf::actor&)>>>();
+  // Arguments are moved into the message: an inbound bulk message is not copied on the I/O thread.
   const auto post = [bridge_mutex, bridge_slot, early](auto... xs) {
     std::lock_guard<std::mutex> lock(*bridge_mutex);
-    if (*bridge_slot) caf::anon_send(*bridge_slot, xs...);
-    else early->push_back([xs...](const caf::actor& bridge) { caf::anon_send(bridge, xs...); });
+    if (*bridge_slot) caf::anon_send(*bridge_slot, std::move(xs)...);
+    else early->push_back([... xs = std::move(xs)](const caf::actor& bridge) { caf::anon_send(bridge, xs...); });
   };
   transport::handlers h;
   h.on_peer_up = [post](const transport::node_id& id, const transport::peer_info&) { post(up_atom::value, id.to_string()); };

@@ -370,7 +370,7 @@ expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t
   // An admitted peer's announced size (up to 1 GiB) is reserved at once: one allocation, no
   // regrowth copies. Before admission a header alone may not make us reserve more than 16 MiB.
   uint64_t reserve = state_ == state::admitted ? std::min<uint64_t>(cfg_.limits.bulk, uint64_t{1} << 30) : (16u << 20);
-  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve);
+  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve, &owner_.receive_buffers());
   auto& frames = bulk_frames_[sid];
   if (auto r = it->second.feed({data, len}, frames); !r)
     return make_error(r.error().code, "bulk stream: " + r.error().message);

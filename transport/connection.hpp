@@ -38,6 +38,8 @@ class connection_owner {
   virtual void on_traversal_frame(connection& c, frame f) = 0;
   /// `bytes` of queued application payload (control, bulk) were acknowledged or dropped.
   virtual void on_released(connection& c, uint64_t bytes) = 0;
+  /// Buffers the application handed back (endpoint::recycle), lent to incoming bulk messages.
+  virtual buffer_pool& receive_buffers() = 0;
 };
 
 /// QUIC application error codes carried in CONNECTION_CLOSE.

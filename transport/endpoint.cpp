@@ -108,6 +108,8 @@ void endpoint::connect_via(const node_id& target, const node_id& rendezvous) {
   });
 }
 
+void endpoint::recycle(std::vector<uint8_t> buffer) { impl_->receive_buffers_.give(std::move(buffer)); }
+
 std::optional<std::string> endpoint::observed_address() const {
   std::lock_guard lock(impl_->view_mu_);
   return impl_->observed_;

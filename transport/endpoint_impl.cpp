@@ -5,6 +5,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -110,8 +111,10 @@ bool endpoint_impl::flush_pending() {
 }
 
 void endpoint_impl::arm_timer(uint64_t at) {
-  // Still pending from an earlier pass (the caller arms only deadlines in the future).
-  if (at == timer_armed_at_) return;
+  // A timer already armed for this deadline or an earlier one stays: firing early costs one
+  // idle loop pass, which then arms the real deadline, while re-arming on every pass cost a
+  // syscall per message (each packet sent moves the loss-detection deadline a little later).
+  if (at >= timer_armed_at_) return;
   timer_armed_at_ = at;
   itimerspec its{};
   if (at != UINT64_MAX) {
@@ -154,14 +157,18 @@ void endpoint_impl::dispatch(const socket_address& from, const uint8_t* data, si
 }
 
 void endpoint_impl::read_socket(uint64_t ts) {
-  for (int i = 0; i < 1024; ++i) {
-    auto r = sock_.receive(rx_buf_.data(), rx_buf_.size());
-    if (!r) return;
-    // With GRO one receive holds several datagrams of `segment` bytes each.
-    for (size_t off = 0; off < r->len; off += r->segment) {
-      size_t n = std::min(r->segment, r->len - off);
-      dispatch(r->from, rx_buf_.data() + off, n, ts);
+  // A batch that comes back short found the socket empty: back to epoll (level-triggered),
+  // without the extra receive call that would only say EAGAIN (a syscall per small message).
+  std::array<udp_socket::received, rx_slots> got;
+  for (int batch = 0; batch < 128; ++batch) {
+    size_t n = sock_.receive_batch(rx_buf_.data(), rx_slot_size, rx_slots, got.data());
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* base = rx_buf_.data() + i * rx_slot_size;
+      // With GRO one receive holds several datagrams of `segment` bytes each.
+      for (size_t off = 0; off < got[i].len; off += got[i].segment)
+        dispatch(got[i].from, base + off, std::min(got[i].segment, got[i].len - off), ts);
     }
+    if (n < rx_slots) return;
   }
 }
 
@@ -336,6 +343,21 @@ void endpoint_impl::reap() {
   }
 }
 
+void endpoint_impl::settle_timers() {
+  // Writing sets ngtcp2's pacing deadline a few microseconds ahead (0.12 lets a packet go when
+  // that deadline is within 1 ms, and cancels it once it is that close), so right after a write
+  // a connection often reports a deadline already due. Handling it here saves a zero-timeout
+  // epoll_wait pass per message sent; anything it makes sendable is written at once.
+  const uint64_t ts = now_ns();
+  bool fired = false;
+  for (auto& c : conns_) {
+    if (c->expiry() > ts) continue;
+    c->on_timer(ts);
+    fired = true;
+  }
+  if (fired) write_all(ts);
+}
+
 void endpoint_impl::run() {
   epoll_event events[8];
   bool closing_all = false;
@@ -391,6 +413,7 @@ void endpoint_impl::run() {
       for (auto& c : conns_) c->close(close_code::shutting_down, "peer is shutting down");
     }
     write_all(ts);
+    settle_timers();
     reap();
     publish_counters();
     if (closing_all) {

@@ -28,9 +28,15 @@ inline uint64_t now_ns() {
   return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
 }
 
-inline std::string cid_key(const uint8_t* data, size_t len) {
-  return std::string(reinterpret_cast<const char*>(data), len);
+/// Connection ids as map keys. Looked up as string_views (no allocation per packet: an
+/// 18-byte id does not fit std::string's inline buffer), stored as strings.
+inline std::string_view cid_key(const uint8_t* data, size_t len) {
+  return {reinterpret_cast<const char*>(data), len};
 }
+struct cid_hash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
 
 /// Every connection id this endpoint issues has this length (short headers carry no length).
 inline constexpr size_t short_header_cid_len = 18;
@@ -45,6 +51,8 @@ class endpoint_impl final : public connection_owner {
 
   expected<void> init();
   void stop();
+  /// Handles deadlines that came due during the read/write pass (see the definition).
+  void settle_timers();
 
   endpoint_config cfg_;
   handlers h_;
@@ -59,6 +67,8 @@ class endpoint_impl final : public connection_owner {
   std::mutex cmd_mu_;
   std::vector<std::function<void()>> cmds_;
 
+  buffer_pool receive_buffers_;  // thread-safe itself: filled by recycle() from any thread
+
   mutable std::mutex view_mu_;
   std::unordered_set<node_id> up_;  // the peers other threads may send to
   std::optional<std::string> observed_;  // our address as the last peer saw it
@@ -67,7 +77,7 @@ class endpoint_impl final : public connection_owner {
 
   // Everything below belongs to the I/O thread.
   std::list<std::unique_ptr<connection>> conns_;
-  std::unordered_map<std::string, connection*> by_cid_;
+  std::unordered_map<std::string, connection*, cid_hash, std::equal_to<>> by_cid_;
   std::unordered_map<node_id, connection*> by_peer_;
   std::unordered_map<connection*, node_id> dial_targets_;  // outbound: the id we asked for
   std::unordered_set<connection*> quiet_;  // superseded duplicates: their end is not a peer down
@@ -83,7 +93,8 @@ class endpoint_impl final : public connection_owner {
   bool blocked_ = false;
   uint64_t initials_shed_ = 0, packets_dropped_ = 0;
   bool need_write_ = false;  // a connection was made outside the read/write pass: write before sleeping
-  std::vector<uint8_t> rx_buf_ = std::vector<uint8_t>(65536);
+  static constexpr size_t rx_slot_size = 65536, rx_slots = 8;  // one recvmmsg: 8 receives of up to 64 KiB
+  std::vector<uint8_t> rx_buf_ = std::vector<uint8_t>(rx_slot_size * rx_slots);
 
   void post(std::function<void()> fn);
   void run();
@@ -109,7 +120,7 @@ class endpoint_impl final : public connection_owner {
   }
 
   // connection_owner
-  void on_cid_added(connection& c, const ngtcp2_cid& cid) override { by_cid_[cid_key(cid.data, cid.datalen)] = &c; }
+  void on_cid_added(connection& c, const ngtcp2_cid& cid) override { by_cid_[std::string(cid_key(cid.data, cid.datalen))] = &c; }
   void on_cid_removed(connection& c, const ngtcp2_cid& cid) override {
     auto it = by_cid_.find(cid_key(cid.data, cid.datalen));
     if (it != by_cid_.end() && it->second == &c) by_cid_.erase(it);
@@ -156,6 +167,7 @@ class endpoint_impl final : public connection_owner {
     auto it = by_peer_.find(id);
     return it == by_peer_.end() ? nullptr : it->second;
   }
+  buffer_pool& receive_buffers() override { return receive_buffers_; }
   void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) override {
     if (!c.up_reported || !c.peer()) return;
     if (h_.on_message) h_.on_message(*c.peer(), ch, std::move(bytes));

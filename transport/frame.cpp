@@ -92,8 +92,12 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
       }
       header_size_ = 0;
       current_ = frame{kind, {}};
-      current_.payload.reserve(static_cast<size_t>(std::min(length, reserve_limit_)));
-      advise_huge_pages(current_.payload.data(), current_.payload.capacity());
+      const auto reserve = static_cast<size_t>(std::min(length, reserve_limit_));
+      if (pool_ && reserve == length) current_.payload = pool_->take(reserve);
+      if (current_.payload.capacity() < reserve) {
+        current_.payload.reserve(reserve);
+        advise_huge_pages(current_.payload.data(), current_.payload.capacity());
+      }
       remaining_ = length;
       in_payload_ = true;
     }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "transport/buffer_pool.hpp"
 
 namespace mesh::transport {
 
@@ -70,8 +71,9 @@ class frame_decoder {
  public:
   /// `reserve_limit` caps the memory reserved from a header alone, before the payload arrives:
   /// small for peers not yet trusted, the whole frame for admitted ones (no regrowth copies).
-  explicit frame_decoder(frame_limits limits = {}, uint64_t reserve_limit = 16u << 20)
-      : limits_(limits), reserve_limit_(reserve_limit) {}
+  /// `pool`, when given, lends a reused buffer for each payload it can hold (see buffer_pool).
+  explicit frame_decoder(frame_limits limits = {}, uint64_t reserve_limit = 16u << 20, buffer_pool* pool = nullptr)
+      : limits_(limits), reserve_limit_(reserve_limit), pool_(pool) {}
 
   /// Consumes `bytes`; every frame completed by them is appended to `out`.
   expected<void> feed(std::span<const uint8_t> bytes, std::vector<frame>& out);
@@ -81,6 +83,7 @@ class frame_decoder {
  private:
   frame_limits limits_;
   uint64_t reserve_limit_;
+  buffer_pool* pool_;
   std::array<uint8_t, max_frame_header> header_{};
   size_t header_size_ = 0;
   bool in_payload_ = false;

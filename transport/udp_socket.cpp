@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -115,35 +117,47 @@ udp_socket::send_result udp_socket::send(const socket_address& to, const uint8_t
   return send_result::sent;
 }
 
-std::optional<udp_socket::received> udp_socket::receive(uint8_t* buf, size_t cap) {
+size_t udp_socket::receive_batch(uint8_t* buf, size_t slot_size, size_t slots, received* out) {
+  constexpr size_t max_slots = 16;
+  slots = std::min(slots, max_slots);
+  std::array<mmsghdr, max_slots> msgs{};
+  std::array<iovec, max_slots> iovs{};
+  struct control_space {
+    alignas(cmsghdr) char bytes[CMSG_SPACE(sizeof(int))];
+  };
+  std::array<control_space, max_slots> controls{};
+  for (size_t i = 0; i < slots; ++i) {
+    iovs[i] = {buf + i * slot_size, slot_size};
+    auto& h = msgs[i].msg_hdr;
+    h.msg_name = out[i].from.get();
+    h.msg_namelen = sizeof(out[i].from.storage);
+    h.msg_iov = &iovs[i];
+    h.msg_iovlen = 1;
+    h.msg_control = controls[i].bytes;
+    h.msg_controllen = sizeof(controls[i].bytes);
+  }
   for (;;) {
-    received r;
-    iovec iov{buf, cap};
-    msghdr msg{};
-    msg.msg_name = r.from.get();
-    msg.msg_namelen = sizeof(r.from.storage);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd_, &msg, 0);
+    int n = ::recvmmsg(fd_, msgs.data(), static_cast<unsigned>(slots), 0, nullptr);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return std::nullopt;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
       continue;  // ICMP errors surface here (ECONNREFUSED): nothing to read, try the next one
     }
-    r.from.len = msg.msg_namelen;
-    r.len = static_cast<size_t>(n);
-    r.segment = r.len;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
-        int seg = 0;
-        std::memcpy(&seg, CMSG_DATA(cm), sizeof(seg));
-        if (seg > 0) r.segment = static_cast<size_t>(seg);
+    for (int i = 0; i < n; ++i) {
+      auto& h = msgs[static_cast<size_t>(i)].msg_hdr;
+      auto& r = out[i];
+      r.from.len = h.msg_namelen;
+      r.len = msgs[static_cast<size_t>(i)].msg_len;
+      r.segment = r.len;
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm)) {
+        if (cm->cmsg_level == IPPROTO_UDP && cm->cmsg_type == UDP_GRO) {
+          int seg = 0;
+          std::memcpy(&seg, CMSG_DATA(cm), sizeof(seg));
+          if (seg > 0) r.segment = static_cast<size_t>(seg);
+        }
       }
     }
-    return r;
+    return static_cast<size_t>(n);
   }
 }
 

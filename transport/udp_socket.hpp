@@ -38,8 +38,10 @@ class udp_socket {
     size_t segment = 0;
     socket_address from;
   };
-  /// nullopt when nothing is waiting.
-  std::optional<received> receive(uint8_t* buf, size_t cap);
+  /// Up to `slots` receives in one system call (recvmmsg), the i-th into
+  /// `buf + i * slot_size`; returns how many, 0 when nothing is waiting. Fewer than `slots`
+  /// means the socket was empty when the call ran: no further call is needed to find out.
+  size_t receive_batch(uint8_t* buf, size_t slot_size, size_t slots, received* out);
 
  private:
   int fd_ = -1;

@@ -1,7 +1,7 @@
 // bench_transport: throughput, round trip, handshake and accept rate of the QUIC endpoint, each
 // printed next to a reference (kernel TCP, plain UDP) measured in the same run on loopback.
 //
-//   bench_transport [--bulk-mib N] [--rtt-count N] [--handshakes N] [--accept N]
+//   bench_transport [--bulk-mib N] [--rounds N] [--rtt-count N] [--handshakes N] [--accept N]
 //   bench_transport --exchange 1 [--bulk-mib N]  N MiB each way at once, BLAKE2b-checked
 //   bench_transport --tbf 1 [--bulk-mib N]   (root) two network namespaces joined by a veth
 //                                            link shaped to 1 Gbit/s with tbf, QUIC vs TCP
@@ -17,11 +17,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -40,6 +42,7 @@ struct waiter {
   std::mutex mu;
   std::condition_variable cv;
   size_t ups = 0, downs = 0, messages = 0, bytes = 0;
+  std::atomic<endpoint*> recycle_to{nullptr};  // hands read messages back, as a node does
   template <class P>
   bool wait(P p, std::chrono::seconds t = std::chrono::seconds(120)) {
     std::unique_lock l(mu);
@@ -65,6 +68,7 @@ handlers counting(waiter& w, std::function<void(const node_id&, channel, std::ve
     ++w.messages;
     w.bytes += b.size();
     w.cv.notify_all();
+    if (endpoint* e = w.recycle_to.load()) e->recycle(std::move(b));
   };
   return h;
 }
@@ -97,10 +101,12 @@ double cpu_seconds() {
 // CPU seconds per GiB of the last bulk measurement.
 double last_cpu_per_gib = 0;
 
-// QUIC bulk: `mib` MiB as messages of `chunk_mib` MiB, one direction.
-double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload) {
+// QUIC bulk: `mib` MiB as messages of `chunk_mib` MiB, one direction. `recycle`: the receiver
+// hands each message back once read (endpoint::recycle), as meshnode does.
+double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload, bool recycle = true) {
   waiter wa, wb;
   auto a = start(counting(wa), udp_payload), b = start(counting(wb), udp_payload);
+  if (recycle) wb.recycle_to = b.get();
   b->dial(a->id(), {addr(*a)});
   wa.wait([&] { return wa.ups == 1; });
   wb.wait([&] { return wb.ups == 1; });
@@ -491,29 +497,53 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (arg(argc, argv, "--only-bulk", 0)) {
-    double mbs = quic_bulk(mib, arg(argc, argv, "--chunk-mib", 64), arg(argc, argv, "--payload", 65000));
+    double mbs = quic_bulk(mib, arg(argc, argv, "--chunk-mib", 64), arg(argc, argv, "--payload", 65000),
+                           arg(argc, argv, "--recycle", 1) != 0);
     std::printf("QUIC bulk %zu MiB: %.0f MiB/s, CPU %.2f s/GiB\n", mib, mbs, last_cpu_per_gib);
     return 0;
   }
 
-  // TCP before and after the QUIC rows (the mean is the reference): a drift of the machine's
-  // speed during the run shows as a difference between the two.
-  double tcp = tcp_bulk(mib), tcp_cpu = last_cpu_per_gib;
+  // Rounds of TCP and the QUIC rows back to back: each QUIC figure is compared with the TCP
+  // figure of its own round (this VM's speed drifts with its neighbours), and the medians of
+  // those per-round shares are the result.
+  const size_t rounds = std::max<size_t>(1, arg(argc, argv, "--rounds", 3));
   const size_t loopback = endpoint_config{}.loopback_udp_payload;  // what a node uses to a peer on this host
-  double qd = quic_bulk(mib, 64, loopback), qd_cpu = last_cpu_per_gib;
-  double qone = quic_bulk(mib, mib, loopback), qone_cpu = last_cpu_per_gib;
-  double ql = quic_bulk(mib, 64, 1452), ql_cpu = last_cpu_per_gib;
-  double tcp2 = tcp_bulk(mib), tcp2_cpu = last_cpu_per_gib;
-  std::printf("bulk %zu MiB, loopback, one connection (CPU = user+system seconds per GiB, both ends):\n", mib);
-  std::printf("  kernel TCP, before / after              %6.0f / %.0f MiB/s  CPU %.2f / %.2f s/GiB\n", tcp, tcp2, tcp_cpu, tcp2_cpu);
-  tcp = (tcp + tcp2) / 2;
-  tcp_cpu = (tcp_cpu + tcp2_cpu) / 2;
-  const auto row = [&](const char* what, double mbs, double cpu) {
-    std::printf("  %-40s %6.0f MiB/s  (%.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", what, mbs, 100 * mbs / tcp, cpu, cpu / tcp_cpu);
+  struct row_def {
+    const char* what;
+    std::function<double()> measure;
+    std::vector<double> share{}, cpu_ratio{}, mbs{}, cpu{};
   };
-  row("QUIC as configured (64 KB packets), 64 MiB msgs", qd, qd_cpu);
-  row("QUIC as configured, one message", qone, qone_cpu);
-  row("QUIC 1452 B packets (LAN size), 64 MiB msgs", ql, ql_cpu);
+  std::vector<row_def> rows;
+  rows.push_back({"QUIC as configured (64 KB packets), 64 MiB msgs", [&] { return quic_bulk(mib, 64, loopback); }});
+  rows.push_back({"same, buffers not recycled (fresh pages)", [&] { return quic_bulk(mib, 64, loopback, false); }});
+  rows.push_back({"QUIC as configured, one message", [&] { return quic_bulk(mib, mib, loopback); }});
+  rows.push_back({"QUIC 1452 B packets (LAN size), 64 MiB msgs", [&] { return quic_bulk(mib, 64, 1452); }});
+  std::vector<double> tcp_mbs, tcp_cpu;
+  std::printf("bulk %zu MiB, loopback, one connection (CPU = user+system seconds per GiB, both ends), %zu rounds:\n", mib,
+              rounds);
+  for (size_t r = 0; r < rounds; ++r) {
+    double t = tcp_bulk(mib), tc = last_cpu_per_gib;
+    tcp_mbs.push_back(t);
+    tcp_cpu.push_back(tc);
+    std::printf("  round %zu: TCP %.0f MiB/s (CPU %.2f s/GiB), QUIC rows:", r + 1, t, tc);
+    for (auto& row : rows) {
+      double q = row.measure();
+      row.mbs.push_back(q);
+      row.cpu.push_back(last_cpu_per_gib);
+      row.share.push_back(q / t);
+      row.cpu_ratio.push_back(last_cpu_per_gib / tc);
+      std::printf(" %.0f (%.0f%%)", q, 100 * q / t);
+    }
+    std::printf("\n");
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::printf("  %-48s %6.0f MiB/s                CPU %.2f s/GiB (medians)\n", "kernel TCP", median(tcp_mbs), median(tcp_cpu));
+  for (const auto& row : rows)
+    std::printf("  %-48s %6.0f MiB/s  (%3.0f%% of TCP)  CPU %.2f s/GiB (%.1fx TCP)\n", row.what, median(row.mbs),
+                100 * median(row.share), median(row.cpu), median(row.cpu_ratio));
 
   auto u = udp_rtt(rtts);
   auto q = quic_rtt(rtts);
