@@ -25,7 +25,8 @@ struct device_caps {
   /// earlier single-buffered kernel, "vec4" the earlier vec4/prefetch one (docs/gpu.md has figures).
   std::string gemm_variant;
   /// Cooperative-matrix kernel variant (env MESH_COOPMAT): "" picks the tiled 128-bit-load kernel;
-  /// "s8" (8 subgroups of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel.
+  /// "s8" (8 subgroups of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel,
+  /// "g<sgm>x<sgn>f<fm>x<fn>k<bk>" any block shape (subgroups, fragments per subgroup, tile depth).
   std::string coopmat_variant;
   /// Workgroup-tile rasterisation of the tiled matmuls (`mmw*`, `mmct*`; env MESH_GEMM_SWIZZLE):
   /// G > 1 walks G tile rows down a column before the next column so that concurrent workgroups

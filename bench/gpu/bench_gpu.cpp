@@ -1,6 +1,7 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
 //   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions] [--gemm]
+//                  [--variants VAR=v1,v2,...]...
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
 // odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
@@ -10,6 +11,9 @@
 // only the reduction rows (split and one-pass), copy, the fp32 GEMM at 4096 and the training step.
 // --gemm keeps only the GEMMs (fp32 and f16, 2048 and 4096): one executor per tile rasterisation
 // MESH_GEMM_SWIZZLE = 0, 8, 16, 4, then 0 and 8 again (clock drift), each checked before it is timed.
+// --variants MESH_COOPMAT=a,b,... (or MESH_GEMM=...; repeatable) keeps only those: one executor per
+// value in the order given (repeat a value to see clock drift), checked entry by entry (every
+// check shape), then its f16 (MESH_COOPMAT) or fp32 GEMMs at 2048 and 4096 timed.
 //
 // Figures come from GPU timestamps around each kernel (median over N runs, after warm-up runs:
 // at least 300 ms, until the run time stops improving). Tensors are
@@ -338,6 +342,26 @@ std::unique_ptr<gpu::executor> executor_with(const char* var, const char* value)
   return std::move(*ex);
 }
 
+/// --variants VAR=v1,v2,...: for each value, a new executor with VAR=value, its matmuls checked
+/// entry by entry, then its GEMMs timed (f16 for MESH_COOPMAT, fp32 otherwise).
+void time_variants(const std::string& list, bool quick) {
+  const size_t eq = list.find('=');
+  if (eq == std::string::npos) return;
+  const std::string var = list.substr(0, eq);
+  const dtype t = var == "MESH_COOPMAT" ? dtype::f16 : dtype::f32;
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
+  for (size_t at = eq + 1; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string value = list.substr(at, end - at);
+    at = end + 1;
+    auto vex = executor_with(var.c_str(), value.c_str());
+    if (!vex) continue;
+    const std::string tag = var + "=" + value;
+    check_matmuls(*vex, t, tag, quick, false);
+    time_matmuls(*vex, t, sizes, std::string(t == dtype::f16 ? "matmul f16, " : "matmul fp32, ") + tag);
+  }
+}
+
 /// One training step of a transformer block (forward, backward through autodiff, SGD update),
 /// timed per kernel (median of `reps` runs each) against each kernel's ideal time:
 /// max(bytes / copy bandwidth, flops / GEMM rate), both measured earlier in the same run.
@@ -402,6 +426,7 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
 
 int main(int argc, char** argv) {
   bool quick = false, sweep = true, step = true, focus = false, gemm_only = false;
+  std::vector<std::string> variant_lists;  // --variants VAR=v1,v2,...
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
@@ -411,6 +436,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-step")) step = false;
     else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
     else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
+    else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_lists.push_back(argv[++i]);
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
@@ -461,6 +487,12 @@ int main(int argc, char** argv) {
   std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str(),
               std::string(9, '-').c_str(), std::string(11, '-').c_str(), std::string(17, '-').c_str());
 
+  if (!variant_lists.empty()) {
+    for (const auto& list : variant_lists) time_variants(list, quick);
+    if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
+    std::filesystem::remove_all(cache);
+    return failures ? 2 : 0;
+  }
   if (gemm_only) {
     const std::vector<int64_t> gs = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
     for (const char* v : {"0", "8", "16", "4", "0", "8"})

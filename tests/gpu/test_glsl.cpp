@@ -188,9 +188,11 @@ TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shap
   const auto p = gpu::lower(g);
   gpu::shader_cache cache("", "test");
   // swizzle: the tile rasterisation (MESH_GEMM_SWIZZLE); 3 leaves ragged groups of tile rows.
+  // Explicit coopmat shapes (MESH_COOPMAT=g...) apply to every problem, the small one included.
   struct variant { const char* gemm; const char* coop; bool coopmat; uint32_t swizzle = 8; };
   for (auto v : {variant{"", "", false}, variant{"warp16", "", false}, variant{"wide", "", false}, variant{"classic", "", false},
-                 variant{"narrow", "", false}, variant{"", "", true}, variant{"", "s8", true}, variant{"", "wide", true}, variant{"", "64", true},
+                 variant{"narrow", "", false}, variant{"", "", true}, variant{"", "s8", true},
+                 variant{"", "wide", true}, variant{"", "64", true}, variant{"", "g2x2f4x4k32", true}, variant{"", "g2x1f4x4k16", true},
                  variant{"", "", false, 0}, variant{"", "", false, 3}, variant{"", "", true, 0}, variant{"", "", true, 3}}) {
     gpu::device_caps caps;
     caps.gemm_swizzle = v.swizzle;
@@ -226,6 +228,11 @@ TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shap
       CHECK(has(big));
     } else if (std::string(v.coop) == "64") {
       CHECK(has("mmcoop_"));
+    } else if (v.coop[0] == 'g') {
+      const std::string c = v.coop;
+      CHECK(has(c == "g2x2f4x4k32" ? "mmct128x128s4_" : "mmct128x64s2k16_"));
+      CHECK(!has("mmct64x64s4"));  // the small f16 problem gets the explicit shape too
+      CHECK(direct_stores == 3);  // hsmall, hplain, hragged
     } else {
       CHECK(has("mmct64x64s4"));  // the small f16 problem
       CHECK(direct_stores == 3);   // hsmall, hplain, hragged
