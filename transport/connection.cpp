@@ -587,11 +587,19 @@ std::map<int64_t, connection::bulk_out>::iterator connection::next_bulk_stream(c
     return kv.second.sent < kv.second.total() && std::find(blocked.begin(), blocked.end(), kv.first) == blocked.end();
   };
   if (cfg_.bulk_scheduling == endpoint_config::bulk_order::shortest_first) {
-    auto best = bulk_out_.end();
-    for (auto it = bulk_out_.begin(); it != bulk_out_.end(); ++it)  // ties: the older stream
-      if (usable(*it) && (best == bulk_out_.end() || it->second.total() - it->second.sent < best->second.total() - best->second.sent))
-        best = it;
-    return best;
+    // The fewest bytes left, where messages within a quarter of that count as equally short
+    // and the oldest of them (streams open in send order) goes first. Without the tolerance,
+    // messages of nearly equal size (the pieces of an all-reduce differ by a few bytes) went
+    // by those few bytes: a piece queued early could wait behind every later piece a byte
+    // shorter, and the ring stalled on it for hundreds of milliseconds.
+    uint64_t fewest = UINT64_MAX;
+    for (const auto& kv : bulk_out_)
+      if (usable(kv)) fewest = std::min(fewest, kv.second.total() - kv.second.sent);
+    if (fewest == UINT64_MAX) return bulk_out_.end();
+    const uint64_t equal_up_to = fewest + fewest / 4;
+    for (auto it = bulk_out_.begin(); it != bulk_out_.end(); ++it)
+      if (usable(*it) && it->second.total() - it->second.sent <= equal_up_to) return it;
+    return bulk_out_.end();
   }
   auto it = bulk_out_.upper_bound(bulk_cursor_);  // round robin from the last stream served
   for (size_t n = 0; n < bulk_out_.size(); ++n, ++it) {
@@ -749,6 +757,10 @@ peer_stats connection::stats() const {
   s.smoothed_rtt = std::chrono::nanoseconds(cstat.smoothed_rtt);
   s.min_rtt = std::chrono::nanoseconds(cstat.min_rtt == UINT64_MAX ? 0 : cstat.min_rtt);
   s.cwnd = cstat.cwnd;
+  s.bytes_in_flight = cstat.bytes_in_flight;
+  s.unsent_bytes = control_total_ - control_sent_;
+  for (const auto& [sid, b] : bulk_out_) s.unsent_bytes += b.total() - b.sent;
+  for (const auto& b : bulk_waiting_) s.unsent_bytes += b.size();
   s.packets_lost = lost_closed_streams_ + lost_datagrams_;
   if (control_sid_ >= 0) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, control_sid_);
   for (const auto& [sid, b] : bulk_out_) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, sid);

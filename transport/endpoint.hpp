@@ -37,6 +37,10 @@ struct peer_stats {
   uint64_t bytes_sent = 0;      ///< UDP payload bytes, all packets of the connection
   uint64_t bytes_received = 0;  ///< UDP payload bytes, all packets of the connection
   uint64_t cwnd = 0;            ///< congestion window, bytes
+  uint64_t bytes_in_flight = 0; ///< sent, not yet acknowledged or declared lost
+  /// Queued payload not yet put into packets (control and bulk): with bytes_in_flight it tells
+  /// why a link stands idle (nothing to send, or the congestion window / flow control holds it).
+  uint64_t unsent_bytes = 0;
   /// Packets this side sent that QUIC declared lost (spurious losses included), counted per
   /// stream they carried data of (ngtcp2 0.12 counts losses per stream only: a lost packet with
   /// frames of two streams counts twice) plus lost heartbeat datagrams.

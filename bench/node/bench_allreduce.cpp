@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -210,7 +211,7 @@ void report(const std::string& line) {
 ///   -> "port P"                        after the endpoint started
 ///   <- "ring PRED_ID SUCC_ID SUCC_ADDR" -> "ready" once both neighbours are admitted
 ///   <- "prep K"                        -> "prepped" (input of round K built, untimed)
-///   <- "go"                            -> "done K START_NS END_NS BYTES_SENT CPU_NS"
+///   <- "go"                            -> "done K START_NS END_NS BYTES_SENT CPU_NS IDLE_EMPTY_NS IDLE_CWND_NS IDLE_HELD_NS"
 ///   <- "check"                         -> "checked ok" | "checked bad ..." (untimed)
 ///   <- "quit"
 int rank_main(const args& a) {
@@ -262,6 +263,34 @@ int rank_main(const args& a) {
 
   std::optional<transport::node_id> pred, succ;
   std::set<transport::node_id> up;
+
+  // Link idle time during a round, sampled every 2 ms from the connection to the successor
+  // (an interval in which under 8 KB went out is idle), split by why: nothing queued to send
+  // ("empty": waiting for a piece to arrive, or done), queued but the congestion window full
+  // ("cwnd"), queued with room in the window ("held": pacing, flow control, the I/O thread).
+  struct idle_split {
+    std::atomic<int64_t> empty_ns{0}, cwnd_ns{0}, held_ns{0};
+  } idle;
+  std::atomic<bool> sampling{false};
+  std::atomic<const transport::node_id*> watched{nullptr};
+  std::thread sampler([&] {
+    uint64_t last_sent = 0;
+    int64_t last_t = now_ns();
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      const transport::node_id* w = watched.load();
+      const int64_t t = now_ns();
+      auto st = w ? ep->stats(*w) : std::nullopt;
+      if (!st) continue;
+      if (sampling.load() && st->bytes_sent - last_sent < 8192) {
+        auto& bucket = st->unsent_bytes == 0 ? idle.empty_ns : st->bytes_in_flight + 1452 >= st->cwnd ? idle.cwnd_ns : idle.held_ns;
+        bucket += t - last_t;
+      }
+      last_sent = st->bytes_sent;
+      last_t = t;
+    }
+  });
+  sampler.detach();  // ends with the process
   bool ready_sent = false;
   std::unique_ptr<ring_allreduce> round;
   bool running = false;  // "go" seen for `round`
@@ -272,8 +301,17 @@ int rank_main(const args& a) {
 
   // Sends the state machine's output to the successor exactly as node.cpp's send_to does: the
   // encoded node message on its own bulk stream when over 64 KiB, else on the control stream.
+  // MESH_ALLREDUCE_TRACE=PREFIX: each rank appends "ms since go, event, step, piece" lines of
+  // every round to PREFIX.<rank> (to see where a slow round's links stood idle).
+  FILE* trace = nullptr;
+  if (const char* prefix = std::getenv("MESH_ALLREDUCE_TRACE"))
+    trace = std::fopen((std::string(prefix) + "." + std::to_string(rank)).c_str(), "w");
+  auto trace_event = [&](const char* what, uint32_t step, uint32_t piece) {
+    if (trace) std::fprintf(trace, "%.2f %s %u %u\n", static_cast<double>(now_ns() - t_start) / 1e6, what, step, piece);
+  };
   auto forward = [&](std::vector<allreduce_message> ms) {
     for (auto& m : ms) {
+      trace_event("send", m.step, m.piece);
       msg::allreduce_piece p;
       p.train = 1;
       p.coordinator = coordinator_id;
@@ -291,8 +329,15 @@ int rank_main(const args& a) {
     if (!round || !running || !round->done()) return;
     const int64_t t_end = now_ns();
     running = false;
+    sampling = false;
+    if (trace) {
+      std::fprintf(trace, "%.2f done\n", static_cast<double>(t_end - t_start) / 1e6);
+      std::fflush(trace);
+    }
     report("done " + std::to_string(round_index) + " " + std::to_string(t_start) + " " + std::to_string(t_end) + " " +
-           std::to_string(round->bytes_sent()) + " " + std::to_string(cpu_ns() - cpu_start));
+           std::to_string(round->bytes_sent()) + " " + std::to_string(cpu_ns() - cpu_start) + " " +
+           std::to_string(idle.empty_ns.load()) + " " + std::to_string(idle.cwnd_ns.load()) + " " +
+           std::to_string(idle.held_ns.load()));
   };
   auto accept = [&](const msg::allreduce_piece& p) {
     auto out = round->on_message({p.round, p.ring_step, p.piece, p.payload});
@@ -313,10 +358,12 @@ int rank_main(const args& a) {
       case rank_event::kind::message: {
         auto m = msg::decode_message(e.bytes.data(), e.bytes.size());
         if (!m) rank_fail("decode: " + m.error().message);
+        ep->recycle(std::move(e.bytes));  // as node.cpp's bridge does
         auto* p = std::get_if<msg::allreduce_piece>(&*m);
         if (!p) rank_fail(std::string("unexpected message ") + msg::kind_name(*m));
         if (!pred || e.from != *pred) rank_fail("a piece from a rank that is not our predecessor");
         if (!round || p->round != round->round()) rank_fail("a piece of round " + std::to_string(p->round) + " out of turn");
+        trace_event("recv", p->ring_step, p->piece);
         if (!running) parked.push_back(std::move(*p));
         else accept(*p);
         break;
@@ -329,6 +376,7 @@ int rank_main(const args& a) {
           if (!p || !s) rank_fail("bad ring line");
           pred = *p;
           succ = *s;
+          watched = &*succ;
           // With two ranks both neighbours are the same peer: one dial is enough.
           if (!(n == 2 && rank == 1)) ep->dial(*succ, {w[3]});
         } else if (w[0] == "prep" && w.size() == 2) {
@@ -345,6 +393,10 @@ int rank_main(const args& a) {
           t_start = now_ns();
           cpu_start = cpu_ns();
           running = true;
+          idle.empty_ns = 0;
+          idle.cwnd_ns = 0;
+          idle.held_ns = 0;
+          sampling = true;
           forward(round->start());
           auto early = std::move(parked);
           parked.clear();
@@ -621,6 +673,9 @@ struct link_setup {
 struct measurement {
   std::vector<double> seconds;
   std::vector<double> cpu_seconds;  ///< per timed round, summed over the ranks
+  /// Per timed round, summed over the ranks: link idle seconds with nothing to send / with the
+  /// congestion window full / held otherwise (see rank_main's sampler).
+  std::vector<double> idle_empty, idle_cwnd, idle_held;
   uint64_t bytes_sent_per_rank = 0;
   std::string skipped;  ///< non-empty: not measured (the reason)
   bool wrong = false;   ///< a rank's result was wrong, or a rank failed
@@ -713,10 +768,13 @@ measurement run_ours(const bench_config& bc, const link_setup& link, const std::
     for (auto& c : ranks) c.send("go");
     auto done = collect("done");
     if (!done) return fail("round " + std::to_string(k) + " failed");
-    int64_t start = INT64_MAX, end = 0, cpu = 0;
+    int64_t start = INT64_MAX, end = 0, cpu = 0, idle_empty = 0, idle_cwnd = 0, idle_held = 0;
     for (const auto& w : *done) {
-      if (w.size() != 6) return fail("bad done line");
+      if (w.size() != 9) return fail("bad done line");
       cpu += std::stoll(w[5]);
+      idle_empty += std::stoll(w[6]);
+      idle_cwnd += std::stoll(w[7]);
+      idle_held += std::stoll(w[8]);
       start = std::min<int64_t>(start, std::stoll(w[2]));
       end = std::max<int64_t>(end, std::stoll(w[3]));
       m.bytes_sent_per_rank = std::stoull(w[4]);
@@ -733,6 +791,9 @@ measurement run_ours(const bench_config& bc, const link_setup& link, const std::
     if (k >= bc.warmup) {
       m.seconds.push_back(static_cast<double>(end - start) / 1e9);
       m.cpu_seconds.push_back(static_cast<double>(cpu) / 1e9);
+      m.idle_empty.push_back(static_cast<double>(idle_empty) / 1e9);
+      m.idle_cwnd.push_back(static_cast<double>(idle_cwnd) / 1e9);
+      m.idle_held.push_back(static_cast<double>(idle_held) / 1e9);
     }
   }
   for (auto& c : ranks) c.send("quit");
@@ -911,6 +972,15 @@ void print_table(const bench_config& bc, const std::vector<row>& rows) {
     if (r.impl.rfind("ours", 0) == 0 && r.m.bytes_sent_per_rank && !r.m.seconds.empty())
       std::printf("\n%s, %s, %s: %.1f MB sent per rank per round (2(n-1)/n of the buffer in the wire format)",
                   r.impl.c_str(), r.link.c_str(), r.format.c_str(), static_cast<double>(r.m.bytes_sent_per_rank) / 1e6);
+  for (const auto& r : rows)
+    if (r.impl.rfind("ours", 0) == 0 && !r.m.idle_empty.empty()) {
+      // Rounds with their idle split, so that a slow round can be told from a fast one.
+      std::printf("\n%s, %s, %s: link idle per round, all ranks summed, ms (nothing to send / cwnd full / held):",
+                  r.impl.c_str(), r.link.c_str(), r.format.c_str());
+      for (size_t k = 0; k < r.m.idle_empty.size(); ++k)
+        std::printf(" [%.0f ms: %.0f/%.0f/%.0f]", r.m.seconds[k] * 1e3, r.m.idle_empty[k] * 1e3, r.m.idle_cwnd[k] * 1e3,
+                    r.m.idle_held[k] * 1e3);
+    }
   std::printf("\n\"ours/P\": P pieces per chunk (training uses 4: actors/train_engine.cpp, ring_pieces).");
   std::printf("\n\"vs Gloo\": Gloo's median time / ours (above 1: ours is faster). \"CPU s/rd\": CPU seconds\n"
               "(user + system) of all ranks together during a round, median: what the round costs whatever the load.\n"
