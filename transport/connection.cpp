@@ -199,6 +199,11 @@ void fill_settings(ngtcp2_settings& s, size_t max_udp_payload, const endpoint_co
   s.handshake_timeout = static_cast<uint64_t>(cfg.handshake_timeout.count()) * ns_per_ms;
   s.max_window = cfg.connection_window * 4;
   s.max_stream_window = cfg.stream_window * 4;
+  switch (cfg.congestion_control) {
+    case endpoint_config::congestion::cubic: s.cc_algo = NGTCP2_CC_ALGO_CUBIC; break;
+    case endpoint_config::congestion::bbr: s.cc_algo = NGTCP2_CC_ALGO_BBR; break;
+    case endpoint_config::congestion::bbr2: s.cc_algo = NGTCP2_CC_ALGO_BBR2; break;
+  }
 }
 
 void fill_params(ngtcp2_transport_params& p, const endpoint_config& cfg) {

@@ -108,6 +108,9 @@ struct endpoint_config {
   /// overtakes a large one); a large message waits while smaller ones keep coming.
   /// round_robin: a packet each in turn, so every message progresses and all finish late.
   enum class bulk_order : uint8_t { shortest_first, round_robin } bulk_scheduling = bulk_order::shortest_first;
+  /// ngtcp2's congestion controller. cubic grows the window until loss; bbr and bbr2 model the
+  /// path's bandwidth and minimum RTT and pace at that rate.
+  enum class congestion : uint8_t { cubic, bbr, bbr2 } congestion_control = congestion::cubic;
 };
 
 class endpoint_impl;

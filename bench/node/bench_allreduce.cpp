@@ -249,6 +249,12 @@ int rank_main(const args& a) {
   // MESH_BULK_ORDER=round_robin compares the transport's other bulk scheduling (A/B runs).
   if (const char* order = std::getenv("MESH_BULK_ORDER"); order && std::string(order) == "round_robin")
     cfg.bulk_scheduling = transport::endpoint_config::bulk_order::round_robin;
+  // MESH_CC=cubic|bbr|bbr2 compares congestion controllers (A/B runs).
+  if (const char* cc = std::getenv("MESH_CC")) {
+    const std::string c = cc;
+    using cong = transport::endpoint_config::congestion;
+    cfg.congestion_control = c == "bbr" ? cong::bbr : c == "bbr2" ? cong::bbr2 : cong::cubic;
+  }
   auto started = transport::endpoint::start(cfg, h);
   if (!started) rank_fail("endpoint: " + started.error().message);
   auto ep = std::move(*started);
@@ -331,6 +337,10 @@ int rank_main(const args& a) {
     running = false;
     sampling = false;
     if (trace) {
+      if (auto st = succ ? ep->stats(*succ) : std::nullopt)
+        std::fprintf(trace, "stats cwnd %llu srtt_us %.0f min_rtt_us %.0f lost %llu\n",
+                     static_cast<unsigned long long>(st->cwnd), st->smoothed_rtt.count() / 1e3, st->min_rtt.count() / 1e3,
+                     static_cast<unsigned long long>(st->packets_lost));
       std::fprintf(trace, "%.2f done\n", static_cast<double>(t_end - t_start) / 1e6);
       std::fflush(trace);
     }
