@@ -20,7 +20,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 4;
+inline constexpr uint32_t protocol_version = 5;
 
 /// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
 /// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
@@ -37,6 +37,10 @@ struct hello {
   double mem_gbps = 0;
   uint64_t memory_bytes = 0;
   bool is_client = false;   ///< a client program or meshctl, not a worker
+  /// The sender has not received the receiver's hello (it can be lost when two nodes dial each
+  /// other at once and a message went out on the connection that was then dropped as the
+  /// duplicate): the receiver answers with its own hello.
+  bool answer_me = false;
   bool operator==(const hello&) const = default;
 };
 
@@ -339,7 +343,7 @@ const char* kind_name(const message& m);
 template <class F>
 typename F::result_type inspect(F& f, hello& x) {
   return f(caf::meta::type_name("hello"), x.incarnation, x.device_name, x.device_kind, x.gflops, x.mem_gbps,
-           x.memory_bytes, x.is_client);
+           x.memory_bytes, x.is_client, x.answer_me);
 }
 template <class F>
 typename F::result_type inspect(F& f, heartbeat& x) {

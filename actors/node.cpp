@@ -88,6 +88,7 @@ using add_atom = caf::atom_constant<caf::atom("add")>;
 using remove_atom = caf::atom_constant<caf::atom("remove")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using view_atom = caf::atom_constant<caf::atom("view")>;
+using greet_atom = caf::atom_constant<caf::atom("greet")>;
 
 mono_time now_mono() { return std::chrono::steady_clock::now().time_since_epoch(); }
 
@@ -224,7 +225,10 @@ struct bridge_state {
 caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr ctx) {
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
-      [=](up_atom, std::string id) { send_peer(*ctx, id, ctx->own); },  // our hello comes first
+      [=](up_atom, std::string id) {
+        send_peer(*ctx, id, ctx->own);  // our hello comes first
+        self->send(self->state.a.membership, greet_atom::value, id, 1);  // and is repeated if theirs does not come
+      },
       [=](down_atom, std::string id, std::string why) { self->send(self->state.a.membership, down_atom::value, id, why); },
       [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
         auto m = msg::decode_message(bytes.data(), bytes.size());
@@ -280,6 +284,9 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
       [=](inbound_atom, std::string from, message_ptr m) {
         auto& st = self->state;
         if (auto* h = std::get_if<msg::hello>(m.get())) {
+          if (h->answer_me) send_peer(*ctx, from, ctx->own);
+          auto known = st.peers.find(from);
+          if (known != st.peers.end() && known->second.incarnation == h->incarnation) return;  // a repeat
           st.peers[from] = *h;
           if (h->is_client) return;
           self->send(st.a.health, add_atom::value, from, h->incarnation);
@@ -302,6 +309,20 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
             ctx->ep->dial(*nid, addrs);
           }
         }
+      },
+      // A peer came up `tries` seconds ago and its hello has not arrived: ask for it, once a
+      // second, for as long as the connection lasts (at most 30 times).
+      [=](greet_atom, std::string id, int tries) {
+        if (self->state.peers.count(id) || tries > 30) return;
+        auto nid = transport::node_id::parse(id);
+        if (!nid || !ctx->ep->connected(*nid)) return;  // gone: its next connection starts over
+        if (tries > 1) {
+          msg::hello again = ctx->own;
+          again.answer_me = true;
+          send_peer(*ctx, id, again);
+          spdlog::info("no hello from {} yet: asked again", id.substr(0, 8));
+        }
+        self->delayed_send(self, std::chrono::seconds(1), greet_atom::value, id, tries + 1);
       },
       // The connection closed, or health declared the peer Dead.
       [=](down_atom, std::string id, std::string why) {
