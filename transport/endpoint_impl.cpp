@@ -111,8 +111,10 @@ bool endpoint_impl::flush_pending() {
 }
 
 void endpoint_impl::arm_timer(uint64_t at) {
-  // Still pending from an earlier pass (the caller arms only deadlines in the future).
-  if (at == timer_armed_at_) return;
+  // A timer already armed for this deadline or an earlier one stays: firing early costs one
+  // idle loop pass, which then arms the real deadline, while re-arming on every pass cost a
+  // syscall per message (each packet sent moves the loss-detection deadline a little later).
+  if (at >= timer_armed_at_) return;
   timer_armed_at_ = at;
   itimerspec its{};
   if (at != UINT64_MAX) {
@@ -341,6 +343,21 @@ void endpoint_impl::reap() {
   }
 }
 
+void endpoint_impl::settle_timers() {
+  // Writing sets ngtcp2's pacing deadline a few microseconds ahead (0.12 lets a packet go when
+  // that deadline is within 1 ms, and cancels it once it is that close), so right after a write
+  // a connection often reports a deadline already due. Handling it here saves a zero-timeout
+  // epoll_wait pass per message sent; anything it makes sendable is written at once.
+  const uint64_t ts = now_ns();
+  bool fired = false;
+  for (auto& c : conns_) {
+    if (c->expiry() > ts) continue;
+    c->on_timer(ts);
+    fired = true;
+  }
+  if (fired) write_all(ts);
+}
+
 void endpoint_impl::run() {
   epoll_event events[8];
   bool closing_all = false;
@@ -396,6 +413,7 @@ void endpoint_impl::run() {
       for (auto& c : conns_) c->close(close_code::shutting_down, "peer is shutting down");
     }
     write_all(ts);
+    settle_timers();
     reap();
     publish_counters();
     if (closing_all) {

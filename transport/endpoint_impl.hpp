@@ -51,6 +51,8 @@ class endpoint_impl final : public connection_owner {
 
   expected<void> init();
   void stop();
+  /// Handles deadlines that came due during the read/write pass (see the definition).
+  void settle_timers();
 
   endpoint_config cfg_;
   handlers h_;
