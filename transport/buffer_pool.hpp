@@ -6,6 +6,7 @@
 /// time), and the kernel zeroes every page of it on the first write. For 64 MiB messages on
 /// loopback that zeroing was a third of the receiving I/O thread's time. A buffer that comes
 /// back is written over instead: no fault, no zeroing.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -29,6 +30,10 @@ class buffer_pool {
   /// fits. Thread-safe.
   std::vector<uint8_t> take(size_t n);
 
+  /// Frees the buffers given back before `cutoff` (steady_clock): memory the pool holds after a
+  /// burst of large messages is returned once the burst is over. Thread-safe.
+  void release_older_than(std::chrono::steady_clock::time_point cutoff);
+
   size_t buffers() const;
   uint64_t bytes() const;
 
@@ -37,7 +42,11 @@ class buffer_pool {
   const uint64_t max_bytes_;
   const size_t min_capacity_;
   mutable std::mutex mu_;
-  std::vector<std::vector<uint8_t>> kept_;
+  struct kept {
+    std::vector<uint8_t> buffer;
+    std::chrono::steady_clock::time_point given;
+  };
+  std::vector<kept> kept_;
   uint64_t kept_bytes_ = 0;
 };
 

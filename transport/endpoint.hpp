@@ -153,7 +153,7 @@ class endpoint {
   /// next incoming bulk message of about its size is received into it. Optional, any thread;
   /// saves the kernel zeroing fresh pages for every large message (a third of the receiving
   /// thread's time at 64 MiB messages). Small buffers and buffers beyond the pool's bound
-  /// (8 buffers, 256 MiB) are simply freed.
+  /// (8 buffers, 256 MiB) are simply freed, and so are buffers not reused within 10 s.
   void recycle(std::vector<uint8_t> buffer);
   /// Closes the connection to `peer` (CONNECTION_CLOSE, then on_peer_down "closed locally").
   void disconnect(const node_id& peer);

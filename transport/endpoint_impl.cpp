@@ -416,6 +416,11 @@ void endpoint_impl::run() {
     settle_timers();
     reap();
     publish_counters();
+    // Receive buffers not reused within 10 s go back to the system (the burst is over).
+    if (ts >= next_pool_trim_) {
+      receive_buffers_.release_older_than(std::chrono::steady_clock::now() - std::chrono::seconds(10));
+      next_pool_trim_ = ts + 1'000'000'000u;
+    }
     if (closing_all) {
       bool all_sent = !blocked_;
       for (auto& c : conns_)

@@ -68,6 +68,7 @@ class endpoint_impl final : public connection_owner {
   std::vector<std::function<void()>> cmds_;
 
   buffer_pool receive_buffers_;  // thread-safe itself: filled by recycle() from any thread
+  uint64_t next_pool_trim_ = 0;  // I/O thread: when to free receive buffers unused for 10 s next
 
   mutable std::mutex view_mu_;
   std::unordered_set<node_id> up_;  // the peers other threads may send to

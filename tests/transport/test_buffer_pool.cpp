@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <numeric>
+#include <thread>
 
 #include "transport/buffer_pool.hpp"
 #include "transport/frame.hpp"
@@ -83,4 +84,20 @@ TEST_CASE("frame_decoder receives a large payload into a pooled buffer", "[trans
     CHECK(out2[0].payload == payload);
     CHECK(pool.buffers() == 1);
   }
+}
+
+TEST_CASE("buffer_pool frees buffers not reused in time", "[transport][buffer_pool]") {
+  buffer_pool pool(4, 64u << 20, 1u << 20);
+  pool.give(with_capacity(2u << 20));
+  const auto between = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  pool.give(with_capacity(3u << 20));
+  pool.release_older_than(between);  // the first is older than the cutoff, the second is not
+  CHECK(pool.buffers() == 1);
+  CHECK(pool.bytes() == (3u << 20));
+  CHECK(pool.take(2u << 20).capacity() == (3u << 20));
+  pool.give(with_capacity(2u << 20));
+  pool.release_older_than(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  CHECK(pool.buffers() == 0);
+  CHECK(pool.bytes() == 0);
 }
