@@ -366,6 +366,7 @@ void endpoint_impl::run() {
     uint64_t next = UINT64_MAX;
     for (auto& c : conns_) next = std::min(next, c->expiry());
     for (auto& t : tasks_) next = std::min(next, t.first);
+    if (receive_buffers_.buffers() > 0) next = std::min(next, next_pool_trim_);  // wake to free them
     uint64_t now = now_ns();
     int timeout = -1;
     if (next <= now || need_write_) {
