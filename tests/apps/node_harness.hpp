@@ -88,6 +88,9 @@ class node_process {
   pid_t pid_ = -1;
 };
 
+/// The node id (hex) of an endpoint line "ID@HOST:PORT".
+inline std::string node_id_of(const std::string& endpoint) { return endpoint.substr(0, endpoint.find('@')); }
+
 /// A fresh temporary folder, removed at the end.
 struct temp_dir {
   std::filesystem::path path;

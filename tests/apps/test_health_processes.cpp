@@ -25,13 +25,13 @@ TEST_CASE("10% loss raises no false Dead, a stall is Suspect, then Healthy again
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();
-  const std::string a_id = ea.substr(0, ea.find('@'));
+  const std::string a_id = node_id_of(ea);
   const uint16_t a_port = static_cast<uint16_t>(std::stoi(ea.substr(ea.rfind(':') + 1)));
   impairment_proxy proxy(a_port, 0.10, 2ms);
   // B reaches A only through the proxy, so every datagram between them crosses it.
   node_process b(tmp.path / "b", {"--peer", a_id + "@127.0.0.1:" + std::to_string(proxy.port())});
   const std::string eb = b.endpoint();
-  const std::string b_id = eb.substr(0, eb.find('@'));
+  const std::string b_id = node_id_of(eb);
   auto c = client::connect(ea);
   REQUIRE(c);
   std::string state;

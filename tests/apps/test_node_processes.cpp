@@ -105,7 +105,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
   // (heartbeats stop), re-plan over a and b, and still answer correctly. (256 x 384 finished
   // within the 150 ms before the kill in half the runs of an unsanitized Debug build.)
   const job j = mlp_job(512, 768);
-  const std::string victim = mesh3.ec.substr(0, mesh3.ec.find('@'));
+  const std::string victim = node_id_of(mesh3.ec);
   auto pending = (*cl)->submit(j.g, j.inputs, j.params);
   std::this_thread::sleep_for(150ms);
   mesh3.c->kill(SIGKILL);
@@ -288,8 +288,7 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();
-  const auto at = ea.find('@');
-  auto node_id = transport::node_id::parse(ea.substr(0, at));
+  auto node_id = transport::node_id::parse(node_id_of(ea));
   REQUIRE(node_id);
 
   std::mutex mu;
@@ -316,7 +315,7 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   cfg.protocol_version = msg::protocol_version;
   auto ep = transport::endpoint::start(cfg, h);
   REQUIRE(ep);
-  (*ep)->dial(*node_id, {ea.substr(at + 1)});
+  (*ep)->dial(*node_id, {ea.substr(ea.find('@') + 1)});
   std::unique_lock l(mu);
   REQUIRE(cv.wait_for(l, 20s, [&] { return up && !hellos.empty(); }));
   CHECK_FALSE(hellos[0].answer_me);

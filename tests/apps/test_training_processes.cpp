@@ -196,7 +196,7 @@ TEST_CASE("the coordinating node killed with SIGKILL mid-training: a survivor ta
   INFO((r ? "" : r.error().message));
   REQUIRE(r);
   CHECK(killed);
-  CHECK((*c)->node() != mesh.ea.substr(0, mesh.ea.find('@')));  // moved to the node that took over
+  CHECK((*c)->node() != node_id_of(mesh.ea));  // moved to the node that took over
   CHECK(r->state.at("opt.adam.t").at(0) == 60.0);  // every step applied exactly once
   CHECK(max_difference(r->state, reference) < 1e-4);
   CHECK(r->losses.size() == 60);
@@ -216,9 +216,8 @@ TEST_CASE("the coordinator and the first node the client tries both killed: the 
   REQUIRE(wait_for_peers(**c, 2));
   // The client tries the other nodes in the order of their ids (the status report's order):
   // kill the coordinator and the first of those, so that the client's first dial fails.
-  const auto id_of = [](const std::string& endpoint) { return endpoint.substr(0, endpoint.find('@')); };
-  const bool b_first = id_of(mesh.eb) < id_of(mesh.ec);
-  const std::string survivor = id_of(b_first ? mesh.ec : mesh.eb);
+  const bool b_first = node_id_of(mesh.eb) < node_id_of(mesh.ec);
+  const std::string survivor = node_id_of(b_first ? mesh.ec : mesh.eb);
   bool killed = false;
   auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
     if (i.step == 10 && !killed) {
@@ -243,12 +242,11 @@ TEST_CASE("a node that lost the run refuses the takeover and the client tries th
   auto c = client::connect(mesh.ea);
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
-  const auto id_of = [](const std::string& endpoint) { return endpoint.substr(0, endpoint.find('@')); };
   const auto port_of = [](const std::string& endpoint) { return endpoint.substr(endpoint.rfind(':') + 1); };
   // The first node the client will try (lowest id) is restarted at once on the same port: it is
   // reachable and has the same id, but a fresh process holds nothing of the run.
-  const bool b_first = id_of(mesh.eb) < id_of(mesh.ec);
-  const std::string fresh = b_first ? "b" : "c", other = id_of(b_first ? mesh.ec : mesh.eb);
+  const bool b_first = node_id_of(mesh.eb) < node_id_of(mesh.ec);
+  const std::string fresh = b_first ? "b" : "c", other = node_id_of(b_first ? mesh.ec : mesh.eb);
   const std::string fresh_port = port_of(b_first ? mesh.eb : mesh.ec), other_endpoint = b_first ? mesh.ec : mesh.eb;
   bool done = false;
   auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
