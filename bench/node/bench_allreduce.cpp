@@ -305,8 +305,6 @@ int rank_main(const args& a) {
   std::vector<msg::allreduce_piece> parked;  // pieces of `round` that came before our "go"
   const std::string coordinator_id = cfg.id.id().to_string();
 
-  // Sends the state machine's output to the successor exactly as node.cpp's send_to does: the
-  // encoded node message on its own bulk stream when over 64 KiB, else on the control stream.
   // MESH_ALLREDUCE_TRACE=PREFIX: each rank appends "ms since go, event, step, piece" lines of
   // every round to PREFIX.<rank> (to see where a slow round's links stood idle).
   FILE* trace = nullptr;
@@ -315,6 +313,8 @@ int rank_main(const args& a) {
   auto trace_event = [&](const char* what, uint32_t step, uint32_t piece) {
     if (trace) std::fprintf(trace, "%.2f %s %u %u\n", static_cast<double>(now_ns() - t_start) / 1e6, what, step, piece);
   };
+  // Sends the state machine's output to the successor exactly as node.cpp's send_to does: the
+  // encoded node message on its own bulk stream when over 64 KiB, else on the control stream.
   auto forward = [&](std::vector<allreduce_message> ms) {
     for (auto& m : ms) {
       trace_event("send", m.step, m.piece);
