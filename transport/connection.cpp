@@ -447,6 +447,7 @@ void connection::close(close_code code, std::string reason) {
 }
 
 void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
+  acked_bytes_ += len;
   if (sid == control_sid_) {
     uint64_t end = offset + len;
     while (!control_out_.empty() && control_base_ + control_out_.front().size() <= end) {
@@ -614,6 +615,22 @@ std::map<int64_t, connection::bulk_out>::iterator connection::next_bulk_stream(c
   return bulk_out_.end();
 }
 
+bool connection::bulk_in_flight_full(uint64_t ts) {
+  if (cfg_.bulk_in_flight_floor == 0) return false;
+  ngtcp2_conn_stat cs;
+  ngtcp2_conn_get_conn_stat(conn_, &cs);
+  delivery_.sample(ts, acked_bytes_, cs.smoothed_rtt);
+  const uint64_t floor = std::max<uint64_t>(cfg_.bulk_in_flight_floor, 16 * cs.max_tx_udp_payload_size);
+  const uint64_t min_rtt = cs.min_rtt == UINT64_MAX ? 0 : cs.min_rtt;
+  // 2 x bandwidth x delay (BBR's in-flight gain) lets a long fat path still fill its pipe; the
+  // limit doubles each round trip (or two) while the measured rate keeps rising. It never
+  // shrinks: the best rate only rises, and a lower minimum RTT is a better sample, not a
+  // shorter path.
+  const double bdp = static_cast<double>(delivery_.best_rate()) * static_cast<double>(min_rtt) / 1e9;
+  bulk_limit_ = std::max({bulk_limit_, floor, static_cast<uint64_t>(2 * bdp)});
+  return cs.bytes_in_flight >= bulk_limit_;
+}
+
 bool connection::write(const send_fn& send, uint64_t ts) {
   if (pending_close_ && state_ != state::closing && state_ != state::draining && state_ != state::closed) {
     send_close_packet(send, ts);
@@ -685,7 +702,7 @@ bool connection::write(const send_fn& send, uint64_t ts) {
       }
     } else if (!datagrams_out_.empty() && state_ == state::admitted) {
       is_datagram = true;
-    } else if (auto next = next_bulk_stream(blocked); next != bulk_out_.end()) {
+    } else if (auto next = next_bulk_stream(blocked); next != bulk_out_.end() && !bulk_in_flight_full(ts)) {
       auto& b = next->second;
       sid = next->first;
       if (b.sent < b.header.size)
@@ -764,6 +781,7 @@ peer_stats connection::stats() const {
   s.cwnd = cstat.cwnd;
   s.bytes_in_flight = cstat.bytes_in_flight;
   s.unsent_bytes = control_total_ - control_sent_;
+  s.bulk_in_flight_limit = bulk_limit_;
   for (const auto& [sid, b] : bulk_out_) s.unsent_bytes += b.total() - b.sent;
   for (const auto& b : bulk_waiting_) s.unsent_bytes += b.size();
   s.packets_lost = lost_closed_streams_ + lost_datagrams_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "transport/address.hpp"
+#include "transport/delivery_meter.hpp"
 #include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
 #include "transport/tls.hpp"
@@ -163,10 +164,15 @@ class connection {
   std::deque<std::vector<uint8_t>> bulk_waiting_;  // no stream id yet (peer's stream limit)
   std::map<int64_t, bulk_out> bulk_out_;
   uint64_t lost_closed_streams_ = 0;  // packets lost, summed over streams already closed
+  uint64_t acked_bytes_ = 0;  // stream bytes the peer acknowledged, all streams
+  delivery_meter delivery_;   // for the bulk in-flight limit
+  uint64_t bulk_limit_ = 0;   // bytes; 0 until bulk is first held (or never: floor 0)
   uint64_t lost_datagrams_ = 0;
   int64_t bulk_cursor_ = -1;  // the bulk stream served last (round robin continues after it)
   /// The bulk stream to write next (cfg_.bulk_scheduling), or end() when none can be written.
   std::map<int64_t, bulk_out>::iterator next_bulk_stream(const std::vector<int64_t>& blocked);
+  /// Bulk data in flight reached its limit (endpoint_config::bulk_in_flight_floor).
+  bool bulk_in_flight_full(uint64_t ts);
 
   std::deque<std::vector<uint8_t>> datagrams_out_;
 

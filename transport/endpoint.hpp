@@ -41,6 +41,8 @@ struct peer_stats {
   /// Queued payload not yet put into packets (control and bulk): with bytes_in_flight it tells
   /// why a link stands idle (nothing to send, or the congestion window / flow control holds it).
   uint64_t unsent_bytes = 0;
+  /// Bulk bytes allowed in flight now (endpoint_config::bulk_in_flight_floor); 0 = not held.
+  uint64_t bulk_in_flight_limit = 0;
   /// Packets this side sent that QUIC declared lost (spurious losses included), counted per
   /// stream they carried data of (ngtcp2 0.12 counts losses per stream only: a lost packet with
   /// frames of two streams counts twice) plus lost heartbeat datagrams.
@@ -111,6 +113,13 @@ struct endpoint_config {
   /// ngtcp2's congestion controller. cubic grows the window until loss; bbr and bbr2 model the
   /// path's bandwidth and minimum RTT and pace at that rate.
   enum class congestion : uint8_t { cubic, bbr, bbr2 } congestion_control = congestion::cubic;
+  /// Bulk data in flight on a connection is held to max(this floor, 2 x the best delivery rate
+  /// seen x the minimum RTT), the floor at least 16 packets; control messages and heartbeats are
+  /// never held. ngtcp2 0.12's windows stop growing at random sizes (0.3-0.8 MB on a LAN), and a
+  /// large one fills the sender's egress queue, where the acknowledgements it owes other peers
+  /// wait behind it: in a ring all-reduce every connection's RTT then depends on its successor's
+  /// window, and unequal windows leave links idle (docs/training.md). 0 = no hold.
+  uint64_t bulk_in_flight_floor = 256u << 10;
 };
 
 class endpoint_impl;

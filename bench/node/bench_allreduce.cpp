@@ -255,6 +255,8 @@ int rank_main(const args& a) {
     using cong = transport::endpoint_config::congestion;
     cfg.congestion_control = c == "bbr" ? cong::bbr : c == "bbr2" ? cong::bbr2 : cong::cubic;
   }
+  // MESH_BULK_FLOOR=BYTES sets endpoint_config::bulk_in_flight_floor (0: bulk in flight not held).
+  if (const char* floor = std::getenv("MESH_BULK_FLOOR")) cfg.bulk_in_flight_floor = std::strtoull(floor, nullptr, 10);
   auto started = transport::endpoint::start(cfg, h);
   if (!started) rank_fail("endpoint: " + started.error().message);
   auto ep = std::move(*started);
@@ -273,7 +275,7 @@ int rank_main(const args& a) {
   // Link idle time during a round, sampled every 2 ms from the connection to the successor
   // (an interval in which under 8 KB went out is idle), split by why: nothing queued to send
   // ("empty": waiting for a piece to arrive, or done), queued but the congestion window full
-  // ("cwnd"), queued with room in the window ("held": pacing, flow control, the I/O thread).
+  // ("cwnd"), queued with room in the window ("held": the transport's bulk in-flight hold, pacing, flow control, the I/O thread).
   struct idle_split {
     std::atomic<int64_t> empty_ns{0}, cwnd_ns{0}, held_ns{0};
   } idle;
