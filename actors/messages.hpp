@@ -20,7 +20,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 5;
+inline constexpr uint32_t protocol_version = 6;
 
 /// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
 /// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.

@@ -365,6 +365,7 @@ expected<void> connection::handle_control_frame(frame f) {
     case frame_kind::punch:
     case frame_kind::relay_send:
     case frame_kind::relay_deliver: owner_.on_traversal_frame(*this, std::move(f)); return {};
+    case frame_kind::retire: peer_retired_ = true; return {};
     default: return make_error(error_code::decode_error, "unexpected frame kind on the control stream");
   }
 }
@@ -436,9 +437,33 @@ void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) 
   control_app_bytes_.push_back(0);
 }
 
-bool connection::has_pending_data() const {
-  return control_sent_ < control_total_ || !bulk_waiting_.empty() || !datagrams_out_.empty() ||
-         std::any_of(bulk_out_.begin(), bulk_out_.end(), [](auto& kv) { return kv.second.sent < kv.second.total(); });
+void connection::retire(uint64_t ts, uint64_t timeout_ns) {
+  retiring_ = true;
+  retire_deadline_ = ts + timeout_ns;
+}
+
+void connection::unretire() {
+  retiring_ = retire_sent_ = peer_retired_ = false;
+}
+
+void connection::advance_retirement(uint64_t ts) {
+  if (!retiring_ || state_ != state::admitted || pending_close_) return;
+  if (ts >= retire_deadline_) {
+    close(close_code::duplicate, "duplicate connection closed: it did not drain in time (messages on it may be lost)");
+    return;
+  }
+  if (!retire_sent_ && all_acknowledged()) {
+    queue_frame(frame_kind::retire, {});
+    retire_sent_ = true;
+  }
+  // Both ends have everything they sent here acknowledged, so nothing is lost by closing. The
+  // peer may see this close before our retire frame: its copy of this connection is retiring
+  // too, so for it the close is just as quiet.
+  if (retire_sent_ && peer_retired_) close(close_code::duplicate, "duplicate connection retired after both ends drained it");
+}
+
+void connection::hold_messages() {
+  if (!held_from_) held_from_ = control_total_;
 }
 
 void connection::close(close_code code, std::string reason) {
@@ -688,10 +713,12 @@ bool connection::write(const send_fn& send, uint64_t ts) {
 
     // Priority: control messages, then heartbeats, then bulk streams round robin. A bulk
     // transfer therefore only ever fills space control and heartbeats left over.
-    if (control_sid_ >= 0 && control_sent_ < control_total_ && !is_blocked(control_sid_)) {
+    const uint64_t control_limit = held_from_ ? *held_from_ : control_total_;  // held messages wait
+    if (control_sid_ >= 0 && control_sent_ < control_limit && !is_blocked(control_sid_)) {
       sid = control_sid_;
       uint64_t off = control_base_;
       for (auto& chunk : control_out_) {
+        if (off >= control_limit) break;
         uint64_t end = off + chunk.size();
         if (end > control_sent_ && vcnt < 3) {
           size_t skip = static_cast<size_t>(control_sent_ > off ? control_sent_ - off : 0);
@@ -702,7 +729,7 @@ bool connection::write(const send_fn& send, uint64_t ts) {
       }
     } else if (!datagrams_out_.empty() && state_ == state::admitted) {
       is_datagram = true;
-    } else if (auto next = next_bulk_stream(blocked); next != bulk_out_.end() && !bulk_in_flight_full(ts)) {
+    } else if (auto next = next_bulk_stream(blocked); next != bulk_out_.end() && !held_from_ && !bulk_in_flight_full(ts)) {
       auto& b = next->second;
       sid = next->first;
       if (b.sent < b.header.size)

@@ -98,11 +98,26 @@ class connection {
   bool peer_closed_as_duplicate() const { return peer_closed_as_duplicate_; }
   /// Why the connection ended (closed or draining); empty while alive.
   const std::string& end_reason() const { return end_reason_; }
-  /// True when there are queued messages not yet handed to ngtcp2.
-  bool has_pending_data() const;
   peer_stats stats() const;
   /// Application payload bytes queued and not yet acknowledged.
   uint64_t outstanding_bytes() const { return outstanding_; }
+  /// Everything queued here (messages and frames) was sent and acknowledged.
+  bool all_acknowledged() const { return control_out_.empty() && bulk_waiting_.empty() && bulk_out_.empty(); }
+
+  /// Retiring a duplicate connection (simultaneous dials): nothing new is queued on it; what is
+  /// queued is still sent and what arrives still delivered. Once all of it is acknowledged it
+  /// sends `retire`; once both ends have, it closes. After `timeout_ns` it closes regardless.
+  void retire(uint64_t ts, uint64_t timeout_ns);
+  /// The twin that was to replace this one failed: this one carries the peer again.
+  void unretire();
+  bool retiring() const { return retiring_; }
+  /// Sends `retire` or closes when due (see retire()); call once per I/O pass.
+  void advance_retirement(uint64_t ts);
+  /// While held, messages queued from now on wait (frames queued before still go): the winner of
+  /// a simultaneous dial waits until its retiring twin's messages are acknowledged, so that no
+  /// message overtakes one sent earlier on the twin.
+  void hold_messages();
+  void release_messages() { held_from_.reset(); }
 
   /// Bookkeeping for the endpoint.
   bool up_reported = false;
@@ -164,6 +179,9 @@ class connection {
   std::deque<std::vector<uint8_t>> bulk_waiting_;  // no stream id yet (peer's stream limit)
   std::map<int64_t, bulk_out> bulk_out_;
   uint64_t lost_closed_streams_ = 0;  // packets lost, summed over streams already closed
+  bool retiring_ = false, retire_sent_ = false, peer_retired_ = false;
+  uint64_t retire_deadline_ = 0;
+  std::optional<uint64_t> held_from_;  // control stream offset from which messages are held
   uint64_t acked_bytes_ = 0;  // stream bytes the peer acknowledged, all streams
   delivery_meter delivery_;   // for the bulk in-flight limit
   uint64_t bulk_limit_ = 0;   // bytes; 0 until bulk is first held (or never: floor 0)

@@ -186,15 +186,22 @@ void endpoint_impl::on_admitted(connection& c) {
                                          " (copied state directory?)");
       return;
     }
+    // The loser is retired, not closed: messages already queued on it, and those the peer
+    // sends on it before it has switched too, still arrive (connection::retire).
     bool local_smaller = node_id{cfg_.id.public_key()} < id;
     bool keep_new = local_smaller ? !c.inbound() : c.inbound();
     connection* loser = keep_new ? old : &c;
     quiet_.insert(loser);
-    loser->close(close_code::duplicate, "duplicate connection to the same node; keeping the other one");
+    loser->retire(now_ns(), retire_timeout_ns);
     if (!keep_new) return;
     old->up_reported = false;
     c.up_reported = true;
     it->second = &c;
+    // Messages sent from now on go to `c`, after everything queued on `old` (order kept).
+    if (!old->all_acknowledged()) {
+      c.hold_messages();
+      held_behind_[&c] = old;
+    }
     return;  // the peer stays up: no second on_peer_up
   }
   by_peer_[id] = &c;
@@ -261,6 +268,30 @@ void endpoint_impl::write_all(uint64_t ts) {
   }
 }
 
+void endpoint_impl::advance_retirements(uint64_t ts) {
+  for (auto& c : conns_) c->advance_retirement(ts);
+  for (auto it = held_behind_.begin(); it != held_behind_.end();) {
+    connection* twin = it->second;
+    auto s = twin->current_state();
+    bool ended = s == connection::state::closing || s == connection::state::draining || s == connection::state::closed;
+    if (ended || twin->all_acknowledged()) {
+      it->first->release_messages();
+      need_write_ = true;
+      it = held_behind_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+connection* endpoint_impl::retiring_twin(const node_id& id, const connection* c) const {
+  for (auto& other : conns_) {
+    if (other.get() == c || !other->retiring() || other->peer() != id) continue;
+    if (other->current_state() == connection::state::admitted) return other.get();
+  }
+  return nullptr;
+}
+
 void endpoint_impl::reap() {
   uint64_t ts = now_ns();
   for (auto it = conns_.begin(); it != conns_.end();) {
@@ -279,6 +310,16 @@ void endpoint_impl::reap() {
         replacing_.insert(id);
         release(id, c->outstanding_bytes());
         log("peer " + id.short_string() + ": connection replaced by its simultaneous twin");
+      } else if (connection* twin = c->up_reported ? retiring_twin(*c->peer(), c) : nullptr) {
+        // The winner of a simultaneous dial ended while its twin was still being retired: the
+        // twin carries the peer again (messages queued on the winner are lost with it).
+        node_id id = *c->peer();
+        release(id, c->outstanding_bytes());
+        twin->unretire();
+        quiet_.erase(twin);
+        twin->up_reported = true;
+        by_peer_[id] = twin;
+        log("peer " + id.short_string() + ": connection ended (" + c->end_reason() + "); its retiring twin carries the peer again");
       } else if (c->up_reported) {
         node_id id = *c->peer();
         by_peer_.erase(id);
@@ -336,6 +377,10 @@ void endpoint_impl::reap() {
       }
       quiet_.erase(c);
       dial_targets_.erase(c);
+      held_behind_.erase(c);
+      for (auto& [winner, twin] : held_behind_)
+        if (twin == c) winner->release_messages();
+      std::erase_if(held_behind_, [c](const auto& kv) { return kv.second == c; });
       it = conns_.erase(it);
     } else {
       ++it;
@@ -413,6 +458,7 @@ void endpoint_impl::run() {
       stop_deadline = ts + 200'000'000u;
       for (auto& c : conns_) c->close(close_code::shutting_down, "peer is shutting down");
     }
+    advance_retirements(ts);
     write_all(ts);
     settle_timers();
     reap();

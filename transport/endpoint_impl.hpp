@@ -82,6 +82,9 @@ class endpoint_impl final : public connection_owner {
   std::unordered_map<node_id, connection*> by_peer_;
   std::unordered_map<connection*, node_id> dial_targets_;  // outbound: the id we asked for
   std::unordered_set<connection*> quiet_;  // superseded duplicates: their end is not a peer down
+  // A simultaneous dial's winner whose messages wait until its retiring twin's are acknowledged.
+  std::unordered_map<connection*, connection*> held_behind_;
+  static constexpr uint64_t retire_timeout_ns = 30'000'000'000;
   // Peers whose connection the other side closed as a duplicate while our copy of the winning
   // connection was still being set up: they stay up, and its admission brings no second up.
   std::unordered_set<node_id> replacing_;
@@ -104,6 +107,10 @@ class endpoint_impl final : public connection_owner {
   void dispatch(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts);
   void write_all(uint64_t ts);
   void reap();
+  /// Retiring duplicates: send `retire`, close when both ends drained; release held winners.
+  void advance_retirements(uint64_t ts);
+  /// A live, retiring connection to `id` other than `c`.
+  connection* retiring_twin(const node_id& id, const connection* c) const;
   void arm_timer(uint64_t at);
   bool send_bytes(const socket_address& to, const uint8_t* data, size_t len, size_t segment);
   bool flush_pending();
@@ -170,7 +177,8 @@ class endpoint_impl final : public connection_owner {
   }
   buffer_pool& receive_buffers() override { return receive_buffers_; }
   void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) override {
-    if (!c.up_reported || !c.peer()) return;
+    // A retiring duplicate still delivers: the peer may have sent on it before it switched.
+    if (!(c.up_reported || c.retiring()) || !c.peer()) return;
     if (h_.on_message) h_.on_message(*c.peer(), ch, std::move(bytes));
   }
 };

@@ -25,6 +25,9 @@ enum class frame_kind : uint8_t {
   punch = 7,             ///< from a rendezvous: "node X is at address A: punch now" (control stream)
   relay_send = 8,        ///< to a relay: "forward this sealed box to node X" (control stream)
   relay_deliver = 9,     ///< from a relay: "node X sent you this sealed box" (control stream)
+  /// "I send nothing more on this connection and everything I sent here is acknowledged": the
+  /// last frame on a duplicate connection being retired (control stream, empty).
+  retire = 10,
 };
 
 /// Largest payload accepted per kind. Limits protect the receiver's memory.

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
@@ -368,6 +369,68 @@ TEST_CASE("simultaneous dials leave exactly one connection", "[transport][endpoi
   CHECK(b.log.up.size() == 1);
   CHECK(a.log.down.empty());
   CHECK(b.log.down.empty());
+}
+
+TEST_CASE("messages sent while simultaneous dials settle arrive once and in order", "[transport][endpoint]") {
+  // Both ends dial at once and start sending as soon as the peer is up, on whichever connection
+  // came up first; one of the two connections is then retired. Every control message must still
+  // arrive exactly once and in order, and every bulk message exactly once, in each direction.
+  // Several trials: which connection comes up first on each side varies.
+  const int control_count = 400, bulk_every = 40;
+  for (int trial = 0; trial < 6; ++trial) {
+    INFO("trial " << trial);
+    node a, b;
+    a.ep->dial(b.ep->id(), {b.address()});
+    b.ep->dial(a.ep->id(), {a.address()});
+    REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+    REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+    auto sender = [&](node& from, node& to) {
+      for (int i = 0; i < control_count; ++i) {
+        std::vector<uint8_t> m(4);
+        std::memcpy(m.data(), &i, 4);
+        REQUIRE(from.ep->send(to.ep->id(), channel::control, m));
+        if (i % bulk_every == 0) {
+          auto big = pattern(200'000, static_cast<uint32_t>(i));
+          std::memcpy(big.data(), &i, 4);
+          REQUIRE(from.ep->send(to.ep->id(), channel::bulk, std::move(big)));
+        }
+        std::this_thread::sleep_for(100us);
+      }
+    };
+    std::thread ta([&] { sender(a, b); });
+    sender(b, a);
+    ta.join();
+    const size_t expected = control_count + control_count / bulk_every;
+    for (node* n : {&a, &b}) {
+      n->log.wait([&] { return n->log.messages.size() >= expected; }, 20s);
+      std::lock_guard lock(n->log.mu);
+      std::vector<int> control, bulk;
+      for (const auto& m : n->log.messages) {
+        int i = 0;
+        std::memcpy(&i, m.bytes.data(), 4);
+        (m.ch == channel::control ? control : bulk).push_back(i);
+      }
+      std::sort(bulk.begin(), bulk.end());
+      std::vector<int> want_control(control_count), want_bulk;
+      for (int i = 0; i < control_count; ++i) {
+        want_control[i] = i;
+        if (i % bulk_every == 0) want_bulk.push_back(i);
+      }
+      CHECK(control == want_control);
+      CHECK(bulk == want_bulk);
+      CHECK(n->log.up.size() == 1);
+      CHECK(n->log.down.empty());
+    }
+    // And the retired twin is gone: one connection left on each side.
+    for (node* n : {&a, &b}) {
+      bool one = false;
+      for (int i = 0; i < 200 && !one; ++i) {
+        one = n->ep->counters().connections == 1;
+        if (!one) std::this_thread::sleep_for(10ms);
+      }
+      CHECK(one);
+    }
+  }
 }
 
 TEST_CASE("a second live node with the same identity is refused", "[transport][endpoint]") {
