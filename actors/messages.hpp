@@ -69,6 +69,9 @@ struct job_result {
   uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
   std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
   uint8_t strategy = 0;              ///< mesh::strategy the job ran with (one-shot jobs)
+  /// Trainings: the step the run reached (the client takes it from here, not from its options,
+  /// nor from the last progress report, which travels on another stream and may come later).
+  uint64_t step = 0;
   bool operator==(const job_result&) const = default;
 };
 
@@ -356,7 +359,7 @@ typename F::result_type inspect(F& f, submit_job& x) {
 template <class F>
 typename F::result_type inspect(F& f, job_result& x) {
   return f(caf::meta::type_name("job_result"), x.job, x.ok, x.error, x.outputs, x.attempts, x.workers,
-           x.strategy);
+           x.strategy, x.step);
 }
 template <class F>
 typename F::result_type inspect(F& f, job_progress& x) {

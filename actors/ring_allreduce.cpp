@@ -127,18 +127,4 @@ expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allred
   return out;
 }
 
-std::vector<size_t> make_buckets(const std::vector<int64_t>& sizes, int64_t bucket_elems) {
-  std::vector<size_t> firsts;
-  int64_t filled = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    // A new bucket when this tensor would overflow a non-empty one; a big tensor gets its own.
-    if (firsts.empty() || (filled > 0 && filled + sizes[i] > bucket_elems)) {
-      firsts.push_back(i);
-      filled = 0;
-    }
-    filled += sizes[i];
-  }
-  return firsts;
-}
-
 }  // namespace mesh

@@ -64,8 +64,4 @@ class ring_allreduce {
   uint64_t bytes_sent_ = 0;
 };
 
-/// Groups consecutive tensors of `sizes` (elements) into buckets of about `bucket_elems`, so that
-/// small gradients travel together. Returns the index of the first tensor of each bucket.
-std::vector<size_t> make_buckets(const std::vector<int64_t>& sizes, int64_t bucket_elems);
-
 }  // namespace mesh

@@ -586,6 +586,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     r.attempts = c.attempt;
     for (const auto& t : s.state)
       r.outputs.push_back({starts_with(t.name, c.prefix) ? t.name.substr(c.prefix.size()) : t.name, t.value});
+    r.step = s.step;
     r.workers = c.members;
     out.push_back({c.client, std::move(r)});
     c.state = "done";
@@ -1179,6 +1180,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
     done.job = w->client_train;
     done.ok = true;
     done.outputs = std::move(spec.state);
+    done.step = spec.start_step;
     done.workers = {self_};
     return {{w->client, std::move(done)}};
   }

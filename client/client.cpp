@@ -134,6 +134,7 @@ class client_impl {
         for (auto& o : r->outputs) out.outputs[o.name] = std::move(o.value);
         out.attempts = r->attempts;
         out.workers = r->workers;
+        out.step = r->step;
         out.ran_as = r->strategy <= static_cast<uint8_t>(strategy::automatic) ? static_cast<strategy>(r->strategy) : strategy::pipeline;
         it->second.set_value(std::move(out));
       }

@@ -35,6 +35,7 @@ struct job_outcome {
   uint32_t attempts = 1;             ///< > 1 when a worker died and the job was re-planned
   std::vector<std::string> workers;  ///< node ids that ran a stage
   strategy ran_as = strategy::pipeline;  ///< the plan's strategy (automatic: the one chosen)
+  uint64_t step = 0;                     ///< trainings: the step the run reached
 };
 
 /// A stage of a one-shot job finished (see job_options::on_progress).

@@ -150,7 +150,6 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
     loss_steps.push_back(p.step);
     result.losses.push_back(p.loss);
     result.bytes_sent += p.bytes_sent;
-    result.step = p.step;
     if (!progress) return;
     train_progress_info info;
     info.step = p.step;
@@ -168,7 +167,7 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
   if (!outcome) return tl::unexpected(outcome.error());
   result.state = std::move(outcome->outputs);
   result.workers = outcome->workers;
-  result.step = options_.steps;
+  result.step = outcome->step;  // what the coordinator applied, not what was asked
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

@@ -54,7 +54,7 @@ struct train_progress_info {
 struct train_result {
   tensor_map state;                ///< parameters and optimizer state (save it to resume)
   std::vector<double> losses;      ///< per reported step
-  uint64_t step = 0;
+  uint64_t step = 0;               ///< the step the run reached, as its coordinator reports it
   uint64_t bytes_sent = 0;         ///< all-reduce bytes of the whole run
   std::vector<std::string> workers;
   double seconds = 0;

@@ -14,7 +14,7 @@ std::vector<message> samples() {
   return {hello{7, "llvmpipe", "cpu", 12.5, 3.25, 1 << 30, false},
           heartbeat{7, 42, 3},
           submit_job{9, {'a', 'b', 'c'}, 3},
-          job_result{9, true, "", {{"y", t}}, 2, {"ab", "cd"}, 1},
+          job_result{9, true, "", {{"y", t}}, 2, {"ab", "cd"}, 1, 5'000'000'123},
           run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b", 4}}, 17, {{"x", t}}},
           activation{"coord", 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}},

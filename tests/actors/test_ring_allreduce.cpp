@@ -99,10 +99,3 @@ TEST_CASE("stale, duplicate and malformed messages are rejected without changing
   CHECK_FALSE(b.on_message(first[0]));  // duplicate
   CHECK_FALSE(b.done());
 }
-
-TEST_CASE("buckets group small tensors and give big ones their own", "[actors][allreduce]") {
-  // 10+10 fit in 25; the third 10 opens a bucket; 100 gets its own; 5+5 share one.
-  CHECK(make_buckets({10, 10, 10, 100, 5, 5}, 25) == std::vector<size_t>{0, 2, 3, 4});
-  CHECK(make_buckets({}, 10).empty());
-  CHECK(make_buckets({50}, 10) == std::vector<size_t>{0});
-}

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <variant>
 
 #include "actors/train_engine.hpp"
 #include "client/trainer.hpp"
@@ -127,11 +128,15 @@ struct train_sim {
   }
 };
 
+/// The final state of a finished run.
 tensor_map outputs_of(const msg::job_result& r) {
   tensor_map m;
   for (const auto& o : r.outputs) m[o.name] = o.value;
   return m;
 }
+
+/// The step the coordinator says the run reached.
+uint64_t reached_step(const msg::job_result& r) { return r.step; }
 
 /// Largest |a - b| / (1 + |b|) over every parameter.
 double max_difference(const tensor_map& a, const tensor_map& b) {
@@ -190,6 +195,7 @@ TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", 
   CHECK(r.workers.size() == 3);
   const auto ref_state = outputs_of(reference), state = outputs_of(r);
   CHECK(state.at("opt.adam.t").at(0) == 24.0);  // every step applied exactly once
+  CHECK(reached_step(r) == 24);                 // and the result says so
   CHECK(max_difference(state, ref_state) < 1e-4);
   REQUIRE(three.progress.size() == 24);
   for (size_t i = 0; i < three.progress.size(); ++i) {
@@ -198,6 +204,51 @@ TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", 
   }
   CHECK(three.progress.back().loss < three.progress.front().loss);
   CHECK(full_loss(s, parameters_only(state)) < full_loss(s, s.params) * 0.8);
+}
+
+TEST_CASE("data-parallel training on 3 nodes with AdamW or SGD with momentum equals the single-node reference",
+          "[actors][train]") {
+  const auto s = two_moons_mlp();
+  struct optimizer_case {
+    const char* name;
+    std::variant<optim::adam_options, optim::sgd_options> with, without;  ///< with and without the feature
+    const char* state;  ///< optimizer state the feature keeps ("" if none)
+  };
+  const optimizer_case cases[] = {
+      {"AdamW", optim::adam_options{.lr = 0.02, .weight_decay = 0.01}, optim::adam_options{.lr = 0.02}, "opt.adam.m.mlp.0.w"},
+      {"SGD with momentum", optim::sgd_options{.lr = 0.1, .momentum = 0.9}, optim::sgd_options{.lr = 0.1}, "opt.sgd.v.mlp.0.w"},
+  };
+  for (const auto& oc : cases) {
+    INFO(oc.name);
+    auto o = dp_options();
+    o.optimizer = oc.with;
+    const auto spec = spec_for(s, o);
+    train_sim one(1), three(3);
+    const auto reference = one.train(spec);
+    const auto r = three.train(spec);
+    INFO(r.error);
+    REQUIRE(reference.ok);
+    REQUIRE(r.ok);
+    CHECK(r.workers.size() == 3);
+    CHECK(reached_step(r) == 24);
+    const auto state = outputs_of(r);
+    CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
+    // The optimizer's state travelled with the run and was updated by it.
+    REQUIRE(state.count(oc.state));
+    const auto v = state.at(oc.state).to_doubles();
+    CHECK(std::any_of(v.begin(), v.end(), [](double x) { return x != 0; }));
+    // Weight decay / momentum changed the result by far more than the tolerance above: the
+    // comparison checks that the feature ran the same on 3 nodes, not that it did nothing.
+    auto plain = o;
+    plain.optimizer = oc.without;
+    train_sim other(3);
+    const auto without = other.train(spec_for(s, plain));
+    REQUIRE(without.ok);
+    const double effect = max_difference(parameters_only(state), parameters_only(outputs_of(without)));
+    INFO("largest relative change the feature made: " << effect);
+    CHECK(effect > 1e-3);
+    CHECK(full_loss(s, parameters_only(state)) < full_loss(s, s.params) * 0.8);
+  }
 }
 
 TEST_CASE("messages in any order give the same result", "[actors][train]") {
@@ -269,6 +320,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     const auto state = outputs_of(r);
     // Every step applied exactly once (DiLoCo: every inner step of every outer step).
     CHECK(state.at("opt.adam.t").at(0) == (diloco ? 30.0 : 24.0));
+    CHECK(reached_step(r) == (diloco ? 30u : 24u));
     if (!diloco) {
       CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
     } else {
@@ -480,8 +532,63 @@ TEST_CASE("DiLoCo reaches a loss close to data parallel with far fewer bytes", "
   INFO("data parallel loss " << loss_dp << " (" << bytes_dp << " B), DiLoCo " << loss_dl << " (" << bytes_dl << " B)");
   CHECK(b.progress.size() == 12);  // one report per outer step
   CHECK(loss_dl < full_loss(s, s.params) * 0.8);
-  CHECK(loss_dl <= loss_dp * 1.10 + 0.02);
+  CHECK(loss_dl <= loss_dp * 1.05);  // within 5% of data parallel (lower is fine)
   CHECK(bytes_dl * 4 < bytes_dp);
+}
+
+namespace {
+
+/// Where a run first reaches a full-dataset loss: its step, that loss, and the all-reduce bytes
+/// all workers sent up to there.
+struct reached {
+  uint64_t step = 0;
+  double loss = 0;
+  uint64_t bytes = 0;
+};
+
+/// The first multiple of `every` steps (at most `max_steps`) after which a run with options `o`
+/// on 3 nodes has a full-dataset loss <= `target`; step 0 if it never does. Each candidate is a
+/// run of its own: a run of N steps is exactly the first N steps of a longer one (the data order
+/// depends only on the seed and the step, and with N a multiple of DiLoCo's H the run ends on an
+/// outer step), so nothing has to be read from the devices mid-run.
+reached first_reaching(const model_setup& s, train_options o, double target, uint64_t every, uint64_t max_steps) {
+  for (uint64_t n = every; n <= max_steps; n += every) {
+    o.steps = n;
+    train_sim sim(3);
+    const auto r = sim.train(spec_for(s, o));
+    REQUIRE(r.ok);
+    reached out{n, full_loss(s, parameters_only(outputs_of(r))), 0};
+    for (const auto& p : sim.progress) out.bytes += p.bytes_sent;
+    if (out.loss <= target) return out;
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("DiLoCo reaches the loss of data parallel with fewer all-reduce bytes", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto dp = dp_options();
+  auto dl = dp;
+  dl.method = train_method::diloco;
+  dl.inner_steps = 5;
+  // 0.20 lies where data parallel's loss still falls steadily (it sits near 0.25 from step 25
+  // to 55), so the step that first reaches it does not hinge on a plateau. Both runs are looked
+  // at every 5 steps (DiLoCo's outer steps); its loss is not monotone (0.27 after 25 steps, 0.31
+  // after 30), hence "first".
+  const double target = 0.20;
+  const auto rdp = first_reaching(s, dp, target, 5, 150);
+  const auto rdl = first_reaching(s, dl, target, 5, 150);
+  WARN("full-dataset loss <= " << target << ": data parallel after " << rdp.step << " steps (loss " << rdp.loss << ", "
+                               << rdp.bytes << " all-reduce bytes), DiLoCo (H = 5) after " << rdl.step << " steps (loss "
+                               << rdl.loss << ", " << rdl.bytes << " bytes): "
+                               << (rdl.bytes ? static_cast<double>(rdp.bytes) / static_cast<double>(rdl.bytes) : 0.0)
+                               << "x fewer bytes");
+  REQUIRE(rdp.step > 0);
+  REQUIRE(rdl.step > 0);
+  // Under a quarter: averaging once per 5 steps saves 5x per step, and DiLoCo must not need
+  // more steps than data parallel to get there.
+  CHECK(rdl.bytes * 4 < rdp.bytes);
 }
 
 TEST_CASE("a DiLoCo step redone after a death is not applied twice", "[actors][train]") {

@@ -1,0 +1,77 @@
+// The README's demo, end to end but short: mesh-demo starts 3 meshnode processes (found by mDNS
+// where avahi-daemon runs, static peers otherwise, as the demo itself decides), trains the
+// addition transformer for a few steps, writes the loss plot and the checkpoint, answers
+// held-out sums through a pipelined inference session and stops the nodes. The full run's score
+// (~90% right after 600 steps) is a figure in docs/training.md, not a test: a few steps only show
+// that every stage runs and that the loss falls.
+#include <sys/wait.h>
+
+#include <array>
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+struct command_result {
+  int status = -1;
+  std::string output;
+};
+
+command_result run_command(const std::string& command) {
+  command_result r;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the demo trains across 3 meshnode processes, plots, checkpoints, infers and stops them",
+          "[apps][demo]") {
+  const auto out = std::filesystem::temp_directory_path() / ("mesh-demo-test-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  const int steps = 30;
+  auto r = run_command(std::string(MESH_DEMO_BIN) + " --nodes 3 --steps " + std::to_string(steps) + " --out " +
+                       out.string());
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("3 nodes form a mesh") != std::string::npos);
+  CHECK(r.output.find(std::to_string(steps) + " steps in") != std::string::npos);
+
+  // The progress line's losses, in order: the last well below the first.
+  std::vector<double> losses;
+  const std::regex loss_re("step +[0-9]+/[0-9]+  loss ([0-9.]+)");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), loss_re); it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod((*it)[1].str()));
+  REQUIRE(losses.size() == static_cast<size_t>(steps));
+  CHECK(losses.back() < 0.7 * losses.front());
+
+  // The plot is an SVG with the curve; the checkpoint is a safetensors file (8-byte header size,
+  // then a JSON header).
+  std::ifstream plot(out / "loss.svg");
+  std::string svg((std::istreambuf_iterator<char>(plot)), std::istreambuf_iterator<char>());
+  CHECK(svg.find("<svg") != std::string::npos);
+  CHECK(svg.find("<polyline") != std::string::npos);
+  std::ifstream ckpt(out / "model.safetensors", std::ios::binary);
+  std::array<char, 9> head{};
+  ckpt.read(head.data(), head.size());
+  CHECK(ckpt.good());
+  CHECK(head[8] == '{');
+
+  std::smatch score;
+  REQUIRE(std::regex_search(r.output, score, std::regex("score: ([0-9.]+)% of 256 held-out sums right")));
+  CHECK(std::stod(score[1].str()) <= 100.0);
+  CHECK(r.output.find("5. stopped the nodes") != std::string::npos);
+  std::filesystem::remove_all(out);
+}
