@@ -2,6 +2,8 @@
 
 #include <caf/error.hpp>
 
+#include <cstring>
+
 namespace mesh {
 
 bounded_deserializer::bounded_deserializer(const char* data, size_t size)
@@ -27,6 +29,35 @@ caf::error bounded_deserializer::end_sequence() { return caf::none; }
 caf::error bounded_deserializer::apply_raw(size_t num_bytes, void* data) { return inner_.apply_raw(num_bytes, data); }
 
 caf::error bounded_deserializer::apply_impl(long double& x) { return inner_(x); }
+
+caf::error bounded_deserializer::apply_impl(float& x) {
+  uint32_t bits = 0;
+  if (auto err = inner_(bits)) return err;
+  std::memcpy(&x, &bits, sizeof x);
+  return caf::none;
+}
+
+caf::error bounded_deserializer::apply_impl(double& x) {
+  uint64_t bits = 0;
+  if (auto err = inner_(bits)) return err;
+  std::memcpy(&x, &bits, sizeof x);
+  return caf::none;
+}
+
+ieee_serializer::ieee_serializer(std::vector<char>& buf)
+    : caf::serializer(static_cast<caf::execution_unit*>(nullptr)), inner_(nullptr, buf) {}
+
+caf::error ieee_serializer::apply_impl(float& x) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof x);
+  return inner_(bits);
+}
+
+caf::error ieee_serializer::apply_impl(double& x) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof x);
+  return inner_(bits);
+}
 
 caf::error bounded_deserializer::apply_impl(std::string& x) {
   size_t n = 0;

@@ -5,6 +5,11 @@
 /// claims before reading them, so 8 hostile bytes could make a node allocate terabytes. The
 /// `bounded_deserializer` here refuses any sequence longer than the bytes that remain (every
 /// element takes at least one byte), so memory stays bounded by the input size.
+///
+/// Floating-point values travel as their IEEE 754 bits (`ieee_serializer`). CAF 0.17's own
+/// packing (pack754) halves a value until it is below 2, which never ends for infinity: a
+/// training whose loss diverged, or a peer's message with an infinity that a node passed on,
+/// hung the thread encoding it (found by fuzz_messages, which re-encodes what it decodes).
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/deserializer.hpp>
@@ -39,8 +44,8 @@ class bounded_deserializer final : public caf::deserializer {
   caf::error apply_impl(uint32_t& x) override { return inner_(x); }
   caf::error apply_impl(int64_t& x) override { return inner_(x); }
   caf::error apply_impl(uint64_t& x) override { return inner_(x); }
-  caf::error apply_impl(float& x) override { return inner_(x); }
-  caf::error apply_impl(double& x) override { return inner_(x); }
+  caf::error apply_impl(float& x) override;   // IEEE 754 bits (see the file comment)
+  caf::error apply_impl(double& x) override;  // IEEE 754 bits
   caf::error apply_impl(long double& x) override;
   caf::error apply_impl(std::string& x) override;
   caf::error apply_impl(std::u16string& x) override;
@@ -50,11 +55,43 @@ class bounded_deserializer final : public caf::deserializer {
   caf::binary_deserializer inner_;
 };
 
+/// caf::binary_serializer's format, except that float and double are written as their IEEE 754
+/// bits (what bounded_deserializer reads).
+class ieee_serializer final : public caf::serializer {
+ public:
+  explicit ieee_serializer(std::vector<char>& buf);
+
+  caf::error begin_object(uint16_t& typenr, std::string& name) override { return inner_.begin_object(typenr, name); }
+  caf::error end_object() override { return inner_.end_object(); }
+  caf::error begin_sequence(size_t& list_size) override { return inner_.begin_sequence(list_size); }
+  caf::error end_sequence() override { return inner_.end_sequence(); }
+  caf::error apply_raw(size_t num_bytes, void* data) override { return inner_.apply_raw(num_bytes, data); }
+
+ protected:
+  caf::error apply_impl(int8_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint8_t& x) override { return inner_(x); }
+  caf::error apply_impl(int16_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint16_t& x) override { return inner_(x); }
+  caf::error apply_impl(int32_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint32_t& x) override { return inner_(x); }
+  caf::error apply_impl(int64_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint64_t& x) override { return inner_(x); }
+  caf::error apply_impl(float& x) override;
+  caf::error apply_impl(double& x) override;
+  caf::error apply_impl(long double& x) override { return inner_(x); }
+  caf::error apply_impl(std::string& x) override { return inner_(x); }
+  caf::error apply_impl(std::u16string& x) override { return inner_(x); }
+  caf::error apply_impl(std::u32string& x) override { return inner_(x); }
+
+ private:
+  caf::binary_serializer inner_;
+};
+
 /// Serializes `xs...` (each with an inspect overload) into bytes.
 template <class... Ts>
 expected<std::vector<char>> caf_encode(Ts&... xs) {
   std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
+  ieee_serializer sink{buf};
   if (auto err = sink(xs...)) return make_error(error_code::internal, "cannot encode: " + caf::to_string(err));
   return buf;
 }

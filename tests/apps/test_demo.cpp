@@ -4,11 +4,8 @@
 // held-out sums through a pipelined inference session and stops the nodes. The full run's score
 // (~90% right after 600 steps) is a figure in docs/training.md, not a test: a few steps only show
 // that every stage runs and that the loss falls.
-#include <sys/wait.h>
-
 #include <array>
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -16,26 +13,9 @@
 #include <unistd.h>
 #include <vector>
 
-namespace {
+#include "run_command.hpp"
 
-struct command_result {
-  int status = -1;
-  std::string output;
-};
-
-command_result run_command(const std::string& command) {
-  command_result r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
-}
-
-}  // namespace
+using mesh::test::run_command;
 
 TEST_CASE("the demo trains across 3 meshnode processes, plots, checkpoints, infers and stops them",
           "[apps][demo]") {

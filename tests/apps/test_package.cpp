@@ -6,28 +6,11 @@
 #include <cstdlib>
 
 #include "node_harness.hpp"
+#include "run_command.hpp"
 
 using namespace mesh::test;
 
 namespace {
-
-struct command_result {
-  int status = -1;
-  std::string output;
-};
-
-/// Runs `command` through the shell, stdout and stderr together.
-command_result run_command(const std::string& command) {
-  command_result r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  return r;
-}
 
 std::string quoted(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
 
