@@ -304,7 +304,9 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
             auto nid = transport::node_id::parse(e.node_id);
             if (!nid) continue;
             std::vector<std::string> addrs;
-            for (const auto& addr : e.addresses) addrs.push_back(host_port(addr, e.port));
+            for (const auto& addr : e.addresses)
+              if (auto hp = host_port(addr, e.port); ctx->ep->can_reach(hp)) addrs.push_back(hp);
+            if (addrs.empty()) continue;  // only addresses of a family our socket cannot use
             spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
             ctx->ep->dial(*nid, addrs);
           }
@@ -787,9 +789,16 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
         case k::peer_updated: {
           auto id = transport::node_id::parse(e.peer.node_id);
           if (!id) return;
+          // Only addresses this node's socket can reach: mDNS also reports a peer's IPv6
+          // addresses to an IPv4-only node (each dial of one was a warning, on every start).
           std::vector<std::string> addrs;
-          for (const auto& a : e.peer.addresses) addrs.push_back(host_port(a, e.peer.port));
-          spdlog::debug("mDNS: found {} at {}", id->short_string(), addrs.empty() ? "?" : addrs.front());
+          for (const auto& a : e.peer.addresses)
+            if (auto hp = host_port(a, e.peer.port); epp->can_reach(hp)) addrs.push_back(hp);
+          if (addrs.empty()) {
+            spdlog::debug("mDNS: {} announced no address this node can reach yet", id->short_string());
+            return;
+          }
+          spdlog::debug("mDNS: found {} at {}", id->short_string(), addrs.front());
           epp->dial(*id, addrs);
           break;
         }

@@ -18,6 +18,11 @@ expected<std::unique_ptr<endpoint>> endpoint::start(endpoint_config config, hand
 uint16_t endpoint::port() const { return impl_->sock_.local().port(); }
 node_id endpoint::id() const { return impl_->cfg_.id.id(); }
 
+bool endpoint::can_reach(const std::string& address) const {
+  auto a = parse_address(address);
+  return a && a->for_family(impl_->sock_.family()).has_value();
+}
+
 void endpoint::dial(const node_id& expected, std::vector<std::string> addresses) {
   impl_->post([impl = impl_.get(), expected, a = std::move(addresses)]() mutable {
     impl->start_dial(expected, std::move(a), now_ns());

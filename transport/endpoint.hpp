@@ -137,6 +137,10 @@ class endpoint {
   uint16_t port() const;
   /// This node's id.
   node_id id() const;
+  /// Whether `address` ("host:port") parses and is of a family this endpoint's socket can send
+  /// to (an IPv4 socket cannot reach an IPv6 address; a dual-stack one reaches both). Discovery
+  /// uses it to leave out what mDNS or a peer announced that this node could never dial.
+  bool can_reach(const std::string& address) const;
   /// Connects to the node `expected` at the first of `addresses` ("host:port") that answers;
   /// the result arrives as on_peer_up or on_connect_failed. No-op when already connected.
   void dial(const node_id& expected, std::vector<std::string> addresses);

@@ -521,3 +521,22 @@ TEST_CASE("bulk data in flight is held to its limit", "[transport][endpoint]") {
   CHECK(held_back);
   CHECK(most[0] > limit + 2 * packet);
 }
+
+TEST_CASE("can_reach tells which announced addresses the socket can dial", "[transport][endpoint]") {
+  node v4;  // bound to 127.0.0.1
+  REQUIRE(v4.ep);
+  CHECK(v4.ep->can_reach("127.0.0.1:4000"));
+  CHECK(v4.ep->can_reach("[::ffff:127.0.0.1]:4000"));  // IPv4-mapped: still IPv4
+  CHECK_FALSE(v4.ep->can_reach("[fd00::2]:4000"));
+  CHECK_FALSE(v4.ep->can_reach("not an address"));
+  endpoint_config cfg;
+  cfg.bind = "::";
+  event_log log;
+  auto dual = endpoint::start(cfg, recording_handlers(log));
+  if (!dual) {
+    WARN("dual-stack part skipped: no IPv6 socket here (" << dual.error().message << ")");
+    return;
+  }
+  CHECK((*dual)->can_reach("127.0.0.1:4000"));
+  CHECK((*dual)->can_reach("[fd00::2]:4000"));
+}
