@@ -9,7 +9,7 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "activation", "stage_done", "status_request", "status_reply",
                                   "open_session", "infer", "close_session", "peer_exchange", "open_training",
                                   "train_setup", "train_step", "allreduce_piece", "train_reduced", "train_state",
-                                  "train_progress", "job_progress", "train_resume"};
+                                  "train_progress", "job_progress", "train_resume", "train_checkpoint"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
@@ -36,6 +36,7 @@ expected<void> check(const message& m) {
     for (const auto& shard : t->shards)
       if (auto ok = check_tensors(shard.columns); !ok) return ok;
   if (auto* r = std::get_if<train_resume>(&m)) return check_tensors(r->dataset);
+  if (auto* c = std::get_if<train_checkpoint>(&m)) return check_tensors(c->state);
   return {};
 }
 

@@ -227,6 +227,9 @@ struct train_spec {
   /// Rows of the whole dataset. Set by the coordinator in setups, whose dataset columns carry no
   /// rows (the shards come with the steps: actors/train_data.hpp); 0 in a client's spec.
   uint64_t dataset_rows = 0;
+  /// > 0: the coordinator sends the client the state every this many steps (train_checkpoint),
+  /// so a run can be resumed from there even if every node and the client stop.
+  uint64_t checkpoint_every = 0;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -326,11 +329,20 @@ struct train_resume {
   bool operator==(const train_resume&) const = default;
 };
 
+/// Node -> client: the state (parameters and optimizer) of a running training after step `step`
+/// (train_spec::checkpoint_every); what a resumed run starts from (train_spec::start_step = step).
+struct train_checkpoint {
+  uint64_t train = 0;  ///< the client's training id
+  uint64_t step = 0;
+  std::vector<named_tensor> state;
+  bool operator==(const train_checkpoint&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
-                             train_progress, job_progress, train_resume>;
+                             train_progress, job_progress, train_resume, train_checkpoint>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -423,7 +435,7 @@ template <class F>
 typename F::result_type inspect(F& f, train_spec& x) {
   return f(caf::meta::type_name("train_spec"), x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch,
            x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state,
-           x.dataset, x.dataset_rows);
+           x.dataset, x.dataset_rows, x.checkpoint_every);
 }
 template <class F>
 typename F::result_type inspect(F& f, open_training& x) {
@@ -462,6 +474,10 @@ typename F::result_type inspect(F& f, train_progress& x) {
 template <class F>
 typename F::result_type inspect(F& f, train_resume& x) {
   return f(caf::meta::type_name("train_resume"), x.train, x.coordinator, x.dataset);
+}
+template <class F>
+typename F::result_type inspect(F& f, train_checkpoint& x) {
+  return f(caf::meta::type_name("train_checkpoint"), x.train, x.step, x.state);
 }
 
 }  // namespace mesh::msg

@@ -295,6 +295,7 @@ struct train_engine::coord_run {
   std::map<uint32_t, std::string> slot_owner;  ///< micro-batch slot j of every step -> member
   std::vector<std::string> members;
   std::set<std::string> newcomers;
+  bool checkpoint_due = false;  ///< the state being fetched goes to the client too
   std::map<std::string, int> failures;
   enum class phase { stepping, syncing, finishing } ph = phase::stepping;
   uint64_t step = 0;
@@ -546,9 +547,13 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   out.push_back({c.client, p});
   for (auto it = c.newcomers.begin(); it != c.newcomers.end();)  // gone since they were noticed
     it = peers_.count(*it) ? std::next(it) : c.newcomers.erase(it);
-  if (c.step >= s.steps || !c.newcomers.empty()) {
+  // A checkpoint is due when this step crossed a multiple of checkpoint_every (DiLoCo's outer
+  // steps advance by several inner steps at once); the final step's state is the result.
+  const uint64_t every = s.checkpoint_every;
+  c.checkpoint_due = every > 0 && c.step < s.steps && c.step / every != (c.step - inner) / every;
+  if (c.step >= s.steps || !c.newcomers.empty() || c.checkpoint_due) {
     // Our own worker applies the commit and reports the state: the final result, or what the
-    // newcomers start from.
+    // newcomers start from, or a checkpoint for the client.
     c.ph = c.step >= s.steps ? coord_run::phase::finishing : coord_run::phase::syncing;
     msg::train_step m;
     m.train = id;
@@ -573,6 +578,16 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   return out;
 }
 
+namespace {
+/// A run's state as its client names it (the coordinator prefixes every name with the run's id).
+std::vector<named_tensor> client_names(const std::string& prefix, const std::vector<named_tensor>& state) {
+  std::vector<named_tensor> out;
+  out.reserve(state.size());
+  for (const auto& t : state) out.push_back({starts_with(t.name, prefix) ? t.name.substr(prefix.size()) : t.name, t.value});
+  return out;
+}
+}  // namespace
+
 std::vector<outbound> train_engine::on_state(const std::string& from, const msg::train_state& s) {
   auto it = coordinated_.find(s.train);
   if (it == coordinated_.end() || from != self_) return {};
@@ -584,8 +599,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     r.job = c.client_train;
     r.ok = true;
     r.attempts = c.attempt;
-    for (const auto& t : s.state)
-      r.outputs.push_back({starts_with(t.name, c.prefix) ? t.name.substr(c.prefix.size()) : t.name, t.value});
+    r.outputs = client_names(c.prefix, s.state);
     r.step = s.step;
     r.workers = c.members;
     out.push_back({c.client, std::move(r)});
@@ -597,6 +611,10 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     return out;
   }
   if (c.ph != coord_run::phase::syncing) return {};
+  if (c.checkpoint_due) {
+    out.push_back({c.client, msg::train_checkpoint{c.client_train, s.step, client_names(c.prefix, s.state)}});
+    c.checkpoint_due = false;
+  }
   c.spec.state = s.state;
   c.spec.start_step = c.step;
   for (const auto& n : c.newcomers) {

@@ -22,6 +22,7 @@ class client_impl {
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
+  std::map<uint64_t, std::function<void(const msg::train_checkpoint&)>> checkpoints;  // by training id
   std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
 
   // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
@@ -44,6 +45,7 @@ class client_impl {
       }
       it->second.set_value(make_error(error_code::network, why));
       progress.erase(it->first);
+      checkpoints.erase(it->first);
       trainings.erase(it->first);
       training_data.erase(it->first);
       it = jobs.erase(it);
@@ -106,6 +108,15 @@ class client_impl {
       if (f) f(*p);
       return;
     }
+    if (auto* k = std::get_if<msg::train_checkpoint>(&*decoded)) {
+      std::function<void(const msg::train_checkpoint&)> f;
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (auto it = checkpoints.find(k->train); it != checkpoints.end()) f = it->second;
+      }
+      if (f) f(*k);
+      return;
+    }
     if (auto* p = std::get_if<msg::job_progress>(&*decoded)) {
       std::function<void(const job_progress_info&)> f;
       {
@@ -140,6 +151,7 @@ class client_impl {
       }
       jobs.erase(it);
       progress.erase(r->job);
+      checkpoints.erase(r->job);
       job_progress.erase(r->job);
       trainings.erase(r->job);
       training_data.erase(r->job);
@@ -319,12 +331,14 @@ std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_m
 }
 
 std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
-                                                 std::function<void(const msg::train_progress&)> on_progress) {
+                                                 std::function<void(const msg::train_progress&)> on_progress,
+                                                 std::function<void(const msg::train_checkpoint&)> on_checkpoint) {
   client_impl* impl = impl_.get();
   // The id is assigned (and the callback registered) under the lock, before anything is sent.
   auto f = request(*impl_, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
     m.train = id;
     impl->progress[id] = std::move(on_progress);
+    if (on_checkpoint) impl->checkpoints[id] = std::move(on_checkpoint);
     impl->trainings[id] = impl->node;
     impl->training_data[id] = spec.dataset;
     impl->refresh_others();  // who could take over if this node dies

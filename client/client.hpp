@@ -113,8 +113,10 @@ class client {
   /// nodes' own status reports) and asks it to take the run over from its state; the run then
   /// continues there (a step in progress is redone, so progress may report a step twice) and
   /// this client stays connected to that node. Other requests in flight fail as usual.
+  /// `on_checkpoint` receives the state every spec.checkpoint_every steps (from the node's thread).
   std::future<expected<job_outcome>> train(const msg::train_spec& spec,
-                                           std::function<void(const msg::train_progress&)> on_progress = {});
+                                           std::function<void(const msg::train_progress&)> on_progress = {},
+                                           std::function<void(const msg::train_checkpoint&)> on_checkpoint = {});
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.

@@ -54,6 +54,7 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   spec.inner_steps = o.method == train_method::diloco ? o.inner_steps : 1;
   spec.compression = static_cast<uint8_t>(o.compression);
   spec.seed = o.seed;
+  spec.checkpoint_every = o.on_checkpoint ? o.checkpoint_every : 0;
 
   // Gradients: the model's loss and d loss / d p for every parameter, nothing else.
   {
@@ -160,6 +161,11 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
     info.bytes_sent = p.bytes_sent;
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     progress(info);
+  }, [&](const msg::train_checkpoint& k) {
+    if (!options_.on_checkpoint) return;
+    tensor_map state;
+    for (const auto& t : k.state) state[t.name] = t.value;
+    options_.on_checkpoint(k.step, state);
   });
   if (done.wait_for(options_.timeout) != std::future_status::ready)
     return make_error(error_code::timeout, "training did not finish in time");

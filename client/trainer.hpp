@@ -39,6 +39,11 @@ struct train_options {
   uint64_t seed = 1;             ///< data order
   std::variant<optim::adam_options, optim::sgd_options> optimizer = optim::adam_options{};
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
+  /// > 0: every this many steps the coordinating node sends the state (parameters and optimizer)
+  /// to `on_checkpoint`, called from the client's network thread; save it (save_safetensors with
+  /// the step as metadata) and a later run resumes from it with start_step = step.
+  uint64_t checkpoint_every = 0;
+  std::function<void(uint64_t step, const tensor_map& state)> on_checkpoint;
 };
 
 /// One finished step, as the coordinating node reports it.

@@ -27,7 +27,7 @@ std::vector<message> samples() {
           infer{3, 4, {{"x", t}}},
           close_session{3},
           peer_exchange{{'M', 'P', 'X', 1, 0, 0}},
-          open_training{4, train_spec{1, 2, 30, 6, 16, 5, 1, 99, {'g'}, {'a'}, {'d'}, {'o'}, {{"w", t}}, {{"x", t}}}},
+          open_training{4, train_spec{1, 2, 30, 6, 16, 5, 1, 99, {'g'}, {'a'}, {'d'}, {'o'}, {{"w", t}}, {{"x", t}}, 0, 10}},
           train_setup{5, train_spec{0, 0, 10, 1, 1, 1, 0, 1, {'g'}, {'a'}, {}, {}, {}, {}}, "client-c", 4},
           train_step{5, 3, 2, {"node-a", "node-b"}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
           allreduce_piece{5, "node-a", 77, 2, 1, {1, 2, 3, 4}},
@@ -35,7 +35,8 @@ std::vector<message> samples() {
           train_state{5, 4, {{"w", t}}},
           train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192},
           job_progress{9, 2, 3, 5, "node-b"},
-          train_resume{4, "node-a", {{"x", t}}}};
+          train_resume{4, "node-a", {{"x", t}}},
+          train_checkpoint{4, 20, {{"w", t}}}};
 }
 }  // namespace
 

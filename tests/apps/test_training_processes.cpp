@@ -123,14 +123,23 @@ TEST_CASE("a peer killed with SIGKILL mid-training: the run completes with every
   CHECK(mesh.b->running());
 }
 
-TEST_CASE("checkpoint save -> load -> resume continues the same loss curve", "[apps][train]") {
+TEST_CASE("checkpoint save -> load -> resume continues the same loss curve, also from a checkpoint taken mid-run", "[apps][train]") {
   const auto p = moons();
   temp_dir dir;
   node_process node(dir.path / "n");
   auto c = client::connect(node.endpoint());
   REQUIRE(c);
-  auto straight = trainer(**c, p.model, p.params, p.data, options(24)).fit();
+  // The straight run also saves a checkpoint every 8 steps from its callback, as a user would.
+  auto straight_options = options(24);
+  std::vector<uint64_t> saved;
+  straight_options.checkpoint_every = 8;
+  straight_options.on_checkpoint = [&](uint64_t step, const tensor_map& state) {
+    const auto f = dir.path / ("every8-" + std::to_string(step) + ".safetensors");
+    if (save_safetensors(f, {state, {{"step", std::to_string(step)}}})) saved.push_back(step);
+  };
+  auto straight = trainer(**c, p.model, p.params, p.data, straight_options).fit();
   REQUIRE(straight);
+  CHECK(saved == std::vector<uint64_t>{8, 16});
 
   auto first = trainer(**c, p.model, p.params, p.data, options(12)).fit();
   REQUIRE(first);
@@ -149,6 +158,19 @@ TEST_CASE("checkpoint save -> load -> resume continues the same loss curve", "[a
   REQUIRE(second->losses.size() == 12);
   for (size_t i = 0; i < 12; ++i) CHECK(second->losses[i] == Approx(straight->losses[12 + i]).epsilon(1e-5));
   CHECK(max_difference(second->state, straight->state) < 1e-5);
+
+  // Resumed from the checkpoint the straight run saved at step 16: the same last 8 steps.
+  auto mid = load_safetensors(dir.path / "every8-16.safetensors");
+  REQUIRE(mid);
+  auto o16 = options(24);
+  o16.start_step = std::stoull(mid->metadata.at("step"));
+  CHECK(o16.start_step == 16);
+  auto third = trainer(**c, p.model, mid->tensors, p.data, o16).fit();
+  INFO((third ? "" : third.error().message));
+  REQUIRE(third);
+  REQUIRE(third->losses.size() == 8);
+  for (size_t i = 0; i < 8; ++i) CHECK(third->losses[i] == Approx(straight->losses[16 + i]).epsilon(1e-5));
+  CHECK(max_difference(third->state, straight->state) < 1e-5);
 }
 
 TEST_CASE("a peer restarted mid-training rejoins with the current parameters", "[apps][train]") {
