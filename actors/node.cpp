@@ -334,7 +334,11 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
         const bool worker = !it->second.is_client;
         st.peers.erase(it);
         if (worker) {
-          spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
+          // A peer that was stopped is no surprise; one that failed is.
+          if (why.find(transport::shutdown_reason) != std::string::npos)
+            spdlog::info("peer {} left ({})", id.substr(0, 8), why);
+          else
+            spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
           self->send(st.a.health, remove_atom::value, id);
         }
         self->send(st.a.jobs, down_atom::value, id, why);

@@ -22,6 +22,10 @@ enum class channel : uint8_t {
   heartbeat,  ///< unreliable QUIC DATAGRAM: never waits behind anything, may be lost
 };
 
+/// The reason a stopping endpoint gives its peers; on_peer_down's reason contains it when a peer
+/// left in order (it was stopped), not when it failed.
+inline constexpr const char* shutdown_reason = "peer is shutting down";
+
 /// What an endpoint knows about a peer when it comes up.
 struct peer_info {
   std::string remote_address;  ///< "ip:port" the connection runs to

@@ -456,7 +456,7 @@ void endpoint_impl::run() {
       // an idle timeout).
       closing_all = true;
       stop_deadline = ts + 200'000'000u;
-      for (auto& c : conns_) c->close(close_code::shutting_down, "peer is shutting down");
+      for (auto& c : conns_) c->close(close_code::shutting_down, shutdown_reason);
     }
     advance_retirements(ts);
     write_all(ts);
