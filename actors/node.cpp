@@ -98,6 +98,16 @@ std::string host_port(const std::string& address, uint16_t port) {
                                                 : address + ":" + std::to_string(port);
 }
 
+/// The announced addresses (mDNS, peer exchange) as "host:port", those the endpoint's socket can
+/// reach only: mDNS also reports a peer's IPv6 addresses to an IPv4-only node, and each dial of
+/// one was a failure and a warning on every start.
+std::vector<std::string> reachable(const transport::endpoint& ep, const std::vector<std::string>& addresses, uint16_t port) {
+  std::vector<std::string> out;
+  for (const auto& a : addresses)
+    if (auto hp = host_port(a, port); ep.can_reach(hp)) out.push_back(std::move(hp));
+  return out;
+}
+
 /// The device this node offers, made once at start (the executor actor re-creates it on restart).
 expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) {
   if (choice == "cpu") return gpu::make_cpu_executor();
@@ -303,9 +313,7 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
             if (e.node_id == ctx->self_id || st.peers.count(e.node_id)) continue;
             auto nid = transport::node_id::parse(e.node_id);
             if (!nid) continue;
-            std::vector<std::string> addrs;
-            for (const auto& addr : e.addresses)
-              if (auto hp = host_port(addr, e.port); ctx->ep->can_reach(hp)) addrs.push_back(hp);
+            auto addrs = reachable(*ctx->ep, e.addresses, e.port);
             if (addrs.empty()) continue;  // only addresses of a family our socket cannot use
             spdlog::info("peer exchange: {} told us of {}", from.substr(0, 8), e.node_id.substr(0, 8));
             ctx->ep->dial(*nid, addrs);
@@ -793,11 +801,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
         case k::peer_updated: {
           auto id = transport::node_id::parse(e.peer.node_id);
           if (!id) return;
-          // Only addresses this node's socket can reach: mDNS also reports a peer's IPv6
-          // addresses to an IPv4-only node (each dial of one was a warning, on every start).
-          std::vector<std::string> addrs;
-          for (const auto& a : e.peer.addresses)
-            if (auto hp = host_port(a, e.peer.port); epp->can_reach(hp)) addrs.push_back(hp);
+          auto addrs = reachable(*epp, e.peer.addresses, e.peer.port);
           if (addrs.empty()) {
             spdlog::debug("mDNS: {} announced no address this node can reach yet", id->short_string());
             return;

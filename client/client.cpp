@@ -93,6 +93,15 @@ class client_impl {
       }
   }
 
+  /// The callback registered for `id`, copied under the lock: it is called without the lock, so
+  /// that it may use the client.
+  template <class F>
+  F callback_for(const std::map<uint64_t, F>& callbacks, uint64_t id) {
+    std::lock_guard<std::mutex> lock(m);
+    auto it = callbacks.find(id);
+    return it == callbacks.end() ? F{} : it->second;
+  }
+
   void on_message(std::vector<uint8_t> bytes) {
     auto decoded = msg::decode_message(bytes.data(), bytes.size());
     if (!decoded) return;
@@ -109,21 +118,11 @@ class client_impl {
       return;
     }
     if (auto* k = std::get_if<msg::train_checkpoint>(&*decoded)) {
-      std::function<void(const msg::train_checkpoint&)> f;
-      {
-        std::lock_guard<std::mutex> lock(m);
-        if (auto it = checkpoints.find(k->train); it != checkpoints.end()) f = it->second;
-      }
-      if (f) f(*k);
+      if (auto f = callback_for(checkpoints, k->train)) f(*k);
       return;
     }
     if (auto* p = std::get_if<msg::job_progress>(&*decoded)) {
-      std::function<void(const job_progress_info&)> f;
-      {
-        std::lock_guard<std::mutex> lock(m);
-        if (auto it = job_progress.find(p->job); it != job_progress.end()) f = it->second;
-      }
-      if (f) f({p->stages_done, p->stages, p->attempt, p->worker});
+      if (auto f = callback_for(job_progress, p->job)) f({p->stages_done, p->stages, p->attempt, p->worker});
       return;
     }
     std::lock_guard<std::mutex> lock(m);

@@ -284,7 +284,7 @@ bool connection::remote_stream_is_control(int64_t sid) const {
 }
 
 void connection::set_end(state s, std::string reason) {
-  if (state_ == state::closing || state_ == state::draining || state_ == state::closed) {
+  if (ended()) {
     if (s == state::closed) state_ = s;
     return;
   }
@@ -467,7 +467,7 @@ void connection::hold_messages() {
 }
 
 void connection::close(close_code code, std::string reason) {
-  if (state_ == state::closing || state_ == state::draining || state_ == state::closed || pending_close_) return;
+  if (ended() || pending_close_) return;
   pending_close_ = {code, std::move(reason)};
 }
 
@@ -657,11 +657,11 @@ bool connection::bulk_in_flight_full(uint64_t ts) {
 }
 
 bool connection::write(const send_fn& send, uint64_t ts) {
-  if (pending_close_ && state_ != state::closing && state_ != state::draining && state_ != state::closed) {
+  if (pending_close_ && !ended()) {
     send_close_packet(send, ts);
     return true;
   }
-  if (state_ == state::closing || state_ == state::draining || state_ == state::closed) return true;
+  if (ended()) return true;
   open_bulk_streams();
 
   const size_t max_pkt = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn_);

@@ -89,6 +89,8 @@ class connection {
   void close(close_code code, std::string reason);
 
   state current_state() const { return state_; }
+  /// Closing, draining or closed: it carries nothing more.
+  bool ended() const { return state_ == state::closing || state_ == state::draining || state_ == state::closed; }
   bool handshake_done() const { return handshake_done_; }
   /// The peer's node id, once TLS showed its key.
   const std::optional<node_id>& peer() const { return check_.peer; }

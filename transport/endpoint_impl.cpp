@@ -272,9 +272,7 @@ void endpoint_impl::advance_retirements(uint64_t ts) {
   for (auto& c : conns_) c->advance_retirement(ts);
   for (auto it = held_behind_.begin(); it != held_behind_.end();) {
     connection* twin = it->second;
-    auto s = twin->current_state();
-    bool ended = s == connection::state::closing || s == connection::state::draining || s == connection::state::closed;
-    if (ended || twin->all_acknowledged()) {
+    if (twin->ended() || twin->all_acknowledged()) {
       it->first->release_messages();
       need_write_ = true;
       it = held_behind_.erase(it);
@@ -296,9 +294,7 @@ void endpoint_impl::reap() {
   uint64_t ts = now_ns();
   for (auto it = conns_.begin(); it != conns_.end();) {
     connection* c = it->get();
-    auto s = c->current_state();
-    bool ended = s == connection::state::closing || s == connection::state::draining || s == connection::state::closed;
-    if (ended && !c->end_reported) {
+    if (c->ended() && !c->end_reported) {
       c->end_reported = true;
       bool quiet = quiet_.count(c) > 0;
       if (quiet && c->peer()) release(*c->peer(), c->outstanding_bytes());  // lost with the duplicate
@@ -370,7 +366,7 @@ void endpoint_impl::reap() {
         }
       }
     }
-    if (s == connection::state::closed) {
+    if (c->current_state() == connection::state::closed) {
       for (auto cit = by_cid_.begin(); cit != by_cid_.end();) {
         if (cit->second == c) cit = by_cid_.erase(cit);
         else ++cit;

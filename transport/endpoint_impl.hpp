@@ -157,9 +157,7 @@ class endpoint_impl final : public connection_owner {
   /// Another live connection attempt to `id` besides `c` (for the duplicate hand-over).
   bool has_other_attempt(const node_id& id, const connection* c) const {
     for (auto& other : conns_) {
-      if (other.get() == c || other->end_reported) continue;
-      auto s = other->current_state();
-      if (s == connection::state::closing || s == connection::state::draining || s == connection::state::closed) continue;
+      if (other.get() == c || other->end_reported || other->ended()) continue;
       auto t = dial_targets_.find(other.get());
       if (other->peer() == id || (t != dial_targets_.end() && t->second == id)) return true;
     }

@@ -182,6 +182,14 @@ train_options dp_options(uint64_t steps = 24) {
   return o;
 }
 
+/// dp_options as DiLoCo: outer steps of 5 inner steps.
+train_options diloco_options(uint64_t steps) {
+  auto o = dp_options(steps);
+  o.method = train_method::diloco;
+  o.inner_steps = 5;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", "[actors][train]") {
@@ -291,11 +299,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
   const auto s = two_moons_mlp();
   for (const bool diloco : {false, true}) {
     INFO((diloco ? "DiLoCo" : "data parallel"));
-    auto o = dp_options(diloco ? 30 : 24);
-    if (diloco) {
-      o.method = train_method::diloco;
-      o.inner_steps = 5;
-    }
+    const auto o = diloco ? diloco_options(30) : dp_options(24);
     const auto spec = spec_for(s, o);
     // The reference: data parallel equals one node; DiLoCo (whose result depends on the number
     // of workers) is compared with the same run where another node dies at the same point.
@@ -516,10 +520,7 @@ TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]"
 
 TEST_CASE("DiLoCo reaches a loss close to data parallel with far fewer bytes", "[actors][train]") {
   const auto s = two_moons_mlp();
-  auto dp = dp_options(60);
-  auto dl = dp;
-  dl.method = train_method::diloco;
-  dl.inner_steps = 5;
+  const auto dp = dp_options(60), dl = diloco_options(60);
   train_sim a(3), b(3);
   const auto rdp = a.train(spec_for(s, dp));
   const auto rdl = b.train(spec_for(s, dl));
@@ -570,10 +571,7 @@ reached first_reaching(const model_setup& s, train_options o, double target, uin
 
 TEST_CASE("DiLoCo reaches the loss of data parallel with fewer all-reduce bytes", "[actors][train]") {
   const auto s = two_moons_mlp();
-  auto dp = dp_options();
-  auto dl = dp;
-  dl.method = train_method::diloco;
-  dl.inner_steps = 5;
+  const auto dp = dp_options(), dl = diloco_options(24);
   // 0.20 lies where data parallel's loss still falls steadily (it sits near 0.25 from step 25
   // to 55), so the step that first reaches it does not hinge on a plateau. Both runs are looked
   // at every 5 steps (DiLoCo's outer steps); its loss is not monotone (0.27 after 25 steps, 0.31
@@ -595,10 +593,7 @@ TEST_CASE("DiLoCo reaches the loss of data parallel with fewer all-reduce bytes"
 
 TEST_CASE("a DiLoCo step redone after a death is not applied twice", "[actors][train]") {
   const auto s = two_moons_mlp();
-  auto o = dp_options(30);
-  o.method = train_method::diloco;
-  o.inner_steps = 5;
-  const auto spec = spec_for(s, o);
+  const auto spec = spec_for(s, diloco_options(30));
   train_sim sim(3);
   sim.shuffle = true;
   sim.on_tick = [](train_sim& t) {
@@ -622,11 +617,7 @@ TEST_CASE("checkpoints every K steps: a run resumed from one ends where the stra
   const auto s = two_moons_mlp();
   for (const bool diloco : {false, true}) {
     INFO((diloco ? "DiLoCo" : "data parallel"));
-    auto o = dp_options(diloco ? 30 : 24);
-    if (diloco) {
-      o.method = train_method::diloco;
-      o.inner_steps = 5;
-    }
+    const auto o = diloco ? diloco_options(30) : dp_options(24);
     auto spec = spec_for(s, o);
     spec.checkpoint_every = 10;
     train_sim straight(3);
