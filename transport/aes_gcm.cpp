@@ -1,5 +1,6 @@
 #include "transport/aes_gcm.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <sodium.h>
 
@@ -130,10 +131,19 @@ void store_be64(uint8_t* p, uint64_t v) {
   for (int i = 7; i >= 0; --i, v >>= 8) p[i] = static_cast<uint8_t>(v);
 }
 
+/// CPUID and XGETBV directly (GCC and clang accept different names in __builtin_cpu_supports):
+/// AES-NI, PCLMULQDQ, AVX with the OS saving the ymm registers, AVX2, VAES and VPCLMULQDQ.
 bool cpu_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vaes") && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("aes") &&
-         __builtin_cpu_supports("pclmul");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool aes = c & (1u << 25), pclmul = c & (1u << 1), osxsave = c & (1u << 27), avx = c & (1u << 28);
+  if (!aes || !pclmul || !osxsave || !avx) return false;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0x6) != 0x6) return false;  // the OS saves xmm and ymm state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool avx2 = b & (1u << 5), vaes = c & (1u << 9), vpclmulqdq = c & (1u << 10);
+  return avx2 && vaes && vpclmulqdq;
 }
 
 /// AES-128 round keys, and the POLYVAL key's powers (see aes128_gcm::powers_).

@@ -105,6 +105,13 @@ struct connection_callbacks {
     return 0;
   }
 
+  static int update_key(ngtcp2_conn* conn, uint8_t* rx_secret, uint8_t* tx_secret, ngtcp2_crypto_aead_ctx* rx_aead_ctx,
+                        uint8_t* rx_iv, ngtcp2_crypto_aead_ctx* tx_aead_ctx, uint8_t* tx_iv, const uint8_t* current_rx_secret,
+                        const uint8_t* current_tx_secret, size_t secretlen, void* ud) {
+    return packet_cipher::update_key(conn, rx_secret, tx_secret, rx_aead_ctx, rx_iv, tx_aead_ctx, tx_iv, current_rx_secret,
+                                     current_tx_secret, secretlen, self(ud).cfg_.fast_packet_cipher);
+  }
+
   static int lost_datagram(ngtcp2_conn*, uint64_t, void* ud) {
     ++self(ud).lost_datagrams_;
     return 0;
@@ -152,7 +159,7 @@ ngtcp2_callbacks connection::callbacks(bool server) {
   cb.encrypt = packet_cipher::encrypt;
   cb.decrypt = packet_cipher::decrypt;
   cb.hp_mask = ngtcp2_crypto_hp_mask_cb;
-  cb.update_key = packet_cipher::update_key;
+  cb.update_key = connection_callbacks::update_key;
   cb.delete_crypto_aead_ctx = packet_cipher::delete_aead_ctx;
   cb.delete_crypto_cipher_ctx = ngtcp2_crypto_delete_crypto_cipher_ctx_cb;
   cb.get_path_challenge_data = ngtcp2_crypto_get_path_challenge_data_cb;
@@ -664,7 +671,7 @@ void connection::update_keys_once(uint64_t ts) {
   // the handshake: a client only gets there in the first write after the handshake completed
   // (hence handshake_written_), and never while closing or draining. Until the handshake is
   // confirmed and the next keys are ready it answers INVALID_STATE: then the next write tries.
-  if (keys_updated_ || !handshake_written_ || !packet_cipher::enabled() || ngtcp2_conn_is_in_closing_period(conn_) ||
+  if (keys_updated_ || !handshake_written_ || !cfg_.fast_packet_cipher || !packet_cipher::enabled() || ngtcp2_conn_is_in_closing_period(conn_) ||
       ngtcp2_conn_is_in_draining_period(conn_))
     return;
   if (ngtcp2_conn_initiate_key_update(conn_, ts) == 0) keys_updated_ = true;

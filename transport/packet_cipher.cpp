@@ -108,13 +108,13 @@ int decrypt(uint8_t* dest, const ngtcp2_crypto_aead* aead, const ngtcp2_crypto_a
 
 int update_key(ngtcp2_conn* conn, uint8_t* rx_secret, uint8_t* tx_secret, ngtcp2_crypto_aead_ctx* rx_aead_ctx,
                uint8_t* rx_iv, ngtcp2_crypto_aead_ctx* tx_aead_ctx, uint8_t* tx_iv, const uint8_t* current_rx_secret,
-               const uint8_t* current_tx_secret, size_t secretlen, void*) {
+               const uint8_t* current_tx_secret, size_t secretlen, bool fast) {
   uint8_t rx_key[64], tx_key[64];
   if (ngtcp2_crypto_update_key(conn, rx_secret, tx_secret, rx_aead_ctx, rx_key, rx_iv, tx_aead_ctx, tx_key, tx_iv,
                                current_rx_secret, current_tx_secret, secretlen) != 0)
     return NGTCP2_ERR_CALLBACK_FAILURE;
   const ngtcp2_crypto_ctx* ctx = ngtcp2_conn_get_crypto_ctx(conn);
-  if (enabled() && is_aes_128_gcm(ctx->aead) && ngtcp2_crypto_aead_keylen(&ctx->aead) == aes128_gcm::key_size) {
+  if (fast && enabled() && is_aes_128_gcm(ctx->aead) && ngtcp2_crypto_aead_keylen(&ctx->aead) == aes128_gcm::key_size) {
     try {
       add(rx_aead_ctx->native_handle, rx_key);
       add(tx_aead_ctx->native_handle, tx_key);

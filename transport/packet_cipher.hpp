@@ -26,9 +26,10 @@ int encrypt(uint8_t* dest, const ngtcp2_crypto_aead* aead, const ngtcp2_crypto_a
 int decrypt(uint8_t* dest, const ngtcp2_crypto_aead* aead, const ngtcp2_crypto_aead_ctx* aead_ctx,
             const uint8_t* ciphertext, size_t ciphertextlen, const uint8_t* nonce, size_t noncelen, const uint8_t* aad,
             size_t aadlen);
+/// ngtcp2_crypto_update_key_cb, and the new keys get the fast cipher when `fast` and enabled().
 int update_key(ngtcp2_conn* conn, uint8_t* rx_secret, uint8_t* tx_secret, ngtcp2_crypto_aead_ctx* rx_aead_ctx,
                uint8_t* rx_iv, ngtcp2_crypto_aead_ctx* tx_aead_ctx, uint8_t* tx_iv, const uint8_t* current_rx_secret,
-               const uint8_t* current_tx_secret, size_t secretlen, void* user_data);
+               const uint8_t* current_tx_secret, size_t secretlen, bool fast);
 void delete_aead_ctx(ngtcp2_conn* conn, ngtcp2_crypto_aead_ctx* aead_ctx, void* user_data);
 
 /// Keys given the fast cipher so far in this process (for tests and the bench).

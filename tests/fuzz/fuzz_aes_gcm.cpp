@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "transport/aes_gcm.hpp"
@@ -41,9 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // Open the payload as if it were ciphertext || tag: accepted exactly when GnuTLS accepts it,
   // with the same plaintext. (Random bytes almost never carry a valid tag; the sealed ones do.)
-  for (const std::vector<uint8_t>* ct : {&theirs, static_cast<const std::vector<uint8_t>*>(nullptr)}) {
-    const uint8_t* in = ct ? ct->data() : payload;
-    const size_t in_len = ct ? ct->size() : len;
+  const std::pair<const uint8_t*, size_t> inputs[] = {{theirs.data(), theirs.size()}, {payload, len}};
+  for (auto [in, in_len] : inputs) {
     if (in_len < 16) continue;
     std::vector<uint8_t> a(in_len - 16), b(in_len);
     const bool ok_ours = cipher.open(a.data(), in, in_len - 16, nonce, aad, aad_len);
