@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "transport/admission.hpp"
-#include "transport/packet_cipher.hpp"
 
 namespace mesh::transport {
 
@@ -105,13 +104,6 @@ struct connection_callbacks {
     return 0;
   }
 
-  static int update_key(ngtcp2_conn* conn, uint8_t* rx_secret, uint8_t* tx_secret, ngtcp2_crypto_aead_ctx* rx_aead_ctx,
-                        uint8_t* rx_iv, ngtcp2_crypto_aead_ctx* tx_aead_ctx, uint8_t* tx_iv, const uint8_t* current_rx_secret,
-                        const uint8_t* current_tx_secret, size_t secretlen, void* ud) {
-    return packet_cipher::update_key(conn, rx_secret, tx_secret, rx_aead_ctx, rx_iv, tx_aead_ctx, tx_iv, current_rx_secret,
-                                     current_tx_secret, secretlen, self(ud).cfg_.fast_packet_cipher);
-  }
-
   static int lost_datagram(ngtcp2_conn*, uint64_t, void* ud) {
     ++self(ud).lost_datagrams_;
     return 0;
@@ -155,12 +147,11 @@ ngtcp2_callbacks connection::callbacks(bool server) {
     cb.recv_retry = ngtcp2_crypto_recv_retry_cb;
   }
   cb.recv_crypto_data = ngtcp2_crypto_recv_crypto_data_cb;
-  // 1-RTT packets after the first key update use the VAES cipher where the CPU has one.
-  cb.encrypt = packet_cipher::encrypt;
-  cb.decrypt = packet_cipher::decrypt;
+  cb.encrypt = ngtcp2_crypto_encrypt_cb;
+  cb.decrypt = ngtcp2_crypto_decrypt_cb;
   cb.hp_mask = ngtcp2_crypto_hp_mask_cb;
-  cb.update_key = connection_callbacks::update_key;
-  cb.delete_crypto_aead_ctx = packet_cipher::delete_aead_ctx;
+  cb.update_key = ngtcp2_crypto_update_key_cb;
+  cb.delete_crypto_aead_ctx = ngtcp2_crypto_delete_crypto_aead_ctx_cb;
   cb.delete_crypto_cipher_ctx = ngtcp2_crypto_delete_crypto_cipher_ctx_cb;
   cb.get_path_challenge_data = ngtcp2_crypto_get_path_challenge_data_cb;
   cb.version_negotiation = ngtcp2_crypto_version_negotiation_cb;
@@ -665,26 +656,12 @@ bool connection::bulk_in_flight_full(uint64_t ts) {
   return cs.bytes_in_flight >= bulk_limit_;
 }
 
-void connection::update_keys_once(uint64_t ts) {
-  // Keys made by a key update are the only ones whose bytes ngtcp2_crypto hands out, so that is
-  // where packet_cipher gives them the fast cipher. ngtcp2 asserts that the connection is past
-  // the handshake: a client only gets there in the first write after the handshake completed
-  // (hence handshake_written_), and never while closing or draining. Until the handshake is
-  // confirmed and the next keys are ready it answers INVALID_STATE: then the next write tries.
-  if (keys_updated_ || !handshake_written_ || !cfg_.fast_packet_cipher || !packet_cipher::enabled() || ngtcp2_conn_is_in_closing_period(conn_) ||
-      ngtcp2_conn_is_in_draining_period(conn_))
-    return;
-  if (ngtcp2_conn_initiate_key_update(conn_, ts) == 0) keys_updated_ = true;
-}
-
 bool connection::write(const send_fn& send, uint64_t ts) {
   if (pending_close_ && !ended()) {
     send_close_packet(send, ts);
     return true;
   }
   if (ended()) return true;
-  update_keys_once(ts);
-  const bool handshake_was_done = handshake_done_;
   open_bulk_streams();
 
   const size_t max_pkt = ngtcp2_conn_get_path_max_tx_udp_payload_size(conn_);
@@ -814,7 +791,6 @@ bool connection::write(const send_fn& send, uint64_t ts) {
     if (n > 0) append_packet(ps, n);
   }
   flush();
-  if (handshake_was_done) handshake_written_ = true;
   // ngtcp2 0.12.1 paces from initial_rtt before it has any sample, which delays the handshake
   // by tens of milliseconds; pacing starts once a real RTT sample exists (fixed upstream in 1.0).
   ngtcp2_conn_stat cstat;

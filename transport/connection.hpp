@@ -137,9 +137,6 @@ class connection {
   void deliver(channel ch, std::vector<uint8_t> bytes);
   void send_close_packet(const send_fn& send, uint64_t ts);
   void open_bulk_streams();
-  /// Starts one key update once the handshake is confirmed, so that the 1-RTT keys from then on
-  /// use packet_cipher's fast cipher (where enabled).
-  void update_keys_once(uint64_t ts);
   void on_acked(int64_t sid, uint64_t offset, uint64_t len);
   void on_stream_closed(int64_t sid);
   bool remote_stream_is_control(int64_t sid) const;
@@ -157,8 +154,6 @@ class connection {
   tls_peer_check check_;
   state state_ = state::handshaking;
   bool handshake_done_ = false;
-  bool handshake_written_ = false;  ///< a write() began after the handshake completed
-  bool keys_updated_ = false;       ///< the one key update after the handshake is done (update_keys_once)
   bool peer_proof_ok_ = false;
   std::string end_reason_;
   std::optional<std::pair<close_code, std::string>> pending_close_;

@@ -124,12 +124,6 @@ struct endpoint_config {
   /// wait behind it: in a ring all-reduce every connection's RTT then depends on its successor's
   /// window, and unequal windows leave links idle (docs/training.md). 0 = no hold.
   uint64_t bulk_in_flight_floor = 256u << 10;
-  /// 1-RTT packets sealed and opened by the VAES AES-128-GCM (transport/aes_gcm.hpp) where the
-  /// CPU has it: each connection updates its keys once after the handshake and gives the new
-  /// keys that cipher (transport/packet_cipher.hpp). false: no key update is started and keys
-  /// this side makes stay with GnuTLS (the bench's reference; env MESH_VAES_GCM=0 does the same
-  /// for a whole process).
-  bool fast_packet_cipher = true;
 };
 
 class endpoint_impl;

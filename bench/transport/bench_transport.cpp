@@ -31,7 +31,6 @@
 
 #include <sodium.h>
 
-#include "transport/aes_gcm.hpp"
 #include "transport/endpoint.hpp"
 
 using namespace mesh::transport;
@@ -74,9 +73,8 @@ handlers counting(waiter& w, std::function<void(const node_id&, channel, std::ve
   return h;
 }
 
-std::unique_ptr<endpoint> start(handlers h, size_t udp_payload = 1452, bool fast_cipher = true) {
+std::unique_ptr<endpoint> start(handlers h, size_t udp_payload = 1452) {
   endpoint_config c;
-  c.fast_packet_cipher = fast_cipher;
   c.bind = "127.0.0.1";
   c.max_udp_payload = udp_payload;
   c.loopback_udp_payload = udp_payload;  // these endpoints talk over loopback: this size, nothing bigger
@@ -105,9 +103,9 @@ double last_cpu_per_gib = 0;
 
 // QUIC bulk: `mib` MiB as messages of `chunk_mib` MiB, one direction. `recycle`: the receiver
 // hands each message back once read (endpoint::recycle), as meshnode does.
-double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload, bool recycle = true, bool fast_cipher = true) {
+double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload, bool recycle = true) {
   waiter wa, wb;
-  auto a = start(counting(wa), udp_payload, fast_cipher), b = start(counting(wb), udp_payload, fast_cipher);
+  auto a = start(counting(wa), udp_payload), b = start(counting(wb), udp_payload);
   if (recycle) wb.recycle_to = b.get();
   b->dial(a->id(), {addr(*a)});
   wa.wait([&] { return wa.ups == 1; });
@@ -517,13 +515,10 @@ int main(int argc, char** argv) {
   };
   std::vector<row_def> rows;
   rows.push_back({"QUIC as configured (64 KB packets), 64 MiB msgs", [&] { return quic_bulk(mib, 64, loopback); }});
-  rows.push_back({"same, GnuTLS AES-GCM (fast_packet_cipher off)", [&] { return quic_bulk(mib, 64, loopback, true, false); }});
   rows.push_back({"same, buffers not recycled (fresh pages)", [&] { return quic_bulk(mib, 64, loopback, false); }});
   rows.push_back({"QUIC as configured, one message", [&] { return quic_bulk(mib, mib, loopback); }});
   rows.push_back({"QUIC 1452 B packets (LAN size), 64 MiB msgs", [&] { return quic_bulk(mib, 64, 1452); }});
-  rows.push_back({"same, GnuTLS AES-GCM", [&] { return quic_bulk(mib, 64, 1452, true, false); }});
   std::vector<double> tcp_mbs, tcp_cpu;
-  std::printf("VAES AES-128-GCM packet cipher on this CPU: %s\n", aes128_gcm::supported() ? "yes" : "no (rows marked GnuTLS equal the others)");
   std::printf("bulk %zu MiB, loopback, one connection (CPU = user+system seconds per GiB, both ends), %zu rounds:\n", mib,
               rounds);
   for (size_t r = 0; r < rounds; ++r) {

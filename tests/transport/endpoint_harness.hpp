@@ -77,29 +77,4 @@ struct node {
   std::string address() const { return "127.0.0.1:" + std::to_string(ep->port()); }
 };
 
-inline endpoint_config config_with_secret(uint8_t secret_byte) {
-  endpoint_config c;
-  c.mesh_secret.assign(32, secret_byte);
-  return c;
-}
-
-// Connects b to a and waits until both report the other up.
-inline void connect(node& a, node& b) {
-  b.ep->dial(a.ep->id(), {a.address()});
-  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
-  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
-}
-
-inline std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x);
-  }
-  return v;
-}
-
 }  // namespace mesh::transport::test

@@ -19,6 +19,31 @@ using namespace std::chrono_literals;
 
 namespace {
 
+endpoint_config config_with_secret(uint8_t secret_byte) {
+  endpoint_config c;
+  c.mesh_secret.assign(32, secret_byte);
+  return c;
+}
+
+// Connects b to a and waits until both report the other up.
+void connect(node& a, node& b) {
+  b.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return !a.log.up.empty(); }));
+  REQUIRE(b.log.wait([&] { return !b.log.up.empty(); }));
+}
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
 std::array<uint8_t, 32> checksum(const std::vector<uint8_t>& v) {
   std::array<uint8_t, 32> h{};
   crypto_generichash(h.data(), h.size(), v.data(), v.size(), nullptr, 0);
