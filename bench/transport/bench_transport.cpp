@@ -116,7 +116,16 @@ double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload, bool recycle 
   for (size_t i = 0; i < n; ++i) payloads.emplace_back(chunk_mib << 20, static_cast<uint8_t>(i));
   auto t0 = clk::now();
   double c0 = cpu_seconds();
-  for (auto& p : payloads) (void)a->send(b->id(), channel::bulk, std::move(p));
+  // The sender's queue takes at most max_queued_bytes (2 GiB) of unacknowledged data: keep
+  // half of that outstanding, so transfers of any size neither fail a send nor hang.
+  const size_t window = std::max<size_t>(1, (endpoint_config{}.max_queued_bytes >> 20) / 2 / chunk_mib);
+  for (size_t i = 0; i < n; ++i) {
+    if (!wb.wait([&] { return wb.messages + window > i; }, std::chrono::seconds(600))) return 0;
+    if (auto sent = a->send(b->id(), channel::bulk, std::move(payloads[i])); !sent) {
+      std::fprintf(stderr, "send failed: %s\n", sent.error().message.c_str());
+      return 0;
+    }
+  }
   if (!wb.wait([&] { return wb.messages == n; }, std::chrono::seconds(600))) return 0;
   double s = seconds_since(t0);
   last_cpu_per_gib = (cpu_seconds() - c0) / (static_cast<double>(n * chunk_mib) / 1024);
