@@ -239,7 +239,9 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         send_peer(*ctx, id, ctx->own);  // our hello comes first
         self->send(self->state.a.membership, greet_atom::value, id, 1);  // and is repeated if theirs does not come
       },
-      [=](down_atom, std::string id, std::string why) { self->send(self->state.a.membership, down_atom::value, id, why); },
+      [=](down_atom, std::string id, std::string why, bool orderly) {
+        self->send(self->state.a.membership, down_atom::value, id, why, orderly);
+      },
       [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
         auto m = msg::decode_message(bytes.data(), bytes.size());
         // The decoded message owns copies of everything: the buffer goes back to the endpoint,
@@ -335,15 +337,16 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
         self->delayed_send(self, std::chrono::seconds(1), greet_atom::value, id, tries + 1);
       },
       // The connection closed, or health declared the peer Dead.
-      [=](down_atom, std::string id, std::string why) {
+      [=](down_atom, std::string id, std::string why, bool orderly) {
         auto& st = self->state;
         auto it = st.peers.find(id);
         if (it == st.peers.end()) return;
         const bool worker = !it->second.is_client;
         st.peers.erase(it);
         if (worker) {
-          // A peer that was stopped is no surprise; one that failed is.
-          if (why.find(transport::shutdown_reason) != std::string::npos)
+          // A peer that was stopped (or closed the connection on purpose) is no surprise; one
+          // that failed is. The transport tells them apart by the close code.
+          if (orderly)
             spdlog::info("peer {} left ({})", id.substr(0, 8), why);
           else
             spdlog::warn("peer {} is gone ({}); re-planning its work", id.substr(0, 8), why);
@@ -398,7 +401,7 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
           log_transition(tr);
           if (tr.to != peer_health::dead) continue;
           if (auto id = transport::node_id::parse(tr.peer)) ctx->ep->disconnect(*id);
-          self->send(st.a.membership, down_atom::value, tr.peer, std::string("no heartbeats"));
+          self->send(st.a.membership, down_atom::value, tr.peer, std::string("no heartbeats"), false);
         }
         self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);
       },
@@ -760,7 +763,9 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   };
   transport::handlers h;
   h.on_peer_up = [post](const transport::node_id& id, const transport::peer_info&) { post(up_atom::value, id.to_string()); };
-  h.on_peer_down = [post](const transport::node_id& id, const std::string& why) { post(down_atom::value, id.to_string(), why); };
+  h.on_peer_down = [post](const transport::node_id& id, const transport::peer_down& why) {
+    post(down_atom::value, id.to_string(), why.reason, why.orderly);
+  };
   h.on_message = [post](const transport::node_id& id, transport::channel, std::vector<uint8_t> bytes) {
     post(inbound_atom::value, id.to_string(), std::move(bytes));
   };

@@ -202,17 +202,17 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
     if (p->failing_over) p->resume_trainings();
     p->cv.notify_all();
   };
-  h.on_peer_down = [p](const transport::node_id& id, const std::string& why) {
+  h.on_peer_down = [p](const transport::node_id& id, const transport::peer_down& down) {
     std::lock_guard<std::mutex> lock(p->m);
     if (id != p->node) return;  // a node given up on during a failover
     p->up = false;
-    p->failure = "connection to the node lost: " + why;
+    p->failure = "connection to the node lost: " + down.reason;
     p->fail_all(p->failure, true);
     if (!p->trainings.empty()) {
       p->candidates.clear();
       for (const auto& o : p->others)
         if (o.first != id) p->candidates.push_back(o);
-      p->try_next_node("connection to the coordinating node lost (" + why + ") and no other node could take the training over");
+      p->try_next_node("connection to the coordinating node lost (" + down.reason + ") and no other node could take the training over");
     }
     p->cv.notify_all();
   };

@@ -466,6 +466,13 @@ void connection::hold_messages() {
   if (!held_from_) held_from_ = control_total_;
 }
 
+namespace {
+bool is_orderly(uint64_t code) {
+  return code == static_cast<uint64_t>(close_code::shutting_down) ||
+         code == static_cast<uint64_t>(close_code::closed_by_application);
+}
+}  // namespace
+
 void connection::close(close_code code, std::string reason) {
   if (ended() || pending_close_) return;
   pending_close_ = {code, std::move(reason)};
@@ -534,8 +541,9 @@ void connection::read(const socket_address& local, const socket_address& remote,
     ngtcp2_conn_get_connection_close_error(conn_, &ccerr);
     std::string why(reinterpret_cast<const char*>(ccerr.reason), ccerr.reasonlen);
     if (why.empty()) why = "no reason given, code " + std::to_string(ccerr.error_code);
-    peer_closed_as_duplicate_ = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION &&
-                                ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
+    const bool application = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION;
+    peer_closed_as_duplicate_ = application && ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
+    if (!ended() && !pending_close_) orderly_end_ = application && is_orderly(ccerr.error_code);
     set_end(state::draining, "peer closed the connection: " + why);
     close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
     return;
@@ -570,6 +578,7 @@ void connection::send_close_packet(const send_fn& send, uint64_t ts) {
     ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, transport_close_liberr_, rp, phrase.size());
   else
     ngtcp2_connection_close_error_set_application_error(&ccerr, static_cast<uint64_t>(code), rp, phrase.size());
+  orderly_end_ = !tls_alert_close_ && transport_close_liberr_ == 0 && is_orderly(static_cast<uint64_t>(code));
   set_end(state::closing, reason);
   close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
   close_packet_.resize(std::max<size_t>(max_udp_payload_, 1452));

@@ -50,6 +50,7 @@ enum class close_code : uint64_t {
   protocol_violation = 2,
   duplicate = 3,
   shutting_down = 4,
+  closed_by_application = 5,  ///< endpoint::disconnect
 };
 
 class connection {
@@ -100,6 +101,9 @@ class connection {
   bool peer_closed_as_duplicate() const { return peer_closed_as_duplicate_; }
   /// Why the connection ended (closed or draining); empty while alive.
   const std::string& end_reason() const { return end_reason_; }
+  /// Ended by a deliberate close from either side (shutting_down or closed_by_application):
+  /// peer_down::orderly.
+  bool orderly_end() const { return orderly_end_; }
   peer_stats stats() const;
   /// Application payload bytes queued and not yet acknowledged.
   uint64_t outstanding_bytes() const { return outstanding_; }
@@ -213,6 +217,7 @@ class connection {
     if (n) owner_.on_released(*this, n);
   }
   bool peer_closed_as_duplicate_ = false;
+  bool orderly_end_ = false;
   bool tls_alert_close_ = false;   // the close is a TLS failure, not an application decision
   int transport_close_liberr_ = 0; // the close is a QUIC transport error
   std::vector<uint8_t> write_buf_;

@@ -22,9 +22,17 @@ enum class channel : uint8_t {
   heartbeat,  ///< unreliable QUIC DATAGRAM: never waits behind anything, may be lost
 };
 
-/// The reason a stopping endpoint gives its peers; on_peer_down's reason contains it when a peer
-/// left in order (it was stopped), not when it failed.
+/// The reason a stopping endpoint gives its peers (the text of its CONNECTION_CLOSE).
 inline constexpr const char* shutdown_reason = "peer is shutting down";
+
+/// Why an admitted peer went down.
+struct peer_down {
+  std::string reason;    ///< readable: "peer closed the connection: peer is shutting down", "idle timeout", ...
+  /// The connection was closed on purpose (the peer's endpoint stopped or its application closed
+  /// the connection, or this endpoint did), not lost to a failure, a timeout or a refusal. Told
+  /// by the close code of the CONNECTION_CLOSE, not by the reason text.
+  bool orderly = false;
+};
 
 /// What an endpoint knows about a peer when it comes up.
 struct peer_info {
@@ -68,8 +76,8 @@ struct endpoint_counters {
 struct handlers {
   /// The peer finished TLS and admission both ways; messages may flow.
   std::function<void(const node_id&, const peer_info&)> on_peer_up;
-  /// An admitted peer went away (closed, idle timeout, error); `reason` says which.
-  std::function<void(const node_id&, const std::string& reason)> on_peer_down;
+  /// An admitted peer went away (closed, idle timeout, error); `why` says which.
+  std::function<void(const node_id&, const peer_down& why)> on_peer_down;
   /// A message from an admitted peer.
   std::function<void(const node_id&, channel, std::vector<uint8_t>)> on_message;
   /// A connection that never got admitted: wrong key, wrong mesh secret, wrong version,

@@ -325,7 +325,7 @@ void endpoint_impl::reap() {
           queued_.erase(id);
         }
         log("peer " + id.short_string() + " down: " + c->end_reason());
-        if (h_.on_peer_down) h_.on_peer_down(id, c->end_reason());
+        if (h_.on_peer_down) h_.on_peer_down(id, {c->end_reason(), c->orderly_end()});
         std::vector<node_id> orphans;
         for (auto& [peer, relay] : relay_routes_)
           if (relay == id) orphans.push_back(peer);
@@ -345,7 +345,7 @@ void endpoint_impl::reap() {
             up_.erase(*about);
             queued_.erase(*about);
           }
-          if (h_.on_peer_down) h_.on_peer_down(*about, c->end_reason());
+          if (h_.on_peer_down) h_.on_peer_down(*about, {c->end_reason(), false});
           reported_down = true;
         }
         auto punched = target == dial_targets_.end() ? punch_pending_.end() : punch_pending_.find(target->second);
@@ -477,7 +477,7 @@ void endpoint_impl::run() {
   for (auto& c : conns_) {
     if (c->up_reported && !c->end_reported && c->peer()) {
       c->end_reported = true;
-      if (h_.on_peer_down) h_.on_peer_down(*c->peer(), "endpoint stopped");
+      if (h_.on_peer_down) h_.on_peer_down(*c->peer(), {"endpoint stopped", true});
     }
   }
   {

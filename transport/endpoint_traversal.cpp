@@ -95,7 +95,7 @@ void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why)
     queued_.erase(peer);
   }
   log("peer " + peer.short_string() + " down: " + why);
-  if (h_.on_peer_down) h_.on_peer_down(peer, why);
+  if (h_.on_peer_down) h_.on_peer_down(peer, {why, false});
 }
 
 void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {

@@ -232,8 +232,8 @@ int rank_main(const args& a) {
   h.on_peer_up = [&box](const transport::node_id& id, const transport::peer_info&) {
     box.push({rank_event::kind::up, id, {}, {}});
   };
-  h.on_peer_down = [&box](const transport::node_id& id, const std::string& why) {
-    box.push({rank_event::kind::down, id, {}, why});
+  h.on_peer_down = [&box](const transport::node_id& id, const transport::peer_down& why) {
+    box.push({rank_event::kind::down, id, {}, why.reason});
   };
   h.on_message = [&box](const transport::node_id& id, transport::channel, std::vector<uint8_t> bytes) {
     box.push({rank_event::kind::message, id, std::move(bytes), {}});

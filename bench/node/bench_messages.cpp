@@ -186,7 +186,7 @@ struct counter {
     });
   }
   transport::handlers h;
-  h.on_peer_down = [&](const transport::node_id&, const std::string&) {
+  h.on_peer_down = [&](const transport::node_id&, const transport::peer_down&) {
     std::lock_guard l(mu);
     gone = true;
     cv.notify_all();

@@ -57,7 +57,7 @@ handlers counting(waiter& w, std::function<void(const node_id&, channel, std::ve
     ++w.ups;
     w.cv.notify_all();
   };
-  h.on_peer_down = [&w](const node_id&, const std::string&) {
+  h.on_peer_down = [&w](const node_id&, const peer_down&) {
     std::lock_guard l(w.mu);
     ++w.downs;
     w.cv.notify_all();

@@ -22,7 +22,7 @@ struct event_log {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<node_id> up;
-  std::vector<std::pair<node_id, std::string>> down;
+  std::vector<std::pair<node_id, peer_down>> down;
   std::vector<std::pair<std::optional<node_id>, std::string>> failed;
   std::deque<message> messages;
   std::vector<std::string> logs;
@@ -41,7 +41,7 @@ inline handlers recording_handlers(event_log& log) {
     log.up.push_back(id);
     log.cv.notify_all();
   };
-  h.on_peer_down = [&log](const node_id& id, const std::string& why) {
+  h.on_peer_down = [&log](const node_id& id, const peer_down& why) {
     std::lock_guard l(log.mu);
     log.down.emplace_back(id, why);
     log.cv.notify_all();

@@ -273,7 +273,10 @@ TEST_CASE("disconnect reports the peer down on both sides", "[transport][endpoin
   REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }));
   REQUIRE(b.log.wait([&] { return !b.log.down.empty(); }));
   CHECK(b.log.down[0].first == a.ep->id());
-  CHECK(b.log.down[0].second.find("closed by the peer") != std::string::npos);
+  CHECK(b.log.down[0].second.reason.find("closed by the peer") != std::string::npos);
+  // A deliberate close, told by its close code: orderly on both sides.
+  CHECK(b.log.down[0].second.orderly);
+  CHECK(a.log.down[0].second.orderly);
   CHECK(b.ep->peers().empty());
 }
 
@@ -282,7 +285,8 @@ TEST_CASE("stopping an endpoint closes its connections cleanly", "[transport][en
   connect(a, b);
   b.ep->stop();
   REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }, 5s));
-  CHECK(a.log.down[0].second.find("shutting down") != std::string::npos);
+  CHECK(a.log.down[0].second.reason.find("shutting down") != std::string::npos);
+  CHECK(a.log.down[0].second.orderly);
 }
 
 TEST_CASE("garbage datagrams do no harm", "[transport][endpoint]") {
@@ -352,7 +356,8 @@ TEST_CASE("a killed peer is reported down", "[transport][endpoint]") {
   ::kill(pid, SIGKILL);
   REQUIRE(a.log.wait([&] { return !a.log.down.empty(); }, 10s));
   CHECK(a.log.down[0].first == child_id.id());
-  CHECK(a.log.down[0].second.find("idle timeout") != std::string::npos);
+  CHECK(a.log.down[0].second.reason.find("idle timeout") != std::string::npos);
+  CHECK_FALSE(a.log.down[0].second.orderly);  // a killed peer failed: it did not leave
   CHECK(a.ep->peers().empty());
 }
 
@@ -443,7 +448,7 @@ TEST_CASE("a second live node with the same identity is refused", "[transport][e
   REQUIRE(hub.log.wait([&] { return hub.log.up.size() == 1; }));
   clone.ep->dial(hub.ep->id(), {hub.address()});
   REQUIRE(clone.log.wait([&] { return !clone.log.failed.empty() || !clone.log.down.empty(); }));
-  std::string why = !clone.log.failed.empty() ? clone.log.failed[0].second : clone.log.down[0].second;
+  std::string why = !clone.log.failed.empty() ? clone.log.failed[0].second : clone.log.down[0].second.reason;
   CHECK(why.find("already uses node id") != std::string::npos);
   // The first one is unaffected.
   REQUIRE(first.ep->send(hub.ep->id(), channel::control, {8}));
@@ -463,9 +468,11 @@ TEST_CASE("an oversized frame from a peer closes that connection only", "[transp
   REQUIRE(sender.ep->send(receiver.ep->id(), channel::control, std::vector<uint8_t>(2u << 20, 1)));
   REQUIRE(receiver.log.wait([&] { return !receiver.log.down.empty(); }));
   CHECK(receiver.log.down[0].first == sender.ep->id());
-  CHECK(receiver.log.down[0].second.find("limit") != std::string::npos);
+  CHECK(receiver.log.down[0].second.reason.find("limit") != std::string::npos);
+  CHECK_FALSE(receiver.log.down[0].second.orderly);
   REQUIRE(sender.log.wait([&] { return !sender.log.down.empty(); }));
-  CHECK(sender.log.down[0].second.find("limit") != std::string::npos);  // the reason reached the peer
+  CHECK(sender.log.down[0].second.reason.find("limit") != std::string::npos);  // the reason reached the peer
+  CHECK_FALSE(sender.log.down[0].second.orderly);
   CHECK(receiver.log.messages.empty());
   // The receiver still serves its other peers.
   REQUIRE(bystander.ep->send(receiver.ep->id(), channel::control, {4}));
