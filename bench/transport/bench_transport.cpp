@@ -132,15 +132,22 @@ double quic_bulk(size_t mib, size_t chunk_mib, size_t udp_payload, bool recycle 
   return static_cast<double>(n * chunk_mib) / s;
 }
 
-double tcp_bulk(size_t mib) {
+/// A TCP socket listening on 127.0.0.1 (an ephemeral port, written to `sa`).
+int listen_loopback(sockaddr_in& sa) {
   int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
+  sa = {};
   sa.sin_family = AF_INET;
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ::bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
   socklen_t len = sizeof(sa);
   ::getsockname(ls, reinterpret_cast<sockaddr*>(&sa), &len);
   ::listen(ls, 1);
+  return ls;
+}
+
+double tcp_bulk(size_t mib) {
+  sockaddr_in sa{};
+  const int ls = listen_loopback(sa);
   size_t total = mib << 20;
   std::thread reader([&] {
     int s = ::accept(ls, nullptr, nullptr);
@@ -182,14 +189,8 @@ double tcp_messages(size_t mib, size_t chunk_mib, size_t io_piece = size_t{1} <<
   const size_t n = mib / chunk_mib, chunk = chunk_mib << 20;
   std::vector<std::vector<uint8_t>> payloads;
   for (size_t i = 0; i < n; ++i) payloads.emplace_back(chunk, static_cast<uint8_t>(i));
-  int ls = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  socklen_t len = sizeof(sa);
-  ::getsockname(ls, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::listen(ls, 1);
+  const int ls = listen_loopback(sa);
   std::thread reader([&] {
     int s = ::accept(ls, nullptr, nullptr);
     std::vector<uint8_t> messages[2] = {std::vector<uint8_t>(chunk), std::vector<uint8_t>(chunk)};
