@@ -133,7 +133,7 @@ std::vector<node_id> endpoint::peers() const {
 void endpoint::disconnect(const node_id& peer) {
   impl_->post([impl = impl_.get(), peer] {
     if (connection* c = impl->direct(peer)) return c->close(close_code::closed_by_application, "closed by the peer's application");
-    impl->relay_peer_down(peer, "closed locally");
+    impl->relay_peer_down(peer, "closed locally", true);
   });
 }
 

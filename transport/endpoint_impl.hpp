@@ -146,7 +146,8 @@ class endpoint_impl final : public connection_owner {
   void on_relay_deliver(connection& relay, relay_envelope env);
   void start_relay(const node_id& target, const node_id& relay);
   void relay_peer_up(const node_id& peer, const node_id& relay);
-  void relay_peer_down(const node_id& peer, const std::string& why);
+  /// A relayed peer is down (the relay went away, or this side closed it: `orderly`).
+  void relay_peer_down(const node_id& peer, const std::string& why, bool orderly = false);
   void send_punch_packets(const socket_address& to);
   size_t half_open() const {
     size_t n = 0;

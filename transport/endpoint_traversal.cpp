@@ -87,7 +87,7 @@ void endpoint_impl::relay_peer_up(const node_id& peer, const node_id& relay) {
   if (h_.on_peer_up) h_.on_peer_up(peer, peer_info{"via " + relay.short_string(), false, true, relay});
 }
 
-void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why) {
+void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why, bool orderly) {
   if (!relay_routes_.erase(peer)) return;
   {
     std::lock_guard lock(view_mu_);
@@ -95,7 +95,7 @@ void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why)
     queued_.erase(peer);
   }
   log("peer " + peer.short_string() + " down: " + why);
-  if (h_.on_peer_down) h_.on_peer_down(peer, {why, false});
+  if (h_.on_peer_down) h_.on_peer_down(peer, {why, orderly});
 }
 
 void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {
