@@ -7,7 +7,7 @@
 namespace mesh {
 
 bounded_deserializer::bounded_deserializer(const char* data, size_t size)
-    : caf::deserializer(static_cast<caf::execution_unit*>(nullptr)), inner_(nullptr, data, size) {}
+    : integer_forwarding(data, size) {}
 
 caf::error bounded_deserializer::begin_object(uint16_t& typenr, std::string& name) {
   // Only built-in type numbers are used by our messages; a type name would be read unbounded.
@@ -45,7 +45,7 @@ caf::error bounded_deserializer::apply_impl(double& x) {
 }
 
 ieee_serializer::ieee_serializer(std::vector<char>& buf)
-    : caf::serializer(static_cast<caf::execution_unit*>(nullptr)), inner_(nullptr, buf) {}
+    : integer_forwarding(buf) {}
 
 caf::error ieee_serializer::apply_impl(float& x) {
   uint32_t bits = 0;

@@ -16,14 +16,37 @@
 #include <caf/sec.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/error.hpp"
 
 namespace mesh {
 
+/// What both codecs below leave to CAF's binary codec unchanged: the integers. `Base` is
+/// caf::deserializer or caf::serializer (separate base classes in CAF 0.17, hence a template),
+/// `Inner` the binary codec of that direction, built from `args` after its null context.
+template <class Base, class Inner>
+class integer_forwarding : public Base {
+ protected:
+  template <class... Args>
+  explicit integer_forwarding(Args&&... args)
+      : Base(static_cast<caf::execution_unit*>(nullptr)), inner_(nullptr, std::forward<Args>(args)...) {}
+
+  caf::error apply_impl(int8_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint8_t& x) override { return inner_(x); }
+  caf::error apply_impl(int16_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint16_t& x) override { return inner_(x); }
+  caf::error apply_impl(int32_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint32_t& x) override { return inner_(x); }
+  caf::error apply_impl(int64_t& x) override { return inner_(x); }
+  caf::error apply_impl(uint64_t& x) override { return inner_(x); }
+
+  Inner inner_;
+};
+
 /// A caf::deserializer over a byte span that never allocates more than the span's size.
-class bounded_deserializer final : public caf::deserializer {
+class bounded_deserializer final : public integer_forwarding<caf::deserializer, caf::binary_deserializer> {
  public:
   bounded_deserializer(const char* data, size_t size);
 
@@ -36,28 +59,18 @@ class bounded_deserializer final : public caf::deserializer {
   caf::error apply_raw(size_t num_bytes, void* data) override;
 
  protected:
-  caf::error apply_impl(int8_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint8_t& x) override { return inner_(x); }
-  caf::error apply_impl(int16_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint16_t& x) override { return inner_(x); }
-  caf::error apply_impl(int32_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint32_t& x) override { return inner_(x); }
-  caf::error apply_impl(int64_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint64_t& x) override { return inner_(x); }
+  using integer_forwarding::apply_impl;
   caf::error apply_impl(float& x) override;   // IEEE 754 bits (see the file comment)
   caf::error apply_impl(double& x) override;  // IEEE 754 bits
   caf::error apply_impl(long double& x) override;
   caf::error apply_impl(std::string& x) override;
   caf::error apply_impl(std::u16string& x) override;
   caf::error apply_impl(std::u32string& x) override;
-
- private:
-  caf::binary_deserializer inner_;
 };
 
 /// caf::binary_serializer's format, except that float and double are written as their IEEE 754
 /// bits (what bounded_deserializer reads).
-class ieee_serializer final : public caf::serializer {
+class ieee_serializer final : public integer_forwarding<caf::serializer, caf::binary_serializer> {
  public:
   explicit ieee_serializer(std::vector<char>& buf);
 
@@ -68,23 +81,13 @@ class ieee_serializer final : public caf::serializer {
   caf::error apply_raw(size_t num_bytes, void* data) override { return inner_.apply_raw(num_bytes, data); }
 
  protected:
-  caf::error apply_impl(int8_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint8_t& x) override { return inner_(x); }
-  caf::error apply_impl(int16_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint16_t& x) override { return inner_(x); }
-  caf::error apply_impl(int32_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint32_t& x) override { return inner_(x); }
-  caf::error apply_impl(int64_t& x) override { return inner_(x); }
-  caf::error apply_impl(uint64_t& x) override { return inner_(x); }
+  using integer_forwarding::apply_impl;
   caf::error apply_impl(float& x) override;
   caf::error apply_impl(double& x) override;
   caf::error apply_impl(long double& x) override { return inner_(x); }
   caf::error apply_impl(std::string& x) override { return inner_(x); }
   caf::error apply_impl(std::u16string& x) override { return inner_(x); }
   caf::error apply_impl(std::u32string& x) override { return inner_(x); }
-
- private:
-  caf::binary_serializer inner_;
 };
 
 /// Serializes `xs...` (each with an inspect overload) into bytes.
