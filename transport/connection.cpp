@@ -283,13 +283,23 @@ bool connection::remote_stream_is_control(int64_t sid) const {
   return sid == (inbound_ ? 2 : 3);
 }
 
-void connection::set_end(state s, std::string reason) {
+namespace {
+bool is_orderly(uint64_t code) {
+  return code == static_cast<uint64_t>(close_code::shutting_down) ||
+         code == static_cast<uint64_t>(close_code::closed_by_application);
+}
+}  // namespace
+
+void connection::set_end(state s, std::string reason, bool orderly) {
   if (ended()) {
     if (s == state::closed) state_ = s;
     return;
   }
   state_ = s;
-  if (end_reason_.empty()) end_reason_ = std::move(reason);
+  if (end_reason_.empty()) {
+    end_reason_ = std::move(reason);
+    orderly_end_ = orderly;
+  }
 }
 
 void connection::on_handshake_completed() {
@@ -466,13 +476,6 @@ void connection::hold_messages() {
   if (!held_from_) held_from_ = control_total_;
 }
 
-namespace {
-bool is_orderly(uint64_t code) {
-  return code == static_cast<uint64_t>(close_code::shutting_down) ||
-         code == static_cast<uint64_t>(close_code::closed_by_application);
-}
-}  // namespace
-
 void connection::close(close_code code, std::string reason) {
   if (ended() || pending_close_) return;
   pending_close_ = {code, std::move(reason)};
@@ -543,8 +546,7 @@ void connection::read(const socket_address& local, const socket_address& remote,
     if (why.empty()) why = "no reason given, code " + std::to_string(ccerr.error_code);
     const bool application = ccerr.type == NGTCP2_CONNECTION_CLOSE_ERROR_CODE_TYPE_APPLICATION;
     peer_closed_as_duplicate_ = application && ccerr.error_code == static_cast<uint64_t>(close_code::duplicate);
-    if (!ended() && !pending_close_) orderly_end_ = application && is_orderly(ccerr.error_code);
-    set_end(state::draining, "peer closed the connection: " + why);
+    set_end(state::draining, "peer closed the connection: " + why, application && is_orderly(ccerr.error_code));
     close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
     return;
   }
@@ -578,8 +580,7 @@ void connection::send_close_packet(const send_fn& send, uint64_t ts) {
     ngtcp2_connection_close_error_set_transport_error_liberr(&ccerr, transport_close_liberr_, rp, phrase.size());
   else
     ngtcp2_connection_close_error_set_application_error(&ccerr, static_cast<uint64_t>(code), rp, phrase.size());
-  orderly_end_ = !tls_alert_close_ && transport_close_liberr_ == 0 && is_orderly(static_cast<uint64_t>(code));
-  set_end(state::closing, reason);
+  set_end(state::closing, reason, !tls_alert_close_ && transport_close_liberr_ == 0 && is_orderly(static_cast<uint64_t>(code)));
   close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
   close_packet_.resize(std::max<size_t>(max_udp_payload_, 1452));
   ngtcp2_path_storage ps;

@@ -133,7 +133,8 @@ class connection {
  private:
   connection(connection_owner& owner, const endpoint_config& cfg, bool inbound, const socket_address& remote);
   expected<void> init_tls(const tls_context& tls, bool server);
-  void set_end(state s, std::string reason);
+  /// The first end decides the reason and whether it was orderly (a deliberate close).
+  void set_end(state s, std::string reason, bool orderly = false);
   void on_handshake_completed();
   expected<void> on_control_data(const uint8_t* data, size_t len);
   expected<void> handle_control_frame(frame f);
