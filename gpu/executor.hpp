@@ -41,6 +41,11 @@ struct kernel_stats {
   uint64_t cache_disk_hits = 0;
   uint64_t pipelines_created = 0;  ///< driver pipelines made; a kernel loaded again shares its own
   double compile_ms = 0;
+  /// Kernels made for loaded programs (GLSL emitted, then compiled or found in the caches, and
+  /// given a pipeline) and the wall time that took: per kernel, the cache-hit path when nothing
+  /// was compiled. Buffer allocation and command recording are not in it.
+  uint64_t kernels_made = 0;
+  double kernel_making_ms = 0;
   uint64_t validation_errors = 0;  ///< validation-layer errors seen (validation mode only)
   uint64_t validation_warnings = 0;
   uint64_t device_bytes = 0;       ///< device memory sub-allocated now
@@ -84,6 +89,12 @@ struct vulkan_options {
   /// for GPUs; off for CPU devices such as lavapipe, where more workgroups only add dispatch
   /// overhead), 0 off, 1 on. The env variable MESH_SPLIT_REDUCE=0 or 1 overrides it.
   int split_reductions = -1;
+  /// Runs of kernels over the same rows (softmax, layer norm: row reductions, then the
+  /// elementwise kernel that uses them) become one kernel that reads each row from memory once:
+  /// -1 chooses (every row length on GPUs; rows of 256 or more on CPU devices such as lavapipe,
+  /// where short rows ran slower fused), 0 off, 1 every row length. The env variable
+  /// MESH_FUSE_ROWS=0 or 1 overrides it.
+  int fuse_rows = -1;
 };
 
 /// A Vulkan executor on the chosen device, or an error saying why none is available.

@@ -102,6 +102,10 @@ class emitter {
   /// Seeds the value of `id` at `idx` (the accumulator of an epilogue's anchor).
   void seed(node_id id, const std::string& idx, const std::string& var) { cse_[{id, idx}] = var; }
 
+  /// Makes `var` the value of `id` at every index: a rows kernel's result for the current row,
+  /// which the plan guarantees is only read at that row.
+  void fix(node_id id, const std::string& var) { fixed_[id] = var; }
+
   /// Runs `f` in a nested scope: temporaries made there are forgotten after.
   template <class F>
   void scoped(F f) {
@@ -159,6 +163,7 @@ class emitter {
   static std::string times(const std::string& e, int64_t k) { return k == 1 ? e : e + " * " + u(k); }
 
   std::string value(node_id id, const std::string& idx_in) {
+    if (auto it = fixed_.find(id); it != fixed_.end()) return it->second;
     const std::string idx = index_var(idx_in);
     auto key = std::make_pair(id, idx);
     if (auto it = cse_.find(key); it != cse_.end()) return it->second;
@@ -335,6 +340,7 @@ class emitter {
   int next_ = 0;
   std::map<std::pair<node_id, std::string>, std::string> cse_;
   std::map<std::string, std::string> index_cse_;
+  std::map<node_id, std::string> fixed_;
 };
 
 /// Nodes computed inline in the expression of `root` (stops at materialised nodes), plus the
@@ -378,18 +384,18 @@ bool vectorisable(const graph& g, const plan& p, node_id root) {
 }
 
 /// One storage buffer: binding b holds node `id`; binding 0 is the one written.
-std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4) {
+std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4, size_t writes = 1) {
   const dtype t = g[id].type;
   std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
-  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+  return "layout(std430, binding = " + std::to_string(b) + ") " + (b < writes ? "" : "readonly ") + "restrict buffer B" +
          std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
 }
 
 std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
-                         size_t vec4_from = SIZE_MAX, size_t vec4_to = 0) {
+                         size_t vec4_from = SIZE_MAX, size_t vec4_to = 0, size_t writes = 1) {
   std::string s;
   for (size_t b = 0; b < bindings.size(); ++b)
-    s += buffer_decl(g, bindings[b], b, all_vec4 || (b >= vec4_from && b < vec4_to));
+    s += buffer_decl(g, bindings[b], b, all_vec4 || (b >= vec4_from && b < vec4_to), writes);
   return s;
 }
 
@@ -517,10 +523,11 @@ kernel_source column_reduction(const graph& g, const plan& q, const kernel& k, c
   return s;
 }
 
-/// Combines every thread's `acc` over the 256-thread workgroup (in a fixed order: results are
-/// reproducible) and opens a block in which thread 0 holds the result in `acc`; the caller closes
-/// it and adds a barrier before `sh` is reused. Needs `shared <acc type> sh[256]`.
-std::string workgroup_combine(const reduction_ops& ops, bool subgroups) {
+/// Combines every thread's `acc` over the workgroup of `threads` (a power of two; in a fixed
+/// order: results are reproducible) and opens a block in which thread 0 holds the result in
+/// `acc`; the caller closes it and adds a barrier before `sh` is reused. Needs
+/// `shared <acc type> sh[threads]`.
+std::string workgroup_combine(const reduction_ops& ops, bool subgroups, uint32_t threads = 256) {
   std::string m;
   if (subgroups) {
     m += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
@@ -529,7 +536,7 @@ std::string workgroup_combine(const reduction_ops& ops, bool subgroups) {
          ";\n      for (uint s = 0u; s < gl_NumSubgroups; ++s) acc = " + ops.combine("acc", "sh[s]") + ";\n";
   } else {
     m += "    sh[gl_LocalInvocationID.x] = acc;\n    barrier();\n";
-    m += "    for (uint s = 128u; s > 0u; s >>= 1) {\n      if (gl_LocalInvocationID.x < s) sh[gl_LocalInvocationID.x] = " +
+    m += "    for (uint s = " + u(threads / 2) + "; s > 0u; s >>= 1) {\n      if (gl_LocalInvocationID.x < s) sh[gl_LocalInvocationID.x] = " +
          ops.combine("sh[gl_LocalInvocationID.x]", "sh[gl_LocalInvocationID.x + s]") + ";\n      barrier();\n    }\n";
     m += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = sh[0];\n";
   }
@@ -720,6 +727,72 @@ kernel_source reduction(const graph& g, const plan& p, const kernel& k, const de
   s.bytes = bytes_of(g, s.bindings);
   s.glsl = header(g, s.bindings, subgroups, 256) + buffer_decls(g, s.bindings, false) + shared + prelude +
            "void main() {\n" + main + "}\n";
+  return s;
+}
+
+/// A kernel_kind::rows kernel: one workgroup per row (grid-stride over rows). For each row, every
+/// reduction member folds the row (its prologue inline) and combines it over the workgroup;
+/// thread 0 applies the member's epilogue, stores its result and shares it through shared
+/// memory, and later members use that register value wherever they read the result (the plan
+/// checked they read it only at their own row). The elementwise member, if any, then writes the
+/// row. A row is read from memory once; its later passes hit the cache.
+kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  plan q = p;
+  for (const auto& m : k.members) q.materialised[m.root] = false;  // computed here, never loaded
+  const shape& rows = g[g[k.members.front().anchor].inputs[0]].dims;
+  const int64_t len = rows.back(), count = element_count(rows) / len;
+  uint32_t threads = 64;  // a power of two, up to 256, near the row length
+  while (threads < 256 && threads < len) threads *= 2;
+  const bool subgroups = caps.subgroup_arithmetic;
+  emitter e(g, q, false);
+  for (const auto& m : k.members) e.bind(m.root);
+  const std::string t = u(threads);
+  std::string main = "  const uint lid = gl_LocalInvocationID.x;\n";
+  main += "  for (uint o = gl_WorkGroupID.x; o < " + u(count) + "; o += gl_NumWorkGroups.x) {\n";
+  main += "    const uint base = o * " + u(len) + ";\n";
+  size_t results = 0;
+  for (const auto& m : k.members) {
+    if (m.kind == kernel_kind::elementwise) {
+      std::string body;
+      e.scoped([&] {
+        const std::string v = e.value(m.root, "i");
+        body = e.body + e.store(m.root, "i", v);
+        e.body.clear();
+      });
+      main += "    for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n      const uint i = base + r;\n" + body + "    }\n";
+      continue;
+    }
+    const auto ops = reduction_of(g[m.anchor]);
+    main += "    {\n    float acc = " + ops.init + ";\n";
+    main += "    for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n" + fold_input(e, g, m, ops, "(base + r)", "      ") +
+            "    }\n";
+    main += workgroup_combine(ops, subgroups, threads);
+    std::string acc = "acc";
+    if (g[m.anchor].type == dtype::f16) acc = "mesh_round_f16(acc)";
+    if (g[m.anchor].type == dtype::bf16) acc = "mesh_round_bf16(acc)";
+    const std::string slot = "shv[" + std::to_string(results) + "]";
+    e.scoped([&] {
+      e.seed(m.anchor, "o", acc);
+      const std::string v = e.value(m.root, "o");
+      main += e.body + e.store(m.root, "o", v) + "      " + slot + " = " + v + ";\n";
+      e.body.clear();
+    });
+    main += "    }\n    barrier();\n    }\n";
+    const std::string var = "rv" + std::to_string(results++);
+    main += "    const float " + var + " = " + slot + ";\n";
+    e.fix(m.root, var);
+  }
+  main += "    barrier();  // sh and shv are rewritten for the next row\n  }\n";
+
+  kernel_source s;
+  s.name = "rows" + std::to_string(k.members.size()) + "_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.writes = k.members.size();
+  s.groups = {static_cast<uint32_t>(std::clamp<int64_t>(count, 1, caps.max_groups[0])), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, subgroups, threads) + buffer_decls(g, s.bindings, false, SIZE_MAX, 0, s.writes) +
+           "shared float sh[" + t + "];\nshared float shv[" + std::to_string(std::max<size_t>(results, 1)) + "];\n" +
+           prelude + "void main() {\n" + main + "}\n";
   return s;
 }
 
@@ -1419,7 +1492,10 @@ kernel_source scatter(const graph& g, const plan& p, const kernel& k, const devi
 expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   if (!caps.storage16) {
     std::vector<node_id> nodes;
-    inline_nodes(g, p, k.root, -1, nodes);
+    if (k.kind == kernel_kind::rows)
+      for (const auto& m : k.members) inline_nodes(g, p, m.root, -1, nodes);
+    else
+      inline_nodes(g, p, k.root, -1, nodes);
     for (auto id : nodes)
       if (g[id].type == dtype::f16 || g[id].type == dtype::bf16)
         return make_error(error_code::unsupported, "this device has no 16-bit storage buffers: f16/bf16 tensors cannot run here");
@@ -1429,6 +1505,7 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
     case kernel_kind::reduce: return reduction(g, p, k, caps);
     case kernel_kind::matmul: return matmul(g, p, k, caps);
     case kernel_kind::scatter_add: return scatter(g, p, k, caps);
+    case kernel_kind::rows: return rows_kernel(g, p, k, caps);
   }
   return make_error(error_code::internal, "unknown kernel kind");
 }

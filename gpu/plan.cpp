@@ -86,7 +86,122 @@ int64_t split_slices(const reduction_layout& l, const split_options& o) {
   return slices >= 2 ? slices : 0;
 }
 
-plan lower(const graph& g, const split_options& split) {
+namespace {
+
+/// The [..., L] shape a kernel folds row by row: a one-pass float reduction over the last axis
+/// only (of at least 2 elements). Empty for any other kernel.
+shape row_shape_of(const graph& g, const kernel& k) {
+  if (k.kind != kernel_kind::reduce || k.pass != 0) return {};
+  const node& r = g[k.anchor];
+  const shape& xd = g[r.inputs[0]].dims;
+  if (r.type == dtype::i32 || xd.empty() || xd.back() < 2 || r.attrs.axes.size() != 1) return {};
+  int64_t axis = r.attrs.axes[0];
+  if (axis < 0) axis += static_cast<int64_t>(xd.size());
+  return axis == static_cast<int64_t>(xd.size()) - 1 ? xd : shape{};
+}
+
+/// Whether the inline expression below `id` reads one of `results`.
+bool touches(const graph& g, const plan& p, node_id id, const std::set<node_id>& results) {
+  std::vector<node_id> stack{id};
+  std::set<node_id> seen;
+  while (!stack.empty()) {
+    const node_id x = stack.back();
+    stack.pop_back();
+    if (!seen.insert(x).second) continue;
+    if (results.count(x)) return true;
+    if (p.materialised[x] || is_splat(g[x])) continue;
+    stack.insert(stack.end(), g[x].inputs.begin(), g[x].inputs.end());
+  }
+  return false;
+}
+
+/// Whether b broadcasts one value per row to `rows`: its input is `rows` with the last axis 1
+/// (or that without leading 1s), so the input is evaluated at the row's own flat index.
+bool is_row_broadcast(const graph& g, node_id b, const shape& rows) {
+  const node& n = g[b];
+  if (n.op != op_kind::broadcast || n.dims != rows) return false;
+  const shape& d = g[n.inputs[0]].dims;
+  if (d.empty() || d.size() > rows.size() || d.back() != 1) return false;
+  const size_t off = rows.size() - d.size();
+  for (size_t a = 0; a + 1 < d.size(); ++a)
+    if (d[a] != rows[off + a]) return false;
+  return element_count(d) * rows.back() == element_count(rows);  // no axis broadcast across rows
+}
+
+/// Whether the inline expression at `start` reads `results` (one value per row) only at its own
+/// row. The expression is evaluated at an element (row, l) of `rows`, or with `row_space` at the
+/// row itself (a reduction's epilogue, which stops at `stop`). Elementwise ops keep the index,
+/// a row broadcast takes an element to its row, a reshape keeps a row's flat index; any other
+/// re-indexing must not lead to a result. `own` is the kernel's root (computed, not read).
+bool reads_own_row_only(const graph& g, const plan& p, node_id start, node_id own, node_id stop, const shape& rows,
+                        const std::set<node_id>& results, bool row_space) {
+  std::vector<std::pair<node_id, bool>> stack{{start, row_space}};
+  std::set<std::pair<node_id, bool>> seen;
+  while (!stack.empty()) {
+    const auto [id, at_row] = stack.back();
+    stack.pop_back();
+    if (!seen.insert({id, at_row}).second || id == stop) continue;
+    if (results.count(id)) {
+      if (!at_row) return false;  // read at an element index, not its row
+      continue;
+    }
+    if (id != own && (p.materialised[id] || is_splat(g[id]))) continue;
+    const node& n = g[id];
+    if (is_elementwise(n.op) || (at_row && n.op == op_kind::reshape)) {
+      for (auto in : n.inputs) stack.push_back({in, at_row});
+    } else if (!at_row && is_row_broadcast(g, id, rows)) {
+      stack.push_back({n.inputs[0], true});
+    } else {
+      for (auto in : n.inputs)
+        if (touches(g, p, in, results)) return false;  // re-indexed: the index may leave the row
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void fuse_row_kernels(const graph& g, plan& p, int64_t min_length) {
+  std::vector<kernel> out;
+  for (size_t i = 0; i < p.kernels.size();) {
+    const shape rows = row_shape_of(g, p.kernels[i]);
+    if (rows.empty() || rows.back() < min_length) {
+      out.push_back(p.kernels[i++]);
+      continue;
+    }
+    kernel group;
+    group.kind = kernel_kind::rows;
+    group.members.push_back(p.kernels[i]);
+    std::set<node_id> results{p.kernels[i].root};
+    size_t j = i + 1;
+    for (; j < p.kernels.size(); ++j) {
+      const kernel& k = p.kernels[j];
+      if (row_shape_of(g, k) == rows &&
+          reads_own_row_only(g, p, g[k.anchor].inputs[0], -1, -1, rows, results, false) &&
+          reads_own_row_only(g, p, k.root, k.root, k.anchor, rows, results, true)) {
+        group.members.push_back(k);
+        results.insert(k.root);
+        continue;
+      }
+      if (k.kind == kernel_kind::elementwise && g[k.root].dims == rows &&
+          reads_own_row_only(g, p, k.root, k.root, -1, rows, results, false)) {
+        group.members.push_back(k);
+        ++j;
+      }
+      break;
+    }
+    if (group.members.size() < 2) {
+      out.push_back(p.kernels[i++]);
+      continue;
+    }
+    group.root = group.members.back().root;
+    out.push_back(std::move(group));
+    i = j;
+  }
+  p.kernels = std::move(out);
+}
+
+plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   const auto n = static_cast<size_t>(g.size());
   std::vector<std::vector<node_id>> users(n);
   for (node_id id = 0; id < g.size(); ++id)
@@ -189,18 +304,26 @@ plan lower(const graph& g, const split_options& split) {
     if (k.kind == kernel_kind::reduce) add_reduction(g, k, split, p);
     else p.kernels.push_back(k);
   }
+  if (fuse_rows_from > 0) fuse_row_kernels(g, p, fuse_rows_from);
   return p;
 }
 
-std::string describe(const graph&, const plan& p) {
+std::string describe(const graph& g, const plan& p) {
   std::string s;
   for (const auto& k : p.kernels) {
     if (!s.empty()) s += ' ';
+    if (k.kind == kernel_kind::rows) {
+      plan inner;
+      inner.kernels = k.members;
+      s += "rows[" + describe(g, inner) + "]";
+      continue;
+    }
     switch (k.kind) {
       case kernel_kind::elementwise: s += "ew"; break;
       case kernel_kind::reduce: s += k.pass ? "red" + std::to_string(k.pass) : "red"; break;
       case kernel_kind::matmul: s += "mm"; break;
       case kernel_kind::scatter_add: s += "scat"; break;
+      case kernel_kind::rows: break;
     }
     s += "(%" + std::to_string(k.root);
     if (k.anchor >= 0 && k.anchor != k.root) s += "<-%" + std::to_string(k.anchor);

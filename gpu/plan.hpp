@@ -22,6 +22,7 @@ enum class kernel_kind {
   reduce,       ///< a reduction (with prologue inlined), optionally with an epilogue
   matmul,       ///< tiled matmul (with prologue index arithmetic), optionally with an epilogue
   scatter_add,  ///< deterministic scatter-add: each output element sums its matching rows
+  rows,         ///< several kernels over the same rows run as one: a workgroup per row (kernel::members)
 };
 
 /// One dispatch.
@@ -35,6 +36,12 @@ struct kernel {
   int pass = 0;
   int64_t slices = 0;  ///< split reduction: slices per output
   int scratch = -1;    ///< split reduction: its partial buffer, an index into plan::scratch
+  /// kernel_kind::rows: the kernels it runs, in order, for one row at a time: one-pass
+  /// reductions over the last axis of the same [..., L] shape, then at most one elementwise
+  /// kernel of that shape. Later members read earlier members' results only at their own row,
+  /// so a workgroup keeps them in registers and reads each row from memory once (softmax,
+  /// layer norm: 1 kernel instead of 3). root is the last member's root.
+  std::vector<kernel> members;
 };
 
 /// A device buffer that no graph node owns (the partials of a split reduction). Emitted kernels
@@ -92,8 +99,13 @@ int64_t slice_length(int64_t reduced, int64_t slices);
 /// True for a constant holding one value for all elements (emitted as a literal).
 bool is_splat(const node& n);
 
-/// Lowers a valid graph.
-plan lower(const graph& g, const split_options& split = {});
+/// Lowers a valid graph. Runs of kernels over rows of at least `fuse_rows_from` elements become
+/// one kernel_kind::rows kernel (0: never).
+plan lower(const graph& g, const split_options& split = {}, int64_t fuse_rows_from = 2);
+
+/// Merges runs of consecutive kernels over the same rows (of at least `min_length` elements)
+/// into kernel_kind::rows kernels (see kernel::members); part of lower().
+void fuse_row_kernels(const graph& g, plan& p, int64_t min_length = 2);
 
 /// "ew(%5<-%3,%4) mm(%7+epi %9)": a compact listing for logs and tests.
 std::string describe(const graph& g, const plan& p);

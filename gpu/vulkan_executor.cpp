@@ -38,6 +38,20 @@ split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
   return o;
 }
 
+/// The shortest rows whose kernels are fused into one (kernel_kind::rows), 0 for none:
+/// vulkan_options::fuse_rows, overridden by MESH_FUSE_ROWS=0/1 (the benchmark times both). By
+/// default every row length on GPUs; on CPU devices rows of 256 or more (on lavapipe a fused
+/// softmax over 1,024-element rows was faster, a layer norm over 64-element rows slower: its
+/// workgroups are run by a few CPU threads, and each barrier costs).
+int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
+  int want = vo.fuse_rows;
+  if (const char* v = std::getenv("MESH_FUSE_ROWS"); v && (std::string(v) == "0" || std::string(v) == "1"))
+    want = v[0] - '0';
+  if (want == 0) return 0;
+  if (want == 1) return 2;
+  return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 2;
+}
+
 /// One memory type's blocks: each block is a VkDeviceMemory bound to one VkBuffer.
 class memory_pool {
  public:
@@ -169,7 +183,8 @@ class vulkan_executor final : public executor {
         device_pool_(*d_, d_->device_memory_type, d_->device_memory_type == d_->host_memory_type, o.block_bytes,
                      &budget_used_, o.memory_limit),
         host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0),
-        split_(split_options_for(*d_, o)) {
+        split_(split_options_for(*d_, o)),
+        fuse_rows_from_(fuse_rows_from(*d_, o)) {
     cache_.warm_up();
   }
 
@@ -227,6 +242,8 @@ class vulkan_executor final : public executor {
     s.pipelines_created = pipelines_created_;
     s.cache_disk_hits = c.disk_hits;
     s.compile_ms = c.compile_ms;
+    s.kernels_made = kernels_made_;
+    s.kernel_making_ms = kernel_making_ms_;
     s.validation_errors = d_->validation_errors.load();
     s.validation_warnings = d_->validation_warnings.load();
     s.device_bytes = device_pool_.used_bytes();
@@ -398,7 +415,7 @@ class vulkan_executor final : public executor {
 
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
-    pr.p = lower(g, split_);
+    pr.p = lower(g, split_, fuse_rows_from_);
     const auto n = static_cast<size_t>(g.size());
     // Views past the graph's nodes are the plan's scratch buffers (scratch_id).
     pr.owned.resize(n + pr.p.scratch.size());
@@ -457,6 +474,7 @@ class vulkan_executor final : public executor {
     // Kernels.
     uint32_t total_bindings = 0;
     for (const auto& k : pr.p.kernels) {
+      const auto t0 = std::chrono::steady_clock::now();
       auto src = emit(g, pr.p, k, d_->caps);
       if (!src) return tl::unexpected(src.error());
       compiled_kernel ck;
@@ -464,6 +482,8 @@ class vulkan_executor final : public executor {
       total_bindings += static_cast<uint32_t>(ck.src.bindings.size());
       pr.kernels.push_back(std::move(ck));
       if (auto ok = make_pipeline(pr.kernels.back()); !ok) return ok;
+      ++kernels_made_;
+      kernel_making_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     if (!pr.kernels.empty()) {
       VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, total_bindings};
@@ -638,7 +658,7 @@ class vulkan_executor final : public executor {
       vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.pipeline);
       vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.layout, 0, 1, &ck.set, 0, nullptr);
       vkCmdDispatch(cmd, ck.src.groups[0], ck.src.groups[1], ck.src.groups[2]);
-      dirty[ck.src.bindings[0]] = true;
+      for (size_t w = 0; w < ck.src.writes; ++w) dirty[ck.src.bindings[w]] = true;
       if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pr.queries, query++);
     }
     barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -733,9 +753,12 @@ class vulkan_executor final : public executor {
   };
   std::unordered_map<std::string, shared_pipeline> pipelines_;
   uint64_t pipelines_created_ = 0;
+  uint64_t kernels_made_ = 0;     ///< kernel_stats::kernels_made
+  double kernel_making_ms_ = 0;   ///< kernel_stats::kernel_making_ms
   uint64_t budget_used_ = 0, host_used_ = 0;
   memory_pool device_pool_, host_pool_;
   split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)
+  int64_t fuse_rows_from_;  ///< kernels over rows this long or longer are fused (read at creation)
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;

@@ -24,7 +24,8 @@ inline tensor random_tensor(dtype t, shape s, uint64_t seed, double lo = -1, dou
 }
 
 /// The Vulkan executor of this test process (lavapipe in CI); memory-only kernel cache; split
-/// reductions on (by default they are off on CPU devices, and CI must test them). It lives
+/// reductions and rows kernels of every row length on (by default they are off, or partly off,
+/// on CPU devices, and CI must test them). It lives
 /// until exit on purpose: destroying the last instance unloads the driver, and LeakSanitizer could
 /// then not name (nor suppress) what the driver leaked.
 inline executor& vulkan() {
@@ -32,6 +33,7 @@ inline executor& vulkan() {
     vulkan_options o;
     o.cache_dir = "-";
     o.split_reductions = 1;
+    o.fuse_rows = 1;
     auto e = make_vulkan_executor(o);
     if (!e) FAIL("no Vulkan executor: " << e.error().to_string());
     return e->release();

@@ -35,6 +35,8 @@ TEST_CASE("glsl: every kernel of a varied graph compiles with shaderc, for both 
   b.output("c", concat({slice_axis(x, 1, 0, 5), transpose(slice_axis(x, 0, 0, 5))}, 0));
   b.output("r0", sum(x, {0}));
   b.output("bf", cast(x, dtype::bf16));
+  b.output("ln", nn::layer_norm(slice_axis(x, 1, 0, 3), b.parameter("lg", dtype::f32, {3}),
+                                b.parameter("lb", dtype::f32, {3})));  // a rows kernel of 64 threads
   const graph g = done(b);
   const auto p = gpu::lower(g);
   gpu::shader_cache cache("", "test");

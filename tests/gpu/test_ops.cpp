@@ -367,3 +367,47 @@ TEST_CASE("ops: the other matmul variants (MESH_GEMM=warp16, wide, narrow, class
       check_relu_matmul(*ex, c, std::string("var") + variant + std::to_string(c.m) + "_" + std::to_string(c.k), 22);
   }
 }
+
+TEST_CASE("ops: rows kernels (softmax, log-softmax, layer norm, shared row results) match the reference, fused or not") {
+  auto unfused = vulkan_with_env("MESH_FUSE_ROWS", "0");
+  // Rows shorter than, near and longer than a workgroup (64-256 threads); leading axes; f16.
+  // vulkan() fuses rows of every length (lavapipe's default starts at 256).
+  for (int64_t len : {3, 64, 300, 1000}) {
+    INFO("row length " << len);
+    const std::string tag = std::to_string(len);
+    builder b;
+    auto x = b.input("x", dtype::f32, {2, 3, len});
+    auto h = b.input("h", dtype::f16, {5, len});
+    auto gamma = b.parameter("rg" + tag, dtype::f32, {len});
+    auto beta = b.parameter("rb" + tag, dtype::f32, {len});
+    b.output("softmax", nn::softmax(x));
+    b.output("log_softmax", nn::log_softmax(x * 3.0));
+    b.output("layer_norm", nn::layer_norm(x, gamma, beta));
+    b.output("softmax_f16", nn::softmax(h));
+    auto m = max_over(x, {2}, true);
+    b.output("row_max", m);                                  // a member's result is also an output
+    b.output("centred_by_max", exp(x - m) * sum(x, {2}, true));  // two reductions, one row pass
+    const graph g = finish(b);
+    INFO(gpu::describe(g, gpu::lower(g)));
+    CHECK(gpu::describe(g, gpu::lower(g)).find("rows[") != std::string::npos);
+    const tensor_map inputs{{"x", random_tensor(dtype::f32, {2, 3, len}, 40)}, {"h", random_tensor(dtype::f16, {5, len}, 41)}};
+    const tensor_map params{{"rg" + tag, random_tensor(dtype::f32, {len}, 42)}, {"rb" + tag, random_tensor(dtype::f32, {len}, 43)}};
+    check(g, inputs, params, 1e-5);
+    check_on(*unfused, g, inputs, params, 1e-5);
+  }
+}
+
+TEST_CASE("ops: a row result read at another row's index is not fused into a rows kernel") {
+  // y[r, c] = x[r, c] * s[c] with s the row sums: the elementwise kernel reads other rows' sums,
+  // which other workgroups compute, so it must stay a kernel of its own.
+  builder b;
+  auto x = b.input("x", dtype::f32, {6, 6});
+  auto s = sum(x, {1}, true);  // [6, 1]
+  b.output("y", x * reshape(s, {1, 6}));
+  b.output("z", x * transpose(s));
+  const graph g = finish(b);
+  const auto p = gpu::lower(g);
+  INFO(gpu::describe(g, p));
+  for (const auto& k : p.kernels) CHECK(k.kind != gpu::kernel_kind::rows);
+  check(g, {{"x", random_tensor(dtype::f32, {6, 6}, 44)}}, {}, 1e-5);
+}

@@ -60,16 +60,23 @@ TEST_CASE("lowering: a transposed operand is index arithmetic, not a copy") {
   CHECK(p.kernels.size() == 1);
 }
 
-TEST_CASE("lowering: softmax is 3 kernels: a small subexpression two kernels need is recomputed") {
+TEST_CASE("lowering: softmax is one rows kernel; unfused, 3 (a small subexpression two kernels need is recomputed)") {
   builder b;
   auto x = b.input("x", dtype::f32, {4, 16});
   b.output("y", nn::softmax(x));
   const graph g = done(b);
+  const auto unfused = lower(g, {}, false);
+  INFO(describe(g, unfused));
+  // max, sum (recomputing exp(x - max)), division (recomputing it again): 3 kernels.
+  CHECK(unfused.kernels.size() == 3);
+  CHECK(count(unfused, kernel_kind::reduce) == 2);
+  // They all walk the same rows and read the max and the sum only at their own row: one kernel.
   const auto p = lower(g);
   INFO(describe(g, p));
-  // max, sum (recomputing exp(x - max)), division (recomputing it again): 3 kernels.
-  CHECK(p.kernels.size() == 3);
-  CHECK(count(p, kernel_kind::reduce) == 2);
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].kind == kernel_kind::rows);
+  CHECK(describe(g, p) == "rows[" + describe(g, unfused) + "]");
+  CHECK(p.kernels[0].root == unfused.kernels.back().root);
 }
 
 TEST_CASE("lowering: a mean is a reduction with its scaling as epilogue") {
@@ -133,10 +140,11 @@ TEST_CASE("lowering: a large subexpression two kernels need is materialised once
   const auto p = lower(g);
   INFO(describe(g, p));
   CHECK(p.materialised[t.id()]);
-  CHECK(p.kernels.size() == 3);
+  CHECK(p.kernels.size() == 2);  // t, then both reductions of its rows in one kernel
+  CHECK(lower(g, {}, false).kernels.size() == 3);
 }
 
-TEST_CASE("lowering: layer norm is 3 kernels (mean, variance, normalise)") {
+TEST_CASE("lowering: layer norm is one rows kernel (mean, variance, normalise); unfused, 3") {
   builder b;
   auto x = b.input("x", dtype::f32, {4, 16});
   auto gamma = b.parameter("g", dtype::f32, {16});
@@ -145,7 +153,32 @@ TEST_CASE("lowering: layer norm is 3 kernels (mean, variance, normalise)") {
   const graph g = done(b);
   const auto p = lower(g);
   INFO(describe(g, p));
-  CHECK(p.kernels.size() == 3);
+  CHECK(lower(g, {}, false).kernels.size() == 3);
+  REQUIRE(p.kernels.size() == 1);
+  CHECK(p.kernels[0].members.size() == 3);
+}
+
+TEST_CASE("lowering: rows kernels take only kernels that read row results at their own row") {
+  builder b;
+  auto x = b.input("x", dtype::f32, {8, 8});
+  auto s = sum(x, {1}, true);                            // [8, 1]
+  b.output("other_rows", x * reshape(s, {1, 8}));        // element (r, c) reads s[c]: not fusable
+  b.output("own_row", x - s);                            // reads s[r] (a later kernel: not adjacent)
+  auto t = sum(exp(x), {1});                             // [8], no kept axis
+  b.output("flat", x / reshape(t, {8, 1}));              // a reshape to [8, 1], then the row broadcast
+  b.output("split", sum(x, {0}, true));                  // a column sum: not a row kernel
+  const graph g = done(b);
+  const auto p = lower(g);
+  INFO(describe(g, p));
+  // s's kernel, then "other_rows" breaks the run; t + "flat" fuse.
+  int rows = 0;
+  for (const auto& k : p.kernels) {
+    if (k.kind != kernel_kind::rows) continue;
+    ++rows;
+    REQUIRE(k.members.size() == 2);
+    CHECK(k.root == g.outputs[2].id);
+  }
+  CHECK(rows == 1);
 }
 
 TEST_CASE("lowering: few outputs over long ranges split into two passes, thresholds are options") {

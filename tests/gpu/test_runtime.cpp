@@ -53,6 +53,7 @@ TEST_CASE("runtime: validation layers report zero errors over representative gra
   o.validation = true;
   o.cache_dir = "-";
   o.split_reductions = 1;  // representative_graphs() has split reductions
+  o.fuse_rows = 1;         // ... and rows kernels
   auto ex = make_vulkan_executor(o);
   if (!ex && ex.error().code == error_code::unsupported) FAIL("validation layers are missing: " << ex.error().message);
   REQUIRE(ex);
