@@ -1034,6 +1034,52 @@ bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id oper
   return operand == other || std::count(seen.begin(), seen.end(), operand) > 0;
 }
 
+/// The flat index, in the materialised node it re-indexes, of element `idx` of `x` when `x` reaches
+/// one buffer through reshape, broadcast, permute and slice only (the emitter's index arithmetic,
+/// evaluated for one index); nullopt for anything else.
+std::optional<int64_t> source_index(const graph& g, const plan& q, node_id x, int64_t idx) {
+  while (!q.materialised[x]) {
+    const node& n = g[x];
+    if (n.inputs.empty()) return std::nullopt;
+    const node_id in = n.inputs[0];
+    const shape& xd = g[in].dims;
+    const auto xs = strides_of(xd);
+    const auto ns = strides_of(n.dims);
+    const auto coord = [&](size_t a) { return (idx / ns[a]) % n.dims[a]; };
+    int64_t to = 0;
+    switch (n.op) {
+      case op_kind::reshape: to = idx; break;
+      case op_kind::broadcast: {
+        const size_t off = n.dims.size() - xd.size();
+        for (size_t a = 0; a < xd.size(); ++a)
+          if (xd[a] != 1) to += coord(off + a) * xs[a];
+        break;
+      }
+      case op_kind::permute:
+        for (size_t a = 0; a < n.dims.size(); ++a) to += coord(a) * xs[static_cast<size_t>(n.attrs.axes[a])];
+        break;
+      case op_kind::slice:
+        for (size_t a = 0; a < n.dims.size(); ++a) to += (coord(a) + n.attrs.starts[a]) * xs[a];
+        break;
+      default: return std::nullopt;
+    }
+    idx = to;
+    x = in;
+  }
+  return idx;
+}
+
+/// Whether matmul operand `x` ([..., r, c]) is laid out column by column in memory: stepping r,
+/// not c, moves to the next element (a transposed weight, x^T in a gradient). The tiled matmuls
+/// then let consecutive threads walk r so that their loads stay coalesced.
+bool column_major(const graph& g, const plan& q, node_id x) {
+  const shape& xd = g[x].dims;
+  if (xd.size() < 2 || xd[xd.size() - 2] < 2 || xd[xd.size() - 1] < 2) return false;
+  const auto first = source_index(g, q, x, 0), next_c = source_index(g, q, x, 1),
+             next_r = source_index(g, q, x, xd[xd.size() - 1]);
+  return first && next_c && next_r && *next_c - *first != 1 && *next_r - *first == 1;
+}
+
 /// Block shape of the warp-tiled f32 matmul. 256 threads form 8 "warps" of 32 (NVIDIA's
 /// subgroups; elsewhere only a numbering of threads, so any subgroup size is correct) in a 4 x 2
 /// grid. A warp's lanes form a 4 x 8 grid and each lane owns rm x rn blocks of 4x4 outputs,
@@ -1045,8 +1091,10 @@ struct warp_tile {
   int64_t wtn() const { return 8 * 4 * rn; }  ///< 8 lanes along n
   int64_t bm() const { return 4 * wtm(); }     ///< 4 warps along m
   int64_t bn() const { return 2 * wtn(); }     ///< 2 warps along n
+  bool b_padded = false;  ///< B rows padded by one vec4 (B stored by k-walking threads)
+  int64_t b_row() const { return bn() / 4 + (b_padded ? 1 : 0); }  ///< vec4 per shared B row
   /// Two stages of A (transposed, rows padded by one vec4) and B tiles.
-  int64_t shared_bytes() const { return 2 * bk * (bm() / 4 + 1) * 16 + 2 * bk * (bn() / 4) * 16; }
+  int64_t shared_bytes() const { return 2 * bk * (bm() / 4 + 1) * 16 + 2 * bk * b_row() * 16; }
 };
 
 /// The tile loops of the tiled matmuls (grid-stride over batch, tile rows, tile columns), ending
@@ -1097,7 +1145,7 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   const mm_dims d = dims_of(g, k);
   const auto tile = pick_warp_tile(d, caps);
   if (!tile || d.kd == 0 || d.batch == 0) return std::nullopt;
-  const warp_tile t = *tile;
+  warp_tile t = *tile;
   const int64_t bm = t.bm(), bn = t.bn(), bk = t.bk, m = d.m, n = d.n, kd = d.kd;
   const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
   const auto loop = [&](const char* var, int64_t count) {
@@ -1112,24 +1160,34 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   const int b_binding = b_vec4 ? e.bind(bv->id) : -1;
   const int64_t b_batch = b_vec4 ? bv->batch_stride : kd * n;
   const std::string lb = b_vec4 ? "" : loader(e, "load_b", d.b);
+  // Operands laid out the other way (x^T, w^T through index arithmetic) are walked by
+  // consecutive threads along their contiguous axis: A along m, B along k.
+  const bool a_by_m = column_major(g, q, d.a);
+  const bool b_by_k = !b_vec4 && column_major(g, q, d.b);
+  t.b_padded = b_by_k;  // k-walking threads store down a column of Bs: padded rows spread the banks
+  if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
   std::string store;
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[rm * 4u + i][rn][c]"); });
 
   // Global -> registers: A as groups of 4 rows at one k (consecutive threads along k read
-  // neighbouring words of 4 rows), B as 4 neighbouring columns at one k.
+  // neighbouring words of 4 rows; along m when A is column-major), B as 4 neighbouring columns at
+  // one k (consecutive threads along n; along k when B is column-major).
   const int64_t a_items = bm / 4 * bk, b_items = bk * bn / 4;
   const int64_t a_per = (a_items + 255) / 256, b_per = (b_items + 255) / 256;
   const auto guard = [](int64_t items) { return items % 256 == 0 ? std::string() : "if (el < " + u(items) + ") "; };
+  // Which (k, m/4) or (k, n/4) slot of a tile item `el` fills.
+  const std::string a_k = a_by_m ? "el / " + u(bm / 4) : "el % " + u(bk), a_m4 = a_by_m ? "el % " + u(bm / 4) : "el / " + u(bk);
+  const std::string b_k = b_by_k ? "el % " + u(bk) : "el / " + u(bn / 4), b_n4 = b_by_k ? "el / " + u(bk) : "el % " + u(bn / 4);
   auto fetch = [&](const std::string& kb) {
     std::string f;
-    f += "      " + loop("l", a_per) + "{\n        uint el = tid + l * 256u, gm = m0 + (el / " + u(bk) + ") * 4u, gk = " + kb +
-         " + el % " + u(bk) + ";\n        vec4 v = vec4(0.0);\n";
+    f += "      " + loop("l", a_per) + "{\n        uint el = tid + l * 256u, gm = m0 + (" + a_m4 + ") * 4u, gk = " + kb +
+         " + " + a_k + ";\n        vec4 v = vec4(0.0);\n";
     f += "        " + guard(a_items) + "if (gk < " + u(kd) + ") {\n          uint base = bz * " + u(m * kd) + " + gm * " + u(kd) +
          " + gk;\n";
     f += "          " + loop("r", 4) + "if (gm + r < " + u(m) + ") v[r] = load_a(base + r * " + u(kd) + ");\n        }\n";
     f += "        ga[l] = v;\n      }\n";
-    f += "      " + loop("l", b_per) + "{\n        uint el = tid + l * 256u, gk = " + kb + " + el / " + u(bn / 4) +
-         ", gn = n0 + (el % " + u(bn / 4) + ") * 4u, base = bz * " + u(b_batch) + " + gk * " + u(n) + " + gn;\n";
+    f += "      " + loop("l", b_per) + "{\n        uint el = tid + l * 256u, gk = " + kb + " + " + b_k + ", gn = n0 + (" + b_n4 +
+         ") * 4u, base = bz * " + u(b_batch) + " + gk * " + u(n) + " + gn;\n";
     if (b_vec4) {
       std::string in_range = "gk < " + u(kd) + " && gn < " + u(n);
       if (b_items % 256 != 0) in_range = "el < " + u(b_items) + " && " + in_range;
@@ -1144,16 +1202,16 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   auto stash = [&](const std::string& stage) {
     std::string s;
     s += "      " + loop("l", a_per) + "{\n        uint el = tid + l * 256u;\n        " + guard(a_items) + "As[" + stage +
-         "][el % " + u(bk) + "][el / " + u(bk) + "] = ga[l];\n      }\n";
+         "][" + a_k + "][" + a_m4 + "] = ga[l];\n      }\n";
     s += "      " + loop("l", b_per) + "{\n        uint el = tid + l * 256u;\n        " + guard(b_items) + "Bs[" + stage +
-         "][el / " + u(bn / 4) + "][el % " + u(bn / 4) + "] = gb[l];\n      }\n";
+         "][" + b_k + "][" + b_n4 + "] = gb[l];\n      }\n";
     return s;
   };
 
   const int64_t tiles = (kd + bk - 1) / bk;
   std::string src;
   src += "shared vec4 As[2][" + std::to_string(bk) + "][" + std::to_string(bm / 4 + 1) + "];\n";
-  src += "shared vec4 Bs[2][" + std::to_string(bk) + "][" + std::to_string(bn / 4) + "];\n";
+  src += "shared vec4 Bs[2][" + std::to_string(bk) + "][" + std::to_string(t.b_row()) + "];\n";
   src += la + lb;
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = tid >> 5, lane = tid & 31u;\n";
   src += "  const uint wm = warp >> 1, wn = warp & 1u, lm = lane >> 3, ln = lane & 7u;\n";
@@ -1186,8 +1244,8 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   src += store + "    }\n  }\n}\n";
 
   kernel_source s;
-  s.name = "mmw" + std::to_string(bm) + "x" + std::to_string(bn) + (bk == 8 ? "" : "k" + std::to_string(bk)) + "_" +
-           std::to_string(k.root);
+  s.name = "mmw" + std::to_string(bm) + "x" + std::to_string(bn) + (bk == 8 ? "" : "k" + std::to_string(bk)) +
+           (a_by_m ? "am" : "") + (b_by_k ? "bk" : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), groups_for(d.batch, 1, caps.max_groups[2])};
   s.bytes = bytes_of(g, s.bindings);

@@ -35,6 +35,7 @@
 #include "graph/builder.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
+#include "graph/simplify.hpp"
 #include "gpu/executor.hpp"
 
 using namespace mesh;
@@ -221,17 +222,44 @@ tensor random_tensor(dtype t, const shape& s, uint64_t seed) {
 /// `batched_w`) on `ex` and checks every entry against a host dot product; returns the largest
 /// error normalised by sum |a*w| + |bias|. Covers tile edges, batches, a weight broadcast over the
 /// batch (read with batch stride 0) and the epilogue of whichever kernel the device picks.
+/// The last two axes of `x` swapped, on the host.
+tensor swap_last_two(const tensor& x) {
+  shape d = x.dims;
+  const int64_t r = d[d.size() - 2], c = d[d.size() - 1], mats = x.size() / std::max<int64_t>(r * c, 1);
+  std::swap(d[d.size() - 2], d[d.size() - 1]);
+  tensor y = tensor::zeros(x.type, d);
+  for (int64_t z = 0; z < mats; ++z)
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) y.set(z * r * c + j * r + i, x.at(z * r * c + i * c + j));
+  return y;
+}
+
+/// With `transposed`, a and w are stored transposed and the graph swaps them back (x^T and w^T
+/// read through index arithmetic, as gradients read them).
 double check_matmul(gpu::executor& ex, dtype t, int64_t batch, int64_t m, int64_t k, int64_t n, bool batched_w, bool plain,
-                    std::string* kernel) {
+                    std::string* kernel, bool transposed = false) {
   const std::string p = "chk" + std::to_string(batch) + "_" + std::to_string(m) + "_" + std::to_string(k) + "_" +
-                        std::to_string(n) + (batched_w ? "b" : "") + (plain ? "p" : "") + to_string(t) + ".";
+                        std::to_string(n) + (batched_w ? "b" : "") + (plain ? "p" : "") + (transposed ? "t" : "") +
+                        to_string(t) + ".";
   const shape as{batch, m, k}, ws = batched_w ? shape{batch, k, n} : shape{k, n}, cs{batch, m, n};
   builder b;
-  auto a = b.parameter(p + "a", t, as);
-  auto w = b.parameter(p + "w", t, ws);
+  const auto swapped = [](shape d) {
+    std::swap(d[d.size() - 2], d[d.size() - 1]);
+    return d;
+  };
+  const auto swap_back = [](const expr& x) {
+    return x.dims().size() == 2 ? transpose(x) : permute(x, {0, 2, 1});
+  };
+  auto a = transposed ? swap_back(b.parameter(p + "a", t, swapped(as))) : b.parameter(p + "a", t, as);
+  auto w = transposed ? swap_back(b.parameter(p + "w", t, swapped(ws))) : b.parameter(p + "w", t, ws);
   auto bias = b.parameter(p + "bias", t, {n});
   b.update(b.parameter(p + "c", t, cs), plain ? matmul(a, w) : relu(matmul(a, w) + bias));
   tensor_map params{{p + "a", random_tensor(t, as, 1)}, {p + "w", random_tensor(t, ws, 2)}, {p + "bias", random_tensor(t, {n}, 3)}};
+  const tensor logical_a = params[p + "a"], logical_w = params[p + "w"];  // what the reference multiplies
+  if (transposed) {
+    params[p + "a"] = swap_last_two(logical_a);
+    params[p + "w"] = swap_last_two(logical_w);
+  }
   if (plain) params[p + "bias"] = tensor::zeros(t, {n});  // not in the graph: the reference adds 0 and skips relu
   params[p + "c"] = tensor::zeros(t, cs);
   for (int64_t i = 0; i < params[p + "c"].size(); ++i) params[p + "c"].set(i, -7.0);  // poison: every entry must be written
@@ -246,7 +274,7 @@ double check_matmul(gpu::executor& ex, dtype t, int64_t batch, int64_t m, int64_
     for (int64_t i = 0; i < x.size(); ++i) v[static_cast<size_t>(i)] = x.at(i);
     return v;
   };
-  const std::vector<double> va = values(params[p + "a"]), vw = values(params[p + "w"]), vb = values(params[p + "bias"]),
+  const std::vector<double> va = values(logical_a), vw = values(logical_w), vb = values(params[p + "bias"]),
                             vc = values(got->at(p + "c"));
   double worst = 0;
   std::vector<double> want(static_cast<size_t>(n)), scale(static_cast<size_t>(n));
@@ -273,23 +301,24 @@ double check_matmul(gpu::executor& ex, dtype t, int64_t batch, int64_t m, int64_
 
 /// Runs the entry-by-entry matmul checks of dtype `t` on `ex` (the variant it was created for).
 void check_matmuls(gpu::executor& ex, dtype t, const std::string& variant, bool quick, bool few) {
-  struct shape4 { int64_t batch, m, k, n; bool batched_w, plain = false; };
+  struct shape4 { int64_t batch, m, k, n; bool batched_w, plain = false, transposed = false; };
   // Quick (lavapipe): small problems only. Otherwise both tile sizes with ragged edges; the sweep's
   // variants (`few`) get one small and one large problem.
   std::vector<shape4> cases{{1, 77, 40, 24, false}};
-  if (quick) cases.push_back({2, 130, 64, 136, true});
+  if (quick) cases.insert(cases.end(), {{2, 130, 64, 136, true}, {2, 130, 64, 136, true, false, true}});
   else if (few) cases.push_back({2, 1000, 256, 1032, true});
   else
     cases.insert(cases.end(), {{1, 300, 264, 520, false}, {2, 1000, 256, 1032, true}, {4, 500, 128, 1000, false},
-                               {2, 1000, 256, 1032, true, true}});
+                               {2, 1000, 256, 1032, true, true}, {1, 300, 264, 520, false, false, true},
+                               {2, 1000, 256, 1032, true, false, true}});
   for (const auto& c : cases) {
     std::string kernel;
-    const double err = check_matmul(ex, t, c.batch, c.m, c.k, c.n, c.batched_w, c.plain, &kernel);
+    const double err = check_matmul(ex, t, c.batch, c.m, c.k, c.n, c.batched_w, c.plain, &kernel, c.transposed);
     char what[200];
-    std::snprintf(what, sizeof what, "check %s %s %lldx%lldx%lldx%lld%s%s [%s]", variant.c_str(), to_string(t),
+    std::snprintf(what, sizeof what, "check %s %s %lldx%lldx%lldx%lld%s%s%s", variant.c_str(), to_string(t),
                   static_cast<long long>(c.batch), static_cast<long long>(c.m), static_cast<long long>(c.k),
                   static_cast<long long>(c.n), c.batched_w ? " (batched w)" : " (w broadcast)",
-                  c.plain ? " no epilogue" : " +bias relu", kernel.c_str());
+                  c.plain ? " no epilogue" : " +bias relu", (std::string(c.transposed ? ", a and w stored transposed" : "") + " [" + kernel + "]").c_str());
     report_check(what, err, matmul_limit(t));
   }
 }
@@ -407,8 +436,9 @@ void time_variants(const std::string& list, bool quick) {
 /// One training step of a transformer block (forward, backward through autodiff, SGD update),
 /// timed per kernel (median of `reps` runs each) against each kernel's ideal time:
 /// max(bytes / copy bandwidth, flops / GEMM rate), both measured earlier in the same run.
+/// `as_built`: the graph as autodiff makes it; otherwise simplified, as the trainer ships it.
 void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t channels, int64_t heads, double copy_gbs,
-                      double gemm_gflops) {
+                      double gemm_gflops, bool as_built = false) {
   builder b;
   auto x = b.parameter("step.x", dtype::f32, {batch, time, channels});
   auto blk = nn::make_transformer_block(b, "step.blk", channels, heads);
@@ -416,7 +446,7 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
   const std::vector<expr> params{blk.ln1_gamma, blk.ln1_beta, blk.attn.wq, blk.attn.wk, blk.attn.wv, blk.attn.wo,
                                  blk.ln2_gamma, blk.ln2_beta, blk.up.w,    blk.up.b,    blk.down.w,  blk.down.b};
   optim::sgd(b, params, gradients(loss, params), {.lr = 1e-3});
-  const graph g = finish(b);
+  const graph g = as_built ? finish(b) : simplify(finish(b));
   tensor_map init = nn::init_parameters(g, 7);
   init["step.x"] = random_tensor(dtype::f32, {batch, time, channels}, 9);
   if (!ex.set_parameters(init)) std::exit(1);
@@ -450,9 +480,10 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
       mm_ideal += ideal_ms;
     }
   }
-  std::printf("\ntransformer block training step (x [%lld, %lld, %lld], %lld heads; forward, backward, SGD): %zu kernels\n",
+  std::printf("\ntransformer block training step (x [%lld, %lld, %lld], %lld heads; forward, backward, SGD; %s): %zu kernels\n",
               static_cast<long long>(batch), static_cast<long long>(time), static_cast<long long>(channels),
-              static_cast<long long>(heads), kernels.size());
+              static_cast<long long>(heads), as_built ? "the graph as autodiff built it" : "simplified, as the trainer ships it",
+              kernels.size());
   std::printf("  ideal per kernel = max(bytes / %.0f GB/s copy, flops / %.0f GFLOP/s fp32 GEMM), both measured above\n",
               copy_gbs, gemm_gflops);
   std::printf("  measured %.3f ms, sum of ideal times %.3f ms: %.0f%% of ideal\n", total, ideal, 100.0 * ideal / total);
@@ -674,8 +705,11 @@ int main(int argc, char** argv) {
       if (!e) continue;
       if (e == unfused.get()) std::printf("\nrow kernels not fused (MESH_FUSE_ROWS=0), for comparison:");
       if (e == one_pass.get()) std::printf("\none-pass reductions (MESH_SPLIT_REDUCE=0), for comparison:");
-      if (quick) transformer_step(*e, 2, 32, 64, 4, copy_gbs, gemm_gflops);
-      else transformer_step(*e, 8, 256, 768, 12, copy_gbs, gemm_gflops);
+      for (bool as_built : {false, true}) {
+        if (as_built && e != &ex) continue;  // the unsimplified graph on the default executor only
+        if (quick) transformer_step(*e, 2, 32, 64, 4, copy_gbs, gemm_gflops, as_built);
+        else transformer_step(*e, 8, 256, 768, 12, copy_gbs, gemm_gflops, as_built);
+      }
     }
   }
 

@@ -411,3 +411,31 @@ TEST_CASE("ops: a row result read at another row's index is not fused into a row
   for (const auto& k : p.kernels) CHECK(k.kind != gpu::kernel_kind::rows);
   check(g, {{"x", random_tensor(dtype::f32, {6, 6}, 44)}}, {}, 1e-5);
 }
+
+TEST_CASE("ops: column-major matmul operands (x^T, w^T through index arithmetic) are fetched along their contiguous axis") {
+  // A = x^T walks m, B = w^T walks k (the layout the gradients of x @ w read); ragged tiles,
+  // 64- and 128-wide tiles, a batch with a weight broadcast over it, and both at once.
+  builder b;
+  auto x = b.input("x", dtype::f32, {37, 300});
+  auto y = b.input("y", dtype::f32, {37, 130});
+  auto w = b.parameter("cw", dtype::f32, {515, 300});
+  auto big = b.input("big", dtype::f32, {300, 1030});
+  auto xb = b.input("xb", dtype::f32, {3, 40, 65});
+  auto wb = b.parameter("cwb", dtype::f32, {70, 65});
+  b.output("xt_y", matmul(transpose(x), y));                                  // [300, 37] x [37, 130]
+  b.output("a_wt", relu(matmul(transpose(big), transpose(w))) + 1.0);        // [1030, 300] x [300, 515]
+  b.output("batched_wt", matmul(xb, permute(broadcast_to(wb, {3, 70, 65}), {0, 2, 1})));  // [3, 40, 65] x [3, 65, 70]
+  const graph g = finish(b);
+  const tensor_map inputs{{"x", random_tensor(dtype::f32, {37, 300}, 50)},
+                          {"y", random_tensor(dtype::f32, {37, 130}, 51)},
+                          {"big", random_tensor(dtype::f32, {300, 1030}, 52)},
+                          {"xb", random_tensor(dtype::f32, {3, 40, 65}, 53)}};
+  const tensor_map params{{"cw", random_tensor(dtype::f32, {515, 300}, 54)}, {"cwb", random_tensor(dtype::f32, {70, 65}, 55)}};
+  check(g, inputs, params, 1e-4);
+  std::string names;
+  for (const auto& k : vulkan().stats().kernels) names += k.name + " ";
+  INFO(names);
+  CHECK(names.find("am_") != std::string::npos);    // A walked along m
+  CHECK(names.find("ambk_") != std::string::npos);  // both
+  CHECK(names.find("bk_") != std::string::npos);
+}

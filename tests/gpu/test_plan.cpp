@@ -60,7 +60,7 @@ TEST_CASE("lowering: a transposed operand is index arithmetic, not a copy") {
   CHECK(p.kernels.size() == 1);
 }
 
-TEST_CASE("lowering: softmax is one rows kernel; unfused, 3 (a small subexpression two kernels need is recomputed)") {
+TEST_CASE("lowering: softmax is one rows kernel (3 kernels unfused: a small subexpression two kernels need is recomputed)") {
   builder b;
   auto x = b.input("x", dtype::f32, {4, 16});
   b.output("y", nn::softmax(x));
@@ -144,7 +144,7 @@ TEST_CASE("lowering: a large subexpression two kernels need is materialised once
   CHECK(lower(g, {}, false).kernels.size() == 3);
 }
 
-TEST_CASE("lowering: layer norm is one rows kernel (mean, variance, normalise); unfused, 3") {
+TEST_CASE("lowering: layer norm is one rows kernel (mean, variance, normalise: 3 kernels unfused)") {
   builder b;
   auto x = b.input("x", dtype::f32, {4, 16});
   auto gamma = b.parameter("g", dtype::f32, {16});
