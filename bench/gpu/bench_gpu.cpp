@@ -310,7 +310,8 @@ void check_matmuls(gpu::executor& ex, dtype t, const std::string& variant, bool 
   else
     cases.insert(cases.end(), {{1, 300, 264, 520, false}, {2, 1000, 256, 1032, true}, {4, 500, 128, 1000, false},
                                {2, 1000, 256, 1032, true, true}, {1, 300, 264, 520, false, false, true},
-                               {2, 1000, 256, 1032, true, false, true}});
+                               {2, 1000, 256, 1032, true, false, true}, {1, 300, 1100, 260, false},
+                               {1, 300, 1100, 260, false, false, true}});  // the last two: few tiles, long k
   for (const auto& c : cases) {
     std::string kernel;
     const double err = check_matmul(ex, t, c.batch, c.m, c.k, c.n, c.batched_w, c.plain, &kernel, c.transposed);
