@@ -150,7 +150,9 @@ class cpu_executor final : public executor {
     // Element k of input j as double (generic paths) and typed pointers (fast paths).
     auto in_at = [&](size_t j, int64_t k) -> double {
       const value& x = v[n.inputs[j]];
-      return g[n.inputs[j]].type == dtype::i32 ? x.i[static_cast<size_t>(k)] : x.f[static_cast<size_t>(k)];
+      // Both arms as double: `cond ? int32 : float` would be a float and round i32 values past 2^24.
+      return g[n.inputs[j]].type == dtype::i32 ? static_cast<double>(x.i[static_cast<size_t>(k)])
+                                               : static_cast<double>(x.f[static_cast<size_t>(k)]);
     };
     auto store = [&](int64_t k, double x) {
       if (is_int) out.i[static_cast<size_t>(k)] = to_i32(x);

@@ -89,12 +89,15 @@ int64_t split_slices(const reduction_layout& l, const split_options& o) {
 namespace {
 
 /// The [..., L] shape a kernel folds row by row: a one-pass float reduction over the last axis
-/// only (of at least 2 elements). Empty for any other kernel.
+/// only (of at least 2 elements) with a float result. Empty for any other kernel.
 shape row_shape_of(const graph& g, const kernel& k) {
   if (k.kind != kernel_kind::reduce || k.pass != 0) return {};
   const node& r = g[k.anchor];
   const shape& xd = g[r.inputs[0]].dims;
-  if (r.type == dtype::i32 || xd.empty() || xd.back() < 2 || r.attrs.axes.size() != 1) return {};
+  // Results pass between members as floats (shared memory, registers): integer ones would lose
+  // bits past 2^24 or fail to compile, so an i32 reduction or epilogue is never a member.
+  if (r.type == dtype::i32 || g[k.root].type == dtype::i32 || xd.empty() || xd.back() < 2 || r.attrs.axes.size() != 1)
+    return {};
   int64_t axis = r.attrs.axes[0];
   if (axis < 0) axis += static_cast<int64_t>(xd.size());
   return axis == static_cast<int64_t>(xd.size()) - 1 ? xd : shape{};

@@ -439,3 +439,32 @@ TEST_CASE("ops: column-major matmul operands (x^T, w^T through index arithmetic)
   CHECK(names.find("ambk_") != std::string::npos);  // both
   CHECK(names.find("bk_") != std::string::npos);
 }
+
+TEST_CASE("ops: i32 arithmetic and compares stay exact past 2^24 on every back end") {
+  builder b;
+  auto k1 = b.input("k1", dtype::i32, {4});
+  auto k2 = b.input("k2", dtype::i32, {4});
+  b.output("eq", compare(k1 + 1, k2, compare_kind::eq));
+  b.output("sum", k1 + k2);
+  b.output("diff", (k1 + 1) - k2);
+  b.output("max", maximum(k1 + 1, k2));
+  check(finish(b), {{"k1", tensor::from_ints({4}, {16777216, 16777215, -16777217, 1000000001})},
+                    {"k2", tensor::from_ints({4}, {16777216, 16777216, -16777216, 1000000002})}});
+}
+
+TEST_CASE("ops: an i32 result of a row reduction is not passed between rows-kernel members as a float") {
+  // cast(sum(x), i32) + 1 is 16777217 here: a float could not hold it, and k = 16777216 compares
+  // equal to it only if it was rounded on the way.
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  auto k = b.input("k", dtype::i32, {4, 8});
+  auto r = cast(sum(x, {1}, true), dtype::i32) + 1;
+  b.output("r", r);
+  b.output("z", select(compare(broadcast_to(r, {4, 8}), k, compare_kind::eq), x, x * 2.0));
+  b.output("w", r + k);
+  const graph g = finish(b);
+  INFO(gpu::describe(g, gpu::lower(g)));
+  for (const auto& kn : gpu::lower(g).kernels) CHECK(kn.kind != gpu::kernel_kind::rows);
+  check(g, {{"x", random_tensor(dtype::f32, {4, 8}, 70, 2097152, 2097152)},
+            {"k", tensor::from_ints({4, 8}, std::vector<int32_t>(32, 16777216))}});
+}
