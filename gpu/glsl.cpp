@@ -530,7 +530,15 @@ kernel_source column_reduction(const graph& g, const plan& q, const kernel& k, c
 std::string workgroup_combine(const reduction_ops& ops, bool subgroups, uint32_t threads = 256) {
   std::string m;
   if (subgroups) {
-    m += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
+    if (ops.is_max && !ops.is_int) {
+      // subgroupMax of a NaN is undefined (lavapipe drops it); a float max propagates NaN, as
+      // ops.combine and the reference do.
+      m += "    const float nan_seen = subgroupMax(isnan(acc) ? 1.0 : 0.0);\n";
+      m += "    acc = subgroupMax(isnan(acc) ? uintBitsToFloat(0xff800000u) : acc);\n";
+      m += "    if (nan_seen > 0.0) acc = uintBitsToFloat(0x7fc00000u);\n";
+    } else {
+      m += std::string("    acc = ") + (ops.is_max ? "subgroupMax" : "subgroupAdd") + "(acc);\n";
+    }
     m += "    if (gl_SubgroupInvocationID == 0u) sh[gl_SubgroupID] = acc;\n    barrier();\n";
     m += "    if (gl_LocalInvocationID.x == 0u) {\n      acc = " + ops.init +
          ";\n      for (uint s = 0u; s < gl_NumSubgroups; ++s) acc = " + ops.combine("acc", "sh[s]") + ";\n";

@@ -468,3 +468,23 @@ TEST_CASE("ops: an i32 result of a row reduction is not passed between rows-kern
   check(g, {{"x", random_tensor(dtype::f32, {4, 8}, 70, 2097152, 2097152)},
             {"k", tensor::from_ints({4, 8}, std::vector<int32_t>(32, 16777216))}});
 }
+
+TEST_CASE("ops: a max over a row holding NaN is NaN, fused or not, one pass or split") {
+  // Workgroup reductions combine lanes with subgroupMax, whose NaN handling is undefined: the
+  // kernels carry NaN past it, as the reference does.
+  auto unfused = vulkan_with_env("MESH_FUSE_ROWS", "0");
+  builder b;
+  auto x = b.input("x", dtype::f32, {3, 300});
+  auto flat = b.input("flat", dtype::f32, {5000});
+  b.output("row_max", max_over(x, {1}, true));
+  b.output("softmax", nn::softmax(x));
+  b.output("all_max", max_over(flat, {0}));  // split into two passes
+  const graph g = finish(b);
+  tensor xv = random_tensor(dtype::f32, {3, 300}, 80);
+  xv.set(1 * 300 + 17, std::nan(""));  // row 1 only
+  tensor fv = random_tensor(dtype::f32, {5000}, 81);
+  fv.set(4321, std::nan(""));
+  const tensor_map inputs{{"x", xv}, {"flat", fv}};
+  check(g, inputs, {}, 1e-5);
+  check_on(*unfused, g, inputs, {}, 1e-5);
+}
