@@ -91,9 +91,9 @@ struct vulkan_options {
   int split_reductions = -1;
   /// Runs of kernels over the same rows (softmax, layer norm: row reductions, then the
   /// elementwise kernel that uses them) become one kernel that reads each row from memory once:
-  /// -1 chooses (every row length on GPUs; rows of 256 or more on CPU devices such as lavapipe,
-  /// where short rows ran slower fused), 0 off, 1 every row length. The env variable
-  /// MESH_FUSE_ROWS=0 or 1 overrides it.
+  /// -1 chooses (rows of 32 or more on GPUs, 256 or more on CPU devices such as lavapipe, where
+  /// short rows ran slower fused), 0 off, 1 every row length. The env variable MESH_FUSE_ROWS=0
+  /// or 1 overrides it.
   int fuse_rows = -1;
 };
 

@@ -40,16 +40,18 @@ split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
 
 /// The shortest rows whose kernels are fused into one (kernel_kind::rows), 0 for none:
 /// vulkan_options::fuse_rows, overridden by MESH_FUSE_ROWS=0/1 (the benchmark times both). By
-/// default every row length on GPUs; on CPU devices rows of 256 or more (on lavapipe a fused
-/// softmax over 1,024-element rows was faster, a layer norm over 64-element rows slower: its
-/// workgroups are run by a few CPU threads, and each barrier costs).
+/// default rows of 32 or more on GPUs (a rows kernel gives each row a workgroup of at least 64
+/// threads: shorter rows would leave most of them idle, where the unfused kernels give each
+/// row a thread); on CPU devices rows of 256 or more (on lavapipe a fused softmax over
+/// 1,024-element rows was faster, a layer norm over 64-element rows slower: its workgroups are
+/// run by a few CPU threads, and each barrier costs). 1: every length (tests).
 int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
   int want = vo.fuse_rows;
   if (const char* v = std::getenv("MESH_FUSE_ROWS"); v && (std::string(v) == "0" || std::string(v) == "1"))
     want = v[0] - '0';
   if (want == 0) return 0;
   if (want == 1) return 2;
-  return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 2;
+  return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 32;
 }
 
 /// One memory type's blocks: each block is a VkDeviceMemory bound to one VkBuffer.
