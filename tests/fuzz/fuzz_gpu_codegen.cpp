@@ -6,9 +6,19 @@
 // and selects. Lowering runs with low split thresholds so that split reductions, rows kernels
 // and their checks are reached on small tensors; emission runs for several device
 // capabilities. No shader is compiled here (test_gpu_codegen compiles every kernel kind).
+// Small all-f32 graphs also run differentially: the CPU back end against the reference
+// evaluator, on the same random inputs and parameters (an i32 read through a float once made
+// them differ past 2^24; this would have found it).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
+
+#include "gpu/executor.hpp"
+#include "graph/evaluate.hpp"
 
 #include "graph/builder.hpp"
 #include "graph/nn.hpp"
@@ -151,6 +161,64 @@ expr step(builder& b, byte_source& in, std::vector<expr>& vals, int& params) {
   }
 }
 
+/// Random inputs and parameters for `g` from `seed`: floats in [-1, 1], i32 (gather indices) in
+/// [-1, 8] so that some fall out of range.
+void random_bindings(const graph& g, uint64_t seed, tensor_map& inputs, tensor_map& params) {
+  for (const auto& n : g.nodes) {
+    if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
+    std::vector<double> v(static_cast<size_t>(element_count(n.dims)));
+    for (auto& x : v) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      const double u = static_cast<double>(seed >> 11) / 9007199254740992.0;
+      x = n.type == dtype::i32 ? std::floor(-1 + u * 10) : -1 + 2 * u;
+    }
+    (n.op == op_kind::input ? inputs : params)[n.attrs.name] = tensor::from_values(n.type, n.dims, v);
+  }
+}
+
+/// Whether every value is finite and small enough that f32 rounding differences stay small.
+bool tame(const tensor& t) {
+  for (int64_t i = 0; i < t.size(); ++i)
+    if (!std::isfinite(t.at(i)) || std::abs(t.at(i)) > 1e4) return false;
+  return true;
+}
+
+/// The CPU back end and the reference evaluator agree on a small all-f32 graph.
+void differential(const graph& g, uint64_t seed) {
+  int64_t total = 0;
+  for (const auto& n : g.nodes) {
+    if (n.type != dtype::f32 && !(n.type == dtype::i32 && n.op == op_kind::input)) return;
+    total += element_count(n.dims);
+  }
+  if (total > 20000) return;  // keeps the fuzzer fast
+  tensor_map inputs, params;
+  random_bindings(g, seed, inputs, params);
+  const auto cpu = gpu::make_cpu_executor(1);  // fresh: parameter names repeat with other shapes
+  if (!cpu->set_parameters(params)) std::abort();
+  auto id = cpu->load(g);
+  if (!id) std::abort();
+  auto got = cpu->run(*id, inputs);
+  tensor_map ref_params = params;
+  auto want = evaluate(g, inputs, ref_params);
+  if (!got || !want) std::abort();
+  for (const auto& [name, w] : *want) {
+    const tensor& c = got->at(name);
+    if (!tame(w) || !tame(c)) continue;  // overflow or NaN: rounding order decides, not a bug
+    if (normalised_error(c, w) > 1e-3) {
+      std::fprintf(stderr, "cpu and reference differ on output %s: normalised error %g\n", name.c_str(), normalised_error(c, w));
+      for (node_id i = 0; i < g.size(); ++i) {
+        std::fprintf(stderr, "  %%%d %s [", static_cast<int>(i), std::string(to_string(g[i].op)).c_str());
+        for (auto d : g[i].dims) std::fprintf(stderr, " %lld", static_cast<long long>(d));
+        std::fprintf(stderr, " ] <-");
+        for (auto in : g[i].inputs) std::fprintf(stderr, " %%%d", static_cast<int>(in));
+        std::fprintf(stderr, "\n");
+      }
+      for (int64_t i = 0; i < std::min<int64_t>(c.size(), 8); ++i) std::fprintf(stderr, "  [%lld] cpu %g ref %g\n", static_cast<long long>(i), c.at(i), w.at(i));
+      std::abort();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -192,5 +260,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (auto id : src->bindings)
         if (id < 0 || id >= g->size() + static_cast<node_id>(p.scratch.size())) std::abort();
     }
+  uint64_t seed = size;
+  for (size_t i = 0; i < size; ++i) seed = seed * 131 + data[i];
+  differential(*g, seed);
   return 0;
 }

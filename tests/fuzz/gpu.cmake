@@ -1,1 +1,1 @@
-mesh_add_fuzzer(fuzz_gpu_codegen SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_gpu_codegen.cpp LIBS mesh_gpu_codegen)
+mesh_add_fuzzer(fuzz_gpu_codegen SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_gpu_codegen.cpp LIBS mesh_gpu)
