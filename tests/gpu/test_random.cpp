@@ -48,13 +48,15 @@ void compare(gpu::executor& ex, const graph& g, const tensor_map& inputs, const 
 
 TEST_CASE("random graphs: Vulkan and the CPU back end equal the reference") {
   vulkan();  // keeps the driver loaded (see harness.hpp)
-  // MESH_RANDOM_GRAPHS=N runs N graphs (and other seeds with MESH_RANDOM_SEED) for a longer hunt.
+  // MESH_RANDOM_GRAPHS=N runs N graphs, MESH_RANDOM_SEED=S from another seed, MESH_RANDOM_STEPS
+  // = K of up to K ops (16), for a longer hunt.
   const int want_graphs = std::getenv("MESH_RANDOM_GRAPHS") ? std::atoi(std::getenv("MESH_RANDOM_GRAPHS")) : 40;
   const uint64_t first = std::getenv("MESH_RANDOM_SEED") ? std::strtoull(std::getenv("MESH_RANDOM_SEED"), nullptr, 10) : 1;
+  const int steps = std::getenv("MESH_RANDOM_STEPS") ? std::atoi(std::getenv("MESH_RANDOM_STEPS")) : 16;
   int ran = 0;
   for (uint64_t seed = first; ran < want_graphs && seed < first + 25 * static_cast<uint64_t>(want_graphs); ++seed) {
-    const auto bytes = random_bytes(seed, 112);
-    auto g = mesh::test::graph_from_bytes(bytes.data(), bytes.size(), 16);
+    const auto bytes = random_bytes(seed, static_cast<size_t>(7 * steps));
+    auto g = mesh::test::graph_from_bytes(bytes.data(), bytes.size(), steps);
     if (!g) continue;
     // All f32 and small: f16 rounding, amplified by later ops, would need per-graph bounds.
     bool f32 = true;
