@@ -154,8 +154,9 @@ class cpu_executor final : public executor {
       return g[n.inputs[j]].type == dtype::i32 ? static_cast<double>(x.i[static_cast<size_t>(k)])
                                                : static_cast<double>(x.f[static_cast<size_t>(k)]);
     };
+    // i32 arithmetic wraps; a cast to i32 saturates (ops.hpp).
     auto store = [&](int64_t k, double x) {
-      if (is_int) out.i[static_cast<size_t>(k)] = to_i32(x);
+      if (is_int) out.i[static_cast<size_t>(k)] = n.op == op_kind::cast ? to_i32(x) : static_cast<int32_t>(wrap_i32_exact(x));
       else out.f[static_cast<size_t>(k)] = round16(n.type, static_cast<float>(x));
     };
     switch (family_of(n.op)) {
@@ -242,7 +243,9 @@ class cpu_executor final : public executor {
             switch (n.op) {
               case op_kind::add: r = x + y; break;
               case op_kind::sub: r = x - y; break;
-              case op_kind::mul: r = x * y; break;
+              case op_kind::mul:  // an i32 product can pass 2^53: exact in int64, then wrapped
+                r = int_operands ? wrap_i32(static_cast<int64_t>(x) * static_cast<int64_t>(y)) : x * y;
+                break;
               case op_kind::div: r = int_operands ? (y == 0 ? 0.0 : std::trunc(x / y)) : x / y; break;
               case op_kind::pow: r = std::pow(x, y); break;
               case op_kind::max: r = x > y ? x : y; break;

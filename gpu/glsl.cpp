@@ -51,9 +51,9 @@ float mesh_tanh(float x) { float t = exp(-2.0 * abs(x)); return sign(x) * (1.0 -
 vec4 mesh_tanh(vec4 x) { vec4 t = exp(-2.0 * abs(x)); return sign(x) * (1.0 - t) / (1.0 + t); }
 float mesh_sigmoid(float x) { return 1.0 / (1.0 + exp(-x)); }
 vec4 mesh_sigmoid(vec4 x) { return 1.0 / (1.0 + exp(-x)); }
-int mesh_to_int(float x) { return isnan(x) ? 0 : int(clamp(x, -2147483648.0, 2147483520.0)); }
+int mesh_to_int(float x) { return isnan(x) ? 0 : (x >= 2147483648.0 ? 2147483647 : int(max(x, -2147483648.0))); }
 ivec4 mesh_to_int(vec4 x) { return ivec4(mesh_to_int(x.x), mesh_to_int(x.y), mesh_to_int(x.z), mesh_to_int(x.w)); }
-int mesh_idiv(int a, int b) { return b == 0 ? 0 : a / b; }
+int mesh_idiv(int a, int b) { return b == 0 ? 0 : (b == -1 ? -a : a / b); }  // -a wraps: INT_MIN / -1 = INT_MIN
 )";
 
 /// Builds the statements of one kernel: values of nodes at index expressions, with common

@@ -74,4 +74,9 @@ double round_to(dtype t, double x) {
   return x;
 }
 
+double wrap_i32_exact(double x) {
+  if (!std::isfinite(x)) return 0;
+  return wrap_i32(static_cast<int64_t>(std::fmod(std::trunc(x), 4294967296.0)));
+}
+
 }  // namespace mesh

@@ -43,4 +43,11 @@ inline float bf16_to_float(uint16_t b) {
 /// rounds after each op so that it sees what a device storing `t` sees).
 double round_to(dtype t, double x);
 
+/// An i32 result of integer arithmetic: `v` modulo 2^32, in two's complement (ops.hpp).
+inline int32_t wrap_i32(int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); }
+
+/// The same for an exact integer held in a double (|x| < 2^53, e.g. a sum of i32 values); NaN and
+/// infinities give 0.
+double wrap_i32_exact(double x);
+
 }  // namespace mesh

@@ -47,7 +47,9 @@ double apply_binary(const node& n, dtype operand_type, double a, double b) {
   switch (n.op) {
     case op_kind::add: return a + b;
     case op_kind::sub: return a - b;
-    case op_kind::mul: return a * b;
+    case op_kind::mul:  // an i32 product can pass 2^53: exact in int64, then wrapped
+      if (operand_type == dtype::i32) return wrap_i32(static_cast<int64_t>(a) * static_cast<int64_t>(b));
+      return a * b;
     case op_kind::div:
       // Integer division truncates toward zero; dividing an integer by zero gives 0 (defined
       // here so that every back end agrees, and so no device faults on it).
@@ -189,8 +191,9 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
       break;
     }
   }
+  // i32 arithmetic wraps; a cast to i32 saturates (ops.hpp).
   if (round)
-    for (auto& v : out) v = round_to(n.type, v);
+    for (auto& v : out) v = n.type == dtype::i32 && n.op != op_kind::cast ? wrap_i32_exact(v) : round_to(n.type, v);
   return out;
 }
 

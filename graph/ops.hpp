@@ -10,6 +10,11 @@
 ///   nodes following numpy's rules;
 /// - matmul takes [..., m, k] x [..., k, n] with equal batch dimensions;
 /// - the output shape and dtype of every node are stored in the node and re-inferred by validate().
+///
+/// Integer semantics (every back end computes them alike): i32 arithmetic (add, sub, mul, neg,
+/// abs, div, sums, scatter_add) wraps modulo 2^32, as GPUs and NumPy do; i32 division truncates
+/// toward zero and dividing by zero gives 0; a float cast to i32 truncates toward zero and
+/// saturates (NaN gives 0).
 #include <cstdint>
 #include <string_view>
 
@@ -33,7 +38,7 @@ enum class op_kind : uint8_t {
   cos = 11,
   relu = 12,
   sigmoid = 13,
-  cast = 14,  ///< to the node's dtype (floats truncate toward zero when cast to i32)
+  cast = 14,  ///< to the node's dtype (floats truncate toward zero when cast to i32, saturating; NaN -> 0)
   // Binary elementwise (operands of one shape and dtype).
   add = 15,
   sub = 16,

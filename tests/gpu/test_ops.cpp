@@ -488,3 +488,45 @@ TEST_CASE("ops: a max over a row holding NaN is NaN, fused or not, one pass or s
   check(g, inputs, {}, 1e-5);
   check_on(*unfused, g, inputs, {}, 1e-5);
 }
+
+TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on every back end (bit for bit)") {
+  const int32_t big = 2147483647, low = -2147483647 - 1;
+  builder b;
+  auto a = b.input("a", dtype::i32, {6});
+  auto c = b.input("c", dtype::i32, {6});
+  auto f = b.input("f", dtype::f32, {6});
+  b.output("add", a + c);
+  b.output("sub", a - c);
+  b.output("mul", a * c);
+  b.output("div", a / c);
+  b.output("neg", -a);
+  b.output("abs", abs(a));
+  b.output("sum", sum(a, {0}));
+  b.output("cast", cast(f, dtype::i32));
+  const graph g = finish(b);
+  const tensor_map inputs{{"a", tensor::from_ints({6}, {big, big, 65536, low, low, 7})},
+                          {"c", tensor::from_ints({6}, {1, big, 65536, -1, 1, 0})},
+                          {"f", tensor::from_values(dtype::f32, {6}, {std::numeric_limits<double>::infinity(), 3e9,
+                                                                     -3e9, std::nan(""), -7.9, 2147483648.0})}};
+  const auto ref = reference_run(g, inputs, {});
+  // Wrapped: INT_MAX + 1 = INT_MIN, 2^16 * 2^16 = 0, INT_MIN / -1 = INT_MIN; saturated casts.
+  CHECK(ref.outputs.at("add").at(0) == low);
+  CHECK(ref.outputs.at("mul").at(2) == 0);
+  CHECK(ref.outputs.at("div").at(3) == low);
+  CHECK(ref.outputs.at("div").at(5) == 0);
+  CHECK(ref.outputs.at("cast").at(0) == big);
+  CHECK(ref.outputs.at("cast").at(2) == low);
+  CHECK(ref.outputs.at("cast").at(3) == 0);
+  CHECK(ref.outputs.at("cast").at(4) == -7);
+  for (gpu::executor* ex : {&vulkan(), &cpu()}) {
+    INFO(ex->info().name);
+    auto id = ex->load(g);
+    REQUIRE(id.has_value());
+    auto got = ex->run(*id, inputs);
+    REQUIRE(got.has_value());
+    for (const auto& [name, t] : ref.outputs) {
+      INFO(name);
+      CHECK(got->at(name).bytes == t.bytes);
+    }
+  }
+}
