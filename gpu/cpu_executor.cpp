@@ -231,8 +231,8 @@ class cpu_executor final : public executor {
             case op_kind::sub: map([](float x, float y) { return x - y; }); return;
             case op_kind::mul: map([](float x, float y) { return x * y; }); return;
             case op_kind::div: map([](float x, float y) { return x / y; }); return;
-            case op_kind::max: map([](float x, float y) { return x > y ? x : y; }); return;
-            case op_kind::min: map([](float x, float y) { return x < y ? x : y; }); return;
+            case op_kind::max: map([](float x, float y) { return x != x || y != y ? NAN : (x > y ? x : y); }); return;
+            case op_kind::min: map([](float x, float y) { return x != x || y != y ? NAN : (x < y ? x : y); }); return;
             default: break;
           }
         }
@@ -248,8 +248,8 @@ class cpu_executor final : public executor {
                 break;
               case op_kind::div: r = int_operands ? (y == 0 ? 0.0 : std::trunc(x / y)) : x / y; break;
               case op_kind::pow: r = std::pow(x, y); break;
-              case op_kind::max: r = x > y ? x : y; break;
-              case op_kind::min: r = x < y ? x : y; break;
+              case op_kind::max: r = std::isnan(x) || std::isnan(y) ? NAN : (x > y ? x : y); break;
+              case op_kind::min: r = std::isnan(x) || std::isnan(y) ? NAN : (x < y ? x : y); break;
               case op_kind::compare:
                 switch (n.attrs.cmp) {
                   case compare_kind::eq: r = x == y; break;
@@ -399,7 +399,9 @@ class cpu_executor final : public executor {
       case op_family::gather: {
         if (n.op == op_kind::gather) {
           const shape& td = g[n.inputs[0]].dims;
-          const int64_t rows = td[0], row = rows ? element_count(td) / rows : 0;
+          // Elements per table row from the trailing dims (not count / rows: a table of 0 rows still
+          // has rows of that size, and every pick reads zeros).
+          const int64_t rows = td[0], row = element_count(shape(td.begin() + 1, td.end()));
           const auto& idx = v[n.inputs[1]].i;
           parallel(count, [&](int64_t b, int64_t e) {
             for (int64_t k = b; k < e; ++k) {

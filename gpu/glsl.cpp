@@ -38,14 +38,30 @@ uint mesh_bf16_bits(float x) {
   return b >> 16;
 }
 float mesh_round_bf16(float x) { return uintBitsToFloat(mesh_bf16_bits(x) << 16); }
+// pow as C's pow (what the reference computes): GLSL's pow is undefined for a <= 0 and leaves
+// zeros, infinities and NaN to the driver.
 float mesh_pow(float a, float b) {
-  if (b == 0.0) return 1.0;
+  const float inf = uintBitsToFloat(0x7f800000u), nan = uintBitsToFloat(0x7fc00000u);
+  if (b == 0.0 || a == 1.0) return 1.0;  // even with NaN
+  if (isnan(a) || isnan(b)) return nan;
   if (b == 1.0) return a;
   if (b == 2.0) return a * a;
-  if (a >= 0.0) return pow(a, b);
-  if (b == floor(b)) { float r = pow(-a, b); return mod(b, 2.0) == 1.0 ? -r : r; }
-  return uintBitsToFloat(0x7fc00000u);
+  const bool odd = abs(b) < 16777216.0 && b == floor(b) && mod(b, 2.0) == 1.0;
+  if (isinf(b)) return abs(a) == 1.0 ? 1.0 : ((abs(a) < 1.0) == (b < 0.0) ? inf : 0.0);
+  if (a == 0.0) return b < 0.0 ? (odd ? 1.0 / a : inf) : (odd ? a : 0.0);  // 1.0 / -0.0 = -inf
+  if (isinf(a)) {
+    if (a > 0.0) return b < 0.0 ? 0.0 : inf;
+    return b < 0.0 ? (odd ? -0.0 : 0.0) : (odd ? -inf : inf);
+  }
+  if (a > 0.0) return pow(a, b);
+  if (b == floor(b)) { float r = pow(-a, b); return odd ? -r : r; }
+  return nan;
 }
+// max and min propagate NaN (as reduce_max does): GLSL's leave it undefined.
+float mesh_max(float a, float b) { return (isnan(a) || isnan(b)) ? uintBitsToFloat(0x7fc00000u) : max(a, b); }
+float mesh_min(float a, float b) { return (isnan(a) || isnan(b)) ? uintBitsToFloat(0x7fc00000u) : min(a, b); }
+vec4 mesh_max(vec4 a, vec4 b) { return vec4(mesh_max(a.x, b.x), mesh_max(a.y, b.y), mesh_max(a.z, b.z), mesh_max(a.w, b.w)); }
+vec4 mesh_min(vec4 a, vec4 b) { return vec4(mesh_min(a.x, b.x), mesh_min(a.y, b.y), mesh_min(a.z, b.z), mesh_min(a.w, b.w)); }
 vec4 mesh_pow(vec4 a, vec4 b) { return vec4(mesh_pow(a.x, b.x), mesh_pow(a.y, b.y), mesh_pow(a.z, b.z), mesh_pow(a.w, b.w)); }
 float mesh_tanh(float x) { float t = exp(-2.0 * abs(x)); return sign(x) * (1.0 - t) / (1.0 + t); }
 vec4 mesh_tanh(vec4 x) { vec4 t = exp(-2.0 * abs(x)); return sign(x) * (1.0 - t) / (1.0 + t); }
@@ -241,8 +257,8 @@ class emitter {
           case op_kind::pow:
             e = int_operands ? "mesh_to_int(mesh_pow(float(" + a + "), float(" + b + ")))" : "mesh_pow(" + a + ", " + b + ")";
             break;
-          case op_kind::max: e = "max(" + a + ", " + b + ")"; break;
-          case op_kind::min: e = "min(" + a + ", " + b + ")"; break;
+          case op_kind::max: e = (int_operands ? "max(" : "mesh_max(") + a + ", " + b + ")"; break;
+          case op_kind::min: e = (int_operands ? "min(" : "mesh_min(") + a + ", " + b + ")"; break;
           default: break;
         }
         return let(ctype(id), is_int ? e : rounded(id, e));
@@ -322,7 +338,7 @@ class emitter {
     const node_id table = n.inputs[0], indices = n.inputs[1];
     const shape& td = g_[table].dims;
     const int64_t rows = td[0];
-    const int64_t row_size = rows ? element_count(td) / rows : 0;
+    const int64_t row_size = element_count(shape(td.begin() + 1, td.end()));  // also for a table of 0 rows
     const std::string row = value(indices, row_size == 1 ? idx : idx + " / " + u(row_size));
     const std::string result = let(ctype(id), ctype(id) + "(0)");
     body += "  if (" + row + " >= 0 && " + row + " < " + std::to_string(rows) + ") {\n";

@@ -56,8 +56,9 @@ double apply_binary(const node& n, dtype operand_type, double a, double b) {
       if (operand_type == dtype::i32) return b == 0 ? 0.0 : std::trunc(a / b);
       return a / b;
     case op_kind::pow: return std::pow(a, b);
-    case op_kind::max: return a > b ? a : b;
-    case op_kind::min: return a < b ? a : b;
+    case op_kind::max:  // NaN propagates, as in reduce_max
+      return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : (a > b ? a : b);
+    case op_kind::min: return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : (a < b ? a : b);
     case op_kind::compare:
       switch (n.attrs.cmp) {
         case compare_kind::eq: return a == b;

@@ -44,9 +44,9 @@ enum class op_kind : uint8_t {
   sub = 16,
   mul = 17,
   div = 18,
-  pow = 19,
-  max = 20,
-  min = 21,
+  pow = 19,  ///< C's pow, edge cases included (pow(0, -1) = inf, pow(1, NaN) = 1)
+  max = 20,  ///< NaN if either operand is NaN (as reduce_max)
+  min = 21,  ///< NaN if either operand is NaN
   compare = 22,  ///< attrs.cmp; result is i32 0/1
   // Ternary elementwise.
   select = 23,  ///< select(cond i32, a, b): a where cond != 0, else b

@@ -530,3 +530,47 @@ TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on ev
     }
   }
 }
+
+TEST_CASE("ops: pow's edge cases (zeros, infinities, NaN, negative bases) and NaN in max/min match the reference element by element") {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  const std::vector<double> as{0.0, -0.0, 0.0, -0.0, 0.0, 1.0, -1.0, -1.0, 0.5, 2.0, inf, -inf, -inf, -inf, -8.0, -8.0, nan, 3.0, -2.0, 0.0};
+  const std::vector<double> bs{-1.0, -1.0, -0.5, -3.0, 3.0, nan, inf, -inf, -inf, -inf, -2.0, -3.0, 3.0, 2.0, 3.0, 0.5, 0.0, nan, 5.0, 0.0};
+  const auto n = static_cast<int64_t>(as.size());
+  builder b;
+  auto a = b.input("a", dtype::f32, {n});
+  auto c = b.input("c", dtype::f32, {n});
+  b.output("pow", pow(a, c));
+  b.output("max", maximum(a, c));
+  b.output("min", minimum(a, c));
+  b.output("max_rev", maximum(c, a));
+  const graph g = finish(b);
+  const tensor_map inputs{{"a", tensor::from_values(dtype::f32, {n}, as)}, {"c", tensor::from_values(dtype::f32, {n}, bs)}};
+  const auto ref = reference_run(g, inputs, {});
+  CHECK(ref.outputs.at("pow").at(0) == inf);   // pow(0, -1)
+  CHECK(ref.outputs.at("pow").at(1) == -inf);  // pow(-0, -1)
+  CHECK(ref.outputs.at("pow").at(5) == 1.0);   // pow(1, NaN)
+  CHECK(std::isnan(ref.outputs.at("max").at(5)));
+  CHECK(std::isnan(ref.outputs.at("max_rev").at(5)));
+  for (gpu::executor* ex : {&vulkan(), &cpu()}) {
+    auto id = ex->load(g);
+    REQUIRE(id.has_value());
+    auto got = ex->run(*id, inputs);
+    REQUIRE(got.has_value());
+    for (const auto& [name, want] : ref.outputs)
+      for (int64_t i = 0; i < n; ++i) {
+        INFO(ex->info().name << " " << name << "(" << as[i] << ", " << bs[i] << ")");
+        const double x = got->at(name).at(i), y = want.at(i);
+        if (std::isnan(y)) CHECK(std::isnan(x));
+        else if (std::isinf(y) || y == 0) CHECK((x == y && std::signbit(x) == std::signbit(y)));
+        else CHECK(std::abs(x - y) <= 1e-6 * std::abs(y));
+      }
+  }
+}
+
+TEST_CASE("ops: gather from a table of zero rows reads zeros") {
+  builder b;
+  auto table = b.input("t", dtype::f32, {0, 4});
+  auto idx = b.input("i", dtype::i32, {3});
+  b.output("g", gather(table, idx) + 1.0);
+  check(finish(b), {{"t", tensor::zeros(dtype::f32, {0, 4})}, {"i", tensor::from_ints({3}, {0, -1, 2})}});
+}
