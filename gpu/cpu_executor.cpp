@@ -154,9 +154,9 @@ class cpu_executor final : public executor {
       return g[n.inputs[j]].type == dtype::i32 ? static_cast<double>(x.i[static_cast<size_t>(k)])
                                                : static_cast<double>(x.f[static_cast<size_t>(k)]);
     };
-    // i32 arithmetic wraps; a cast to i32 saturates (ops.hpp).
+    // i32 arithmetic wraps; other i32 results (casts, an empty max) saturate (ops.hpp).
     auto store = [&](int64_t k, double x) {
-      if (is_int) out.i[static_cast<size_t>(k)] = n.op == op_kind::cast ? to_i32(x) : static_cast<int32_t>(wrap_i32_exact(x));
+      if (is_int) out.i[static_cast<size_t>(k)] = wraps_i32(n.op) ? static_cast<int32_t>(wrap_i32_exact(x)) : to_i32(x);
       else out.f[static_cast<size_t>(k)] = round16(n.type, static_cast<float>(x));
     };
     switch (family_of(n.op)) {

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <string>
 
+#include "graph/ops.hpp"
+
 namespace mesh {
 
 /// The element types a graph can hold. Values are part of the wire format: never renumber.
@@ -42,6 +44,13 @@ inline float bf16_to_float(uint16_t b) {
 /// Rounds a value to what `t` can hold (the reference evaluator stores doubles between ops, and
 /// rounds after each op so that it sees what a device storing `t` sees).
 double round_to(dtype t, double x);
+
+/// Whether an i32 result of `op` is integer arithmetic, which wraps (add, sub, mul, div, neg,
+/// abs, reduce_sum, scatter_add); other i32 results (casts, an empty reduce_max's -inf) saturate.
+inline bool wraps_i32(op_kind op) {
+  return op == op_kind::add || op == op_kind::sub || op == op_kind::mul || op == op_kind::div || op == op_kind::neg ||
+         op == op_kind::abs || op == op_kind::reduce_sum || op == op_kind::scatter_add;
+}
 
 /// An i32 result of integer arithmetic: `v` modulo 2^32, in two's complement (ops.hpp).
 inline int32_t wrap_i32(int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(v)); }

@@ -192,9 +192,9 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
       break;
     }
   }
-  // i32 arithmetic wraps; a cast to i32 saturates (ops.hpp).
+  // i32 arithmetic wraps; other i32 results (casts, an empty max) saturate (ops.hpp).
   if (round)
-    for (auto& v : out) v = n.type == dtype::i32 && n.op != op_kind::cast ? wrap_i32_exact(v) : round_to(n.type, v);
+    for (auto& v : out) v = n.type == dtype::i32 && wraps_i32(n.op) ? wrap_i32_exact(v) : round_to(n.type, v);
   return out;
 }
 

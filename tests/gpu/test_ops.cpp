@@ -503,6 +503,7 @@ TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on ev
   b.output("abs", abs(a));
   b.output("sum", sum(a, {0}));
   b.output("cast", cast(f, dtype::i32));
+  b.output("empty_max", max_over(slice_axis(a, 0, 0, 0), {0}));  // the identity of max: INT_MIN
   const graph g = finish(b);
   const tensor_map inputs{{"a", tensor::from_ints({6}, {big, big, 65536, low, low, 7})},
                           {"c", tensor::from_ints({6}, {1, big, 65536, -1, 1, 0})},
@@ -518,6 +519,7 @@ TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on ev
   CHECK(ref.outputs.at("cast").at(2) == low);
   CHECK(ref.outputs.at("cast").at(3) == 0);
   CHECK(ref.outputs.at("cast").at(4) == -7);
+  CHECK(ref.outputs.at("empty_max").at(0) == low);
   for (gpu::executor* ex : {&vulkan(), &cpu()}) {
     INFO(ex->info().name);
     auto id = ex->load(g);
