@@ -1,35 +1,41 @@
 // libFuzzer target for the kernel compiler's pure half (gpu::lower, gpu::emit): graphs come from
-// peers, so every valid graph must lower and emit without crashing, whatever its shapes. The
-// fuzz bytes drive a small graph builder that only makes well-typed ops (so nearly every input is
-// a valid graph): elementwise ops, reductions over any axes, broadcasts, reshapes, permutes,
-// slices, concats, gathers, matmuls (plain and transposed), softmax, layer norm, f16/bf16 casts
-// and selects. Lowering runs with low split thresholds so that split reductions, rows kernels
-// and their checks are reached on small tensors; emission runs for several device
+// peers, so every valid graph must lower and emit without crashing, whatever its shapes. The fuzz
+// bytes drive the builder of well-typed graphs in tests/gpu/graph_generator.hpp (nearly every
+// input is a valid graph). Lowering runs with low split thresholds so that split reductions, rows
+// kernels and their checks are reached on small tensors; emission runs for several device
 // capabilities. No shader is compiled here (test_gpu_codegen compiles every kernel kind).
 // Small all-f32 graphs also run differentially: the CPU back end against the reference
 // evaluator, on the same random inputs and parameters (an i32 read through a float once made
 // them differ past 2^24; this would have found it).
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <string>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "gpu/executor.hpp"
-#include "graph/evaluate.hpp"
-
-#include "graph/builder.hpp"
-#include "graph/nn.hpp"
-#include "graph/validate.hpp"
 #include "gpu/glsl.hpp"
 #include "gpu/plan.hpp"
+#include "graph/evaluate.hpp"
+#include "graph/validate.hpp"
 #include "graph_generator.hpp"
 
 namespace {
 
 using namespace mesh;
+
+/// One line per node, for a failure report.
+void print_graph(const graph& g) {
+  for (node_id i = 0; i < g.size(); ++i) {
+    std::fprintf(stderr, "  %%%d %s [", static_cast<int>(i), std::string(to_string(g[i].op)).c_str());
+    for (auto d : g[i].dims) std::fprintf(stderr, " %lld", static_cast<long long>(d));
+    std::fprintf(stderr, " ] <-");
+    for (auto in : g[i].inputs) std::fprintf(stderr, " %%%d", static_cast<int>(in));
+    std::fprintf(stderr, "\n");
+  }
+}
 
 /// The CPU back end and the reference evaluator agree on a small all-f32 graph.
 void differential(const graph& g, uint64_t seed) {
@@ -54,14 +60,9 @@ void differential(const graph& g, uint64_t seed) {
     if (!test::tame(w) || !test::tame(c)) continue;  // overflow or NaN: rounding order decides, not a bug
     if (normalised_error(c, w) > 1e-3) {
       std::fprintf(stderr, "cpu and reference differ on output %s: normalised error %g\n", name.c_str(), normalised_error(c, w));
-      for (node_id i = 0; i < g.size(); ++i) {
-        std::fprintf(stderr, "  %%%d %s [", static_cast<int>(i), std::string(to_string(g[i].op)).c_str());
-        for (auto d : g[i].dims) std::fprintf(stderr, " %lld", static_cast<long long>(d));
-        std::fprintf(stderr, " ] <-");
-        for (auto in : g[i].inputs) std::fprintf(stderr, " %%%d", static_cast<int>(in));
-        std::fprintf(stderr, "\n");
-      }
-      for (int64_t i = 0; i < std::min<int64_t>(c.size(), 8); ++i) std::fprintf(stderr, "  [%lld] cpu %g ref %g\n", static_cast<long long>(i), c.at(i), w.at(i));
+      print_graph(g);
+      for (int64_t i = 0; i < std::min<int64_t>(c.size(), 8); ++i)
+        std::fprintf(stderr, "  [%lld] cpu %g ref %g\n", static_cast<long long>(i), c.at(i), w.at(i));
       std::abort();
     }
   }
