@@ -487,7 +487,10 @@ kernel_source elementwise(const graph& g, const plan& p, const kernel& k, const 
 }
 
 /// Epilogue: the value of the root once the anchor's value at `idx` is `acc`.
-std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc) {
+/// `value`, when given, receives the name holding the root's value (in scope right after the
+/// returned statements).
+std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc,
+                     std::string* value = nullptr) {
   const node_id anchor = k.anchor;
   std::string a = acc;
   if (g[anchor].type == dtype::f16) a = "mesh_round_f16(" + acc + ")";
@@ -499,6 +502,7 @@ std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::str
     out = e.body;
     e.body.clear();
     out += e.store(k.root, idx, v);
+    if (value) *value = v;
   });
   return out;
 }
@@ -791,16 +795,9 @@ kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const 
     main += "    for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n" + fold_input(e, g, m, ops, "(base + r)", "      ") +
             "    }\n";
     main += workgroup_combine(ops, subgroups, threads);
-    std::string acc = "acc";
-    if (g[m.anchor].type == dtype::f16) acc = "mesh_round_f16(acc)";
-    if (g[m.anchor].type == dtype::bf16) acc = "mesh_round_bf16(acc)";
     const std::string slot = "shv[" + std::to_string(results) + "]";
-    e.scoped([&] {
-      e.seed(m.anchor, "o", acc);
-      const std::string v = e.value(m.root, "o");
-      main += e.body + e.store(m.root, "o", v) + "      " + slot + " = " + v + ";\n";
-      e.body.clear();
-    });
+    std::string v;
+    main += epilogue(e, g, m, "o", "acc", &v) + "      " + slot + " = " + v + ";\n";
     main += "    }\n    barrier();\n    }\n";
     const std::string var = "rv" + std::to_string(results++);
     main += "    const float " + var + " = " + slot + ";\n";
