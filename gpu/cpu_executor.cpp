@@ -356,24 +356,13 @@ class cpu_executor final : public executor {
         }
         // Source index of each output element.
         const auto os = strides_of(n.dims);
+        const movement_index moved(n, g[n.inputs[0]].dims);  // broadcast, permute, slice
         auto source = [&](int64_t k, size_t& part) -> int64_t {
           part = 0;
-          const shape& xd = g[n.inputs[0]].dims;
-          const auto xs = strides_of(xd);
-          int64_t src = 0;
           switch (n.op) {
-            case op_kind::broadcast: {
-              const size_t off = n.dims.size() - xd.size();
-              for (size_t a = 0; a < xd.size(); ++a)
-                if (xd[a] != 1) src += (k / os[off + a] % n.dims[off + a]) * xs[a];
-              return src;
-            }
+            case op_kind::broadcast:
             case op_kind::permute:
-              for (size_t a = 0; a < n.dims.size(); ++a) src += (k / os[a] % n.dims[a]) * xs[static_cast<size_t>(n.attrs.axes[a])];
-              return src;
-            case op_kind::slice:
-              for (size_t a = 0; a < n.dims.size(); ++a) src += (k / os[a] % n.dims[a] + n.attrs.starts[a]) * xs[a];
-              return src;
+            case op_kind::slice: return moved(k);
             case op_kind::concat: {
               const auto ax = static_cast<size_t>(n.attrs.axis);
               int64_t c = k / os[ax] % n.dims[ax];

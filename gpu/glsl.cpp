@@ -1061,31 +1061,11 @@ bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id oper
 std::optional<int64_t> source_index(const graph& g, const plan& q, node_id x, int64_t idx) {
   while (!q.materialised[x]) {
     const node& n = g[x];
-    if (n.inputs.empty()) return std::nullopt;
-    const node_id in = n.inputs[0];
-    const shape& xd = g[in].dims;
-    const auto xs = strides_of(xd);
-    const auto ns = strides_of(n.dims);
-    const auto coord = [&](size_t a) { return (idx / ns[a]) % n.dims[a]; };
-    int64_t to = 0;
-    switch (n.op) {
-      case op_kind::reshape: to = idx; break;
-      case op_kind::broadcast: {
-        const size_t off = n.dims.size() - xd.size();
-        for (size_t a = 0; a < xd.size(); ++a)
-          if (xd[a] != 1) to += coord(off + a) * xs[a];
-        break;
-      }
-      case op_kind::permute:
-        for (size_t a = 0; a < n.dims.size(); ++a) to += coord(a) * xs[static_cast<size_t>(n.attrs.axes[a])];
-        break;
-      case op_kind::slice:
-        for (size_t a = 0; a < n.dims.size(); ++a) to += (coord(a) + n.attrs.starts[a]) * xs[a];
-        break;
-      default: return std::nullopt;
-    }
-    idx = to;
-    x = in;
+    if (n.op == op_kind::broadcast || n.op == op_kind::permute || n.op == op_kind::slice)
+      idx = movement_index(n, g[n.inputs[0]].dims)(idx);
+    else if (n.op != op_kind::reshape)  // a reshape keeps the flat index
+      return std::nullopt;
+    x = n.inputs[0];
   }
   return idx;
 }

@@ -35,4 +35,31 @@ std::string to_string(const graph& g) {
   return out.str();
 }
 
+movement_index::movement_index(const node& n, const shape& in_dims) {
+  const auto os = strides_of(n.dims);
+  const auto xs = strides_of(in_dims);
+  switch (n.op) {
+    case op_kind::broadcast: {  // numpy alignment: size-1 input axes read index 0
+      const size_t off = n.dims.size() - in_dims.size();
+      for (size_t a = 0; a < in_dims.size(); ++a)
+        if (in_dims[a] != 1) axes_.push_back({os[off + a], n.dims[off + a], xs[a], 0});
+      break;
+    }
+    case op_kind::permute:
+      for (size_t a = 0; a < n.dims.size(); ++a)
+        axes_.push_back({os[a], n.dims[a], xs[static_cast<size_t>(n.attrs.axes[a])], 0});
+      break;
+    case op_kind::slice:
+      for (size_t a = 0; a < n.dims.size(); ++a) axes_.push_back({os[a], n.dims[a], xs[a], n.attrs.starts[a]});
+      break;
+    default: break;
+  }
+}
+
+int64_t movement_index::operator()(int64_t k) const {
+  int64_t in = 0;
+  for (const auto& a : axes_) in += ((k / a.out_stride) % a.out_size + a.offset) * a.in_stride;
+  return in;
+}
+
 }  // namespace mesh

@@ -70,6 +70,23 @@ struct graph {
   bool operator==(const graph&) const = default;
 };
 
+/// Which element of its input each element of a broadcast, permute or slice node reads, by flat
+/// index (what the back ends compute as index arithmetic). Made once per node; the reference
+/// evaluator keeps its own, independent, multi-index version.
+class movement_index {
+ public:
+  /// `n` is a broadcast, permute or slice node; `in_dims` its input's shape.
+  movement_index(const node& n, const shape& in_dims);
+  /// The input's flat index read by output element `k`.
+  int64_t operator()(int64_t k) const;
+
+ private:
+  struct axis {
+    int64_t out_stride, out_size, in_stride, offset;  ///< in += ((k / out_stride) % out_size + offset) * in_stride
+  };
+  std::vector<axis> axes_;
+};
+
 /// A readable listing, one node per line ("%3 = matmul(%1, %2) : f32[4,8]"), for errors and logs.
 std::string to_string(const graph& g);
 
