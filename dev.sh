@@ -22,7 +22,7 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
-  iproute2 nftables conntrack python3
+  iproute2 nftables iptables conntrack python3
 )
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
