@@ -29,11 +29,16 @@ uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.
 /// MESH_SPLIT_REDUCE=0/1 (the benchmark times the one-pass kernels beside the split ones); by
 /// default on GPUs only (on lavapipe a 1M-element mean took twice as long split: its workgroups
 /// are run by a few CPU threads, and each extra one costs).
+/// A tri-state option (-1 = the device's default, 0 = off, 1 = on), overridden by the
+/// environment variable `name` when it says exactly 0 or 1.
+int with_env_override(int option, const char* name) {
+  if (const char* v = std::getenv(name); v && (std::string(v) == "0" || std::string(v) == "1")) return v[0] - '0';
+  return option;
+}
+
 split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
   split_options o;
-  int want = vo.split_reductions;
-  if (const char* v = std::getenv("MESH_SPLIT_REDUCE"); v && (std::string(v) == "0" || std::string(v) == "1"))
-    want = v[0] - '0';
+  const int want = with_env_override(vo.split_reductions, "MESH_SPLIT_REDUCE");
   o.enabled = want < 0 ? d.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU : want == 1;
   return o;
 }
@@ -46,9 +51,7 @@ split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
 /// 1,024-element rows was faster, a layer norm over 64-element rows slower: its workgroups are
 /// run by a few CPU threads, and each barrier costs). 1: every length (tests).
 int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
-  int want = vo.fuse_rows;
-  if (const char* v = std::getenv("MESH_FUSE_ROWS"); v && (std::string(v) == "0" || std::string(v) == "1"))
-    want = v[0] - '0';
+  const int want = with_env_override(vo.fuse_rows, "MESH_FUSE_ROWS");
   if (want == 0) return 0;
   if (want == 1) return 2;
   return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 32;
