@@ -72,14 +72,15 @@ struct connection_callbacks {
   static int recv_stream_data(ngtcp2_conn* conn, uint32_t flags, int64_t sid, uint64_t, const uint8_t* data,
                               size_t len, void* ud, void*) {
     connection& c = self(ud);
-    expected<void> r;
+    expected<uint64_t> r = len;
     // No exception may unwind through ngtcp2's C frames (an allocation failure for a huge
     // message, or a throwing handler): it closes this connection instead.
     try {
-      if (c.remote_stream_is_control(sid))
-        r = c.on_control_data(data, len);
-      else
+      if (c.remote_stream_is_control(sid)) {
+        if (auto e = c.on_control_data(data, len); !e) r = tl::unexpected(e.error());
+      } else {
         r = c.on_bulk_data(sid, data, len, flags & NGTCP2_STREAM_DATA_FLAG_FIN);
+      }
     } catch (const std::exception& e) {
       r = make_error(error_code::internal, std::string("cannot take the peer's data: ") + e.what());
     }
@@ -87,8 +88,9 @@ struct connection_callbacks {
       c.close(close_code::protocol_violation, r.error().message);
       return 0;
     }
-    // Everything received is consumed at once (decoded into memory), so credit goes back now.
-    ngtcp2_conn_extend_max_stream_offset(conn, sid, len);
+    // Everything received is consumed at once (decoded into memory), so connection credit goes
+    // back now; stream credit as on_bulk_data says (held while a message waits for budget).
+    if (*r) ngtcp2_conn_extend_max_stream_offset(conn, sid, *r);
     ngtcp2_conn_extend_max_offset(conn, len);
     return 0;
   }
@@ -110,8 +112,7 @@ struct connection_callbacks {
   }
 
   static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
-    self(ud).bulk_in_.erase(sid);
-    self(ud).bulk_frames_.erase(sid);
+    self(ud).forget_inbound_bulk(sid);
     if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
     return 0;
   }
@@ -175,6 +176,7 @@ ngtcp2_conn* connection::get_conn(ngtcp2_crypto_conn_ref* ref) {
 connection::connection(connection_owner& owner, const endpoint_config& cfg, bool inbound, const socket_address& remote)
     : owner_(owner), cfg_(cfg), inbound_(inbound), control_in_(cfg.limits) {
   remote_ = remote;
+  bulk_budget_left_ = std::max(cfg.bulk_receive_budget, cfg.limits.bulk);
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
                          : cfg.max_udp_payload;
@@ -380,33 +382,94 @@ expected<void> connection::handle_control_frame(frame f) {
   }
 }
 
-expected<void> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
+expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  // An admitted peer's announced size (up to 1 GiB) is reserved at once: one allocation, no
-  // regrowth copies. Before admission a header alone may not make us reserve more than 16 MiB.
-  uint64_t reserve = state_ == state::admitted ? std::min<uint64_t>(cfg_.limits.bulk, uint64_t{1} << 30) : (16u << 20);
-  auto [it, fresh] = bulk_in_.try_emplace(sid, cfg_.limits, reserve, &owner_.receive_buffers());
-  auto& frames = bulk_frames_[sid];
-  if (auto r = it->second.feed({data, len}, frames); !r)
+  // An admitted peer's announced size (up to 1 GiB, and what the budget has left) is reserved
+  // at once: one allocation, no regrowth copies. Before admission a header alone may not make
+  // us reserve more than 16 MiB.
+  const uint64_t reserve = state_ == state::admitted
+                               ? std::min({cfg_.limits.bulk, uint64_t{1} << 30, std::max<uint64_t>(bulk_budget_left_, 16u << 20)})
+                               : (16u << 20);
+  auto it = bulk_in_.find(sid);
+  if (it == bulk_in_.end())
+    it = bulk_in_.emplace(sid, bulk_in{frame_decoder(cfg_.limits, reserve, &owner_.receive_buffers()), {}}).first;
+  bulk_in& in = it->second;
+  if (auto r = in.decoder.feed({data, len}, in.frames); !r)
     return make_error(r.error().code, "bulk stream: " + r.error().message);
-  if (frames.size() > 1 || (!frames.empty() && frames.front().kind != frame_kind::bulk))
+  if (in.frames.size() > 1 || (!in.frames.empty() && in.frames.front().kind != frame_kind::bulk))
     return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
-  if (!fin) return {};
+  const uint64_t credit = budget_inbound(sid, in, len);
+  bulk_receiving_peak_ = std::max(bulk_receiving_peak_, bulk_receiving_bytes());
+  if (!fin) return credit;
   // The whole stream is read. ngtcp2 0.12 does not close a peer's unidirectional stream on its
   // own here (stream_close never fired for them), so its credit goes back now; without this a
   // peer could open only initial_max_streams_uni (128) bulk streams per connection, ever.
   credit_remote_stream(sid);
-  bool complete = frames.size() == 1 && it->second.at_boundary();
-  std::vector<uint8_t> payload = complete ? std::move(frames.front().payload) : std::vector<uint8_t>{};
-  bulk_in_.erase(sid);
-  bulk_frames_.erase(sid);
+  const bool complete = in.frames.size() == 1 && in.decoder.at_boundary();
+  std::vector<uint8_t> payload = complete ? std::move(in.frames.front().payload) : std::vector<uint8_t>{};
+  forget_inbound_bulk(sid);
   if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
   if (state_ == state::admitted)
     deliver(channel::bulk, std::move(payload));
   else
     held_.emplace_back(channel::bulk, std::move(payload));  // overtook the proof; delivered on admission
-  return {};
+  return credit;
+}
+
+uint64_t connection::budget_inbound(int64_t sid, bulk_in& in, uint64_t received) {
+  if (in.has_budget) return received;
+  const bool queued = std::find(bulk_budget_queue_.begin(), bulk_budget_queue_.end(), sid) != bulk_budget_queue_.end();
+  if (!queued) {
+    std::optional<uint64_t> size = in.frames.empty() ? in.decoder.receiving_length()
+                                                     : std::optional(uint64_t{in.frames.front().payload.size()});
+    if (size && bulk_budget_queue_.empty() && *size <= bulk_budget_left_) {
+      bulk_budget_left_ -= *size;
+      in.budgeted = *size;
+      in.has_budget = true;
+      const uint64_t credit = received + in.uncredited;
+      in.uncredited = 0;
+      return credit;
+    }
+    // Older messages wait first (a stream of small ones must not starve a large one).
+    if (size) bulk_budget_queue_.push_back(sid);
+  }
+  in.uncredited += received;
+  return 0;
+}
+
+void connection::admit_waiting_bulk() {
+  while (!bulk_budget_queue_.empty()) {
+    const int64_t sid = bulk_budget_queue_.front();
+    auto it = bulk_in_.find(sid);
+    if (it == bulk_in_.end()) {
+      bulk_budget_queue_.pop_front();
+      continue;
+    }
+    bulk_in& in = it->second;
+    const uint64_t size = in.frames.empty() ? in.decoder.receiving_length().value_or(0) : in.frames.front().payload.size();
+    if (size > bulk_budget_left_) return;
+    bulk_budget_queue_.pop_front();
+    bulk_budget_left_ -= size;
+    in.budgeted = size;
+    in.has_budget = true;
+    if (in.uncredited) ngtcp2_conn_extend_max_stream_offset(conn_, sid, in.uncredited);
+    in.uncredited = 0;
+  }
+}
+
+void connection::forget_inbound_bulk(int64_t sid) {
+  auto it = bulk_in_.find(sid);
+  if (it == bulk_in_.end()) return;
+  bulk_budget_left_ += it->second.budgeted;
+  bulk_in_.erase(it);
+  admit_waiting_bulk();
+}
+
+uint64_t connection::bulk_receiving_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [sid, in] : bulk_in_) n += in.frames.empty() ? in.decoder.receiving_bytes() : in.frames.front().payload.size();
+  return n;
 }
 
 void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
@@ -511,8 +574,7 @@ void connection::on_stream_closed(int64_t sid) {
     bulk_out_.erase(it);
     release(n);
   }
-  bulk_in_.erase(sid);
-  bulk_frames_.erase(sid);
+  forget_inbound_bulk(sid);
 }
 
 void connection::open_bulk_streams() {
@@ -826,6 +888,8 @@ peer_stats connection::stats() const {
   for (const auto& [sid, b] : bulk_out_) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, sid);
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received_;
+  s.bulk_receiving_bytes = bulk_receiving_bytes();
+  s.bulk_receiving_peak = bulk_receiving_peak_;
   s.remote_address = remote_.to_string();
   return s;
 }

@@ -138,7 +138,8 @@ class connection {
   void on_handshake_completed();
   expected<void> on_control_data(const uint8_t* data, size_t len);
   expected<void> handle_control_frame(frame f);
-  expected<void> on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin);
+  /// Returns the stream credit to give back for these bytes (0 while the message waits for budget).
+  expected<uint64_t> on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin);
   void deliver(channel ch, std::vector<uint8_t> bytes);
   void send_close_packet(const send_fn& send, uint64_t ts);
   void open_bulk_streams();
@@ -204,8 +205,31 @@ class connection {
   // Incoming.
   frame_decoder control_in_;
   std::vector<uint8_t> early_control_;  // control bytes that arrived before our handshake finished
-  std::map<int64_t, frame_decoder> bulk_in_;
-  std::map<int64_t, std::vector<frame>> bulk_frames_;
+  // Incoming bulk streams, one message each. A message is given stream credit beyond the
+  // peer's initial window only once its announced size fits the connection's receive budget
+  // (endpoint_config::bulk_receive_budget); messages that do not fit wait, in the order their
+  // headers came, with their senders held by flow control. So the memory one peer can make this
+  // side hold is the budget plus one initial stream window per open stream, however many
+  // streams announce however much.
+  struct bulk_in {
+    frame_decoder decoder;
+    std::vector<frame> frames;
+    uint64_t budgeted = 0;    // bytes of the budget this message holds
+    bool has_budget = false;
+    uint64_t uncredited = 0;  // received while waiting for budget: credited once it has some
+  };
+  std::map<int64_t, bulk_in> bulk_in_;
+  std::deque<int64_t> bulk_budget_queue_;  // streams waiting for budget, oldest first
+  uint64_t bulk_budget_left_ = 0;
+  uint64_t bulk_receiving_peak_ = 0;  // most bulk bytes held in unfinished messages at once
+  /// Takes budget for `in` when its size is known and fits (and no older message waits);
+  /// otherwise queues it. Returns the stream credit to give back now.
+  uint64_t budget_inbound(int64_t sid, bulk_in& in, uint64_t received);
+  /// Gives waiting messages the budget that is free, oldest first, and their credit.
+  void admit_waiting_bulk();
+  /// Drops an incoming bulk stream (finished, reset or closed) and returns its budget.
+  void forget_inbound_bulk(int64_t sid);
+  uint64_t bulk_receiving_bytes() const;
   /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().
   std::set<int64_t> credited_;
   void credit_remote_stream(int64_t sid);

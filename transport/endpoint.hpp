@@ -59,6 +59,10 @@ struct peer_stats {
   /// stream they carried data of (ngtcp2 0.12 counts losses per stream only: a lost packet with
   /// frames of two streams counts twice) plus lost heartbeat datagrams.
   uint64_t packets_lost = 0;
+  /// Bulk payload bytes received of messages not yet complete, now and at most so far (the
+  /// receive budget bounds it: endpoint_config::bulk_receive_budget).
+  uint64_t bulk_receiving_bytes = 0;
+  uint64_t bulk_receiving_peak = 0;
   std::string remote_address;
   bool relayed = false;  ///< counters are those of the connection to the relay
 };
@@ -132,6 +136,12 @@ struct endpoint_config {
   /// wait behind it: in a ring all-reduce every connection's RTT then depends on its successor's
   /// window, and unequal windows leave links idle (docs/training.md). 0 = no hold.
   uint64_t bulk_in_flight_floor = 256u << 10;
+  /// Per peer: the most bytes of unfinished incoming bulk messages this side holds at once.
+  /// A message gets flow-control credit beyond stream_window only when its announced size fits
+  /// what is left; others wait (oldest first) with their sender held. Never less than
+  /// limits.bulk, so that any message allowed can be received. Bounds what one peer can make
+  /// this node allocate: this plus stream_window per open stream (128), not 128 x limits.bulk.
+  uint64_t bulk_receive_budget = uint64_t{4} << 30;
 };
 
 class endpoint_impl;

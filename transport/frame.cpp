@@ -100,6 +100,7 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
         advise_huge_pages(current_.payload.data(), current_.payload.capacity());
       }
       remaining_ = length;
+      length_ = length;
       in_payload_ = true;
     }
     size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, bytes.size()));

@@ -6,6 +6,7 @@
 /// and the caller closes the connection that sent it.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -82,6 +83,11 @@ class frame_decoder {
   expected<void> feed(std::span<const uint8_t> bytes, std::vector<frame>& out);
   /// True when no partial frame is buffered (a stream may end cleanly only here).
   bool at_boundary() const { return header_size_ == 0 && !in_payload_; }
+  /// The payload length announced by the header of the frame being received, once that
+  /// header is complete; nullopt between frames.
+  std::optional<uint64_t> receiving_length() const { return in_payload_ ? std::optional(length_) : std::nullopt; }
+  /// Payload bytes of the frame being received that are already buffered.
+  uint64_t receiving_bytes() const { return in_payload_ ? length_ - remaining_ : 0; }
 
  private:
   frame_limits limits_;
@@ -93,6 +99,7 @@ class frame_decoder {
   bool failed_ = false;
   frame current_;
   uint64_t remaining_ = 0;
+  uint64_t length_ = 0;  // of the frame being received
 };
 
 /// Decodes a buffer holding exactly one frame (a datagram).

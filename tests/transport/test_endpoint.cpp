@@ -547,3 +547,45 @@ TEST_CASE("can_reach tells which announced addresses the socket can dial", "[tra
   CHECK((*dual)->can_reach("127.0.0.1:4000"));
   CHECK((*dual)->can_reach("[fd00::2]:4000"));
 }
+
+TEST_CASE("a peer's unfinished bulk messages are held to the receive budget", "[transport][endpoint]") {
+  // Six 6 MiB messages sent round robin, so all are open at once. With an 8 MiB budget and 1 MiB
+  // stream windows the receiver holds at most 8 + 6 x 1 MiB of them at any time, and every
+  // message still arrives whole (the waiting ones get credit as earlier ones finish). With a
+  // 64 MiB budget the same transfer holds more than that: the bound is the budget's doing.
+  const size_t count = 6, size = 6u << 20;
+  const uint64_t window = 1u << 20, budget = 8u << 20;
+  uint64_t peak[2] = {0, 0};
+  for (int bounded = 1; bounded >= 0; --bounded) {
+    endpoint_config cfg = config_with_secret(3);
+    cfg.stream_window = window;
+    cfg.limits.bulk = 8u << 20;
+    cfg.bulk_receive_budget = bounded ? budget : 64u << 20;
+    cfg.bulk_scheduling = endpoint_config::bulk_order::round_robin;
+    node a(cfg), b(cfg);
+    REQUIRE(a.ep);
+    REQUIRE(b.ep);
+    connect(a, b);
+    std::vector<std::array<uint8_t, 32>> sums;
+    std::vector<std::vector<uint8_t>> messages;
+    for (size_t i = 0; i < count; ++i) {
+      messages.push_back(pattern(size, static_cast<uint32_t>(100 + i)));
+      sums.push_back(checksum(messages.back()));
+    }
+    for (auto& m : messages) REQUIRE(a.ep->send(b.ep->id(), channel::bulk, std::move(m)));
+    INFO("budget " << cfg.bulk_receive_budget);
+    REQUIRE(b.log.wait([&] { return b.log.messages.size() == count; }, std::chrono::seconds(30)));
+    std::vector<std::array<uint8_t, 32>> got;
+    for (auto& m : b.log.messages) got.push_back(checksum(m.bytes));
+    std::sort(sums.begin(), sums.end());
+    std::sort(got.begin(), got.end());
+    CHECK(got == sums);
+    auto s = b.ep->stats(a.ep->id());
+    REQUIRE(s);
+    CHECK(s->bulk_receiving_bytes == 0);
+    peak[bounded] = s->bulk_receiving_peak;
+  }
+  INFO("peak bytes held: budget 8 MiB " << peak[1] << ", budget 64 MiB " << peak[0]);
+  CHECK(peak[1] <= budget + count * window);
+  CHECK(peak[0] > budget + count * window);
+}
