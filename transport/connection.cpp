@@ -12,6 +12,10 @@ namespace mesh::transport {
 
 namespace {
 
+/// Complete messages a peer may get us to hold before its admission proof arrives (they can
+/// only overtake the proof when its packet is lost; more than this is not a race).
+constexpr uint64_t held_before_admission_limit = 64u << 20;
+
 constexpr size_t cid_len = 18;
 constexpr uint64_t ns_per_ms = 1'000'000;
 
@@ -323,10 +327,15 @@ void connection::on_handshake_completed() {
   admission_binding b{*exporter, node_id{cfg_.id.public_key()}, *check_.peer, cfg_.protocol_version};
   auto proof = make_admission_proof(cfg_.mesh_secret, b);
   auto f = encode_frame(frame_kind::admission, proof, cfg_.limits);
-  control_total_ += f->size();
-  control_out_.push_back(std::move(*f));
-  control_app_bytes_.push_back(0);
+  if (cfg_.send_admission_proof) {
+    control_total_ += f->size();
+    control_out_.push_back(std::move(*f));
+    control_app_bytes_.push_back(0);
+  }
   state_ = state::admitting;
+  // A peer that finished TLS but never proves itself must not hold the connection (and what it
+  // sent) for ever: it gets as long as a handshake.
+  admission_deadline_ = last_read_ts_ + static_cast<uint64_t>(cfg_.handshake_timeout.count()) * ns_per_ms;
   if (!early_control_.empty()) {
     auto early = std::move(early_control_);
     early_control_.clear();
@@ -353,6 +362,7 @@ expected<void> connection::on_control_data(const uint8_t* data, size_t len) {
 }
 
 expected<void> connection::handle_control_frame(frame f) {
+  if (!cfg_.send_admission_proof) return {};  // the test seam's mute peer says and admits nothing
   if (!peer_proof_ok_) {
     if (f.kind != frame_kind::admission)
       return make_error(error_code::decode_error, "peer sent a message before its admission proof");
@@ -365,9 +375,12 @@ expected<void> connection::handle_control_frame(frame f) {
     }
     peer_proof_ok_ = true;
     state_ = state::admitted;
+    admission_deadline_ = UINT64_MAX;
     owner_.on_admitted(*this);
     for (auto& [ch, bytes] : held_) deliver(ch, std::move(bytes));
     held_.clear();
+    held_bytes_ = 0;
+    admit_waiting_bulk();  // messages that arrived before the proof waited for budget
     return {};
   }
   switch (f.kind) {
@@ -385,22 +398,21 @@ expected<void> connection::handle_control_frame(frame f) {
 expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  // An admitted peer's announced size (up to 1 GiB, and what the budget has left) is reserved
-  // at once: one allocation, no regrowth copies. Before admission a header alone may not make
-  // us reserve more than 16 MiB.
-  const uint64_t reserve = state_ == state::admitted
-                               ? std::min({cfg_.limits.bulk, uint64_t{1} << 30, std::max<uint64_t>(bulk_budget_left_, 16u << 20)})
-                               : (16u << 20);
   auto it = bulk_in_.find(sid);
-  if (it == bulk_in_.end())
-    it = bulk_in_.emplace(sid, bulk_in{frame_decoder(cfg_.limits, reserve, &owner_.receive_buffers()), {}}).first;
+  if (it == bulk_in_.end()) {
+    it = bulk_in_.emplace(sid, bulk_in{frame_decoder(cfg_.limits, 16u << 20, &owner_.receive_buffers()), {}}).first;
+    it->second.decoder.set_reserve_rule([this](uint64_t length) { return bulk_reserve_for(length); });
+  }
   bulk_in& in = it->second;
-  if (auto r = in.decoder.feed({data, len}, in.frames); !r)
-    return make_error(r.error().code, "bulk stream: " + r.error().message);
-  if (in.frames.size() > 1 || (!in.frames.empty() && in.frames.front().kind != frame_kind::bulk))
+  auto r = in.decoder.feed({data, len}, in.frames);
+  bulk_receiving_ = bulk_receiving_ - in.held + in.buffered();
+  in.held = in.buffered();
+  bulk_receiving_peak_ = std::max(bulk_receiving_peak_, bulk_receiving_);
+  if (!r) return make_error(r.error().code, "bulk stream: " + r.error().message);
+  // Nothing may follow the one frame: bytes past it would be credited outside any budget.
+  if (in.frames.size() > 1 || (!in.frames.empty() && (in.frames.front().kind != frame_kind::bulk || !in.decoder.at_boundary())))
     return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
   const uint64_t credit = budget_inbound(sid, in, len);
-  bulk_receiving_peak_ = std::max(bulk_receiving_peak_, bulk_receiving_bytes());
   if (!fin) return credit;
   // The whole stream is read. ngtcp2 0.12 does not close a peer's unidirectional stream on its
   // own here (stream_close never fired for them), so its credit goes back now; without this a
@@ -410,49 +422,66 @@ expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, si
   std::vector<uint8_t> payload = complete ? std::move(in.frames.front().payload) : std::vector<uint8_t>{};
   forget_inbound_bulk(sid);
   if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
-  if (state_ == state::admitted)
+  if (state_ == state::admitted) {
     deliver(channel::bulk, std::move(payload));
-  else
-    held_.emplace_back(channel::bulk, std::move(payload));  // overtook the proof; delivered on admission
+  } else {
+    // Overtook the proof (its packet was lost); delivered on admission. A peer that keeps
+    // sending without proving anything is cut off.
+    held_bytes_ += payload.size();
+    if (held_bytes_ > held_before_admission_limit)
+      return make_error(error_code::limit_exceeded, "peer sent more than " + std::to_string(held_before_admission_limit >> 20) +
+                                                        " MiB of messages before its admission proof");
+    held_.emplace_back(channel::bulk, std::move(payload));
+  }
   return credit;
+}
+
+uint64_t connection::bulk_reserve_for(uint64_t length) const {
+  const bool budget_now = state_ == state::admitted && bulk_budget_queue_.empty() && length <= bulk_budget_left_;
+  return budget_now ? std::min<uint64_t>(length, uint64_t{1} << 30) : std::min(length, cfg_.stream_window);
+}
+
+void connection::grant_budget(bulk_in& in, uint64_t size) {
+  bulk_budget_left_ -= size;
+  in.budgeted = size;
+  in.has_budget = true;
+  in.queued = false;
+  in.decoder.reserve_payload(std::min<uint64_t>(size, uint64_t{1} << 30));  // one allocation, not regrowth
 }
 
 uint64_t connection::budget_inbound(int64_t sid, bulk_in& in, uint64_t received) {
   if (in.has_budget) return received;
-  const bool queued = std::find(bulk_budget_queue_.begin(), bulk_budget_queue_.end(), sid) != bulk_budget_queue_.end();
-  if (!queued) {
-    std::optional<uint64_t> size = in.frames.empty() ? in.decoder.receiving_length()
-                                                     : std::optional(uint64_t{in.frames.front().payload.size()});
-    if (size && bulk_budget_queue_.empty() && *size <= bulk_budget_left_) {
-      bulk_budget_left_ -= *size;
-      in.budgeted = *size;
-      in.has_budget = true;
-      const uint64_t credit = received + in.uncredited;
-      in.uncredited = 0;
-      return credit;
-    }
-    // Older messages wait first (a stream of small ones must not starve a large one).
-    if (size) bulk_budget_queue_.push_back(sid);
-  }
   in.uncredited += received;
+  if (in.queued) return 0;
+  const auto size = in.size();
+  if (!size) return 0;  // the header is not complete yet (it fits any initial window)
+  // Before admission nothing gets budget: the message waits, within its initial window.
+  if (state_ == state::admitted && bulk_budget_queue_.empty() && *size <= bulk_budget_left_) {
+    grant_budget(in, *size);
+    const uint64_t credit = in.uncredited;
+    in.uncredited = 0;
+    return credit;
+  }
+  // Older messages wait first (a stream of small ones must not starve a large one).
+  in.queued = true;
+  bulk_budget_queue_.push_back(sid);
   return 0;
 }
 
 void connection::admit_waiting_bulk() {
+  if (state_ != state::admitted) return;
   while (!bulk_budget_queue_.empty()) {
     const int64_t sid = bulk_budget_queue_.front();
     auto it = bulk_in_.find(sid);
-    if (it == bulk_in_.end()) {
+    if (it == bulk_in_.end()) {  // not expected: forget_inbound_bulk takes streams out of the queue
       bulk_budget_queue_.pop_front();
       continue;
     }
     bulk_in& in = it->second;
-    const uint64_t size = in.frames.empty() ? in.decoder.receiving_length().value_or(0) : in.frames.front().payload.size();
+    const uint64_t size = in.size().value_or(0);
     if (size > bulk_budget_left_) return;
     bulk_budget_queue_.pop_front();
-    bulk_budget_left_ -= size;
-    in.budgeted = size;
-    in.has_budget = true;
+    grant_budget(in, size);
     if (in.uncredited) ngtcp2_conn_extend_max_stream_offset(conn_, sid, in.uncredited);
     in.uncredited = 0;
   }
@@ -461,15 +490,11 @@ void connection::admit_waiting_bulk() {
 void connection::forget_inbound_bulk(int64_t sid) {
   auto it = bulk_in_.find(sid);
   if (it == bulk_in_.end()) return;
+  if (it->second.queued) bulk_budget_queue_.erase(std::find(bulk_budget_queue_.begin(), bulk_budget_queue_.end(), sid));
   bulk_budget_left_ += it->second.budgeted;
+  bulk_receiving_ -= it->second.held;
   bulk_in_.erase(it);
   admit_waiting_bulk();
-}
-
-uint64_t connection::bulk_receiving_bytes() const {
-  uint64_t n = 0;
-  for (const auto& [sid, in] : bulk_in_) n += in.frames.empty() ? in.decoder.receiving_bytes() : in.frames.front().payload.size();
-  return n;
 }
 
 void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
@@ -592,6 +617,7 @@ void connection::open_bulk_streams() {
 void connection::read(const socket_address& local, const socket_address& remote, const uint8_t* data, size_t len,
                       uint64_t ts) {
   bytes_received_ += len;
+  last_read_ts_ = ts;
   if (state_ == state::closed || state_ == state::draining) return;
   if (state_ == state::closing) return;  // the close packet is re-sent by on_timer's caller if needed
   ngtcp2_path path = make_path(local, remote);
@@ -665,6 +691,11 @@ void connection::on_timer(uint64_t ts) {
     return;
   }
   if (state_ == state::closed) return;
+  if (state_ == state::admitting && ts >= admission_deadline_) {
+    close(close_code::admission_refused,
+          "no admission proof from the peer within " + std::to_string(cfg_.handshake_timeout.count()) + " ms");
+    return;
+  }
   int rv = ngtcp2_conn_handle_expiry(conn_, ts);
   if (rv == 0) return;
   if (rv == NGTCP2_ERR_IDLE_CLOSE) {
@@ -682,7 +713,7 @@ uint64_t connection::expiry() const {
   if (state_ == state::closed) return UINT64_MAX;
   if (state_ == state::closing || state_ == state::draining) return close_deadline_;
   if (pending_close_) return 0;
-  return ngtcp2_conn_get_expiry(conn_);
+  return std::min(ngtcp2_conn_get_expiry(conn_), state_ == state::admitting ? admission_deadline_ : UINT64_MAX);
 }
 
 std::map<int64_t, connection::bulk_out>::iterator connection::next_bulk_stream(const std::vector<int64_t>& blocked) {
@@ -888,7 +919,7 @@ peer_stats connection::stats() const {
   for (const auto& [sid, b] : bulk_out_) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, sid);
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received_;
-  s.bulk_receiving_bytes = bulk_receiving_bytes();
+  s.bulk_receiving_bytes = bulk_receiving_;
   s.bulk_receiving_peak = bulk_receiving_peak_;
   s.remote_address = remote_.to_string();
   return s;

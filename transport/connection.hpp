@@ -107,6 +107,8 @@ class connection {
   peer_stats stats() const;
   /// Application payload bytes queued and not yet acknowledged.
   uint64_t outstanding_bytes() const { return outstanding_; }
+  /// Control stream bytes queued here and not yet acknowledged by the peer.
+  uint64_t control_backlog() const { return control_total_ - control_base_; }
   /// Everything queued here (messages and frames) was sent and acknowledged.
   bool all_acknowledged() const { return control_out_.empty() && bulk_waiting_.empty() && bulk_out_.empty(); }
 
@@ -216,20 +218,35 @@ class connection {
     std::vector<frame> frames;
     uint64_t budgeted = 0;    // bytes of the budget this message holds
     bool has_budget = false;
+    bool queued = false;      // in bulk_budget_queue_
     uint64_t uncredited = 0;  // received while waiting for budget: credited once it has some
+    uint64_t held = 0;        // payload bytes buffered (counted in bulk_receiving_)
+    /// Payload bytes of its one frame buffered so far, complete or not.
+    uint64_t buffered() const { return frames.empty() ? decoder.receiving_bytes() : frames.front().payload.size(); }
+    /// The announced payload size, once the frame header is complete.
+    std::optional<uint64_t> size() const {
+      return frames.empty() ? decoder.receiving_length() : std::optional(uint64_t{frames.front().payload.size()});
+    }
   };
   std::map<int64_t, bulk_in> bulk_in_;
   std::deque<int64_t> bulk_budget_queue_;  // streams waiting for budget, oldest first
   uint64_t bulk_budget_left_ = 0;
-  uint64_t bulk_receiving_peak_ = 0;  // most bulk bytes held in unfinished messages at once
-  /// Takes budget for `in` when its size is known and fits (and no older message waits);
-  /// otherwise queues it. Returns the stream credit to give back now.
+  uint64_t bulk_receiving_ = 0;       // payload bytes held in unfinished bulk messages
+  uint64_t bulk_receiving_peak_ = 0;  // the most of them at once
+  /// How much to reserve for an incoming bulk message of `length` bytes when its header
+  /// arrives: all of it (up to 1 GiB) when it will get budget at once, else one stream window.
+  uint64_t bulk_reserve_for(uint64_t length) const;
+  /// Takes budget for `in` when its size is known and fits (and no older message waits and
+  /// the peer is admitted); otherwise queues it. Returns the stream credit to give back now.
   uint64_t budget_inbound(int64_t sid, bulk_in& in, uint64_t received);
+  void grant_budget(bulk_in& in, uint64_t size);
   /// Gives waiting messages the budget that is free, oldest first, and their credit.
   void admit_waiting_bulk();
   /// Drops an incoming bulk stream (finished, reset or closed) and returns its budget.
   void forget_inbound_bulk(int64_t sid);
-  uint64_t bulk_receiving_bytes() const;
+  uint64_t held_bytes_ = 0;  // payload bytes in held_
+  uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then
+  uint64_t last_read_ts_ = 0;                 // of the latest packet read
   /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().
   std::set<int64_t> credited_;
   void credit_remote_stream(int64_t sid);

@@ -142,6 +142,9 @@ struct endpoint_config {
   /// limits.bulk, so that any message allowed can be received. Bounds what one peer can make
   /// this node allocate: this plus stream_window per open stream (128), not 128 x limits.bulk.
   uint64_t bulk_receive_budget = uint64_t{4} << 30;
+  /// Tests only: false plays a peer that finishes TLS and then never sends its admission proof
+  /// nor reads the other side's (which must close it after handshake_timeout).
+  bool send_admission_proof = true;
 };
 
 class endpoint_impl;

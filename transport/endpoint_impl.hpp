@@ -152,7 +152,9 @@ class endpoint_impl final : public connection_owner {
   size_t half_open() const {
     size_t n = 0;
     for (auto& c : conns_)
-      if (c->inbound() && c->current_state() == connection::state::handshaking) ++n;
+      if (c->inbound() && (c->current_state() == connection::state::handshaking ||
+                           c->current_state() == connection::state::admitting))
+        ++n;
     return n;
   }
   /// Another live connection attempt to `id` besides `c` (for the duplicate hand-over).

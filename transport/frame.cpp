@@ -93,7 +93,7 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
       }
       header_size_ = 0;
       current_ = frame{kind, {}};
-      const auto reserve = static_cast<size_t>(std::min(length, reserve_limit_));
+      const auto reserve = static_cast<size_t>(std::min(length, reserve_rule_ ? reserve_rule_(length) : reserve_limit_));
       if (pool_ && reserve == length) current_.payload = pool_->take(reserve);
       if (current_.payload.capacity() < reserve) {
         current_.payload.reserve(reserve);
@@ -114,6 +114,12 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
     }
   }
   return {};
+}
+
+void frame_decoder::reserve_payload(uint64_t bytes) {
+  if (!in_payload_ || current_.payload.capacity() >= bytes) return;
+  current_.payload.reserve(static_cast<size_t>(std::min(bytes, length_)));
+  advise_huge_pages(current_.payload.data(), current_.payload.capacity());
 }
 
 expected<frame> decode_single_frame(std::span<const uint8_t> bytes, const frame_limits& limits) {

@@ -6,6 +6,7 @@
 /// and the caller closes the connection that sent it.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -79,6 +80,13 @@ class frame_decoder {
   explicit frame_decoder(frame_limits limits = {}, uint64_t reserve_limit = 16u << 20, buffer_pool* pool = nullptr)
       : limits_(limits), reserve_limit_(reserve_limit), pool_(pool) {}
 
+  /// Replaces `reserve_limit` by a rule evaluated when each header arrives: how many bytes to
+  /// reserve for a payload of `length` (the connection reserves a bulk message whole only once
+  /// it fits the receive budget).
+  void set_reserve_rule(std::function<uint64_t(uint64_t length)> rule) { reserve_rule_ = std::move(rule); }
+  /// Grows the buffer of the frame being received to hold `bytes` (no-op between frames).
+  void reserve_payload(uint64_t bytes);
+
   /// Consumes `bytes`; every frame completed by them is appended to `out`.
   expected<void> feed(std::span<const uint8_t> bytes, std::vector<frame>& out);
   /// True when no partial frame is buffered (a stream may end cleanly only here).
@@ -92,6 +100,7 @@ class frame_decoder {
  private:
   frame_limits limits_;
   uint64_t reserve_limit_;
+  std::function<uint64_t(uint64_t)> reserve_rule_;
   buffer_pool* pool_;
   std::array<uint8_t, max_frame_header> header_{};
   size_t header_size_ = 0;

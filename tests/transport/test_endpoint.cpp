@@ -589,3 +589,25 @@ TEST_CASE("a peer's unfinished bulk messages are held to the receive budget", "[
   CHECK(peak[1] <= budget + count * window);
   CHECK(peak[0] > budget + count * window);
 }
+
+TEST_CASE("a peer that never sends its admission proof is closed after the handshake timeout", "[transport][endpoint]") {
+  endpoint_config server_cfg = config_with_secret(5);
+  server_cfg.handshake_timeout = 800ms;
+  endpoint_config mute = config_with_secret(5);
+  mute.send_admission_proof = false;
+  mute.handshake_timeout = 30000ms;  // only the server's deadline may end it
+  node server(server_cfg), client(mute);
+  REQUIRE(server.ep);
+  REQUIRE(client.ep);
+  const auto start = std::chrono::steady_clock::now();
+  client.ep->dial(server.ep->id(), {server.address()});
+  REQUIRE(client.log.wait([&] { return !client.log.failed.empty() || !client.log.down.empty(); }, 10s));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= 700ms);
+  CHECK(took < 5s);
+  std::string why = !client.log.failed.empty() ? client.log.failed[0].second : client.log.down[0].second.reason;
+  INFO("the client was told: " << why);
+  CHECK(why.find("no admission proof") != std::string::npos);
+  CHECK(server.log.up.empty());
+  CHECK(server.log.messages.empty());
+}
