@@ -95,7 +95,12 @@ struct connection_callbacks {
     // Everything received is consumed at once (decoded into memory), so connection credit goes
     // back now; stream credit as on_bulk_data says (held while a message waits for budget).
     if (*r) ngtcp2_conn_extend_max_stream_offset(conn, sid, *r);
-    ngtcp2_conn_extend_max_offset(conn, len);
+    // Before admission connection credit is held too, so a peer that has not proven anything
+    // can make us hold at most one connection window (its proof needs none: it goes first).
+    if (c.state_ == connection::state::admitted)
+      ngtcp2_conn_extend_max_offset(conn, len);
+    else
+      c.uncredited_before_admission_ += len;
     return 0;
   }
 
@@ -104,9 +109,15 @@ struct connection_callbacks {
     return 0;
   }
 
+  // Both may hand budget to a waiting message, which reserves its buffer: no exception may
+  // unwind through ngtcp2's C frames, so a failure closes the connection instead.
   static int stream_close(ngtcp2_conn* conn, uint32_t, int64_t sid, uint64_t, void* ud, void*) {
-    if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
-    self(ud).on_stream_closed(sid);
+    try {
+      if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
+      self(ud).on_stream_closed(sid);
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::protocol_violation, std::string("stream close failed: ") + e.what());
+    }
     return 0;
   }
 
@@ -116,8 +127,12 @@ struct connection_callbacks {
   }
 
   static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
-    self(ud).forget_inbound_bulk(sid);
-    if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
+    try {
+      self(ud).forget_inbound_bulk(sid);
+      if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
+    } catch (const std::exception& e) {
+      self(ud).close(close_code::protocol_violation, std::string("stream reset failed: ") + e.what());
+    }
     return 0;
   }
 
@@ -327,11 +342,7 @@ void connection::on_handshake_completed() {
   admission_binding b{*exporter, node_id{cfg_.id.public_key()}, *check_.peer, cfg_.protocol_version};
   auto proof = make_admission_proof(cfg_.mesh_secret, b);
   auto f = encode_frame(frame_kind::admission, proof, cfg_.limits);
-  if (cfg_.send_admission_proof) {
-    control_total_ += f->size();
-    control_out_.push_back(std::move(*f));
-    control_app_bytes_.push_back(0);
-  }
+  if (cfg_.send_admission_proof) push_control(std::move(*f), {});
   state_ = state::admitting;
   // A peer that finished TLS but never proves itself must not hold the connection (and what it
   // sent) for ever: it gets as long as a handshake.
@@ -354,7 +365,7 @@ expected<void> connection::on_control_data(const uint8_t* data, size_t len) {
   std::vector<frame> frames;
   auto r = control_in_.feed({data, len}, frames);
   for (auto& f : frames) {
-    if (state_ == state::closing || state_ == state::closed) break;
+    if (state_ == state::closing || state_ == state::closed || pending_close_) break;
     if (auto h = handle_control_frame(std::move(f)); !h) return h;
   }
   if (!r) return make_error(r.error().code, "control stream: " + r.error().message);
@@ -380,6 +391,8 @@ expected<void> connection::handle_control_frame(frame f) {
     for (auto& [ch, bytes] : held_) deliver(ch, std::move(bytes));
     held_.clear();
     held_bytes_ = 0;
+    ngtcp2_conn_extend_max_offset(conn_, uncredited_before_admission_);
+    uncredited_before_admission_ = 0;
     admit_waiting_bulk();  // messages that arrived before the proof waited for budget
     return {};
   }
@@ -508,9 +521,7 @@ void connection::queue(channel ch, std::vector<uint8_t> bytes) {
     case channel::control: {
       auto f = encode_frame(frame_kind::control, bytes, cfg_.limits);
       if (!f) return owner_.on_released(*this, bytes.size());
-      control_total_ += f->size();
-      control_out_.push_back(std::move(*f));
-      control_app_bytes_.push_back(bytes.size());
+      push_control(std::move(*f), {bytes.size(), std::nullopt});
       outstanding_ += bytes.size();
       break;
     }
@@ -526,13 +537,23 @@ void connection::queue(channel ch, std::vector<uint8_t> bytes) {
   }
 }
 
+void connection::push_control(std::vector<uint8_t> frame_bytes, control_chunk info) {
+  control_total_ += frame_bytes.size();
+  if (info.relayed_from) relayed_backlog_[*info.relayed_from] += frame_bytes.size();
+  control_out_.push_back(std::move(frame_bytes));
+  control_chunks_.push_back(std::move(info));
+}
+
 void connection::queue_frame(frame_kind kind, std::span<const uint8_t> payload) {
   if (state_ != state::admitted) return;
   auto f = encode_frame(kind, payload, cfg_.limits);
-  if (!f) return;
-  control_total_ += f->size();
-  control_out_.push_back(std::move(*f));
-  control_app_bytes_.push_back(0);
+  if (f) push_control(std::move(*f), {});
+}
+
+void connection::queue_relayed(const node_id& from, std::span<const uint8_t> payload) {
+  if (state_ != state::admitted) return;
+  auto f = encode_frame(frame_kind::relay_deliver, payload, cfg_.limits);
+  if (f) push_control(std::move(*f), {0, from});
 }
 
 void connection::retire(uint64_t ts, uint64_t timeout_ns) {
@@ -574,10 +595,16 @@ void connection::on_acked(int64_t sid, uint64_t offset, uint64_t len) {
   if (sid == control_sid_) {
     uint64_t end = offset + len;
     while (!control_out_.empty() && control_base_ + control_out_.front().size() <= end) {
-      control_base_ += control_out_.front().size();
+      const uint64_t size = control_out_.front().size();
+      control_base_ += size;
       control_out_.pop_front();
-      release(control_app_bytes_.front());
-      control_app_bytes_.pop_front();
+      const control_chunk info = std::move(control_chunks_.front());
+      control_chunks_.pop_front();
+      if (info.relayed_from) {
+        auto it = relayed_backlog_.find(*info.relayed_from);
+        if (it != relayed_backlog_.end() && (it->second -= std::min(it->second, size)) == 0) relayed_backlog_.erase(it);
+      }
+      release(info.app_bytes);
     }
     return;
   }

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <unordered_map>
 #include <set>
 #include <memory>
 #include <optional>
@@ -86,6 +87,13 @@ class connection {
   void queue(channel ch, std::vector<uint8_t> bytes);
   /// Queues a frame of another kind on the control stream (NAT traversal frames).
   void queue_frame(frame_kind kind, std::span<const uint8_t> payload);
+  /// Queues a relay_deliver frame of a box `from` sent through this node (we are the relay).
+  void queue_relayed(const node_id& from, std::span<const uint8_t> payload);
+  /// Bytes of boxes relayed from `from` queued here and not yet acknowledged by this peer.
+  uint64_t relayed_backlog(const node_id& from) const {
+    auto it = relayed_backlog_.find(from);
+    return it == relayed_backlog_.end() ? 0 : it->second;
+  }
   /// Closes with an application error and a reason the peer will log; takes effect at the next write.
   void close(close_code code, std::string reason);
 
@@ -107,8 +115,6 @@ class connection {
   peer_stats stats() const;
   /// Application payload bytes queued and not yet acknowledged.
   uint64_t outstanding_bytes() const { return outstanding_; }
-  /// Control stream bytes queued here and not yet acknowledged by the peer.
-  uint64_t control_backlog() const { return control_total_ - control_base_; }
   /// Everything queued here (messages and frames) was sent and acknowledged.
   bool all_acknowledged() const { return control_out_.empty() && bulk_waiting_.empty() && bulk_out_.empty(); }
 
@@ -174,7 +180,15 @@ class connection {
   // Outgoing control stream: chunks kept until acknowledged (ngtcp2 does not copy).
   int64_t control_sid_ = -1;
   std::deque<std::vector<uint8_t>> control_out_;
-  std::deque<size_t> control_app_bytes_;  // per chunk: application payload bytes in it
+  // Per chunk of control_out_: application payload bytes in it, and for a relayed box the node
+  // that sent it (its share of the relay backlog ends when the chunk is acknowledged).
+  struct control_chunk {
+    size_t app_bytes = 0;
+    std::optional<node_id> relayed_from;
+  };
+  std::deque<control_chunk> control_chunks_;
+  std::unordered_map<node_id, uint64_t> relayed_backlog_;  // bytes per sender, not yet acknowledged
+  void push_control(std::vector<uint8_t> frame_bytes, control_chunk info);
   uint64_t control_base_ = 0;    // stream offset of control_out_.front()
   uint64_t control_sent_ = 0;    // stream offset handed to ngtcp2
   uint64_t control_total_ = 0;   // stream offset after the last queued byte
@@ -246,6 +260,7 @@ class connection {
   void forget_inbound_bulk(int64_t sid);
   uint64_t held_bytes_ = 0;  // payload bytes in held_
   uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then
+  uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted
   uint64_t last_read_ts_ = 0;                 // of the latest packet read
   /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().
   std::set<int64_t> credited_;

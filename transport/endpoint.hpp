@@ -70,7 +70,7 @@ struct peer_stats {
 /// Endpoint-wide counters (metrics).
 struct endpoint_counters {
   size_t connections = 0;         ///< in any state
-  size_t half_open = 0;           ///< inbound handshakes in progress
+  size_t half_open = 0;           ///< inbound connections in handshake or awaiting the admission proof
   uint64_t initials_shed = 0;     ///< Initials dropped by the half-open / connection bound
   uint64_t packets_dropped = 0;   ///< datagrams that matched no connection and were no Initial
 };
@@ -107,7 +107,7 @@ struct endpoint_config {
   std::chrono::milliseconds idle_timeout{15000};       ///< no packet for this long: peer down
   std::chrono::milliseconds keep_alive{5000};          ///< send a PING after this much quiet
   std::chrono::milliseconds handshake_timeout{5000};   ///< dial attempt gives up after this
-  size_t max_half_open = 64;       ///< inbound handshakes in progress; more Initials are dropped
+  size_t max_half_open = 64;       ///< inbound connections in handshake or admission; more Initials are dropped
   size_t max_connections = 1024;   ///< all connections, any state
   int socket_buffer_bytes = 8 << 20;
   size_t max_udp_payload = 1452;   ///< to peers on other hosts; above 1452 only where every path allows it

@@ -62,17 +62,18 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
       if (!env) return log("peer " + from.short_string() + " sent a malformed relay frame");
       connection* t = direct(env->peer);
       if (!t) return log("cannot relay from " + from.short_string() + " to " + env->peer.short_string() + ": not connected");
-      // A sender faster than its target reads would pile up here without bound: past a
-      // backlog of four control messages' worth, the sender's connection is closed (visibly:
-      // its peers go down, rather than relayed messages vanishing).
-      if (t->control_backlog() > 4 * cfg_.limits.control) {
+      // A sender faster than its target reads would pile up here without bound: once the boxes
+      // from this sender not yet acknowledged by the target pass four control messages' worth,
+      // the sender's connection is closed (visibly: its peers go down, rather than relayed
+      // messages vanishing). Other senders' boxes and our own messages do not count.
+      if (t->relayed_backlog(from) > 4 * cfg_.limits.control) {
         log("relay backlog to " + env->peer.short_string() + " is full; closing the connection to " + from.short_string());
         c.close(close_code::protocol_violation, "relay backlog to " + env->peer.short_string() + " exceeded " +
                                                      std::to_string((4 * cfg_.limits.control) >> 20) + " MiB");
         return;
       }
       if (h_.on_relay) h_.on_relay(from, env->peer, env->box);
-      t->queue_frame(frame_kind::relay_deliver, encode_relay({from, std::move(env->box)}));
+      t->queue_relayed(from, encode_relay({from, std::move(env->box)}));
       return;
     }
     case frame_kind::relay_deliver: {

@@ -1,5 +1,7 @@
 #include "transport/frame.hpp"
 
+#include <new>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -118,7 +120,11 @@ expected<void> frame_decoder::feed(std::span<const uint8_t> bytes, std::vector<f
 
 void frame_decoder::reserve_payload(uint64_t bytes) {
   if (!in_payload_ || current_.payload.capacity() >= bytes) return;
-  current_.payload.reserve(static_cast<size_t>(std::min(bytes, length_)));
+  try {
+    current_.payload.reserve(static_cast<size_t>(std::min(bytes, length_)));
+  } catch (const std::bad_alloc&) {
+    return;  // the buffer grows as the payload arrives instead
+  }
   advise_huge_pages(current_.payload.data(), current_.payload.capacity());
 }
 
