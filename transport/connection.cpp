@@ -128,7 +128,8 @@ struct connection_callbacks {
 
   static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
     try {
-      self(ud).forget_inbound_bulk(sid);
+      self(ud).bulk_rx_.forget(sid);
+      self(ud).apply_bulk_grants();
       if (!ngtcp2_conn_is_local_stream(conn, sid)) self(ud).credit_remote_stream(sid);
     } catch (const std::exception& e) {
       self(ud).close(close_code::protocol_violation, std::string("stream reset failed: ") + e.what());
@@ -193,9 +194,12 @@ ngtcp2_conn* connection::get_conn(ngtcp2_crypto_conn_ref* ref) {
 }
 
 connection::connection(connection_owner& owner, const endpoint_config& cfg, bool inbound, const socket_address& remote)
-    : owner_(owner), cfg_(cfg), inbound_(inbound), control_in_(cfg.limits) {
+    : owner_(owner),
+      cfg_(cfg),
+      inbound_(inbound),
+      control_in_(cfg.limits),
+      bulk_rx_({cfg.limits, cfg.bulk_receive_budget, cfg.stream_window, &owner.receive_buffers()}) {
   remote_ = remote;
-  bulk_budget_left_ = std::max(cfg.bulk_receive_budget, cfg.limits.bulk);
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
                          : cfg.max_udp_payload;
@@ -393,7 +397,8 @@ expected<void> connection::handle_control_frame(frame f) {
     held_bytes_ = 0;
     ngtcp2_conn_extend_max_offset(conn_, uncredited_before_admission_);
     uncredited_before_admission_ = 0;
-    admit_waiting_bulk();  // messages that arrived before the proof waited for budget
+    bulk_rx_.admit();  // messages that arrived before the proof waited for budget
+    apply_bulk_grants();
     return {};
   }
   switch (f.kind) {
@@ -411,103 +416,30 @@ expected<void> connection::handle_control_frame(frame f) {
 expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
-  auto it = bulk_in_.find(sid);
-  if (it == bulk_in_.end()) {
-    it = bulk_in_.emplace(sid, bulk_in{frame_decoder(cfg_.limits, 16u << 20, &owner_.receive_buffers()), {}}).first;
-    it->second.decoder.set_reserve_rule([this](uint64_t length) { return bulk_reserve_for(length); });
-  }
-  bulk_in& in = it->second;
-  auto r = in.decoder.feed({data, len}, in.frames);
-  bulk_receiving_ = bulk_receiving_ - in.held + in.buffered();
-  in.held = in.buffered();
-  bulk_receiving_peak_ = std::max(bulk_receiving_peak_, bulk_receiving_);
-  if (!r) return make_error(r.error().code, "bulk stream: " + r.error().message);
-  // Nothing may follow the one frame: bytes past it would be credited outside any budget.
-  if (in.frames.size() > 1 || (!in.frames.empty() && (in.frames.front().kind != frame_kind::bulk || !in.decoder.at_boundary())))
-    return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
-  const uint64_t credit = budget_inbound(sid, in, len);
-  if (!fin) return credit;
+  auto r = bulk_rx_.on_data(sid, {data, len}, fin);
+  apply_bulk_grants();  // the end of this message may have made room for waiting ones
+  if (!r) return tl::unexpected(r.error());
   // The whole stream is read. ngtcp2 0.12 does not close a peer's unidirectional stream on its
   // own here (stream_close never fired for them), so its credit goes back now; without this a
   // peer could open only initial_max_streams_uni (128) bulk streams per connection, ever.
-  credit_remote_stream(sid);
-  const bool complete = in.frames.size() == 1 && in.decoder.at_boundary();
-  std::vector<uint8_t> payload = complete ? std::move(in.frames.front().payload) : std::vector<uint8_t>{};
-  forget_inbound_bulk(sid);
-  if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
+  if (fin) credit_remote_stream(sid);
+  if (!r->message) return r->credit;
   if (state_ == state::admitted) {
-    deliver(channel::bulk, std::move(payload));
+    deliver(channel::bulk, std::move(*r->message));
   } else {
     // Overtook the proof (its packet was lost); delivered on admission. A peer that keeps
     // sending without proving anything is cut off.
-    held_bytes_ += payload.size();
+    held_bytes_ += r->message->size();
     if (held_bytes_ > held_before_admission_limit)
       return make_error(error_code::limit_exceeded, "peer sent more than " + std::to_string(held_before_admission_limit >> 20) +
                                                         " MiB of messages before its admission proof");
-    held_.emplace_back(channel::bulk, std::move(payload));
+    held_.emplace_back(channel::bulk, std::move(*r->message));
   }
-  return credit;
+  return r->credit;
 }
 
-uint64_t connection::bulk_reserve_for(uint64_t length) const {
-  const bool budget_now = state_ == state::admitted && bulk_budget_queue_.empty() && length <= bulk_budget_left_;
-  return budget_now ? std::min<uint64_t>(length, uint64_t{1} << 30) : std::min(length, cfg_.stream_window);
-}
-
-void connection::grant_budget(bulk_in& in, uint64_t size) {
-  bulk_budget_left_ -= size;
-  in.budgeted = size;
-  in.has_budget = true;
-  in.queued = false;
-  in.decoder.reserve_payload(std::min<uint64_t>(size, uint64_t{1} << 30));  // one allocation, not regrowth
-}
-
-uint64_t connection::budget_inbound(int64_t sid, bulk_in& in, uint64_t received) {
-  if (in.has_budget) return received;
-  in.uncredited += received;
-  if (in.queued) return 0;
-  const auto size = in.size();
-  if (!size) return 0;  // the header is not complete yet (it fits any initial window)
-  // Before admission nothing gets budget: the message waits, within its initial window.
-  if (state_ == state::admitted && bulk_budget_queue_.empty() && *size <= bulk_budget_left_) {
-    grant_budget(in, *size);
-    const uint64_t credit = in.uncredited;
-    in.uncredited = 0;
-    return credit;
-  }
-  // Older messages wait first (a stream of small ones must not starve a large one).
-  in.queued = true;
-  bulk_budget_queue_.push_back(sid);
-  return 0;
-}
-
-void connection::admit_waiting_bulk() {
-  if (state_ != state::admitted) return;
-  while (!bulk_budget_queue_.empty()) {
-    const int64_t sid = bulk_budget_queue_.front();
-    auto it = bulk_in_.find(sid);
-    if (it == bulk_in_.end()) {  // not expected: forget_inbound_bulk takes streams out of the queue
-      bulk_budget_queue_.pop_front();
-      continue;
-    }
-    bulk_in& in = it->second;
-    const uint64_t size = in.size().value_or(0);
-    if (size > bulk_budget_left_) return;
-    bulk_budget_queue_.pop_front();
-    grant_budget(in, size);
-    if (in.uncredited) ngtcp2_conn_extend_max_stream_offset(conn_, sid, in.uncredited);
-    in.uncredited = 0;
-  }
-}
-
-void connection::forget_inbound_bulk(int64_t sid) {
-  auto it = bulk_in_.find(sid);
-  if (it == bulk_in_.end()) return;
-  if (it->second.queued) bulk_budget_queue_.erase(std::find(bulk_budget_queue_.begin(), bulk_budget_queue_.end(), sid));
-  bulk_budget_left_ += it->second.budgeted;
-  bulk_receiving_ -= it->second.held;
-  bulk_in_.erase(it);
-  admit_waiting_bulk();
+void connection::apply_bulk_grants() {
+  for (const auto& [sid, credit] : bulk_rx_.take_grants()) ngtcp2_conn_extend_max_stream_offset(conn_, sid, credit);
 }
 
 void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
@@ -626,7 +558,8 @@ void connection::on_stream_closed(int64_t sid) {
     bulk_out_.erase(it);
     release(n);
   }
-  forget_inbound_bulk(sid);
+  bulk_rx_.forget(sid);
+  apply_bulk_grants();
 }
 
 void connection::open_bulk_streams() {
@@ -946,8 +879,8 @@ peer_stats connection::stats() const {
   for (const auto& [sid, b] : bulk_out_) s.packets_lost += ngtcp2_conn_get_stream_loss_count(conn_, sid);
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received_;
-  s.bulk_receiving_bytes = bulk_receiving_;
-  s.bulk_receiving_peak = bulk_receiving_peak_;
+  s.bulk_receiving_bytes = bulk_rx_.receiving();
+  s.bulk_receiving_peak = bulk_rx_.peak();
   s.remote_address = remote_.to_string();
   return s;
 }

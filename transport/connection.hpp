@@ -9,14 +9,15 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <unordered_map>
-#include <set>
 #include <memory>
+#include <set>
+#include <unordered_map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "transport/address.hpp"
+#include "transport/bulk_receiver.hpp"
 #include "transport/delivery_meter.hpp"
 #include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
@@ -221,43 +222,10 @@ class connection {
   // Incoming.
   frame_decoder control_in_;
   std::vector<uint8_t> early_control_;  // control bytes that arrived before our handshake finished
-  // Incoming bulk streams, one message each. A message is given stream credit beyond the
-  // peer's initial window only once its announced size fits the connection's receive budget
-  // (endpoint_config::bulk_receive_budget); messages that do not fit wait, in the order their
-  // headers came, with their senders held by flow control. So the memory one peer can make this
-  // side hold is the budget plus one initial stream window per open stream, however many
-  // streams announce however much.
-  struct bulk_in {
-    frame_decoder decoder;
-    std::vector<frame> frames;
-    uint64_t budgeted = 0;    // bytes of the budget this message holds
-    bool has_budget = false;
-    bool queued = false;      // in bulk_budget_queue_
-    uint64_t uncredited = 0;  // received while waiting for budget: credited once it has some
-    uint64_t held = 0;        // payload bytes buffered (counted in bulk_receiving_)
-    /// Payload bytes of its one frame buffered so far, complete or not.
-    uint64_t buffered() const { return frames.empty() ? decoder.receiving_bytes() : frames.front().payload.size(); }
-    /// The announced payload size, once the frame header is complete.
-    std::optional<uint64_t> size() const {
-      return frames.empty() ? decoder.receiving_length() : std::optional(uint64_t{frames.front().payload.size()});
-    }
-  };
-  std::map<int64_t, bulk_in> bulk_in_;
-  std::deque<int64_t> bulk_budget_queue_;  // streams waiting for budget, oldest first
-  uint64_t bulk_budget_left_ = 0;
-  uint64_t bulk_receiving_ = 0;       // payload bytes held in unfinished bulk messages
-  uint64_t bulk_receiving_peak_ = 0;  // the most of them at once
-  /// How much to reserve for an incoming bulk message of `length` bytes when its header
-  /// arrives: all of it (up to 1 GiB) when it will get budget at once, else one stream window.
-  uint64_t bulk_reserve_for(uint64_t length) const;
-  /// Takes budget for `in` when its size is known and fits (and no older message waits and
-  /// the peer is admitted); otherwise queues it. Returns the stream credit to give back now.
-  uint64_t budget_inbound(int64_t sid, bulk_in& in, uint64_t received);
-  void grant_budget(bulk_in& in, uint64_t size);
-  /// Gives waiting messages the budget that is free, oldest first, and their credit.
-  void admit_waiting_bulk();
-  /// Drops an incoming bulk stream (finished, reset or closed) and returns its budget.
-  void forget_inbound_bulk(int64_t sid);
+  // Incoming bulk streams, one message each, under the receive budget (bulk_receiver.hpp).
+  bulk_receiver bulk_rx_;
+  /// Gives the stream credit bulk_rx_ granted to waiting messages back to the peer.
+  void apply_bulk_grants();
   uint64_t held_bytes_ = 0;  // payload bytes in held_
   uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then
   uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted

@@ -1,3 +1,7 @@
 # transport: the frame decoder is the first thing that parses a peer's bytes.
 mesh_add_fuzzer(fuzz_transport_frames SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_transport_frames.cpp
                 LIBS mesh_transport)
+# transport: a connection's bulk streams under the receive budget, driven by a peer that obeys
+# flow control but sends anything else it likes.
+mesh_add_fuzzer(fuzz_bulk_receiver SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_bulk_receiver.cpp
+                LIBS mesh_transport)

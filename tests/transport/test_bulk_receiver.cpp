@@ -1,0 +1,136 @@
+// bulk_receiver without I/O: which stream gets credit when, under the receive budget.
+#include <catch2/catch.hpp>
+
+#include "transport/bulk_receiver.hpp"
+
+using namespace mesh::transport;
+
+namespace {
+
+/// A bulk stream's bytes: the frame header, then `size` payload bytes.
+std::vector<uint8_t> message_stream(uint64_t size, uint8_t fill, const frame_limits& limits) {
+  auto h = encode_frame_header(frame_kind::bulk, size, limits);
+  REQUIRE(h);
+  std::vector<uint8_t> s(h->bytes.begin(), h->bytes.begin() + h->size);
+  s.insert(s.end(), static_cast<size_t>(size), fill);
+  return s;
+}
+
+bulk_receiver::config small_config() {
+  bulk_receiver::config c;
+  c.limits.bulk = 1000;
+  c.budget = 1000;
+  c.stream_window = 100;
+  return c;
+}
+
+std::span<const uint8_t> part(const std::vector<uint8_t>& s, size_t from, size_t n) { return {s.data() + from, n}; }
+
+}  // namespace
+
+TEST_CASE("bulk_receiver: a message that fits the budget is credited as it arrives and handed back at FIN",
+          "[transport][bulk_receiver]") {
+  bulk_receiver rx(small_config());
+  rx.admit();
+  const auto s = message_stream(600, 7, small_config().limits);
+  auto a = rx.on_data(3, part(s, 0, 50), false);
+  REQUIRE(a);
+  CHECK(a->credit == 50);
+  CHECK(rx.budget_left() == 400);
+  auto b = rx.on_data(3, part(s, 50, s.size() - 50), true);
+  REQUIRE(b);
+  CHECK(b->credit == s.size() - 50);
+  REQUIRE(b->message);
+  CHECK(*b->message == std::vector<uint8_t>(600, 7));
+  CHECK(rx.budget_left() == 1000);
+  CHECK(rx.receiving() == 0);
+  CHECK(rx.peak() == 600);
+  CHECK(rx.open_streams() == 0);
+}
+
+TEST_CASE("bulk_receiver: a message that does not fit waits without credit, then gets what it is owed",
+          "[transport][bulk_receiver]") {
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  const auto first = message_stream(700, 1, cfg.limits), second = message_stream(500, 2, cfg.limits);
+  REQUIRE(rx.on_data(3, part(first, 0, 80), false)->credit == 80);
+  auto w = rx.on_data(7, part(second, 0, 90), false);  // 500 > 300 left: waits
+  REQUIRE(w);
+  CHECK(w->credit == 0);
+  CHECK(rx.waiting() == 1);
+  CHECK(rx.take_grants().empty());
+  auto done = rx.on_data(3, part(first, 80, first.size() - 80), true);
+  REQUIRE(done);
+  CHECK(done->message);
+  // The first message's end made room: the second gets the 90 bytes it was not credited.
+  const auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{7, 90});
+  CHECK(rx.waiting() == 0);
+  auto rest = rx.on_data(7, part(second, 90, second.size() - 90), true);
+  REQUIRE(rest);
+  CHECK(rest->credit == second.size() - 90);
+  CHECK(*rest->message == std::vector<uint8_t>(500, 2));
+}
+
+TEST_CASE("bulk_receiver: waiting messages are granted oldest first, and small ones do not overtake",
+          "[transport][bulk_receiver]") {
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  const auto big = message_stream(900, 1, cfg.limits), large = message_stream(800, 2, cfg.limits),
+             tiny = message_stream(10, 3, cfg.limits);
+  REQUIRE(rx.on_data(1, part(big, 0, 20), false)->credit == 20);
+  REQUIRE(rx.on_data(2, part(large, 0, 20), false)->credit == 0);  // waits: 800 > 100
+  REQUIRE(rx.on_data(3, part(tiny, 0, 5), false)->credit == 0);    // fits, but an older one waits
+  CHECK(rx.waiting() == 2);
+  rx.forget(1);  // reset: its budget comes back
+  const auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 2);
+  CHECK(grants[0].first == 2);
+  CHECK(grants[1].first == 3);
+  CHECK(rx.budget_left() == 1000 - 800 - 10);
+}
+
+TEST_CASE("bulk_receiver: before admission nothing gets budget", "[transport][bulk_receiver]") {
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  const auto s = message_stream(300, 4, cfg.limits);
+  auto a = rx.on_data(5, part(s, 0, 60), false);
+  REQUIRE(a);
+  CHECK(a->credit == 0);
+  CHECK(rx.waiting() == 1);
+  rx.admit();
+  const auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{5, 60});
+  // A message complete within the peer's initial window is handed back even while waiting.
+  bulk_receiver early(cfg);
+  const auto small = message_stream(20, 9, cfg.limits);
+  auto m = early.on_data(9, small, true);
+  REQUIRE(m);
+  CHECK(m->credit == 0);
+  REQUIRE(m->message);
+  CHECK(m->message->size() == 20);
+  CHECK(early.waiting() == 0);
+}
+
+TEST_CASE("bulk_receiver: anything after the one frame, or a FIN inside it, is an error", "[transport][bulk_receiver]") {
+  const auto cfg = small_config();
+  auto two = message_stream(0, 0, cfg.limits);
+  const auto second = message_stream(500, 1, cfg.limits);
+  two.insert(two.end(), second.begin(), second.begin() + 2);  // a second header, incomplete
+  bulk_receiver rx(cfg);
+  rx.admit();
+  CHECK_FALSE(rx.on_data(1, two, false));
+  bulk_receiver rx2(cfg);
+  rx2.admit();
+  const auto s = message_stream(50, 1, cfg.limits);
+  CHECK_FALSE(rx2.on_data(1, part(s, 0, 20), true));
+  CHECK(rx2.open_streams() == 0);
+  CHECK(rx2.budget_left() == 1000);  // the failed stream's budget came back
+  bulk_receiver rx3(cfg);
+  const auto too_big = message_stream(1001, 1, frame_limits{});  // the limit is 1000 here
+  CHECK_FALSE(rx3.on_data(1, part(too_big, 0, 10), false));
+}

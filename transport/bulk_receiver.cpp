@@ -1,0 +1,105 @@
+#include "transport/bulk_receiver.hpp"
+
+#include <algorithm>
+
+namespace mesh::transport {
+
+namespace {
+constexpr uint64_t max_reserve = uint64_t{1} << 30;  // larger messages grow past it as they arrive
+}
+
+bulk_receiver::bulk_receiver(config cfg) : cfg_(cfg), budget_left_(std::max(cfg.budget, cfg.limits.bulk)) {}
+
+uint64_t bulk_receiver::reserve_for(uint64_t length) const {
+  // Whole (one allocation, or a pooled buffer) when it will get budget at once; else one
+  // stream window, which is all a waiting message can receive.
+  const bool budget_now = admitted_ && queue_.empty() && length <= budget_left_;
+  return budget_now ? std::min(length, max_reserve) : std::min(length, cfg_.stream_window);
+}
+
+void bulk_receiver::grant(stream& s, uint64_t size) {
+  budget_left_ -= size;
+  s.budgeted = size;
+  s.has_budget = true;
+  s.queued = false;
+  s.decoder.reserve_payload(std::min(size, max_reserve));
+}
+
+expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<const uint8_t> bytes, bool fin) {
+  auto it = streams_.find(sid);
+  if (it == streams_.end()) {
+    it = streams_.emplace(sid, stream{frame_decoder(cfg_.limits, cfg_.stream_window, cfg_.pool), {}}).first;
+    it->second.decoder.set_reserve_rule([this](uint64_t length) { return reserve_for(length); });
+  }
+  stream& s = it->second;
+  auto fed = s.decoder.feed(bytes, s.frames);
+  receiving_ = receiving_ - s.held + s.buffered();
+  s.held = s.buffered();
+  peak_ = std::max(peak_, receiving_);
+  if (!fed) return make_error(fed.error().code, "bulk stream: " + fed.error().message);
+  // Nothing may follow the one frame: bytes past it would be credited outside any budget.
+  if (s.frames.size() > 1 || (!s.frames.empty() && (s.frames.front().kind != frame_kind::bulk || !s.decoder.at_boundary())))
+    return make_error(error_code::decode_error, "a bulk stream must carry exactly one bulk frame");
+
+  result r;
+  if (s.has_budget) {
+    r.credit = bytes.size();
+  } else {
+    s.uncredited += bytes.size();
+    if (!s.queued) {
+      if (auto size = s.size()) {  // the header is complete (before that it fits any window)
+        if (admitted_ && queue_.empty() && *size <= budget_left_) {
+          grant(s, *size);
+          r.credit = s.uncredited;
+          s.uncredited = 0;
+        } else {
+          s.queued = true;
+          queue_.push_back(sid);
+        }
+      }
+    }
+  }
+  if (!fin) return r;
+  const bool complete = s.frames.size() == 1 && s.decoder.at_boundary();
+  if (complete) r.message = std::move(s.frames.front().payload);
+  forget(sid);
+  if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
+  return r;
+}
+
+void bulk_receiver::forget(int64_t sid) {
+  auto it = streams_.find(sid);
+  if (it == streams_.end()) return;
+  if (it->second.queued) queue_.erase(std::find(queue_.begin(), queue_.end(), sid));
+  budget_left_ += it->second.budgeted;
+  receiving_ -= it->second.held;
+  streams_.erase(it);
+  grant_waiting();
+}
+
+void bulk_receiver::admit() {
+  admitted_ = true;
+  grant_waiting();
+}
+
+void bulk_receiver::grant_waiting() {
+  if (!admitted_) return;
+  while (!queue_.empty()) {
+    const int64_t sid = queue_.front();
+    stream& s = streams_.at(sid);  // forget() takes streams out of the queue
+    const uint64_t size = s.size().value_or(0);
+    if (size > budget_left_) return;
+    queue_.pop_front();
+    grant(s, size);
+    if (s.uncredited) grants_.emplace_back(sid, s.uncredited);
+    s.uncredited = 0;
+  }
+}
+
+std::vector<std::pair<int64_t, uint64_t>> bulk_receiver::take_grants() {
+  std::vector<std::pair<int64_t, uint64_t>> g;
+  g.swap(grants_);
+  return g;
+}
+
+}  // namespace mesh::transport
