@@ -10,10 +10,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
-#include <unordered_map>
 #include <optional>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "transport/address.hpp"

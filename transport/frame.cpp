@@ -1,11 +1,10 @@
 #include "transport/frame.hpp"
 
-#include <new>
-
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include "transport/varint.hpp"
