@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "../common/kernel_delay_line.hpp"
@@ -119,8 +120,9 @@ struct mesh3 {
   std::mutex relayed_mu;
   std::string r_addr;
 
-  explicit mesh3(topology& t) : r(), h1(), h2() {
+  explicit mesh3(topology& t, std::function<void(endpoint_config&)> tweak_relay = {}) : r(), h1(), h2() {
     auto rc = nat_config();
+    if (tweak_relay) tweak_relay(rc);
     r.ep.reset();
     std::thread tr([&] {
       int fd = ::open(("/run/netns/" + t.P).c_str(), O_RDONLY | O_CLOEXEC);
@@ -322,4 +324,43 @@ TEST_CASE("5% loss and 50 ms delay still deliver everything", "[transport][nat][
   REQUIRE(st);
   CHECK(st->min_rtt >= 50ms);
   CHECK(st->packets_lost > 0);
+}
+
+TEST_CASE("a relay closes a sender whose target stops acknowledging its boxes", "[transport][nat][netns]") {
+  if (auto why = missing_requirement()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  topology t(true);
+  INFO("topology set-up failed at: " << t.failed);
+  REQUIRE(t.ok);
+  // The relay allows 64 KiB control messages, so it holds at most 4 x 64 KiB of one sender's
+  // boxes that the target has not acknowledged.
+  mesh3 m(t, [](endpoint_config& c) { c.limits.control = 64u << 10; });
+  REQUIRE(m.ready());
+  m.join();
+  m.h1.ep->connect_via(m.h2.ep->id(), m.r.ep->id());
+  REQUIRE(m.h1.log.wait([&] { return m.h1.log.up.size() == 2; }, 30s));
+  REQUIRE(m.h2.log.wait([&] { return m.h2.log.up.size() == 2; }, 30s));
+  auto st = m.h1.ep->stats(m.h2.ep->id());
+  REQUIRE(st);
+  REQUIRE(st->relayed);
+  // H2's router now drops everything: the relay's boxes for H2 are never acknowledged.
+  t.sh("printf 'table inet cut {\\n chain cutoff {\\n  type filter hook forward priority -5;\\n  drop\\n }\\n}\\n' | ip netns exec " +
+       t.N2 + " nft -f -");
+  REQUIRE(t.ok);
+  for (int i = 0; i < 40; ++i)
+    if (!m.h1.ep->send(m.h2.ep->id(), channel::control, std::vector<uint8_t>(16u << 10, static_cast<uint8_t>(i)))) break;
+  // The relay closes H1's connection (H1 sees the relay and the relayed peer go down) and says why.
+  REQUIRE(m.h1.log.wait([&] { return !m.h1.log.down.empty(); }, 20s));
+  bool told = false;
+  for (const auto& [id, why] : m.h1.log.down)
+    if (id == m.r.ep->id() && why.reason.find("relay backlog") != std::string::npos) told = true;
+  INFO("H1 was told: " << m.h1.log.down[0].second.reason);
+  CHECK(told);
+  REQUIRE(m.r.log.wait([&] {
+    for (auto& l : m.r.log.logs)
+      if (l.find("relay backlog") != std::string::npos) return true;
+    return false;
+  }, 5s));
 }
