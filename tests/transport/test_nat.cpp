@@ -143,6 +143,13 @@ struct mesh3 {
     if (r.ep) r_addr = "203.0.113.10:" + std::to_string(r.ep->port());
   }
   bool ready() const { return r.ep && h1.ep && h2.ep; }
+  // H1 asks the rendezvous to connect it to H2 (directly, or through the relay), and both
+  // see the other up.
+  void link_hosts() {
+    h1.ep->connect_via(h2.ep->id(), r.ep->id());
+    REQUIRE(h1.log.wait([&] { return h1.log.up.size() == 2; }, 30s));
+    REQUIRE(h2.log.wait([&] { return h2.log.up.size() == 2; }, 30s));
+  }
   // Both hosts dial the rendezvous on its public address.
   void join() {
     h1.ep->dial(r.ep->id(), {r_addr});
@@ -219,9 +226,7 @@ TEST_CASE("two hosts behind NATs connect directly through a rendezvous", "[trans
   REQUIRE(m.h1.ep->observed_address());
   CHECK(m.h1.ep->observed_address()->rfind("203.0.113.1:", 0) == 0);
 
-  m.h1.ep->connect_via(m.h2.ep->id(), m.r.ep->id());
-  REQUIRE(m.h1.log.wait([&] { return m.h1.log.up.size() == 2; }, 20s));
-  REQUIRE(m.h2.log.wait([&] { return m.h2.log.up.size() == 2; }, 20s));
+  m.link_hosts();
   auto st = m.h1.ep->stats(m.h2.ep->id());
   REQUIRE(st);
   CHECK_FALSE(st->relayed);
@@ -244,9 +249,7 @@ TEST_CASE("a symmetric NAT falls back to a relay that cannot read the payload", 
   mesh3 m(t);
   REQUIRE(m.ready());
   m.join();
-  m.h1.ep->connect_via(m.h2.ep->id(), m.r.ep->id());
-  REQUIRE(m.h1.log.wait([&] { return m.h1.log.up.size() == 2; }, 30s));
-  REQUIRE(m.h2.log.wait([&] { return m.h2.log.up.size() == 2; }, 30s));
+  m.link_hosts();
   auto st = m.h1.ep->stats(m.h2.ep->id());
   REQUIRE(st);
   CHECK(st->relayed);
@@ -294,9 +297,7 @@ TEST_CASE("5% loss and 50 ms delay still deliver everything", "[transport][nat][
   mesh3 m(t);
   REQUIRE(m.ready());
   m.join();
-  m.h1.ep->connect_via(m.h2.ep->id(), m.r.ep->id());
-  REQUIRE(m.h1.log.wait([&] { return m.h1.log.up.size() == 2; }, 30s));
-  REQUIRE(m.h2.log.wait([&] { return m.h2.log.up.size() == 2; }, 30s));
+  m.link_hosts();
   // Loss-bound throughput (Mathis: ~MSS/RTT/sqrt(p), ~80 KB/s here) keeps the bulk part small.
   std::vector<uint8_t> bulk(512u << 10);
   for (size_t i = 0; i < bulk.size(); ++i) bulk[i] = static_cast<uint8_t>(i * 7);
@@ -339,9 +340,7 @@ TEST_CASE("a relay closes a sender whose target stops acknowledging its boxes", 
   mesh3 m(t, [](endpoint_config& c) { c.limits.control = 64u << 10; });
   REQUIRE(m.ready());
   m.join();
-  m.h1.ep->connect_via(m.h2.ep->id(), m.r.ep->id());
-  REQUIRE(m.h1.log.wait([&] { return m.h1.log.up.size() == 2; }, 30s));
-  REQUIRE(m.h2.log.wait([&] { return m.h2.log.up.size() == 2; }, 30s));
+  m.link_hosts();
   auto st = m.h1.ep->stats(m.h2.ep->id());
   REQUIRE(st);
   REQUIRE(st->relayed);
