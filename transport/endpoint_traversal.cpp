@@ -69,7 +69,7 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
       if (t->relayed_backlog(from) > 4 * cfg_.limits.control) {
         log("relay backlog to " + env->peer.short_string() + " is full; closing the connection to " + from.short_string());
         c.close(close_code::protocol_violation, "relay backlog to " + env->peer.short_string() + " exceeded " +
-                                                     std::to_string((4 * cfg_.limits.control) >> 20) + " MiB");
+                                                     std::to_string((4 * cfg_.limits.control) >> 10) + " KiB");
         return;
       }
       if (h_.on_relay) h_.on_relay(from, env->peer, env->box);

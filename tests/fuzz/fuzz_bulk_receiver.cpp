@@ -48,7 +48,8 @@ std::vector<uint8_t> make_content(byte_reader& in, int64_t sid, const frame_limi
     for (auto& b : raw) b = in.next();
     return raw;
   }
-  const uint64_t size = ((uint64_t{in.next()} << 8) | in.next()) % (limits.bulk + 1);
+  const uint64_t high = in.next(), low = in.next();  // in this order on every compiler
+  const uint64_t size = ((high << 8) | low) % (limits.bulk + 1);
   auto h = encode_frame_header(frame_kind::bulk, size, limits);
   std::vector<uint8_t> c(h->bytes.begin(), h->bytes.begin() + h->size);
   for (uint64_t i = 0; i < size; ++i) c.push_back(static_cast<uint8_t>(i * 7 + static_cast<uint64_t>(sid)));
@@ -75,10 +76,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t budget = std::max<uint64_t>(cfg.budget, cfg.limits.bulk);
   bulk_receiver rx(cfg);
   std::map<int64_t, peer_stream> streams;
-  int64_t next_sid = 0;
+  int64_t next_sid = 3;  // a server's unidirectional streams: 3, 7, 11, ...
+  bool admitted = false;
 
   const auto apply_grants = [&] {
-    for (const auto& [sid, credit] : rx.take_grants()) streams.at(sid).credit += credit;
+    for (const auto& [sid, credit] : rx.take_grants()) {
+      if (!admitted) __builtin_trap();  // budget before the peer proved itself
+      streams.at(sid).credit += credit;
+    }
+  };
+  const auto open_streams = [&] {
+    size_t n = 0;
+    for (const auto& [sid, s] : streams) n += !s.done;
+    return n;
   };
   const auto check = [&] {
     for (const auto& [sid, s] : streams)
@@ -102,6 +112,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       s.done = true;
       return false;  // the connection closes
     }
+    if (r->credit && !admitted) __builtin_trap();  // credit before the peer proved itself
     s.credit += r->credit;
     if (r->message) {
       if (!s.well_formed || *r->message != s.payload) __builtin_trap();
@@ -115,16 +126,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (!in.empty()) {
     const uint8_t op = in.next();
     switch (op % 8) {
-      case 0: {  // open a stream
-        if (streams.size() >= 8) break;
+      case 0: {  // open a stream (at most 8 at once; reset or finished ones make room)
+        if (open_streams() >= 8) break;
         const int64_t sid = next_sid;
-        next_sid += 4;  // peer-opened unidirectional stream ids
+        next_sid += 4;
         peer_stream& s = streams[sid];
         s.content = make_content(in, sid, cfg.limits);
         expect(s, cfg.limits);
         break;
       }
-      case 1: rx.admit(); apply_grants(); break;
+      case 1:
+        admitted = true;
+        rx.admit();
+        apply_grants();
+        break;
       case 2: {  // reset a stream
         if (streams.empty()) break;
         auto it = std::next(streams.begin(), in.next() % streams.size());
@@ -143,6 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check();
   }
   // Liveness: admitted, a peer that keeps sending what it may finishes every message.
+  admitted = true;
   rx.admit();
   apply_grants();
   for (bool progress = true; progress;) {
@@ -157,5 +173,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& [sid, s] : streams)
     if (!s.done && s.well_formed) __builtin_trap();  // waits for ever
+  // Every stream ended: nothing may be left held, waiting or budgeted (a leak on reset shows here).
+  if (open_streams() == 0 &&
+      (rx.open_streams() != 0 || rx.waiting() != 0 || rx.receiving() != 0 || rx.budget_left() != budget))
+    __builtin_trap();
   return 0;
 }

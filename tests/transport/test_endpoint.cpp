@@ -592,7 +592,7 @@ TEST_CASE("a peer's unfinished bulk messages are held to the receive budget", "[
 
 TEST_CASE("a peer that never sends its admission proof is closed after the handshake timeout", "[transport][endpoint]") {
   endpoint_config server_cfg = config_with_secret(5);
-  server_cfg.handshake_timeout = 800ms;
+  server_cfg.handshake_timeout = 2000ms;  // also the TLS handshake's limit: ample under load
   endpoint_config mute = config_with_secret(5);
   mute.send_admission_proof = false;
   mute.handshake_timeout = 30000ms;  // only the server's deadline may end it
@@ -601,10 +601,10 @@ TEST_CASE("a peer that never sends its admission proof is closed after the hands
   REQUIRE(client.ep);
   const auto start = std::chrono::steady_clock::now();
   client.ep->dial(server.ep->id(), {server.address()});
-  REQUIRE(client.log.wait([&] { return !client.log.failed.empty() || !client.log.down.empty(); }, 10s));
+  REQUIRE(client.log.wait([&] { return !client.log.failed.empty() || !client.log.down.empty(); }, 12s));
   const auto took = std::chrono::steady_clock::now() - start;
-  CHECK(took >= 700ms);
-  CHECK(took < 5s);
+  CHECK(took >= 1900ms);
+  CHECK(took < 7s);
   std::string why = !client.log.failed.empty() ? client.log.failed[0].second : client.log.down[0].second.reason;
   INFO("the client was told: " << why);
   CHECK(why.find("no admission proof") != std::string::npos);
