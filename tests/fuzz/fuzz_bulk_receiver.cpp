@@ -2,13 +2,14 @@
 // mix of well-formed messages, trailing junk and raw bytes, on up to 8 streams, with resets and
 // the admission at any point. The peer obeys flow control as QUIC enforces it: on each stream
 // it sends at most the initial window plus the credit the receiver gave back. Checked after
-// every step: credit never exceeds what was received; the bytes held in unfinished messages
-// stay within the budget plus one window per open stream; every message handed back is exactly
-// what was sent. At the end every well-formed message still open must finish once the peer
-// keeps sending what its credit allows (no message waits for ever).
+// every step: credit never exceeds what was received, and none comes before the admission; the
+// bytes held in unfinished messages stay within the budget plus one window per open stream;
+// every message handed back is exactly what was sent. At the end every well-formed message
+// still open must finish once the peer keeps sending what its credit allows (no message waits
+// for ever), and once every stream has ended nothing is left held, waiting or budgeted.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <iterator>
 #include <map>
 #include <vector>
