@@ -25,10 +25,6 @@ namespace {
 
 uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.dims)) * size_of(n.type); }
 
-/// Whether reductions may run in two passes: vulkan_options::split_reductions, overridden by
-/// MESH_SPLIT_REDUCE=0/1 (the benchmark times the one-pass kernels beside the split ones); by
-/// default on GPUs only (on lavapipe a 1M-element mean took twice as long split: its workgroups
-/// are run by a few CPU threads, and each extra one costs).
 /// A tri-state option (-1 = the device's default, 0 = off, 1 = on), overridden by the
 /// environment variable `name` when it says exactly 0 or 1.
 int with_env_override(int option, const char* name) {
@@ -36,6 +32,10 @@ int with_env_override(int option, const char* name) {
   return option;
 }
 
+/// Whether reductions may run in two passes: vulkan_options::split_reductions, overridden by
+/// MESH_SPLIT_REDUCE=0/1 (the benchmark times the one-pass kernels beside the split ones); by
+/// default on GPUs only (on lavapipe a 1M-element mean took twice as long split: its workgroups
+/// are run by a few CPU threads, and each extra one costs).
 split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
   split_options o;
   const int want = with_env_override(vo.split_reductions, "MESH_SPLIT_REDUCE");
