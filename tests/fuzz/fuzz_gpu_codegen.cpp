@@ -39,12 +39,7 @@ void print_graph(const graph& g) {
 
 /// The CPU back end and the reference evaluator agree on a small all-f32 graph.
 void differential(const graph& g, uint64_t seed) {
-  int64_t total = 0;
-  for (const auto& n : g.nodes) {
-    if (n.type != dtype::f32 && !(n.type == dtype::i32 && n.op == op_kind::input)) return;
-    total += element_count(n.dims);
-  }
-  if (total > 20000) return;  // keeps the fuzzer fast
+  if (!test::small_f32_graph(g, 20000)) return;  // small: keeps the fuzzer fast
   tensor_map inputs, params;
   test::random_bindings(g, seed, inputs, params);
   const auto cpu = gpu::make_cpu_executor(1);  // fresh: parameter names repeat with other shapes

@@ -180,6 +180,18 @@ inline void random_bindings(const graph& g, uint64_t seed, tensor_map& inputs, t
   }
 }
 
+/// Whether `g` computes in f32 only (i32 inputs, the gather indices, allowed) and holds at most
+/// `max_elements` elements over all its nodes: the graphs compared with the reference under one
+/// f32 tolerance (f16 rounding, amplified by later ops, would need per-graph bounds).
+inline bool small_f32_graph(const graph& g, int64_t max_elements) {
+  int64_t total = 0;
+  for (const auto& n : g.nodes) {
+    if (n.type != dtype::f32 && !(n.type == dtype::i32 && n.op == op_kind::input)) return false;
+    total += element_count(n.dims);
+  }
+  return total <= max_elements;
+}
+
 /// Whether every value is finite and small enough that f32 rounding differences stay small.
 inline bool tame(const tensor& t) {
   for (int64_t i = 0; i < t.size(); ++i)

@@ -54,8 +54,6 @@ inline double tolerance_for(dtype t) {
   }
 }
 
-/// Runs `g` on `ex` and on the reference; every output and every updated parameter must agree
-/// within `tol` (or the dtype's default when tol < 0). Returns the back end's outputs.
 /// The reference outputs and updated parameters of one run.
 struct reference {
   tensor_map outputs, params;
@@ -70,19 +68,28 @@ inline reference reference_run(const graph& g, const tensor_map& inputs, const t
   return r;
 }
 
+/// Sets `params` (when any), loads `g` on `ex` and runs it once: its outputs, or a test failure
+/// that says which step failed.
+inline tensor_map run_on(executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params = {}) {
+  if (!params.empty()) REQUIRE(ex.set_parameters(params).has_value());
+  auto id = ex.load(g);
+  if (!id) FAIL("load failed on " << ex.info().name << ": " << id.error().to_string());
+  auto out = ex.run(*id, inputs);
+  if (!out) FAIL("run failed on " << ex.info().name << ": " << out.error().to_string());
+  return std::move(*out);
+}
+
+/// Runs `g` on `ex`; every output and every updated parameter must agree with the reference's
+/// within `tol` (or the dtype's default when tol < 0). Returns the back end's outputs.
 inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params,
                            const reference& want_all, double tol = -1) {
   const tensor_map* ref = &want_all.outputs;
   const tensor_map& ref_params = want_all.params;
-  if (!params.empty()) REQUIRE(ex.set_parameters(params).has_value());
-  auto id = ex.load(g);
-  if (!id) FAIL("load failed: " << id.error().to_string());
-  auto out = ex.run(*id, inputs);
-  if (!out) FAIL("run failed: " << out.error().to_string());
+  tensor_map out = run_on(ex, g, inputs, params);
   for (const auto& [name, want] : *ref) {
     INFO("output " << name << " on " << ex.info().name);
-    REQUIRE(out->count(name) == 1);
-    const tensor& got = out->at(name);
+    REQUIRE(out.count(name) == 1);
+    const tensor& got = out.at(name);
     REQUIRE(got.type == want.type);
     REQUIRE(got.dims == want.dims);
     const double t = tol >= 0 ? tol : tolerance_for(want.type);
@@ -98,7 +105,7 @@ inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& input
       CHECK(normalised_error(got->at(n), ref_params.at(n)) <= (tol >= 0 ? tol : tolerance_for(got->at(n).type)));
     }
   }
-  return *out;
+  return out;
 }
 
 inline tensor_map check_on(executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params, double tol = -1) {

@@ -522,13 +522,10 @@ TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on ev
   CHECK(ref.outputs.at("empty_max").at(0) == low);
   for (gpu::executor* ex : {&vulkan(), &cpu()}) {
     INFO(ex->info().name);
-    auto id = ex->load(g);
-    REQUIRE(id.has_value());
-    auto got = ex->run(*id, inputs);
-    REQUIRE(got.has_value());
+    const tensor_map got = run_on(*ex, g, inputs);
     for (const auto& [name, t] : ref.outputs) {
       INFO(name);
-      CHECK(got->at(name).bytes == t.bytes);
+      CHECK(got.at(name).bytes == t.bytes);
     }
   }
 }
@@ -554,14 +551,11 @@ TEST_CASE("ops: pow's edge cases (zeros, infinities, NaN, negative bases) and Na
   CHECK(std::isnan(ref.outputs.at("max").at(5)));
   CHECK(std::isnan(ref.outputs.at("max_rev").at(5)));
   for (gpu::executor* ex : {&vulkan(), &cpu()}) {
-    auto id = ex->load(g);
-    REQUIRE(id.has_value());
-    auto got = ex->run(*id, inputs);
-    REQUIRE(got.has_value());
+    const tensor_map got = run_on(*ex, g, inputs);
     for (const auto& [name, want] : ref.outputs)
       for (int64_t i = 0; i < n; ++i) {
         INFO(ex->info().name << " " << name << "(" << as[i] << ", " << bs[i] << ")");
-        const double x = got->at(name).at(i), y = want.at(i);
+        const double x = got.at(name).at(i), y = want.at(i);
         if (std::isnan(y)) CHECK(std::isnan(x));
         else if (std::isinf(y) || y == 0) CHECK((x == y && std::signbit(x) == std::signbit(y)));
         else CHECK(std::abs(x - y) <= 1e-6 * std::abs(y));
@@ -588,14 +582,11 @@ TEST_CASE("ops: tanh keeps its relative accuracy near zero (vec4 and scalar kern
     const graph g = finish(b);
     const tensor_map inputs{{"x", tensor::from_values(dtype::f32, {len}, std::vector<double>(xs.begin(), xs.begin() + len))}};
     for (gpu::executor* ex : {&vulkan(), &cpu()}) {
-      auto id = ex->load(g);
-      REQUIRE(id.has_value());
-      auto got = ex->run(*id, inputs);
-      REQUIRE(got.has_value());
+      const tensor t = run_on(*ex, g, inputs).at("t");
       for (int64_t i = 0; i < len; ++i) {
         const double want = std::tanh(static_cast<double>(static_cast<float>(xs[i])));
-        INFO(ex->info().name << " n=" << n << " tanh(" << xs[i] << ") = " << got->at("t").at(i) << ", want " << want);
-        CHECK(std::abs(got->at("t").at(i) - want) <= 4e-6 * std::abs(want));
+        INFO(ex->info().name << " n=" << n << " tanh(" << xs[i] << ") = " << t.at(i) << ", want " << want);
+        CHECK(std::abs(t.at(i) - want) <= 4e-6 * std::abs(want));
       }
     }
   }

@@ -30,14 +30,10 @@ std::vector<uint8_t> random_bytes(uint64_t seed, size_t n) {
 void compare(gpu::executor& ex, const graph& g, const tensor_map& inputs, const tensor_map& params,
              const tensor_map& want, double tol) {
   INFO("on " << ex.info().name);
-  REQUIRE(ex.set_parameters(params));
-  auto id = ex.load(g);
-  REQUIRE(id.has_value());
-  auto got = ex.run(*id, inputs);
-  REQUIRE(got.has_value());
+  const tensor_map got = run_on(ex, g, inputs, params);
   for (const auto& [name, w] : want) {
     INFO("output " << name);
-    const tensor& c = got->at(name);
+    const tensor& c = got.at(name);
     REQUIRE(c.dims == w.dims);
     if (!mesh::test::tame(w) || !mesh::test::tame(c)) continue;
     CHECK(normalised_error(c, w) <= tol);
@@ -58,14 +54,7 @@ TEST_CASE("random graphs: Vulkan and the CPU back end equal the reference") {
     const auto bytes = random_bytes(seed, static_cast<size_t>(7 * steps));
     auto g = mesh::test::graph_from_bytes(bytes.data(), bytes.size(), steps);
     if (!g) continue;
-    // All f32 and small: f16 rounding, amplified by later ops, would need per-graph bounds.
-    bool f32 = true;
-    int64_t total = 0;
-    for (const auto& n : g->nodes) {
-      f32 = f32 && (n.type == dtype::f32 || (n.type == dtype::i32 && n.op == op_kind::input));
-      total += element_count(n.dims);
-    }
-    if (!f32 || total > 100000) continue;
+    if (!mesh::test::small_f32_graph(*g, 100000)) continue;
     ++ran;
     INFO("seed " << seed << ": " << gpu::describe(*g, gpu::lower(*g)));
     tensor_map inputs, params;
