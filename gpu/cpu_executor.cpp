@@ -17,6 +17,18 @@ struct value {
   std::vector<int32_t> i;  // i32
 };
 
+/// max and min as the reference evaluator defines them: a NaN operand gives NaN (std::max would
+/// return whichever operand the comparison happens to keep). Shared by the f32 fast path and the
+/// generic double path.
+template <class T>
+T nan_max(T x, T y) {
+  return x != x || y != y ? static_cast<T>(NAN) : (x > y ? x : y);
+}
+template <class T>
+T nan_min(T x, T y) {
+  return x != x || y != y ? static_cast<T>(NAN) : (x < y ? x : y);
+}
+
 class cpu_executor final : public executor {
  public:
   explicit cpu_executor(unsigned threads) : threads_(threads ? threads : std::max(1u, std::thread::hardware_concurrency())) {
@@ -231,8 +243,8 @@ class cpu_executor final : public executor {
             case op_kind::sub: map([](float x, float y) { return x - y; }); return;
             case op_kind::mul: map([](float x, float y) { return x * y; }); return;
             case op_kind::div: map([](float x, float y) { return x / y; }); return;
-            case op_kind::max: map([](float x, float y) { return x != x || y != y ? NAN : (x > y ? x : y); }); return;
-            case op_kind::min: map([](float x, float y) { return x != x || y != y ? NAN : (x < y ? x : y); }); return;
+            case op_kind::max: map([](float x, float y) { return nan_max(x, y); }); return;
+            case op_kind::min: map([](float x, float y) { return nan_min(x, y); }); return;
             default: break;
           }
         }
@@ -248,8 +260,8 @@ class cpu_executor final : public executor {
                 break;
               case op_kind::div: r = int_operands ? (y == 0 ? 0.0 : std::trunc(x / y)) : x / y; break;
               case op_kind::pow: r = std::pow(x, y); break;
-              case op_kind::max: r = std::isnan(x) || std::isnan(y) ? NAN : (x > y ? x : y); break;
-              case op_kind::min: r = std::isnan(x) || std::isnan(y) ? NAN : (x < y ? x : y); break;
+              case op_kind::max: r = nan_max(x, y); break;
+              case op_kind::min: r = nan_min(x, y); break;
               case op_kind::compare:
                 switch (n.attrs.cmp) {
                   case compare_kind::eq: r = x == y; break;

@@ -164,6 +164,19 @@ bool contains(const std::vector<uint8_t>& hay, const std::vector<uint8_t>& needl
   return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
 }
 
+/// The NAT topology, or null after a visible skip where network namespaces cannot be made here
+/// (CI runs as root, so there the tests run). A topology that fails to build fails the test.
+std::unique_ptr<topology> make_topology(bool symmetric_nat2) {
+  if (auto why = missing_requirement()) {
+    WARN("skipped: " << *why);
+    return nullptr;
+  }
+  auto t = std::make_unique<topology>(symmetric_nat2);
+  INFO("topology set-up failed at: " << t->failed);
+  REQUIRE(t->ok);
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("traversal frames round-trip and reject garbage", "[transport][nat]") {
@@ -211,13 +224,9 @@ TEST_CASE("a peer reports the address it observes", "[transport][nat]") {
 }
 
 TEST_CASE("two hosts behind NATs connect directly through a rendezvous", "[transport][nat][netns]") {
-  if (auto why = missing_requirement()) {
-    WARN("skipped: " << *why);
-    return;
-  }
-  topology t(false);
-  INFO("topology set-up failed at: " << t.failed);
-  REQUIRE(t.ok);
+  auto tp = make_topology(false);
+  if (!tp) return;
+  topology& t = *tp;
   mesh3 m(t);
   REQUIRE(m.ready());
   m.join();
@@ -239,13 +248,9 @@ TEST_CASE("two hosts behind NATs connect directly through a rendezvous", "[trans
 }
 
 TEST_CASE("a symmetric NAT falls back to a relay that cannot read the payload", "[transport][nat][netns]") {
-  if (auto why = missing_requirement()) {
-    WARN("skipped: " << *why);
-    return;
-  }
-  topology t(true);
-  INFO("topology set-up failed at: " << t.failed);
-  REQUIRE(t.ok);
+  auto tp = make_topology(true);
+  if (!tp) return;
+  topology& t = *tp;
   mesh3 m(t);
   REQUIRE(m.ready());
   m.join();
@@ -271,13 +276,9 @@ TEST_CASE("a symmetric NAT falls back to a relay that cannot read the payload", 
 }
 
 TEST_CASE("5% loss and 50 ms delay still deliver everything", "[transport][nat][netns]") {
-  if (auto why = missing_requirement()) {
-    WARN("skipped: " << *why);
-    return;
-  }
-  topology t(false);
-  INFO("topology set-up failed at: " << t.failed);
-  REQUIRE(t.ok);
+  auto tp = make_topology(false);
+  if (!tp) return;
+  topology& t = *tp;
   // What leaves router N1 for the public side loses 5% and waits 50 ms: netem where the kernel
   // has it, else the same in the kernel's forwarding path by other means (this machine's kernel
   // has no sch_netem): nftables drops at random, and an NFQUEUE rule holds each packet's verdict
@@ -328,13 +329,9 @@ TEST_CASE("5% loss and 50 ms delay still deliver everything", "[transport][nat][
 }
 
 TEST_CASE("a relay closes a sender whose target stops acknowledging its boxes", "[transport][nat][netns]") {
-  if (auto why = missing_requirement()) {
-    WARN("skipped: " << *why);
-    return;
-  }
-  topology t(true);
-  INFO("topology set-up failed at: " << t.failed);
-  REQUIRE(t.ok);
+  auto tp = make_topology(true);
+  if (!tp) return;
+  topology& t = *tp;
   // The relay allows 64 KiB control messages, so it holds at most 4 x 64 KiB of one sender's
   // boxes that the target has not acknowledged.
   mesh3 m(t, [](endpoint_config& c) { c.limits.control = 64u << 10; });
