@@ -7,6 +7,12 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -14,10 +20,12 @@
 #include <set>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 
 #include "actors/health.hpp"
 #include "discovery/backend.hpp"
 #include "discovery/peer_exchange.hpp"
+#include "discovery/static_peer.hpp"
 #include "transport/mesh_id.hpp"
 #include "actors/job_engine.hpp"
 #include "actors/messages.hpp"
@@ -107,6 +115,49 @@ std::vector<std::string> reachable(const transport::endpoint& ep, const std::vec
     if (auto hp = host_port(a, port); ep.can_reach(hp)) out.push_back(std::move(hp));
   return out;
 }
+
+/// How a client on this machine reaches a node bound to `bind`: that address, or loopback when
+/// the node listens on every address.
+std::string local_address_of(const std::string& bind) {
+  if (bind.empty() || bind == "0.0.0.0") return "127.0.0.1";
+  if (bind == "::") return "[::1]";
+  if (bind.find(':') != std::string::npos && bind.front() != '[') return "[" + bind + "]";
+  return bind;
+}
+
+/// An exclusive lock on `<state dir>/lock` for as long as the node runs (flock: released by the
+/// kernel when the process ends, even by SIGKILL, so a crashed node never blocks its restart).
+class state_dir_lock {
+ public:
+  static expected<state_dir_lock> take(const std::filesystem::path& dir) {
+    const auto path = dir / "lock";
+    state_dir_lock l;
+    l.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (l.fd_ < 0) return make_error(error_code::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
+    if (::flock(l.fd_, LOCK_EX | LOCK_NB) != 0) {
+      std::ifstream f(path);
+      std::string pid;
+      std::getline(f, pid);
+      return make_error(error_code::invalid_argument, "another meshnode" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+                                                          " is running with state dir " + dir.string() +
+                                                          "; give this one its own --state-dir");
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(l.fd_, 0) == 0 && ::write(l.fd_, pid.data(), pid.size()) < 0) {
+      // the pid is only for the message above; the lock holds without it
+    }
+    return l;
+  }
+  state_dir_lock(state_dir_lock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  state_dir_lock& operator=(state_dir_lock&&) = delete;
+  ~state_dir_lock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  state_dir_lock() = default;
+  int fd_ = -1;
+};
 
 /// The device this node offers, made once at start (the executor actor re-creates it on restart).
 expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) {
@@ -306,6 +357,14 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
           spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.substr(0, 8), h->device_name, h->gflops);
           send_peer_exchange(*ctx, st.peers, from);
         } else if (auto* px = std::get_if<msg::peer_exchange>(m.get())) {
+          // Only members (workers that said hello) tell us where others are: a client, or a
+          // connection that has not introduced itself, cannot make this node dial addresses of
+          // its choosing. The endpoint bounds the dials under way as well.
+          auto sender = st.peers.find(from);
+          if (sender == st.peers.end() || sender->second.is_client) {
+            spdlog::warn("ignored a peer exchange from {}: not a member of this mesh", from.substr(0, 8));
+            return;
+          }
           auto entries = discovery::decode_pex(px->pex);
           if (!entries) {
             spdlog::warn("bad peer exchange from {}: {}", from.substr(0, 8), entries.error().message);
@@ -709,12 +768,11 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, cont
 }  // namespace
 
 expected<std::pair<std::string, std::string>> parse_peer(const std::string& text) {
-  const auto at = text.find('@');
-  if (at == std::string::npos || at == 0 || at + 1 >= text.size())
-    return make_error(error_code::invalid_argument, "peer \"" + text + "\" must be NODEID@HOST:PORT");
-  auto id = transport::node_id::parse(text.substr(0, at));
-  if (!id) return make_error(error_code::invalid_argument, "peer \"" + text + "\": " + id.error().message);
-  return std::make_pair(id->to_string(), text.substr(at + 1));
+  auto p = discovery::parse_static_peer(text);
+  if (!p) return tl::unexpected(p.error());
+  if (p->node_id.empty())
+    return make_error(error_code::invalid_argument, "peer \"" + text + "\" must be NODEID@HOST:PORT (meshnode --print-id shows a node's id)");
+  return std::make_pair(p->node_id, text.substr(text.find('@') + 1));
 }
 
 expected<std::string> node_identity_string(const std::filesystem::path& state_dir) {
@@ -727,6 +785,14 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   auto ident = transport::identity::load_or_create(cfg.state_dir);
   if (!ident) {
     spdlog::critical("identity: {}", ident.error().message);
+    return 2;
+  }
+  // One node per state directory: two would share one identity (peers would see one node id at
+  // two addresses) and overwrite each other's endpoint file. The lock goes with the process,
+  // however it ends.
+  auto lock = state_dir_lock::take(cfg.state_dir);
+  if (!lock) {
+    spdlog::critical("{}", lock.error().message);
     return 2;
   }
   // Measure the device before joining, so the first hello carries real speeds.
@@ -785,44 +851,61 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     return 2;
   }
   const std::string self_id = (*ep)->id().to_string();
+  // Where meshctl on this machine finds the node: the bound address, or loopback for a wildcard.
+  const auto endpoint_file = cfg.state_dir / "endpoint";
   {
-    std::ofstream f(cfg.state_dir / "endpoint");
-    f << self_id << "@127.0.0.1:" << (*ep)->port() << "\n";
+    std::ofstream f(endpoint_file);
+    f << self_id << "@" << local_address_of(cfg.bind) << ":" << (*ep)->port() << "\n";
   }
   spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.substr(0, 8), (*ep)->port(),
                own.device_name, own.device_kind, own.gflops, own.mem_gbps);
 
-  // mDNS says where peers may be; only heartbeats say whether they are alive.
-  std::unique_ptr<discovery::backend> mdns;
+  // mDNS and the configured peers say where peers may be; only heartbeats say whether they are
+  // alive. Both backends call this on their own threads; dial() only posts to the I/O thread.
+  transport::endpoint* epp = ep->get();
+  const auto on_discovery = [epp](const char* source, discovery::event e) {
+    using k = discovery::event;
+    switch (e.k) {
+      case k::peer_found:
+      case k::peer_updated: {
+        auto id = transport::node_id::parse(e.peer.node_id);
+        if (!id) return;
+        auto addrs = reachable(*epp, e.peer.addresses, e.peer.port);
+        if (addrs.empty()) {
+          spdlog::debug("{}: {} has no address this node can reach yet", source, id->short_string());
+          return;
+        }
+        spdlog::debug("{}: found {} at {}", source, id->short_string(), addrs.front());
+        epp->dial(*id, addrs);
+        break;
+      }
+      case k::foreign_peer: spdlog::info("{}: {} belongs to another mesh; not dialing it", source, e.peer.node_id.substr(0, 8)); break;
+      case k::peer_rejected: spdlog::warn("{}: ignored an announcement: {}", source, e.detail); break;
+      case k::backend_down: spdlog::warn("mDNS unavailable ({}); retrying. Peers given with --peer still work", e.detail); break;
+      case k::backend_up: spdlog::info("{}: {}", source, e.detail.empty() ? "announcing and browsing" : e.detail); break;
+      default: break;
+    }
+  };
+  const discovery::announcement ann{self_id, transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
+                                    own.device_name.substr(0, 60)};
+  std::unique_ptr<discovery::backend> mdns, statics;
   if (cfg.mdns) {
     mdns = discovery::make_avahi_backend();
-    discovery::announcement ann{self_id, transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
-                                own.device_name.substr(0, 60)};
-    transport::endpoint* epp = ep->get();
-    auto started = mdns->start(ann, [epp](discovery::event e) {
-      using k = discovery::event;
-      switch (e.k) {
-        case k::peer_found:
-        case k::peer_updated: {
-          auto id = transport::node_id::parse(e.peer.node_id);
-          if (!id) return;
-          auto addrs = reachable(*epp, e.peer.addresses, e.peer.port);
-          if (addrs.empty()) {
-            spdlog::debug("mDNS: {} announced no address this node can reach yet", id->short_string());
-            return;
-          }
-          spdlog::debug("mDNS: found {} at {}", id->short_string(), addrs.front());
-          epp->dial(*id, addrs);
-          break;
-        }
-        case k::foreign_peer: spdlog::info("mDNS: {} belongs to another mesh; not dialing it", e.peer.node_id.substr(0, 8)); break;
-        case k::peer_rejected: spdlog::warn("mDNS: ignored an announcement: {}", e.detail); break;
-        case k::backend_down: spdlog::warn("mDNS unavailable ({}); retrying. Peers given with --peer still work", e.detail); break;
-        case k::backend_up: spdlog::info("mDNS: announcing and browsing"); break;
-        default: break;
-      }
-    });
+    auto started = mdns->start(ann, [on_discovery](discovery::event e) { on_discovery("mDNS", std::move(e)); });
     if (!started) spdlog::warn("mDNS: {}", started.error().message);
+  }
+  // --peer: dialed at once and again on a back-off for as long as the node runs, so a peer that
+  // starts later or restarts is reached without restarting this node.
+  if (!cfg.peers.empty()) {
+    auto made = discovery::make_static_backend(cfg.peers);
+    if (!made) {
+      spdlog::critical("--peer: {}", made.error().message);
+      (*ep)->stop();
+      return 2;
+    }
+    statics = std::move(*made);
+    auto started = statics->start(ann, [on_discovery](discovery::event e) { on_discovery("--peer", std::move(e)); });
+    if (!started) spdlog::warn("--peer: {}", started.error().message);
   }
 
   caf::actor_system_config sys_cfg;
@@ -840,14 +923,6 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->cfg = cfg;
   ctx->started = now_mono();
   auto sup = sys.spawn(supervisor_actor, context_ptr(ctx), bridge_mutex, bridge_slot, early, first_device);
-  for (const auto& p : cfg.peers) {
-    auto parsed = parse_peer(p);
-    if (!parsed) {
-      spdlog::error("{}", parsed.error().message);
-      continue;
-    }
-    (*ep)->dial(*transport::node_id::parse(parsed->first), {parsed->second});
-  }
 
   int code = 0;
   caf::scoped_actor waiter{sys};
@@ -870,8 +945,11 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     std::lock_guard<std::mutex> lock(*bridge_mutex);
     *bridge_slot = caf::actor{};
   }
+  if (statics) statics->stop();
   if (mdns) mdns->stop();  // withdraw the announcement first, so peers see us leave
   (*ep)->stop();
+  std::error_code removed;
+  std::filesystem::remove(endpoint_file, removed);  // meshctl then says no node runs here
   return code;
 }
 

@@ -3,9 +3,15 @@
 // Settings come from flags, a TOML file (--config) and MESH_* environment variables, with the
 // same names: --state-dir / state_dir / MESH_STATE_DIR. A flag beats the environment, which beats
 // the file, which beats the default.
+#include <algorithm>
+#include <cctype>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -54,9 +60,22 @@ int main(int argc, char** argv) {
       std::cerr << "meshnode: " << config_file << ": " << e.description() << "\n";
       return 2;
     }
+    // Every key must be one of the settings and of its type: a misspelt key or `port = "0"`
+    // silently ignored would run the node with settings the user did not ask for.
+    std::string bad;
+    const auto complain = [&](const std::string& key, const char* want) {
+      if (bad.empty()) bad = "'" + key + "' must be " + want;
+    };
     const auto fill = [&](CLI::Option* o, const char* key, auto& value) {
-      if (o->count() == 0)
-        if (auto v = t[key].value<std::decay_t<decltype(value)>>()) value = *v;
+      using T = std::decay_t<decltype(value)>;
+      const auto node = t[key];
+      if (!node) return;
+      auto v = node.template value_exact<std::conditional_t<std::is_same_v<T, int>, int64_t, T>>();
+      if (!v) return complain(key, std::is_same_v<T, int> ? "an integer" : "a string");
+      if constexpr (std::is_same_v<T, int>) {
+        if (*v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max()) return complain(key, "a smaller integer");
+      }
+      if (o->count() == 0) value = static_cast<T>(*v);
     };
     fill(o_state, "state_dir", state_dir);
     fill(o_secret, "secret_file", secret_file);
@@ -66,14 +85,45 @@ int main(int argc, char** argv) {
     fill(o_log, "log_level", log_level);
     fill(o_hb, "heartbeat_ms", heartbeat_ms);
     fill(o_dead, "dead_after_ms", dead_after_ms);
-    if (o_mdns->count() == 0)
-      if (auto v = t["mdns"].value<bool>()) mdns = *v ? "on" : "off";
-    if (o_peer->count() == 0)
-      if (auto* arr = t["peers"].as_array())
-        for (auto& p : *arr)
-          if (auto s = p.value<std::string>()) peers.push_back(*s);
+    if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
+      std::optional<std::string> v;
+      if (auto b = m.value_exact<bool>()) v = *b ? "on" : "off";
+      else if (auto str = m.value_exact<std::string>(); str && (*str == "on" || *str == "off")) v = *str;
+      if (!v) complain("mdns", "true, false, \"on\" or \"off\"");
+      else if (o_mdns->count() == 0) mdns = *v;
+    }
+    if (auto node = t["peers"]) {
+      std::vector<std::string> listed;
+      auto* arr = node.as_array();
+      if (arr)
+        for (auto& p : *arr) {
+          if (auto str = p.value_exact<std::string>()) listed.push_back(*str);
+          else arr = nullptr;
+        }
+      if (!arr) complain("peers", "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
+      else if (o_peer->count() == 0) peers = std::move(listed);
+    }
+    const std::set<std::string> known = {"state_dir", "secret_file", "bind", "port", "device", "log_level",
+                                         "heartbeat_ms", "dead_after_ms", "mdns", "peers"};
+    for (const auto& [key, value] : t)
+      if (!known.count(std::string(key.str())) && bad.empty())
+        bad = "unknown setting '" + std::string(key.str()) +
+              "' (known: state_dir, secret_file, bind, port, device, log_level, heartbeat_ms, dead_after_ms, mdns, peers)";
+    if (!bad.empty()) {
+      std::cerr << "meshnode: " << config_file << ": " << bad << "\n";
+      return 2;
+    }
   }
 
+  // spdlog reads any name it does not know as "off", which would hide even fatal errors.
+  std::transform(log_level.begin(), log_level.end(), log_level.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (log_level == "warning") log_level = "warn";
+  const std::set<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (!levels.count(log_level)) {
+    std::cerr << "meshnode: --log-level must be one of trace, debug, info, warn, error, critical, off (not '" << log_level
+              << "')\n";
+    return 2;
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("%H:%M:%S.%e %^%l%$ %v");
   mesh::node_config cfg;
@@ -82,7 +132,7 @@ int main(int argc, char** argv) {
     std::cerr << "meshnode: --port must be 0..65535\n";
     return 2;
   }
-  if (heartbeat_ms <= 0 || dead_after_ms <= 2 * heartbeat_ms) {
+  if (heartbeat_ms <= 0 || int64_t{dead_after_ms} <= 2 * int64_t{heartbeat_ms}) {
     std::cerr << "meshnode: --dead-after-ms must exceed two heartbeat intervals\n";
     return 2;
   }

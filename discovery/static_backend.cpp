@@ -1,5 +1,5 @@
 // Static peers (`--peer`): names are resolved on the backend's own thread, since getaddrinfo
-// may block for seconds; names that do not resolve yet are retried with back-off until stop().
+// may block for seconds. Every peer is announced again on a back-off until stop() (run() says why).
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
@@ -66,22 +66,30 @@ class static_backend final : public backend {
   }
 
  private:
+  // Each peer is resolved and announced again and again, on its own back-off (0.5 s doubling to
+  // 10 s), until stop(): the consumer dials on every announcement (a no-op while connected), so a
+  // configured peer that starts later, restarts or changes its address is found again without
+  // the operator restarting this node. A name that does not resolve is warned about once per
+  // failing streak, not every retry.
   void run() {
+    using clock = std::chrono::steady_clock;
     on_event_({event::backend_up, {}, std::to_string(peers_.size()) + " static peers"});
-    std::vector<bool> done(peers_.size(), false);
-    backoff wait(std::chrono::milliseconds(500), std::chrono::milliseconds(30000));
+    std::vector<backoff> waits(peers_.size(), backoff(std::chrono::milliseconds(500), std::chrono::milliseconds(10000)));
+    std::vector<clock::time_point> due(peers_.size(), clock::now());
+    std::vector<bool> failing(peers_.size(), false);
     for (;;) {
-      bool all = true;
+      const auto now = clock::now();
       for (std::size_t i = 0; i < peers_.size(); ++i) {
-        if (done[i]) continue;
+        if (due[i] > now) continue;
+        due[i] = now + waits[i].next();
         const static_peer& p = peers_[i];
         auto addrs = resolve(p);
         if (!addrs) {
-          spdlog::warn("discovery/static: {} (will retry)", addrs.error().message);
-          all = false;
+          if (!failing[i]) spdlog::warn("discovery/static: {} (will retry)", addrs.error().message);
+          failing[i] = true;
           continue;
         }
-        done[i] = true;
+        failing[i] = false;
         peer_info info{p.node_id, "", 0, std::move(*addrs), p.port, "", "static"};
         if (p.node_id.empty()) {
           on_event_({event::peer_hint, std::move(info), p.host});
@@ -93,11 +101,11 @@ class static_backend final : public backend {
         }
       }
       std::unique_lock lock(mutex_);
-      if (all) {
+      if (peers_.empty()) {
         cv_.wait(lock, [&] { return stopping_; });
         return;
       }
-      if (cv_.wait_for(lock, wait.next(), [&] { return stopping_; })) return;
+      if (cv_.wait_until(lock, *std::min_element(due.begin(), due.end()), [&] { return stopping_; })) return;
     }
   }
 

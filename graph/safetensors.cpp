@@ -210,11 +210,8 @@ expected<checkpoint> decode_safetensors(const uint8_t* data, size_t size) {
           return r.fail("tensor \"" + *key + "\" needs dtype, shape and data_offsets [begin, end]");
         auto type = dtype_of(type_name);
         if (!type) return tl::unexpected(type.error());
-        int64_t count = 1;
-        for (auto d : dims) {
-          if (d < 0 || (d > 0 && count > (int64_t{1} << 40) / d)) return r.fail("tensor \"" + *key + "\" has an absurd shape");
-          count *= d;
-        }
+        const int64_t count = bounded_element_count(dims, int64_t{1} << 40);
+        if (count < 0) return r.fail("tensor \"" + *key + "\" has an absurd shape");
         const int64_t bytes = count * static_cast<int64_t>(size_of(*type));
         if (offsets[0] < 0 || offsets[1] < offsets[0] || static_cast<uint64_t>(offsets[1]) > body_size || offsets[1] - offsets[0] != bytes)
           return r.fail("tensor \"" + *key + "\": data_offsets do not match its shape or the file");

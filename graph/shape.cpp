@@ -8,6 +8,21 @@ int64_t element_count(const shape& s) {
   return n;
 }
 
+int64_t bounded_element_count(const shape& s, int64_t limit) {
+  int64_t nonzero = 1;
+  bool empty = false;
+  for (auto d : s) {
+    if (d < 0) return -1;
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (nonzero > limit / d) return -1;
+    nonzero *= d;
+  }
+  return empty ? 0 : nonzero;
+}
+
 std::vector<int64_t> strides_of(const shape& s) {
   std::vector<int64_t> st(s.size(), 1);
   for (int i = static_cast<int>(s.size()) - 2; i >= 0; --i) st[i] = st[i + 1] * s[i + 1];

@@ -103,13 +103,10 @@ expected<void> tensor::check() const {
   if (dims.size() > static_cast<size_t>(max_rank))
     return make_error(error_code::limit_exceeded, "tensor rank " + std::to_string(dims.size()) +
                                                       " exceeds " + std::to_string(max_rank));
-  int64_t n = 1;
-  for (auto d : dims) {
+  for (auto d : dims)
     if (d < 0) return make_error(error_code::invalid_argument, "negative dimension in " + to_string(dims));
-    if (d > 0 && n > std::numeric_limits<int64_t>::max() / 16 / d)
-      return make_error(error_code::limit_exceeded, "tensor " + to_string(dims) + " is too large");
-    n *= d;
-  }
+  const int64_t n = bounded_element_count(dims, std::numeric_limits<int64_t>::max() / 16);
+  if (n < 0) return make_error(error_code::limit_exceeded, "tensor " + to_string(dims) + " is too large");
   if (static_cast<int64_t>(bytes.size()) != n * static_cast<int64_t>(size_of(type)))
     return make_error(error_code::invalid_argument,
                       "tensor " + to_string(dims) + " of " + mesh::to_string(type) + " needs " +

@@ -14,17 +14,6 @@ tl::unexpected<error> at_node(node_id id, const node& n, error e) {
   return tl::unexpected(std::move(e));
 }
 
-/// Element count of `s`, or -1 when it overflows or exceeds `limit`.
-int64_t bounded_count(const shape& s, int64_t limit) {
-  int64_t n = 1;
-  for (auto d : s) {
-    if (d < 0) return -1;
-    if (d > 0 && n > limit / d) return -1;
-    n *= d;
-  }
-  return n;
-}
-
 }  // namespace
 
 expected<void> validate(const graph& g, const graph_limits& limits) {
@@ -44,7 +33,7 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
       return at_node(id, n, {error_code::limit_exceeded, "too many inputs"});
     if (n.dims.size() > static_cast<size_t>(max_rank))
       return at_node(id, n, {error_code::limit_exceeded, "rank " + std::to_string(n.dims.size()) + " exceeds " + std::to_string(max_rank)});
-    const int64_t count = bounded_count(n.dims, limits.max_elements);
+    const int64_t count = bounded_element_count(n.dims, limits.max_elements);
     if (count < 0)
       return at_node(id, n, {error_code::limit_exceeded, "shape " + to_string(n.dims) + " is negative or exceeds " +
                                                              std::to_string(limits.max_elements) + " elements"});

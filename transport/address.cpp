@@ -104,6 +104,9 @@ expected<socket_address> parse_address(std::string_view text) {
   }
   if (host.empty() || port.empty())
     return make_error(error_code::invalid_argument, "bad address '" + std::string(text) + "'");
+  // getaddrinfo takes "99999" and wraps it to 34463: check the port ourselves.
+  if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535)
+    return make_error(error_code::invalid_argument, "bad address '" + std::string(text) + "': the port must be 0-65535");
   addrinfo hints{};
   hints.ai_socktype = SOCK_DGRAM;
   hints.ai_flags = AI_NUMERICSERV;

@@ -107,7 +107,7 @@ struct endpoint_config {
   std::chrono::milliseconds idle_timeout{15000};       ///< no packet for this long: peer down
   std::chrono::milliseconds keep_alive{5000};          ///< send a PING after this much quiet
   std::chrono::milliseconds handshake_timeout{5000};   ///< dial attempt gives up after this
-  size_t max_half_open = 64;       ///< inbound connections in handshake or admission; more Initials are dropped
+  size_t max_half_open = 64;       ///< inbound connections in handshake or admission, more Initials are dropped; the same bound applies to dials under way (dial() beyond it fails at once)
   size_t max_connections = 1024;   ///< all connections, any state
   int socket_buffer_bytes = 8 << 20;
   size_t max_udp_payload = 1452;   ///< to peers on other hosts; above 1452 only where every path allows it
@@ -167,7 +167,9 @@ class endpoint {
   /// uses it to leave out what mDNS or a peer announced that this node could never dial.
   bool can_reach(const std::string& address) const;
   /// Connects to the node `expected` at the first of `addresses` ("host:port") that answers;
-  /// the result arrives as on_peer_up or on_connect_failed. No-op when already connected.
+  /// the result arrives as on_peer_up or on_connect_failed. No-op when already connected or
+  /// already dialing it; fails at once (on_connect_failed) past max_half_open dials under way or
+  /// max_connections.
   void dial(const node_id& expected, std::vector<std::string> addresses);
   /// Queues a message to an admitted peer. Errors: the peer is not up (network), the message
   /// exceeds its channel's limit, or the peer's send queue is full (both limit_exceeded; retry

@@ -223,12 +223,24 @@ void endpoint_impl::start_dial(const node_id& expected, std::vector<std::string>
   // A dial already under way (handshake or admission) is not repeated: mDNS and peer exchange
   // often name the same peer at once, and two outbound connections to one peer were taken for a
   // copied identity, each side closing a different one (the demo's nodes then missed a peer).
+  size_t dialing = 0;
   for (auto& c : conns_) {
     if (c->inbound()) continue;
     auto target = dial_targets_.find(c.get());
     const bool same = c->peer() == expected || (target != dial_targets_.end() && target->second == expected);
-    if (same && (c->current_state() == connection::state::handshaking || c->current_state() == connection::state::admitting))
-      return;
+    const bool pending = c->current_state() == connection::state::handshaking || c->current_state() == connection::state::admitting;
+    if (same && pending) return;
+    dialing += pending;
+  }
+  // Dials are bounded like accepts: peer exchange names peers and addresses a remote node
+  // chooses, and a flood of them must not grow the connection table or spray Initials.
+  if (dialing >= cfg_.max_half_open || conns_.size() >= cfg_.max_connections) {
+    if (h_.on_connect_failed)
+      h_.on_connect_failed(expected, addresses.empty() ? "" : addresses.front(),
+                           "not dialed: " + std::to_string(dialing) + " dials under way, " + std::to_string(conns_.size()) +
+                               " connections (limits " + std::to_string(cfg_.max_half_open) + " and " +
+                               std::to_string(cfg_.max_connections) + ")");
+    return;
   }
   std::string last_error = "no address given";
   for (size_t i = 0; i < addresses.size(); ++i) {

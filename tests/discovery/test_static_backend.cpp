@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <thread>
+
 #include "discovery/backend.hpp"
 #include "discovery/peer_table.hpp"
 #include "discovery/lab/event_log.hpp"
@@ -37,4 +39,25 @@ TEST_CASE("static backend: a bad --peer value is refused up front", "[discovery]
   auto b = make_static_backend({"127.0.0.1:5000", "nonsense"});
   REQUIRE(!b);
   CHECK(b.error().message.find("nonsense") != std::string::npos);
+}
+
+TEST_CASE("static backend: a configured peer is announced again until stop", "[discovery][static]") {
+  // The node dials on each announcement (a no-op while connected): a peer that starts after this
+  // node, or restarts, is reached again without restarting this node.
+  const std::string id = test::node_id('e');
+  auto b = make_static_backend({id + "@127.0.0.1:5001"});
+  REQUIRE(b);
+  test::event_log log;
+  REQUIRE((*b)->start(test::make_announcement('a'), log.callback()));
+  const auto announced = [&] {
+    size_t n = 0;
+    for (const auto& ev : log.snapshot()) n += ev.k == event::peer_found && ev.peer.node_id == id;
+    return n;
+  };
+  for (int i = 0; i < 100 && announced() < 3; ++i) std::this_thread::sleep_for(100ms);
+  CHECK(announced() >= 3);  // at 0, 0.5 and 1.5 s
+  (*b)->stop();
+  const size_t at_stop = announced();
+  std::this_thread::sleep_for(1500ms);
+  CHECK(announced() == at_stop);
 }

@@ -88,6 +88,27 @@ TEST_CASE("validate rejects absurd sizes and counts", "[graph][validate]") {
   auto g = small_graph();
   g.nodes[0].dims = {int64_t{1} << 40, int64_t{1} << 40};  // overflows any sane bound
   require_rejected(g, error_code::limit_exceeded, "exceeds");
+  // No elements, but huge other dimensions: strides and reductions over them would still
+  // multiply them (a CPU worker aborted on a 2^62-entry index table).
+  auto empty_but_huge = small_graph();
+  empty_but_huge.nodes[0].dims = {0, int64_t{1} << 31, int64_t{1} << 31};
+  require_rejected(empty_but_huge, error_code::limit_exceeded, "exceeds");
+  {
+    builder b;  // an empty tensor of sane dimensions stays valid
+    auto x = b.input("x", dtype::f32, {0, 3});
+    b.output("s", sum(x, {1}));
+    REQUIRE(b.finish());
+    CHECK(validate(*b.finish()));
+  }
+  CHECK(bounded_element_count({0, 1 << 20, 1 << 20}, 1 << 30) == -1);
+  CHECK(bounded_element_count({0, 1 << 10, 1 << 10}, 1 << 30) == 0);
+  CHECK(bounded_element_count({3, 4}, 12) == 12);
+  CHECK(bounded_element_count({3, 4}, 11) == -1);
+  CHECK(bounded_element_count({}, 1) == 1);
+  tensor t;
+  t.type = dtype::f32;
+  t.dims = {0, int64_t{1} << 40, int64_t{1} << 40};
+  CHECK_FALSE(t.check());
   auto rank = small_graph();
   rank.nodes[0].dims = {1, 1, 1, 1, 1, 1, 1, 2};
   require_rejected(rank, error_code::limit_exceeded, "rank 8");

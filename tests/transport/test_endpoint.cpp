@@ -151,6 +151,29 @@ TEST_CASE("dial falls back to the next address", "[transport][endpoint]") {
   CHECK(b.log.failed.empty());
 }
 
+TEST_CASE("dials past the half-open bound fail at once, and the bound frees as dials end", "[transport][endpoint]") {
+  // Peer exchange names nodes and addresses that a remote node chooses: however many it names,
+  // the dials under way stay bounded.
+  endpoint_config c;
+  c.max_half_open = 2;
+  c.handshake_timeout = 1500ms;
+  node a(c), b;
+  REQUIRE(a.ep);
+  std::vector<node_id> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(identity::generate().id());
+  for (const auto& id : ids) a.ep->dial(id, {"127.0.0.1:9"});  // nothing answers there
+  REQUIRE(a.log.wait([&] { return !a.log.failed.empty(); }, 1000ms));
+  {
+    std::lock_guard l(a.log.mu);
+    CHECK(a.log.failed.front().first == ids[2]);
+    CHECK(a.log.failed.front().second.find("not dialed") != std::string::npos);
+  }
+  // Once the two attempts time out, a dial goes through again.
+  REQUIRE(a.log.wait([&] { return a.log.failed.size() >= 3; }, 10s));
+  a.ep->dial(b.ep->id(), {b.address()});
+  CHECK(a.log.wait([&] { return !a.log.up.empty(); }));
+}
+
 TEST_CASE("1000 small messages arrive in order while a bulk transfer runs", "[transport][endpoint]") {
   node a, b;
   connect(a, b);

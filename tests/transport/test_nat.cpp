@@ -189,6 +189,11 @@ TEST_CASE("traversal frames round-trip and reject garbage", "[transport][nat]") 
   REQUIRE(v6);
   CHECK(*decode_address(encode_address(*v6)) == *v6);
   CHECK_FALSE(decode_address(std::vector<uint8_t>{4, 1, 2}));
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:1x", "127.0.0.1:", "[::1]:123456"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_address(bad));  // getaddrinfo alone wrapped 99999 to 34463
+  }
+  CHECK(parse_address("127.0.0.1:65535"));
   auto id = identity::generate().id();
   auto pa = decode_peer_address(encode_peer_address({id, *a}));
   REQUIRE(pa);
