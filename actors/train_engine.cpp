@@ -509,6 +509,11 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
   auto it = coordinated_.find(r.train);
   if (it == coordinated_.end()) return {};
   coord_run& c = *it->second;
+  // Our own worker could not apply the commit and report the state (final, checkpoint or
+  // newcomer sync): the state that step was to report is gone.
+  if (c.state == "running" && !r.ok && from == self_ && r.step == c.step && r.attempt == c.attempt &&
+      (c.ph == coord_run::phase::finishing || c.ph == coord_run::phase::syncing))
+    return fail_run(r.train, c, "the coordinating node could not report the training state: " + r.error);
   if (c.state != "running" || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
     return {};  // stale (an earlier attempt) or not ours
   if (!r.ok) {
@@ -634,10 +639,13 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   peers_.erase(id);
   std::vector<outbound> out;
   // Worker side: runs coordinated by the dead node become orphans, kept (a few) for their client
-  // to resume elsewhere; runs whose client died cannot be resumed.
+  // to resume elsewhere; an orphan whose client died too cannot be resumed. A run whose client
+  // died but whose coordinator lives goes on: the coordinator keeps training through the
+  // client's grace time (the client may only be cut off from it) and stops its workers when it
+  // ends the run. Erasing it here stalled the ring, the coordinator's own worker included.
   for (auto it = worker_.begin(); it != worker_.end();) {
     worker_run& w = *it->second;
-    if (w.client == id) {
+    if (w.client == id && w.orphaned) {
       it = worker_.erase(it);
       continue;
     }
@@ -709,16 +717,39 @@ std::vector<msg::job_status> train_engine::jobs() const {
 
 // ---- worker ----
 
+namespace {
+
+/// This node's answer to a step it cannot take part in.
+msg::train_reduced refusal(const msg::train_step& s, const std::string& why) {
+  msg::train_reduced r;
+  r.train = s.train;
+  r.step = s.step;
+  r.attempt = s.attempt;
+  r.error = why;
+  return r;
+}
+
+}  // namespace
+
 std::vector<outbound> train_engine::on_setup(const std::string& from, const msg::train_setup& s) {
   const worker_key key{from, s.train};
   auto graphs = check_train_spec(s.spec, limits_, false);
   if (!graphs) {
-    msg::train_reduced r;
-    r.train = s.train;
-    r.step = s.spec.start_step;
-    r.error = "setup refused: " + graphs.error().message;
-    return {{from, r}};
+    // The coordinator waits for this node's part of a step, not for the setup: the refusal
+    // answers each step of the run, those that overtook the setup and those still to come.
+    const std::string why = "setup refused: " + graphs.error().message;
+    if (refused_.size() >= max_early_runs) refused_.erase(refused_.begin());
+    refused_[key] = why;
+    std::vector<outbound> out;
+    auto early = early_steps_.find(key);
+    if (early != early_steps_.end()) {
+      for (const auto& step : early->second) out.push_back({from, refusal(step, why)});
+      early_steps_.erase(early);
+    }
+    early_pieces_.erase(key);
+    return out;
   }
+  refused_.erase(key);
   auto w = std::make_shared<worker_run>();
   w->coordinator = from;
   w->train = s.train;
@@ -798,8 +829,10 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     if (s.stop && !s.report_state) {
       early_steps_.erase(key);
       early_pieces_.erase(key);
+      refused_.erase(key);
       return {};
     }
+    if (auto no = refused_.find(key); no != refused_.end()) return {{from, refusal(s, no->second)}};
     if (early_steps_.size() >= max_early_runs && !early_steps_.count(key)) return {};
     auto& q = early_steps_[key];
     if (q.size() < max_early_steps) q.push_back(s);
@@ -809,7 +842,9 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   if (w->orphaned) return {};  // its client is taking it elsewhere
   const auto refuse = [&](const std::string& why) {
     std::vector<outbound> out;
-    if (!s.ring.empty()) {
+    // A ring member's coordinator waits for its reduction; a report-state step (the coordinator's
+    // own worker, no ring) is waited for too: without an answer the run would hang.
+    if (!s.ring.empty() || s.report_state) {
       msg::train_reduced r;
       r.train = s.train;
       r.step = s.step;
@@ -875,6 +910,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   t.train = s.train;
   t.step = s.step;
   t.attempt = s.attempt;
+  t.report_state = s.report_state;
   const bool report = s.report_state;
   const bool compute = !s.ring.empty();
   const auto micro = s.micro;
@@ -1002,7 +1038,7 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
   if (r && w->broken) r = make_error(error_code::device, "the device was restarted during the step");
   if (!r) {
     w->broken = true;
-    if (!w->ring.empty()) {
+    if (!w->ring.empty() || t.report_state) {
       msg::train_reduced red;
       red.train = t.train;
       red.step = t.step;

@@ -87,6 +87,7 @@ struct train_task {
   uint64_t step = 0;
   uint32_t attempt = 0;
   bool takeover = false;  ///< reads the state an orphaned run resumes from (train_resume)
+  bool report_state = false;  ///< the coordinator waits for this step's state (or its error)
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 
@@ -158,6 +159,9 @@ class train_engine {
   std::map<worker_key, std::vector<msg::train_step>> early_steps_;
   /// All-reduce pieces that overtook their setup.
   std::map<worker_key, std::vector<std::pair<std::string, allreduce_message>>> early_pieces_;
+  /// Runs whose setup this node refused (the most recent few): their steps are answered with the
+  /// refusal, so the coordinator redoes the step without this node instead of waiting for ever.
+  std::map<worker_key, std::string> refused_;
   std::vector<train_task> ready_;
 };
 

@@ -681,3 +681,70 @@ TEST_CASE("bad training specs are refused with a reason", "[actors][train]") {
   bad.micro_batch = 7;
   CHECK_THAT(refused(bad), Catch::Contains("micro_batch"));
 }
+
+TEST_CASE("the coordinator's device restarted before a report-state step: the run fails, it does not hang",
+          "[actors][train]") {
+  // The final step, and a checkpoint step, are reported by the coordinator's own worker (no
+  // ring). A worker that has lost its state used to answer only ring steps.
+  const auto s = two_moons_mlp();
+  for (const bool final_step : {true, false}) {
+    INFO((final_step ? "final step" : "checkpoint step"));
+    auto o = dp_options(final_step ? 3 : 6);
+    if (!final_step) o.checkpoint_every = 2;
+    train_sim sim(2);
+    bool restarted = false;
+    sim.on_tick = [&](train_sim& t) {
+      if (restarted) return;
+      for (auto& [from, out] : t.queue)
+        if (auto* st = std::get_if<msg::train_step>(&out.m); st && st->report_state && out.to == "node-a") {
+          restarted = true;
+          t.nodes.at("node-a").engine->executor_restarted();
+          return;
+        }
+    };
+    sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, o)}}});
+    sim.run();
+    REQUIRE(restarted);
+    REQUIRE(sim.results.size() == 1);
+    CHECK_FALSE(sim.results[0].ok);
+    CHECK(sim.results[0].error.find("could not report the training state") != std::string::npos);
+  }
+}
+
+TEST_CASE("a coordinator that loses its client keeps training through the grace time", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  train_sim sim(2);
+  bool lost = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (!lost && t.progress.size() == 3) {
+      lost = true;
+      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead("client"));
+    }
+  };
+  sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, dp_options(20))}}});
+  sim.run();
+  REQUIRE(lost);
+  // The client may only be cut off from this node: the run goes on to its end (before the fix
+  // the coordinator's own worker dropped the run and the ring stalled at step 3).
+  CHECK(sim.progress.size() == 20);
+  REQUIRE(sim.results.size() == 1);
+  CHECK(sim.results[0].ok);
+}
+
+TEST_CASE("a worker that refuses the setup answers the run's steps, so the run goes on without it", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  train_sim sim(2);
+  graph_limits tight;
+  tight.max_nodes = 4;  // the training graphs are larger: node-c refuses every setup
+  train_sim::node strict{std::make_unique<train_engine>("node-c", tight), gpu::make_cpu_executor(1)};
+  for (auto& [other, o] : sim.nodes) {
+    strict.engine->peer_up(other);
+    o.engine->peer_up("node-c");
+  }
+  sim.nodes.emplace("node-c", std::move(strict));
+  sim.shuffle = true;  // steps may overtake their setup
+  const auto r = sim.train(spec_for(s, dp_options(6)));
+  INFO(r.error);
+  CHECK(r.ok);
+  CHECK(sim.progress.size() == 6);
+}
