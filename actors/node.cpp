@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "actors/health.hpp"
+#include "actors/held_messages.hpp"
 #include "discovery/backend.hpp"
 #include "discovery/peer_exchange.hpp"
 #include "discovery/static_peer.hpp"
@@ -491,20 +492,15 @@ struct jobs_state {
   std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
   uint32_t reported_load = 0;
   /// Messages to peers this node is not connected to (yet, or again): held, in order, until the
-  /// peer's hello, dropped when it is reported down. A node joining a training ring learns of
-  /// its neighbours by peer exchange and may finish its first step before it has dialed them;
-  /// a node restarted after a crash is back in a ring (its coordinator saw its hello) before
-  /// its neighbours have seen it.
-  struct held_message {
-    msg::message m;
-    size_t bytes;  ///< encoded size
-  };
-  std::map<std::string, std::vector<held_message>> held;
-  size_t held_count = 0, held_bytes = 0;
+  /// peer's hello or until it is connected again, dropped when it is reported down or after
+  /// held_ttl. A node joining a training ring learns of its neighbours by peer exchange and may
+  /// finish its first step before it has dialed them; a node restarted after a crash is back in a
+  /// ring (its coordinator saw its hello) before its neighbours have seen it. What is produced for
+  /// a peer after its down was handled (a result for a client that left, a stage_done for a dead
+  /// coordinator) has nobody to flush it: the age limit frees it, so it cannot fill the store.
+  held_messages held{4096, size_t{256} << 20, std::chrono::seconds(30)};  // all-reduce pieces are MiBs
 };
 
-constexpr size_t max_held_messages = 4096;            // all peers together
-constexpr size_t max_held_bytes = size_t{256} << 20;  // (all-reduce pieces are megabytes)
 
 using jobs_actor_t = caf::stateful_actor<jobs_state>;
 
@@ -514,29 +510,28 @@ void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to,
     self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
     return;
   }
-  auto held = st.held.find(to);
-  if (held == st.held.end() && try_send_peer(ctx, to, m)) return;
-  auto bytes = msg::encode_message(m);  // only for its size: this path is rare
-  const size_t size = bytes ? bytes->size() : 0;
-  if (st.held_count >= max_held_messages || st.held_bytes + size > max_held_bytes) {
-    spdlog::warn("send {} to {}: not connected, and {} messages ({} MiB) already wait for peers; dropped",
-                 msg::kind_name(m), to.substr(0, 8), st.held_count, st.held_bytes >> 20);
+  if (st.held.holds(to)) {
+    // Connected again without a hello (a client reconnecting): what waits goes first, in order.
+    auto id = transport::node_id::parse(to);
+    if (id && ctx.ep->connected(*id)) {
+      const auto now = std::chrono::steady_clock::now();
+      auto waiting = st.held.take(to);
+      size_t sent = 0;
+      while (sent < waiting.size() && try_send_peer(ctx, to, waiting[sent])) ++sent;
+      if (sent == waiting.size() && try_send_peer(ctx, to, m)) return;
+      for (size_t i = sent; i < waiting.size(); ++i) {  // `m` goes behind them
+        auto size = msg::encode_message(waiting[i]);
+        st.held.hold(to, std::move(waiting[i]), size ? size->size() : 0, now);
+      }
+    }
+  } else if (try_send_peer(ctx, to, m)) {
     return;
   }
-  st.held[to].push_back({m, size});
-  ++st.held_count;
-  st.held_bytes += size;
-}
-
-/// Forgets what waits for `id`; returns it.
-std::vector<jobs_state::held_message> take_held(jobs_state& st, const std::string& id) {
-  auto it = st.held.find(id);
-  if (it == st.held.end()) return {};
-  auto waiting = std::move(it->second);
-  st.held.erase(it);
-  st.held_count -= waiting.size();
-  for (const auto& w : waiting) st.held_bytes -= w.bytes;
-  return waiting;
+  auto bytes = msg::encode_message(m);  // only for its size: this path is rare
+  const size_t size = bytes ? bytes->size() : 0;
+  if (!st.held.hold(to, m, size, std::chrono::steady_clock::now()))
+    spdlog::warn("send {} to {}: not connected, and {} messages ({} MiB) already wait for peers; dropped",
+                 msg::kind_name(m), to.substr(0, 8), st.held.count(), st.held.bytes() >> 20);
 }
 
 void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
@@ -571,8 +566,12 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
   self->send(self, tick_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
-      [=](tick_atom) {  // time-driven training decisions (a lost client's grace time)
-        dispatch(self, *ctx, self->state.trainer->tick(std::chrono::steady_clock::now()));
+      [=](tick_atom) {  // time-driven decisions: a lost client's grace time, held messages' age
+        const auto now = std::chrono::steady_clock::now();
+        if (const size_t n = self->state.held.expire(now))
+          spdlog::info("dropped {} messages that waited over {} s for peers that did not connect", n,
+                       std::chrono::duration_cast<std::chrono::seconds>(self->state.held.ttl()).count());
+        dispatch(self, *ctx, self->state.trainer->tick(now));
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
       [=](executor_atom, caf::actor ex, int restarts) {
@@ -596,13 +595,13 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         run_ready(self);
       },
       [=](up_atom, std::string id, message_ptr m) {
-        for (const auto& w : take_held(self->state, id)) send_to(self, *ctx, id, w.m);
+        for (const auto& held : self->state.held.take(id)) send_to(self, *ctx, id, held);
         const auto& h = std::get<msg::hello>(*m);
         self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
         self->state.trainer->peer_up(id);
       },
       [=](down_atom, std::string id, std::string) {
-        take_held(self->state, id);  // it will not come back for them
+        self->state.held.take(id);  // it will not come back for them
         dispatch(self, *ctx, self->state.engine->peer_dead(id));
         dispatch(self, *ctx, self->state.trainer->peer_dead(id));
         run_ready(self);
