@@ -58,8 +58,12 @@ expr vjp(builder& b, const node& n, node_id y_id, int k, const expr& g, source_l
       for (auto a : n.attrs.axes) kept[static_cast<size_t>(a)] = 1;
       const expr gb = broadcast_to(reshape(g, kept, loc), x.dims(), loc);
       if (n.op == op_kind::reduce_sum) return gb;
+      // Tied maxima share the gradient equally, so that it sums to g over each reduced group, as
+      // binary max keeps it (one operand gets it all there; here no element comes first).
       const expr yb = broadcast_to(reshape(y, kept, loc), x.dims(), loc);
-      return select(compare(x, yb, compare_kind::eq), gb, 0.0);
+      const expr is_max = compare(x, yb, compare_kind::eq);
+      const expr ties = sum(cast(is_max, x.type(), loc), n.attrs.axes, true, loc);  // >= 1 unless y is NaN
+      return select(is_max, gb / broadcast_to(ties, x.dims(), loc), 0.0);
     }
     case op_kind::broadcast: return unbroadcast(g, x.dims(), loc);
     case op_kind::reshape: return reshape(g, x.dims(), loc);

@@ -1,8 +1,11 @@
 #include "graph/cost.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace mesh {
+
+double usable_rate(double r) { return std::isfinite(r) && r > 1e-9 ? r : 1e-9; }
 
 int64_t result_bytes(const node& n) { return element_count(n.dims) * static_cast<int64_t>(size_of(n.type)); }
 
@@ -43,8 +46,8 @@ double node_bytes(const graph& g, node_id id) {
 }
 
 double node_seconds(const graph& g, node_id id, const device_profile& dev) {
-  const double compute = node_flops(g, id) / (std::max(dev.gflops, 1e-9) * 1e9);
-  const double memory = node_bytes(g, id) / (std::max(dev.mem_gbps, 1e-9) * 1e9);
+  const double compute = node_flops(g, id) / (usable_rate(dev.gflops) * 1e9);
+  const double memory = node_bytes(g, id) / (usable_rate(dev.mem_gbps) * 1e9);
   return std::max(compute, memory);
 }
 

@@ -18,6 +18,13 @@ struct device_profile {
   int64_t memory_bytes = int64_t{1} << 32;
 };
 
+/// A measured rate (gflops, mem_gbps or link_gbps) as the cost model uses it: one that is not
+/// finite and positive (NaN, an infinity, zero or negative: a broken or hostile measurement)
+/// counts as the slowest rate the model knows, 1e-9, so that a device reporting it gets as little
+/// work as possible rather than all of it (or a plan of NaN). Finite positive rates are floored
+/// at 1e-9 too.
+double usable_rate(double r);
+
 /// Floating-point operations of one node (matmul: 2mkn per batch; elementwise: one per element
 /// or a few for transcendental ops; reductions: one per input element; movement: zero).
 double node_flops(const graph& g, node_id id);

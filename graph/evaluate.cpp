@@ -73,6 +73,13 @@ double apply_binary(const node& n, dtype operand_type, double a, double b) {
   }
 }
 
+/// a + b for i32 values (held as doubles), wrapped at every step: a double sum of i32 values is
+/// exact only up to 2^53, and 2^23 copies of INT_MAX already pass it, where the wrapped total
+/// (what every device computes, modulo 2^32) would then be off.
+double add_i32(double a, double b) {
+  return wrap_i32(static_cast<int64_t>(wrap_i32_exact(a)) + static_cast<int64_t>(wrap_i32_exact(b)));
+}
+
 /// Computes one node from its inputs' values. `in_dims` are the inputs' shapes.
 values compute(const node& n, const std::vector<const values*>& in, const std::vector<const shape*>& in_dims,
                const std::vector<dtype>& in_types, bool round) {
@@ -119,6 +126,7 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
         const int64_t o = ravel(idx, kept_dims);
         const double x = (*in[0])[i];
         if (is_max) out[o] = std::isnan(x) || x > out[o] ? x : out[o];
+        else if (n.type == dtype::i32) out[o] = add_i32(out[o], x);
         else out[o] += x;
       }
       break;
@@ -186,7 +194,11 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
         for (int64_t p = 0; p < picks; ++p) {
           const auto r = static_cast<int64_t>((*in[0])[p]);
           if (r < 0 || r >= rows) continue;  // out of range is dropped
-          for (int64_t c = 0; c < row_size; ++c) out[r * row_size + c] += (*in[1])[p * row_size + c];
+          for (int64_t c = 0; c < row_size; ++c) {
+            double& o = out[r * row_size + c];
+            const double x = (*in[1])[p * row_size + c];
+            o = n.type == dtype::i32 ? add_i32(o, x) : o + x;
+          }
         }
       }
       break;

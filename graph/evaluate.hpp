@@ -3,7 +3,10 @@
 ///
 /// Every back end (gpu/) is tested against it. Values are held as doubles between ops and rounded
 /// to each node's dtype after the op, so it sees what a device storing that dtype sees; reductions
-/// and matmul accumulate in double. Not fast: use the executors in gpu/ for speed.
+/// and matmul accumulate in double, i32 sums in integers that wrap modulo 2^32 (exact past 2^53).
+/// Not fast: use the executors in gpu/ for speed. Nor lean: every node's value lives for the whole
+/// run as 8-byte doubles, so a graph may need up to 4x the bytes validate() bounds it by (which
+/// counts each result at its dtype's size); run large graphs on an executor.
 #include <map>
 #include <string>
 #include <vector>

@@ -40,16 +40,26 @@ void adam(builder& b, const std::vector<expr>& params, const std::vector<expr>& 
     const expr& g = grads[i];
     if (!p.ok() || !g.ok()) return;
     const std::string name = name_of(b, p);
-    const expr m = b.parameter("opt.adam.m." + name, p.type(), p.dims(), loc);
-    const expr v = b.parameter("opt.adam.v." + name, p.type(), p.dims(), loc);
-    const expr m1 = m * o.beta1 + g * (1.0 - o.beta1);
-    const expr v1 = v * o.beta2 + g * g * (1.0 - o.beta2);
-    b.update(m, m1, loc);
-    b.update(v, v1, loc);
-    const expr c1 = cast(correction1, p.type(), loc), c2 = cast(correction2, p.type(), loc);
+    const dtype type = p.type();
+    const expr m = b.parameter("opt.adam.m." + name, type, p.dims(), loc);
+    const expr v = b.parameter("opt.adam.v." + name, type, p.dims(), loc);
+    // The update is computed in f32 whatever the parameter's float type, and only the results
+    // (m, v, p) are rounded back to it: in f16 eps = 1e-8 is 0 and sqrt(v) of a small v is 0
+    // too, so a zero gradient gave 0 / 0 = NaN. The state keeps the parameter's type. An f32
+    // parameter gets exactly the graph it always had (no casts added).
+    const dtype work = is_float(type) ? dtype::f32 : type;
+    const auto widen = [&](const expr& e) { return type == work ? e : cast(e, work, loc); };
+    const auto narrow = [&](const expr& e) { return type == work ? e : cast(e, type, loc); };
+    const expr gw = widen(g);
+    const expr m1 = widen(m) * o.beta1 + gw * (1.0 - o.beta1);
+    const expr v1 = widen(v) * o.beta2 + gw * gw * (1.0 - o.beta2);
+    b.update(m, narrow(m1), loc);
+    b.update(v, narrow(v1), loc);
+    const expr c1 = cast(correction1, work, loc), c2 = cast(correction2, work, loc);
+    const expr pw = widen(p);
     expr step = (m1 / c1) / (sqrt(v1 / c2, loc) + o.eps);
-    if (o.weight_decay != 0.0) step = step + p * o.weight_decay;
-    b.update(p, p - step * o.lr, loc);
+    if (o.weight_decay != 0.0) step = step + pw * o.weight_decay;
+    b.update(p, narrow(pw - step * o.lr), loc);
   }
 }
 

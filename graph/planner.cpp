@@ -1,6 +1,7 @@
 #include "graph/planner.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -47,7 +48,7 @@ struct pipeline_model {
       }
     }
     if (resident + incoming > dev.memory_bytes) return infinity;
-    return secs + static_cast<double>(incoming) / (std::max(dev.link_gbps, 1e-9) * 1e9);
+    return secs + static_cast<double>(incoming) / (usable_rate(dev.link_gbps) * 1e9);
   }
 
   /// Boundaries [0, cuts..., n] -> the slowest stage's time.
@@ -144,15 +145,31 @@ double whole_graph_seconds(const graph& g, const device_profile& d) {
   return s;
 }
 
-/// Splits `total` into integer parts proportional to `weights` (largest remainder).
+/// Splits `total` into integer parts proportional to `weights` (largest remainder). A weight that
+/// is not finite and positive counts as 0, and when no weight is usable the parts are equal: the
+/// weights come from measurements a peer reports, and a NaN or an infinity must neither reach the
+/// cast to int64 (undefined, then a remainder loop of ~2^63 turns) nor give negative parts. The
+/// parts are never negative and add up to max(total, 0).
 std::vector<int64_t> proportional(int64_t total, const std::vector<double>& weights) {
-  const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
-  std::vector<int64_t> parts(weights.size());
+  std::vector<int64_t> parts(weights.size(), 0);
+  if (weights.empty() || total <= 0) return parts;
+  // Scaled by the largest usable weight, so that the sum cannot overflow (1e308 + 1e308) and
+  // total * w / sum cannot either: every scaled weight is in [0, 1] and their sum in [1, n].
+  double top = 0;
+  for (double w : weights)
+    if (std::isfinite(w) && w > top) top = w;
+  std::vector<double> scaled(weights.size(), 1.0);
+  if (top > 0)
+    for (size_t i = 0; i < weights.size(); ++i)
+      scaled[i] = std::isfinite(weights[i]) && weights[i] > 0 ? weights[i] / top : 0.0;
+  const double sum = std::accumulate(scaled.begin(), scaled.end(), 0.0);
   std::vector<std::pair<double, size_t>> rest;
   int64_t given = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const double exact = static_cast<double>(total) * weights[i] / sum;
-    parts[i] = static_cast<int64_t>(exact);
+  for (size_t i = 0; i < scaled.size(); ++i) {
+    const double exact = static_cast<double>(total) * (scaled[i] / sum);  // in [0, total]
+    const int64_t left = total - given;
+    // Capped at what is left, so that rounding in the double cannot hand out more than total.
+    parts[i] = exact < static_cast<double>(left) ? static_cast<int64_t>(exact) : left;
     given += parts[i];
     rest.push_back({exact - static_cast<double>(parts[i]), i});
   }
@@ -170,8 +187,8 @@ int64_t trainable_bytes(const graph& g) {
 
 double min_link(const std::vector<device_profile>& devices) {
   double l = infinity;
-  for (const auto& d : devices) l = std::min(l, d.link_gbps);
-  return std::max(l, 1e-9) * 1e9;
+  for (const auto& d : devices) l = std::min(l, usable_rate(d.link_gbps));
+  return l * 1e9;
 }
 
 expected<plan> data_parallel(const graph& g, const std::vector<device_profile>& devices) {
@@ -205,29 +222,21 @@ expected<plan> data_parallel(const graph& g, const std::vector<device_profile>& 
   return p;
 }
 
-/// The rank-2 parameter a matmul multiplies by on the right (possibly through a broadcast).
-node_id right_parameter(const graph& g, const node& n) {
-  if (n.op != op_kind::matmul) return -1;
-  node_id r = n.inputs[1];
-  if (g[r].op == op_kind::broadcast) r = g[r].inputs[0];
-  return g[r].op == op_kind::parameter && g[r].dims.size() == 2 ? r : -1;
-}
-
 expected<plan> tensor_parallel(const graph& g, const std::vector<device_profile>& devices) {
   std::vector<double> speed;
-  for (const auto& d : devices) speed.push_back(d.gflops);
+  for (const auto& d : devices) speed.push_back(usable_rate(d.gflops));
   plan p;
   p.kind = strategy::tensor_parallel;
   std::vector<double> secs(devices.size(), 0.0);
   std::vector<bool> sharded_param(g.nodes.size(), false);
   for (node_id id = 0; id < g.size(); ++id) {
     const node& n = g[id];
-    const node_id w = right_parameter(g, n);
+    const node_id w = column_sharded_parameter(g, id);
     if (w < 0) {
       for (size_t d = 0; d < devices.size(); ++d) secs[d] += node_seconds(g, id, devices[d]);
       continue;
     }
-    const int64_t cols = g[w].dims[1];
+    const int64_t cols = n.dims.back();  // the matmul's own columns: what the staged rewrite splits
     const auto part = proportional(cols, speed);
     if (!sharded_param[static_cast<size_t>(w)]) {
       sharded_param[static_cast<size_t>(w)] = true;
@@ -250,6 +259,24 @@ expected<plan> tensor_parallel(const graph& g, const std::vector<device_profile>
 }
 
 }  // namespace
+
+node_id column_sharded_parameter(const graph& g, node_id id) {
+  const node& n = g[id];
+  if (n.op != op_kind::matmul || n.dims.empty() || n.dims.back() == 0) return -1;
+  node_id r = n.inputs[1];
+  // Only a broadcast that adds batch axes keeps the parameter's columns the matmul's columns: one
+  // that expands a column axis of size 1 ([k, 1] -> [k, n]) does not, and sharding its source
+  // would give the matmul 1 column instead of n.
+  if (g[r].op == op_kind::broadcast) {
+    const node_id src = g[r].inputs[0];
+    const shape& to = g[r].dims;
+    const shape& from = g[src].dims;
+    if (from.size() != 2 || to.size() < 2 || to[to.size() - 2] != from[0] || to.back() != from[1]) return -1;
+    r = src;
+  }
+  if (g[r].op != op_kind::parameter || g[r].dims.size() != 2) return -1;
+  return g[r].dims[1] == n.dims.back() ? r : -1;
+}
 
 const char* to_string(strategy s) {
   switch (s) {

@@ -10,8 +10,13 @@
 ///   order given; a device may get an empty stage when using it would not help.
 /// - data parallel: every device holds the whole graph and a share of the batch (axis 0 of every
 ///   input) proportional to its speed; updated parameters' gradients are all-reduced.
-/// - tensor parallel: matmuls whose right operand is a rank-2 parameter are split by columns
+/// - tensor parallel: matmuls whose right operand is a rank-2 parameter (directly, or through a
+///   broadcast that only adds batch axes) and that have at least one column are split by columns
 ///   across devices, proportional to speed, and their outputs all-gathered; the rest is replicated.
+///
+/// Speeds and bandwidths are the devices' own reports: one that is not finite and positive (NaN,
+/// an infinity, 0, negative) counts as the slowest possible (usable_rate), and when no device has
+/// a usable speed, shares are equal. Every share is a valid range: 0 <= first <= second <= size.
 /// - automatic: the cheapest of the three by estimated step time.
 #include <cstdint>
 #include <functional>
@@ -77,6 +82,12 @@ expected<plan> partition(const graph& g, const std::vector<device_profile>& devi
 /// strategy was left out. partition(..., automatic) is cheapest_plan(g, devices).
 expected<plan> cheapest_plan(const graph& g, const std::vector<device_profile>& devices,
                              const std::function<expected<void>(const plan&)>& usable = {});
+
+/// The parameter that tensor parallel splits by columns for node `id`: for a matmul with at least
+/// one column whose right operand is a rank-2 parameter, directly or through a broadcast that
+/// keeps the last two dims (adds batch axes only), that parameter (its columns are the matmul's);
+/// else -1. The planner and the staged rewrite (staged_plan.hpp) agree through this one rule.
+node_id column_sharded_parameter(const graph& g, node_id id);
 
 /// The schedule order the pipeline planner cuts: topological, leaves just before first use.
 std::vector<node_id> schedule_order(const graph& g);

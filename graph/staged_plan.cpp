@@ -226,15 +226,6 @@ expected<staged_job> stage_data_parallel(const graph& g, const plan& p) {
   return b.finish();
 }
 
-/// The rank-2 parameter a matmul multiplies by on the right (directly or through a broadcast),
-/// as the tensor-parallel planner chooses it.
-node_id right_parameter(const graph& g, const node& n) {
-  if (n.op != op_kind::matmul) return -1;
-  node_id r = n.inputs[1];
-  if (g[r].op == op_kind::broadcast) r = g[r].inputs[0];
-  return g[r].op == op_kind::parameter && g[r].dims.size() == 2 ? r : -1;
-}
-
 expected<staged_job> stage_tensor_parallel(const graph& g, const plan& p) {
   std::map<node_id, const column_shard*> shard_of;
   for (const auto& sh : p.shards) shard_of[sh.param] = &sh;
@@ -248,7 +239,7 @@ expected<staged_job> stage_tensor_parallel(const graph& g, const plan& p) {
       local[static_cast<size_t>(id)] = b.add(n, -1);
       continue;
     }
-    const node_id w = right_parameter(g, n);
+    const node_id w = column_sharded_parameter(g, id);
     const auto sh = shard_of.find(w);
     if (w < 0 || sh == shard_of.end()) {
       node c = n;
@@ -256,6 +247,18 @@ expected<staged_job> stage_tensor_parallel(const graph& g, const plan& p) {
       local[static_cast<size_t>(id)] = b.add(std::move(c), main_stage);
       continue;
     }
+    // The ranges must tile [0, cols) in order, or the joined result would not be the matmul's
+    // (a plan made for another graph, or a corrupt one).
+    const int64_t cols = n.dims.back();
+    int64_t next = 0;
+    bool tiles = true;
+    for (const auto& [c0, c1] : sh->second->ranges) {
+      tiles = tiles && c0 == next && c0 <= c1 && c1 <= cols;
+      next = c1;
+    }
+    if (!tiles || next != cols)
+      return make_error(error_code::invalid_argument, "tensor parallel: the plan's columns of parameter \"" + g[w].attrs.name +
+                                                          "\" do not tile [0, " + std::to_string(cols) + ") in device order");
     // One matmul per device over its columns; the results are joined on the last axis.
     std::vector<node_id> parts;
     for (size_t d = 0; d < sh->second->ranges.size(); ++d) {

@@ -43,7 +43,8 @@ struct staged_job {
 };
 
 /// The stages of plan `p` (any concrete strategy) for the valid graph `g`. Errors say why a plan
-/// cannot be run as stages (for data parallel: the node that mixes batch rows).
+/// cannot be run as stages (for data parallel: the node that mixes batch rows; for tensor
+/// parallel: a parameter whose column ranges do not tile its columns in device order).
 expected<staged_job> stage_plan(const graph& g, const plan& p);
 
 /// The tensors the stages' leaves bind: pieces cut from `job`, the rest taken as they are.

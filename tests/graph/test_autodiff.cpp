@@ -134,6 +134,31 @@ TEST_CASE("gradients of select, matmul and reductions", "[graph][autodiff]") {
   }
 }
 
+TEST_CASE("tied maxima share the gradient of reduce_max, which sums to the output's", "[graph][autodiff]") {
+  // Finite differences have no answer at a tie; the rule is binary max's: the gradient over the
+  // operands sums to g (binary max gives it all to the first; reduce_max splits it equally).
+  builder b;
+  auto x = b.input("x", dtype::f32, {2});
+  auto m = b.input("m", dtype::f32, {2, 3, 2});
+  auto gx = gradients(max_over(x, {0}), {x});
+  // Over axes {1, 2} of m: group 0 has three tied maxima (5), group 1 a single one (9).
+  auto gm = gradients(sum_all(max_over(m, {1, 2}) * b.constant(tensor::from_floats({2}, {1.f, 3.f}))), {m});
+  b.output("gx", gx[0]);
+  b.output("gm", gm[0]);
+  auto g = b.finish();
+  REQUIRE(g);
+  tensor_map params;
+  auto out = evaluate(*g, {{"x", tensor::from_floats({2}, {1.f, 1.f})},
+                           {"m", tensor::from_floats({2, 3, 2}, {5, 1, 5, 0, 2, 5, 9, 1, 2, 3, 4, 8})}}, params);
+  REQUIRE(out);
+  CHECK(out->at("gx").to_doubles() == std::vector<double>{0.5, 0.5});
+  const auto gmv = out->at("gm").to_doubles();
+  const double third = static_cast<double>(1.0f / 3.0f);
+  for (size_t i = 0; i < 6; ++i) CHECK(gmv[i] == ((i == 0 || i == 2 || i == 5) ? Approx(third) : Approx(0.0)));
+  for (size_t i = 6; i < 12; ++i) CHECK(gmv[i] == (i == 6 ? 3.0 : 0.0));
+  CHECK(gmv[0] + gmv[2] + gmv[5] == Approx(1.0));
+}
+
 TEST_CASE("gradients of data movement and gather/scatter", "[graph][autodiff]") {
   SECTION("broadcast, reshape, permute") {
     builder b;

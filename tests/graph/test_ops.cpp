@@ -184,3 +184,16 @@ TEST_CASE("inputs and parameters bind by name, updates write parameters back", "
   REQUIRE_FALSE(wrong);
   CHECK(wrong.error().code == error_code::shape_mismatch);
 }
+
+TEST_CASE("i32 sums and scatter_adds wrap exactly past 2^53", "[graph][ops]") {
+  // 2^23 * INT_MAX = 2^54 - 2^23: a double accumulator passes 2^53 on the way and rounds, giving
+  // -4194304; the exact value modulo 2^32 (what every device's int adds give) is -2^23.
+  const int64_t n = int64_t{1} << 23;
+  builder b;
+  auto c = b.fill(2147483647.0, dtype::i32, {n});
+  b.output("sum", sum_all(c));
+  b.output("sa", scatter_add(b.fill(0.0, dtype::i32, {n}), c, {1}));
+  const tensor_map out = mesh::test::run_all(b);
+  CHECK(out.at("sum").at(0) == -8388608);
+  CHECK(out.at("sa").at(0) == -8388608);
+}

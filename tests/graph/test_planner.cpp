@@ -2,7 +2,9 @@
 // fragments that reproduce the whole graph, and re-planning that moves only the dead device's part.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include "graph/autodiff.hpp"
@@ -153,6 +155,80 @@ TEST_CASE("tensor parallel shards matmul weights by columns", "[graph][planner]"
   auto none = partition(*b.finish(), devices({1, 1}), strategy::tensor_parallel);
   REQUIRE_FALSE(none);
   CHECK(partition(g, {}, strategy::pipeline).error().code == error_code::invalid_argument);
+}
+
+TEST_CASE("device speeds that are NaN, infinite, zero or negative give valid plans promptly", "[graph][planner]") {
+  // A peer's profile is its own report. Before, NaN or an infinity reached a cast to int64
+  // (undefined) and a remainder loop of ~2^63 turns; a negative speed gave negative columns.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  builder b;
+  auto x = b.input("x", dtype::f32, {4, 8});
+  b.output("y", matmul(x, b.parameter("w", dtype::f32, {8, 16})));
+  const graph g = *b.finish();
+  const auto check_plan = [&](const plan& p) {
+    CHECK(std::isfinite(p.step_seconds));
+    CHECK(p.step_seconds >= 0);
+    for (const auto& sh : p.shards) {
+      const int64_t cols = g[sh.param].dims[1];
+      int64_t next = 0;
+      for (const auto& [first, second] : sh.ranges) {
+        CHECK(first == next);
+        CHECK(0 <= first);
+        CHECK(first <= second);
+        CHECK(second <= cols);
+        next = second;
+      }
+      CHECK(next == cols);
+    }
+    int64_t rows = 0;
+    for (const auto& s : p.shares) {
+      CHECK(0 <= s.begin);
+      CHECK(s.begin <= s.end);
+      CHECK(s.end <= p.batch);
+      rows += s.end - s.begin;
+    }
+    if (p.kind == strategy::data_parallel) CHECK(rows == p.batch);
+  };
+  for (double bad : {inf, -inf, 1e308, nan, -10.0, 0.0}) {
+    for (int field = 0; field < 3; ++field) {  // gflops, mem_gbps, link_gbps
+      std::vector<device_profile> devs{{"a", 10, 10, 1, int64_t{1} << 40}, {"b", 10, 10, 1, int64_t{1} << 40}};
+      (field == 0 ? devs[1].gflops : field == 1 ? devs[1].mem_gbps : devs[1].link_gbps) = bad;
+      for (auto s : {strategy::tensor_parallel, strategy::data_parallel, strategy::pipeline, strategy::automatic}) {
+        INFO("speed " << bad << " in field " << field << ", " << to_string(s));
+        auto p = partition(g, devs, s);
+        REQUIRE(p);
+        check_plan(*p);
+      }
+    }
+  }
+  // A device reporting no memory fits no work: it gets an empty stage, the other one all of it.
+  for (int64_t mem : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min()}) {
+    INFO("memory " << mem);
+    std::vector<device_profile> devs{{"a", 10, 10, 1, int64_t{1} << 40}, {"b", 10, 10, 1, mem}};
+    for (auto s : {strategy::pipeline, strategy::automatic}) {
+      auto p = partition(g, devs, s);
+      REQUIRE(p);
+      check_plan(*p);
+      if (s == strategy::pipeline) CHECK(p->stages[1].nodes.empty());
+    }
+  }
+  // A speed that is not finite and positive counts as the slowest: the other device gets all
+  // the columns; a huge finite one takes them all; with no usable speed at all, shares are equal.
+  const auto ranges = [&](std::vector<double> gflops) {
+    std::vector<device_profile> devs;
+    for (double f : gflops) devs.push_back({"d", f, 10, 1, int64_t{1} << 40});
+    auto p = partition(g, devs, strategy::tensor_parallel);
+    REQUIRE(p);
+    REQUIRE(p->shards.size() == 1);
+    return p->shards[0].ranges;
+  };
+  using r = std::vector<std::pair<int64_t, int64_t>>;
+  CHECK(ranges({10, inf}) == r{{0, 16}, {16, 16}});
+  CHECK(ranges({10, nan}) == r{{0, 16}, {16, 16}});
+  CHECK(ranges({-10, 10}) == r{{0, 0}, {0, 16}});
+  CHECK(ranges({10, 1e308}) == r{{0, 0}, {0, 16}});
+  CHECK(ranges({1e308, 1e308}) == r{{0, 8}, {8, 16}});
+  CHECK(ranges({nan, -1}) == r{{0, 8}, {8, 16}});
 }
 
 TEST_CASE("automatic partitioning picks the cheapest strategy", "[graph][planner]") {

@@ -207,6 +207,75 @@ TEST_CASE("tensor parallel stages equal the whole graph", "[graph][staged]") {
   }
 }
 
+TEST_CASE("tensor parallel leaves alone matmuls it cannot split by the parameter's columns", "[graph][staged]") {
+  const auto devs = devices({1, 1});
+  SECTION("a [k, 1] parameter broadcast to [k, n]: its columns are not the matmul's") {
+    // Sharding w1's single column gave the staged matmul 1 column instead of 16.
+    builder b;
+    auto x = b.input("x", dtype::f32, {4, 8});
+    auto w1 = b.parameter("w1", dtype::f32, {8, 1});
+    auto w2 = b.parameter("w2", dtype::f32, {8, 16});
+    b.output("y", matmul(x, broadcast_to(w1, {8, 16})) + matmul(x, w2));
+    b.output("y1", matmul(x, broadcast_to(w1, {8, 16})));
+    const graph g = *b.finish();
+    auto all = nn::init_parameters(g, 8);
+    all["w1"] = random_tensor(dtype::f32, {8, 1}, 9);
+    all["x"] = random_tensor(dtype::f32, {4, 8}, 10);
+    auto p = partition(g, devs, strategy::tensor_parallel);
+    REQUIRE(p);
+    REQUIRE(p->shards.size() == 1);
+    CHECK(p->shards[0].param == g.find_leaf("w2"));
+    auto s = stage_plan(g, *p);
+    INFO((s ? std::string() : s.error().to_string()));
+    REQUIRE(s);
+    CHECK(s->g[s->g.find_output("y1")].dims == shape{4, 16});
+    require_same(run_stages(*s, all), reference(g, all));
+    // With nothing else to split there is no tensor-parallel plan (not a wrong one).
+    builder b1;
+    auto x1 = b1.input("x", dtype::f32, {4, 8});
+    b1.output("y", matmul(x1, broadcast_to(b1.parameter("w", dtype::f32, {8, 1}), {8, 16})));
+    CHECK_FALSE(partition(*b1.finish(), devs, strategy::tensor_parallel));
+  }
+  SECTION("a matmul with 0 columns") {
+    // Sharding a [k, 0] parameter left no part to join: a concat of 0 inputs, an internal error.
+    builder b;
+    auto x = b.input("x", dtype::f32, {4, 8});
+    b.output("none", matmul(x, b.parameter("w0", dtype::f32, {8, 0})));
+    b.output("y", matmul(x, b.parameter("w", dtype::f32, {8, 16})));
+    const graph g = *b.finish();
+    auto all = nn::init_parameters(g, 11);
+    all["w0"] = tensor::zeros(dtype::f32, {8, 0});
+    all["x"] = random_tensor(dtype::f32, {4, 8}, 12);
+    auto p = partition(g, devs, strategy::tensor_parallel);
+    REQUIRE(p);
+    REQUIRE(p->shards.size() == 1);
+    CHECK(p->shards[0].param == g.find_leaf("w"));
+    auto s = stage_plan(g, *p);
+    INFO((s ? std::string() : s.error().to_string()));
+    REQUIRE(s);
+    require_same(run_stages(*s, all), reference(g, all));
+    builder b0;
+    auto x0 = b0.input("x", dtype::f32, {4, 8});
+    b0.output("y", matmul(x0, b0.parameter("w", dtype::f32, {8, 0})));
+    CHECK_FALSE(partition(*b0.finish(), devs, strategy::tensor_parallel));
+  }
+  SECTION("column ranges that do not tile the parameter are refused, not staged into an invalid graph") {
+    builder b;
+    auto x = b.input("x", dtype::f32, {4, 8});
+    b.output("y", matmul(x, b.parameter("w", dtype::f32, {8, 16})));
+    const graph g = *b.finish();
+    auto p = partition(g, devs, strategy::tensor_parallel);
+    REQUIRE(p);
+    for (auto bad : std::vector<std::vector<std::pair<int64_t, int64_t>>>{{{0, 8}, {8, 20}}, {{0, 8}, {9, 16}}, {{0, 8}}, {{8, 16}, {0, 8}}}) {
+      plan q = *p;
+      q.shards[0].ranges = bad;
+      auto s = stage_plan(g, q);
+      REQUIRE_FALSE(s);
+      CHECK(s.error().code == error_code::invalid_argument);
+    }
+  }
+}
+
 TEST_CASE("one-shot data and tensor parallel plans refuse parameter updates", "[graph][staged]") {
   builder b;
   auto x = b.input("x", dtype::f32, {4, 2});

@@ -3,9 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 
 #include "graph/autodiff.hpp"
 #include "graph/datasets.hpp"
+#include "graph/evaluate.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
 #include "graph/simplify.hpp"
@@ -85,4 +87,39 @@ TEST_CASE("an MLP learns two-moons with Adam", "[graph][training]") {
   INFO("loss " << t.first_loss << " -> " << t.last_loss << ", accuracy " << t.accuracy);
   CHECK(t.last_loss < 0.3 * t.first_loss);
   CHECK(t.accuracy >= 0.95);
+}
+
+TEST_CASE("Adam on f16 and bf16 parameters computes in f32: a zero gradient is no NaN", "[graph][training]") {
+  // In f16, eps = 1e-8 rounds to 0 and so does sqrt(v) for a zero gradient: 0 / 0 was NaN.
+  std::map<dtype, std::vector<double>> after;
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    INFO(to_string(t));
+    builder b;
+    auto x = b.input("x", t, {2});
+    auto p = b.parameter("p", t, {2});
+    auto grads = gradients(sum_all(p * x), {p});  // d/dp = x = [1, 0]
+    optim::adam(b, {p}, grads, {});
+    auto g = b.finish();
+    REQUIRE(g);
+    tensor_map params{{"p", tensor::from_values(t, {2}, {0.5, 0.5})},
+                      {"opt.adam.t", tensor::scalar(0)},
+                      {"opt.adam.m.p", tensor::zeros(t, {2})},
+                      {"opt.adam.v.p", tensor::zeros(t, {2})}};
+    auto r = evaluate(*g, {{"x", tensor::from_values(t, {2}, {1.0, 0.0})}}, params);
+    REQUIRE(r);
+    for (const char* name : {"p", "opt.adam.m.p", "opt.adam.v.p"}) {
+      INFO(name);
+      REQUIRE(params.at(name).type == t);
+      for (double v : params.at(name).to_doubles()) CHECK(std::isfinite(v));
+    }
+    after[t] = params.at("p").to_doubles();
+  }
+  // One step with bias correction moves p by lr * g / (|g| + eps): 0.5 - 0.001 and 0.5.
+  CHECK(after[dtype::f32][0] == Approx(0.499).epsilon(1e-6));
+  CHECK(after[dtype::f32][1] == 0.5);
+  for (dtype t : {dtype::f16, dtype::bf16})
+    for (size_t i = 0; i < 2; ++i) {
+      INFO(to_string(t) << " element " << i);
+      CHECK(std::abs(after[t][i] - after[dtype::f32][i]) <= (t == dtype::f16 ? 5e-4 : 2e-3));
+    }
 }
