@@ -1,6 +1,7 @@
 #include "actors/job_engine.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include "graph/fragment.hpp"
 #include "graph/staged_plan.hpp"
@@ -13,6 +14,24 @@ constexpr size_t max_early_activations = 4096;  // activations buffered for stag
 constexpr size_t max_finished_jobs = 100;        // kept for status
 constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
 constexpr size_t max_uncached_calls = 1024;      // calls parked until their fragment arrives
+constexpr size_t max_evicted_keys = 1024;        // evicted fragments remembered (to refuse their calls)
+constexpr size_t max_cancelled_jobs = 4096;      // cancelled jobs remembered (to ignore late stages)
+constexpr uint32_t max_call_attempts = 4;        // a session call relaunched for evicted fragments
+/// A worker's answer to a call whose session fragment it let go to make room: the coordinator
+/// sends the fragment again (a call without it cannot run, and parking it would wait for ever).
+constexpr const char* fragment_evicted = "the session fragment is no longer cached on this node";
+
+std::string resident_key_of(const std::string& coordinator, uint64_t cache, uint32_t stage) {
+  return coordinator + "/" + std::to_string(cache) + "/" + std::to_string(stage);
+}
+
+/// The distinct non-empty node ids of a stage assignment.
+std::set<std::string> nodes_of(const std::vector<std::string>& stage_nodes) {
+  std::set<std::string> out;
+  for (const auto& n : stage_nodes)
+    if (!n.empty()) out.insert(n);
+  return out;
+}
 
 bool is_cut(const std::string& name) { return name.rfind("cut.", 0) == 0; }
 
@@ -62,13 +81,14 @@ std::vector<outbound> job_engine::on_message(const std::string& from, const msg:
   if (auto* o = std::get_if<msg::open_session>(&m)) return open(from, *o);
   if (auto* c = std::get_if<msg::infer>(&m)) return call(from, *c);
   if (auto* c = std::get_if<msg::close_session>(&m)) {
+    // From a client: it closes its session here. From a coordinator (its internal session id):
+    // this worker lets that session's fragments go.
     auto it = sessions_by_client_.find({from, c->session});
-    if (it != sessions_by_client_.end()) {
-      sessions_.erase(it->second);
-      sessions_by_client_.erase(it);
-    }
+    if (it != sessions_by_client_.end()) return end_session(it->second);
+    forget_session(from, c->session);
     return {};
   }
+  if (auto* c = std::get_if<msg::cancel_stages>(&m)) return on_cancel_stages(from, *c);
   if (auto* r = std::get_if<msg::run_stage>(&m)) return on_run_stage(from, *r);
   if (auto* a = std::get_if<msg::activation>(&m)) return on_activation(*a);
   if (auto* d = std::get_if<msg::stage_done>(&m)) return on_stage_done(from, *d);
@@ -180,13 +200,18 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
     if (auto ok = adopt_plan(j, nodes, std::move(*p)); !ok) return finish(id, j, false, "cannot run the " + kind + " plan: " + ok.error().message);
   }
   const plan& pl = sess ? sess->current : j.current;
+  std::vector<outbound> out;
+  // The previous attempt's stages (a re-plan after a death, a call relaunched) will not be
+  // collected: their nodes let them go. Nodes that get a stage of the new attempt would also
+  // drop them on its arrival; nodes left out of the new plan learn it only from this.
+  if (j.attempt > 0)
+    for (const auto& n : nodes_of(j.stage_nodes)) out.push_back({n, msg::cancel_stages{id, j.attempt}});
   if (sess) j.stage_nodes = sess->stage_nodes;
   ++j.attempt;
   j.stages_done = 0;
   j.state = "running";
   j.pending.clear();
   j.outputs.clear();
-  std::vector<outbound> out;
   for (size_t s = 0; s < pl.stages.size(); ++s) {
     if (j.stage_nodes[s].empty()) continue;
     msg::run_stage r;
@@ -245,6 +270,10 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
     for (const auto& o : j.g->outputs) r.outputs.push_back({o.name, j.outputs.at(o.name)});
   for (const auto& n : j.stage_nodes)
     if (!n.empty()) r.workers.push_back(n);
+  std::vector<outbound> out;
+  // Stages still waiting for activations that will not come (another stage failed): let go.
+  if (!ok && j.attempt > 0)
+    for (const auto& n : nodes_of(j.stage_nodes)) out.push_back({n, msg::cancel_stages{id, j.attempt}});
   j.state = ok ? "done" : "failed";
   j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count();
   j.pending.clear();
@@ -254,7 +283,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
   j.stage_tensors.clear();
   j.outputs.clear();
   by_client_.erase({j.client, j.client_job});
-  std::vector<outbound> out{{j.client, std::move(r)}};
+  out.push_back({j.client, std::move(r)});
   while (jobs_.size() > max_finished_jobs) {
     auto oldest = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& kv) { return kv.first != id && (kv.second.state == "done" || kv.second.state == "failed"); });
     if (oldest == jobs_.end()) break;
@@ -268,6 +297,13 @@ std::vector<outbound> job_engine::on_stage_done(const std::string& from, const m
   if (it == jobs_.end()) return {};
   job_state& j = it->second;
   if (d.attempt != j.attempt || !j.pending.count(d.stage) || j.stage_nodes[d.stage] != from) return {};  // stale or spoofed
+  if (!d.ok && j.session && d.error == fragment_evicted && j.attempt < max_call_attempts) {
+    auto sess = sessions_.find(j.session);
+    if (sess != sessions_.end()) {
+      sess->second.loaded.erase({from, d.stage});  // the relaunch carries the fragment to it again
+      return launch(d.job, j, {}, make_error(error_code::internal, "a session call has no plan of its own"));
+    }
+  }
   if (!d.ok) return finish(d.job, j, false, "stage " + std::to_string(d.stage) + " failed on node " + from.substr(0, 8) + ": " + d.error);
   for (const auto& o : d.outputs)
     if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
@@ -363,13 +399,24 @@ std::vector<outbound> job_engine::call(const std::string& client, const msg::inf
 
 std::vector<outbound> job_engine::peer_dead(const std::string& id) {
   std::vector<outbound> out;
+  // Sessions of a client that left without closing them: nobody will call them again.
+  for (auto it = sessions_by_client_.begin(); it != sessions_by_client_.end();) {
+    const uint64_t sid = it->second;
+    ++it;  // end_session erases the entry
+    if (sessions_.at(sid).client != id) continue;
+    auto more = end_session(sid);
+    out.insert(out.end(), more.begin(), more.end());
+  }
   auto gone = peers_.find(id);
   if (gone == peers_.end()) return out;
   // Worker side: stages coordinated by the dead node will never be collected.
   for (auto it = waiting_.begin(); it != waiting_.end();)
     it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
-  for (auto it = cache_.begin(); it != cache_.end();)
-    it = std::get<0>(it->first) == id ? cache_.erase(it) : std::next(it);
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    auto next = std::next(it);
+    if (std::get<0>(it->first) == id) drop_cached(it, false);
+    it = next;
+  }
   for (auto it = uncached_.begin(); it != uncached_.end();)
     it = std::get<0>(it->first) == id ? uncached_.erase(it) : std::next(it);
   for (auto it = early_.begin(); it != early_.end();)
@@ -389,18 +436,41 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id) {
     return old.stages.size() == old_ids.size() ? replan(g, old, dead, devices) : partition(g, devices, strategy::pipeline);
   };
   std::set<uint64_t> replanned;
+  std::map<uint64_t, std::string> unplannable;  // sessions that cannot run without the dead node
   for (auto& [sid, s] : sessions_) {
     if (!uses_dead(s.stage_nodes)) continue;
     if (auto ok = plan_session(sid, s, ids, new_plan(*s.g, s.current)); ok) replanned.insert(sid);
+    else unplannable[sid] = ok.error().message;
   }
   for (auto& [jid, j] : jobs_) {
     if (j.state != "running") continue;
+    if (auto u = unplannable.find(j.session); j.session && u != unplannable.end()) {
+      auto failed = finish(jid, j, false, "node " + id.substr(0, 8) + " died and the session cannot be re-planned: " + u->second);
+      out.insert(out.end(), failed.begin(), failed.end());
+      continue;
+    }
     if (j.session ? !replanned.count(j.session) && !uses_dead(j.stage_nodes) : !uses_dead(j.stage_nodes)) continue;
     std::vector<std::string> nodes;
     auto p = j.session ? expected<plan>(plan{}) : replan_job(j, id, nodes);
     auto more = launch(jid, j, nodes, std::move(p));
     out.insert(out.end(), more.begin(), more.end());
   }
+  // Its calls would keep going to the dead node: the session ends, and later calls are told so.
+  for (const auto& [sid, why] : unplannable) {
+    auto more = end_session(sid, id);
+    out.insert(out.end(), more.begin(), more.end());
+  }
+  return out;
+}
+
+std::vector<outbound> job_engine::end_session(uint64_t id, const std::string& skip_node) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end()) return {};
+  std::vector<outbound> out;
+  for (const auto& n : nodes_of(it->second.stage_nodes))
+    if (n != skip_node) out.push_back({n, msg::close_session{id}});
+  sessions_by_client_.erase({it->second.client, it->second.client_session});
+  sessions_.erase(it);
   return out;
 }
 
@@ -422,17 +492,19 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   ws.task.attempt = r.attempt;
   ws.task.stage = r.stage;
   ws.task.routes = r.routes;
-  const std::tuple<std::string, uint64_t, uint32_t> cache_key{r.coordinator, r.cache, r.stage};
+  const cache_key key{r.coordinator, r.cache, r.stage};
   if (r.wire.empty()) {
     if (!r.cache) return fail("the stage carries no fragment");
-    auto c = cache_.find(cache_key);
+    auto c = cache_.find(key);
+    if (c == cache_.end() && evicted_.count(key)) return fail(fragment_evicted);
     if (c == cache_.end()) {
       size_t parked = 0;
       for (const auto& [k, v] : uncached_) parked += v.size();
       if (parked >= max_uncached_calls) return fail("too many calls waiting for their fragment");
-      uncached_[cache_key].push_back(r);
+      uncached_[key].push_back(r);
       return {};
     }
+    c->second.last_use = ++use_clock_;
     ws.task.g = c->second.g;
     ws.task.params = c->second.params;
   } else {
@@ -444,12 +516,17 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
     ws.task.params = std::move(split->second);
     ws.task.g = std::make_shared<const graph>(std::move(w->g));
     if (r.cache) {
-      if (cache_.size() >= max_cached_fragments) cache_.erase(cache_.begin());
-      cache_[cache_key] = {ws.task.g, ws.task.params};
+      if (!cache_.count(key) && cache_.size() >= max_cached_fragments) {
+        auto lru = std::min_element(cache_.begin(), cache_.end(),
+                                    [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+        drop_cached(lru, true);
+      }
+      cache_[key] = {ws.task.g, ws.task.params, ++use_clock_};
+      evicted_.erase(key);
     }
   }
   std::vector<outbound> out;
-  if (auto parked = uncached_.find(cache_key); parked != uncached_.end() && !r.wire.empty()) {
+  if (auto parked = uncached_.find(key); parked != uncached_.end() && !r.wire.empty()) {
     auto calls = std::move(parked->second);
     uncached_.erase(parked);
     for (const auto& c : calls) {
@@ -457,7 +534,7 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
       out.insert(out.end(), more.begin(), more.end());
     }
   }
-  if (r.cache) ws.task.resident_key = r.coordinator + "/" + std::to_string(r.cache) + "/" + std::to_string(r.stage);
+  if (r.cache) ws.task.resident_key = resident_key_of(r.coordinator, r.cache, r.stage);
   for (const auto& t : r.inputs) ws.task.inputs[t.name] = t.value;
   for (const auto& a : r.awaited) {
     const node_id leaf = ws.task.g->find_leaf(a);
@@ -466,11 +543,9 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   }
   const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
   if (waiting_.count(k)) return out;
-  // Activations of earlier attempts of this job (sent before a re-plan) will never be used.
-  for (auto it = early_.begin(); it != early_.end();) {
-    const bool stale = std::get<0>(it->first) == r.coordinator && std::get<1>(it->first) == r.job && std::get<2>(it->first) < r.attempt;
-    it = stale ? early_.erase(it) : std::next(it);
-  }
+  if (auto c = cancelled_.find({r.coordinator, r.job}); c != cancelled_.end() && r.attempt <= c->second) return out;
+  // Stages and activations of earlier attempts of this job (before a re-plan) will never be used.
+  if (r.attempt > 0) on_cancel_stages(r.coordinator, msg::cancel_stages{r.job, r.attempt - 1});
   // Activations that arrived before the stage itself.
   auto early = early_.find(k);
   if (early != early_.end()) {
@@ -487,6 +562,45 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   waiting_[k] = std::move(ws);
   promote_ready(k);
   return out;
+}
+
+std::vector<outbound> job_engine::on_cancel_stages(const std::string& from, const msg::cancel_stages& c) {
+  const auto stale = [&](const std::string& coordinator, uint64_t job, uint32_t attempt) {
+    return coordinator == from && job == c.job && attempt <= c.attempt;
+  };
+  auto& highest = cancelled_[{from, c.job}];
+  highest = std::max(highest, c.attempt);
+  if (cancelled_.size() > max_cancelled_jobs) cancelled_.erase(cancelled_.begin());
+  for (auto it = waiting_.begin(); it != waiting_.end();)
+    it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? waiting_.erase(it) : std::next(it);
+  for (auto it = early_.begin(); it != early_.end();)
+    it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? early_.erase(it) : std::next(it);
+  for (auto it = uncached_.begin(); it != uncached_.end();) {
+    std::erase_if(it->second, [&](const msg::run_stage& r) { return stale(r.coordinator, r.job, r.attempt); });
+    it = it->second.empty() ? uncached_.erase(it) : std::next(it);
+  }
+  return {};
+}
+
+void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted) {
+  const auto& [coordinator, cache, stage] = it->first;
+  forgotten_.push_back(resident_key_of(coordinator, cache, stage));
+  if (evicted) {
+    if (evicted_.size() >= max_evicted_keys) evicted_.erase(evicted_.begin());
+    evicted_.insert(it->first);
+  }
+  cache_.erase(it);
+}
+
+void job_engine::forget_session(const std::string& coordinator, uint64_t session) {
+  const auto of_session = [&](const cache_key& k) { return std::get<0>(k) == coordinator && (std::get<1>(k) >> 16) == session; };
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    auto next = std::next(it);
+    if (of_session(it->first)) drop_cached(it, false);
+    it = next;
+  }
+  std::erase_if(uncached_, [&](const auto& kv) { return of_session(kv.first); });
+  std::erase_if(evicted_, of_session);
 }
 
 std::vector<outbound> job_engine::on_activation(const msg::activation& a) {

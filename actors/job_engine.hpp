@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/messages.hpp"
@@ -59,6 +60,10 @@ class job_engine {
 
   /// Stages whose inputs have all arrived; the shell runs them and calls on_executed.
   std::vector<stage_task> take_ready();
+  /// Resident keys (stage_task::resident_key) of session fragments this worker let go (the
+  /// session closed, its client or coordinator died, or the cache made room): the shell frees
+  /// their programs and parameters on the executor.
+  std::vector<std::string> take_forgotten() { return std::exchange(forgotten_, {}); }
   /// The executor's result for a task from take_ready().
   std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs);
 
@@ -148,11 +153,27 @@ class job_engine {
   struct cached_fragment {
     std::shared_ptr<const graph> g;
     tensor_map params;
+    uint64_t last_use = 0;  ///< use_clock_ at the last call: the least recently used goes first
   };
-  std::map<std::tuple<std::string, uint64_t, uint32_t>, cached_fragment> cache_;  // worker side
+  using cache_key = std::tuple<std::string, uint64_t, uint32_t>;  // coordinator, session << 16 | epoch, stage
+  /// Forgets a cached fragment (worker side) and queues its resident key for the executor.
+  void drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted);
+  /// Session `session` of coordinator `coordinator` closed: forgets its fragments and parked calls.
+  void forget_session(const std::string& coordinator, uint64_t session);
+  /// Coordinator side: ends session `id` (its client closed it, died, or it cannot be re-planned)
+  /// and tells its stage nodes to let its fragments go.
+  std::vector<outbound> end_session(uint64_t id, const std::string& skip_node = {});
+  std::vector<outbound> on_cancel_stages(const std::string& from, const msg::cancel_stages& c);
+  std::map<cache_key, cached_fragment> cache_;  // worker side
+  uint64_t use_clock_ = 0;
+  std::set<cache_key> evicted_;  ///< made room for others: a call for one is refused, not parked
+  std::vector<std::string> forgotten_;
+  /// (coordinator, job) -> the highest attempt cancelled: a stage of it that arrives after the
+  /// cancel (bulk streams overtake nothing, control messages overtake them) is ignored.
+  std::map<std::pair<std::string, uint64_t>, uint32_t> cancelled_;
   /// Calls that overtook the call carrying their fragment (bulk messages travel on separate
   /// streams, so they may arrive in any order); replayed when the fragment arrives.
-  std::map<std::tuple<std::string, uint64_t, uint32_t>, std::vector<msg::run_stage>> uncached_;
+  std::map<cache_key, std::vector<msg::run_stage>> uncached_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
   std::map<stage_key, tensor_map> early_;            // activations that came before their stage
   std::deque<stage_task> ready_;

@@ -9,7 +9,8 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "activation", "stage_done", "status_request", "status_reply",
                                   "open_session", "infer", "close_session", "peer_exchange", "open_training",
                                   "train_setup", "train_step", "allreduce_piece", "train_reduced", "train_state",
-                                  "train_progress", "job_progress", "train_resume", "train_checkpoint"};
+                                  "train_progress", "job_progress", "train_resume", "train_checkpoint",
+                                  "cancel_stages"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)

@@ -20,7 +20,7 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 6;
+inline constexpr uint32_t protocol_version = 7;
 
 /// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
 /// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
@@ -157,6 +157,14 @@ struct stage_done {
   std::string error;
   std::vector<named_tensor> outputs;
   bool operator==(const stage_done&) const = default;
+};
+
+/// Coordinator -> worker: the stages of `job` up to `attempt` will not be collected (the job
+/// ended without them, or was re-planned): forget what waits for them.
+struct cancel_stages {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  bool operator==(const cancel_stages&) const = default;
 };
 
 struct status_request {
@@ -342,7 +350,7 @@ struct train_checkpoint {
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
-                             train_progress, job_progress, train_resume, train_checkpoint>;
+                             train_progress, job_progress, train_resume, train_checkpoint, cancel_stages>;
 
 /// kind byte + CAF body.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -393,6 +401,10 @@ typename F::result_type inspect(F& f, activation& x) {
 template <class F>
 typename F::result_type inspect(F& f, stage_done& x) {
   return f(caf::meta::type_name("stage_done"), x.job, x.attempt, x.stage, x.ok, x.error, x.outputs);
+}
+template <class F>
+typename F::result_type inspect(F& f, cancel_stages& x) {
+  return f(caf::meta::type_name("cancel_stages"), x.job, x.attempt);
 }
 template <class F>
 typename F::result_type inspect(F& f, status_request& x) {

@@ -98,6 +98,7 @@ using remove_atom = caf::atom_constant<caf::atom("remove")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
 using view_atom = caf::atom_constant<caf::atom("view")>;
 using greet_atom = caf::atom_constant<caf::atom("greet")>;
+using forget_atom = caf::atom_constant<caf::atom("forget")>;
 
 mono_time now_mono() { return std::chrono::steady_clock::now().time_since_epoch(); }
 
@@ -202,8 +203,58 @@ void measure(gpu::executor& ex, msg::hello& h) {
 
 struct executor_state {
   std::unique_ptr<gpu::executor> device;
-  std::set<std::string> resident;  ///< inference-session parameter sets already on the device
+  /// Session fragments resident on the device, by stage_task::resident_key: their program (loaded
+  /// once) and their parameters (uploaded once), until the jobs actor says to forget them.
+  struct resident_stage {
+    gpu::program_id program = 0;
+    std::vector<std::string> params;
+  };
+  std::map<std::string, resident_stage> resident;
+  uint64_t one_shots = 0;  ///< numbers the parameter names of one-shot stages
 };
+
+/// Runs a one-shot stage on `ex` and leaves nothing behind: its parameters get names of their
+/// own (a client's "mlp.0.w" must not meet another job's "mlp.0.w" of another shape, nor
+/// overwrite resident training or session state of the same name), and its program and
+/// parameters are freed after the run.
+expected<tensor_map> run_one_shot(gpu::executor& ex, const stage_task& t, uint64_t number) {
+  const std::string prefix = "one." + std::to_string(number) + ".";
+  graph g = *t.g;
+  for (auto& n : g.nodes)
+    if (n.op == op_kind::parameter) n.attrs.name = prefix + n.attrs.name;
+  tensor_map params;
+  for (const auto& [name, value] : t.params) params[prefix + name] = value;
+  auto p = ex.load(g);
+  if (!p) {
+    ex.drop_parameters(prefix);
+    return tl::unexpected(p.error());
+  }
+  auto out = [&]() -> expected<tensor_map> {
+    if (auto ok = ex.set_parameters(params); !ok) return tl::unexpected(ok.error());
+    return ex.run(*p, t.inputs);
+  }();
+  ex.unload(*p);
+  ex.drop_parameters(prefix);
+  return out;
+}
+
+/// Runs a session stage: its program and parameters stay on the device for the next call.
+expected<tensor_map> run_resident(executor_state& st, const stage_task& t) {
+  auto& ex = *st.device;
+  auto it = st.resident.find(t.resident_key);
+  if (it == st.resident.end()) {
+    if (auto ok = ex.set_parameters(t.params); !ok) return tl::unexpected(ok.error());
+    auto p = ex.load(*t.g);
+    if (!p) {
+      for (const auto& [name, value] : t.params) ex.drop_parameters(name);
+      return tl::unexpected(p.error());
+    }
+    executor_state::resident_stage r{*p, {}};
+    for (const auto& [name, value] : t.params) r.params.push_back(name);
+    it = st.resident.emplace(t.resident_key, std::move(r)).first;
+  }
+  return ex.run(it->second.program, t.inputs);
+}
 
 /// The device measured at start, handed to the first executor so the node opens it once; a
 /// restarted executor opens a fresh one (the slot is empty by then).
@@ -220,18 +271,22 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
   self->state.device = std::move(*dev);
   return {
       [=](run_atom, std::shared_ptr<stage_task> t) {
-        auto& ex = *self->state.device;
-        auto result = std::make_shared<expected<tensor_map>>([&]() -> expected<tensor_map> {
-          auto p = ex.load(*t->g);
-          if (!p) return tl::unexpected(p.error());
-          // A session's parameters are uploaded once and stay resident; one-shot jobs bring theirs.
-          if (t->resident_key.empty() || !self->state.resident.count(t->resident_key)) {
-            if (auto ok = ex.set_parameters(t->params); !ok) return tl::unexpected(ok.error());
-            if (!t->resident_key.empty()) self->state.resident.insert(t->resident_key);
-          }
-          return ex.run(*p, t->inputs);
-        }());
+        auto& st = self->state;
+        auto result = std::make_shared<expected<tensor_map>>(t->resident_key.empty() ? run_one_shot(*st.device, *t, ++st.one_shots)
+                                                                                     : run_resident(st, *t));
         self->send(jobs, done_atom::value, t, result);
+      },
+      // The jobs actor let a session fragment go: free its program and parameters.
+      [=](forget_atom, std::string key) {
+        auto& st = self->state;
+        auto it = st.resident.find(key);
+        if (it == st.resident.end()) return;
+        st.device->unload(it->second.program);
+        const auto params = std::move(it->second.params);
+        st.resident.erase(it);
+        // A parameter of this fragment that another resident fragment (an earlier epoch or
+        // another stage of the same session) still loads stays: drop_parameters keeps those.
+        for (const auto& name : params) st.device->drop_parameters(name);
       },
       [=](run_atom, std::shared_ptr<train_task> t) {
         auto result = std::make_shared<expected<train_work_result>>(t->work(*self->state.device));
@@ -546,6 +601,8 @@ void run_ready(jobs_actor_t* self) {
     st.in_flight[task.get()] = task;
     self->send(st.executor, run_atom::value, task);
   }
+  // Session fragments the engine let go: after the stages sent above (the mailbox keeps order).
+  for (auto& key : st.engine->take_forgotten()) self->send(st.executor, forget_atom::value, key);
   for (auto& t : st.trainer->take_ready()) {
     auto task = std::make_shared<train_task>(std::move(t));
     st.train_in_flight[task.get()] = task;

@@ -341,6 +341,7 @@ struct train_engine::worker_run {
     tensor_map initial;  ///< uploaded with the first task
     gpu::program_id apply = 0, delta = 0, outer = 0;
     gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
+    std::vector<gpu::program_id> programs;         ///< all of the above that were loaded
     std::vector<std::string> acc_names;
     std::map<uint32_t, data_order> orders;  ///< each shard's epoch order
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
@@ -374,6 +375,32 @@ void train_engine::peer_up(const std::string& id) {
   peers_.insert(id);
   for (auto& [rid, c] : coordinated_)
     if (std::find(c->members.begin(), c->members.end(), id) == c->members.end()) c->newcomers.insert(id);
+}
+
+void train_engine::retire(const std::shared_ptr<worker_run>& w) {
+  if (w->broken) return;  // its device is gone, and everything on it
+  train_task t;
+  t.coordinator = w->coordinator;
+  t.train = w->train;
+  t.cleanup = true;
+  const std::string tr = run_prefix(w->coordinator, w->train);
+  const std::string acc = "acc." + w->coordinator.substr(0, 8) + "." + std::to_string(w->train) + ".";
+  // Queued behind the run's own tasks, and ahead of any task of a run set up again under the
+  // same names (the executor takes tasks in order), so it frees only what this run left.
+  t.work = [dev = w->dev, tr, acc](gpu::executor& ex) -> expected<train_work_result> {
+    for (const auto id : dev->programs) ex.unload(id);
+    dev->programs.clear();
+    ex.drop_parameters(tr);
+    ex.drop_parameters(acc);
+    return train_work_result{};
+  };
+  ready_.push_back(std::move(t));
+}
+
+std::map<train_engine::worker_key, std::shared_ptr<train_engine::worker_run>>::iterator train_engine::end_run(
+    std::map<worker_key, std::shared_ptr<worker_run>>::iterator it) {
+  retire(it->second);
+  return worker_.erase(it);
 }
 
 void train_engine::executor_restarted() {
@@ -646,12 +673,12 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   for (auto it = worker_.begin(); it != worker_.end();) {
     worker_run& w = *it->second;
     if (w.client == id && w.orphaned) {
-      it = worker_.erase(it);
+      it = end_run(it);
       continue;
     }
     if (it->first.first == id) {
       if (w.broken || w.client.empty()) {
-        it = worker_.erase(it);
+        it = end_run(it);
         continue;
       }
       orphan(w);
@@ -660,7 +687,7 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   }
   size_t orphans = 0;
   for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
-    it = it->second->orphaned && ++orphans > max_orphans ? worker_.erase(it) : std::next(it);
+    it = it->second->orphaned && ++orphans > max_orphans ? end_run(it) : std::next(it);
   for (auto it = early_steps_.begin(); it != early_steps_.end();)
     it = it->first.first == id ? early_steps_.erase(it) : std::next(it);
   for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
@@ -760,9 +787,9 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   // and if this node was coordinating it (the client was only cut off from us), ours stops.
   std::vector<outbound> out;
   if (!s.client.empty()) {
-    std::erase_if(worker_, [&](const auto& kv) {
-      return kv.first != key && kv.second->client == s.client && kv.second->client_train == s.client_train;
-    });
+    for (auto it = worker_.begin(); it != worker_.end();)
+      it = it->first != key && it->second->client == s.client && it->second->client_train == s.client_train ? end_run(it)
+                                                                                                          : std::next(it);
     if (from != self_)
       for (auto& [rid, c] : coordinated_)
         if (c->state == "running" && c->client == s.client && c->client_train == s.client_train) {
@@ -793,6 +820,7 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     w->parked = std::move(early->second);
     early_pieces_.erase(early);
   }
+  if (auto old = worker_.find(key); old != worker_.end()) end_run(old);  // set up again: the old one's names are ours now
   worker_[key] = w;
   if (auto early = early_steps_.find(key); early != early_steps_.end()) {
     auto steps = std::move(early->second);
@@ -852,11 +880,11 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
       r.error = why;
       out.push_back({from, r});
     }
-    worker_.erase(key);  // set up again by the coordinator if it wants us back
+    if (auto gone = worker_.find(key); gone != worker_.end()) end_run(gone);  // set up again by the coordinator if it wants us back
     return out;
   };
   if (s.stop && !s.report_state) {
-    worker_.erase(it);
+    end_run(it);
     early_pieces_.erase(key);
     return {};
   }
@@ -928,14 +956,17 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
         auto p = ex.load(*graph_ptr);
         if (!p) return tl::unexpected(p.error());
         *slot = *p;
+        d.programs.push_back(*p);
       }
       const std::string prefix = "acc." + w->coordinator.substr(0, 8) + "." + std::to_string(w->train) + ".";
       auto acc = accumulating(*g.grad, g.grads, prefix);
       if (!acc) return tl::unexpected(acc.error());
       auto first = ex.load(acc->first);
       if (!first) return tl::unexpected(first.error());
+      d.programs.push_back(*first);
       auto more = ex.load(acc->second);
       if (!more) return tl::unexpected(more.error());
+      d.programs.push_back(*more);
       d.acc_first = *first;
       d.acc_more = *more;
       for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
@@ -1023,6 +1054,7 @@ std::vector<train_task> train_engine::take_ready() {
 }
 
 std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r) {
+  if (t.cleanup) return {};
   if (t.takeover) return take_over(t, std::move(r));
   std::vector<outbound> out;
   const worker_key key{t.coordinator, t.train};
@@ -1046,11 +1078,11 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
       red.error = r.error().to_string();
       out.push_back({t.coordinator, red});
     }
-    worker_.erase(it);
+    end_run(it);
     return out;
   }
   if (w->stopping) {
-    worker_.erase(it);
+    end_run(it);
     return out;
   }
   if (w->ring.empty()) return out;
@@ -1207,7 +1239,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
   auto it = worker_.find({t.coordinator, t.train});
   if (it == worker_.end()) return {};  // resumed already, or its client went away meanwhile
   auto w = it->second;
-  worker_.erase(it);
+  end_run(it);
   const auto fail = [&](const std::string& why) {
     msg::job_result no;
     no.job = w->client_train;

@@ -88,6 +88,7 @@ struct train_task {
   uint32_t attempt = 0;
   bool takeover = false;  ///< reads the state an orphaned run resumes from (train_resume)
   bool report_state = false;  ///< the coordinator waits for this step's state (or its error)
+  bool cleanup = false;       ///< frees an ended run's programs and parameters; no result to handle
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 
@@ -148,6 +149,10 @@ class train_engine {
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
   std::vector<outbound> accept_piece(worker_run& w, const std::string& from, const allreduce_message& m);
+  /// Queues a task that frees an ended run's programs and parameters on the executor.
+  void retire(const std::shared_ptr<worker_run>& w);
+  /// Ends a worker run: retire() and forget it. Returns the next entry.
+  std::map<worker_key, std::shared_ptr<worker_run>>::iterator end_run(std::map<worker_key, std::shared_ptr<worker_run>>::iterator it);
 
   std::string self_;
   graph_limits limits_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "graph/validate.hpp"
@@ -50,6 +51,7 @@ class cpu_executor final : public executor {
           return make_error(error_code::shape_mismatch, "parameter \"" + n.attrs.name + "\" has another dtype or shape here");
       }
     programs_.push_back(g);
+    loaded_.push_back(true);
     return static_cast<program_id>(programs_.size() - 1);
   }
 
@@ -74,8 +76,32 @@ class cpu_executor final : public executor {
     return out;
   }
 
+  void unload(program_id id) override {
+    if (id >= programs_.size() || !loaded_[id]) return;
+    programs_[id] = graph{};
+    loaded_[id] = false;
+  }
+
+  size_t drop_parameters(const std::string& prefix) override {
+    std::set<std::string> used;
+    for (size_t i = 0; i < programs_.size(); ++i)
+      if (loaded_[i])
+        for (const auto& n : programs_[i].nodes)
+          if (n.op == op_kind::parameter) used.insert(n.attrs.name);
+    size_t dropped = 0;
+    for (auto it = params_.lower_bound(prefix); it != params_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+      if (used.count(it->first)) {
+        ++it;
+        continue;
+      }
+      it = params_.erase(it);
+      ++dropped;
+    }
+    return dropped;
+  }
+
   expected<tensor_map> run(program_id id, const tensor_map& inputs) override {
-    if (id >= programs_.size()) return make_error(error_code::not_found, "no program " + std::to_string(id));
+    if (id >= programs_.size() || !loaded_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
     std::vector<value> v(static_cast<size_t>(g.size()));
@@ -347,6 +373,20 @@ class cpu_executor final : public executor {
         };
         std::vector<int64_t> roff(static_cast<size_t>(rcount));
         for (int64_t r = 0; r < rcount; ++r) roff[r] = offset(r, rd, rs);
+        if (is_int && !is_max) {
+          // i32 sums wrap modulo 2^32 (uint32 arithmetic), exactly as the kernels' int adds: a
+          // double accumulator is exact only to 2^53, which 2^23 copies of INT_MAX pass.
+          const int32_t* a = v[n.inputs[0]].i.data();
+          parallel(count, [&](int64_t b, int64_t e) {
+            for (int64_t o = b; o < e; ++o) {
+              const int64_t base = offset(o, kd, ks);
+              uint32_t acc = 0;
+              for (int64_t r = 0; r < rcount; ++r) acc += static_cast<uint32_t>(a[base + roff[r]]);
+              out.i[static_cast<size_t>(o)] = static_cast<int32_t>(acc);
+            }
+          });
+          return;
+        }
         parallel(count, [&](int64_t b, int64_t e) {
           for (int64_t o = b; o < e; ++o) {
             const int64_t base = offset(o, kd, ks);
@@ -416,6 +456,17 @@ class cpu_executor final : public executor {
         } else {
           const int64_t rows = n.dims[0], row = rows ? count / rows : 0;
           const auto& idx = v[n.inputs[0]].i;
+          if (is_int) {  // wraps modulo 2^32, as the i32 reduce_sum above
+            std::vector<uint32_t> acc(static_cast<size_t>(count), 0);
+            const auto& src = v[n.inputs[1]].i;
+            for (size_t p = 0; p < idx.size(); ++p) {
+              if (idx[p] < 0 || idx[p] >= rows) continue;
+              for (int64_t c = 0; c < row; ++c)
+                acc[static_cast<size_t>(idx[p] * row + c)] += static_cast<uint32_t>(src[p * static_cast<size_t>(row) + static_cast<size_t>(c)]);
+            }
+            for (int64_t k = 0; k < count; ++k) out.i[static_cast<size_t>(k)] = static_cast<int32_t>(acc[static_cast<size_t>(k)]);
+            return;
+          }
           std::vector<double> acc(static_cast<size_t>(count), 0.0);
           for (size_t p = 0; p < idx.size(); ++p) {
             if (idx[p] < 0 || idx[p] >= rows) continue;
@@ -432,6 +483,7 @@ class cpu_executor final : public executor {
   unsigned threads_;
   device_info info_;
   std::vector<graph> programs_;
+  std::vector<bool> loaded_;  ///< false once unloaded (ids are not reused)
   tensor_map params_;
 };
 

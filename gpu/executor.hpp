@@ -67,6 +67,13 @@ class executor {
   virtual expected<tensor_map> get_parameters(const std::vector<std::string>& names) = 0;
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;
+  /// Frees a loaded program (its buffers and command buffer); its id is not used again. Unknown
+  /// or already unloaded ids are ignored. A node loads programs for as long as it runs: without
+  /// this, device memory only grew.
+  virtual void unload(program_id id) = 0;
+  /// Frees every parameter whose name starts with `prefix` that no loaded program uses (unload
+  /// those first); returns how many were freed.
+  virtual size_t drop_parameters(const std::string& prefix) = 0;
   virtual kernel_stats stats() const = 0;
 };
 

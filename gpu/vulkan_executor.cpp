@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -300,6 +301,32 @@ class vulkan_executor final : public executor {
       out[name] = std::move(t);
     }
     return out;
+  }
+
+  void unload(program_id id) override {
+    if (id >= programs_.size() || !programs_[id]) return;
+    // Runs wait for their fence, so nothing of this program is still executing.
+    destroy(programs_[id]);
+    if (last_run_ == static_cast<int>(id)) last_run_ = -1;
+  }
+
+  size_t drop_parameters(const std::string& prefix) override {
+    std::set<std::string> used;  // a loaded program's descriptor sets point at its parameters
+    for (const auto& p : programs_)
+      if (p)
+        for (const auto& n : p->g.nodes)
+          if (n.op == op_kind::parameter) used.insert(n.attrs.name);
+    size_t dropped = 0;
+    for (auto it = params_.lower_bound(prefix); it != params_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+      if (used.count(it->first)) {
+        ++it;
+        continue;
+      }
+      device_pool_.release(it->second.buffer);
+      it = params_.erase(it);
+      ++dropped;
+    }
+    return dropped;
   }
 
   expected<tensor_map> run(program_id id, const tensor_map& inputs) override {

@@ -4,6 +4,8 @@
 // and every node keeps working.
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include <deque>
 #include <map>
 #include <random>
@@ -30,13 +32,25 @@ struct mesh_sim {
   int fragments_sent = 0;  // run_stage messages that carried a fragment
   std::mt19937_64 rng{12345};
 
-  explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}) {
+  /// Stages for which this returns true fail on their node instead of running.
+  std::function<bool(const stage_task&)> fail_task;
+  std::vector<std::string> forgotten;  // resident keys the workers let go (for their executors)
+
+  explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}, int64_t memory = int64_t{1} << 40) {
     const char* names[] = {"a", "b", "c"};
     for (size_t i = 0; i < speeds.size(); ++i)
-      nodes.emplace(names[i], job_engine(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, int64_t{1} << 40}));
+      nodes.emplace(names[i], job_engine(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory}));
     for (auto& [id, e] : nodes)
       for (size_t i = 0; i < speeds.size(); ++i)
-        if (names[i] != id) e.peer_up(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, int64_t{1} << 40});
+        if (names[i] != id) e.peer_up(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory});
+  }
+
+  /// Stages waiting or running on the live nodes.
+  size_t stages_held() const {
+    size_t n = 0;
+    for (const auto& [id, e] : nodes)
+      if (!dead.count(id)) n += e.running_stages();
+    return n;
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
@@ -66,8 +80,10 @@ struct mesh_sim {
       post(o.to, e.on_message(from, *m));
       for (auto& t : e.take_ready()) {
         tensor_map params = t.params;
-        post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, params)));
+        if (fail_task && fail_task(t)) post(o.to, e.on_executed(t, make_error(error_code::device, "simulated failure")));
+        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, params)));
       }
+      for (auto& k : e.take_forgotten()) forgotten.push_back(k);
     }
   }
 
@@ -311,4 +327,144 @@ TEST_CASE("data parallel on a graph that mixes batch rows is refused, automatic 
   REQUIRE(sim.results.size() == 2);
   check_outputs(sim.results[1], m);
   CHECK(static_cast<strategy>(sim.results[1].strategy) != strategy::data_parallel);
+}
+
+TEST_CASE("a failed job's other stages are let go on every worker", "[actors][jobs]") {
+  // Stage 0 fails: the stages downstream wait for activations that will never come.
+  mesh_sim sim;
+  const model m = mlp_job();
+  sim.fail_task = [](const stage_task& t) { return t.stage == 0; };
+  sim.post("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), 0}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  CHECK_FALSE(sim.results[0].ok);
+  CHECK(sim.stages_held() == 0);  // they showed as load in heartbeats and meshctl for ever
+}
+
+TEST_CASE("a job re-planned after a death leaves no stage of its first attempt waiting", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  sim.post("cli", {{"a", msg::submit_job{7, *encode(wire_graph{m.g, m.tensors}), 0}}});
+  sim.run(2);
+  sim.kill("b");
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  INFO(sim.results[0].error);
+  CHECK(sim.results[0].ok);
+  CHECK(sim.results[0].attempts == 2);
+  CHECK(sim.stages_held() == 0);
+}
+
+TEST_CASE("a long-lived session still answers after 256 other sessions passed through its worker", "[actors][jobs]") {
+  // The worker caches 256 session fragments. Closed sessions now let theirs go at once; and a
+  // fragment that had to make room is sent again instead of leaving the call parked for ever.
+  mesh_sim sim({1});
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  const auto wire = *encode(wire_graph{m.g, params});
+  sim.post("cli", {{"a", msg::open_session{1, wire}}});
+  sim.run();
+  sim.post("cli", {{"a", msg::infer{1, 100, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  CHECK(sim.forgotten.empty());
+  for (uint64_t s = 2; s < 2 + 300; ++s) {
+    sim.post("cli", {{"a", msg::open_session{s, wire}}});
+    sim.run();  // the simulated network reorders: the call must not overtake the open
+    sim.post("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
+    sim.run();
+    sim.post("cli", {{"a", msg::close_session{s}}});
+    sim.run();
+  }
+  CHECK(sim.forgotten.size() == 300);  // each closed session's fragment, for the executor to free
+  const size_t before = sim.results.size();
+  sim.post("cli", {{"a", msg::infer{1, 101, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == before + 1);
+  INFO(sim.results.back().error);
+  CHECK(sim.results.back().ok);
+  CHECK(sim.stages_held() == 0);
+}
+
+TEST_CASE("a session call whose fragment was evicted gets the fragment sent again", "[actors][jobs]") {
+  // 257 sessions open at once on one worker: the least recently used fragment makes room.
+  mesh_sim sim({1});
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  const auto wire = *encode(wire_graph{m.g, params});
+  for (uint64_t s = 1; s <= 257; ++s) {
+    sim.post("cli", {{"a", msg::open_session{s, wire}}});
+    sim.run();
+    sim.post("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
+    sim.run();
+  }
+  for (const auto& r : sim.results) REQUIRE(r.ok);
+  CHECK(sim.forgotten.size() == 1);  // session 1's fragment, the least recently used
+  const size_t before = sim.results.size();
+  const int fragments = sim.fragments_sent;
+  sim.post("cli", {{"a", msg::infer{1, 5000, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == before + 1);
+  INFO(sim.results.back().error);
+  CHECK(sim.results.back().ok);
+  CHECK(sim.fragments_sent == fragments + 1);
+}
+
+TEST_CASE("sessions of a client that left are ended, and their workers let the fragments go", "[actors][jobs]") {
+  mesh_sim sim;
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.run();
+  sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  REQUIRE(sim.results[0].workers.size() == 3);
+  sim.post("a", sim.nodes.at("a").peer_dead("cli"));
+  sim.run();
+  CHECK(sim.forgotten.size() == 3);  // one fragment on each node
+  sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 3);
+  CHECK(sim.results[2].error.find("no open session") != std::string::npos);
+}
+
+TEST_CASE("a session that cannot be re-planned after a death ends, and its calls get an error", "[actors][jobs]") {
+  // Open over a and b; c joins with too little memory; b dies: the model no longer fits. Calls
+  // used to go on to the dead node, unanswered.
+  const model m = mlp_job();
+  tensor_map params = m.tensors;
+  params.erase("x");
+  bool tried = false;
+  for (int64_t mem = 16000; mem <= 40000 && !tried; mem += 2000) {
+    mesh_sim sim({1, 1}, mem);
+    sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+    sim.run();
+    if (!sim.results.at(0).ok || sim.results[0].workers.size() != 2) continue;
+    tried = true;
+    sim.nodes.emplace("c", job_engine("c", {"c", 1e-6, 1e3, 1e3, 1000}));
+    for (auto& [id, e] : sim.nodes)
+      if (id != "c") {
+        e.peer_up("c", {"c", 1e-6, 1e3, 1e3, 1000});
+        sim.nodes.at("c").peer_up(id, {id, 1e-6, 1e3, 1e3, mem});
+      }
+    sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+    sim.run(2);
+    sim.kill("b");
+    sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+    sim.run();
+    REQUIRE(sim.results.size() == 3);  // the open and both calls: each answered
+    for (size_t i = 1; i < 3; ++i) {
+      INFO(sim.results[i].error);
+      CHECK_FALSE(sim.results[i].ok);
+      const bool said = sim.results[i].error.find("cannot be re-planned") != std::string::npos ||
+                        sim.results[i].error.find("no open session") != std::string::npos;
+      CHECK(said);
+    }
+    CHECK(sim.stages_held() == 0);
+  }
+  CHECK(tried);
 }

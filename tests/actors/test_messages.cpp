@@ -36,7 +36,8 @@ std::vector<message> samples() {
           train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192},
           job_progress{9, 2, 3, 5, "node-b"},
           train_resume{4, "node-a", {{"x", t}}},
-          train_checkpoint{4, 20, {{"w", t}}}};
+          train_checkpoint{4, 20, {{"w", t}}},
+          cancel_stages{9, 2}};
 }
 }  // namespace
 

@@ -748,3 +748,17 @@ TEST_CASE("a worker that refuses the setup answers the run's steps, so the run g
   CHECK(r.ok);
   CHECK(sim.progress.size() == 6);
 }
+
+TEST_CASE("a finished run leaves no program or parameter on any worker's device", "[actors][train]") {
+  // Every run loaded five programs and its state and accumulators on each worker, and nothing
+  // freed them: a node's device memory grew with every training run.
+  const auto s = two_moons_mlp();
+  train_sim sim(3);
+  const auto r = sim.train(spec_for(s, dp_options(4)));
+  REQUIRE(r.ok);
+  for (auto& [id, nd] : sim.nodes) {
+    INFO(id);
+    CHECK(nd.device->drop_parameters("tr.") == 0);   // already freed
+    CHECK(nd.device->drop_parameters("acc.") == 0);
+  }
+}

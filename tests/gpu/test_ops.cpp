@@ -530,6 +530,36 @@ TEST_CASE("ops: i32 arithmetic wraps, a float cast to i32 saturates, alike on ev
   }
 }
 
+TEST_CASE("ops: i32 sums wrap exactly past 2^53 on every back end, scatter_adds on the CPU executor") {
+  // 2^23 * INT_MAX = 2^54 - 2^23: a double accumulator passes 2^53 and rounds (-4194304); the
+  // exact sum modulo 2^32, which the GLSL kernels' int adds give, is -2^23.
+  const int64_t n = int64_t{1} << 23;
+  builder b;
+  auto a = b.input("a", dtype::i32, {n});
+  auto idx = b.input("idx", dtype::i32, {n});
+  b.output("sum", sum(a, {0}));
+  b.output("sa", scatter_add(idx, a, {1}));
+  const graph g = finish(b);
+  const tensor_map inputs{{"a", tensor::from_ints({n}, std::vector<int32_t>(static_cast<size_t>(n), 2147483647))},
+                          {"idx", tensor::zeros(dtype::i32, {n})}};
+  const auto ref = reference_run(g, inputs, {});
+  CHECK(ref.outputs.at("sum").at(0) == -8388608);
+  CHECK(ref.outputs.at("sa").at(0) == -8388608);
+  for (gpu::executor* ex : {&cpu(), &vulkan()}) {
+    INFO(ex->info().name);
+    const tensor_map got = run_on(*ex, g, inputs);
+    CHECK(got.at("sum").at(0) == -8388608);
+    CHECK(got.at("sum").bytes == ref.outputs.at("sum").bytes);
+    // The scatter kernel loops over all picks in one invocation, and llvmpipe stops any loop
+    // after 65535 turns: on lavapipe "sa" comes out as 65535 picks' sum, whatever their type.
+    // Only the CPU executor is checked for it here.
+    if (ex == &cpu()) {
+      CHECK(got.at("sa").at(0) == -8388608);
+      CHECK(got.at("sa").bytes == ref.outputs.at("sa").bytes);
+    }
+  }
+}
+
 TEST_CASE("ops: pow's edge cases (zeros, infinities, NaN, negative bases) and NaN in max/min match the reference element by element") {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
   const std::vector<double> as{0.0, -0.0, 0.0, -0.0, 0.0, 1.0, -1.0, -1.0, 0.5, 2.0, inf, -inf, -inf, -inf, -8.0, -8.0, nan, 3.0, -2.0, 0.0};

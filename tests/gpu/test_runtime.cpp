@@ -191,3 +191,33 @@ TEST_CASE("runtime: per-kernel timings from timestamp queries") {
   }
   CHECK(s.kernels[0].flops > 0);  // the matmul comes first
 }
+
+TEST_CASE("runtime: unloading programs and dropping parameters gives their memory back, on both back ends") {
+  // A node loads a program for every stage it runs: memory must come back, or it only grows.
+  builder b;
+  auto x = b.input("x", dtype::f32, {64, 32});
+  auto w = b.parameter("job.7.w", dtype::f32, {32, 48});
+  b.output("y", relu(matmul(x, w)));
+  b.update(w, w * 0.5);
+  const graph g = finish(b);
+  const tensor_map in{{"x", random_tensor(dtype::f32, {64, 32}, 5)}};
+  const tensor_map params{{"job.7.w", random_tensor(dtype::f32, {32, 48}, 6)}};
+  for (executor* ex : {&vulkan(), &cpu()}) {
+    INFO(ex->info().name);
+    const uint64_t before = ex->stats().device_bytes;
+    for (int round = 0; round < 20; ++round) {
+      REQUIRE(ex->set_parameters(params));
+      auto id = ex->load(g);
+      REQUIRE(id);
+      REQUIRE(ex->run(*id, in));
+      CHECK(ex->drop_parameters("job.7.") == 0);  // still used by the loaded program
+      ex->unload(*id);
+      CHECK_FALSE(ex->run(*id, in));  // gone, and the id is not reused
+      ex->unload(*id);                // twice: ignored
+      CHECK(ex->drop_parameters("job.7.") == 1);
+      CHECK_FALSE(ex->get_parameters({"job.7.w"}));
+    }
+    CHECK(ex->stats().device_bytes == before);
+    CHECK(ex->drop_parameters("job.7.") == 0);
+  }
+}
