@@ -1,6 +1,7 @@
 #pragma once
 /// Starts meshnode processes on this machine (for the demo and the examples) and stops them.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,8 +26,15 @@ class node_process {
     std::filesystem::remove(dir_ / "endpoint");
     args.insert(args.begin(), {binary, "--state-dir", dir_.string()});
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
+    const pid_t parent = ::getpid();
     pid_ = fork();
     if (pid_ == 0) {
+      // The node goes when this process does, however it ends: a crash or SIGKILL runs no
+      // destructor that could stop it, and an orphaned node would keep its port and state
+      // directory. (The death signal fires when the forking thread exits: nodes are started
+      // from threads that live as long as the process.)
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) _exit(0);  // it died before the signal was asked for
       const std::string log = (dir_ / "node.log").string();
       if (!std::freopen(log.c_str(), "a", stdout)) _exit(126);
       dup2(1, 2);

@@ -6,6 +6,7 @@
 //   mesh-demo [--nodes 3] [--steps 600] [--digits 2] [--device cpu] [--out demo-out] (--help: all options)
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "apps/addition_model.hpp"
@@ -62,7 +64,7 @@ std::string bar(double fraction, int width = 28) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_demo(int argc, char** argv) {
   CLI::App cli{"mesh-demo: train a small transformer across local meshnode processes"};
   int nodes = 3, steps = 600, digits = 2, layers = 1;
   int64_t channels = 32;
@@ -179,14 +181,17 @@ int main(int argc, char** argv) {
   if (auto ok = save_safetensors(ckpt, {result->state, {{"step", std::to_string(result->step)}}}); ok)
     std::printf("   checkpoint: %s\n", ckpt.c_str());
 
-  // 4. Held-out sums through a pipelined inference session.
-  const int64_t rows = 64;
+  // 4. Held-out sums through a pipelined inference session: up to 4 calls of 64 lines, fewer
+  // and smaller where the corpus holds fewer (--digits 1 holds out 10 lines).
+  if (test_lines.empty()) return fail("the corpus holds no held-out line to answer");
+  const int64_t rows = std::min<int64_t>(64, static_cast<int64_t>(test_lines.size()));
+  const int64_t calls = std::min<int64_t>(4, static_cast<int64_t>(test_lines.size()) / rows);
   auto session = (*c)->open_inference(demo::make_inference_model(task, rows), parameters_only(result->state));
   if (!session) return fail("cannot open the inference session: " + session.error().message);
-  std::printf("4. answering %d held-out sums through a pipeline over %zu node(s):\n", 4 * static_cast<int>(rows),
+  std::printf("4. answering %lld held-out sums through a pipeline over %zu node(s):\n", static_cast<long long>(calls * rows),
               (*session)->workers().size());
   std::vector<std::string> completed;
-  for (int k = 0; k < 4; ++k) {
+  for (int64_t k = 0; k < calls; ++k) {
     std::vector<std::string> prompts(test_lines.begin() + k * rows, test_lines.begin() + (k + 1) * rows);
     std::string error;
     auto lines = demo::complete(task, prompts, [&](const tensor& x) {
@@ -212,4 +217,16 @@ int main(int argc, char** argv) {
   std::printf("5. stopped the nodes; %.0f s in all. Logs: %s/node*/node.log\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), out.c_str());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  // Caught here so that the stack unwinds: the node processes' destructors stop them (an
+  // exception escaping main() may terminate without unwinding).
+  try {
+    return run_demo(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(std::string("unexpected error: ") + e.what());
+  } catch (...) {
+    return fail("unexpected error");
+  }
 }

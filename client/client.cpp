@@ -1,9 +1,12 @@
 #include "client/client.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
+#include <utility>
 
 #include "graph/wire.hpp"
 #include "transport/endpoint.hpp"
@@ -24,6 +27,10 @@ class client_impl {
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
   std::map<uint64_t, std::function<void(const msg::train_checkpoint&)>> checkpoints;  // by training id
   std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
+  /// Callbacks running now (they run without the lock), by request id, with the thread running
+  /// each: withdraw() waits until none of its request runs, so that a caller who gave up may
+  /// free what they capture.
+  std::multimap<uint64_t, std::thread::id> calling;
 
   // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
   std::map<uint64_t, transport::node_id> trainings;  ///< open trainings: id -> coordinating node
@@ -46,6 +53,7 @@ class client_impl {
       it->second.set_value(make_error(error_code::network, why));
       progress.erase(it->first);
       checkpoints.erase(it->first);
+      job_progress.erase(it->first);
       trainings.erase(it->first);
       training_data.erase(it->first);
       it = jobs.erase(it);
@@ -93,36 +101,74 @@ class client_impl {
       }
   }
 
-  /// The callback registered for `id`, copied under the lock: it is called without the lock, so
-  /// that it may use the client.
-  template <class F>
-  F callback_for(const std::map<uint64_t, F>& callbacks, uint64_t id) {
-    std::lock_guard<std::mutex> lock(m);
-    auto it = callbacks.find(id);
-    return it == callbacks.end() ? F{} : it->second;
+  /// Calls the callback registered for `id` in `callbacks`, if any, with `arg`: copied under the
+  /// lock and called without it, so that it may use the client; `calling` lists it meanwhile,
+  /// so that withdraw() can wait for it to finish.
+  template <class F, class Arg>
+  void call_back(const std::map<uint64_t, F>& callbacks, uint64_t id, const Arg& arg) {
+    F f;
+    std::multimap<uint64_t, std::thread::id>::iterator running;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      auto it = callbacks.find(id);
+      if (it == callbacks.end() || !it->second) return;
+      f = it->second;
+      running = calling.emplace(id, std::this_thread::get_id());
+    }
+    struct finished {
+      client_impl* self;
+      std::multimap<uint64_t, std::thread::id>::iterator running;
+      ~finished() {  // also when the callback throws
+        std::lock_guard<std::mutex> lock(self->m);
+        self->calling.erase(running);
+        self->cv.notify_all();
+      }
+    } done{this, running};
+    f(arg);
+  }
+
+  /// Forgets request `id` (see pending_request::withdraw): once this returns, none of its
+  /// callbacks runs or will run, except one that is the caller itself.
+  void withdraw(uint64_t id) {
+    std::unique_lock<std::mutex> lock(m);
+    if (auto it = jobs.find(id); it != jobs.end()) {
+      it->second.set_value(make_error(error_code::timeout, "withdrawn by the caller before it finished"));
+      jobs.erase(it);
+    }
+    progress.erase(id);
+    checkpoints.erase(id);
+    job_progress.erase(id);
+    trainings.erase(id);  // nor is it resumed on another node if this one goes away
+    training_data.erase(id);
+    resuming.erase(id);
+    // A callback of `id` may have been copied before the erase and be running now on the
+    // network thread: wait for it, unless it is the one calling withdraw() (it would wait for
+    // itself).
+    const auto me = std::this_thread::get_id();
+    cv.wait(lock, [&] {
+      const auto [first, last] = calling.equal_range(id);
+      return std::none_of(first, last, [&](const auto& kv) { return kv.second != me; });
+    });
   }
 
   void on_message(std::vector<uint8_t> bytes) {
     auto decoded = msg::decode_message(bytes.data(), bytes.size());
     if (!decoded) return;
     if (auto* p = std::get_if<msg::train_progress>(&*decoded)) {
-      // Called without the lock, so that the callback may use the client.
-      std::function<void(const msg::train_progress&)> f;
       {
         std::lock_guard<std::mutex> lock(m);
-        if (auto it = progress.find(p->train); it != progress.end()) f = it->second;
         if (resuming.erase(p->train) && trainings.count(p->train)) trainings[p->train] = node;  // taken over
         if (++progress_seen % 16 == 0) refresh_others();  // members come and go during a run
       }
-      if (f) f(*p);
+      call_back(progress, p->train, *p);
       return;
     }
     if (auto* k = std::get_if<msg::train_checkpoint>(&*decoded)) {
-      if (auto f = callback_for(checkpoints, k->train)) f(*k);
+      call_back(checkpoints, k->train, *k);
       return;
     }
     if (auto* p = std::get_if<msg::job_progress>(&*decoded)) {
-      if (auto f = callback_for(job_progress, p->job)) f({p->stages_done, p->stages, p->attempt, p->worker});
+      call_back(job_progress, p->job, job_progress_info{p->stages_done, p->stages, p->attempt, p->worker});
       return;
     }
     std::lock_guard<std::mutex> lock(m);
@@ -251,32 +297,68 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
   return std::unique_ptr<client>(new client(std::move(impl)));
 }
 
-/// Sends `m` (whose reply is a job_result with the id `assign` writes into it) and returns the
-/// future of that reply.
+namespace {
+
+/// A request sent (id > 0) or failed before it was (id 0, the future holds why).
+struct sent_request {
+  uint64_t id = 0;
+  std::future<expected<job_outcome>> future;
+};
+
+}  // namespace
+
+/// Sends `m` (whose reply is a job_result with the id `assign` writes into it; `assign` also
+/// registers its callbacks, under the lock) and returns the future of that reply.
 template <class Msg, class Assign>
-std::future<expected<job_outcome>> request(client_impl& impl, Msg m, Assign assign) {
+sent_request request(client_impl& impl, Msg m, Assign assign) {
   std::promise<expected<job_outcome>> promise;
-  auto future = promise.get_future();
+  sent_request out{0, promise.get_future()};
   std::lock_guard<std::mutex> lock(impl.m);
   if (!impl.up) {
     promise.set_value(make_error(error_code::network, impl.failure.empty() ? "not connected" : impl.failure));
-    return future;
+    return out;
   }
   const uint64_t id = impl.next_id++;
   assign(m, id);
+  // From here on the callbacks are registered: every failure below unregisters them (the id is
+  // never used again), or they would stay for good.
+  const auto fail = [&](const error& e) {
+    impl.progress.erase(id);
+    impl.checkpoints.erase(id);
+    impl.job_progress.erase(id);
+    impl.trainings.erase(id);
+    impl.training_data.erase(id);
+    promise.set_value(tl::unexpected(e));
+    return std::move(out);
+  };
   auto bytes = msg::encode_message(m);
-  if (!bytes) {
-    promise.set_value(tl::unexpected(bytes.error()));
-    return future;
-  }
+  if (!bytes) return fail(bytes.error());
   // Large requests (graphs with parameters) on a bulk stream, small ones on the control stream.
   const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
-  if (auto ok = impl.ep->send(impl.node, ch, std::move(*bytes)); !ok) {
-    promise.set_value(tl::unexpected(ok.error()));
-    return future;
-  }
+  if (auto ok = impl.ep->send(impl.node, ch, std::move(*bytes)); !ok) return fail(ok.error());
   impl.jobs.emplace(id, std::move(promise));
-  return future;
+  out.id = id;
+  return out;
+}
+
+pending_request::pending_request(pending_request&& other) noexcept
+    : done(std::move(other.done)), impl_(std::move(other.impl_)), id_(std::exchange(other.id_, 0)) {}
+
+pending_request& pending_request::operator=(pending_request&& other) noexcept {
+  if (this != &other) {
+    withdraw();
+    done = std::move(other.done);
+    impl_ = std::move(other.impl_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+pending_request::~pending_request() { withdraw(); }
+
+void pending_request::withdraw() {
+  if (impl_ && id_ != 0) impl_->withdraw(id_);
+  id_ = 0;
 }
 
 expected<std::unique_ptr<inference_session>> client::open_inference(const graph& model, const tensor_map& params,
@@ -284,7 +366,7 @@ expected<std::unique_ptr<inference_session>> client::open_inference(const graph&
   auto wire = encode(wire_graph{model, params});
   if (!wire) return tl::unexpected(wire.error());
   uint64_t session = 0;
-  auto f = request(*impl_, msg::open_session{0, std::move(*wire)}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; });
+  auto f = request(*impl_, msg::open_session{0, std::move(*wire)}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; }).future;
   if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "the model was not loaded in time");
   auto r = f.get();
   if (!r) return tl::unexpected(r.error());
@@ -295,7 +377,7 @@ std::future<expected<job_outcome>> inference_session::infer(const tensor_map& in
   msg::infer call;
   call.session = id_;
   for (const auto& [name, t] : inputs) call.inputs.push_back({name, t});
-  return request(*impl_, std::move(call), [](msg::infer& m, uint64_t id) { m.call = id; });
+  return request(*impl_, std::move(call), [](msg::infer& m, uint64_t id) { m.call = id; }).future;
 }
 
 inference_session::~inference_session() {
@@ -311,38 +393,62 @@ std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_m
   return submit(g, inputs, params, std::move(o));
 }
 
-std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
-                                                  job_options options) {
+namespace {
+
+sent_request send_job(client_impl& impl, const graph& g, const tensor_map& inputs, const tensor_map& params,
+                      job_options options) {
   wire_graph w{g, inputs};
   for (const auto& [name, t] : params) w.tensors[name] = t;
   auto wire = encode(w);
   if (!wire) {
     std::promise<expected<job_outcome>> failed;
     failed.set_value(tl::unexpected(wire.error()));
-    return failed.get_future();
+    return {0, failed.get_future()};
   }
-  client_impl* impl = impl_.get();
-  return request(*impl_, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(options.how)},
+  return request(impl, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(options.how)},
                  [&](msg::submit_job& m, uint64_t id) {
                    m.job = id;
-                   if (options.on_progress) impl->job_progress[id] = std::move(options.on_progress);
+                   if (options.on_progress) impl.job_progress[id] = std::move(options.on_progress);
                  });
+}
+
+sent_request send_training(client_impl& impl, const msg::train_spec& spec,
+                           std::function<void(const msg::train_progress&)> on_progress,
+                           std::function<void(const msg::train_checkpoint&)> on_checkpoint) {
+  // The id is assigned (and the callback registered) under the lock, before anything is sent.
+  return request(impl, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
+    m.train = id;
+    if (on_progress) impl.progress[id] = std::move(on_progress);
+    if (on_checkpoint) impl.checkpoints[id] = std::move(on_checkpoint);
+    impl.trainings[id] = impl.node;
+    impl.training_data[id] = spec.dataset;
+    impl.refresh_others();  // who could take over if this node dies
+  });
+}
+
+}  // namespace
+
+std::future<expected<job_outcome>> client::submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                                  job_options options) {
+  return send_job(*impl_, g, inputs, params, std::move(options)).future;
+}
+
+pending_request client::start_job(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options) {
+  auto sent = send_job(*impl_, g, inputs, params, std::move(options));
+  return pending_request(impl_, sent.id, std::move(sent.future));
 }
 
 std::future<expected<job_outcome>> client::train(const msg::train_spec& spec,
                                                  std::function<void(const msg::train_progress&)> on_progress,
                                                  std::function<void(const msg::train_checkpoint&)> on_checkpoint) {
-  client_impl* impl = impl_.get();
-  // The id is assigned (and the callback registered) under the lock, before anything is sent.
-  auto f = request(*impl_, msg::open_training{0, spec}, [&](msg::open_training& m, uint64_t id) {
-    m.train = id;
-    impl->progress[id] = std::move(on_progress);
-    if (on_checkpoint) impl->checkpoints[id] = std::move(on_checkpoint);
-    impl->trainings[id] = impl->node;
-    impl->training_data[id] = spec.dataset;
-    impl->refresh_others();  // who could take over if this node dies
-  });
-  return f;
+  return send_training(*impl_, spec, std::move(on_progress), std::move(on_checkpoint)).future;
+}
+
+pending_request client::start_training(const msg::train_spec& spec,
+                                       std::function<void(const msg::train_progress&)> on_progress,
+                                       std::function<void(const msg::train_checkpoint&)> on_checkpoint) {
+  auto sent = send_training(*impl_, spec, std::move(on_progress), std::move(on_checkpoint));
+  return pending_request(impl_, sent.id, std::move(sent.future));
 }
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params,
@@ -354,10 +460,14 @@ expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, cons
 
 expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options) {
   const auto timeout = options.timeout;
-  auto f = submit(g, inputs, params, std::move(options));
-  if (f.wait_for(timeout) != std::future_status::ready)
+  // The handle withdraws on_progress on every way out, so that it may capture run()'s caller's
+  // locals: progress the node sends after a timeout goes nowhere.
+  auto pending = start_job(g, inputs, params, std::move(options));
+  const bool in_time = pending.done.wait_for(timeout) == std::future_status::ready;
+  pending.withdraw();  // before returning: a callback running now finishes first
+  if (!in_time)
     return make_error(error_code::timeout, "the job did not finish within " + std::to_string(timeout.count()) + " ms");
-  return f.get();
+  return pending.done.get();
 }
 
 expected<msg::status_reply> client::status(std::chrono::milliseconds timeout) {

@@ -60,6 +60,38 @@ struct job_options {
 class client_impl;
 class client;
 
+/// A job or training in flight whose callbacks its caller can withdraw (client::start_job,
+/// client::start_training). `done` completes with the result. The callbacks stay registered
+/// until the result has come or withdraw() is called; the destructor calls it. Once withdraw()
+/// has returned, none of them runs and none will run again, so they may capture the caller's
+/// locals as long as the handle is destroyed (or withdrawn) before those.
+class pending_request {
+ public:
+  pending_request() = default;
+  pending_request(pending_request&& other) noexcept;
+  pending_request& operator=(pending_request&& other) noexcept;
+  pending_request(const pending_request&) = delete;
+  pending_request& operator=(const pending_request&) = delete;
+  ~pending_request();
+
+  std::future<expected<job_outcome>> done;
+
+  /// Gives the request up: unregisters its callbacks, waits for one that runs now on the
+  /// client's network thread (unless it is that callback calling withdraw()), and completes
+  /// `done`, if it was not complete yet, with a timeout error. The node is not told: it may go on
+  /// with the job or training, and whatever it sends about it later is ignored. Idempotent.
+  void withdraw();
+  /// The client's id of the request (0 when it failed before it was sent).
+  uint64_t id() const { return id_; }
+
+ private:
+  friend class client;
+  pending_request(std::shared_ptr<client_impl> impl, uint64_t id, std::future<expected<job_outcome>> f)
+      : done(std::move(f)), impl_(std::move(impl)), id_(id) {}
+  std::shared_ptr<client_impl> impl_;
+  uint64_t id_ = 0;
+};
+
 /// Looks for a node of the mesh of `options.mesh_secret` (same mesh id and protocol version) on
 /// the LAN by mDNS (`_meshnode._udp` through avahi-daemon), browsing without announcing, and
 /// returns the first one found as "NODEID@HOST:PORT". Errors: none found within `timeout` (the
@@ -94,11 +126,14 @@ class client {
   ~client();
 
   /// Submits `g` with its inputs and parameters; the future completes with the outputs or an error.
+  /// `options.on_progress` stays registered until then (or until the client is destroyed), so
+  /// whatever it captures must live that long; start_job() lets the caller withdraw it earlier.
   std::future<expected<job_outcome>> submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
                                             job_options options);
   std::future<expected<job_outcome>> submit(const graph& g, const tensor_map& inputs, const tensor_map& params,
                                             strategy s = strategy::pipeline);
-  /// submit() and wait, at most `options.timeout`.
+  /// submit() and wait, at most `options.timeout`. Also on a timeout, `options.on_progress` is
+  /// neither running nor called any more once run() returns (the node may still run the job).
   expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options);
   expected<job_outcome> run(const graph& g, const tensor_map& inputs, const tensor_map& params,
                             std::chrono::milliseconds timeout = std::chrono::minutes(5));
@@ -114,9 +149,17 @@ class client {
   /// continues there (a step in progress is redone, so progress may report a step twice) and
   /// this client stays connected to that node. Other requests in flight fail as usual.
   /// `on_checkpoint` receives the state every spec.checkpoint_every steps (from the node's thread).
+  /// Both stay registered until the future completes or the client is destroyed: what they
+  /// capture must live that long (start_training() lets the caller withdraw them earlier).
   std::future<expected<job_outcome>> train(const msg::train_spec& spec,
                                            std::function<void(const msg::train_progress&)> on_progress = {},
                                            std::function<void(const msg::train_checkpoint&)> on_checkpoint = {});
+  /// submit() and train() with a handle that can withdraw the callbacks (see pending_request):
+  /// for callers that may stop waiting before the result comes.
+  pending_request start_job(const graph& g, const tensor_map& inputs, const tensor_map& params, job_options options);
+  pending_request start_training(const msg::train_spec& spec,
+                                 std::function<void(const msg::train_progress&)> on_progress = {},
+                                 std::function<void(const msg::train_checkpoint&)> on_checkpoint = {});
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.

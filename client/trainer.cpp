@@ -141,7 +141,10 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
   train_result result;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<uint64_t> loss_steps;  // the step of each entry of result.losses
-  auto done = client_.train(*spec, [&](const msg::train_progress& p) {
+  // The callbacks capture this frame (result, loss_steps, t0, progress) and the trainer: `run`
+  // is declared after what they capture, so that on every way out, exceptions included, its
+  // destructor withdraws them (and waits for one running) before any of that is gone.
+  pending_request run = client_.start_training(*spec, [&](const msg::train_progress& p) {
     // After a coordinator failover the unfinished step is redone and reported again: its new
     // loss replaces the old one (and any later, never-committed ones).
     while (!loss_steps.empty() && loss_steps.back() >= p.step) {
@@ -167,9 +170,12 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
     for (const auto& t : k.state) state[t.name] = t.value;
     options_.on_checkpoint(k.step, state);
   });
-  if (done.wait_for(options_.timeout) != std::future_status::ready)
-    return make_error(error_code::timeout, "training did not finish in time");
-  auto outcome = done.get();
+  const bool in_time = run.done.wait_for(options_.timeout) == std::future_status::ready;
+  // From here on no callback runs: `result` is ours alone. On a timeout the node is not told and
+  // may go on with the run; what it sends about it is ignored.
+  run.withdraw();
+  if (!in_time) return make_error(error_code::timeout, "training did not finish in time");
+  auto outcome = run.done.get();
   if (!outcome) return tl::unexpected(outcome.error());
   result.state = std::move(outcome->outputs);
   result.workers = outcome->workers;

@@ -74,7 +74,10 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
 class trainer {
  public:
   trainer(client& c, graph model, tensor_map state, tensor_map dataset, train_options options = {});
-  /// Trains over the mesh; `progress` runs (on a client thread) after every step.
+  /// Trains over the mesh; `progress` runs (on a client thread) after every step. When fit()
+  /// returns, neither `progress` nor options.on_checkpoint runs or will run again, also after a
+  /// timeout ("training did not finish in time"): the run is then withdrawn from the client
+  /// (pending_request), while the node, which nothing tells to stop, may go on with it.
   expected<train_result> fit(const std::function<void(const train_progress_info&)>& progress = {});
 
  private:

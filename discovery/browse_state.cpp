@@ -42,15 +42,24 @@ std::vector<event> browse_state::resolved(const std::string& instance_key,
   const bool member = is_member(self_, info);
   instances_[instance_key] = instance{info.node_id, member, info};
   if (!member) {
+    const std::string why = info.mesh_id != self_.mesh_id ? "another mesh id" : "another protocol version";
+    // This instance may have announced our mesh until now (same name, same node id, new TXT):
+    // without it the node may be no member any more, and must be lost before it is foreign,
+    // or it stays a member that nothing refreshes or removes.
+    auto lost = refresh(info.node_id, "now announces " + why);
+    out.insert(out.end(), lost.begin(), lost.end());
     const std::string tag = info.mesh_id + "/" + std::to_string(info.protocol_version);
     auto& seen = foreign_[info.node_id];
     if (seen != tag) {
       seen = tag;
-      out.push_back({event::foreign_peer, info,
-                     info.mesh_id != self_.mesh_id ? "another mesh id" : "another protocol version"});
+      out.push_back({event::foreign_peer, info, why});
     }
     return out;
   }
+  // Back in our mesh with every instance: moving out again is news again.
+  if (std::none_of(instances_.begin(), instances_.end(),
+                   [&](const auto& kv) { return kv.second.node_id == info.node_id && !kv.second.member; }))
+    foreign_.erase(info.node_id);
   auto more = refresh(info.node_id, "");
   out.insert(out.end(), more.begin(), more.end());
   return out;

@@ -17,7 +17,9 @@ class browse_state {
   browse_state(announcement self, std::string source);
 
   /// An instance (`instance_key` unique per name, interface and protocol) resolved to these TXT
-  /// entries, addresses and SRV port. Returns the events it causes (possibly none).
+  /// entries, addresses and SRV port. Returns the events it causes (possibly none). A member
+  /// whose last instance of our mesh now announces another mesh or protocol version gives
+  /// peer_lost, then foreign_peer.
   std::vector<event> resolved(const std::string& instance_key, const std::vector<std::string>& txt,
                               const std::vector<std::string>& addresses, uint16_t port);
 

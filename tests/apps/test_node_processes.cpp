@@ -1,9 +1,12 @@
 // Real meshnode processes on loopback: jobs split over three nodes (pipeline, data and tensor
 // parallel, with progress), a node killed with SIGKILL,
-// bad input from a client, a wrong mesh secret, the executor's supervised restarts, and a
-// peer's missing hello asked for again.
+// bad input from a client, a wrong mesh secret, the executor's supervised restarts, a
+// peer's missing hello asked for again, and a job given up on by run()'s timeout whose progress
+// reaches no callback after run() returned.
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 
 #include "actors/messages.hpp"
@@ -353,4 +356,36 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   for (size_t p = log.find("joined"); p != std::string::npos; p = log.find("joined", p + 1)) ++joins;
   CHECK(joins == 1);
   CHECK(a.running());
+}
+
+TEST_CASE("a job given up on by the timeout of run() reports no progress after run returns", "[apps][node]") {
+  temp_dir dir;
+  node_process solo(dir.path / "solo");
+  auto cl = client::connect(solo.endpoint());
+  REQUIRE(cl);
+  struct counts {
+    std::atomic<bool> returned{false};
+    std::atomic<int> after{0}, later_job{0};
+  };
+  auto n = std::make_shared<counts>();
+  const job j = mlp_job(512, 768);  // takes far longer than the timeout below
+  job_options o;
+  o.timeout = 1ms;
+  o.on_progress = [n](const job_progress_info&) {
+    if (n->returned) ++n->after;
+  };
+  auto r = (*cl)->run(j.g, j.inputs, j.params, o);
+  n->returned = true;
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::timeout);
+  // The node still runs the job and reports its stages. A second job, submitted later, finishes
+  // after the first one has reported (the node runs them in order); then a little longer still.
+  job_options second;
+  second.on_progress = [n](const job_progress_info&) { ++n->later_job; };
+  auto later = (*cl)->submit(j.g, j.inputs, j.params, second);
+  REQUIRE(later.wait_for(120s) == std::future_status::ready);
+  CHECK(later.get());
+  CHECK(n->later_job > 0);  // progress does flow for a job someone waits for
+  std::this_thread::sleep_for(1s);
+  CHECK(n->after == 0);
 }

@@ -3,9 +3,12 @@
 // the coordinating node killed the same way leaves the run to a survivor (coordinator failover;
 // also when the first node the client tries is dead too), a peer restarted mid-run rejoins and
 // the run still ends where a 1-node run does,
-// and a checkpoint saved, loaded and resumed continues the same loss curve.
+// a checkpoint saved, loaded and resumed continues the same loss curve, and a training given up
+// on by its timeout calls none of fit()'s callbacks after fit() returned.
+#include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <memory>
 
 #include "client/trainer.hpp"
 #include "graph/datasets.hpp"
@@ -299,4 +302,45 @@ TEST_CASE("a node that lost the run refuses the takeover and the client tries th
   CHECK((*c)->node() == other);  // the restarted node said no; the other one took the run over
   CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
   CHECK(r->losses.size() == 60);
+}
+
+TEST_CASE("a training given up on by its timeout calls back nothing after fit returns", "[apps][train]") {
+  // fit()'s callbacks capture its stack frame and the trainer: a progress or checkpoint message
+  // the node sends after fit gave up must not reach them (the node keeps the run going, since
+  // nothing tells it to stop). Counted through shared state, so that the test means something
+  // without AddressSanitizer too; under it, a call into the dead frame is reported as well.
+  const auto p = moons();
+  temp_dir dir;
+  node_process solo(dir.path / "solo");
+  auto c = client::connect(solo.endpoint());
+  REQUIRE(c);
+  struct counts {
+    std::atomic<bool> returned{false};
+    std::atomic<int> progress{0}, progress_after{0}, checkpoints{0}, checkpoints_after{0};
+  };
+  auto n = std::make_shared<counts>();
+  auto o = options(1000000);  // far more than fits in the timeout
+  o.timeout = 2s;
+  o.checkpoint_every = 1;
+  o.on_checkpoint = [n](uint64_t, const tensor_map&) {
+    ++n->checkpoints;
+    if (n->returned) ++n->checkpoints_after;
+  };
+  {
+    // The trainer, its options and the progress function all die with this scope.
+    auto r = trainer(**c, p.model, p.params, p.data, o).fit([n](const train_progress_info&) {
+      ++n->progress;
+      if (n->returned) ++n->progress_after;
+    });
+    n->returned = true;
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == error_code::timeout);
+  }
+  CHECK(n->progress > 0);  // the run was going when fit gave up...
+  CHECK(n->checkpoints > 0);
+  std::this_thread::sleep_for(3s);  // ...and the node keeps sending its progress
+  CHECK(n->progress_after == 0);
+  CHECK(n->checkpoints_after == 0);
+  // The client is still usable.
+  CHECK((*c)->status());
 }

@@ -88,3 +88,46 @@ TEST_CASE("browse_state: clear reports every member lost", "[discovery][browse]"
   // After a restart the same records are news again.
   CHECK(s.resolved("b", txt_of(test::make_announcement('b')), {"127.0.0.1"}, 4000).size() == 1);
 }
+
+TEST_CASE("browse_state: a member that re-announces another mesh is lost, then foreign",
+          "[discovery][browse]") {
+  const announcement self = test::make_announcement('a');
+  browse_state s(self, "avahi");
+  const announcement b = test::make_announcement('b');
+  REQUIRE(s.resolved("b|lo|v4", txt_of(b), {"127.0.0.1"}, 4000).size() == 1);
+  REQUIRE(s.members().size() == 1);
+  // Same instance, same node id, now another mesh (or protocol version): no longer a member.
+  const announcement moved = test::make_announcement('b', 4000, "mesh-b");
+  auto e = s.resolved("b|lo|v4", txt_of(moved), {"127.0.0.1"}, 4000);
+  REQUIRE(e.size() == 2);
+  CHECK(e[0].k == event::peer_lost);
+  CHECK(e[0].peer.node_id == b.node_id);
+  CHECK(e[0].peer.mesh_id == "mesh-a");  // the member as it was reported
+  CHECK(e[1].k == event::foreign_peer);
+  CHECK(e[1].detail == "another mesh id");
+  CHECK(s.members().empty());
+  // Back in our mesh: found again; and leaving it a second time is reported again.
+  auto back = s.resolved("b|lo|v4", txt_of(b), {"127.0.0.1"}, 4000);
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].k == event::peer_found);
+  auto again = s.resolved("b|lo|v4", txt_of(moved), {"127.0.0.1"}, 4000);
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].k == event::peer_lost);
+  CHECK(again[1].k == event::foreign_peer);
+  // The instance going away now loses no member: there is none.
+  CHECK(s.removed("b|lo|v4").empty());
+}
+
+TEST_CASE("browse_state: one instance of a node moving to another mesh leaves it a member through the others",
+          "[discovery][browse]") {
+  browse_state s(test::make_announcement('a'), "avahi");
+  const announcement b = test::make_announcement('b');
+  REQUIRE(s.resolved("b|lo|v4", txt_of(b), {"127.0.0.1"}, 4000).size() == 1);
+  REQUIRE(s.resolved("b|eth0|v4", txt_of(b), {"10.0.0.2"}, 4000).size() == 1);  // updated
+  auto e = s.resolved("b|eth0|v4", txt_of(test::make_announcement('b', 4000, "mesh-b")), {"10.0.0.2"}, 4000);
+  REQUIRE(e.size() == 2);
+  CHECK(e[0].k == event::peer_updated);  // its addresses shrink to what still says our mesh
+  CHECK(e[0].peer.addresses == std::vector<std::string>{"127.0.0.1"});
+  CHECK(e[1].k == event::foreign_peer);
+  REQUIRE(s.members().size() == 1);
+}
