@@ -1513,6 +1513,12 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   return s;
 }
 
+/// scatter_add: one workgroup per output element (grid-stride over outputs); its 256 threads
+/// each sum every 256th pick that lands on the element's row, in pick order, and a fixed tree
+/// in shared memory adds the 256 partial sums: deterministic, no atomics. A thread loops
+/// picks / 256 times. (One thread per element, looping over every pick, left all but a few
+/// threads idle when the output is small, and on lavapipe came back wrong past 65535 picks:
+/// llvmpipe ends a shader invocation's loops after 65535 iterations in all, silently.)
 kernel_source scatter(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& sa = g[k.root];
@@ -1538,15 +1544,21 @@ kernel_source scatter(const graph& g, const plan& p, const kernel& k, const devi
     const std::string v = e.rounded(k.root, "acc");
     out = e.store(k.root, "o", v);
   });
+  const std::string acc_type = is_int ? "int" : "float", zero = is_int ? "0" : "0.0";
+  const std::string rs = u(std::max<int64_t>(row_size, 1));
+  std::string src = "shared " + acc_type + " part[256];\nvoid main() {\n  const uint t = gl_LocalInvocationID.x;\n";
+  src += "  for (uint o = gl_WorkGroupID.x; o < " + u(outs) + "; o += gl_NumWorkGroups.x) {\n";
+  src += "    uint row = o / " + rs + ", col = o % " + rs + ";\n    " + acc_type + " acc = " + zero + ";\n";
+  src += "    for (uint pk = t; pk < " + u(picks) + "; pk += 256u) {\n" + inner + "    }\n";
+  src += "    part[t] = acc;\n    barrier();\n";
+  src += "    for (uint s = 128u; s > 0u; s >>= 1) {\n      if (t < s) part[t] += part[t + s];\n      barrier();\n    }\n";
+  src += "    if (t == 0u) {\n      acc = part[0];\n" + out + "    }\n    barrier();\n  }\n}\n";
   kernel_source s;
   s.name = "scat_" + std::to_string(k.root);
   s.bindings = e.bindings;
-  s.groups = {groups_for(outs, 256, caps.max_groups[0]), 1, 1};
+  s.groups = {groups_for(outs, 1, caps.max_groups[0]), 1, 1};
   s.bytes = bytes_of(g, s.bindings);
-  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude + "void main() {\n  for (uint o = gl_GlobalInvocationID.x; o < " + u(outs) +
-           "; o += gl_NumWorkGroups.x * 256u) {\n    uint row = o / " + u(std::max<int64_t>(row_size, 1)) + ", col = o % " +
-           u(std::max<int64_t>(row_size, 1)) + ";\n    " + (is_int ? "int acc = 0;\n" : "float acc = 0.0;\n") +
-           "    for (uint pk = 0u; pk < " + u(picks) + "; ++pk) {\n" + inner + "    }\n" + out + "  }\n}\n";
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude + src;
   return s;
 }
 

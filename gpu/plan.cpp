@@ -71,11 +71,16 @@ int64_t slice_length(int64_t reduced, int64_t slices) {
 }
 
 int64_t split_slices(const reduction_layout& l, const split_options& o) {
-  if (!o.enabled || l.outputs <= 0 || l.reduced < std::max<int64_t>(o.min_reduced, 2)) return 0;
+  // Elements a one-pass thread folds, at most: a column workgroup's 256 threads share 32
+  // outputs, a row workgroup has 64 threads or more.
+  const int64_t per_thread = l.columns() ? l.reduced / 8 : l.reduced / 64;
+  const bool must = o.must_split_above > 0 && per_thread > o.must_split_above;
+  if ((!o.enabled && !must) || l.outputs <= 0 || l.reduced < std::max<int64_t>(o.min_reduced, 2)) return 0;
   // Workgroups of the one-pass kernel; one thread per output (redt) is never split.
   const int64_t groups = l.columns() ? (l.outputs + 31) / 32 : l.per_group() ? l.outputs : 0;
-  if (groups == 0 || groups >= o.max_groups) return 0;
+  if (groups == 0 || (groups >= o.max_groups && !must)) return 0;
   int64_t slices = (o.target_groups + groups - 1) / groups;
+  if (must) slices = std::max(slices, (per_thread + o.must_split_above / 2 - 1) / (o.must_split_above / 2));
   // A column workgroup reads 32 outputs at each reduced index, a row workgroup one.
   const int64_t per_index = l.columns() ? 32 : 1;
   slices = std::min({slices, l.reduced * per_index / std::max<int64_t>(o.min_slice, 1), o.max_slices});

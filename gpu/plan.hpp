@@ -87,6 +87,10 @@ struct split_options {
   int64_t min_slice = 2048;      ///< elements each pass-1 workgroup reduces, at least (8 per thread)
   int64_t target_groups = 1024;  ///< pass 1 aims at this many workgroups (a full wave of 256-thread groups)
   int64_t max_slices = 1024;     ///< partials per output, at most (pass 2 reads them all)
+  /// Split anyway (even when not `enabled`) when a one-pass thread would fold more than this
+  /// many elements; 0: never. Set on CPU devices: llvmpipe ends a shader invocation's loops after
+  /// 65535 iterations in all, silently (a sum over a 16M-element row came back 45% short).
+  int64_t must_split_above = 0;
 };
 
 /// Slices for a reduction of this layout: 0 for one pass, else >= 2.

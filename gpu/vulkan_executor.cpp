@@ -41,6 +41,7 @@ split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
   split_options o;
   const int want = with_env_override(vo.split_reductions, "MESH_SPLIT_REDUCE");
   o.enabled = want < 0 ? d.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU : want == 1;
+  if (d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) o.must_split_above = 32768;  // llvmpipe's loop limit
   return o;
 }
 

@@ -621,3 +621,41 @@ TEST_CASE("ops: tanh keeps its relative accuracy near zero (vec4 and scalar kern
     }
   }
 }
+
+TEST_CASE("ops: loops of more than 65535 iterations per thread run to the end (lavapipe caps each loop there)") {
+  // llvmpipe stops any shader loop after 65535 iterations (gallivm's loop limiter), silently:
+  // a scatter_add over 100000 picks summed the first 65535. Kernels whose one thread may loop
+  // longer split the loop. Checked with the executor as a node makes it (one-pass reductions on
+  // CPU devices) and as the other tests make it (split reductions).
+  const int64_t n = 100000;
+  builder b;
+  auto idx = b.input("idx", dtype::i32, {n});
+  auto upd = b.input("upd", dtype::f32, {n, 2});
+  auto tall = b.input("tall", dtype::f32, {n, 3});
+  b.output("scatter", scatter_add(idx, upd, {4, 2}));
+  b.output("columns", sum(tall, {0}));
+  b.output("max", max_over(tall, {0}));
+  auto wide = b.input("wide", dtype::f32, {64, 4096});
+  auto deep = b.input("deep", dtype::f32, {4096, 64});
+  b.output("matmul", matmul(wide, deep));  // a long k loop, not unrolled on CPU devices
+  b.output("rowsum", sum(b.input("long", dtype::f32, {1, 17 << 20}), {1}));  // 17.8M: > 65535 per thread of 256
+  const graph g = finish(b);
+  std::vector<int32_t> picks(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) picks[static_cast<size_t>(i)] = static_cast<int32_t>(i % 4);
+  tensor ones = tensor::zeros(dtype::f32, {n, 2});
+  for (int64_t i = 0; i < ones.size(); ++i) ones.set(i, 1.0);
+  tensor t = tensor::zeros(dtype::f32, {n, 3});
+  for (int64_t i = 0; i < t.size(); ++i) t.set(i, i == t.size() - 1 ? 7.0 : 0.5);  // the max is the last row
+  tensor_map in{{"idx", tensor::from_ints({n}, picks)}, {"upd", ones}, {"tall", t}};
+  in["wide"] = random_tensor(dtype::f32, {64, 4096}, 11);
+  in["deep"] = random_tensor(dtype::f32, {4096, 64}, 12);
+  in["long"] = random_tensor(dtype::f32, {1, 17 << 20}, 13);
+  gpu::vulkan_options node_like;
+  node_like.cache_dir = "-";
+  auto as_node = gpu::make_vulkan_executor(node_like);
+  REQUIRE(as_node);
+  for (gpu::executor* ex : {as_node->get(), &vulkan(), &cpu()}) {
+    const auto out = check_on(*ex, g, in, {}, 1e-5);
+    CHECK(out.at("scatter").at(0) == 25000);  // exact: sums of ones
+  }
+}
