@@ -35,6 +35,18 @@ std::set<std::string> nodes_of(const std::vector<std::string>& stage_nodes) {
 
 bool is_cut(const std::string& name) { return name.rfind("cut.", 0) == 0; }
 
+/// An error when a client's graph names an input, parameter or output "cut.*": those names are
+/// the values stages pass each other (a user's "cut.3" would be taken for one, or clash with one).
+expected<void> check_reserved_names(const graph& g) {
+  for (const auto& n : g.nodes)
+    if ((n.op == op_kind::input || n.op == op_kind::parameter) && is_cut(n.attrs.name))
+      return make_error(error_code::invalid_argument, "\"" + n.attrs.name + "\": names starting with \"cut.\" are reserved for values between stages");
+  for (const auto& o : g.outputs)
+    if (is_cut(o.name))
+      return make_error(error_code::invalid_argument, "output \"" + o.name + "\": names starting with \"cut.\" are reserved for values between stages");
+  return {};
+}
+
 std::vector<outbound> reply_error(const std::string& client, uint64_t id, const std::string& why) {
   msg::job_result r;
   r.job = id;
@@ -101,6 +113,7 @@ std::vector<outbound> job_engine::submit(const std::string& client, const msg::s
   if (by_client_.count({client, s.job})) return reply_error(client, s.job, "job " + std::to_string(s.job) + " is already running");
   auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
   if (!w) return reply_error(client, s.job, "the graph was rejected: " + w.error().to_string());
+  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, s.job, ok.error().message);
   if (s.strategy > static_cast<uint8_t>(strategy::automatic)) return reply_error(client, s.job, "unknown strategy " + std::to_string(s.strategy));
   const auto kind = static_cast<strategy>(s.strategy);
   auto split = split_tensors(w->g, w->tensors);
@@ -357,6 +370,7 @@ std::vector<outbound> job_engine::open(const std::string& client, const msg::ope
   if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, "session " + std::to_string(o.session) + " is already open");
   auto w = decode_wire_graph(o.wire.data(), o.wire.size(), limits_);
   if (!w) return reply_error(client, o.session, "the model was rejected: " + w.error().to_string());
+  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, o.session, ok.error().message);
   auto split = split_tensors(w->g, w->tensors);
   if (!split) return reply_error(client, o.session, split.error().message);
   if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, o.session, ok.error().message);

@@ -202,19 +202,30 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
   }
   auto wrong_strategy = submission(m, 4);
   wrong_strategy.strategy = 77;
-  sim.post("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", wrong_strategy}});
+  auto reserved = submission(m, 5);  // an input named like the values stages pass each other
+  {
+    graph g = m.g;
+    tensor_map t = m.tensors;
+    const node_id x = g.find_leaf("x");
+    g.nodes[static_cast<size_t>(x)].attrs.name = "cut.3";
+    t["cut.3"] = t.at("x");
+    t.erase("x");
+    reserved.wire = *encode(wire_graph{g, t});
+  }
+  sim.post("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", wrong_strategy}, {"a", reserved}});
   sim.run();
-  REQUIRE(sim.results.size() == 4);
+  REQUIRE(sim.results.size() == 5);
   for (const auto& r : sim.results) {
     INFO("job " << r.job << ": " << r.error);
     CHECK_FALSE(r.ok);
     CHECK_FALSE(r.error.empty());
+    if (r.job == 5) CHECK(r.error.find("reserved") != std::string::npos);
   }
   // Every node still runs jobs.
   for (const char* coordinator : {"a", "b", "c"}) sim.post("cli", {{coordinator, submission(m, 10 + coordinator[0])}});
   sim.run();
-  REQUIRE(sim.results.size() == 7);
-  for (size_t i = 4; i < 7; ++i) CHECK(sim.results[i].ok);
+  REQUIRE(sim.results.size() == 8);
+  for (size_t i = 5; i < 8; ++i) CHECK(sim.results[i].ok);
 }
 
 TEST_CASE("an inference session loads the model once and serves many calls", "[actors][jobs]") {
