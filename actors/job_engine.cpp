@@ -67,10 +67,28 @@ expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor
 
 }  // namespace
 
-job_engine::job_engine(std::string self, device_profile own, graph_limits limits)
-    : self_(std::move(self)), own_(std::move(own)), limits_(limits) {}
+job_engine::job_engine(std::string self, device_profile own, graph_limits limits, uint64_t first_job)
+    : self_(std::move(self)), own_(std::move(own)), limits_(limits), next_job_(std::max<uint64_t>(first_job, 1)) {}
 
-void job_engine::peer_up(const std::string& id, const device_profile& p) { peers_[id] = p; }
+void job_engine::peer_up(const std::string& id, const device_profile& p) {
+  if (peers_.count(id)) forget_coordinator(id);  // a new incarnation: its old jobs are gone
+  peers_[id] = p;
+}
+
+void job_engine::forget_coordinator(const std::string& id) {
+  for (auto it = waiting_.begin(); it != waiting_.end();)
+    it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
+  for (auto it = cache_.begin(); it != cache_.end();) {
+    auto next = std::next(it);
+    if (std::get<0>(it->first) == id) drop_cached(it, false);
+    it = next;
+  }
+  std::erase_if(uncached_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
+  std::erase_if(early_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
+  std::erase_if(evicted_, [&](const cache_key& k) { return std::get<0>(k) == id; });
+  std::erase_if(cancelled_, [&](const auto& kv) { return kv.first.first == id; });
+  std::erase_if(closed_, [&](const auto& k) { return k.first == id; });
+}
 
 void job_engine::live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const {
   ids = {self_};
@@ -424,17 +442,7 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id) {
   auto gone = peers_.find(id);
   if (gone == peers_.end()) return out;
   // Worker side: stages coordinated by the dead node will never be collected.
-  for (auto it = waiting_.begin(); it != waiting_.end();)
-    it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
-  for (auto it = cache_.begin(); it != cache_.end();) {
-    auto next = std::next(it);
-    if (std::get<0>(it->first) == id) drop_cached(it, false);
-    it = next;
-  }
-  for (auto it = uncached_.begin(); it != uncached_.end();)
-    it = std::get<0>(it->first) == id ? uncached_.erase(it) : std::next(it);
-  for (auto it = early_.begin(); it != early_.end();)
-    it = std::get<0>(it->first) == id ? early_.erase(it) : std::next(it);
+  forget_coordinator(id);
   // Coordinator side: re-plan every running job and session that had a stage there.
   std::vector<std::string> old_ids;
   std::vector<device_profile> old_devices;
@@ -507,6 +515,7 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   ws.task.stage = r.stage;
   ws.task.routes = r.routes;
   const cache_key key{r.coordinator, r.cache, r.stage};
+  if (r.cache && closed_.count({r.coordinator, r.cache >> 16})) return fail("the session was closed");
   if (r.wire.empty()) {
     if (!r.cache) return fail("the stage carries no fragment");
     auto c = cache_.find(key);
@@ -596,9 +605,18 @@ std::vector<outbound> job_engine::on_cancel_stages(const std::string& from, cons
   return {};
 }
 
+void job_engine::unpin(const std::string& resident_key) {
+  for (auto& [k, ws] : waiting_)
+    if (ws.task.resident_key == resident_key) ws.task.resident_key.clear();
+  for (auto& t : ready_)
+    if (t.resident_key == resident_key) t.resident_key.clear();
+}
+
 void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted) {
   const auto& [coordinator, cache, stage] = it->first;
-  forgotten_.push_back(resident_key_of(coordinator, cache, stage));
+  const std::string key = resident_key_of(coordinator, cache, stage);
+  unpin(key);
+  forgotten_.push_back(key);
   if (evicted) {
     if (evicted_.size() >= max_evicted_keys) evicted_.erase(evicted_.begin());
     evicted_.insert(it->first);
@@ -607,6 +625,8 @@ void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it, 
 }
 
 void job_engine::forget_session(const std::string& coordinator, uint64_t session) {
+  if (closed_.size() >= max_cancelled_jobs) closed_.erase(closed_.begin());
+  closed_.insert({coordinator, session});
   const auto of_session = [&](const cache_key& k) { return std::get<0>(k) == coordinator && (std::get<1>(k) >> 16) == session; };
   for (auto it = cache_.begin(); it != cache_.end();) {
     auto next = std::next(it);

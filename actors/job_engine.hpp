@@ -48,9 +48,13 @@ struct stage_task {
 class job_engine {
  public:
   /// `self` is this node's id (hex); `limits` bound every graph this node accepts.
-  job_engine(std::string self, device_profile own, graph_limits limits = {});
+  /// `first_job` numbers this engine's jobs and sessions from there: a node passes a value of
+  /// its start time, so that a restarted coordinator's job 1 is never taken by a worker for the
+  /// job 1 of its previous life (workers remember cancelled jobs and cached fragments by id).
+  job_engine(std::string self, device_profile own, graph_limits limits = {}, uint64_t first_job = 1);
 
-  /// A worker joined (its hello arrived) or changed.
+  /// A worker joined (its hello arrived), or joined again after a restart: what this node kept
+  /// of the jobs and sessions it coordinated before is dropped.
   void peer_up(const std::string& id, const device_profile& p);
   /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
   std::vector<outbound> peer_dead(const std::string& id);
@@ -164,6 +168,11 @@ class job_engine {
   /// and tells its stage nodes to let its fragments go.
   std::vector<outbound> end_session(uint64_t id, const std::string& skip_node = {});
   std::vector<outbound> on_cancel_stages(const std::string& from, const msg::cancel_stages& c);
+  /// Worker side: everything kept for jobs and sessions coordinated by `id` (it died, or restarted).
+  void forget_coordinator(const std::string& id);
+  /// Stages of fragment `resident_key` still waiting or ready run as one-shot stages (nothing of
+  /// theirs stays on the device once the fragment was let go).
+  void unpin(const std::string& resident_key);
   std::map<cache_key, cached_fragment> cache_;  // worker side
   uint64_t use_clock_ = 0;
   std::set<cache_key> evicted_;  ///< made room for others: a call for one is refused, not parked
@@ -171,6 +180,8 @@ class job_engine {
   /// (coordinator, job) -> the highest attempt cancelled: a stage of it that arrives after the
   /// cancel (bulk streams overtake nothing, control messages overtake them) is ignored.
   std::map<std::pair<std::string, uint64_t>, uint32_t> cancelled_;
+  /// (coordinator, session) closed: a call of it that arrives late is refused, not cached.
+  std::set<std::pair<std::string, uint64_t>> closed_;
   /// Calls that overtook the call carrying their fragment (bulk messages travel on separate
   /// streams, so they may arrive in any order); replayed when the fragment arrives.
   std::map<cache_key, std::vector<msg::run_stage>> uncached_;

@@ -616,9 +616,13 @@ void run_ready(jobs_actor_t* self) {
 caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
   auto& st = self->state;
   const auto& own = ctx->own;
+  // Job ids start from this start's time in ms (shifted: a session's id is shifted 16 bits more in
+  // its fragments' cache keys), so that a restarted node's jobs never reuse ids its peers knew.
+  const auto ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id, own.gflops, own.mem_gbps, 1.0,
                                                                         static_cast<int64_t>(own.memory_bytes)},
-                                           ctx->cfg.limits);
+                                           ctx->cfg.limits, (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
   self->send(self, tick_atom::value);
   return {

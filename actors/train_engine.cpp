@@ -365,6 +365,7 @@ struct train_engine::worker_run {
   std::unique_ptr<ring_allreduce> round;
   std::vector<std::pair<std::string, allreduce_message>> parked;  ///< (from, piece) for a round not started yet
   bool broken = false;
+  bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
   bool stopping = false;
 };
 
@@ -378,7 +379,7 @@ void train_engine::peer_up(const std::string& id) {
 }
 
 void train_engine::retire(const std::shared_ptr<worker_run>& w) {
-  if (w->broken) return;  // its device is gone, and everything on it
+  if (w->device_lost) return;  // the executor was restarted: everything of the run went with it
   train_task t;
   t.coordinator = w->coordinator;
   t.train = w->train;
@@ -404,7 +405,7 @@ std::map<train_engine::worker_key, std::shared_ptr<train_engine::worker_run>>::i
 }
 
 void train_engine::executor_restarted() {
-  for (auto& [k, w] : worker_) w->broken = true;
+  for (auto& [k, w] : worker_) w->broken = w->device_lost = true;
 }
 
 std::vector<outbound> train_engine::on_message(const std::string& from, const msg::message& m) {

@@ -172,6 +172,9 @@ struct program {
   plan p;
   std::vector<std::optional<allocation>> owned;  // per node: buffers this program owns
   std::vector<allocation> views;                 // per node: where its value lives (owned or a parameter)
+  /// Per update: where its value is copied first when it reads a buffer another update writes
+  /// (a swap of two parameters; keeping the previous weights): all updates see the run's values.
+  std::vector<std::optional<allocation>> update_stash;
   std::vector<compiled_kernel> kernels;
   VkDescriptorPool pool = VK_NULL_HANDLE;
   std::optional<allocation> staging;
@@ -488,6 +491,22 @@ class vulkan_executor final : public executor {
       pr.owned[n + i] = *a;
       pr.views[n + i] = *a;
     }
+    // An update whose value lives in a buffer range that an update writes is staged first.
+    pr.update_stash.resize(g.updates.size());
+    const auto overlaps = [](const allocation& a, const allocation& b) {
+      return a.buffer == b.buffer && a.range.offset < b.range.offset + b.range.size && b.range.offset < a.range.offset + a.range.size;
+    };
+    for (size_t u = 0; u < g.updates.size(); ++u) {
+      const auto& up = g.updates[u];
+      if (up.value == up.target || !bytes_of(g[up.value])) continue;
+      bool hazard = false;
+      for (const auto& other : g.updates)
+        if (other.value != other.target && overlaps(pr.views[up.value], pr.views[other.target])) hazard = true;
+      if (!hazard) continue;
+      auto a = device_pool_.allocate(bytes_of(g[up.value]));
+      if (!a) return tl::unexpected(a.error());
+      pr.update_stash[u] = *a;
+    }
     // Staging: inputs then outputs.
     uint64_t staging = 0;
     auto align = [](uint64_t v) { return (v + 255) & ~uint64_t{255}; };
@@ -706,10 +725,23 @@ class vulkan_executor final : public executor {
     // Updates read this run's values and write parameters that outputs may have just read.
     barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
             VK_ACCESS_TRANSFER_WRITE_BIT);
-    for (const auto& up : g.updates) {
+    bool stashed = false;
+    for (size_t u = 0; u < g.updates.size(); ++u) {
+      if (!pr.update_stash[u]) continue;
+      const auto& src = pr.views[g.updates[u].value];
+      const auto& stash = *pr.update_stash[u];
+      VkBufferCopy c{src.range.offset, stash.range.offset, bytes_of(g[g.updates[u].value])};
+      vkCmdCopyBuffer(cmd, src.buffer, stash.buffer, 1, &c);
+      stashed = true;
+    }
+    if (stashed)
+      barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+              VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (size_t u = 0; u < g.updates.size(); ++u) {
+      const auto& up = g.updates[u];
       const uint64_t size = bytes_of(g[up.value]);
       if (!size || up.value == up.target) continue;
-      const auto& src = pr.views[up.value];
+      const auto& src = pr.update_stash[u] ? *pr.update_stash[u] : pr.views[up.value];
       const auto& dst = pr.views[up.target];
       VkBufferCopy c{src.range.offset, dst.range.offset, size};
       vkCmdCopyBuffer(cmd, src.buffer, dst.buffer, 1, &c);
@@ -756,6 +788,8 @@ class vulkan_executor final : public executor {
     if (p->cmd) vkFreeCommandBuffers(dev, cmd_pool_, 1, &p->cmd);
     if (p->queries) vkDestroyQueryPool(dev, p->queries, nullptr);
     for (auto& o : p->owned)
+      if (o) device_pool_.release(*o);
+    for (auto& o : p->update_stash)
       if (o) device_pool_.release(*o);
     if (p->staging) host_pool_.release(*p->staging);
     p.reset();

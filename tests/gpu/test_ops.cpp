@@ -272,6 +272,45 @@ TEST_CASE("ops: parameters stay resident, updates apply together after the run")
   }
 }
 
+TEST_CASE("ops: an update may read a parameter another update writes (a swap, the previous weights)") {
+  // The update copies used to run back to back: one read a buffer another had just written.
+  for (int kind = 0; kind < 3; ++kind) {
+    builder b;
+    auto p = b.parameter("sw.p", dtype::f32, {5});
+    auto q = b.parameter("sw.q", dtype::f32, {5});
+    auto x = b.input("x", dtype::f32, {5});
+    b.output("y", p + q + x);
+    if (kind == 0) {  // a swap
+      b.update(q, p);
+      b.update(p, q);
+    } else if (kind == 1) {
+      b.update(q, p * 2.0);
+      b.update(p, q);
+    } else {  // keep the previous weights
+      b.update(p, p - x * 0.5);
+      b.update(q, p);
+    }
+    const graph g = finish(b);
+    for (auto* ex : {&vulkan(), &cpu()}) {
+      INFO("kind " << kind << " on " << ex->info().name);
+      tensor_map ref_params{{"sw.p", tensor::from_floats({5}, {1, 2, 3, 4, 5})}, {"sw.q", tensor::from_floats({5}, {10, 20, 30, 40, 50})}};
+      REQUIRE(ex->set_parameters(ref_params));
+      auto id = ex->load(g);
+      REQUIRE(id);
+      const tensor_map in{{"x", tensor::from_floats({5}, {1, 1, 1, 1, 1})}};
+      for (int step = 0; step < 3; ++step) {
+        REQUIRE(ex->run(*id, in));
+        REQUIRE(evaluate(g, in, ref_params));
+      }
+      auto got = ex->get_parameters({"sw.p", "sw.q"});
+      REQUIRE(got);
+      CHECK(normalised_error(got->at("sw.p"), ref_params.at("sw.p")) == 0);
+      CHECK(normalised_error(got->at("sw.q"), ref_params.at("sw.q")) == 0);
+      ex->unload(*id);
+    }
+  }
+}
+
 TEST_CASE("ops: bad bindings are errors, not crashes") {
   builder b;
   auto x = b.input("x", dtype::f32, {4});
