@@ -1575,6 +1575,25 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
       if (g[id].type == dtype::f16 || g[id].type == dtype::bf16)
         return make_error(error_code::unsupported, "this device has no 16-bit storage buffers: f16/bf16 tensors cannot run here");
   }
+  // The kernels whose one invocation loops in proportion to a tensor's size, with a margin for
+  // the loops around them (reductions split instead: split_options::must_split_above).
+  if (caps.loop_limit > 0) {
+    const int64_t budget = caps.loop_limit * 7 / 8;
+    const auto too_long = [&](const std::string& what, int64_t iterations) -> expected<kernel_source> {
+      return make_error(error_code::unsupported, what + " needs " + std::to_string(iterations) +
+                                                     " loop iterations in one shader invocation; this device (a CPU Vulkan driver) stops at " +
+                                                     std::to_string(caps.loop_limit) + ": run it on a GPU or the CPU executor");
+    };
+    if (k.kind == kernel_kind::scatter_add) {
+      const int64_t picks = element_count(g[g[k.root].inputs[0]].dims);
+      if ((picks + 255) / 256 > budget) return too_long("scatter_add over " + std::to_string(picks) + " picks", (picks + 255) / 256);
+    }
+    if (k.kind == kernel_kind::matmul) {
+      const shape& ad = g[g[k.anchor].inputs[0]].dims;
+      const int64_t kd = ad.empty() ? 0 : ad.back();
+      if ((kd + 7) / 8 > budget) return too_long("a matmul " + std::to_string(kd) + " deep", (kd + 7) / 8);
+    }
+  }
   switch (k.kind) {
     case kernel_kind::elementwise: return elementwise(g, p, k, caps);
     case kernel_kind::reduce: return reduction(g, p, k, caps);

@@ -36,6 +36,10 @@ struct device_caps {
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;
+  /// Loop iterations one shader invocation may run in all, 0 for no limit: llvmpipe (lavapipe)
+  /// ends an invocation's loops after 65535 iterations, silently. Kernels that cannot keep
+  /// under it are refused with an error instead of returning short results.
+  int64_t loop_limit = 0;
 };
 
 /// One compute shader, ready for shaderc, with how to bind and dispatch it.

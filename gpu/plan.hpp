@@ -69,8 +69,10 @@ struct reduction_layout {
 
   /// The kernel reads columns: 32 neighbouring outputs per workgroup (`redc`).
   bool columns() const { return leading && reduced >= 64; }
-  /// Otherwise, one workgroup per output (`redg`) rather than one thread per output (`redt`).
-  bool per_group() const { return !columns() && reduced >= 256 && (trailing || outputs < 1024); }
+  /// Otherwise, one workgroup per output (`redg`) rather than one thread per output (`redt`):
+  /// for contiguous ranges, few outputs, or ranges too long for one thread (lavapipe stops an
+  /// invocation's loops after 65535 iterations; a GPU thread folding 32K elements is slow anyway).
+  bool per_group() const { return !columns() && reduced >= 256 && (trailing || outputs < 1024 || reduced > 32768); }
 };
 
 /// The layout of reduction node `reduce` (reduce_sum or reduce_max).

@@ -227,6 +227,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
                              (sub.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT);
   caps.storage16 = info.fp16;
   caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+  if (d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) caps.loop_limit = 65535;
   if (const char* gemm = std::getenv("MESH_GEMM")) caps.gemm_variant = gemm;
   if (const char* coop = std::getenv("MESH_COOPMAT")) caps.coopmat_variant = coop;
   if (const char* sw = std::getenv("MESH_GEMM_SWIZZLE"); sw && *sw)

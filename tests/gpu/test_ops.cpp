@@ -697,4 +697,15 @@ TEST_CASE("ops: loops of more than 65535 iterations per thread run to the end (l
     const auto out = check_on(*ex, g, in, {}, 1e-5);
     CHECK(out.at("scatter").at(0) == 25000);  // exact: sums of ones
   }
+  // Beyond what a kernel can split: refused with a reason on lavapipe, not answered short.
+  if (vulkan().info().kind == "cpu") {
+    builder deep;
+    auto a = deep.input("a", dtype::f32, {1, 600000});
+    auto c = deep.input("c", dtype::f32, {600000, 1});
+    deep.output("y", matmul(a, c));
+    auto id = vulkan().load(finish(deep));
+    REQUIRE_FALSE(id);
+    CHECK(id.error().code == error_code::unsupported);
+    CHECK(id.error().message.find("65535") != std::string::npos);
+  }
 }

@@ -234,7 +234,23 @@ TEST_CASE("lowering: split slices cover the reduced range in 64-element multiple
   l.reduced = 1 << 20;
   l.outputs = 300;  // enough workgroups already
   CHECK(gpu::split_slices(l, {}) == 0);
-  l.trailing = false;  // a middle axis with many outputs: one thread per output, never split
+  l.trailing = false;  // a middle axis with many outputs and long ranges: one workgroup per output
   l.outputs = 2048;
-  CHECK(gpu::split_slices(l, {}) == 0);
+  CHECK(l.per_group());
+  CHECK(gpu::split_slices(l, {}) == 0);  // enough workgroups already
+  l.reduced = 20000;  // short enough for one thread per output (redt)
+  CHECK_FALSE(l.per_group());
+  // A CPU device whose loops stop after 65535 iterations: a range too long for one pass is split
+  // even with splitting off, into slices short enough for a thread.
+  gpu::split_options cpu;
+  cpu.enabled = false;
+  cpu.must_split_above = 32768;
+  l.outputs = 1;
+  l.trailing = true;
+  l.reduced = 17 << 20;
+  const int64_t s = gpu::split_slices(l, cpu);
+  REQUIRE(s >= 2);
+  CHECK(gpu::slice_length(l.reduced, s) / 256 <= 32768);
+  l.reduced = 1 << 20;  // 16K per thread of 64: one pass
+  CHECK(gpu::split_slices(l, cpu) == 0);
 }
