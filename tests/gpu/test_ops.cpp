@@ -689,6 +689,7 @@ TEST_CASE("ops: loops of more than 65535 iterations per thread run to the end (l
   in["wide"] = random_tensor(dtype::f32, {64, 4096}, 11);
   in["deep"] = random_tensor(dtype::f32, {4096, 64}, 12);
   in["long"] = random_tensor(dtype::f32, {1, 17 << 20}, 13);
+  vulkan();  // first: destroying the last Vulkan instance unloads the driver (harness.hpp says why)
   gpu::vulkan_options node_like;
   node_like.cache_dir = "-";
   auto as_node = gpu::make_vulkan_executor(node_like);
