@@ -1,6 +1,7 @@
 // mesh-bench-gpu: throughput of the kernels the Vulkan executor generates, and compile latency.
 //
 //   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions] [--gemm]
+//                  [--reference-gemm GFLOPS]
 //                  [--variants VAR=v1,v2,...]...
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
@@ -28,11 +29,13 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "graph/autodiff.hpp"
 #include "graph/builder.hpp"
+#include "graph/evaluate.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
 #include "graph/simplify.hpp"
@@ -343,6 +346,40 @@ double time_matmuls(gpu::executor& ex, dtype t, const std::vector<int64_t>& size
   return best;
 }
 
+/// Checks a timed graph's updated parameters against the reference evaluator (graph/evaluate.hpp,
+/// in double) run on the same parameters, read back from the device; counts a failure when the
+/// normalised error passes `tol`. For the rows with no check of their own (the fused chains,
+/// the sums, the copy, the matmul epilogue): a fast wrong kernel must not make a figure.
+std::function<void(gpu::executor&)> check_reference(const graph& g, double tol = 1e-5) {
+  return [g, tol](gpu::executor& ex) {
+    std::vector<std::string> inputs, targets;
+    std::set<node_id> updated;
+    for (const auto& u : g.updates) updated.insert(u.target);
+    for (node_id id = 0; id < g.size(); ++id)
+      if (g[id].op == op_kind::parameter) (updated.count(id) ? targets : inputs).push_back(g[id].attrs.name);
+    auto got_in = ex.get_parameters(inputs);
+    auto got_out = ex.get_parameters(targets);
+    if (!got_in || !got_out) {
+      ++failures;
+      std::printf("|   reference check: cannot read the parameters back  CHECK FAILED\n");
+      return;
+    }
+    tensor_map params = *got_in;
+    for (const auto& t : targets) params[t] = got_out->at(t);
+    if (!evaluate(g, {}, params)) {
+      ++failures;
+      std::printf("|   reference check: the reference evaluator failed  CHECK FAILED\n");
+      return;
+    }
+    double worst = 0;
+    for (const auto& t : targets) worst = std::max(worst, normalised_error(got_out->at(t), params.at(t)));
+    const bool ok = worst <= tol;
+    if (!ok) ++failures;
+    std::printf("|   checked against the reference evaluator: largest error %.1e%s%s\n", worst,
+                zeros ? " (--zeros: every value is 0, so this check says little)" : "", ok ? "" : "  CHECK FAILED");
+  };
+}
+
 /// Checks a mean_all result (parameters p + "x" -> p + "o") against a host sum in double; counts
 /// a failure when the error exceeds 1e-5 of mean |x|.
 std::function<void(gpu::executor&)> check_mean(const std::string& p) {
@@ -439,7 +476,7 @@ void time_variants(const std::string& list, bool quick) {
 /// max(bytes / copy bandwidth, flops / GEMM rate), both measured earlier in the same run.
 /// `as_built`: the graph as autodiff makes it; otherwise simplified, as the trainer ships it.
 void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t channels, int64_t heads, double copy_gbs,
-                      double gemm_gflops, bool as_built = false) {
+                      double gemm_gflops, const char* gemm_source, bool as_built = false) {
   builder b;
   auto x = b.parameter("step.x", dtype::f32, {batch, time, channels});
   auto blk = nn::make_transformer_block(b, "step.blk", channels, heads);
@@ -485,8 +522,8 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
               static_cast<long long>(batch), static_cast<long long>(time), static_cast<long long>(channels),
               static_cast<long long>(heads), as_built ? "the graph as autodiff built it" : "simplified, as the trainer ships it",
               kernels.size());
-  std::printf("  ideal per kernel = max(bytes / %.0f GB/s copy, flops / %.0f GFLOP/s fp32 GEMM), both measured above\n",
-              copy_gbs, gemm_gflops);
+  std::printf("  ideal per kernel = max(bytes / %.0f GB/s copy (measured above), flops / %.0f GFLOP/s fp32 GEMM (%s))\n",
+              copy_gbs, gemm_gflops, gemm_source);
   std::printf("  measured %.3f ms, sum of ideal times %.3f ms: %.0f%% of ideal\n", total, ideal, 100.0 * ideal / total);
   std::printf("  matmul kernels %.3f ms (ideal %.3f), other kernels %.3f ms (ideal %.3f)\n", mm_ms, mm_ideal, total - mm_ms,
               ideal - mm_ideal);
@@ -500,6 +537,10 @@ void transformer_step(gpu::executor& ex, int64_t batch, int64_t time, int64_t ch
 
 int main(int argc, char** argv) {
   bool quick = false, sweep = true, step = true, focus = false, gemm_only = false;
+  // --reference-gemm R: the fp32 GEMM rate (GFLOP/s) the training step's ideal times use, e.g.
+  // cuBLAS SGEMM measured in the same run; without it, our own fp32 kernel's rate (which then
+  // judges the step's matmuls against themselves: a faster GEMM would barely move the ratio).
+  double reference_gemm = 0;
   std::vector<std::string> variant_lists;  // --variants VAR=v1,v2,...
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -511,6 +552,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
     else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_lists.push_back(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reference-gemm") && i + 1 < argc) reference_gemm = std::atof(argv[++i]);
   }
   const std::string cache = "/tmp/mesh-bench-gpu-cache";
   std::filesystem::remove_all(cache);
@@ -601,7 +643,8 @@ int main(int argc, char** argv) {
   for (int ops : {2, 3, 5, 8}) {
     if (focus) break;
     const std::string what = ops == 2 ? "fused (a+b)^2 [CUDA anchor's kernel]" : "fused chain, " + std::to_string(ops) + " ops";
-    row(what.c_str(), std::to_string(n >> 20) + "M f32", time_graph(ex, chain(n, ops, tag++)), 3.0 * n * 4, "GB/s");
+    const graph g = chain(n, ops, tag++);
+    row(what.c_str(), std::to_string(n >> 20) + "M f32", time_graph(ex, g, check_reference(g)), 3.0 * n * 4, "GB/s");
   }
   const int64_t rows = quick ? 256 : 4096, cols = quick ? 1024 : 4096;
   const std::string rc = std::to_string(rows) + "x" + std::to_string(cols);
@@ -620,8 +663,8 @@ int main(int argc, char** argv) {
     return finish(b);
   };
   const double mat = static_cast<double>(rows) * cols * 4;
-  row("row sum (reduce last axis)", rc, time_graph(ex, reduce_graph(0)), mat, "GB/s");
-  row("column sum (reduce first axis)", rc, time_graph(ex, reduce_graph(1)), mat, "GB/s");
+  row("row sum (reduce last axis)", rc, time_graph(ex, reduce_graph(0), check_reference(reduce_graph(0))), mat, "GB/s");
+  row("column sum (reduce first axis)", rc, time_graph(ex, reduce_graph(1), check_reference(reduce_graph(1))), mat, "GB/s");
   if (!focus) {
     // Fused: one rows kernel each; MESH_FUSE_ROWS=0 times the three kernels they replace.
     row("softmax rows (read+write)", rc, time_graph(ex, reduce_graph(2), check_rows("red2.", false)), 2 * mat, "GB/s");
@@ -646,7 +689,7 @@ int main(int argc, char** argv) {
         count * 4.0, "GB/s");
   auto one_pass = executor_with("MESH_SPLIT_REDUCE", "0");
   if (one_pass) {
-    row("column sum, one pass (no split)", rc, time_graph(*one_pass, reduce_graph(1)), mat, "GB/s");
+    row("column sum, one pass (no split)", rc, time_graph(*one_pass, reduce_graph(1), check_reference(reduce_graph(1))), mat, "GB/s");
     for (auto count : full_sizes)
       row("mean over all, one pass (no split)", std::to_string(count) + " f32",
           time_graph(*one_pass, full_mean("mean1p" + std::to_string(count) + ".", count),
@@ -670,7 +713,8 @@ int main(int argc, char** argv) {
     auto w = b.parameter("ep.w", dtype::f32, {1024, 1024});
     auto bias = b.parameter("ep.b", dtype::f32, {1024});
     b.update(b.parameter("ep.o", dtype::f32, {bm, 1024}), nn::gelu(matmul(x, w) + bias));
-    row("matmul + bias + gelu (1 kernel?)", std::to_string(bm) + "x1024x1024", time_graph(ex, finish(b)),
+    const graph g = finish(b);
+    row("matmul + bias + gelu (1 kernel?)", std::to_string(bm) + "x1024x1024", time_graph(ex, g, check_reference(g, 1e-4)),
         2.0 * bm * 1024 * 1024, "GFLOP/s");
   }
   // Copy bandwidth (y = -x: one read, one write), the memory ceiling of the training step.
@@ -679,7 +723,8 @@ int main(int argc, char** argv) {
     builder b;
     auto x = b.parameter("copy.x", dtype::f32, {n});
     b.update(b.parameter("copy.y", dtype::f32, {n}), -x);
-    const result r = time_graph(ex, finish(b));
+    const graph g = finish(b);
+    const result r = time_graph(ex, g, check_reference(g, 0));
     row("copy y = -x (read + write)", std::to_string(n >> 20) + "M f32", r, 2.0 * n * 4, "GB/s");
     copy_gbs = 2.0 * n * 4 / r.ms / 1e6;
   }
@@ -708,8 +753,10 @@ int main(int argc, char** argv) {
       if (e == one_pass.get()) std::printf("\none-pass reductions (MESH_SPLIT_REDUCE=0), for comparison:");
       for (bool as_built : {false, true}) {
         if (as_built && e != &ex) continue;  // the unsimplified graph on the default executor only
-        if (quick) transformer_step(*e, 2, 32, 64, 4, copy_gbs, gemm_gflops, as_built);
-        else transformer_step(*e, 8, 256, 768, 12, copy_gbs, gemm_gflops, as_built);
+        const double rate = reference_gemm > 0 ? reference_gemm : gemm_gflops;
+        const char* source = reference_gemm > 0 ? "given: --reference-gemm" : "our own kernel, measured above";
+        if (quick) transformer_step(*e, 2, 32, 64, 4, copy_gbs, rate, source, as_built);
+        else transformer_step(*e, 8, 256, 768, 12, copy_gbs, rate, source, as_built);
       }
     }
   }
