@@ -9,6 +9,7 @@
 
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
+#include "gpu/resident_parameters.hpp"
 
 namespace mesh::gpu {
 namespace {
@@ -85,19 +86,8 @@ class cpu_executor final : public executor {
   size_t drop_parameters(const std::string& prefix) override {
     std::set<std::string> used;
     for (size_t i = 0; i < programs_.size(); ++i)
-      if (loaded_[i])
-        for (const auto& n : programs_[i].nodes)
-          if (n.op == op_kind::parameter) used.insert(n.attrs.name);
-    size_t dropped = 0;
-    for (auto it = params_.lower_bound(prefix); it != params_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
-      if (used.count(it->first)) {
-        ++it;
-        continue;
-      }
-      it = params_.erase(it);
-      ++dropped;
-    }
-    return dropped;
+      if (loaded_[i]) add_parameter_names(programs_[i], used);
+    return drop_unused(params_, prefix, used, [](const tensor&) {});
   }
 
   expected<tensor_map> run(program_id id, const tensor_map& inputs) override {

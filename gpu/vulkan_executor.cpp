@@ -18,6 +18,7 @@
 #include "gpu/executor.hpp"
 #include "gpu/glsl.hpp"
 #include "gpu/plan.hpp"
+#include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
 #include "gpu/vk_device.hpp"
 
@@ -317,20 +318,8 @@ class vulkan_executor final : public executor {
   size_t drop_parameters(const std::string& prefix) override {
     std::set<std::string> used;  // a loaded program's descriptor sets point at its parameters
     for (const auto& p : programs_)
-      if (p)
-        for (const auto& n : p->g.nodes)
-          if (n.op == op_kind::parameter) used.insert(n.attrs.name);
-    size_t dropped = 0;
-    for (auto it = params_.lower_bound(prefix); it != params_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
-      if (used.count(it->first)) {
-        ++it;
-        continue;
-      }
-      device_pool_.release(it->second.buffer);
-      it = params_.erase(it);
-      ++dropped;
-    }
-    return dropped;
+      if (p) add_parameter_names(p->g, used);
+    return drop_unused(params_, prefix, used, [&](const param& pr) { device_pool_.release(pr.buffer); });
   }
 
   expected<tensor_map> run(program_id id, const tensor_map& inputs) override {
