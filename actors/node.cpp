@@ -556,7 +556,6 @@ struct jobs_state {
   held_messages held{4096, size_t{256} << 20, std::chrono::seconds(30)};  // all-reduce pieces are MiBs
 };
 
-
 using jobs_actor_t = caf::stateful_actor<jobs_state>;
 
 void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to, const msg::message& m) {
