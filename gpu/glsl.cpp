@@ -1585,8 +1585,13 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
                                                      std::to_string(caps.loop_limit) + ": run it on a GPU or the CPU executor");
     };
     if (k.kind == kernel_kind::scatter_add) {
-      const int64_t picks = element_count(g[g[k.root].inputs[0]].dims);
-      if ((picks + 255) / 256 > budget) return too_long("scatter_add over " + std::to_string(picks) + " picks", (picks + 255) / 256);
+      // Each workgroup walks ceil(outputs / groups) outputs, each costing picks / 256 iterations
+      // plus the tree's 8 and the walk's own.
+      const int64_t picks = element_count(g[g[k.root].inputs[0]].dims), outs = element_count(g[k.root].dims);
+      const int64_t per_group = (outs + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);
+      const int64_t iterations = per_group * ((picks + 255) / 256 + 10);
+      if (iterations > budget)
+        return too_long("scatter_add of " + std::to_string(outs) + " outputs over " + std::to_string(picks) + " picks", iterations);
     }
     if (k.kind == kernel_kind::matmul) {
       const shape& ad = g[g[k.anchor].inputs[0]].dims;

@@ -106,6 +106,31 @@ TEST_CASE("glsl: dispatch sizes respect the device's workgroup count limit (grid
   CHECK(src->glsl.find("i += stride") != std::string::npos);
 }
 
+TEST_CASE("glsl: on a device with a loop limit, a scatter_add whose workgroups would loop past it is refused") {
+  // 16 outputs over 4 workgroups: each walks 4 outputs of 20,000 pick iterations (80K > 65535).
+  builder b;
+  auto idx = b.input("idx", dtype::i32, {256 * 20000});
+  auto upd = b.input("upd", dtype::f32, {256 * 20000, 4});
+  b.output("y", scatter_add(idx, upd, {4, 4}));
+  const graph g = done(b);
+  const auto p = gpu::lower(g);
+  gpu::device_caps caps;
+  caps.loop_limit = 65535;
+  caps.max_groups = {4, 65535, 65535};
+  const gpu::kernel* scatter = nullptr;
+  for (const auto& k : p.kernels)
+    if (k.kind == gpu::kernel_kind::scatter_add) scatter = &k;
+  REQUIRE(scatter);
+  auto src = gpu::emit(g, p, *scatter, caps);
+  REQUIRE_FALSE(src);
+  CHECK(src.error().code == error_code::unsupported);
+  caps.max_groups = {65535, 65535, 65535};  // one output per workgroup: 20,010 iterations fit
+  CHECK(gpu::emit(g, p, *scatter, caps).has_value());
+  caps.loop_limit = 0;  // a GPU: no limit
+  caps.max_groups = {4, 65535, 65535};
+  CHECK(gpu::emit(g, p, *scatter, caps).has_value());
+}
+
 TEST_CASE("glsl: f16 tensors are refused without 16-bit storage") {
   builder b;
   auto h = b.input("h", dtype::f16, {4});

@@ -253,4 +253,12 @@ TEST_CASE("lowering: split slices cover the reduced range in 64-element multiple
   CHECK(gpu::slice_length(l.reduced, s) / 256 <= 32768);
   l.reduced = 1 << 20;  // 16K per thread of 64: one pass
   CHECK(gpu::split_slices(l, cpu) == 0);
+  // A column sum of 640M elements: 1,024 slices (the usual cap) left 78,128 iterations per
+  // thread; a forced split takes as many slices as it needs.
+  l.trailing = false;
+  l.leading = true;
+  l.reduced = 640000000;
+  const int64_t c = gpu::split_slices(l, cpu);
+  REQUIRE(c > 1024);
+  CHECK(gpu::slice_length(l.reduced, c) / 8 <= 32768);
 }
