@@ -45,6 +45,25 @@ class held_messages {
     return out;
   }
 
+  /// Hands what waits for `to` to `send`, in order, while it accepts (returns true); keeps the
+  /// rest. True when nothing is left for `to`.
+  template <class Send>
+  bool flush(const std::string& to, Send send) {
+    auto it = queues_.find(to);
+    if (it == queues_.end()) return true;
+    auto& q = it->second;
+    size_t sent = 0;
+    while (sent < q.size() && send(q[sent].m)) {
+      bytes_ -= q[sent].bytes;
+      --count_;
+      ++sent;
+    }
+    q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(sent));
+    if (!q.empty()) return false;
+    queues_.erase(it);
+    return true;
+  }
+
   /// Drops what has waited longer than the age limit; returns how many messages.
   size_t expire(clock::time_point now) {
     size_t dropped = 0;

@@ -1,6 +1,7 @@
 #include "actors/job_engine.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "graph/fragment.hpp"
@@ -78,14 +79,8 @@ void job_engine::peer_up(const std::string& id, const device_profile& p) {
 void job_engine::forget_coordinator(const std::string& id) {
   for (auto it = waiting_.begin(); it != waiting_.end();)
     it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
-  for (auto it = cache_.begin(); it != cache_.end();) {
-    auto next = std::next(it);
-    if (std::get<0>(it->first) == id) drop_cached(it, false);
-    it = next;
-  }
-  std::erase_if(uncached_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
+  forget_fragments([&](const cache_key& k) { return std::get<0>(k) == id; });
   std::erase_if(early_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
-  std::erase_if(evicted_, [&](const cache_key& k) { return std::get<0>(k) == id; });
   std::erase_if(cancelled_, [&](const auto& kv) { return kv.first.first == id; });
   std::erase_if(closed_, [&](const auto& k) { return k.first == id; });
 }
@@ -627,14 +622,17 @@ void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it, 
 void job_engine::forget_session(const std::string& coordinator, uint64_t session) {
   if (closed_.size() >= max_cancelled_jobs) closed_.erase(closed_.begin());
   closed_.insert({coordinator, session});
-  const auto of_session = [&](const cache_key& k) { return std::get<0>(k) == coordinator && (std::get<1>(k) >> 16) == session; };
+  forget_fragments([&](const cache_key& k) { return std::get<0>(k) == coordinator && (std::get<1>(k) >> 16) == session; });
+}
+
+void job_engine::forget_fragments(const std::function<bool(const cache_key&)>& which) {
   for (auto it = cache_.begin(); it != cache_.end();) {
     auto next = std::next(it);
-    if (of_session(it->first)) drop_cached(it, false);
+    if (which(it->first)) drop_cached(it, false);
     it = next;
   }
-  std::erase_if(uncached_, [&](const auto& kv) { return of_session(kv.first); });
-  std::erase_if(evicted_, of_session);
+  std::erase_if(uncached_, [&](const auto& kv) { return which(kv.first); });
+  std::erase_if(evicted_, which);
 }
 
 std::vector<outbound> job_engine::on_activation(const msg::activation& a) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -164,6 +165,8 @@ class job_engine {
   void drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted);
   /// Session `session` of coordinator `coordinator` closed: forgets its fragments and parked calls.
   void forget_session(const std::string& coordinator, uint64_t session);
+  /// Forgets the cached fragments, parked calls and evicted marks whose key `which` picks.
+  void forget_fragments(const std::function<bool(const cache_key&)>& which);
   /// Coordinator side: ends session `id` (its client closed it, died, or it cannot be re-planned)
   /// and tells its stage nodes to let its fragments go.
   std::vector<outbound> end_session(uint64_t id, const std::string& skip_node = {});

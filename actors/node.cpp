@@ -564,21 +564,12 @@ void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to,
     self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
     return;
   }
+  const auto send = [&](const msg::message& x) { return try_send_peer(ctx, to, x); };
   if (st.held.holds(to)) {
     // Connected again without a hello (a client reconnecting): what waits goes first, in order.
     auto id = transport::node_id::parse(to);
-    if (id && ctx.ep->connected(*id)) {
-      const auto now = std::chrono::steady_clock::now();
-      auto waiting = st.held.take(to);
-      size_t sent = 0;
-      while (sent < waiting.size() && try_send_peer(ctx, to, waiting[sent])) ++sent;
-      if (sent == waiting.size() && try_send_peer(ctx, to, m)) return;
-      for (size_t i = sent; i < waiting.size(); ++i) {  // `m` goes behind them
-        auto size = msg::encode_message(waiting[i]);
-        st.held.hold(to, std::move(waiting[i]), size ? size->size() : 0, now);
-      }
-    }
-  } else if (try_send_peer(ctx, to, m)) {
+    if (id && ctx.ep->connected(*id) && st.held.flush(to, send) && send(m)) return;
+  } else if (send(m)) {
     return;
   }
   auto bytes = msg::encode_message(m);  // only for its size: this path is rare
@@ -655,7 +646,7 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         run_ready(self);
       },
       [=](up_atom, std::string id, message_ptr m) {
-        for (const auto& held : self->state.held.take(id)) send_to(self, *ctx, id, held);
+        self->state.held.flush(id, [&](const msg::message& x) { return try_send_peer(*ctx, id, x); });
         const auto& h = std::get<msg::hello>(*m);
         self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
         self->state.trainer->peer_up(id);

@@ -25,6 +25,11 @@ std::string run_prefix(const std::string& coordinator, uint64_t id) {
   return "tr." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
 }
 
+/// The prefix of the same run's gradient accumulators on a worker's device (accumulating()).
+std::string accumulator_prefix(const std::string& coordinator, uint64_t id) {
+  return "acc." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+}
+
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
 /// The outputs of `g` whose names start with `prefix`, in output order, with their sizes.
@@ -385,7 +390,7 @@ void train_engine::retire(const std::shared_ptr<worker_run>& w) {
   t.train = w->train;
   t.cleanup = true;
   const std::string tr = run_prefix(w->coordinator, w->train);
-  const std::string acc = "acc." + w->coordinator.substr(0, 8) + "." + std::to_string(w->train) + ".";
+  const std::string acc = accumulator_prefix(w->coordinator, w->train);
   // Queued behind the run's own tasks, and ahead of any task of a run set up again under the
   // same names (the executor takes tasks in order), so it frees only what this run left.
   t.work = [dev = w->dev, tr, acc](gpu::executor& ex) -> expected<train_work_result> {
@@ -959,7 +964,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
         *slot = *p;
         d.programs.push_back(*p);
       }
-      const std::string prefix = "acc." + w->coordinator.substr(0, 8) + "." + std::to_string(w->train) + ".";
+      const std::string prefix = accumulator_prefix(w->coordinator, w->train);
       auto acc = accumulating(*g.grad, g.grads, prefix);
       if (!acc) return tl::unexpected(acc.error());
       auto first = ex.load(acc->first);

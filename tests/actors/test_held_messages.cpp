@@ -61,3 +61,26 @@ TEST_CASE("held messages nobody comes for expire, so they cannot fill the store 
   CHECK(h.count() == 0);
   CHECK(h.bytes() == 0);
 }
+
+TEST_CASE("held messages flush in order while the sender accepts, and keep the rest", "[actors][held]") {
+  held_messages h(10, 1000, 30s);
+  const auto t0 = held_messages::clock::now();
+  for (uint64_t i = 0; i < 4; ++i) REQUIRE(h.hold("a", heartbeat_of(i), 10, t0));
+  std::vector<uint64_t> sent;
+  CHECK_FALSE(h.flush("a", [&](const msg::message& m) {
+    if (sent.size() == 2) return false;  // the send queue is full after two
+    sent.push_back(load_of(m));
+    return true;
+  }));
+  CHECK(sent == std::vector<uint64_t>{0, 1});
+  CHECK(h.count() == 2);
+  CHECK(h.bytes() == 20);
+  CHECK(h.flush("a", [&](const msg::message& m) {
+    sent.push_back(load_of(m));
+    return true;
+  }));
+  CHECK(sent == std::vector<uint64_t>{0, 1, 2, 3});
+  CHECK_FALSE(h.holds("a"));
+  CHECK(h.count() == 0);
+  CHECK(h.flush("nobody", [](const msg::message&) { return false; }));
+}

@@ -156,6 +156,13 @@ void check_outputs(const msg::job_result& r, const model& m) {
   }
 }
 
+/// The model as a client opens it as a session: its graph and parameters, not its input "x".
+std::vector<char> session_wire(const model& m) {
+  tensor_map params = m.tensors;
+  params.erase("x");
+  return *encode(wire_graph{m.g, params});
+}
+
 }  // namespace
 
 TEST_CASE("a job split over 3 nodes equals the local reference", "[actors][jobs]") {
@@ -237,9 +244,7 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
 TEST_CASE("an inference session loads the model once and serves many calls", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
-  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   INFO(sim.results[0].error);
@@ -269,9 +274,7 @@ TEST_CASE("an inference session loads the model once and serves many calls", "[a
 TEST_CASE("a session survives a dead worker: it is re-planned and calls still answer", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
-  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
   REQUIRE(sim.results.at(0).ok);
   sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
@@ -377,9 +380,7 @@ TEST_CASE("a long-lived session still answers after 256 other sessions passed th
   // fragment that had to make room is sent again instead of leaving the call parked for ever.
   mesh_sim sim({1});
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
-  const auto wire = *encode(wire_graph{m.g, params});
+  const auto wire = session_wire(m);
   sim.post("cli", {{"a", msg::open_session{1, wire}}});
   sim.run();
   sim.post("cli", {{"a", msg::infer{1, 100, {{"x", m.tensors.at("x")}}}}});
@@ -408,9 +409,7 @@ TEST_CASE("a session call whose fragment was evicted gets the fragment sent agai
   // 257 sessions open at once on one worker: the least recently used fragment makes room.
   mesh_sim sim({1});
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
-  const auto wire = *encode(wire_graph{m.g, params});
+  const auto wire = session_wire(m);
   for (uint64_t s = 1; s <= 257; ++s) {
     sim.post("cli", {{"a", msg::open_session{s, wire}}});
     sim.run();
@@ -432,9 +431,7 @@ TEST_CASE("a session call whose fragment was evicted gets the fragment sent agai
 TEST_CASE("sessions of a client that left are ended, and their workers let the fragments go", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
-  sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
   sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
   sim.run();
@@ -453,12 +450,10 @@ TEST_CASE("a session that cannot be re-planned after a death ends, and its calls
   // Open over a and b; c joins with too little memory; b dies: the model no longer fits. Calls
   // used to go on to the dead node, unanswered.
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
   bool tried = false;
   for (int64_t mem = 16000; mem <= 40000 && !tried; mem += 2000) {
     mesh_sim sim({1, 1}, mem);
-    sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+    sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
     sim.run();
     if (!sim.results.at(0).ok || sim.results[0].workers.size() != 2) continue;
     tried = true;
@@ -490,13 +485,11 @@ TEST_CASE("a session closed while a call is in flight leaves nothing resident", 
   // A stage still waiting for its activation when the close arrives runs afterwards: it must not
   // make its fragment resident again, after the executor was told to free it.
   const model m = mlp_job();
-  tensor_map params = m.tensors;
-  params.erase("x");
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     INFO("seed " << seed);
     mesh_sim sim;
     sim.rng.seed(seed);
-    sim.post("cli", {{"a", msg::open_session{1, *encode(wire_graph{m.g, params})}}});
+    sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
     sim.run();
     sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
     sim.run(static_cast<int>(seed % 7) + 1);
