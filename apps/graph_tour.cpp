@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   for (int s = 0; s < steps; ++s) {
     auto r = evaluate(received->g, inputs, state);
     if (!r) return fail(r.error());
-    out = std::move(*r);
+    out = std::move(r->outputs);
+    state = std::move(r->params);
     if (s % 25 == 0 || s == steps - 1) std::printf("   step %4d  loss %.4f\n", s, out.at("loss").at(0));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -71,17 +71,35 @@ expr binary(op_kind op, const operand& a, const operand& b, source_loc loc, attr
 
 }  // namespace
 
-const shape& expr::dims() const {
-  static const shape none;
-  return ok() ? owner_->peek()[id_].dims : none;
+std::string expr::name() const {
+  if (!ok()) return {};
+  const node& n = state_->g[id_];
+  return n.op == op_kind::input || n.op == op_kind::parameter ? n.attrs.name : std::string();
 }
 
-dtype expr::type() const { return ok() ? owner_->peek()[id_].type : dtype::f32; }
+builder::builder() : builder(graph{}) {}
+
+builder::builder(graph g) : state_(std::make_unique<detail::builder_state>()) {
+  state_->g = std::move(g);
+  state_->owner = this;
+}
+
+builder::builder(builder&& other) noexcept : state_(std::move(other.state_)) {
+  if (state_) state_->owner = this;
+}
+
+builder& builder::operator=(builder&& other) noexcept {
+  if (this != &other) {
+    state_ = std::move(other.state_);
+    if (state_) state_->owner = this;
+  }
+  return *this;
+}
 
 expr builder::fail(error e, source_loc loc) {
-  if (!error_) {
+  if (!state_->first_error) {
     e.message = where(loc) + e.message;
-    error_ = std::move(e);
+    state_->first_error = std::move(e);
   }
   return expr(this, -1);
 }
@@ -108,12 +126,12 @@ expr builder::make(op_kind op, const std::vector<expr>& inputs, attributes attrs
   if (!t) return fail(t.error(), loc);
   n.type = t->type;
   n.dims = t->dims;
-  g_.nodes.push_back(std::move(n));
-  return expr(this, g_.size() - 1);
+  state_->g.nodes.push_back(std::move(n));
+  return expr(this, state_->g.size() - 1);
 }
 
 expr builder::input(const std::string& name, dtype t, shape s, source_loc loc) {
-  if (g_.find_leaf(name) >= 0)
+  if (state_->g.find_leaf(name) >= 0)
     return fail(error{error_code::invalid_argument, "input: name \"" + name + "\" is already used"}, loc);
   attributes a;
   a.name = name;
@@ -121,7 +139,7 @@ expr builder::input(const std::string& name, dtype t, shape s, source_loc loc) {
 }
 
 expr builder::parameter(const std::string& name, dtype t, shape s, source_loc loc) {
-  if (g_.find_leaf(name) >= 0)
+  if (state_->g.find_leaf(name) >= 0)
     return fail(error{error_code::invalid_argument, "parameter: name \"" + name + "\" is already used"}, loc);
   attributes a;
   a.name = name;
@@ -146,11 +164,11 @@ void builder::output(const std::string& name, expr e, source_loc loc) {
     if (e.owner() == this || e.owner() == nullptr) fail(error{error_code::invalid_argument, "output \"" + name + "\" is not a valid expression"}, loc);
     return;
   }
-  if (g_.find_output(name) >= 0) {
+  if (state_->g.find_output(name) >= 0) {
     fail(error{error_code::invalid_argument, "output: name \"" + name + "\" is already used"}, loc);
     return;
   }
-  g_.outputs.push_back({name, e.id()});
+  state_->g.outputs.push_back({name, e.id()});
 }
 
 void builder::update(expr target, expr value, source_loc loc) {
@@ -158,7 +176,7 @@ void builder::update(expr target, expr value, source_loc loc) {
     fail(error{error_code::invalid_argument, "update: invalid expression"}, loc);
     return;
   }
-  const auto& t = g_[target.id()];
+  const auto& t = state_->g[target.id()];
   if (t.op != op_kind::parameter) {
     fail(error{error_code::invalid_argument, "update: target is a " + std::string(to_string(t.op)) + ", not a parameter"}, loc);
     return;
@@ -169,17 +187,17 @@ void builder::update(expr target, expr value, source_loc loc) {
                                                to_string(value.dims())}, loc);
     return;
   }
-  for (const auto& u : g_.updates)
+  for (const auto& u : state_->g.updates)
     if (u.target == target.id()) {
       fail(error{error_code::invalid_argument, "update: parameter \"" + t.attrs.name + "\" is updated twice"}, loc);
       return;
     }
-  g_.updates.push_back({target.id(), value.id()});
+  state_->g.updates.push_back({target.id(), value.id()});
 }
 
 expected<graph> builder::finish() const {
-  if (error_) return tl::unexpected(*error_);
-  return g_;
+  if (state_->first_error) return tl::unexpected(*state_->first_error);
+  return state_->g;
 }
 
 // ---- elementwise ----
@@ -235,7 +253,8 @@ expr matmul(const expr& a, const expr& b, source_loc loc) {
     return bld->fail(error{error_code::shape_mismatch, "matmul: operands need rank >= 2, got " +
                                                            to_string(a.dims()) + " x " + to_string(b.dims())}, loc);
   // Broadcast the batch dimensions (all but the last two) like numpy.
-  shape ba(a.dims().begin(), a.dims().end() - 2), bb(b.dims().begin(), b.dims().end() - 2);
+  const shape ad = a.dims(), bd = b.dims();
+  shape ba(ad.begin(), ad.end() - 2), bb(bd.begin(), bd.end() - 2);
   auto batch = broadcast_shapes(ba, bb);
   if (!batch) return bld->fail(error{error_code::shape_mismatch, "matmul: batch dimensions: " + batch.error().message}, loc);
   auto with_batch = [&](const expr& x) {

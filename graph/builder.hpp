@@ -13,6 +13,7 @@
 /// the file and line of the code that made it ("model.cpp:12: matmul: inner dimensions differ").
 /// Binary ops broadcast like numpy (the builder inserts explicit broadcast nodes).
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,23 +37,42 @@ struct source_loc {
 
 class builder;
 
+namespace detail {
+/// Everything a builder holds, kept on the heap so that it stays put when the builder object is
+/// moved: expressions point here, not at the builder, and so survive the builder being returned
+/// from a factory function.
+struct builder_state {
+  graph g;
+  std::optional<error> first_error;
+  builder* owner = nullptr;  ///< the builder that holds this state now (a move updates it)
+};
+}  // namespace detail
+
 /// A value being built: a node of a builder, or poisoned by an earlier error.
+///
+/// An expression stays valid while the builder that made it lives, wherever that builder has been
+/// moved to; it must not outlive it.
 class expr {
  public:
   expr() = default;
-  expr(builder* owner, node_id id) : owner_(owner), id_(id) {}
+  /// Node `id` of `owner`; id -1 is an expression poisoned by an error `owner` recorded.
+  expr(builder* owner, node_id id);
 
-  bool ok() const { return owner_ != nullptr && id_ >= 0; }
+  bool ok() const { return state_ != nullptr && id_ >= 0; }
   node_id id() const { return id_; }
-  builder* owner() const { return owner_; }
-  /// Result shape and type (empty/f32 for a poisoned expression).
-  /// Refers into the builder's node list: copy it before adding nodes that may reallocate it.
-  const shape& dims() const;
-  dtype type() const;
-  int64_t rank() const { return static_cast<int64_t>(dims().size()); }
+  /// The builder that holds this expression's graph now (null for an expression of no builder).
+  builder* owner() const { return state_ ? state_->owner : nullptr; }
+  /// Result shape and type (empty/f32 for a poisoned expression). The shape is a copy: a
+  /// reference into the node list would dangle once adding a node reallocates it.
+  shape dims() const { return ok() ? state_->g[id_].dims : shape{}; }
+  dtype type() const { return ok() ? state_->g[id_].type : dtype::f32; }
+  int64_t rank() const { return ok() ? static_cast<int64_t>(state_->g[id_].dims.size()) : 0; }
+  /// The name of an input or parameter, as given to builder::input() or builder::parameter();
+  /// empty for every other node (they have no name) and for a poisoned expression.
+  std::string name() const;
 
  private:
-  builder* owner_ = nullptr;
+  detail::builder_state* state_ = nullptr;
   node_id id_ = -1;
 };
 
@@ -67,14 +87,26 @@ struct operand {
   source_loc where;
 };
 
-/// Builds one graph. Not copyable: expressions point to it.
+/// Builds one graph.
+///
+/// Movable, so a factory function can return one: the graph lives on the heap and expressions
+/// refer to it there, so every expression made before the move stays valid and belongs to the
+/// builder moved to. A moved-from builder holds nothing: it may only be assigned to or destroyed.
+/// Move-assigning over a builder ends its own graph, as destroying it would: its expressions dangle.
+///
+/// Not copyable: a copy's expressions would all still be the original's, so using them with the
+/// copy would fail ("operand belongs to another builder"). To build on a copy of a graph, start a
+/// new builder from it (builder(graph), with at() to refer to its nodes).
 class builder {
  public:
-  builder() = default;
+  builder();
   /// Continues building on an existing (valid) graph, e.g. to append gradient nodes.
-  explicit builder(graph g) : g_(std::move(g)) {}
+  explicit builder(graph g);
+  builder(builder&& other) noexcept;
+  builder& operator=(builder&& other) noexcept;
   builder(const builder&) = delete;
   builder& operator=(const builder&) = delete;
+  ~builder() = default;
 
   expr input(const std::string& name, dtype t, shape s, source_loc loc = source_loc::current());
   expr parameter(const std::string& name, dtype t, shape s, source_loc loc = source_loc::current());
@@ -100,9 +132,9 @@ class builder {
             source_loc loc);
 
   /// The first error met so far, if any.
-  const std::optional<error>& first_error() const { return error_; }
+  const std::optional<error>& first_error() const { return state_->first_error; }
   /// The graph so far (may be incomplete if there was an error).
-  const graph& peek() const { return g_; }
+  const graph& peek() const { return state_->g; }
   /// The finished graph, or the first error.
   expected<graph> finish() const;
 
@@ -110,9 +142,11 @@ class builder {
   expr fail(error e, source_loc loc);
 
  private:
-  graph g_;
-  std::optional<error> error_;
+  friend class expr;  // an expression refers to state_, which outlives moves of this object
+  std::unique_ptr<detail::builder_state> state_;
 };
+
+inline expr::expr(builder* owner, node_id id) : state_(owner ? owner->state_.get() : nullptr), id_(id) {}
 
 // Elementwise unary.
 expr operator-(const expr& x);
@@ -165,9 +199,11 @@ expr slice(const expr& x, std::vector<int64_t> starts, std::vector<int64_t> stop
 /// Slices [start, stop) of one axis.
 expr slice_axis(const expr& x, int64_t axis, int64_t start, int64_t stop, source_loc loc = source_loc::current());
 expr concat(const std::vector<expr>& xs, int64_t axis, source_loc loc = source_loc::current());
-/// Rows of `table` picked by i32 `indices`; out-of-range indices read zeros.
+/// Rows of `table` picked by i32 `indices`. An index outside the table is an error in evaluate()
+/// and reads zeros on an executor (see graph/ops.hpp).
 expr gather(const expr& table, const expr& indices, source_loc loc = source_loc::current());
-/// zeros(table_shape) with `updates` rows added at `indices`; out-of-range indices are dropped.
+/// zeros(table_shape) with `updates` rows added at `indices`. An index outside the table is an
+/// error in evaluate() and is dropped on an executor (see graph/ops.hpp).
 expr scatter_add(const expr& indices, const expr& updates, shape table_shape, source_loc loc = source_loc::current());
 
 }  // namespace mesh

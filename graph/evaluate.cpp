@@ -80,9 +80,26 @@ double add_i32(double a, double b) {
   return wrap_i32(static_cast<int64_t>(wrap_i32_exact(a)) + static_cast<int64_t>(wrap_i32_exact(b)));
 }
 
-/// Computes one node from its inputs' values. `in_dims` are the inputs' shapes.
-values compute(const node& n, const std::vector<const values*>& in, const std::vector<const shape*>& in_dims,
-               const std::vector<dtype>& in_types, bool round) {
+/// The error for index `r`, element `p` of the indices of gather or scatter_add node `id` of `g`,
+/// whose table has `rows` rows. Names the indices' leaf when they come straight from one, as
+/// labels and token ids usually do.
+error bad_index(const graph& g, node_id id, int64_t p, int64_t r, int64_t rows) {
+  const node& n = g[id];
+  const node& src = g[n.inputs[n.op == op_kind::gather ? 1 : 0]];
+  const bool leaf = src.op == op_kind::input || src.op == op_kind::parameter;
+  return error{error_code::invalid_argument,
+               std::string(to_string(n.op)) + " (node " + std::to_string(id) + "): index " + std::to_string(r) +
+                   " at position " + std::to_string(p) + " of its indices" +
+                   (leaf ? " (" + std::string(to_string(src.op)) + " \"" + src.attrs.name + "\")" : std::string()) +
+                   " is outside the " + std::to_string(rows) + " rows of its " +
+                   (n.op == op_kind::gather ? "table" : "result")};
+}
+
+/// Computes node `id` of `g` from its inputs' values. `in_dims` are the inputs' shapes.
+expected<values> compute(const graph& g, node_id id, const std::vector<const values*>& in,
+                         const std::vector<const shape*>& in_dims, const std::vector<dtype>& in_types, bool round,
+                         index_check indices) {
+  const node& n = g[id];
   const int64_t count = element_count(n.dims);
   values out(static_cast<size_t>(count), 0.0);
   switch (family_of(n.op)) {
@@ -185,7 +202,10 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
         const int64_t picks = element_count(*in_dims[1]);
         for (int64_t p = 0; p < picks; ++p) {
           const auto r = static_cast<int64_t>((*in[1])[p]);
-          if (r < 0 || r >= rows) continue;  // out of range reads zeros
+          if (r < 0 || r >= rows) {
+            if (indices == index_check::strict) return tl::unexpected(bad_index(g, id, p, r, rows));
+            continue;  // reads zeros, as on a device
+          }
           for (int64_t c = 0; c < row_size; ++c) out[p * row_size + c] = (*in[0])[r * row_size + c];
         }
       } else {
@@ -193,7 +213,10 @@ values compute(const node& n, const std::vector<const values*>& in, const std::v
         const int64_t picks = element_count(*in_dims[0]);
         for (int64_t p = 0; p < picks; ++p) {
           const auto r = static_cast<int64_t>((*in[0])[p]);
-          if (r < 0 || r >= rows) continue;  // out of range is dropped
+          if (r < 0 || r >= rows) {
+            if (indices == index_check::strict) return tl::unexpected(bad_index(g, id, p, r, rows));
+            continue;  // dropped, as on a device
+          }
           for (int64_t c = 0; c < row_size; ++c) {
             double& o = out[r * row_size + c];
             const double x = (*in[1])[p * row_size + c];
@@ -243,7 +266,7 @@ namespace {
 /// Values of every node. `leaf` gives inputs' and parameters' values; with `round`, each result
 /// is rounded to its node's dtype (what a device sees), else floats stay exact doubles.
 template <class Leaf>
-std::vector<values> evaluate_values(const graph& g, Leaf&& leaf, bool round) {
+expected<std::vector<values>> evaluate_values(const graph& g, Leaf&& leaf, bool round, index_check indices) {
   std::vector<values> vals(g.nodes.size());
   for (node_id id = 0; id < g.size(); ++id) {
     const node& n = g[id];
@@ -261,17 +284,21 @@ std::vector<values> evaluate_values(const graph& g, Leaf&& leaf, bool round) {
         dims.push_back(&g[i].dims);
         types.push_back(g[i].type);
       }
-      vals[id] = compute(n, in, dims, types, round || !is_float(n.type));
+      auto v = compute(g, id, in, dims, types, round || !is_float(n.type), indices);
+      if (!v) return forward_error(v);
+      vals[id] = std::move(*v);
     }
   }
   return vals;
 }
 
-expected<std::vector<values>> evaluate_bound(const graph& g, const tensor_map& inputs, const tensor_map& params) {
+expected<std::vector<values>> evaluate_bound(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                                             index_check indices) {
   if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
   if (auto ok = check_bindings(g, params, true); !ok) return tl::unexpected(ok.error());
   return evaluate_values(
-      g, [&](const node& n) { return (n.op == op_kind::input ? inputs : params).at(n.attrs.name).to_doubles(); }, true);
+      g, [&](const node& n) { return (n.op == op_kind::input ? inputs : params).at(n.attrs.name).to_doubles(); }, true,
+      indices);
 }
 
 }  // namespace
@@ -285,11 +312,11 @@ expected<std::vector<std::vector<double>>> evaluate_exact(const graph& g,
     if (static_cast<int64_t>(it->second.size()) != element_count(n.dims))
       return make_error(error_code::shape_mismatch, "\"" + n.attrs.name + "\" needs " + std::to_string(element_count(n.dims)) + " values");
   }
-  return evaluate_values(g, [&](const node& n) { return leaves.at(n.attrs.name); }, false);
+  return evaluate_values(g, [&](const node& n) { return leaves.at(n.attrs.name); }, false, index_check::strict);
 }
 
 expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& inputs, const tensor_map& params) {
-  auto vals = evaluate_bound(g, inputs, params);
+  auto vals = evaluate_bound(g, inputs, params, index_check::strict);
   if (!vals) return tl::unexpected(vals.error());
   std::vector<tensor> out;
   out.reserve(vals->size());
@@ -297,13 +324,15 @@ expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& i
   return out;
 }
 
-expected<tensor_map> evaluate(const graph& g, const tensor_map& inputs, tensor_map& params) {
-  auto vals = evaluate_bound(g, inputs, params);
+expected<evaluation> evaluate(const graph& g, const tensor_map& inputs, const tensor_map& params,
+                              index_check indices) {
+  auto vals = evaluate_bound(g, inputs, params, indices);
   if (!vals) return tl::unexpected(vals.error());
   const auto as_tensor = [&](node_id id) { return tensor::from_values(g[id].type, g[id].dims, (*vals)[id]); };
-  tensor_map result;
-  for (const auto& o : g.outputs) result[o.name] = as_tensor(o.id);
-  for (const auto& u : g.updates) params[g[u.target].attrs.name] = as_tensor(u.value);
+  evaluation result;
+  for (const auto& o : g.outputs) result.outputs[o.name] = as_tensor(o.id);
+  result.params = params;
+  for (const auto& u : g.updates) result.params[g[u.target].attrs.name] = as_tensor(u.value);
   return result;
 }
 

@@ -24,9 +24,16 @@ expr iota(builder& b, int64_t n, source_loc loc) {
 
 expr one_hot(const expr& labels, int64_t classes, dtype t, source_loc loc) {
   if (!labels.owner()) return {};
-  shape s = labels.dims();
+  builder& b = *labels.owner();
+  const expr classes_iota = iota(b, classes, loc);
+  // A label outside [0, classes) would compare equal to no class and get a row of zeros, which
+  // cross_entropy would count as a perfect prediction. Passing the labels through a gather from
+  // iota (the identity for labels in range) makes such a label an error in the reference
+  // evaluator, which names it; on an executor it reads 0, like any unchecked gather.
+  const expr checked = gather(classes_iota, labels, loc);
+  shape s = checked.dims();
   s.push_back(1);
-  const expr eq = compare(reshape(labels, s, loc), iota(*labels.owner(), classes, loc), compare_kind::eq);
+  const expr eq = compare(reshape(checked, s, loc), classes_iota, compare_kind::eq);
   return cast(eq, t, loc);
 }
 

@@ -17,7 +17,8 @@ namespace mesh::nn {
 // ---- composites ----
 expr softmax(const expr& x, int64_t axis = -1, source_loc loc = source_loc::current());
 expr log_softmax(const expr& x, int64_t axis = -1, source_loc loc = source_loc::current());
-/// Mean cross-entropy of `logits` [..., classes] against i32 `labels` [...].
+/// Mean cross-entropy of `logits` [..., classes] against i32 `labels` [...]. A label outside
+/// [0, classes) is an error in evaluate() (see one_hot()).
 expr cross_entropy(const expr& logits, const expr& labels, source_loc loc = source_loc::current());
 /// Mean squared error.
 expr mse(const expr& prediction, const expr& target, source_loc loc = source_loc::current());
@@ -28,7 +29,9 @@ expr layer_norm(const expr& x, const expr& gamma, const expr& beta, double eps =
 expr gelu(const expr& x, source_loc loc = source_loc::current());
 /// i32 [n] constant 0, 1, ..., n-1.
 expr iota(builder& b, int64_t n, source_loc loc = source_loc::current());
-/// f32 one-hot [..., classes] of i32 labels [...].
+/// One-hot [..., classes] of i32 labels [...], of dtype `t`. A label outside [0, classes) is an
+/// error in evaluate() that names it (the labels pass through a gather); an executor, which does
+/// not check, gives it the row of class 0.
 expr one_hot(const expr& labels, int64_t classes, dtype t = dtype::f32, source_loc loc = source_loc::current());
 
 // ---- layers with their parameters ----

@@ -15,6 +15,12 @@
 /// abs, div, sums, scatter_add) wraps modulo 2^32, as GPUs and NumPy do; i32 division truncates
 /// toward zero and dividing by zero gives 0; a float cast to i32 truncates toward zero and
 /// saturates (NaN gives 0).
+///
+/// Indices (gather, scatter_add): an index outside the table's rows is a bug in the data. The
+/// reference evaluator (graph/evaluate.hpp), the checked mode that tests use, reports it as an
+/// error naming the node and the index. The executors' kernels (gpu/) do not check on their hot
+/// path: there gather reads zeros and scatter_add drops the row, which only keeps the device from
+/// faulting; a result computed from such an index means nothing.
 #include <cstdint>
 #include <string_view>
 

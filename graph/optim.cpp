@@ -1,10 +1,6 @@
 #include "graph/optim.hpp"
 
 namespace mesh::optim {
-namespace {
-std::string name_of(builder& b, const expr& p) { return b.peek()[p.id()].attrs.name; }
-}  // namespace
-
 void sgd(builder& b, const std::vector<expr>& params, const std::vector<expr>& grads, const sgd_options& o,
          source_loc loc) {
   if (params.size() != grads.size()) {
@@ -16,7 +12,7 @@ void sgd(builder& b, const std::vector<expr>& params, const std::vector<expr>& g
     if (!p.ok() || !grads[i].ok()) return;
     expr step = grads[i];
     if (o.momentum != 0.0) {
-      const expr v = b.parameter("opt.sgd.v." + name_of(b, p), p.type(), p.dims(), loc);
+      const expr v = b.parameter("opt.sgd.v." + p.name(), p.type(), p.dims(), loc);
       step = v * o.momentum + grads[i];
       b.update(v, step, loc);
     }
@@ -39,7 +35,7 @@ void adam(builder& b, const std::vector<expr>& params, const std::vector<expr>& 
     const expr& p = params[i];
     const expr& g = grads[i];
     if (!p.ok() || !g.ok()) return;
-    const std::string name = name_of(b, p);
+    const std::string name = p.name();
     const dtype type = p.type();
     const expr m = b.parameter("opt.adam.m." + name, type, p.dims(), loc);
     const expr v = b.parameter("opt.adam.v." + name, type, p.dims(), loc);

@@ -82,9 +82,8 @@ struct mesh_sim {
       post(o.to, e.on_message(from, *m));
       for (auto& t : e.take_ready()) {
         if (!t.resident_key.empty() && forgotten_set.count(t.resident_key)) ++resident_after_forget;
-        tensor_map params = t.params;
         if (fail_task && fail_task(t)) post(o.to, e.on_executed(t, make_error(error_code::device, "simulated failure")));
-        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, params)));
+        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, t.params).map([](evaluation r) { return r.outputs; })));
       }
       for (auto& k : e.take_forgotten()) {
         forgotten.push_back(k);
@@ -120,7 +119,7 @@ model mlp_job() {
   out.tensors["x"] = tensor::from_values(dtype::f32, {16, 8}, xv);
   tensor_map params = out.tensors;
   params.erase("x");
-  out.reference = *evaluate(out.g, {{"x", out.tensors["x"]}}, params);
+  out.reference = evaluate(out.g, {{"x", out.tensors["x"]}}, params)->outputs;
   return out;
 }
 
@@ -142,7 +141,7 @@ model row_job() {
   out.tensors["x"] = tensor::from_values(dtype::f32, {17, 8}, xv);
   tensor_map params = out.tensors;
   params.erase("x");
-  out.reference = *evaluate(out.g, {{"x", out.tensors["x"]}}, params);
+  out.reference = evaluate(out.g, {{"x", out.tensors["x"]}}, params)->outputs;
   return out;
 }
 

@@ -159,10 +159,9 @@ double full_loss(const model_setup& s, const tensor_map& params) {
   data_order order(s.data.at("x").dims[0], s.micro_batch, 0);
   for (uint64_t i = 0; i < order.per_epoch(); ++i) {
     auto in = take_rows(s.data, order.rows(i));
-    tensor_map p = params;
-    auto out = evaluate(s.model, *in, p);
+    auto out = evaluate(s.model, *in, params);
     REQUIRE(out);
-    total += out->at("loss").at(0);
+    total += out->outputs.at("loss").at(0);
     ++n;
   }
   return total / n;

@@ -47,10 +47,10 @@ void differential(const graph& g, uint64_t seed) {
   auto id = cpu->load(g);
   if (!id) std::abort();
   auto got = cpu->run(*id, inputs);
-  tensor_map ref_params = params;
-  auto want = evaluate(g, inputs, ref_params);
+  // as_devices: random_bindings() puts some gather indices out of range on purpose.
+  auto want = evaluate(g, inputs, params, index_check::as_devices);
   if (!got || !want) std::abort();
-  for (const auto& [name, w] : *want) {
+  for (const auto& [name, w] : want->outputs) {
     const tensor& c = got->at(name);
     if (!test::tame(w) || !test::tame(c)) continue;  // overflow or NaN: rounding order decides, not a bug
     if (normalised_error(c, w) > 1e-3) {

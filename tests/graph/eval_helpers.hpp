@@ -16,11 +16,10 @@ inline std::vector<double> run(builder& b, const tensor_map& inputs = {}, const 
   auto ok = validate(*g);
   INFO((ok ? std::string() : ok.error().to_string()));
   REQUIRE(ok);
-  tensor_map params;
-  auto out = evaluate(*g, inputs, params);
+  auto out = evaluate(*g, inputs, {});
   INFO((out ? std::string() : out.error().to_string()));
   REQUIRE(out);
-  return out->at(name).to_doubles();
+  return out->outputs.at(name).to_doubles();
 }
 
 /// Finishes `b`, validates, evaluates; returns every output by name.
@@ -29,11 +28,10 @@ inline tensor_map run_all(builder& b, const tensor_map& inputs = {}) {
   INFO((g ? std::string() : g.error().to_string()));
   REQUIRE(g);
   REQUIRE(validate(*g));
-  tensor_map params;
-  auto out = evaluate(*g, inputs, params);
+  auto out = evaluate(*g, inputs, {});
   INFO((out ? std::string() : out.error().to_string()));
   REQUIRE(out);
-  return *out;
+  return out->outputs;
 }
 
 inline void require_close(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-6) {

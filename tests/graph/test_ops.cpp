@@ -134,17 +134,58 @@ TEST_CASE("data movement: broadcast, reshape, permute, slice, concat", "[graph][
   require_close(out.at("cat1").to_doubles(), {0, 1, 2, 0, 3, 4, 5, 3});
 }
 
-TEST_CASE("gather and scatter_add, out-of-range indices read zero / are dropped", "[graph][ops]") {
+TEST_CASE("gather and scatter_add pick and add rows", "[graph][ops]") {
   builder b;
   auto table = b.constant(tensor::from_values(dtype::f32, {3, 2}, {1, 2, 3, 4, 5, 6}));
-  auto idx = b.constant(tensor::from_ints({2, 2}, {2, 0, 2, 7}));
+  auto idx = b.constant(tensor::from_ints({2, 2}, {2, 0, 2, 1}));
   b.output("y", gather(table, idx));
   auto upd = b.constant(tensor::from_values(dtype::f32, {2, 2, 2}, {1, 1, 2, 2, 3, 3, 4, 4}));
   b.output("sa", scatter_add(idx, upd, {3, 2}));
   const tensor_map out = mesh::test::run_all(b);
   CHECK(out.at("y").dims == shape{2, 2, 2});
-  require_close(out.at("y").to_doubles(), {5, 6, 1, 2, 5, 6, 0, 0});
-  require_close(out.at("sa").to_doubles(), {2, 2, 0, 0, 4, 4});
+  require_close(out.at("y").to_doubles(), {5, 6, 1, 2, 5, 6, 3, 4});
+  require_close(out.at("sa").to_doubles(), {2, 2, 4, 4, 4, 4});
+}
+
+TEST_CASE("an out-of-range gather or scatter_add index is an error that names the node and the index",
+          "[graph][ops]") {
+  builder b;
+  auto table = b.parameter("table", dtype::f32, {3, 2});
+  auto idx = b.input("idx", dtype::i32, {2, 2});
+  auto picked = gather(table, idx);
+  b.output("y", picked);
+  auto g = b.finish();
+  REQUIRE(g);
+  const tensor_map params{{"table", tensor::from_values(dtype::f32, {3, 2}, {1, 2, 3, 4, 5, 6})}};
+  for (int bad : {3, 7, -1}) {
+    auto r = evaluate(*g, {{"idx", tensor::from_ints({2, 2}, {2, 0, bad, 1})}}, params);
+    REQUIRE_FALSE(r);
+    INFO(r.error().message);
+    CHECK(r.error().code == error_code::invalid_argument);
+    CHECK(r.error().message.find("gather (node " + std::to_string(picked.id()) + ")") != std::string::npos);
+    CHECK(r.error().message.find("index " + std::to_string(bad) + " at position 2") != std::string::npos);
+    CHECK(r.error().message.find("input \"idx\"") != std::string::npos);
+    CHECK(r.error().message.find("3 rows") != std::string::npos);
+  }
+  // As on a device (index_check::as_devices), the bad index reads zeros instead.
+  auto dev = evaluate(*g, {{"idx", tensor::from_ints({2, 2}, {2, 0, 7, 1})}}, params, index_check::as_devices);
+  REQUIRE(dev);
+  require_close(dev->outputs.at("y").to_doubles(), {5, 6, 1, 2, 0, 0, 3, 4});
+
+  builder s;
+  auto sidx = s.input("idx", dtype::i32, {2});
+  auto added = scatter_add(sidx, s.fill(1.0, dtype::f32, {2, 2}), {3, 2});
+  s.output("sa", added);
+  auto sg = s.finish();
+  REQUIRE(sg);
+  auto r = evaluate(*sg, {{"idx", tensor::from_ints({2}, {1, 5})}}, {});
+  REQUIRE_FALSE(r);
+  INFO(r.error().message);
+  CHECK(r.error().message.find("scatter_add (node " + std::to_string(added.id()) + "): index 5 at position 1") !=
+        std::string::npos);
+  auto sdev = evaluate(*sg, {{"idx", tensor::from_ints({2}, {1, 5})}}, {}, index_check::as_devices);
+  REQUIRE(sdev);
+  require_close(sdev->outputs.at("sa").to_doubles(), {0, 0, 1, 1, 0, 0});
 }
 
 TEST_CASE("edge shapes: rank 0, size-1 and empty dimensions", "[graph][ops]") {
@@ -163,19 +204,30 @@ TEST_CASE("edge shapes: rank 0, size-1 and empty dimensions", "[graph][ops]") {
   require_close(out.at("one").to_doubles(), {3, 3, 3});
 }
 
-TEST_CASE("inputs and parameters bind by name, updates write parameters back", "[graph][ops]") {
+TEST_CASE("inputs and parameters bind by name, updates come back beside the outputs", "[graph][ops]") {
   builder b;
   auto x = b.input("x", dtype::f32, {2});
   auto p = b.parameter("p", dtype::f32, {2});
-  b.output("y", x * p);
+  auto q = b.parameter("q", dtype::f32, {2});
+  b.output("y", x * p + q);
   b.update(p, p + x);
   auto g = b.finish();
   REQUIRE(g);
-  tensor_map params{{"p", tensor::from_floats({2}, {1, 2})}};
+  const tensor_map params{{"p", tensor::from_floats({2}, {1, 2})}, {"q", tensor::from_floats({2}, {0, 1})}};
   auto out = evaluate(*g, {{"x", tensor::from_floats({2}, {3, 4})}}, params);
   REQUIRE(out);
-  require_close(out->at("y").to_doubles(), {3, 8});
-  require_close(params.at("p").to_doubles(), {4, 6});
+  require_close(out->outputs.at("y").to_doubles(), {3, 9});
+  REQUIRE(out->outputs.size() == 1);
+  // The returned parameters are the given ones with the updates applied; the argument is untouched.
+  REQUIRE(out->params.size() == 2);
+  require_close(out->params.at("p").to_doubles(), {4, 6});
+  require_close(out->params.at("q").to_doubles(), {0, 1});
+  require_close(params.at("p").to_doubles(), {1, 2});
+  // A second run from the returned parameters continues from the update.
+  auto again = evaluate(*g, {{"x", tensor::from_floats({2}, {3, 4})}}, out->params);
+  REQUIRE(again);
+  require_close(again->outputs.at("y").to_doubles(), {12, 25});
+  require_close(again->params.at("p").to_doubles(), {7, 10});
   // Missing and mistyped bindings are clear errors.
   auto missing = evaluate(*g, {}, params);
   REQUIRE_FALSE(missing);

@@ -44,7 +44,7 @@ tensor_map run_stages(const staged_job& s, const tensor_map& job) {
     }
     auto r = evaluate(*f, inputs, params);
     REQUIRE(r);
-    for (auto& [name, t] : *r) (name.rfind("cut.", 0) == 0 ? cuts : outputs)[name] = t;
+    for (auto& [name, t] : r->outputs) (name.rfind("cut.", 0) == 0 ? cuts : outputs)[name] = t;
   }
   return outputs;
 }
@@ -94,7 +94,7 @@ tensor_map reference(const graph& g, const tensor_map& all) {
   for (const auto& [name, t] : all) (g[g.find_leaf(name)].op == op_kind::input ? inputs : params)[name] = t;
   auto r = evaluate(g, inputs, params);
   REQUIRE(r);
-  return *r;
+  return r->outputs;
 }
 
 }  // namespace
