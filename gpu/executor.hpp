@@ -10,6 +10,7 @@
 #include "graph/error.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
+#include "gpu/kernel_variants.hpp"
 
 namespace mesh::gpu {
 
@@ -94,14 +95,15 @@ struct vulkan_options {
   uint64_t block_bytes = 64ull << 20;
   /// Two-pass (split) reductions for few outputs over long ranges (a loss's mean): -1 chooses (on
   /// for GPUs; off for CPU devices such as lavapipe, where more workgroups only add dispatch
-  /// overhead), 0 off, 1 on. The env variable MESH_SPLIT_REDUCE=0 or 1 overrides it.
+  /// overhead), 0 off, 1 on.
   int split_reductions = -1;
   /// Runs of kernels over the same rows (softmax, layer norm: row reductions, then the
   /// elementwise kernel that uses them) become one kernel that reads each row from memory once:
   /// -1 chooses (rows of 32 or more on GPUs, 256 or more on CPU devices such as lavapipe, where
-  /// short rows ran slower fused), 0 off, 1 every row length. The env variable MESH_FUSE_ROWS=0
-  /// or 1 overrides it.
+  /// short rows ran slower fused), 0 off, 1 every row length.
   int fuse_rows = -1;
+  /// Kernel variants other than the defaults, for comparing kernels (the benchmark).
+  kernel_variants variants;
 };
 
 /// A Vulkan executor on the chosen device, or an error saying why none is available.

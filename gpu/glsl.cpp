@@ -832,98 +832,8 @@ std::string loader(emitter& e, const std::string& name, node_id operand) {
   return f;
 }
 
-/// The fast matmul: f32 operands read straight from their buffers (B as vec4: n a multiple of 4),
-/// tiles stored as vec4 in shared memory (no component writes: those are read-modify-writes of a
-/// whole vec4 on some drivers, racing between threads), the next tile prefetched into registers
-/// while the current one is multiplied, and a vec4 register tile per thread. Falls back (nullopt)
-/// to the generic kernel otherwise.
-std::optional<kernel_source> matmul_vec4(const graph& g, const plan& q, const kernel& k, const device_caps& caps, bool big) {
-  const node& mm = g[k.anchor];
-  const node_id a = mm.inputs[0], b = mm.inputs[1];
-  const shape& ad = g[a].dims;
-  const size_t rank = ad.size();
-  const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
-  const int64_t batch = m * n != 0 ? element_count(mm.dims) / (m * n) : 0;
-  if (!q.materialised[a] || !q.materialised[b] || g[a].type != dtype::f32 || g[b].type != dtype::f32) return std::nullopt;
-  if (caps.gemm_variant != "vec4" || n % 4 != 0 || kd == 0 || batch == 0) return std::nullopt;
-  // The operands are bound as vec4 arrays: the epilogue must not read them as scalars.
-  std::vector<node_id> epi;
-  inline_nodes(g, q, k.root, k.anchor, epi);
-  if (std::count(epi.begin(), epi.end(), a) || std::count(epi.begin(), epi.end(), b)) return std::nullopt;
-  if (a == b) return std::nullopt;
-
-  const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
-  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
-  const int64_t tx = bn / tn, la = bm * bk / 4 / 256, lb = bk * bn / 4 / 256;
-  emitter e(g, q, false);
-  e.bind(k.root);
-  e.bind(a);
-  e.bind(b);
-  std::string store;
-  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][jj][c]"); });
-  const std::string S = std::to_string(bk), M4 = std::to_string(bm / 4), N4 = std::to_string(bn / 4);
-  auto load_tile = [&](const std::string& kb) {
-    std::string t;
-    // A: four rows of one k per thread (a column of As), consecutive threads along k.
-    t += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
-    t += "        uint el = tid + l * 256u, kk = el % " + u(bk) + ", mq = el / " + u(bk) + ", gm = m0 + mq * 4u, gk = " + kb +
-         " + kk;\n        vec4 v = vec4(0.0);\n";
-    t += "        if (gk < " + u(kd) + ") {\n          uint base = bz * " + u(m * kd) + " + gm * " + u(kd) + " + gk;\n";
-    for (int r = 0; r < 4; ++r)
-      t += "          if (gm + " + u(r) + " < " + u(m) + ") v[" + std::to_string(r) + "] = b1.v[base + " + u(r * kd) + "];\n";
-    t += "        }\n        ga[l] = v;\n      }\n";
-    t += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
-    t += "        uint el = tid + l * 256u, kk = el / " + u(bn / 4) + ", nq = el % " + u(bn / 4) + ", gk = " + kb +
-         " + kk, gn = n0 + nq * 4u;\n";
-    t += "        gb[l] = (gk < " + u(kd) + " && gn < " + u(n) + ") ? b2.v[(bz * " + u(kd * n) + " + gk * " + u(n) +
-         " + gn) >> 2] : vec4(0.0);\n      }\n";
-    return t;
-  };
-  std::string src;
-  src += "shared vec4 As[" + S + "][" + M4 + "];\nshared vec4 Bs[" + S + "][" + N4 + "];\n";
-  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, tx = tid % " + u(tx) + ", ty = tid / " + u(tx) + ";\n";
-  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
-  src += "  for (uint by = gl_WorkGroupID.y; by < " + u((m + bm - 1) / bm) + "; by += gl_NumWorkGroups.y)\n";
-  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
-  src += "    const uint m0 = by * " + u(bm) + ", n0 = bx * " + u(bn) + ";\n";
-  src += "    vec4 acc[" + std::to_string(tm) + "][" + std::to_string(tn / 4) + "];\n";
-  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
-         "; ++jj) acc[i][jj] = vec4(0.0);\n";
-  src += "    vec4 ga[" + std::to_string(la) + "], gb[" + std::to_string(lb) + "];\n    {\n" + load_tile("0u") + "    }\n";
-  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
-  src += "      " + unroll + "for (uint l = 0u; l < " + u(la) + "; ++l) {\n";
-  src += "        uint el = tid + l * 256u;\n        As[el % " + u(bk) + "][el / " + u(bk) + "] = ga[l];\n      }\n";
-  src += "      " + unroll + "for (uint l = 0u; l < " + u(lb) + "; ++l) {\n";
-  src += "        uint el = tid + l * 256u;\n        Bs[el / " + u(bn / 4) + "][el % " + u(bn / 4) + "] = gb[l];\n      }\n";
-  src += "      barrier();\n";
-  src += "      if (k0 + " + u(bk) + " < " + u(kd) + ") {\n        const uint kn = k0 + " + u(bk) + ";\n" + load_tile("kn") + "      }\n";
-  src += "      " + unroll + "for (uint kk = 0u; kk < " + u(bk) + "; ++kk) {\n";
-  src += "        vec4 ra[" + std::to_string(tm / 4) + "], rb[" + std::to_string(tn / 4) + "];\n";
-  src += "        " + unroll + "for (uint r = 0u; r < " + u(tm / 4) + "; ++r) ra[r] = As[kk][ty * " + u(tm / 4) + " + r];\n";
-  src += "        " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) + "; ++jj) rb[jj] = Bs[kk][tx + jj * " + u(tx) + "];\n";
-  src += "        " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
-         "; ++jj) acc[i][jj] = fma(vec4(ra[i >> 2][i & 3u]), rb[jj], acc[i][jj]);\n";
-  src += "      }\n      barrier();\n    }\n";
-  src += "    " + unroll + "for (uint i = 0u; i < " + u(tm) + "; ++i) " + unroll + "for (uint jj = 0u; jj < " + u(tn / 4) +
-         "; ++jj) " + unroll + "for (uint c = 0u; c < 4u; ++c) {\n";
-  src += "      uint gm = m0 + ty * " + u(tm) + " + i, gn = n0 + (tx + jj * " + u(tx) + ") * 4u + c;\n";
-  src += "      if (gm >= " + u(m) + " || gn >= " + u(n) + ") continue;\n";
-  src += "      uint ci = bz * " + u(m * n) + " + gm * " + u(n) + " + gn;\n";
-  src += store + "    }\n  }\n}\n";
-
-  kernel_source s;
-  s.name = std::string(big ? "mm128v_" : "mm64v_") + std::to_string(k.root);
-  s.bindings = e.bindings;
-  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
-              groups_for(batch, 1, caps.max_groups[2])};
-  s.bytes = bytes_of(g, s.bindings);
-  s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
-  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false, 2, 3) + prelude + src;
-  return s;
-}
-
 /// The first f16 matmul on tensor cores through GL_NV_cooperative_matrix, kept for shapes the
-/// tiled one does not take (k or n not a multiple of 8) and MESH_COOPMAT=64: 64x64 block tiles
+/// tiled one does not take (k or n not a multiple of 8) and kernel_variants::coopmat "64": 64x64 block tiles
 /// staged in shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
 /// f32 accumulation, then the accumulators go through shared memory so the epilogue runs per
 /// element like everywhere else. nullopt when it does not apply.
@@ -1127,15 +1037,16 @@ std::string tile_loops(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t 
 }
 
 /// Picks the warp tile: 128x128 (8x8 per thread) when there are enough such tiles to fill a GPU,
-/// else 64x64 (4x4 per thread); MESH_GEMM=warp16 doubles the tile depth, MESH_GEMM=wide uses
-/// 128x256 (8x16 per thread), MESH_GEMM=narrow 128x64 (8x4 per thread, fewer registers). nullopt when the device's shared memory is too small.
+/// else 64x64 (4x4 per thread); kernel_variants::gemm "warp16" doubles the tile depth, "wide"
+/// uses 128x256 (8x16 per thread), "narrow" 128x64 (8x4 per thread, fewer registers). nullopt
+/// when the device's shared memory is too small.
 std::optional<warp_tile> pick_warp_tile(const mm_dims& d, const device_caps& caps) {
   warp_tile t;
   const bool big = ((d.m + 127) / 128) * ((d.n + 127) / 128) * d.batch >= 128;
   if (!big) t.rm = t.rn = 1;
-  if (big && caps.gemm_variant == "wide") t.rn = 4;
-  if (big && caps.gemm_variant == "narrow") t.rn = 1;
-  if (caps.gemm_variant == "warp16") t.bk = 16;
+  if (big && caps.variants.gemm == "wide") t.rn = 4;
+  if (big && caps.variants.gemm == "narrow") t.rn = 1;
+  if (caps.variants.gemm == "warp16") t.bk = 16;
   if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
   return t;
 }
@@ -1220,7 +1131,7 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   src += la + lb;
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, warp = tid >> 5, lane = tid & 31u;\n";
   src += "  const uint wm = warp >> 1, wn = warp & 1u, lm = lane >> 3, ln = lane & 7u;\n";
-  src += tile_loops(d.batch, m, n, bm, bn, caps.gemm_swizzle);
+  src += tile_loops(d.batch, m, n, bm, bn, caps.variants.gemm_swizzle);
   src += "    vec4 acc[" + std::to_string(4 * t.rm) + "][" + std::to_string(t.rn) + "];\n";
   src += "    " + loop("i", 4 * t.rm) + loop("j", t.rn) + "acc[i][j] = vec4(0.0);\n";
   src += "    vec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";
@@ -1276,9 +1187,9 @@ struct coop_tile {
   int64_t shared_bytes() const { return 16 * 2 * (bm() * a_stride() + bk * b_stride()) + sgm * sgn * 256 * 4; }
 };
 
-/// Parses an explicit block shape, MESH_COOPMAT=g<sgm>x<sgn>f<fm>x<fn>k<bk> ("g2x2f4x4k32" is the
-/// default big tile), for tuning on a new device. nullopt when `spec` is not of that form or out
-/// of range.
+/// Parses an explicit block shape, kernel_variants::coopmat "g<sgm>x<sgn>f<fm>x<fn>k<bk>"
+/// ("g2x2f4x4k32" is the default big tile), for tuning on a new device. nullopt when `spec` is not
+/// of that form or out of range.
 std::optional<coop_tile> parse_coop_tile(const std::string& spec) {
   long v[5] = {0, 0, 0, 0, 0};
   int used = 0;
@@ -1294,16 +1205,17 @@ std::optional<coop_tile> parse_coop_tile(const std::string& spec) {
 }
 
 /// 128x128 tiles of 4 subgroups (64x64 each) when there are enough of them to fill a GPU, else
-/// 64x64 of 4 subgroups (32x32 each). MESH_COOPMAT=s8 (8 subgroups of 64x32) and =wide (128x256,
-/// tiles 16 deep) are kept for comparison: both measured slower on the H100 (docs/gpu.md); an
-/// explicit shape (parse_coop_tile) applies to every problem size.
+/// 64x64 of 4 subgroups (32x32 each). kernel_variants::coopmat "s8" (8 subgroups of 64x32) and
+/// "wide" (128x256, tiles 16 deep) are kept for comparison: both measured slower on the H100
+/// (docs/gpu.md); an explicit shape (parse_coop_tile) applies to every problem size. nullopt when
+/// the device's shared memory is too small.
 std::optional<coop_tile> pick_coop_tile(const mm_dims& d, const device_caps& caps) {
   coop_tile t;
   const bool big = ((d.m + 127) / 128) * ((d.n + 127) / 128) * d.batch >= 128;
-  if (auto spec = parse_coop_tile(caps.coopmat_variant)) t = *spec;
+  if (auto spec = parse_coop_tile(caps.variants.coopmat)) t = *spec;
   else if (!big) t = {2, 2, 2, 2, 32};
-  else if (caps.coopmat_variant == "s8") t = {2, 4, 4, 2, 32};
-  else if (caps.coopmat_variant == "wide") t = {2, 4, 4, 4, 16};
+  else if (caps.variants.coopmat == "s8") t = {2, 4, 4, 2, 32};
+  else if (caps.variants.coopmat == "wide") t = {2, 4, 4, 4, 16};
   if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
   return t;
 }
@@ -1317,7 +1229,7 @@ std::optional<coop_tile> pick_coop_tile(const mm_dims& d, const device_caps& cap
 std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
   const mm_dims d = dims_of(g, k);
   const auto av = direct_operand(g, q, d.a), bv = direct_operand(g, q, d.b);
-  if (!caps.coopmat_f16 || caps.coopmat_variant == "64" || !av || !bv) return std::nullopt;
+  if (!caps.coopmat_f16 || caps.variants.coopmat == "64" || !av || !bv) return std::nullopt;
   if (g[av->id].type != dtype::f16 || g[bv->id].type != dtype::f16 || d.kd % 8 != 0 || d.n % 8 != 0 || d.kd == 0 ||
       d.batch == 0)
     return std::nullopt;
@@ -1400,7 +1312,7 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
   src += "shared float Cs[" + std::to_string(t.sgm * t.sgn * 256) + "];\n";
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
   src += "  const uint wm = sg / " + u(t.sgn) + ", wn = sg % " + u(t.sgn) + ";\n";
-  src += tile_loops(d.batch, m, n, bm, bn, caps.gemm_swizzle);
+  src += tile_loops(d.batch, m, n, bm, bn, caps.variants.gemm_swizzle);
   src += "    " + frag32 + " acc[" + std::to_string(t.fm) + "][" + std::to_string(t.fn) + "];\n";
   src += "    " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = " + frag32 + "(0.0);\n";
   src += "    uvec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "];\n";
@@ -1454,8 +1366,7 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   const bool big = ((m + 127) / 128) * ((n + 127) / 128) * batch >= 128 && caps.shared_memory_bytes >= 16384;
   if (auto coop = matmul_coopmat_tiled(g, q, k, caps)) return *coop;
   if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
-  if (auto fast = matmul_vec4(g, q, k, caps, big)) return *fast;
-  if (caps.gemm_variant != "classic")
+  if (caps.variants.gemm != "classic")
     if (auto warp = matmul_warp(g, q, k, caps)) return *warp;
   const int64_t bm = big ? 128 : 64, bn = bm, bk = 16, tm = big ? 8 : 4, tn = tm;
   const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";

@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "gpu/kernel_variants.hpp"
 #include "gpu/plan.hpp"
 
 namespace mesh::gpu {
 
-/// What the emitter needs to know about the device: it picks variants from these.
+/// What the emitter needs to know about the device (it picks kernels from these), and the
+/// kernel variants the caller asked for.
 struct device_caps {
   uint32_t subgroup_size = 32;
   uint32_t shared_memory_bytes = 32768;
@@ -20,19 +22,8 @@ struct device_caps {
   /// Ask for unrolled matmul loops so the accumulator tile stays in registers (GPUs: a dynamically
   /// indexed tile spills to local memory). CPU drivers (lavapipe) JIT the unrolled code slowly.
   bool unroll_loops = true;
-  /// f32 matmul variant (env MESH_GEMM): "" picks the warp-tiled double-buffered kernel;
-  /// "warp16" (tiles 16 deep), "wide" (128x256) and "narrow" (128x64) are its other shapes, "classic" the
-  /// earlier single-buffered kernel, "vec4" the earlier vec4/prefetch one (docs/gpu.md has figures).
-  std::string gemm_variant;
-  /// Cooperative-matrix kernel variant (env MESH_COOPMAT): "" picks the tiled 128-bit-load kernel;
-  /// "s8" (8 subgroups of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel,
-  /// "g<sgm>x<sgn>f<fm>x<fn>k<bk>" any block shape (subgroups, fragments per subgroup, tile depth).
-  std::string coopmat_variant;
-  /// Workgroup-tile rasterisation of the tiled matmuls (`mmw*`, `mmct*`; env MESH_GEMM_SWIZZLE):
-  /// G > 1 walks G tile rows down a column before the next column so that concurrent workgroups
-  /// share A and B tiles in L2; 0 or 1 keeps row-major tile order. Off by default: G = 4, 8, 16
-  /// changed no GEMM rate on the H100 beyond run-to-run noise (docs/gpu.md has figures).
-  uint32_t gemm_swizzle = 0;
+  /// The kernels the caller chose where there is a choice (default: the library's own).
+  kernel_variants variants;
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;

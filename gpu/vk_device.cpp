@@ -228,10 +228,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   caps.storage16 = info.fp16;
   caps.unroll_loops = d->props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
   if (d->props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) caps.loop_limit = 65535;
-  if (const char* gemm = std::getenv("MESH_GEMM")) caps.gemm_variant = gemm;
-  if (const char* coop = std::getenv("MESH_COOPMAT")) caps.coopmat_variant = coop;
-  if (const char* sw = std::getenv("MESH_GEMM_SWIZZLE"); sw && *sw)
-    caps.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(sw), 0L, 64L));
+  caps.variants = options.variants;
 
   // Memory types: device-local for tensors, host-visible coherent (cached if possible) for staging.
   int dev_type = -1, host_type = -1, host_cached = -1;
@@ -250,7 +247,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
 
   // Tensor cores: NV cooperative matrices need the extension, a 16x16x16 f16 x f16 + f32
   // subgroup configuration, shaderFloat16 and the Vulkan memory model (the GLSL extension
-  // compiles to it). MESH_COOPMAT=0 leaves them off.
+  // compiles to it). kernel_variants::coopmat "0" leaves them off.
   auto coop_features = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesNV>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV);
   auto f16_features = vk_struct<VkPhysicalDeviceShaderFloat16Int8Features>(
@@ -258,8 +255,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   auto model_features = vk_struct<VkPhysicalDeviceVulkanMemoryModelFeatures>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES);
   std::vector<const char*> extensions;
-  const char* coop_env = std::getenv("MESH_COOPMAT");
-  const bool coop_allowed = !(coop_env && std::strcmp(coop_env, "0") == 0);
+  const bool coop_allowed = options.variants.coopmat != "0";
   if (coop_allowed && info.coopmat && info.fp16 && has_extension(chosen, "VK_KHR_shader_float16_int8") &&
       has_extension(chosen, "VK_KHR_vulkan_memory_model")) {
     coop_features.pNext = &f16_features;
@@ -329,5 +325,6 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   vkGetDeviceQueue(d->device, d->queue_family, 0, &d->queue);
   return d;
 }
+
 
 }  // namespace mesh::gpu

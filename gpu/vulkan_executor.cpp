@@ -27,34 +27,25 @@ namespace {
 
 uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.dims)) * size_of(n.type); }
 
-/// A tri-state option (-1 = the device's default, 0 = off, 1 = on), overridden by the
-/// environment variable `name` when it says exactly 0 or 1.
-int with_env_override(int option, const char* name) {
-  if (const char* v = std::getenv(name); v && (std::string(v) == "0" || std::string(v) == "1")) return v[0] - '0';
-  return option;
-}
-
-/// Whether reductions may run in two passes: vulkan_options::split_reductions, overridden by
-/// MESH_SPLIT_REDUCE=0/1 (the benchmark times the one-pass kernels beside the split ones); by
-/// default on GPUs only (on lavapipe a 1M-element mean took twice as long split: its workgroups
-/// are run by a few CPU threads, and each extra one costs).
+/// Whether reductions may run in two passes: vulkan_options::split_reductions; by default on GPUs
+/// only (on lavapipe a 1M-element mean took twice as long split: its workgroups are run by a few
+/// CPU threads, and each extra one costs).
 split_options split_options_for(const vk_device& d, const vulkan_options& vo) {
   split_options o;
-  const int want = with_env_override(vo.split_reductions, "MESH_SPLIT_REDUCE");
+  const int want = vo.split_reductions;
   o.enabled = want < 0 ? d.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU : want == 1;
   if (d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) o.must_split_above = 32768;  // llvmpipe's loop limit
   return o;
 }
 
 /// The shortest rows whose kernels are fused into one (kernel_kind::rows), 0 for none:
-/// vulkan_options::fuse_rows, overridden by MESH_FUSE_ROWS=0/1 (the benchmark times both). By
-/// default rows of 32 or more on GPUs (a rows kernel gives each row a workgroup of at least 64
-/// threads: shorter rows would leave most of them idle, where the unfused kernels give each
-/// row a thread); on CPU devices rows of 256 or more (on lavapipe a fused softmax over
-/// 1,024-element rows was faster, a layer norm over 64-element rows slower: its workgroups are
-/// run by a few CPU threads, and each barrier costs). 1: every length (tests).
+/// vulkan_options::fuse_rows. By default rows of 32 or more on GPUs (a rows kernel gives each row
+/// a workgroup of at least 64 threads: shorter rows would leave most of them idle, where the
+/// unfused kernels give each row a thread); on CPU devices rows of 256 or more (on lavapipe a
+/// fused softmax over 1,024-element rows was faster, a layer norm over 64-element rows slower:
+/// its workgroups are run by a few CPU threads, and each barrier costs). 1: every length (tests).
 int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
-  const int want = with_env_override(vo.fuse_rows, "MESH_FUSE_ROWS");
+  const int want = vo.fuse_rows;
   if (want == 0) return 0;
   if (want == 1) return 2;
   return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 32;

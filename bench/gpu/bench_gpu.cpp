@@ -16,6 +16,12 @@
 // value in the order given (repeat a value to see clock drift), checked entry by entry (every
 // check shape), then its f16 (MESH_COOPMAT) or fp32 GEMMs at 2048 and 4096 timed.
 //
+// Kernel choices by name, in --variants lists and in the environment (MESH_GEMM=wide
+// mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT and MESH_GEMM_SWIZZLE
+// set gpu::kernel_variants (gemm, coopmat, gemm_swizzle), MESH_SPLIT_REDUCE and MESH_FUSE_ROWS
+// (0 or 1) vulkan_options::split_reductions and fuse_rows. The benchmark reads them and passes
+// them in its vulkan_options; the library reads none of them.
+//
 // Figures come from GPU timestamps around each kernel (median over N runs, after warm-up runs:
 // at least 300 ms, until the run time stops improving). Tensors are
 // parameters resident on the device and results are written back as parameter updates, so no
@@ -444,11 +450,27 @@ std::function<void(gpu::executor&)> check_rows(const std::string& p, bool layer_
   };
 }
 
-/// A new executor with environment variable `var` set to `value` (the device caps read it).
+/// Sets the kernel choice `var` (MESH_GEMM, MESH_COOPMAT, MESH_GEMM_SWIZZLE, MESH_SPLIT_REDUCE,
+/// MESH_FUSE_ROWS: see the top of this file) to `value` in `o`; false for another name, or a
+/// split/fuse value other than 0 or 1.
+bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::string& value) {
+  if (var == "MESH_GEMM") o.variants.gemm = value;
+  else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
+  else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));
+  else if ((var == "MESH_SPLIT_REDUCE" || var == "MESH_FUSE_ROWS") && (value == "0" || value == "1"))
+    (var == "MESH_SPLIT_REDUCE" ? o.split_reductions : o.fuse_rows) = value[0] - '0';
+  else return false;
+  return true;
+}
+
+/// A new executor with the benchmark's options and kernel choice `var` set to `value`.
 std::unique_ptr<gpu::executor> executor_with(const char* var, const char* value) {
-  setenv(var, value, 1);
-  auto ex = gpu::make_vulkan_executor(options);
-  unsetenv(var);
+  gpu::vulkan_options o = options;
+  if (!set_variant(o, var, value)) {
+    std::fprintf(stderr, "unknown kernel choice %s=%s\n", var, value);
+    return nullptr;
+  }
+  auto ex = gpu::make_vulkan_executor(o);
   if (!ex) return nullptr;
   return std::move(*ex);
 }
@@ -561,6 +583,9 @@ int main(int argc, char** argv) {
   gpu::vulkan_options& o = options;
   o.cache_dir = cache;
   o.block_bytes = 256ull << 20;
+  for (const char* var : {"MESH_GEMM", "MESH_COOPMAT", "MESH_GEMM_SWIZZLE", "MESH_SPLIT_REDUCE", "MESH_FUSE_ROWS"})
+    if (const char* v = std::getenv(var); v && !set_variant(o, var, v))
+      std::fprintf(stderr, "%s=%s ignored (0 or 1)\n", var, v);
 
   // Compile latency: cold (shaderc + driver), a new executor on the same disk cache, memory hit.
   auto timed_load = [&](gpu::executor& ex, const graph& g) {
@@ -732,10 +757,9 @@ int main(int argc, char** argv) {
   }
 
   if (sweep) {
-    // The other kernel variants, each in its own executor (the device caps read the variable),
-    // each checked entry by entry before it is timed. "classic" and "64" are the kernels these
-    // replaced.
-    for (const char* v : {"classic", "warp16", "wide", "narrow", "vec4"})
+    // The other kernel variants, each in its own executor, each checked entry by entry before
+    // it is timed. "classic" and "64" are the kernels these replaced.
+    for (const char* v : {"classic", "warp16", "wide", "narrow"})
       if (auto vex = executor_with("MESH_GEMM", v)) {
         check_matmuls(*vex, dtype::f32, std::string("MESH_GEMM=") + v, quick, true);
         time_matmuls(*vex, dtype::f32, sizes, std::string("matmul fp32, MESH_GEMM=") + v);

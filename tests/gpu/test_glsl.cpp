@@ -214,19 +214,19 @@ TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shap
   const graph g = done(b);
   const auto p = gpu::lower(g);
   gpu::shader_cache cache("", "test");
-  // swizzle: the tile rasterisation (MESH_GEMM_SWIZZLE); 3 leaves ragged groups of tile rows.
-  // Explicit coopmat shapes (MESH_COOPMAT=g...) apply to every problem, the small one included.
+  // swizzle: the tile rasterisation (kernel_variants::gemm_swizzle); 3 leaves ragged groups of
+  // tile rows. Explicit coopmat shapes ("g...") apply to every problem, the small one included.
   struct variant { const char* gemm; const char* coop; bool coopmat; uint32_t swizzle = 8; };
   for (auto v : {variant{"", "", false}, variant{"warp16", "", false}, variant{"wide", "", false}, variant{"classic", "", false},
                  variant{"narrow", "", false}, variant{"", "", true}, variant{"", "s8", true},
                  variant{"", "wide", true}, variant{"", "64", true}, variant{"", "g2x2f4x4k32", true}, variant{"", "g2x1f4x4k16", true},
                  variant{"", "", false, 0}, variant{"", "", false, 3}, variant{"", "", true, 0}, variant{"", "", true, 3}}) {
     gpu::device_caps caps;
-    caps.gemm_swizzle = v.swizzle;
+    caps.variants.gemm_swizzle = v.swizzle;
     caps.storage16 = true;
     caps.shared_memory_bytes = 49152;
-    caps.gemm_variant = v.gemm;
-    caps.coopmat_variant = v.coop;
+    caps.variants.gemm = v.gemm;
+    caps.variants.coopmat = v.coop;
     caps.coopmat_f16 = v.coopmat;
     std::vector<std::string> names;
     int direct_stores = 0;  // tiled coopmat kernels without an epilogue store fragments directly

@@ -334,17 +334,27 @@ TEST_CASE("ops: bad bindings are errors, not crashes") {
 
 namespace {
 
-/// A Vulkan executor made while `var` = `value` (kernel variants are chosen from the environment
-/// when the device is opened); memory-only kernel cache, so no other test's kernels are reused.
-std::unique_ptr<gpu::executor> vulkan_with_env(const char* var, const char* value) {
+/// A Vulkan executor with the options `set` makes (kernel variants, fusion); memory-only kernel
+/// cache, so no other test's kernels are reused.
+template <class F>
+std::unique_ptr<gpu::executor> vulkan_with(F set) {
   vulkan();  // keeps the driver loaded (see harness.hpp)
-  setenv(var, value, 1);
   gpu::vulkan_options o;
   o.cache_dir = "-";
+  set(o);
   auto ex = gpu::make_vulkan_executor(o);
-  unsetenv(var);
   REQUIRE(ex);
   return std::move(*ex);
+}
+
+/// A Vulkan executor whose f32 matmuls take `variant` (kernel_variants::gemm).
+std::unique_ptr<gpu::executor> vulkan_with_gemm(const char* variant) {
+  return vulkan_with([&](gpu::vulkan_options& o) { o.variants.gemm = variant; });
+}
+
+/// A Vulkan executor that runs no rows kernels (vulkan_options::fuse_rows = 0).
+std::unique_ptr<gpu::executor> vulkan_unfused() {
+  return vulkan_with([](gpu::vulkan_options& o) { o.fuse_rows = 0; });
 }
 
 /// relu(x @ w) - 0.25 for one shape on `ex`, against the reference; `w` names the parameter.
@@ -363,14 +373,6 @@ void check_relu_matmul(gpu::executor& ex, const mm_case& c, const std::string& w
 }
 
 }  // namespace
-
-TEST_CASE("ops: the vec4 + prefetch matmul variant (MESH_GEMM=vec4) matches the reference") {
-  auto ex = vulkan_with_env("MESH_GEMM", "vec4");
-  for (auto c : {mm_case{0, 3, 5, 8}, mm_case{2, 64, 64, 64}, mm_case{0, 300, 37, 516}, mm_case{32, 129, 4, 132}}) {
-    check_relu_matmul(*ex, c, "v4w" + std::to_string(c.m) + "_" + std::to_string(c.k), 20);
-    CHECK(ex->stats().kernels.at(0).name.find("v_") != std::string::npos);  // the variant ran
-  }
-}
 
 TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 and f16, with epilogues") {
   // The weight is read straight from its buffer with a batch stride of 0 (vec4 loads when n % 4
@@ -392,26 +394,26 @@ TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 an
     }
 }
 
-TEST_CASE("ops: matmuls under every tile rasterisation (MESH_GEMM_SWIZZLE=0, 1, 3, 8) match the reference") {
+TEST_CASE("ops: matmuls under every tile rasterisation (kernel_variants::gemm_swizzle = 0, 1, 3, 8) match the reference") {
   // 64-wide tiles: 1000 rows are 16 tile rows (3 leaves a ragged last group), 455 rows 8, one
   // tile column, batches (per batch index), and 128-wide tiles (32 x 2 x 2 of them).
-  for (const char* sw : {"0", "1", "3", "8"}) {
-    auto ex = vulkan_with_env("MESH_GEMM_SWIZZLE", sw);
+  for (uint32_t sw : {0u, 1u, 3u, 8u}) {
+    auto ex = vulkan_with([&](gpu::vulkan_options& o) { o.variants.gemm_swizzle = sw; });
     for (auto c : {mm_case{0, 1000, 33, 200}, mm_case{3, 455, 7, 300}, mm_case{0, 200, 5, 60}, mm_case{32, 129, 4, 132}})
-      check_relu_matmul(*ex, c, std::string("sw") + sw + "_" + std::to_string(c.m) + "_" + std::to_string(c.k), 24);
+      check_relu_matmul(*ex, c, "sw" + std::to_string(sw) + "_" + std::to_string(c.m) + "_" + std::to_string(c.k), 24);
   }
 }
 
-TEST_CASE("ops: the other matmul variants (MESH_GEMM=warp16, wide, narrow, classic) match the reference") {
+TEST_CASE("ops: the other matmul variants (kernel_variants::gemm = warp16, wide, narrow, classic) match the reference") {
   for (const char* variant : {"warp16", "wide", "narrow", "classic"}) {
-    auto ex = vulkan_with_env("MESH_GEMM", variant);
+    auto ex = vulkan_with_gemm(variant);
     for (auto c : {mm_case{0, 3, 5, 8}, mm_case{0, 127, 33, 65}, mm_case{32, 129, 4, 132}, mm_case{32, 129, 3, 129}})
       check_relu_matmul(*ex, c, std::string("var") + variant + std::to_string(c.m) + "_" + std::to_string(c.k), 22);
   }
 }
 
 TEST_CASE("ops: rows kernels (softmax, log-softmax, layer norm, shared row results) match the reference, fused or not") {
-  auto unfused = vulkan_with_env("MESH_FUSE_ROWS", "0");
+  auto unfused = vulkan_unfused();
   // Rows shorter than, near and longer than a workgroup (64-256 threads); leading axes; f16.
   // vulkan() fuses rows of every length (lavapipe's default starts at 256).
   for (int64_t len : {3, 64, 300, 1000}) {
@@ -514,7 +516,7 @@ TEST_CASE("ops: an i32 result of a row reduction is not passed between rows-kern
 TEST_CASE("ops: a max over a row holding NaN is NaN, fused or not, one pass or split") {
   // Workgroup reductions combine lanes with subgroupMax, whose NaN handling is undefined: the
   // kernels carry NaN past it, as the reference does.
-  auto unfused = vulkan_with_env("MESH_FUSE_ROWS", "0");
+  auto unfused = vulkan_unfused();
   builder b;
   auto x = b.input("x", dtype::f32, {3, 300});
   auto flat = b.input("flat", dtype::f32, {5000});

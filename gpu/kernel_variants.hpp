@@ -1,0 +1,28 @@
+#pragma once
+/// Kernel variants a caller may choose instead of the defaults, for comparing kernels (the
+/// benchmark times them side by side; docs/gpu.md has the figures). The defaults are the kernels
+/// the library uses; the library never reads these from the environment.
+#include <cstdint>
+#include <string>
+
+namespace mesh::gpu {
+
+struct kernel_variants {
+  /// f32 matmul: "" the warp-tiled double-buffered kernel (`mmw*`); "warp16" (tiles 16 deep),
+  /// "wide" (128x256) and "narrow" (128x64) are its other shapes, "classic" the single-buffered
+  /// kernel (`mm128`/`mm64`, which also takes what the warp-tiled one cannot).
+  std::string gemm;
+  /// f16 matmul on tensor cores: "" the tiled 128-bit-load kernel (`mmct*`); "s8" (8 subgroups
+  /// of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel (`mmcoop`),
+  /// "g<sgm>x<sgn>f<fm>x<fn>k<bk>" any block shape (subgroups, fragments per subgroup, tile
+  /// depth). "0" creates the device without cooperative matrices: f16 matmuls then compute in
+  /// f32 on the f32 kernels.
+  std::string coopmat;
+  /// Workgroup-tile rasterisation of the tiled matmuls (`mmw*`, `mmct*`): G > 1 walks G tile rows
+  /// down a column before the next column so that concurrent workgroups share A and B tiles in
+  /// L2; 0 or 1 keeps row-major tile order. Off by default: G = 4, 8, 16 changed no GEMM rate on
+  /// the H100 beyond run-to-run noise.
+  uint32_t gemm_swizzle = 0;
+};
+
+}  // namespace mesh::gpu
