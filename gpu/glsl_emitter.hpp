@@ -1,0 +1,150 @@
+#pragma once
+/// Internal to the GLSL emitters (gpu/glsl*.cpp; the public interface is glsl.hpp): the
+/// expression emitter that every kernel uses to compute node values at index expressions, and the
+/// text every kernel shares (buffer declarations, the shader header, the prelude of mesh_*
+/// functions, epilogues, operand loaders).
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/glsl.hpp"
+
+namespace mesh::gpu::detail {
+
+/// A GLSL unsigned literal: 12 -> "12u".
+inline std::string u(int64_t v) { return std::to_string(v) + "u"; }
+
+/// GLSL functions every kernel may call: f16/bf16 rounding, and pow, max, min, tanh, int
+/// conversion and division as the reference evaluator computes them.
+extern const char* const prelude;
+
+/// Builds the statements of one kernel: values of nodes at index expressions, with common
+/// subexpressions shared (keyed by node and index text) and buffers bound on first use.
+class emitter {
+ public:
+  emitter(const graph& g, const plan& p, bool vec4) : g_(g), p_(p), vec4_(vec4) {}
+
+  std::string body;
+  std::vector<node_id> bindings;
+
+  int bind(node_id id) {
+    auto it = std::find(bindings.begin(), bindings.end(), id);
+    if (it != bindings.end()) return static_cast<int>(it - bindings.begin());
+    bindings.push_back(id);
+    return static_cast<int>(bindings.size() - 1);
+  }
+
+  /// GLSL type holding a value of node `id` while computing.
+  std::string ctype(node_id id) const { return ctype(g_[id].type); }
+  std::string ctype(dtype t) const {
+    if (t == dtype::i32) return vec4_ ? "ivec4" : "int";
+    return vec4_ ? "vec4" : "float";
+  }
+
+  std::string tmp() { return "t" + std::to_string(next_++); }
+
+  /// Declares `T name = expr;` and returns the name.
+  std::string let(const std::string& type, const std::string& expr) {
+    std::string name = tmp();
+    body += "  " + type + " " + name + " = " + expr + ";\n";
+    return name;
+  }
+
+  /// An index expression as a plain name (declaring a temporary when it is not one).
+  std::string index_var(const std::string& e) {
+    if (std::all_of(e.begin(), e.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      return e;
+    auto it = index_cse_.find(e);
+    if (it != index_cse_.end()) return it->second;
+    std::string v = let("uint", e);
+    index_cse_[e] = v;
+    return v;
+  }
+
+  /// Seeds the value of `id` at `idx` (the accumulator of an epilogue's anchor).
+  void seed(node_id id, const std::string& idx, const std::string& var) { cse_[{id, idx}] = var; }
+
+  /// Makes `var` the value of `id` at every index: a rows kernel's result for the current row,
+  /// which the plan guarantees is only read at that row.
+  void fix(node_id id, const std::string& var) { fixed_[id] = var; }
+
+  /// Runs `f` in a nested scope: temporaries made there are forgotten after.
+  template <class F>
+  void scoped(F f) {
+    auto saved = cse_;
+    auto saved_idx = index_cse_;
+    f();
+    cse_ = std::move(saved);
+    index_cse_ = std::move(saved_idx);
+  }
+
+  std::string load(node_id id, const std::string& idx);
+  std::string store(node_id id, const std::string& idx, const std::string& v);
+
+  /// Rounds a freshly computed float to the node's storage type (what the reference does).
+  std::string rounded(node_id id, const std::string& e);
+
+  /// Coordinate `d` of flat index `idx` in `dims`.
+  static std::string coord(const std::string& idx, const shape& dims, size_t d);
+  static std::string sum_terms(const std::vector<std::string>& terms);
+  static std::string times(const std::string& e, int64_t k) { return k == 1 ? e : e + " * " + u(k); }
+
+  /// The value of node `id` at flat index `idx_in`: a literal, a load, or its expression
+  /// computed inline (shared with earlier uses of the same node at the same index).
+  std::string value(node_id id, const std::string& idx_in);
+
+ private:
+  std::string compute(node_id id, const std::string& idx);
+  std::string movement(node_id id, const std::string& idx);
+  std::string gather(node_id id, const std::string& idx);
+
+  const graph& g_;
+  const plan& p_;
+  bool vec4_;
+  int next_ = 0;
+  std::map<std::pair<node_id, std::string>, std::string> cse_;
+  std::map<std::string, std::string> index_cse_;
+  std::map<node_id, std::string> fixed_;
+};
+
+/// Nodes computed inline in the expression of `root` (stops at materialised nodes), plus the
+/// materialised ones it reads.
+void inline_nodes(const graph& g, const plan& p, node_id root, node_id stop, std::vector<node_id>& out);
+
+/// One storage buffer: binding b holds node `id`; binding 0 is the one written.
+std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4, size_t writes = 1);
+
+/// The storage buffers of `bindings`, as vec4 arrays when `all_vec4` or within [vec4_from,
+/// vec4_to); bindings [0, writes) are written.
+std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
+                         size_t vec4_from = SIZE_MAX, size_t vec4_to = 0, size_t writes = 1);
+
+/// "#version 450", the extensions the kernel needs (16-bit storage when a binding is f16/bf16,
+/// subgroup arithmetic when `subgroups`) and the workgroup size.
+std::string header(const graph& g, const std::vector<node_id>& bindings, bool subgroups, uint32_t local_size);
+
+/// Workgroups to cover `items` at `per_group` each, at least 1 and at most `cap` (kernels
+/// grid-stride over the rest).
+uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap);
+
+/// Bytes of the graph nodes among `bindings` (scratch buffers not counted).
+uint64_t bytes_of(const graph& g, const std::vector<node_id>& bindings);
+
+/// The kernel's own root is materialised, so value() would load it: compute it instead by
+/// treating the root as inline while emitting its expression.
+plan with_root_inline(const plan& p, node_id root);
+
+/// Epilogue: the value of the root once the anchor's value at `idx` is `acc`.
+/// `value`, when given, receives the name holding the root's value (in scope right after the
+/// returned statements).
+std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc,
+                     std::string* value = nullptr);
+
+/// `float name(uint xi)`: the value of `operand` at flat index xi (prologue index arithmetic).
+std::string loader(emitter& e, const std::string& name, node_id operand);
+
+}  // namespace mesh::gpu::detail

@@ -1,0 +1,51 @@
+#pragma once
+/// Internal to the GLSL emitters: the emitter of each kernel kind, for emit() (glsl.cpp), and the
+/// operand helpers that the f32 and the cooperative-matrix matmul emitters share.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gpu/glsl.hpp"
+
+namespace mesh::gpu::detail {
+
+/// kernel_kind::reduce: one-pass (`redg`, `redt`, `redc`) or one pass of a split reduction
+/// (`reds1`/`reds2`, `redcs1`/`redcs2`). glsl_reduce.cpp.
+kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// kernel_kind::rows: a workgroup per row runs every member kernel over it. glsl_reduce.cpp.
+kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// kernel_kind::matmul: the tiled cooperative-matrix kernel, the first cooperative-matrix kernel,
+/// the warp-tiled f32 kernel or the classic one, the first that applies. glsl_matmul.cpp.
+kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// The f16 matmuls on tensor cores (glsl_coopmat.cpp); nullopt when the kernel does not apply.
+std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
+std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
+
+/// A matmul operand read straight from a buffer: the materialised node `id`, whose consecutive
+/// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like
+/// a weight in x[b, t, c] x w[c, d]).
+struct operand_view {
+  node_id id = 0;
+  int64_t batch_stride = 0;
+};
+
+
+/// The buffer behind matmul operand `x` when it is materialised, or a broadcast of a
+/// materialised matrix over batch axes only; nullopt when it needs index arithmetic.
+std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_id x);
+
+/// Whether `operand` is read by the kernel's epilogue or by the inline expression of `other`:
+/// such an operand cannot be bound as a vector array (the other readers index it as scalars).
+bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id operand, node_id other);
+
+/// The tile loops of the tiled matmuls (grid-stride over batch, tile rows, tile columns), ending
+/// with `m0` and `n0`, the tile's first row and column. With `swizzle` = G > 1 the (tile row,
+/// tile column) pair the hardware enumerates row-major is remapped, as a bijection of the tile
+/// grid, to walk G tile rows down a column before the next column (the last group has the
+/// remaining rows), so workgroups running at the same time share A and B tiles in L2.
+std::string tile_loops(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t bn, uint32_t swizzle);
+
+}  // namespace mesh::gpu::detail
