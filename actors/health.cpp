@@ -5,15 +5,6 @@
 
 namespace mesh {
 
-const char* to_string(peer_health h) {
-  switch (h) {
-    case peer_health::healthy: return "healthy";
-    case peer_health::suspect: return "suspect";
-    case peer_health::dead: return "dead";
-  }
-  return "?";
-}
-
 void health_monitor::add_peer(const std::string& peer, uint64_t incarnation, mono_time now) {
   record r;
   r.incarnation = incarnation;

@@ -18,13 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "wire/states.hpp"
+
 namespace mesh {
 
 /// Monotonic time since an arbitrary origin; tests use simulated values.
 using mono_time = std::chrono::nanoseconds;
-
-enum class peer_health : uint8_t { healthy, suspect, dead };
-const char* to_string(peer_health h);
 
 struct health_config {
   std::chrono::milliseconds heartbeat_interval{250};  ///< how often peers send heartbeats

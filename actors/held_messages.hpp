@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 
 namespace mesh {
 

@@ -6,21 +6,29 @@
 
 #include "graph/fragment.hpp"
 #include "graph/staged_plan.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
 namespace mesh {
 namespace {
 
+/// The kind status shows for a one-shot job that ran as plan `s`.
+job_kind job_kind_of(strategy s) {
+  switch (s) {
+    case strategy::data_parallel: return job_kind::data_parallel;
+    case strategy::tensor_parallel: return job_kind::tensor_parallel;
+    case strategy::pipeline:
+    case strategy::automatic: break;
+  }
+  return job_kind::pipeline;
+}
+
 constexpr size_t max_early_activations = 4096;  // activations buffered for stages not yet here
 constexpr size_t max_finished_jobs = 100;        // kept for status
 constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
-constexpr size_t max_uncached_calls = 1024;      // calls parked until their fragment arrives
-constexpr size_t max_evicted_keys = 1024;        // evicted fragments remembered (to refuse their calls)
 constexpr size_t max_cancelled_jobs = 4096;      // cancelled jobs remembered (to ignore late stages)
 constexpr uint32_t max_call_attempts = 4;        // a session call relaunched for evicted fragments
 /// A worker's answer to a call whose session fragment it let go to make room: the coordinator
 /// sends the fragment again (a call without it cannot run, and parking it would wait for ever).
-constexpr const char* fragment_evicted = "the session fragment is no longer cached on this node";
 
 std::string resident_key_of(const std::string& coordinator, uint64_t cache, uint32_t stage) {
   return coordinator + "/" + std::to_string(cache) + "/" + std::to_string(stage);
@@ -48,9 +56,10 @@ expected<void> check_reserved_names(const graph& g) {
   return {};
 }
 
-std::vector<outbound> reply_error(const std::string& client, uint64_t id, const std::string& why) {
+std::vector<outbound> reply_error(const std::string& client, uint64_t id, error_code code, const std::string& why) {
   msg::job_result r;
   r.job = id;
+  r.code = code;
   r.error = why;
   return {{client, r}};
 }
@@ -123,19 +132,18 @@ std::vector<outbound> job_engine::on_message(const std::string& from, const msg:
 // ---- coordinator: one-shot jobs ----
 
 std::vector<outbound> job_engine::submit(const std::string& client, const msg::submit_job& s) {
-  if (by_client_.count({client, s.job})) return reply_error(client, s.job, "job " + std::to_string(s.job) + " is already running");
+  if (by_client_.count({client, s.job})) return reply_error(client, s.job, error_code::invalid_argument, "job " + std::to_string(s.job) + " is already running");
   auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
-  if (!w) return reply_error(client, s.job, "the graph was rejected: " + w.error().to_string());
-  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, s.job, ok.error().message);
-  if (s.strategy > static_cast<uint8_t>(strategy::automatic)) return reply_error(client, s.job, "unknown strategy " + std::to_string(s.strategy));
-  const auto kind = static_cast<strategy>(s.strategy);
+  if (!w) return reply_error(client, s.job, w.error().code, "the graph was rejected: " + w.error().to_string());
+  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
+  const auto kind = s.how;
   auto split = split_tensors(w->g, w->tensors);
-  if (!split) return reply_error(client, s.job, split.error().message);
-  if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().message);
-  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, s.job, ok.error().message);
+  if (!split) return reply_error(client, s.job, split.error().code, split.error().message);
+  if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
+  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
 
   const uint64_t id = new_job(client, s.job, std::make_shared<const graph>(std::move(w->g)), std::move(w->tensors), 0);
-  job_state& j = jobs_.at(id);
+  job_record& j = jobs_.at(id);
   j.kind = kind;
   j.source = j.g;
   const auto ids = workers();
@@ -148,7 +156,7 @@ std::vector<device_profile> job_engine::profiles_of(const std::vector<std::strin
   return out;
 }
 
-expected<plan> job_engine::plan_job(const job_state& j, const std::vector<std::string>& nodes) const {
+expected<plan> job_engine::plan_job(const job_record& j, const std::vector<std::string>& nodes) const {
   const auto devices = profiles_of(nodes);
   if (j.kind != strategy::automatic) return partition(*j.source, devices, j.kind);
   // The planner's cheapest plan may be one the stages cannot express (a data-parallel plan of a
@@ -161,7 +169,7 @@ expected<plan> job_engine::plan_job(const job_state& j, const std::vector<std::s
   });
 }
 
-expected<void> job_engine::adopt_plan(job_state& j, const std::vector<std::string>& nodes, plan p) {
+expected<void> job_engine::adopt_plan(job_record& j, const std::vector<std::string>& nodes, plan p) {
   if (p.kind == strategy::pipeline) {
     j.g = j.source;
     j.current = p;
@@ -183,7 +191,7 @@ expected<void> job_engine::adopt_plan(job_state& j, const std::vector<std::strin
   return {};
 }
 
-expected<plan> job_engine::replan_job(const job_state& j, const std::string& dead, std::vector<std::string>& nodes) const {
+expected<plan> job_engine::replan_job(const job_record& j, const std::string& dead, std::vector<std::string>& nodes) const {
   const auto pos = std::find(j.plan_nodes.begin(), j.plan_nodes.end(), dead);
   std::vector<std::string> survivors;
   for (const auto& n : j.plan_nodes)
@@ -204,7 +212,7 @@ expected<plan> job_engine::replan_job(const job_state& j, const std::string& dea
 uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g,
                              tensor_map tensors, uint64_t session) {
   const uint64_t id = next_job_++;
-  job_state& j = jobs_[id];
+  job_record& j = jobs_[id];
   j.client = client;
   j.client_job = client_job;
   j.g = std::move(g);
@@ -214,16 +222,16 @@ uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std
   return id;
 }
 
-std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p) {
+std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::vector<std::string>& nodes, expected<plan> p) {
   session_state* sess = nullptr;
   if (j.session) {
     auto it = sessions_.find(j.session);
-    if (it == sessions_.end()) return finish(id, j, false, "the session was closed");
+    if (it == sessions_.end()) return finish(id, j, make_error(error_code::not_found, "the session was closed"));
     sess = &it->second;
   } else {
-    if (!p) return finish(id, j, false, "cannot plan the job: " + p.error().message);
+    if (!p) return finish(id, j, make_error(p.error().code, "cannot plan the job: " + p.error().message));
     const std::string kind = to_string(p->kind);
-    if (auto ok = adopt_plan(j, nodes, std::move(*p)); !ok) return finish(id, j, false, "cannot run the " + kind + " plan: " + ok.error().message);
+    if (auto ok = adopt_plan(j, nodes, std::move(*p)); !ok) return finish(id, j, make_error(ok.error().code, "cannot run the " + kind + " plan: " + ok.error().message));
   }
   const plan& pl = sess ? sess->current : j.current;
   std::vector<outbound> out;
@@ -235,7 +243,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
   if (sess) j.stage_nodes = sess->stage_nodes;
   ++j.attempt;
   j.stages_done = 0;
-  j.state = "running";
+  j.state = job_state::running;
   j.pending.clear();
   j.outputs.clear();
   for (size_t s = 0; s < pl.stages.size(); ++s) {
@@ -254,7 +262,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
       r.cache = (j.session << 16) | (sess->epoch & 0xffff);
     } else {
       auto f = stage_fragment(*j.g, pl, static_cast<int>(s));
-      if (!f) return finish(id, j, false, "cannot cut the graph: " + f.error().message);
+      if (!f) return finish(id, j, make_error(f.error().code, "cannot cut the graph: " + f.error().message));
       one_shot = std::move(*f);
       frag = &one_shot;
     }
@@ -271,7 +279,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
     if (sess && send_fragment) w.tensors = sess->fragment_params[s];
     if (send_fragment) {
       auto bytes = encode(w);
-      if (!bytes) return finish(id, j, false, bytes.error().message);
+      if (!bytes) return finish(id, j, make_error(bytes.error().code, bytes.error().message));
       r.wire = std::move(*bytes);
       if (sess) sess->loaded.insert({j.stage_nodes[s], r.stage});
     }
@@ -279,19 +287,23 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_state& j, const std::v
     out.push_back({j.stage_nodes[s], std::move(r)});
   }
   if (j.pending.empty()) {
-    auto done = finish(id, j, true, "");
+    auto done = finish(id, j, {});
     out.insert(out.end(), done.begin(), done.end());
   }
   return out;
 }
 
-std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, const std::string& error) {
+std::vector<outbound> job_engine::finish(uint64_t id, job_record& j, const expected<void>& outcome) {
   msg::job_result r;
   r.job = j.client_job;
+  const bool ok = outcome.has_value();
   r.ok = ok;
-  r.error = error;
+  if (!ok) {
+    r.code = outcome.error().code;
+    r.error = outcome.error().message;
+  }
   r.attempts = j.attempt;
-  r.strategy = static_cast<uint8_t>(j.source_plan.kind);
+  r.ran_as = j.source_plan.kind;
   if (ok && j.g)
     for (const auto& o : j.g->outputs) r.outputs.push_back({o.name, j.outputs.at(o.name)});
   for (const auto& n : j.stage_nodes)
@@ -300,7 +312,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
   // Stages still waiting for activations that will not come (another stage failed): let go.
   if (!ok && j.attempt > 0)
     for (const auto& n : nodes_of(j.stage_nodes)) out.push_back({n, msg::cancel_stages{id, j.attempt}});
-  j.state = ok ? "done" : "failed";
+  j.state = ok ? job_state::done : job_state::failed;
   j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count();
   j.pending.clear();
   j.g.reset();  // free the graph and tensors; the status line stays
@@ -311,7 +323,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
   by_client_.erase({j.client, j.client_job});
   out.push_back({j.client, std::move(r)});
   while (jobs_.size() > max_finished_jobs) {
-    auto oldest = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& kv) { return kv.first != id && (kv.second.state == "done" || kv.second.state == "failed"); });
+    auto oldest = std::find_if(jobs_.begin(), jobs_.end(), [&](auto& kv) { return kv.first != id && (kv.second.state == job_state::done || kv.second.state == job_state::failed); });
     if (oldest == jobs_.end()) break;
     jobs_.erase(oldest);
   }
@@ -321,16 +333,16 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_state& j, bool ok, con
 std::vector<outbound> job_engine::on_stage_done(const std::string& from, const msg::stage_done& d) {
   auto it = jobs_.find(d.job);
   if (it == jobs_.end()) return {};
-  job_state& j = it->second;
+  job_record& j = it->second;
   if (d.attempt != j.attempt || !j.pending.count(d.stage) || j.stage_nodes[d.stage] != from) return {};  // stale or spoofed
-  if (!d.ok && j.session && d.error == fragment_evicted && j.attempt < max_call_attempts) {
+  if (!d.ok && j.session && d.code == error_code::evicted && j.attempt < max_call_attempts) {
     auto sess = sessions_.find(j.session);
     if (sess != sessions_.end()) {
       sess->second.loaded.erase({from, d.stage});  // the relaunch carries the fragment to it again
       return launch(d.job, j, {}, make_error(error_code::internal, "a session call has no plan of its own"));
     }
   }
-  if (!d.ok) return finish(d.job, j, false, "stage " + std::to_string(d.stage) + " failed on node " + from.substr(0, 8) + ": " + d.error);
+  if (!d.ok) return finish(d.job, j, make_error(d.code, "stage " + std::to_string(d.stage) + " failed on node " + from.substr(0, 8) + ": " + d.error));
   for (const auto& o : d.outputs)
     if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
   j.pending.erase(d.stage);
@@ -342,11 +354,11 @@ std::vector<outbound> job_engine::on_stage_done(const std::string& from, const m
   if (!j.pending.empty()) return out;
   for (const auto& o : j.g->outputs)
     if (!j.outputs.count(o.name)) {
-      auto failed = finish(d.job, j, false, "no stage returned output \"" + o.name + "\"");
+      auto failed = finish(d.job, j, make_error(error_code::internal, "no stage returned output \"" + o.name + "\""));
       out.insert(out.end(), failed.begin(), failed.end());
       return out;
     }
-  auto done = finish(d.job, j, true, "");
+  auto done = finish(d.job, j, {});
   out.insert(out.end(), done.begin(), done.end());
   return out;
 }
@@ -380,14 +392,14 @@ expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std
 }
 
 std::vector<outbound> job_engine::open(const std::string& client, const msg::open_session& o) {
-  if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, "session " + std::to_string(o.session) + " is already open");
+  if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, error_code::invalid_argument, "session " + std::to_string(o.session) + " is already open");
   auto w = decode_wire_graph(o.wire.data(), o.wire.size(), limits_);
-  if (!w) return reply_error(client, o.session, "the model was rejected: " + w.error().to_string());
-  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, o.session, ok.error().message);
+  if (!w) return reply_error(client, o.session, w.error().code, "the model was rejected: " + w.error().to_string());
+  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
   auto split = split_tensors(w->g, w->tensors);
-  if (!split) return reply_error(client, o.session, split.error().message);
-  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, o.session, ok.error().message);
-  if (!w->g.updates.empty()) return reply_error(client, o.session, "an inference model must not update its parameters");
+  if (!split) return reply_error(client, o.session, split.error().code, split.error().message);
+  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
+  if (!w->g.updates.empty()) return reply_error(client, o.session, error_code::invalid_argument, "an inference model must not update its parameters");
   const uint64_t id = next_job_++;
   session_state& s = sessions_[id];
   s.client = client;
@@ -399,7 +411,7 @@ std::vector<outbound> job_engine::open(const std::string& client, const msg::ope
   live_devices(ids, devices);
   if (auto ok = plan_session(id, s, ids, partition(*s.g, devices, strategy::pipeline)); !ok) {
     sessions_.erase(id);
-    return reply_error(client, o.session, "cannot plan the model: " + ok.error().message);
+    return reply_error(client, o.session, ok.error().code, "cannot plan the model: " + ok.error().message);
   }
   sessions_by_client_[{client, o.session}] = id;
   msg::job_result r;
@@ -413,12 +425,12 @@ std::vector<outbound> job_engine::open(const std::string& client, const msg::ope
 
 std::vector<outbound> job_engine::call(const std::string& client, const msg::infer& c) {
   auto sit = sessions_by_client_.find({client, c.session});
-  if (sit == sessions_by_client_.end()) return reply_error(client, c.call, "no open session " + std::to_string(c.session));
-  if (by_client_.count({client, c.call})) return reply_error(client, c.call, "call " + std::to_string(c.call) + " is already running");
+  if (sit == sessions_by_client_.end()) return reply_error(client, c.call, error_code::not_found, "no open session " + std::to_string(c.session));
+  if (by_client_.count({client, c.call})) return reply_error(client, c.call, error_code::invalid_argument, "call " + std::to_string(c.call) + " is already running");
   session_state& s = sessions_.at(sit->second);
   tensor_map inputs;
   for (const auto& t : c.inputs) inputs[t.name] = t.value;
-  if (auto ok = check_bindings(*s.g, inputs, false); !ok) return reply_error(client, c.call, ok.error().message);
+  if (auto ok = check_bindings(*s.g, inputs, false); !ok) return reply_error(client, c.call, ok.error().code, ok.error().message);
   const uint64_t id = new_job(client, c.call, s.g, std::move(inputs), sit->second);
   // A call runs over its session's plan: launch() takes no plan for it.
   return launch(id, jobs_.at(id), {}, make_error(error_code::internal, "a session call has no plan of its own"));
@@ -460,9 +472,9 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id) {
     else unplannable[sid] = ok.error().message;
   }
   for (auto& [jid, j] : jobs_) {
-    if (j.state != "running") continue;
+    if (j.state != job_state::running) continue;
     if (auto u = unplannable.find(j.session); j.session && u != unplannable.end()) {
-      auto failed = finish(jid, j, false, "node " + id.substr(0, 8) + " died and the session cannot be re-planned: " + u->second);
+      auto failed = finish(jid, j, make_error(error_code::network, "node " + id.substr(0, 8) + " died and the session cannot be re-planned: " + u->second));
       out.insert(out.end(), failed.begin(), failed.end());
       continue;
     }
@@ -494,11 +506,12 @@ std::vector<outbound> job_engine::end_session(uint64_t id, const std::string& sk
 // ---- worker ----
 
 std::vector<outbound> job_engine::on_run_stage(const std::string& from, const msg::run_stage& r) {
-  const auto fail = [&](const std::string& why) {
+  const auto fail = [&](error_code code, const std::string& why) {
     msg::stage_done d;
     d.job = r.job;
     d.attempt = r.attempt;
     d.stage = r.stage;
+    d.code = code;
     d.error = why;
     return std::vector<outbound>{{r.coordinator, d}};
   };
@@ -510,26 +523,22 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   ws.task.stage = r.stage;
   ws.task.routes = r.routes;
   const cache_key key{r.coordinator, r.cache, r.stage};
-  if (r.cache && closed_.count({r.coordinator, r.cache >> 16})) return fail("the session was closed");
+  if (r.cache && closed_.count({r.coordinator, r.cache >> 16})) return fail(error_code::not_found, "the session was closed");
   if (r.wire.empty()) {
-    if (!r.cache) return fail("the stage carries no fragment");
+    if (!r.cache) return fail(error_code::invalid_argument, "the stage carries no fragment");
     auto c = cache_.find(key);
-    if (c == cache_.end() && evicted_.count(key)) return fail(fragment_evicted);
-    if (c == cache_.end()) {
-      size_t parked = 0;
-      for (const auto& [k, v] : uncached_) parked += v.size();
-      if (parked >= max_uncached_calls) return fail("too many calls waiting for their fragment");
-      uncached_[key].push_back(r);
-      return {};
-    }
+    // The call that carried the fragment came first (the transport keeps a peer's order), so a
+    // fragment missing here was let go (least recently used) or lost with a device restart:
+    // the coordinator sends it again.
+    if (c == cache_.end()) return fail(error_code::evicted, "the session fragment is no longer cached on this node");
     c->second.last_use = ++use_clock_;
     ws.task.g = c->second.g;
     ws.task.params = c->second.params;
   } else {
     auto w = decode_wire_graph(r.wire.data(), r.wire.size(), limits_);
-    if (!w) return fail("fragment rejected: " + w.error().to_string());
+    if (!w) return fail(w.error().code, "fragment rejected: " + w.error().to_string());
     auto split = split_tensors(w->g, std::move(w->tensors));
-    if (!split) return fail(split.error().message);
+    if (!split) return fail(split.error().code, split.error().message);
     ws.task.inputs = std::move(split->first);
     ws.task.params = std::move(split->second);
     ws.task.g = std::make_shared<const graph>(std::move(w->g));
@@ -537,26 +546,17 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
       if (!cache_.count(key) && cache_.size() >= max_cached_fragments) {
         auto lru = std::min_element(cache_.begin(), cache_.end(),
                                     [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
-        drop_cached(lru, true);
+        drop_cached(lru);
       }
       cache_[key] = {ws.task.g, ws.task.params, ++use_clock_};
-      evicted_.erase(key);
     }
   }
   std::vector<outbound> out;
-  if (auto parked = uncached_.find(key); parked != uncached_.end() && !r.wire.empty()) {
-    auto calls = std::move(parked->second);
-    uncached_.erase(parked);
-    for (const auto& c : calls) {
-      auto more = on_run_stage(from, c);
-      out.insert(out.end(), more.begin(), more.end());
-    }
-  }
   if (r.cache) ws.task.resident_key = resident_key_of(r.coordinator, r.cache, r.stage);
   for (const auto& t : r.inputs) ws.task.inputs[t.name] = t.value;
   for (const auto& a : r.awaited) {
     const node_id leaf = ws.task.g->find_leaf(a);
-    if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail("awaited value \"" + a + "\" is not an input of the fragment");
+    if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail(error_code::invalid_argument, "awaited value \"" + a + "\" is not an input of the fragment");
     ws.awaited.insert(a);
   }
   const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
@@ -593,10 +593,6 @@ std::vector<outbound> job_engine::on_cancel_stages(const std::string& from, cons
     it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? waiting_.erase(it) : std::next(it);
   for (auto it = early_.begin(); it != early_.end();)
     it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? early_.erase(it) : std::next(it);
-  for (auto it = uncached_.begin(); it != uncached_.end();) {
-    std::erase_if(it->second, [&](const msg::run_stage& r) { return stale(r.coordinator, r.job, r.attempt); });
-    it = it->second.empty() ? uncached_.erase(it) : std::next(it);
-  }
   return {};
 }
 
@@ -607,15 +603,11 @@ void job_engine::unpin(const std::string& resident_key) {
     if (t.resident_key == resident_key) t.resident_key.clear();
 }
 
-void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted) {
+void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it) {
   const auto& [coordinator, cache, stage] = it->first;
   const std::string key = resident_key_of(coordinator, cache, stage);
   unpin(key);
   forgotten_.push_back(key);
-  if (evicted) {
-    if (evicted_.size() >= max_evicted_keys) evicted_.erase(evicted_.begin());
-    evicted_.insert(it->first);
-  }
   cache_.erase(it);
 }
 
@@ -628,11 +620,9 @@ void job_engine::forget_session(const std::string& coordinator, uint64_t session
 void job_engine::forget_fragments(const std::function<bool(const cache_key&)>& which) {
   for (auto it = cache_.begin(); it != cache_.end();) {
     auto next = std::next(it);
-    if (which(it->first)) drop_cached(it, false);
+    if (which(it->first)) drop_cached(it);
     it = next;
   }
-  std::erase_if(uncached_, [&](const auto& kv) { return which(kv.first); });
-  std::erase_if(evicted_, which);
 }
 
 std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
@@ -672,6 +662,7 @@ std::vector<outbound> job_engine::on_executed(const stage_task& t, const expecte
   d.stage = t.stage;
   std::vector<outbound> out;
   if (!outputs) {
+    d.code = outputs.error().code;
     d.error = outputs.error().to_string();
     out.push_back({t.coordinator, d});
     return out;
@@ -703,8 +694,8 @@ std::vector<msg::job_status> job_engine::jobs() const {
     s.state = j.state;
     s.stages = static_cast<uint32_t>(std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); }));
     s.attempts = j.attempt;
-    s.kind = j.session ? "inference" : to_string(j.source_plan.kind);
-    s.seconds = j.state == "running" ? std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count() : j.seconds;
+    s.kind = j.session ? job_kind::inference : job_kind_of(j.source_plan.kind);
+    s.seconds = j.state == job_state::running ? std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count() : j.seconds;
     out.push_back(s);
   }
   return out;

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "graph/cost.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/planner.hpp"
@@ -78,7 +78,7 @@ class job_engine {
   std::vector<std::string> workers() const;
 
  private:
-  struct job_state {
+  struct job_record {
     std::string client;
     uint64_t client_job = 0;
     std::shared_ptr<const graph> g;
@@ -98,7 +98,7 @@ class job_engine {
     std::vector<std::string> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
     std::set<uint32_t> pending;            ///< stages not done yet
     tensor_map outputs;
-    std::string state = "planning";
+    job_state state = job_state::planning;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     double seconds = 0;
   };
@@ -125,17 +125,18 @@ class job_engine {
   std::vector<outbound> open(const std::string& client, const msg::open_session& o);
   std::vector<outbound> call(const std::string& client, const msg::infer& c);
   /// (Re)starts a job over plan `p` (one-shot jobs) or over its session's plan (calls).
-  std::vector<outbound> launch(uint64_t id, job_state& j, const std::vector<std::string>& nodes, expected<plan> p);
+  std::vector<outbound> launch(uint64_t id, job_record& j, const std::vector<std::string>& nodes, expected<plan> p);
   expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
-  std::vector<outbound> finish(uint64_t id, job_state& j, bool ok, const std::string& error);
+  /// Ends a job: its result (the outputs, or `outcome`'s error) goes to the client.
+  std::vector<outbound> finish(uint64_t id, job_record& j, const expected<void>& outcome);
   /// The plan for a one-shot job over `nodes`: its strategy, or for automatic the cheapest plan
   /// that can run as stages.
-  expected<plan> plan_job(const job_state& j, const std::vector<std::string>& nodes) const;
+  expected<plan> plan_job(const job_record& j, const std::vector<std::string>& nodes) const;
   /// Makes `p` (over `nodes`) the job's plan and turns it into stages.
-  expected<void> adopt_plan(job_state& j, const std::vector<std::string>& nodes, plan p);
+  expected<void> adopt_plan(job_record& j, const std::vector<std::string>& nodes, plan p);
   /// A one-shot job's plan after `dead` died: survivors keep their part when every node of the
   /// old plan but `dead` is still live, else a fresh plan. `nodes` receives the device list.
-  expected<plan> replan_job(const job_state& j, const std::string& dead, std::vector<std::string>& nodes) const;
+  expected<plan> replan_job(const job_record& j, const std::string& dead, std::vector<std::string>& nodes) const;
   std::vector<device_profile> profiles_of(const std::vector<std::string>& nodes) const;
   /// Registers a new job (or session call) of `client` and returns its internal id.
   uint64_t new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
@@ -151,7 +152,7 @@ class job_engine {
   graph_limits limits_;
   std::map<std::string, device_profile> peers_;
   uint64_t next_job_ = 1;
-  std::map<uint64_t, job_state> jobs_;               // coordinated here, by internal id
+  std::map<uint64_t, job_record> jobs_;               // coordinated here, by internal id
   std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id
   std::map<uint64_t, session_state> sessions_;       // by internal id
   std::map<std::pair<std::string, uint64_t>, uint64_t> sessions_by_client_;
@@ -162,10 +163,10 @@ class job_engine {
   };
   using cache_key = std::tuple<std::string, uint64_t, uint32_t>;  // coordinator, session << 16 | epoch, stage
   /// Forgets a cached fragment (worker side) and queues its resident key for the executor.
-  void drop_cached(std::map<cache_key, cached_fragment>::iterator it, bool evicted);
-  /// Session `session` of coordinator `coordinator` closed: forgets its fragments and parked calls.
+  void drop_cached(std::map<cache_key, cached_fragment>::iterator it);
+  /// Session `session` of coordinator `coordinator` closed: forgets its fragments.
   void forget_session(const std::string& coordinator, uint64_t session);
-  /// Forgets the cached fragments, parked calls and evicted marks whose key `which` picks.
+  /// Forgets the cached fragments whose key `which` picks.
   void forget_fragments(const std::function<bool(const cache_key&)>& which);
   /// Coordinator side: ends session `id` (its client closed it, died, or it cannot be re-planned)
   /// and tells its stage nodes to let its fragments go.
@@ -178,18 +179,16 @@ class job_engine {
   void unpin(const std::string& resident_key);
   std::map<cache_key, cached_fragment> cache_;  // worker side
   uint64_t use_clock_ = 0;
-  std::set<cache_key> evicted_;  ///< made room for others: a call for one is refused, not parked
   std::vector<std::string> forgotten_;
-  /// (coordinator, job) -> the highest attempt cancelled: a stage of it that arrives after the
-  /// cancel (bulk streams overtake nothing, control messages overtake them) is ignored.
+  /// (coordinator, job) -> the highest attempt cancelled: a stage of it still on its way (sent
+  /// before the coordinator re-planned, or from another attempt) is ignored.
   std::map<std::pair<std::string, uint64_t>, uint32_t> cancelled_;
   /// (coordinator, session) closed: a call of it that arrives late is refused, not cached.
   std::set<std::pair<std::string, uint64_t>> closed_;
-  /// Calls that overtook the call carrying their fragment (bulk messages travel on separate
-  /// streams, so they may arrive in any order); replayed when the fragment arrives.
-  std::map<cache_key, std::vector<msg::run_stage>> uncached_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
-  std::map<stage_key, tensor_map> early_;            // activations that came before their stage
+  /// Activations from a producing stage's node that came before this node's run_stage from the
+  /// coordinator: two senders, so no transport order between them (bounded: max_early_activations).
+  std::map<stage_key, tensor_map> early_;
   std::deque<stage_task> ready_;
   size_t executing_ = 0;
 };

@@ -23,13 +23,14 @@
 #include <utility>
 
 #include "actors/health.hpp"
+#include "actors/refusal_log.hpp"
 #include "actors/held_messages.hpp"
 #include "discovery/backend.hpp"
 #include "discovery/peer_exchange.hpp"
 #include "discovery/static_peer.hpp"
 #include "transport/mesh_id.hpp"
 #include "actors/job_engine.hpp"
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "actors/restart_budget.hpp"
 #include "actors/train_engine.hpp"
 #include "gpu/executor.hpp"
@@ -52,6 +53,7 @@ struct node_context {
   msg::hello own;
   node_config cfg;
   mono_time started{};
+  std::shared_ptr<refusal_log> refusals = std::make_shared<refusal_log>();
 };
 using context_ptr = std::shared_ptr<const node_context>;
 
@@ -64,7 +66,7 @@ using member_map = std::map<std::string, msg::hello>;  ///< peers that said hell
 using members_ptr = std::shared_ptr<const member_map>;
 
 struct peer_vitals {
-  std::string health;
+  peer_health health = peer_health::unknown;
   uint32_t running_stages = 0;
 };
 using vitals_map = std::map<std::string, peer_vitals>;
@@ -350,12 +352,15 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         self->send(self->state.a.membership, down_atom::value, id, why, orderly);
       },
       [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
-        auto m = msg::decode_message(bytes.data(), bytes.size());
+        auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget);
         // The decoded message owns copies of everything: the buffer goes back to the endpoint,
         // which receives the next large message into it (no fresh pages for the kernel to zero).
         ctx->ep->recycle(std::move(bytes));
         if (!m) {
-          spdlog::warn("dropped a message from {}: {}", from.substr(0, 8), m.error().message);
+          // Another protocol version, past the budget, malformed: refused, logged and counted
+          // (meshctl peers shows the count and the last reason); the connection stays.
+          spdlog::warn("refused a message from {}: {}", from.substr(0, 8), m.error().to_string());
+          ctx->refusals->record(from, m.error().to_string());
           return;
         }
         const auto& a = self->state.a;
@@ -530,7 +535,7 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
       [=](view_atom) {
         auto& st = self->state;
         auto v = std::make_shared<vitals_map>();
-        for (const auto& id : st.monitor->peers()) (*v)[id] = {to_string(st.monitor->state(id)), st.load.count(id) ? st.load.at(id) : 0};
+        for (const auto& id : st.monitor->peers()) (*v)[id] = {st.monitor->state(id), st.load.count(id) ? st.load.at(id) : 0};
         return vitals_ptr(std::move(v));
       },
   };
@@ -687,7 +692,7 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
   msg::status_reply r;
   r.id = id;
   r.node = ctx.self_id;
-  r.device = ctx.own.device_name + " (" + ctx.own.device_kind + ")";
+  r.device = ctx.own.device_name + " (" + to_string(ctx.own.device) + ")";
   r.gflops = ctx.own.gflops;
   r.uptime_s = std::chrono::duration<double>(now_mono() - ctx.started).count();
   for (const auto& [peer, hello] : members) {
@@ -695,7 +700,7 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
     msg::peer_status ps;
     ps.node = peer;
     auto v = vitals.find(peer);
-    ps.health = v != vitals.end() ? v->second.health : "unknown";
+    ps.health = v != vitals.end() ? v->second.health : peer_health::unknown;
     ps.running_stages = v != vitals.end() ? v->second.running_stages : 0;
     ps.device = hello.device_name;
     ps.gflops = hello.gflops;
@@ -706,6 +711,9 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
         ps.packets_lost = s->packets_lost;
         ps.relayed = s->relayed;
       }
+    const auto refused = ctx.refusals->of(peer);
+    ps.refused = refused.count;
+    ps.last_refusal = refused.last;
     r.peers.push_back(ps);
   }
   r.jobs = jobs;
@@ -857,7 +865,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     }
     const auto& info = (*dev)->info();
     own.device_name = info.name;
-    own.device_kind = info.kind;
+    own.device = device_kind_from(info.kind);
     own.memory_bytes = info.memory_bytes;
     if (own.memory_bytes == 0)  // the CPU executor uses host memory
       own.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
@@ -908,7 +916,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     f << self_id << "@" << local_address_of(cfg.bind) << ":" << (*ep)->port() << "\n";
   }
   spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.substr(0, 8), (*ep)->port(),
-               own.device_name, own.device_kind, own.gflops, own.mem_gbps);
+               own.device_name, to_string(own.device), own.gflops, own.mem_gbps);
 
   // mDNS and the configured peers say where peers may be; only heartbeats say whether they are
   // alive. Both backends call this on their own threads; dial() only posts to the I/O thread.

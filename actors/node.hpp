@@ -25,6 +25,10 @@ struct node_config {
   int max_restarts = 5;                           ///< of the executor, within restart_window
   std::chrono::milliseconds restart_window{30000};
   graph_limits limits;
+  /// The most memory decoding one message from a peer may allocate (decoding is also bounded by
+  /// a fixed multiple of the message's size, wire/codec.hpp); the transport's per-peer receive
+  /// budget has the same default.
+  size_t decode_budget = size_t{4} << 30;
 };
 
 /// Runs a node until `stop` becomes true (SIGINT/SIGTERM in meshnode) or its supervisor gives up.

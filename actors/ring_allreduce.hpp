@@ -14,11 +14,9 @@
 #include <vector>
 
 #include "graph/error.hpp"
+#include "wire/states.hpp"
 
 namespace mesh {
-
-/// How values travel between ranks; summation is always in f32.
-enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
 /// One piece of one step, sent from a rank to its successor in the ring.
 struct allreduce_message {

@@ -5,14 +5,13 @@
 
 #include "gpu/executor.hpp"
 #include "graph/builder.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
 namespace mesh {
 namespace {
 
 constexpr size_t max_parked_pieces = 4096;  // pieces that arrived before their round started
-constexpr size_t max_early_steps = 64;      // steps that arrived before their setup
-constexpr size_t max_early_runs = 64;       // runs with early steps or pieces waiting
+constexpr size_t max_early_runs = 64;       // runs with early pieces waiting, runs refused
 constexpr int ring_pieces = 4;              // pieces per chunk: pipelining within a round
 constexpr int max_failures = 3;             // of one worker in one run, before it is left out
 constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
@@ -167,12 +166,10 @@ expected<std::pair<graph, graph>> accumulating(const graph& grad, const std::vec
 
 expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits, bool with_rows) {
   const auto bad = [](const std::string& why) { return make_error(error_code::invalid_argument, why); };
-  if (spec.method > 1) return bad("unknown training method " + std::to_string(spec.method));
   if (spec.steps <= spec.start_step) return bad("nothing to train: steps (" + std::to_string(spec.steps) + ") must exceed the start step (" + std::to_string(spec.start_step) + ")");
   if (spec.micro_batches < 1 || spec.micro_batches > 4096) return bad("micro_batches must be in 1..4096");
   if (spec.micro_batch < 1) return bad("micro_batch must be at least 1");
   if (spec.inner_steps < 1 || spec.inner_steps > 100000) return bad("inner_steps must be in 1..100000");
-  if (spec.compression > 2) return bad("unknown all-reduce compression " + std::to_string(spec.compression));
   train_graphs t;
   auto g = decode_graph(spec.grad_wire, "gradient", limits);
   if (!g) return tl::unexpected(g.error());
@@ -196,7 +193,7 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph
   if (auto ok = covers_parameters(*t.grad, "gradient", state); !ok) return tl::unexpected(ok.error());
   if (auto ok = covers_parameters(*t.apply, "optimizer", state); !ok) return tl::unexpected(ok.error());
 
-  if (spec.method == 1) {
+  if (spec.method == train_method::diloco) {
     auto d = decode_graph(spec.delta_wire, "DiLoCo delta", limits);
     if (!d) return tl::unexpected(d.error());
     auto o = decode_graph(spec.outer_wire, "DiLoCo outer", limits);
@@ -311,7 +308,7 @@ struct train_engine::coord_run {
   double loss = 0;
   uint64_t bytes = 0;
   std::string prefix;
-  std::string state = "running";
+  job_state state = job_state::running;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), last_step = started;
   std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
   double seconds = 0;
@@ -324,7 +321,7 @@ struct train_engine::worker_run {
   uint64_t client_train = 0;
   msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
   bool orphaned = false;       ///< the coordinator died; kept for a train_resume
-  uint8_t method = 0;
+  train_method method = train_method::data_parallel;
   uint64_t steps = 0;
   uint32_t micro_batches = 1, inner_steps = 1;
   wire_format format = wire_format::f32;
@@ -334,9 +331,6 @@ struct train_engine::worker_run {
   shard_plan plan;
   /// The dataset shards received so far (immutable once here: device work shares them).
   std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;
-  /// A step whose shards have not arrived yet (they travel with an earlier attempt's step,
-  /// which a bulk stream may deliver later).
-  std::optional<msg::train_step> waiting;
   std::vector<named_tensor> resume_dataset;  ///< from train_resume, for the takeover
   std::vector<std::string> state_names, local_names;  ///< all state; DiLoCo: the local part
 
@@ -427,15 +421,16 @@ std::vector<outbound> train_engine::on_message(const std::string& from, const ms
 // ---- coordinator ----
 
 std::vector<outbound> train_engine::open(const std::string& client, const msg::open_training& o) {
-  const auto refuse = [&](const std::string& why) {
+  const auto refuse = [&](error_code code, const std::string& why) {
     msg::job_result r;
     r.job = o.train;
+    r.code = code;
     r.error = why;
     return std::vector<outbound>{{client, r}};
   };
   for (const auto& [id, c] : coordinated_)
-    if (c->client == client && c->client_train == o.train && c->state == "running") return refuse("training " + std::to_string(o.train) + " is already running");
-  if (auto ok = check_train_spec(o.spec, limits_); !ok) return refuse("training refused: " + ok.error().message);
+    if (c->client == client && c->client_train == o.train && c->state == job_state::running) return refuse(error_code::invalid_argument, "training " + std::to_string(o.train) + " is already running");
+  if (auto ok = check_train_spec(o.spec, limits_); !ok) return refuse(ok.error().code, "training refused: " + ok.error().message);
 
   const uint64_t id = next_id_++;
   auto c = std::make_unique<coord_run>();
@@ -449,7 +444,7 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
   for (auto* wire : {&c->spec.grad_wire, &c->spec.apply_wire, &c->spec.delta_wire, &c->spec.outer_wire}) {
     if (wire->empty()) continue;
     auto bytes = rename_parameters(*wire, "", c->prefix, limits_);
-    if (!bytes) return refuse(bytes.error().message);
+    if (!bytes) return refuse(bytes.error().code, bytes.error().message);
     *wire = std::move(*bytes);
   }
   for (auto& t : c->spec.state) t.name = c->prefix + t.name;
@@ -486,7 +481,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   c.waiting = {c.ring.begin(), c.ring.end()};
   c.loss = 0;
   c.bytes = 0;
-  const uint64_t inner = s.method == 1 ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
+  const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
   std::vector<outbound> out;
   assign_slots(c.slot_owner, c.ring, static_cast<uint32_t>(k));
   for (size_t r = 0; r < c.ring.size(); ++r) {
@@ -517,10 +512,11 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   return out;
 }
 
-std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, const std::string& why) {
+std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, error_code code, const std::string& why) {
   std::vector<outbound> out;
   msg::job_result r;
   r.job = c.client_train;
+  r.code = code;
   r.error = why;
   out.push_back({c.client, r});
   for (const auto& m : c.members) {
@@ -529,7 +525,7 @@ std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, const st
     stop.stop = true;
     out.push_back({m, stop});
   }
-  c.state = "failed";
+  c.state = job_state::failed;
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
   c.members.clear();
   c.spec = {};
@@ -544,10 +540,10 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
   coord_run& c = *it->second;
   // Our own worker could not apply the commit and report the state (final, checkpoint or
   // newcomer sync): the state that step was to report is gone.
-  if (c.state == "running" && !r.ok && from == self_ && r.step == c.step && r.attempt == c.attempt &&
+  if (c.state == job_state::running && !r.ok && from == self_ && r.step == c.step && r.attempt == c.attempt &&
       (c.ph == coord_run::phase::finishing || c.ph == coord_run::phase::syncing))
-    return fail_run(r.train, c, "the coordinating node could not report the training state: " + r.error);
-  if (c.state != "running" || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
+    return fail_run(r.train, c, r.code, "the coordinating node could not report the training state: " + r.error);
+  if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
     return {};  // stale (an earlier attempt) or not ours
   if (!r.ok) {
     // The worker lost its state (device restart) or failed the step: redo the step without it,
@@ -555,7 +551,7 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
     c.members.erase(std::find(c.members.begin(), c.members.end(), from));
     c.shards_sent.erase(from);  // its run is gone there
     if (++c.failures[from] < max_failures && peers_.count(from)) c.newcomers.insert(from);
-    if (from == self_) return fail_run(r.train, c, "the coordinating node failed a step: " + r.error);
+    if (from == self_) return fail_run(r.train, c, r.code, "the coordinating node failed a step: " + r.error);
     return issue_step(r.train, c);
   }
   c.waiting.erase(from);
@@ -567,7 +563,7 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
 
 std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   const auto& s = c.spec;
-  const uint64_t inner = s.method == 1 ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
+  const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
   c.step += inner;
   c.commit = c.step;
   const auto now = std::chrono::steady_clock::now();
@@ -630,7 +626,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
   auto it = coordinated_.find(s.train);
   if (it == coordinated_.end() || from != self_) return {};
   coord_run& c = *it->second;
-  if (c.state != "running" || s.step != c.step) return {};
+  if (c.state != job_state::running || s.step != c.step) return {};
   std::vector<outbound> out;
   if (c.ph == coord_run::phase::finishing) {
     msg::job_result r;
@@ -641,7 +637,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     r.step = s.step;
     r.workers = c.members;
     out.push_back({c.client, std::move(r)});
-    c.state = "done";
+    c.state = job_state::done;
     c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
     c.spec = {};
     c.data.clear();
@@ -694,14 +690,12 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   size_t orphans = 0;
   for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
     it = it->second->orphaned && ++orphans > max_orphans ? end_run(it) : std::next(it);
-  for (auto it = early_steps_.begin(); it != early_steps_.end();)
-    it = it->first.first == id ? early_steps_.erase(it) : std::next(it);
   for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
     it = it->first.first == id ? early_pieces_.erase(it) : std::next(it);
   // Coordinator side.
   for (auto& [rid, cp] : coordinated_) {
     coord_run& c = *cp;
-    if (c.state != "running") continue;
+    if (c.state != job_state::running) continue;
     c.newcomers.erase(id);
     if (c.client == id) {
       // Lost, or only cut off from us: it may be resuming the run elsewhere (it then reaches us
@@ -725,8 +719,8 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
 std::vector<outbound> train_engine::tick(std::chrono::steady_clock::time_point now) {
   std::vector<outbound> out;
   for (auto& [rid, c] : coordinated_) {
-    if (c->state != "running" || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
-    auto more = fail_run(rid, *c, "the client went away");
+    if (c->state != job_state::running || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
+    auto more = fail_run(rid, *c, error_code::network, "the client went away");
     out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
   }
   return out;
@@ -738,11 +732,13 @@ std::vector<msg::job_status> train_engine::jobs() const {
     msg::job_status s;
     s.job = c->client_train;
     s.client = c->client;
-    s.state = c->state == "running" ? "training " + std::to_string(c->step) + "/" + std::to_string(c->spec.steps) : c->state;
+    s.state = c->state;
+    s.step = c->step;
+    s.steps = c->spec.steps;
     s.stages = static_cast<uint32_t>(c->members.size());
     s.attempts = c->attempt;
-    s.kind = "training";
-    s.seconds = c->state == "running" ? std::chrono::duration<double>(std::chrono::steady_clock::now() - c->started).count() : c->seconds;
+    s.kind = job_kind::training;
+    s.seconds = c->state == job_state::running ? std::chrono::duration<double>(std::chrono::steady_clock::now() - c->started).count() : c->seconds;
     out.push_back(s);
   }
   return out;
@@ -753,12 +749,13 @@ std::vector<msg::job_status> train_engine::jobs() const {
 namespace {
 
 /// This node's answer to a step it cannot take part in.
-msg::train_reduced refusal(const msg::train_step& s, const std::string& why) {
+msg::train_reduced refusal(const msg::train_step& s, const error& why) {
   msg::train_reduced r;
   r.train = s.train;
   r.step = s.step;
   r.attempt = s.attempt;
-  r.error = why;
+  r.code = why.code;
+  r.error = why.message;
   return r;
 }
 
@@ -769,18 +766,12 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   auto graphs = check_train_spec(s.spec, limits_, false);
   if (!graphs) {
     // The coordinator waits for this node's part of a step, not for the setup: the refusal
-    // answers each step of the run, those that overtook the setup and those still to come.
-    const std::string why = "setup refused: " + graphs.error().message;
+    // answers each step of the run still to come.
+    const error why{graphs.error().code, "setup refused: " + graphs.error().message};
     if (refused_.size() >= max_early_runs) refused_.erase(refused_.begin());
     refused_[key] = why;
-    std::vector<outbound> out;
-    auto early = early_steps_.find(key);
-    if (early != early_steps_.end()) {
-      for (const auto& step : early->second) out.push_back({from, refusal(step, why)});
-      early_steps_.erase(early);
-    }
     early_pieces_.erase(key);
-    return out;
+    return {};
   }
   refused_.erase(key);
   auto w = std::make_shared<worker_run>();
@@ -798,17 +789,17 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
                                                                                                           : std::next(it);
     if (from != self_)
       for (auto& [rid, c] : coordinated_)
-        if (c->state == "running" && c->client == s.client && c->client_train == s.client_train) {
-          auto more = fail_run(rid, *c, "");
+        if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train) {
+          auto more = fail_run(rid, *c, error_code::internal, "");
           out.insert(out.end(), more.begin() + 1, more.end());  // the client is with the new coordinator
-          c->state = "taken over by " + from.substr(0, 8);
+          c->state = job_state::moved;  // to the node `from`
         }
   }
   w->method = s.spec.method;
   w->steps = s.spec.steps;
   w->micro_batches = s.spec.micro_batches;
   w->inner_steps = s.spec.inner_steps;
-  w->format = static_cast<wire_format>(s.spec.compression);
+  w->format = s.spec.compression;
   w->graphs = std::move(*graphs);
   w->seed = s.spec.seed;
   w->micro_batch = s.spec.micro_batch;
@@ -828,14 +819,6 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
   }
   if (auto old = worker_.find(key); old != worker_.end()) end_run(old);  // set up again: the old one's names are ours now
   worker_[key] = w;
-  if (auto early = early_steps_.find(key); early != early_steps_.end()) {
-    auto steps = std::move(early->second);
-    early_steps_.erase(early);
-    for (const auto& st : steps) {
-      auto more = on_step(from, st);
-      out.insert(out.end(), more.begin(), more.end());
-    }
-  }
   return out;
 }
 
@@ -844,37 +827,27 @@ void train_engine::orphan(worker_run& w) {
   w.round.reset();
   w.ring.clear();
   w.parked.clear();
-  w.waiting.reset();
-}
-
-std::vector<outbound> train_engine::retry_waiting(const std::string& from, worker_run& w) {
-  if (!w.waiting) return {};
-  for (const uint64_t micro : w.waiting->micro)
-    if (!w.shards.count(w.plan.shard_of(micro))) return {};
-  msg::train_step next = std::move(*w.waiting);
-  w.waiting.reset();
-  return on_step(from, next);
 }
 
 std::vector<outbound> train_engine::on_step(const std::string& from, const msg::train_step& s) {
   const worker_key key{from, s.train};
   auto it = worker_.find(key);
   if (it == worker_.end()) {
+    // The setup comes before the steps (the transport keeps the coordinator's order): no run
+    // here means the setup was refused, or the run ended (or was never set up on this node).
     if (s.stop && !s.report_state) {
-      early_steps_.erase(key);
       early_pieces_.erase(key);
       refused_.erase(key);
       return {};
     }
     if (auto no = refused_.find(key); no != refused_.end()) return {{from, refusal(s, no->second)}};
-    if (early_steps_.size() >= max_early_runs && !early_steps_.count(key)) return {};
-    auto& q = early_steps_[key];
-    if (q.size() < max_early_steps) q.push_back(s);
+    if (!s.ring.empty() || s.report_state)
+      return {{from, refusal(s, error{error_code::not_found, "no training run " + std::to_string(s.train) + " of this coordinator is set up on node " + self_.substr(0, 8)})}};
     return {};
   }
   auto w = it->second;
   if (w->orphaned) return {};  // its client is taking it elsewhere
-  const auto refuse = [&](const std::string& why) {
+  const auto refuse = [&](error_code code, const std::string& why) {
     std::vector<outbound> out;
     // A ring member's coordinator waits for its reduction; a report-state step (the coordinator's
     // own worker, no ring) is waited for too: without an answer the run would hang.
@@ -883,6 +856,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
       r.train = s.train;
       r.step = s.step;
       r.attempt = s.attempt;
+      r.code = code;
       r.error = why;
       out.push_back({from, r});
     }
@@ -894,27 +868,21 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     early_pieces_.erase(key);
     return {};
   }
-  if (w->broken) return refuse("this node's device was restarted and lost the training state");
+  if (w->broken) return refuse(error_code::device, "this node's device was restarted and lost the training state");
   for (const auto& sh : s.shards) {
-    if (sh.index >= w->plan.shards) return refuse("dataset shard " + std::to_string(sh.index) + " does not exist");
+    if (sh.index >= w->plan.shards) return refuse(error_code::invalid_argument, "dataset shard " + std::to_string(sh.index) + " does not exist");
     auto columns = std::make_shared<tensor_map>(to_map(sh.columns));
     auto rows = dataset_rows(*w->graphs.grad, static_cast<uint32_t>(w->micro_batch), *columns);
-    if (!rows) return refuse("dataset shard " + std::to_string(sh.index) + ": " + rows.error().message);
-    if (*rows < w->micro_batch) return refuse("dataset shard " + std::to_string(sh.index) + " has fewer rows than one micro-batch");
+    if (!rows) return refuse(rows.error().code, "dataset shard " + std::to_string(sh.index) + ": " + rows.error().message);
+    if (*rows < w->micro_batch) return refuse(error_code::invalid_argument, "dataset shard " + std::to_string(sh.index) + " has fewer rows than one micro-batch");
     w->shards[sh.index] = std::move(columns);
   }
-  // A step of an earlier attempt than the one running or waiting: only its shards (just kept)
-  // count; they may be what the waiting one needs.
-  auto newest = std::pair(w->step, w->attempt);
-  if (w->waiting) newest = std::max(newest, std::pair(w->waiting->step, w->waiting->attempt));
-  if (!s.stop && !s.report_state && std::pair(s.step, s.attempt) < newest) return retry_waiting(from, *w);
+  // The coordinator's steps come in the order it sent them, each with the shards this node has
+  // not been sent yet: a micro-batch of a shard never sent is the coordinator's error.
   for (const uint64_t micro : s.micro)
-    if (!w->shards.count(w->plan.shard_of(micro))) {
-      w->waiting = s;
-      w->waiting->shards.clear();
-      return {};
-    }
-  if (w->waiting && std::pair(w->waiting->step, w->waiting->attempt) <= std::pair(s.step, s.attempt)) w->waiting.reset();
+    if (!w->shards.count(w->plan.shard_of(micro)))
+      return refuse(error_code::invalid_argument, "step " + std::to_string(s.step) + " needs dataset shard " +
+                                                      std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
   // Whatever round was in progress belongs to an earlier attempt.
   w->round.reset();
   w->step = s.step;
@@ -923,7 +891,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   w->rank = static_cast<int>(std::find(s.ring.begin(), s.ring.end(), self_) - s.ring.begin());
   if (w->rank >= static_cast<int>(s.ring.size())) w->rank = -1;
   w->stopping = s.stop;
-  const uint64_t inner = w->method == 1 ? std::min<uint64_t>(w->inner_steps, w->steps - std::min(s.step, w->steps)) : 1;
+  const uint64_t inner = w->method == train_method::diloco ? std::min<uint64_t>(w->inner_steps, w->steps - std::min(s.step, w->steps)) : 1;
   w->step_end = s.step + inner;
   // DiLoCo averages the deltas of the members that trained (a member with no micro-batch adds 0).
   w->participants = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(s.ring.size(), w->micro_batches)));
@@ -932,12 +900,12 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   std::optional<worker_run::held_result> commit;
   if (s.commit > w->applied) {
     if (!w->held || w->held->end != s.commit)
-      return refuse("cannot commit step " + std::to_string(s.commit - 1) + ": its result is not held here");
+      return refuse(error_code::not_found, "cannot commit step " + std::to_string(s.commit - 1) + ": its result is not held here");
     commit = std::move(w->held);
     w->applied = s.commit;
   }
   w->held.reset();
-  if (w->rank < 0 && !s.ring.empty()) return refuse("this node is not in the ring it was sent");
+  if (w->rank < 0 && !s.ring.empty()) return refuse(error_code::invalid_argument, "this node is not in the ring it was sent");
 
   train_task t;
   t.coordinator = from;
@@ -983,7 +951,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     if (commit) {
       // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
       // mean delta (which also resets the local parameters to the new outer ones).
-      const bool dp = w->method == 0;
+      const bool dp = w->method == train_method::data_parallel;
       tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
       in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
       if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
@@ -1019,7 +987,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
       for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
       return accumulate(sum, by_grad, g.grads);
     };
-    if (w->method == 0) {
+    if (w->method == train_method::data_parallel) {
       if (auto ok = gradients(micro.data(), micro.size(), r.buffer); !ok) return tl::unexpected(ok.error());
     } else {
       // DiLoCo: a redone step starts again from the local state it started from the first time.
@@ -1081,6 +1049,7 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
       red.train = t.train;
       red.step = t.step;
       red.attempt = t.attempt;
+      red.code = r.error().code;
       red.error = r.error().to_string();
       out.push_back({t.coordinator, red});
     }
@@ -1203,6 +1172,7 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
   if (!w) {
     msg::job_result no;
     no.job = r.train;
+    no.code = error_code::not_found;
     no.error = "node " + self_.substr(0, 8) + " holds no state of training " + std::to_string(r.train) + " coordinated by " +
                r.coordinator.substr(0, 8) + " (it was not a member, its device was restarted, or the run ended)";
     return {{client, no}};
@@ -1210,6 +1180,7 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
   if (r.dataset.empty()) {
     msg::job_result no;
     no.job = r.train;
+    no.code = error_code::invalid_argument;
     no.error = "train_resume carries no dataset (the new coordinator hands out the shards)";
     return {{client, no}};
   }
@@ -1230,7 +1201,7 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
     }
     // DiLoCo: inner steps of the unfinished outer step changed the local parameters; its
     // snapshot is the state after the last applied step.
-    if (w->method == 1 && d.snapshot_step == applied)
+    if (w->method == train_method::diloco && d.snapshot_step == applied)
       if (auto ok = ex.set_parameters(d.snapshot); !ok) return tl::unexpected(ok.error());
     auto st = ex.get_parameters(w->state_names);
     if (!st) return tl::unexpected(st.error());
@@ -1249,6 +1220,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
   const auto fail = [&](const std::string& why) {
     msg::job_result no;
     no.job = w->client_train;
+    no.code = error_code::device;
     no.error = "cannot take over training " + std::to_string(w->client_train) + ": " + why;
     return std::vector<outbound>{{w->client, no}};
   };

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "actors/job_engine.hpp"
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "actors/ring_allreduce.hpp"
 #include "actors/train_data.hpp"
 #include "graph/validate.hpp"
@@ -132,8 +132,6 @@ class train_engine {
   std::vector<outbound> on_step(const std::string& from, const msg::train_step& s);
   /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.
   static void orphan(worker_run& w);
-  /// Runs the step that waited for its dataset shards, if they are all here now.
-  std::vector<outbound> retry_waiting(const std::string& from, worker_run& w);
   std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);
   std::vector<outbound> on_reduced(const std::string& from, const msg::train_reduced& r);
   std::vector<outbound> on_state(const std::string& from, const msg::train_state& s);
@@ -144,7 +142,7 @@ class train_engine {
   std::vector<outbound> issue_step(uint64_t id, coord_run& c);
   /// Coordinator: the current step is decided; go on (next step, sync newcomers, or finish).
   std::vector<outbound> advance(uint64_t id, coord_run& c);
-  std::vector<outbound> fail_run(uint64_t id, coord_run& c, const std::string& why);
+  std::vector<outbound> fail_run(uint64_t id, coord_run& c, error_code code, const std::string& why);
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
@@ -160,13 +158,13 @@ class train_engine {
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<coord_run>> coordinated_;
   std::map<worker_key, std::shared_ptr<worker_run>> worker_;
-  /// Steps that overtook their setup (setups travel on bulk streams, steps on the control one).
-  std::map<worker_key, std::vector<msg::train_step>> early_steps_;
-  /// All-reduce pieces that overtook their setup.
+  /// All-reduce pieces from a ring neighbour that came before this node's setup from the
+  /// coordinator: two senders, so no transport order between them (bounded: max_early_runs runs,
+  /// max_parked_pieces pieces).
   std::map<worker_key, std::vector<std::pair<std::string, allreduce_message>>> early_pieces_;
   /// Runs whose setup this node refused (the most recent few): their steps are answered with the
   /// refusal, so the coordinator redoes the step without this node instead of waiting for ever.
-  std::map<worker_key, std::string> refused_;
+  std::map<worker_key, error> refused_;
   std::vector<train_task> ready_;
 };
 

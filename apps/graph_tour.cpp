@@ -16,7 +16,7 @@
 #include "graph/optim.hpp"
 #include "graph/simplify.hpp"
 #include "graph/validate.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
 using namespace mesh;
 

@@ -130,7 +130,7 @@ int run_demo(int argc, char** argv) {
     auto st = (*c)->status();
     healthy = 0;
     if (st)
-      for (const auto& p : st->peers) healthy += p.health == "healthy";
+      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
     if (healthy + 1 < static_cast<size_t>(nodes)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (healthy + 1 < static_cast<size_t>(nodes))

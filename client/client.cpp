@@ -8,7 +8,7 @@
 #include <thread>
 #include <utility>
 
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 #include "transport/endpoint.hpp"
 
 namespace mesh {
@@ -191,7 +191,7 @@ class client_impl {
         out.attempts = r->attempts;
         out.workers = r->workers;
         out.step = r->step;
-        out.ran_as = r->strategy <= static_cast<uint8_t>(strategy::automatic) ? static_cast<strategy>(r->strategy) : strategy::pipeline;
+        out.ran_as = r->ran_as;
         it->second.set_value(std::move(out));
       }
       jobs.erase(it);
@@ -204,7 +204,7 @@ class client_impl {
       others.clear();
       for (const auto& peer : s->peers) {
         auto id = transport::node_id::parse(peer.node);
-        if (id && peer.health != "dead" && !peer.address.empty()) others.emplace_back(*id, peer.address);
+        if (id && peer.health != peer_health::dead && !peer.address.empty()) others.emplace_back(*id, peer.address);
       }
       auto it = statuses.find(s->id);
       if (it == statuses.end()) return;
@@ -405,7 +405,7 @@ sent_request send_job(client_impl& impl, const graph& g, const tensor_map& input
     failed.set_value(tl::unexpected(wire.error()));
     return {0, failed.get_future()};
   }
-  return request(impl, msg::submit_job{0, std::move(*wire), static_cast<uint8_t>(options.how)},
+  return request(impl, msg::submit_job{0, std::move(*wire), options.how},
                  [&](msg::submit_job& m, uint64_t id) {
                    m.job = id;
                    if (options.on_progress) impl.job_progress[id] = std::move(options.on_progress);

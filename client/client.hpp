@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "graph/planner.hpp"
+#include "wire/messages.hpp"
 
 namespace mesh {
 

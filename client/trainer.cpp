@@ -4,7 +4,7 @@
 
 #include "graph/autodiff.hpp"
 #include "graph/simplify.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
 namespace mesh {
 namespace {
@@ -46,13 +46,13 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   if (params.empty()) return make_error(error_code::invalid_argument, "the model has no parameters to train");
 
   msg::train_spec spec;
-  spec.method = static_cast<uint8_t>(o.method);
+  spec.method = o.method;
   spec.start_step = o.start_step;
   spec.steps = o.steps;
   spec.micro_batches = o.micro_batches;
   spec.micro_batch = static_cast<uint32_t>(micro_batch);
   spec.inner_steps = o.method == train_method::diloco ? o.inner_steps : 1;
-  spec.compression = static_cast<uint8_t>(o.compression);
+  spec.compression = o.compression;
   spec.seed = o.seed;
   spec.checkpoint_every = o.on_checkpoint ? o.checkpoint_every : 0;
 

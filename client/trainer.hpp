@@ -8,7 +8,7 @@
 /// rows) and whose output "loss" is an f32 scalar, the mean over the micro-batch; every
 /// parameter of the graph is trained. The trainer turns it into the graphs that travel to the
 /// workers (gradients, optimizer step, DiLoCo's delta and outer step; see train_spec in
-/// actors/messages.hpp) and the node the client is connected to coordinates the run
+/// wire/messages.hpp) and the node the client is connected to coordinates the run
 /// (actors/train_engine.hpp).
 #include <chrono>
 #include <cstdint>
@@ -18,14 +18,11 @@
 #include <variant>
 #include <vector>
 
-#include "actors/messages.hpp"
-#include "actors/ring_allreduce.hpp"
 #include "client/client.hpp"
 #include "graph/optim.hpp"
+#include "wire/messages.hpp"
 
 namespace mesh {
-
-enum class train_method : uint8_t { data_parallel = 0, diloco = 1 };
 
 struct train_options {
   train_method method = train_method::data_parallel;

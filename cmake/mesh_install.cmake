@@ -3,16 +3,15 @@
 # project does
 #   find_package(meshnode REQUIRED)
 #   target_link_libraries(app PRIVATE meshnode::client)
-# See docs/node.md ("Using the client API from another project") and apps/example/.
+# See docs/node.md ("Using the client API from another project") and examples/.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # Every static library meshnode::client needs at link time: its PUBLIC dependencies and the
 # PRIVATE ones too (a static library carries no link information of its own, so CMake exports
 # those as link-only dependencies, and they must be installed as well).
-set(mesh_client_libraries mesh_client mesh_node_core mesh_wire mesh_graph mesh_transport mesh_discovery mesh_discovery_core)
+set(mesh_client_libraries mesh_client mesh_wire mesh_graph mesh_transport mesh_discovery mesh_discovery_core)
 set_target_properties(mesh_client PROPERTIES EXPORT_NAME client)
-set_target_properties(mesh_node_core PROPERTIES EXPORT_NAME node_core)
 set_target_properties(mesh_wire PROPERTIES EXPORT_NAME wire)
 set_target_properties(mesh_graph PROPERTIES EXPORT_NAME graph)
 set_target_properties(mesh_transport PROPERTIES EXPORT_NAME transport)
@@ -22,14 +21,15 @@ add_library(meshnode::client ALIAS mesh_client)  # the same name inside this bui
 
 # Headers go under include/meshnode/ and are included as "graph/graph.hpp", "client/client.hpp",
 # as inside this tree. The set is the public API plus everything it includes (checked with
-# `g++ -MM`: client.hpp pulls in actors/messages.hpp and graph/, trainer.hpp also actors/ring_allreduce.hpp; graph/ includes only itself).
+# `g++ -MM`: client.hpp pulls in wire/ and graph/; wire/ includes graph/, graph/ only itself; none includes CAF).
 set(mesh_include_dir ${CMAKE_INSTALL_INCLUDEDIR}/meshnode)
 target_include_directories(mesh_graph PUBLIC $<INSTALL_INTERFACE:${mesh_include_dir}>)
 file(GLOB mesh_graph_headers ${PROJECT_SOURCE_DIR}/graph/*.hpp)
 file(GLOB mesh_client_headers ${PROJECT_SOURCE_DIR}/client/*.hpp)
+file(GLOB mesh_wire_headers ${PROJECT_SOURCE_DIR}/wire/*.hpp)
 install(FILES ${mesh_graph_headers} DESTINATION ${mesh_include_dir}/graph COMPONENT dev)
 install(FILES ${mesh_client_headers} DESTINATION ${mesh_include_dir}/client COMPONENT dev)
-install(FILES ${PROJECT_SOURCE_DIR}/actors/messages.hpp ${PROJECT_SOURCE_DIR}/actors/ring_allreduce.hpp DESTINATION ${mesh_include_dir}/actors COMPONENT dev)
+install(FILES ${mesh_wire_headers} DESTINATION ${mesh_include_dir}/wire COMPONENT dev)
 
 # Libraries built with sanitizers need their run-time libraries in whatever links them.
 if(MESH_SANITIZE)
@@ -45,9 +45,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/meshnodeConfig.cmake.i
                               ${PROJECT_BINARY_DIR}/meshnodeConfig.cmake INSTALL_DESTINATION ${mesh_cmake_dir})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/meshnodeConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
-# FindCAF.cmake travels with the config: Debian's CAF 0.17 ships no package config of its own.
 install(FILES ${PROJECT_BINARY_DIR}/meshnodeConfig.cmake ${PROJECT_BINARY_DIR}/meshnodeConfigVersion.cmake
-              ${PROJECT_SOURCE_DIR}/cmake/FindCAF.cmake
         DESTINATION ${mesh_cmake_dir} COMPONENT dev)
 
 # The programs, for a prefix that is a complete installation.

@@ -18,6 +18,7 @@ const char* to_string(error_code code) {
     case error_code::device: return "device";
     case error_code::timeout: return "timeout";
     case error_code::internal: return "internal";
+    case error_code::evicted: return "evicted";
   }
   return "unknown";
 }

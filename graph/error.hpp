@@ -24,6 +24,7 @@ enum class error_code {
   device,            ///< the compute device failed (lost, out of memory)
   timeout,           ///< something did not happen in time
   internal,          ///< a bug: please report it
+  evicted,           ///< something cached on a peer is gone: send it again
 };
 
 /// Short stable name of an error code, for logs and messages.

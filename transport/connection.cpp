@@ -154,7 +154,7 @@ struct connection_callbacks {
       return 0;
     }
     // Datagrams are unreliable: one that overtakes admission is simply dropped.
-    if (c.state_ == connection::state::admitted) c.deliver(channel::heartbeat, std::move(f->payload));
+    if (c.state_ == connection::state::admitted) c.owner_.on_message(c, channel::heartbeat, std::move(f->payload));
     return 0;
   }
 };
@@ -198,7 +198,8 @@ connection::connection(connection_owner& owner, const endpoint_config& cfg, bool
       cfg_(cfg),
       inbound_(inbound),
       control_in_(cfg.limits),
-      bulk_rx_({cfg.limits, cfg.bulk_receive_budget, cfg.stream_window, &owner.receive_buffers()}) {
+      bulk_rx_({cfg.limits, cfg.bulk_receive_budget, cfg.stream_window, &owner.receive_buffers()}),
+      inbox_(cfg.bulk_receive_budget) {
   remote_ = remote;
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
@@ -392,17 +393,23 @@ expected<void> connection::handle_control_frame(frame f) {
     state_ = state::admitted;
     admission_deadline_ = UINT64_MAX;
     owner_.on_admitted(*this);
-    for (auto& [ch, bytes] : held_) deliver(ch, std::move(bytes));
-    held_.clear();
-    held_bytes_ = 0;
+    held_bytes_ = 0;  // bulk messages that came before the proof wait in the inbox for their markers
     ngtcp2_conn_extend_max_offset(conn_, uncredited_before_admission_);
     uncredited_before_admission_ = 0;
     bulk_rx_.admit();  // messages that arrived before the proof waited for budget
     apply_bulk_grants();
     return {};
   }
+  std::vector<ordered_inbox::message> ready;
   switch (f.kind) {
-    case frame_kind::control: deliver(channel::control, std::move(f.payload)); return {};
+    case frame_kind::control:
+      if (auto ok = inbox_.on_control(std::move(f.payload), ready); !ok) return ok;
+      deliver(std::move(ready));
+      return {};
+    case frame_kind::bulk_next:
+      if (auto ok = inbox_.on_bulk_marker(ready); !ok) return ok;
+      deliver(std::move(ready));
+      return {};
     case frame_kind::observed_address:
     case frame_kind::introduce:
     case frame_kind::punch:
@@ -424,17 +431,20 @@ expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, si
   // peer could open only initial_max_streams_uni (128) bulk streams per connection, ever.
   if (fin) credit_remote_stream(sid);
   if (!r->message) return r->credit;
-  if (state_ == state::admitted) {
-    deliver(channel::bulk, std::move(*r->message));
-  } else {
-    // Overtook the proof (its packet was lost); delivered on admission. A peer that keeps
-    // sending without proving anything is cut off.
+  if (state_ != state::admitted) {
+    // Overtook the proof (its packet was lost); it waits in the inbox for its marker, which
+    // comes after the proof. A peer that keeps sending without proving anything is cut off.
     held_bytes_ += r->message->size();
     if (held_bytes_ > held_before_admission_limit)
       return make_error(error_code::limit_exceeded, "peer sent more than " + std::to_string(held_before_admission_limit >> 20) +
                                                         " MiB of messages before its admission proof");
-    held_.emplace_back(channel::bulk, std::move(*r->message));
   }
+  // The peer's bulk streams are its unidirectional streams after the control stream, opened in
+  // the order it queued the messages: stream index n >> 2 is bulk message n / 4 - 1.
+  const uint64_t ordinal = (static_cast<uint64_t>(sid) >> 2) - 1;
+  std::vector<ordered_inbox::message> ready;
+  if (auto ok = inbox_.on_bulk(ordinal, std::move(*r->message), ready); !ok) return tl::unexpected(ok.error());
+  deliver(std::move(ready));
   return r->credit;
 }
 
@@ -442,7 +452,12 @@ void connection::apply_bulk_grants() {
   for (const auto& [sid, credit] : bulk_rx_.take_grants()) ngtcp2_conn_extend_max_stream_offset(conn_, sid, credit);
 }
 
-void connection::deliver(channel ch, std::vector<uint8_t> bytes) { owner_.on_message(*this, ch, std::move(bytes)); }
+void connection::deliver(std::vector<ordered_inbox::message> messages) {
+  for (auto& m : messages) {
+    if (state_ == state::closing || state_ == state::closed || pending_close_) return;
+    owner_.on_message(*this, m.bulk ? channel::bulk : channel::control, std::move(m.bytes));
+  }
+}
 
 void connection::queue(channel ch, std::vector<uint8_t> bytes) {
   if (state_ != state::admitted) {
@@ -457,10 +472,15 @@ void connection::queue(channel ch, std::vector<uint8_t> bytes) {
       outstanding_ += bytes.size();
       break;
     }
-    case channel::bulk:
+    case channel::bulk: {
+      // Its place among the control messages, for the receiver's inbox: a marker on the control
+      // stream now, the message on the next bulk stream opened (streams open in queue order).
+      auto marker = encode_frame(frame_kind::bulk_next, {}, cfg_.limits);
+      push_control(std::move(*marker), {0, std::nullopt});
       outstanding_ += bytes.size();
       bulk_waiting_.push_back(std::move(bytes));
       break;
+    }
     case channel::heartbeat: {
       auto f = encode_frame(frame_kind::heartbeat, bytes, cfg_.limits);
       if (f) datagrams_out_.push_back(std::move(*f));
@@ -680,6 +700,11 @@ std::map<int64_t, connection::bulk_out>::iterator connection::next_bulk_stream(c
   const auto usable = [&](const auto& kv) {
     return kv.second.sent < kv.second.total() && std::find(blocked.begin(), blocked.end(), kv.first) == blocked.end();
   };
+  if (cfg_.bulk_scheduling == endpoint_config::bulk_order::oldest_first) {
+    for (auto it = bulk_out_.begin(); it != bulk_out_.end(); ++it)  // streams open in send order
+      if (usable(*it)) return it;
+    return bulk_out_.end();
+  }
   if (cfg_.bulk_scheduling == endpoint_config::bulk_order::shortest_first) {
     // The fewest bytes left, where messages within a quarter of that count as equally short
     // and the oldest of them (streams open in send order) goes first. Without the tolerance,

@@ -21,6 +21,7 @@
 #include "transport/delivery_meter.hpp"
 #include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
+#include "transport/ordered_inbox.hpp"
 #include "transport/tls.hpp"
 
 namespace mesh::transport {
@@ -149,7 +150,8 @@ class connection {
   expected<void> handle_control_frame(frame f);
   /// Returns the stream credit to give back for these bytes (0 while the message waits for budget).
   expected<uint64_t> on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin);
-  void deliver(channel ch, std::vector<uint8_t> bytes);
+  /// Hands what the inbox released to the application, in the order the peer sent it.
+  void deliver(std::vector<ordered_inbox::message> messages);
   void send_close_packet(const send_fn& send, uint64_t ts);
   void open_bulk_streams();
   void on_acked(int64_t sid, uint64_t offset, uint64_t len);
@@ -226,14 +228,15 @@ class connection {
   bulk_receiver bulk_rx_;
   /// Gives the stream credit bulk_rx_ granted to waiting messages back to the peer.
   void apply_bulk_grants();
-  uint64_t held_bytes_ = 0;  // payload bytes in held_
+  uint64_t held_bytes_ = 0;  // bulk payload bytes that arrived before admission
   uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then
   uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted
   uint64_t last_read_ts_ = 0;                 // of the latest packet read
   /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().
   std::set<int64_t> credited_;
   void credit_remote_stream(int64_t sid);
-  std::vector<std::pair<channel, std::vector<uint8_t>>> held_;  // complete before admission
+  /// Restores the order of the peer's control and bulk messages (ordered_inbox.hpp).
+  ordered_inbox inbox_;
 
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   uint64_t outstanding_ = 0;  // application payload queued, not yet acknowledged

@@ -17,8 +17,9 @@ namespace mesh::transport {
 
 /// Which kind of traffic a message is; each has its own path through QUIC.
 enum class channel : uint8_t {
-  control,    ///< reliable, ordered with every other control message to the same peer
-  bulk,       ///< reliable, on its own stream: never delays control messages
+  control,    ///< reliable; delivered in the order sent, with the bulk messages to the same peer
+  bulk,       ///< reliable, on a stream of its own (no retransmission waits on another message's);
+              ///< delivered in the order sent, with the control messages to the same peer
   heartbeat,  ///< unreliable QUIC DATAGRAM: never waits behind anything, may be lost
 };
 
@@ -120,12 +121,15 @@ struct endpoint_config {
   /// Per peer: control and bulk payload queued and not yet acknowledged. Beyond it send()
   /// refuses (limit_exceeded) until acknowledgements free room: the sender's backpressure.
   uint64_t max_queued_bytes = uint64_t{2} << 30;
-  /// Which bulk message gets the next packet when several are queued to one peer.
-  /// shortest_first: the one with the fewest bytes left, so a message finishes as early as
-  /// possible (an all-reduce piece can be forwarded while the next arrives; a small tensor
-  /// overtakes a large one); a large message waits while smaller ones keep coming.
+  /// Which bulk message gets the next packet when several are queued to one peer. The receiver
+  /// hands messages over in the order they were sent (ordered_inbox.hpp), so one that finishes
+  /// before an earlier one only waits there.
+  /// oldest_first: in send order, so messages finish in the order they are handed over and
+  /// nothing waits at the receiver.
+  /// shortest_first: the one with the fewest bytes left; a large message waits while smaller
+  /// ones keep coming, and they wait for it at the receiver (its budget bounds them).
   /// round_robin: a packet each in turn, so every message progresses and all finish late.
-  enum class bulk_order : uint8_t { shortest_first, round_robin } bulk_scheduling = bulk_order::shortest_first;
+  enum class bulk_order : uint8_t { oldest_first, shortest_first, round_robin } bulk_scheduling = bulk_order::oldest_first;
   /// ngtcp2's congestion controller. cubic grows the window until loss; bbr and bbr2 model the
   /// path's bandwidth and minimum RTT and pace at that rate.
   enum class congestion : uint8_t { cubic, bbr, bbr2 } congestion_control = congestion::cubic;

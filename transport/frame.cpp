@@ -12,7 +12,7 @@
 namespace mesh::transport {
 
 namespace {
-bool known_kind(uint8_t k) { return k >= 1 && k <= 10; }
+bool known_kind(uint8_t k) { return k >= 1 && k <= static_cast<uint8_t>(frame_kind::bulk_next); }
 
 // A large payload buffer is written once, front to back, by the receive path: with 4 KiB pages
 // that is a page fault (and a cgroup charge) every 4 KiB, a sixth of the receiver's CPU on
@@ -38,7 +38,8 @@ uint64_t frame_limits::for_kind(frame_kind k) const {
     case frame_kind::punch: return punch;
     case frame_kind::relay_send:
     case frame_kind::relay_deliver: return relay;
-    case frame_kind::retire: return 0;
+    case frame_kind::retire:
+    case frame_kind::bulk_next: return 0;
   }
   return 0;
 }

@@ -30,6 +30,10 @@ enum class frame_kind : uint8_t {
   /// "I send nothing more on this connection and everything I sent here is acknowledged": the
   /// last frame on a duplicate connection being retired (control stream, empty).
   retire = 10,
+  /// "My next bulk message takes this place in the order of my messages" (control stream,
+  /// empty): how the receiver restores the order in which control and bulk messages were sent
+  /// (transport/ordered_inbox.hpp).
+  bulk_next = 11,
 };
 
 /// Largest payload accepted per kind. Limits protect the receiver's memory.

@@ -66,7 +66,7 @@
 #include <thread>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "actors/ring_allreduce.hpp"
 #include "transport/endpoint.hpp"
 

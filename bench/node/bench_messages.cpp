@@ -42,7 +42,7 @@
 
 #include <caf/all.hpp>
 
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "transport/endpoint.hpp"
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::msg::message>)

@@ -58,7 +58,7 @@ expected<measured> run(const settings& s, int n) {
     auto st = (*c)->status();
     size_t healthy = 0;
     if (st)
-      for (const auto& p : st->peers) healthy += p.health == "healthy";
+      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
     if (healthy + 1 >= static_cast<size_t>(n)) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }

@@ -12,6 +12,7 @@
 #include <set>
 #include <variant>
 
+#include "sim_network.hpp"
 #include "actors/train_engine.hpp"
 #include "client/trainer.hpp"
 #include "gpu/executor.hpp"
@@ -43,23 +44,22 @@ model_setup two_moons_mlp() {
   return s;
 }
 
-/// Nodes "node-a".. with CPU executors and a client "client"; messages are delivered one at a
-/// time, in a random order when `shuffle` (only control messages are ordered by the transport).
+/// Nodes "node-a".. with CPU executors and a client "client" on the simulated network
+/// (tests/common/sim_network.hpp): messages are delivered one at a time, in the order posted, or
+/// with `net.set_shuffle(true)` each sender-receiver pair in order and pairs interleaved at random.
 struct train_sim {
   struct node {
     std::unique_ptr<train_engine> engine;
     std::unique_ptr<gpu::executor> device;
   };
   std::map<std::string, node> nodes;
-  std::deque<std::pair<std::string, outbound>> queue;
+  test::sim_network<outbound> net{7, false};
   std::set<std::string> dead;
   std::vector<msg::train_progress> progress;
   std::vector<msg::job_result> results;
   std::map<std::string, std::vector<uint32_t>> shards_received;  ///< dataset shards each node was sent
   std::map<std::string, int64_t> rows_received;
   std::vector<msg::train_checkpoint> checkpoints;  // what the client received
-  std::mt19937_64 rng{7};
-  bool shuffle = false;
   /// Called after each delivered message (tests kill or add nodes here).
   std::function<void(train_sim&)> on_tick;
 
@@ -83,7 +83,10 @@ struct train_sim {
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
-    for (auto& o : out) queue.emplace_back(from, std::move(o));
+    for (auto& o : out) {
+      const std::string to = o.to;  // before `o` is moved from
+      net.post(from, to, std::move(o));
+    }
   }
 
   void run_tasks(const std::string& id) {
@@ -96,11 +99,8 @@ struct train_sim {
   }
 
   void run() {
-    for (int guard = 0; !queue.empty() && guard < 2000000; ++guard) {
-      size_t pick = 0;
-      if (shuffle) pick = std::uniform_int_distribution<size_t>(0, queue.size() - 1)(rng);
-      auto [from, o] = std::move(queue[pick]);
-      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(pick));
+    for (int guard = 0; !net.empty() && guard < 2000000; ++guard) {
+      auto [from, to, o] = *net.next();
       if (dead.count(from)) continue;
       if (o.to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
@@ -264,7 +264,7 @@ TEST_CASE("messages in any order give the same result", "[actors][train]") {
   const auto s = two_moons_mlp();
   const auto spec = spec_for(s, dp_options(10));
   train_sim ordered(3), shuffled(3);
-  shuffled.shuffle = true;
+  shuffled.net.set_shuffle(true);
   const auto a = ordered.train(spec), b = shuffled.train(spec);
   REQUIRE(a.ok);
   REQUIRE(b.ok);
@@ -278,7 +278,7 @@ TEST_CASE("a node dying mid-run: the run completes, no step lost or applied twic
   train_sim one(1);
   const auto reference = one.train(spec);
   train_sim sim(3);
-  sim.shuffle = true;
+  sim.net.set_shuffle(true);
   sim.on_tick = [](train_sim& t) {
     if (!t.dead.count("node-c") && t.progress.size() == 7) t.kill("node-c");
   };
@@ -310,7 +310,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     const auto reference = one.train(spec);
     REQUIRE(reference.ok);
     train_sim sim(3);
-    sim.shuffle = true;
+    sim.net.set_shuffle(true);
     // node-a coordinates (the client opened the run there); it dies after a few steps, and the
     // client, having lost its connection, asks node-c to take over.
     sim.on_tick = [&](train_sim& t) {
@@ -347,7 +347,7 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
   train_sim one(1);
   const auto reference = one.train(spec);
   train_sim sim(3);
-  sim.shuffle = true;
+  sim.net.set_shuffle(true);
   bool cut = false;
   sim.on_tick = [&](train_sim& t) {
     if (!cut && t.progress.size() == 6) {
@@ -368,7 +368,7 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
   CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
   CHECK(r.workers.size() == 3);  // node-a works in node-b's run
   bool a_stopped = false;
-  for (const auto& j : sim.nodes.at("node-a").engine->jobs()) a_stopped = a_stopped || j.state.rfind("taken over by", 0) == 0;
+  for (const auto& j : sim.nodes.at("node-a").engine->jobs()) a_stopped = a_stopped || j.state == job_state::moved;
   CHECK(a_stopped);
 }
 
@@ -392,7 +392,7 @@ TEST_CASE("a run whose client is gone ends after the grace time", "[actors][trai
   CHECK(sim.results.empty());  // nobody to tell
   CHECK(sim.progress.size() < 2000);
   REQUIRE(sim.nodes.at("node-a").engine->jobs().size() == 1);
-  CHECK(sim.nodes.at("node-a").engine->jobs()[0].state == "failed");
+  CHECK(sim.nodes.at("node-a").engine->jobs()[0].state == job_state::failed);
   CHECK(sim.nodes.at("node-b").engine->running() == 0);  // told to stop
 }
 
@@ -462,7 +462,7 @@ TEST_CASE("the dataset is sharded: each worker gets only its shards, a dead work
   CHECK(max_difference(outputs_of(r), outputs_of(one.train(spec))) < 1e-4);
 }
 
-TEST_CASE("a redone step that overtakes the earlier attempt carrying its shards waits for them", "[actors][train]") {
+TEST_CASE("a redone step finds the shards an earlier attempt carried", "[actors][train]") {
   const auto s = two_moons_mlp();
   auto o = dp_options();
   o.micro_batches = 8;  // 8 slots, 8 shards: a{0,4} b{1,5} c{2,6} d{3,7}
@@ -476,20 +476,9 @@ TEST_CASE("a redone step that overtakes the earlier attempt carrying its shards 
     killed = true;
     // Attempt 2 gives c's slots (and shards 2, 6) to a and b; attempt 3 gives them d's, and
     // carries only the shards they have not been sent, so a's attempt 3 needs shard 2 from its
-    // attempt 2. Deliver the attempt-2 steps that carry shards last, as a bulk stream may.
+    // attempt 2 (which the transport delivers first: the coordinator sent it first).
     t.kill("node-c");
     t.kill("node-d");
-    uint32_t latest = 0;
-    for (const auto& q : t.queue)
-      if (const auto* st = std::get_if<msg::train_step>(&q.second.m)) latest = std::max(latest, st->attempt);
-    size_t moved = 0;
-    std::stable_partition(t.queue.begin(), t.queue.end(), [&](const auto& q) {
-      const auto* st = std::get_if<msg::train_step>(&q.second.m);
-      const bool late = st && !st->shards.empty() && st->attempt < latest;
-      moved += late;
-      return !late;
-    });
-    CHECK(moved == 2);  // a's and b's attempt 2
   };
   const auto r = sim.train(spec);
   INFO(r.error);
@@ -594,7 +583,7 @@ TEST_CASE("a DiLoCo step redone after a death is not applied twice", "[actors][t
   const auto s = two_moons_mlp();
   const auto spec = spec_for(s, diloco_options(30));
   train_sim sim(3);
-  sim.shuffle = true;
+  sim.net.set_shuffle(true);
   sim.on_tick = [](train_sim& t) {
     if (!t.dead.count("node-b") && t.progress.size() == 2) t.kill("node-b");
   };
@@ -694,12 +683,12 @@ TEST_CASE("the coordinator's device restarted before a report-state step: the ru
     bool restarted = false;
     sim.on_tick = [&](train_sim& t) {
       if (restarted) return;
-      for (auto& [from, out] : t.queue)
-        if (auto* st = std::get_if<msg::train_step>(&out.m); st && st->report_state && out.to == "node-a") {
+      t.net.for_each([&](const std::string&, const std::string& to, const outbound& out) {
+        if (auto* st = std::get_if<msg::train_step>(&out.m); !restarted && st && st->report_state && to == "node-a") {
           restarted = true;
           t.nodes.at("node-a").engine->executor_restarted();
-          return;
         }
+      });
     };
     sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, o)}}});
     sim.run();
@@ -741,7 +730,7 @@ TEST_CASE("a worker that refuses the setup answers the run's steps, so the run g
     o.engine->peer_up("node-c");
   }
   sim.nodes.emplace("node-c", std::move(strict));
-  sim.shuffle = true;  // steps may overtake their setup
+  sim.net.set_shuffle(true);
   const auto r = sim.train(spec_for(s, dp_options(6)));
   INFO(r.error);
   CHECK(r.ok);

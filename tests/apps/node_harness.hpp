@@ -110,7 +110,7 @@ inline bool wait_for_peers(client& c, size_t healthy, std::chrono::seconds timeo
   while (std::chrono::steady_clock::now() < until) {
     if (auto s = c.status()) {
       size_t n = 0;
-      for (auto& p : s->peers) n += p.health == "healthy";
+      for (auto& p : s->peers) n += p.health == mesh::peer_health::healthy;
       if (n >= healthy) return true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "graph/nn.hpp"
 #include "transport/endpoint.hpp"
 #include "node_harness.hpp"
@@ -56,7 +56,7 @@ TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[
   auto s = (*cl)->status();
   REQUIRE(s);
   REQUIRE(s->jobs.size() == 1);
-  CHECK(s->jobs[0].state == "done");
+  CHECK(s->jobs[0].state == job_state::done);
 }
 
 TEST_CASE("data-parallel, tensor-parallel and automatic jobs over 3 processes, with progress", "[apps][node]") {
@@ -94,8 +94,8 @@ TEST_CASE("data-parallel, tensor-parallel and automatic jobs over 3 processes, w
   auto s = (*cl)->status();
   REQUIRE(s);
   REQUIRE(s->jobs.size() == 3);
-  CHECK(s->jobs[0].kind == "data_parallel");
-  CHECK(s->jobs[1].kind == "tensor_parallel");
+  CHECK(s->jobs[0].kind == job_kind::data_parallel);
+  CHECK(s->jobs[1].kind == job_kind::tensor_parallel);
 }
 
 TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivors", "[apps][node]") {
@@ -339,7 +339,7 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   msg::hello ours;
   ours.incarnation = 7;
   ours.device_name = "test peer";
-  ours.device_kind = "cpu";
+  ours.device = device_kind::cpu;
   auto send = [&](const msg::hello& x) {
     auto bytes = msg::encode_message(x);
     REQUIRE(bytes);

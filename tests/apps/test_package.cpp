@@ -1,4 +1,4 @@
-// The installed CMake package: installs this build into a prefix, builds apps/example against it
+// The installed CMake package: installs this build into a prefix, builds examples against it
 // with a fresh CMake (find_package(meshnode), nothing of this tree), and runs the example against
 // a real meshnode. Fails when any step fails, with that step's output.
 #include <array>
@@ -16,7 +16,7 @@ std::string quoted(const std::filesystem::path& p) { return "'" + p.string() + "
 
 }  // namespace
 
-TEST_CASE("the installed package builds apps/example, which runs a job on a meshnode", "[apps][package]") {
+TEST_CASE("the installed package builds examples, which runs a job on a meshnode", "[apps][package]") {
   // A fixed place under the build tree rather than a fresh temporary folder: the same paths on
   // every run let ccache serve the example's compilation.
   const std::filesystem::path root = std::filesystem::path(MESH_BINARY_DIR) / "package-test";
@@ -34,7 +34,7 @@ TEST_CASE("the installed package builds apps/example, which runs a job on a mesh
   step("install", cmake + " --install " + quoted(MESH_BINARY_DIR) + " --prefix " + quoted(prefix));
   REQUIRE(std::filesystem::exists(prefix / "lib/cmake/meshnode/meshnodeConfig.cmake"));
   REQUIRE(std::filesystem::exists(prefix / "include/meshnode/client/client.hpp"));
-  step("configure the example", cmake + " -S " + quoted(std::filesystem::path(MESH_SOURCE_DIR) / "apps/example") + " -B " +
+  step("configure the example", cmake + " -S " + quoted(std::filesystem::path(MESH_SOURCE_DIR) / "examples") + " -B " +
                                     quoted(example) + " -G Ninja -DCMAKE_PREFIX_PATH=" + quoted(prefix));
   step("build the example", cmake + " --build " + quoted(example) + " -j2");
 

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "actors/job_engine.hpp"
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 #include "actors/train_engine.hpp"
 #include "graph/builder.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
 namespace {
 /// A tiny, valid training setup (run 1 coordinated by peer-aaaa): y = x * w, loss its sum; SGD.
@@ -52,7 +52,7 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     auto w = b.parameter("w", mesh::dtype::f32, {3, 2});
     b.output("y", relu(matmul(x, w) + 1.0));
     mesh::wire_graph wg{*b.finish(), {{"x", mesh::tensor::zeros(mesh::dtype::f32, {4, 3})}, {"w", mesh::tensor::zeros(mesh::dtype::f32, {3, 2})}}};
-    mesh::msg::submit_job s{1, *mesh::encode(wg), static_cast<uint8_t>(mesh::strategy::data_parallel)};
+    mesh::msg::submit_job s{1, *mesh::encode(wg), mesh::strategy::data_parallel};
     return *mesh::msg::encode_message(s);
   }();
   return which == 0 ? step : job;

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "graph/validate.hpp"
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 #include "random_graph.hpp"
 
 namespace {

@@ -1,6 +1,6 @@
-#include "actors/messages.hpp"
+#include "wire/messages.hpp"
 
-#include "graph/caf_codec.hpp"
+#include <limits>
 
 namespace mesh::msg {
 namespace {
@@ -42,18 +42,39 @@ expected<void> check(const message& m) {
 }
 
 template <size_t I = 0>
-expected<message> decode_kind(size_t kind, bounded_deserializer& src, size_t total) {
+message decode_kind(size_t kind, wire::reader& src) {
   if constexpr (I < std::variant_size_v<message>) {
     if (kind == I) {
       std::variant_alternative_t<I, message> x;
-      if (auto ok = caf_decode(src, total, kind_names[I], x); !ok) return tl::unexpected(ok.error());
+      src(x);
       return message(std::move(x));
     }
-    return decode_kind<I + 1>(kind, src, total);
+    return decode_kind<I + 1>(kind, src);
   } else {
-    return make_error(error_code::decode_error, "unknown message kind " + std::to_string(kind));
+    return {};
   }
 }
+
+/// Counts beyond the format's u32 (only a message of over 4 GiB could have one) would be cut short.
+struct count_check {
+  bool ok = true;
+  template <class... Ts>
+  void operator()(const Ts&... xs) {
+    (visit(xs), ...);
+  }
+  template <class T>
+  void visit(const T& x) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      ok = ok && x.size() <= std::numeric_limits<uint32_t>::max();
+    } else if constexpr (requires { x.size(); x.begin(); }) {
+      ok = ok && x.size() <= std::numeric_limits<uint32_t>::max();
+      if constexpr (std::is_class_v<typename T::value_type>)
+        for (const auto& e : x) visit(e);
+    } else if constexpr (std::is_class_v<T>) {
+      fields(*this, const_cast<T&>(x));
+    }
+  }
+};
 
 }  // namespace
 
@@ -62,23 +83,32 @@ static_assert(std::size(kind_names) == std::variant_size_v<message>, "one name p
 const char* kind_name(const message& m) { return kind_names[m.index()]; }
 
 expected<std::vector<uint8_t>> encode_message(const message& m) {
-  auto body = std::visit([](auto x) { return caf_encode(x); }, m);
-  if (!body) return tl::unexpected(body.error());
+  count_check counts;
+  std::visit([&](const auto& x) { counts.visit(x); }, m);
+  if (!counts.ok) return make_error(error_code::limit_exceeded, std::string(kind_name(m)) + ": a list has more than 2^32 elements");
   std::vector<uint8_t> out;
-  out.reserve(body->size() + 1);
-  out.push_back(static_cast<uint8_t>(m.index()));
-  out.insert(out.end(), body->begin(), body->end());
+  wire::writer w(out);
+  w(protocol_version, static_cast<uint8_t>(m.index()));
+  std::visit([&](const auto& x) { w(x); }, m);
   return out;
 }
 
-expected<message> decode_message(const uint8_t* data, size_t size) {
-  if (size == 0) return make_error(error_code::decode_error, "empty message");
-  bounded_deserializer src(reinterpret_cast<const char*>(data) + 1, size - 1);
-  auto m = decode_kind(data[0], src, size - 1);
-  if (!m) return m;
+expected<message> decode_message(const uint8_t* data, size_t size, size_t budget) {
+  wire::reader src(data, size, wire::decode_budget(size, budget));
+  uint16_t version = 0;
+  uint8_t kind = 0;
+  src(version, kind);
+  if (!src.ok()) return make_error(error_code::decode_error, "message header: " + src.error().message);
+  if (version != protocol_version)
+    return make_error(error_code::version_mismatch, "a message of protocol version " + std::to_string(version) +
+                                                        " (this node speaks version " + std::to_string(protocol_version) +
+                                                        "): upgrade the older node");
+  if (kind >= std::variant_size_v<message>) return make_error(error_code::decode_error, "unknown message kind " + std::to_string(kind));
+  message m = decode_kind(kind, src);
+  if (!src.ok()) return make_error(src.error().code, std::string(kind_names[kind]) + ": " + src.error().message);
   if (src.remaining() != 0)
-    return make_error(error_code::decode_error, std::string(kind_name(*m)) + ": " + std::to_string(src.remaining()) + " trailing bytes");
-  if (auto ok = check(*m); !ok) return make_error(ok.error().code, std::string(kind_name(*m)) + ": " + ok.error().message);
+    return make_error(error_code::decode_error, std::string(kind_name(m)) + ": " + std::to_string(src.remaining()) + " trailing bytes");
+  if (auto ok = check(m); !ok) return make_error(ok.error().code, std::string(kind_name(m)) + ": " + ok.error().message);
   return m;
 }
 

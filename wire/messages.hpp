@@ -1,26 +1,30 @@
 #pragma once
-/// The messages nodes (and clients) exchange, as plain structs with CAF `inspect` overloads.
+/// The messages nodes (and clients) exchange: plain structs, each with a fields() overload that
+/// gives its layout on the wire (wire/codec.hpp).
 ///
-/// On the wire a message is one kind byte followed by the struct in CAF's binary format; decoding
-/// goes through mesh::bounded_deserializer and then checks every tensor (see decode_message), so a
-/// hostile peer gets an error back and the node keeps running. Graphs travel inside as WireGraph
-/// bytes and are decoded (= validated) only by the node that runs them.
+/// On the wire a message is the protocol version (u16), one kind byte and the struct. Decoding
+/// (decode_message) refuses another protocol version, bounds the memory it allocates, and checks
+/// every tensor and enum, so a hostile peer gets an error back and the node keeps running.
+/// Graphs travel inside as WireGraph bytes (wire/wire_graph.hpp) and are decoded (= validated)
+/// only by the node that runs them.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <variant>
 #include <vector>
 
-#include <caf/meta/type_name.hpp>
-
 #include "graph/error.hpp"
 #include "graph/tensor.hpp"
-#include "graph/wire_inspect.hpp"
+#include "graph/planner.hpp"
+#include "wire/graph_codec.hpp"
+#include "wire/states.hpp"
 
 namespace mesh::msg {
 
-/// Bumped on any change to these messages; peers of another version are not admitted.
-inline constexpr uint32_t protocol_version = 7;
+/// Bumped on any change to these messages. Peers of another version are not admitted (the
+/// transport's admission compares versions), and every message carries it as well: a message
+/// of another version is refused by decode_message.
+inline constexpr uint16_t protocol_version = 8;
 
 /// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
 /// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
@@ -32,7 +36,7 @@ using mesh::named_tensor;
 struct hello {
   uint64_t incarnation = 0;  ///< start time of this process: a restarted node has a higher one
   std::string device_name;
-  std::string device_kind;  ///< "discrete", "integrated", "virtual", "cpu"
+  device_kind device = device_kind::other;
   double gflops = 0;        ///< measured by a micro-benchmark at start
   double mem_gbps = 0;
   uint64_t memory_bytes = 0;
@@ -56,7 +60,7 @@ struct heartbeat {
 struct submit_job {
   uint64_t job = 0;  ///< chosen by the client, unique per client
   std::vector<char> wire;
-  uint8_t strategy = 0;  ///< mesh::strategy
+  mesh::strategy how = mesh::strategy::pipeline;
   bool operator==(const submit_job&) const = default;
 };
 
@@ -68,10 +72,11 @@ struct job_result {
   std::vector<named_tensor> outputs;
   uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
   std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
-  uint8_t strategy = 0;              ///< mesh::strategy the job ran with (one-shot jobs)
+  mesh::strategy ran_as = mesh::strategy::pipeline;  ///< the plan of a one-shot job
   /// Trainings: the step the run reached (the client takes it from here, not from its options,
   /// nor from the last progress report, which travels on another stream and may come later).
   uint64_t step = 0;
+  error_code code = error_code::internal;  ///< what kind of failure, when !ok
   bool operator==(const job_result&) const = default;
 };
 
@@ -156,6 +161,7 @@ struct stage_done {
   bool ok = false;
   std::string error;
   std::vector<named_tensor> outputs;
+  error_code code = error_code::internal;  ///< what kind of failure, when !ok
   bool operator==(const stage_done&) const = default;
 };
 
@@ -174,7 +180,7 @@ struct status_request {
 
 struct peer_status {
   std::string node;
-  std::string health;  ///< healthy / suspect / dead
+  peer_health health = peer_health::unknown;
   std::string address;
   std::string device;
   double gflops = 0;
@@ -182,17 +188,22 @@ struct peer_status {
   double rtt_ms = 0;
   uint64_t packets_lost = 0;  ///< by this node's connection to the peer (transport::peer_stats)
   bool relayed = false;       ///< the connection goes through a relay
+  /// Messages from the peer this node refused (another protocol version, past the decode budget,
+  /// malformed), and why it refused the last one.
+  uint64_t refused = 0;
+  std::string last_refusal;
   bool operator==(const peer_status&) const = default;
 };
 
 struct job_status {
   uint64_t job = 0;
   std::string client;
-  std::string state;  ///< planning / running / done / failed
+  job_state state = job_state::planning;
   uint32_t stages = 0;
   uint32_t attempts = 0;
   double seconds = 0;
-  std::string kind;  ///< "pipeline", "data_parallel", "tensor_parallel", "training"
+  job_kind kind = job_kind::pipeline;
+  uint64_t step = 0, steps = 0;  ///< trainings: steps done of steps
   bool operator==(const job_status&) const = default;
 };
 
@@ -221,13 +232,13 @@ struct status_reply {
 /// minus local parameter) and `outer_wire` (inputs "delta.<p>" summed over workers and "scale";
 /// Nesterov step on the outer copy, local parameters reset to it).
 struct train_spec {
-  uint8_t method = 0;            ///< 0 = data parallel, 1 = DiLoCo
+  train_method method = train_method::data_parallel;
   uint64_t start_step = 0;       ///< the step `state` is at (0, or a resumed checkpoint's step)
   uint64_t steps = 0;            ///< train until this step (inner steps for DiLoCo)
   uint32_t micro_batches = 1;    ///< micro-batches per step, over all workers together
   uint32_t micro_batch = 1;      ///< rows per micro-batch
   uint32_t inner_steps = 1;      ///< DiLoCo: local steps between averaging rounds
-  uint8_t compression = 0;       ///< mesh::wire_format of the all-reduce
+  wire_format compression = wire_format::f32;  ///< of the all-reduce
   uint64_t seed = 0;             ///< data order
   std::vector<char> grad_wire, apply_wire, delta_wire, outer_wire;
   std::vector<named_tensor> state;
@@ -303,6 +314,7 @@ struct train_reduced {
   std::string error;
   double loss = 0;          ///< mean loss of the step over all workers
   uint64_t bytes_sent = 0;  ///< by this worker in the round
+  error_code code = error_code::internal;  ///< what kind of failure, when !ok
   bool operator==(const train_reduced&) const = default;
 };
 
@@ -352,144 +364,167 @@ using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages>;
 
-/// kind byte + CAF body.
+/// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
 
-/// Parses and checks one message from a peer. Errors name the message kind and the problem; the
-/// input size bounds memory use.
-expected<message> decode_message(const uint8_t* data, size_t size);
+/// What a decoder may allocate for one message (wire/codec.hpp's decode_budget caps it further by
+/// the message's size). A node passes its per-peer receive budget.
+inline constexpr size_t default_decode_budget = size_t{4} << 30;
+
+/// Parses and checks one message from a peer. Errors (the message kind and the problem):
+/// version_mismatch for another protocol version, limit_exceeded when decoding would allocate
+/// more than `budget` or a fixed multiple of the message size, decode_error for malformed bytes
+/// or an enum out of range, and tensor::check()'s errors.
+expected<message> decode_message(const uint8_t* data, size_t size, size_t budget = default_decode_budget);
 
 /// "run_stage" etc., for logs.
 const char* kind_name(const message& m);
 
-// ---- inspect overloads (CAF 0.17 form) ----
+// ---- the field order of each message on the wire (wire/codec.hpp) ----
+
 template <class F>
-typename F::result_type inspect(F& f, hello& x) {
-  return f(caf::meta::type_name("hello"), x.incarnation, x.device_name, x.device_kind, x.gflops, x.mem_gbps,
-           x.memory_bytes, x.is_client, x.answer_me);
-}
-template <class F>
-typename F::result_type inspect(F& f, heartbeat& x) {
-  return f(caf::meta::type_name("heartbeat"), x.incarnation, x.seq, x.running_stages);
-}
-template <class F>
-typename F::result_type inspect(F& f, submit_job& x) {
-  return f(caf::meta::type_name("submit_job"), x.job, x.wire, x.strategy);
-}
-template <class F>
-typename F::result_type inspect(F& f, job_result& x) {
-  return f(caf::meta::type_name("job_result"), x.job, x.ok, x.error, x.outputs, x.attempts, x.workers,
-           x.strategy, x.step);
-}
-template <class F>
-typename F::result_type inspect(F& f, job_progress& x) {
-  return f(caf::meta::type_name("job_progress"), x.job, x.attempt, x.stages_done, x.stages, x.worker);
-}
-template <class F>
-typename F::result_type inspect(F& f, route& x) {
-  return f(caf::meta::type_name("route"), x.value, x.to, x.stage);
-}
-template <class F>
-typename F::result_type inspect(F& f, run_stage& x) {
-  return f(caf::meta::type_name("run_stage"), x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes,
-           x.cache, x.inputs);
-}
-template <class F>
-typename F::result_type inspect(F& f, activation& x) {
-  return f(caf::meta::type_name("activation"), x.coordinator, x.job, x.attempt, x.stage, x.value);
-}
-template <class F>
-typename F::result_type inspect(F& f, stage_done& x) {
-  return f(caf::meta::type_name("stage_done"), x.job, x.attempt, x.stage, x.ok, x.error, x.outputs);
-}
-template <class F>
-typename F::result_type inspect(F& f, cancel_stages& x) {
-  return f(caf::meta::type_name("cancel_stages"), x.job, x.attempt);
-}
-template <class F>
-typename F::result_type inspect(F& f, status_request& x) {
-  return f(caf::meta::type_name("status_request"), x.id);
-}
-template <class F>
-typename F::result_type inspect(F& f, peer_status& x) {
-  return f(caf::meta::type_name("peer_status"), x.node, x.health, x.address, x.device, x.gflops, x.running_stages,
-           x.rtt_ms, x.packets_lost, x.relayed);
-}
-template <class F>
-typename F::result_type inspect(F& f, job_status& x) {
-  return f(caf::meta::type_name("job_status"), x.job, x.client, x.state, x.stages, x.attempts, x.seconds,
-           x.kind);
-}
-template <class F>
-typename F::result_type inspect(F& f, status_reply& x) {
-  return f(caf::meta::type_name("status_reply"), x.id, x.node, x.device, x.gflops, x.uptime_s, x.peers, x.jobs);
+void fields(F& f, hello& x) {
+  f(x.incarnation, x.device_name, x.device, x.gflops, x.mem_gbps, x.memory_bytes, x.is_client, x.answer_me);
 }
 
 template <class F>
-typename F::result_type inspect(F& f, open_session& x) {
-  return f(caf::meta::type_name("open_session"), x.session, x.wire);
-}
-template <class F>
-typename F::result_type inspect(F& f, infer& x) {
-  return f(caf::meta::type_name("infer"), x.session, x.call, x.inputs);
-}
-template <class F>
-typename F::result_type inspect(F& f, close_session& x) {
-  return f(caf::meta::type_name("close_session"), x.session);
+void fields(F& f, heartbeat& x) {
+  f(x.incarnation, x.seq, x.running_stages);
 }
 
 template <class F>
-typename F::result_type inspect(F& f, peer_exchange& x) {
-  return f(caf::meta::type_name("peer_exchange"), x.pex);
+void fields(F& f, submit_job& x) {
+  f(x.job, x.wire, x.how);
 }
 
 template <class F>
-typename F::result_type inspect(F& f, train_spec& x) {
-  return f(caf::meta::type_name("train_spec"), x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch,
-           x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state,
-           x.dataset, x.dataset_rows, x.checkpoint_every);
+void fields(F& f, job_result& x) {
+  f(x.job, x.ok, x.error, x.outputs, x.attempts, x.workers, x.ran_as, x.step, x.code);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, open_training& x) {
-  return f(caf::meta::type_name("open_training"), x.train, x.spec);
+void fields(F& f, job_progress& x) {
+  f(x.job, x.attempt, x.stages_done, x.stages, x.worker);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_setup& x) {
-  return f(caf::meta::type_name("train_setup"), x.train, x.spec, x.client, x.client_train);
+void fields(F& f, route& x) {
+  f(x.value, x.to, x.stage);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_shard& x) {
-  return f(caf::meta::type_name("train_shard"), x.index, x.columns);
+void fields(F& f, run_stage& x) {
+  f(x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes, x.cache, x.inputs);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_step& x) {
-  return f(caf::meta::type_name("train_step"), x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state,
-           x.stop, x.shards);
+void fields(F& f, activation& x) {
+  f(x.coordinator, x.job, x.attempt, x.stage, x.value);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, allreduce_piece& x) {
-  return f(caf::meta::type_name("allreduce_piece"), x.train, x.coordinator, x.round, x.ring_step, x.piece, x.payload);
+void fields(F& f, stage_done& x) {
+  f(x.job, x.attempt, x.stage, x.ok, x.error, x.outputs, x.code);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_reduced& x) {
-  return f(caf::meta::type_name("train_reduced"), x.train, x.step, x.attempt, x.ok, x.error, x.loss, x.bytes_sent);
+void fields(F& f, cancel_stages& x) {
+  f(x.job, x.attempt);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_state& x) {
-  return f(caf::meta::type_name("train_state"), x.train, x.step, x.state);
+void fields(F& f, status_request& x) {
+  f(x.id);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_progress& x) {
-  return f(caf::meta::type_name("train_progress"), x.train, x.step, x.steps, x.loss, x.samples_per_s, x.peers,
-           x.bytes_sent);
+void fields(F& f, peer_status& x) {
+  f(x.node, x.health, x.address, x.device, x.gflops, x.running_stages, x.rtt_ms, x.packets_lost, x.relayed, x.refused, x.last_refusal);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_resume& x) {
-  return f(caf::meta::type_name("train_resume"), x.train, x.coordinator, x.dataset);
+void fields(F& f, job_status& x) {
+  f(x.job, x.client, x.state, x.stages, x.attempts, x.seconds, x.kind, x.step, x.steps);
 }
+
 template <class F>
-typename F::result_type inspect(F& f, train_checkpoint& x) {
-  return f(caf::meta::type_name("train_checkpoint"), x.train, x.step, x.state);
+void fields(F& f, status_reply& x) {
+  f(x.id, x.node, x.device, x.gflops, x.uptime_s, x.peers, x.jobs);
+}
+
+template <class F>
+void fields(F& f, open_session& x) {
+  f(x.session, x.wire);
+}
+
+template <class F>
+void fields(F& f, infer& x) {
+  f(x.session, x.call, x.inputs);
+}
+
+template <class F>
+void fields(F& f, close_session& x) {
+  f(x.session);
+}
+
+template <class F>
+void fields(F& f, peer_exchange& x) {
+  f(x.pex);
+}
+
+template <class F>
+void fields(F& f, train_spec& x) {
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state, x.dataset, x.dataset_rows, x.checkpoint_every);
+}
+
+template <class F>
+void fields(F& f, open_training& x) {
+  f(x.train, x.spec);
+}
+
+template <class F>
+void fields(F& f, train_setup& x) {
+  f(x.train, x.spec, x.client, x.client_train);
+}
+
+template <class F>
+void fields(F& f, train_shard& x) {
+  f(x.index, x.columns);
+}
+
+template <class F>
+void fields(F& f, train_step& x) {
+  f(x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state, x.stop, x.shards);
+}
+
+template <class F>
+void fields(F& f, allreduce_piece& x) {
+  f(x.train, x.coordinator, x.round, x.ring_step, x.piece, x.payload);
+}
+
+template <class F>
+void fields(F& f, train_reduced& x) {
+  f(x.train, x.step, x.attempt, x.ok, x.error, x.loss, x.bytes_sent, x.code);
+}
+
+template <class F>
+void fields(F& f, train_state& x) {
+  f(x.train, x.step, x.state);
+}
+
+template <class F>
+void fields(F& f, train_progress& x) {
+  f(x.train, x.step, x.steps, x.loss, x.samples_per_s, x.peers, x.bytes_sent);
+}
+
+template <class F>
+void fields(F& f, train_resume& x) {
+  f(x.train, x.coordinator, x.dataset);
+}
+
+template <class F>
+void fields(F& f, train_checkpoint& x) {
+  f(x.train, x.step, x.state);
 }
 
 }  // namespace mesh::msg

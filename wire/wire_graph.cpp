@@ -1,27 +1,41 @@
-#include "graph/wire.hpp"
+#include "wire/wire_graph.hpp"
 
-#include "graph/caf_codec.hpp"
-#include "graph/wire_inspect.hpp"
+#include <limits>
+
+#include "wire/graph_codec.hpp"
 
 namespace mesh {
 namespace {
 
-constexpr uint32_t wire_magic = 0x4652474d;  // "MGRF" as a little-endian u32 (CAF writes it big-endian)
+constexpr uint32_t wire_magic = 0x4652474d;  // "MGRF" read as a little-endian u32
+
+bool fits_counts(const graph& g, const std::vector<named_tensor>& ts) {
+  constexpr size_t max = std::numeric_limits<uint32_t>::max();
+  if (g.nodes.size() > max || ts.size() > max) return false;
+  for (const auto& n : g.nodes)
+    if (n.attrs.values.size() > max || n.attrs.name.size() > max) return false;
+  for (const auto& t : ts)
+    if (t.value.bytes.size() > max || t.name.size() > max) return false;
+  return true;
+}
 
 }  // namespace
 
 expected<std::vector<char>> encode(const wire_graph& w) {
-  uint32_t magic = wire_magic, version = wire_graph_version;
-  graph g = w.g;
   std::vector<named_tensor> ts;
+  ts.reserve(w.tensors.size());
   for (const auto& [name, t] : w.tensors) ts.push_back({name, t});
-  return caf_encode(magic, version, g, ts);
+  if (!fits_counts(w.g, ts)) return make_error(error_code::limit_exceeded, "WireGraph: a list or tensor has more than 2^32 elements");
+  const auto bytes = wire::encode_values(wire_magic, wire_graph_version, w.g, ts);
+  return std::vector<char>(bytes.begin(), bytes.end());
 }
 
 expected<wire_graph> decode_wire_graph(const char* data, size_t size, const graph_limits& limits) {
-  bounded_deserializer src(data, size);
+  const auto budget = wire::decode_budget(size, static_cast<size_t>(limits.max_total_bytes) * 2 + wire::decode_slack);
+  wire::reader src(reinterpret_cast<const uint8_t*>(data), size, budget);
   uint32_t magic = 0, version = 0;
-  if (auto ok = caf_decode(src, size, "WireGraph header", magic, version); !ok) return tl::unexpected(ok.error());
+  src(magic, version);
+  if (!src.ok()) return make_error(error_code::decode_error, "WireGraph header: " + src.error().message);
   if (magic != wire_magic) return make_error(error_code::decode_error, "not a WireGraph (bad magic number)");
   if (version != wire_graph_version)
     return make_error(error_code::version_mismatch, "WireGraph version " + std::to_string(version) +
@@ -29,7 +43,8 @@ expected<wire_graph> decode_wire_graph(const char* data, size_t size, const grap
                                                         std::to_string(wire_graph_version) + ": upgrade the older node");
   wire_graph w;
   std::vector<named_tensor> ts;
-  if (auto ok = caf_decode(src, size, "WireGraph", w.g, ts); !ok) return tl::unexpected(ok.error());
+  src(w.g, ts);
+  if (!src.ok()) return make_error(src.error().code, "WireGraph: " + src.error().message);
   if (src.remaining() != 0)
     return make_error(error_code::decode_error, "WireGraph: " + std::to_string(src.remaining()) + " trailing bytes");
   if (auto ok = validate(w.g, limits); !ok) return tl::unexpected(ok.error());

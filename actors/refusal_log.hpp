@@ -1,0 +1,42 @@
+#pragma once
+/// Messages a node refused, per peer: how many and why the last one was refused (another protocol
+/// version, past the decode budget, malformed). The bridge records refusals as it decodes; status
+/// replies (`meshctl peers`) report them. Thread-safe: written on the bridge's thread, read on the
+/// status actor's.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace mesh {
+
+class refusal_log {
+ public:
+  struct entry {
+    uint64_t count = 0;
+    std::string last;  ///< the reason for the most recent refusal
+  };
+
+  void record(const std::string& peer, std::string why) {
+    std::lock_guard lock(mu_);
+    auto& e = by_peer_[peer];
+    ++e.count;
+    e.last = std::move(why);
+    // Bounded: a peer that reconnects under ever new ids cannot grow the log without limit.
+    if (by_peer_.size() > max_peers) by_peer_.erase(by_peer_.begin() == by_peer_.find(peer) ? std::next(by_peer_.begin()) : by_peer_.begin());
+  }
+
+  entry of(const std::string& peer) const {
+    std::lock_guard lock(mu_);
+    auto it = by_peer_.find(peer);
+    return it == by_peer_.end() ? entry{} : it->second;
+  }
+
+  static constexpr size_t max_peers = 4096;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, entry> by_peer_;
+};
+
+}  // namespace mesh
