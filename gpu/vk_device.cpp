@@ -326,5 +326,39 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   return d;
 }
 
+void vk_device::print_pipeline_stats(VkPipeline pipeline, const std::string& name) const {
+  auto props_fn = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutablePropertiesKHR"));
+  auto stats_fn = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
+  if (!props_fn || !stats_fn) return;
+  auto pi = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
+  pi.pipeline = pipeline;
+  uint32_t count = 0;
+  props_fn(device, &pi, &count, nullptr);
+  for (uint32_t e = 0; e < count; ++e) {
+    auto ei = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
+    ei.pipeline = pipeline;
+    ei.executableIndex = e;
+    uint32_t n = 0;
+    stats_fn(device, &ei, &n, nullptr);
+    std::vector<VkPipelineExecutableStatisticKHR> st(n, vk_struct<VkPipelineExecutableStatisticKHR>(
+                                                            VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
+    stats_fn(device, &ei, &n, st.data());
+    std::string line = "[pipeline stats] " + name + ":";
+    for (const auto& x : st) {
+      line += std::string(" ") + x.name + "=";
+      switch (x.format) {
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += x.value.b32 ? "yes" : "no"; break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += std::to_string(x.value.i64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += std::to_string(x.value.u64); break;
+        case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += std::to_string(x.value.f64); break;
+        default: break;
+      }
+      line += ";";
+    }
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
 
 }  // namespace mesh::gpu

@@ -50,6 +50,8 @@ struct vk_device {
   ~vk_device();
   /// "llvmpipe (LLVM 15.0.6, 256 bits)/driver 0x..."; keys the caches.
   std::string key() const;
+  /// Prints the driver's statistics of `pipeline` (MESH_PIPELINE_STATS=1): one line per kernel.
+  void print_pipeline_stats(VkPipeline pipeline, const std::string& name) const;
 };
 
 }  // namespace mesh::gpu

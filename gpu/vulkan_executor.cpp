@@ -1,9 +1,7 @@
 // The Vulkan executor: programs are compiled once into pre-recorded command buffers (one submit
-// per run); tensors are sub-allocated from a few large memory blocks.
+// per run); tensors are sub-allocated from a few large memory blocks (memory_pool, vk_memory.hpp).
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,13 +12,13 @@
 #include <unordered_map>
 
 #include "graph/validate.hpp"
-#include "gpu/allocator.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/glsl.hpp"
 #include "gpu/plan.hpp"
 #include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
 #include "gpu/vk_device.hpp"
+#include "gpu/vk_memory.hpp"
 
 namespace mesh::gpu {
 namespace {
@@ -50,104 +48,6 @@ int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
   if (want == 1) return 2;
   return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 32;
 }
-
-/// One memory type's blocks: each block is a VkDeviceMemory bound to one VkBuffer.
-class memory_pool {
- public:
-  struct block {
-    VkDeviceMemory memory = VK_NULL_HANDLE;
-    VkBuffer buffer = VK_NULL_HANDLE;
-    uint8_t* mapped = nullptr;
-  };
-  struct allocation {
-    block_allocator::range range;
-    VkBuffer buffer = VK_NULL_HANDLE;
-    uint8_t* mapped = nullptr;  ///< host pools only
-  };
-
-  memory_pool(vk_device& d, uint32_t type, bool host, uint64_t block_bytes, uint64_t* budget_used, uint64_t budget)
-      : d_(d), type_(type), host_(host), block_bytes_(block_bytes), alloc_(alignment(d)), used_(budget_used), budget_(budget) {}
-  ~memory_pool() {
-    for (auto& b : blocks_) {
-      vkDestroyBuffer(d_.device, b.buffer, nullptr);
-      vkFreeMemory(d_.device, b.memory, nullptr);
-    }
-  }
-
-  expected<allocation> allocate(uint64_t size) {
-    // Large tensors start on 2 MiB boundaries (the GPU's large pages) so that where a tensor lands
-    // does not depend on what was allocated before it.
-    const uint64_t align = size >= (1u << 20) ? (2u << 20) : 0;
-    auto r = alloc_.allocate(size, align);
-    if (!r) {
-      const uint64_t granule = align ? align : 256;
-      const uint64_t want = std::max(block_bytes_, (std::max<uint64_t>(size, 1) + granule - 1) & ~(granule - 1));
-      if (auto ok = add_block(want); !ok) return tl::unexpected(ok.error());
-      r = alloc_.allocate(size, align);
-      if (!r) return make_error(error_code::internal, "allocator: new block has no room");
-    }
-    const block& b = blocks_[r->block];
-    return allocation{*r, b.buffer, b.mapped ? b.mapped + r->offset : nullptr};
-  }
-  void release(const allocation& a) { alloc_.release(a.range); }
-  uint64_t used_bytes() const { return alloc_.used_bytes(); }
-
- private:
-  static uint64_t alignment(const vk_device& d) {
-    return std::max<uint64_t>({d.props.limits.minStorageBufferOffsetAlignment, 16, d.props.limits.nonCoherentAtomSize});
-  }
-
-  expected<void> add_block(uint64_t size) {
-    if (budget_ && *used_ + size > budget_)
-      return make_error(error_code::device, "out of device memory: " + std::to_string(size) +
-                                                " more bytes would exceed this executor's limit of " +
-                                                std::to_string(budget_) + " bytes");
-    block b;
-    auto bci = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
-    bci.size = size;
-    bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    if (VkResult r = vkCreateBuffer(d_.device, &bci, nullptr, &b.buffer); r != VK_SUCCESS)
-      return tl::unexpected(vk_error(r, "vkCreateBuffer(" + std::to_string(size) + " bytes)"));
-    VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(d_.device, b.buffer, &req);
-    uint32_t type = type_;
-    if (!(req.memoryTypeBits & (1u << type))) {
-      vkDestroyBuffer(d_.device, b.buffer, nullptr);
-      return make_error(error_code::unsupported, "storage buffers cannot live in the chosen memory type");
-    }
-    auto mai = vk_struct<VkMemoryAllocateInfo>(VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO);
-    mai.allocationSize = req.size;
-    mai.memoryTypeIndex = type;
-    if (VkResult r = vkAllocateMemory(d_.device, &mai, nullptr, &b.memory); r != VK_SUCCESS) {
-      vkDestroyBuffer(d_.device, b.buffer, nullptr);
-      return tl::unexpected(vk_error(r, "vkAllocateMemory(" + std::to_string(req.size) + " bytes)"));
-    }
-    vkBindBufferMemory(d_.device, b.buffer, b.memory, 0);
-    if (host_) {
-      void* p = nullptr;
-      if (VkResult r = vkMapMemory(d_.device, b.memory, 0, VK_WHOLE_SIZE, 0, &p); r != VK_SUCCESS) {
-        vkDestroyBuffer(d_.device, b.buffer, nullptr);
-        vkFreeMemory(d_.device, b.memory, nullptr);
-        return tl::unexpected(vk_error(r, "vkMapMemory"));
-      }
-      b.mapped = static_cast<uint8_t*>(p);
-    }
-    blocks_.push_back(b);
-    alloc_.add_block(size);
-    *used_ += size;
-    return {};
-  }
-
-  vk_device& d_;
-  uint32_t type_;
-  bool host_;
-  uint64_t block_bytes_;
-  block_allocator alloc_;
-  std::vector<block> blocks_;
-  uint64_t* used_;
-  uint64_t budget_;
-};
 
 using allocation = memory_pool::allocation;
 
@@ -604,44 +504,8 @@ class vulkan_executor final : public executor {
       ck.pipeline = VK_NULL_HANDLE;
       return tl::unexpected(vk_error(r, "vkCreateComputePipelines(" + ck.src.name + ")"));
     }
-    if (d_->pipeline_stats) print_pipeline_stats(ck.pipeline, ck.src.name);
+    if (d_->pipeline_stats) d_->print_pipeline_stats(ck.pipeline, ck.src.name);
     return {};
-  }
-
-  /// Prints the driver's statistics of `pipeline` (MESH_PIPELINE_STATS=1): one line per kernel.
-  void print_pipeline_stats(VkPipeline pipeline, const std::string& name) {
-    auto props_fn = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
-        vkGetDeviceProcAddr(d_->device, "vkGetPipelineExecutablePropertiesKHR"));
-    auto stats_fn = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
-        vkGetDeviceProcAddr(d_->device, "vkGetPipelineExecutableStatisticsKHR"));
-    if (!props_fn || !stats_fn) return;
-    auto pi = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
-    pi.pipeline = pipeline;
-    uint32_t count = 0;
-    props_fn(d_->device, &pi, &count, nullptr);
-    for (uint32_t e = 0; e < count; ++e) {
-      auto ei = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
-      ei.pipeline = pipeline;
-      ei.executableIndex = e;
-      uint32_t n = 0;
-      stats_fn(d_->device, &ei, &n, nullptr);
-      std::vector<VkPipelineExecutableStatisticKHR> st(n, vk_struct<VkPipelineExecutableStatisticKHR>(
-                                                              VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
-      stats_fn(d_->device, &ei, &n, st.data());
-      std::string line = "[pipeline stats] " + name + ":";
-      for (const auto& x : st) {
-        line += std::string(" ") + x.name + "=";
-        switch (x.format) {
-          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: line += x.value.b32 ? "yes" : "no"; break;
-          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: line += std::to_string(x.value.i64); break;
-          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: line += std::to_string(x.value.u64); break;
-          case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: line += std::to_string(x.value.f64); break;
-          default: break;
-        }
-        line += ";";
-      }
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
   }
 
   expected<void> record(program& pr) {
