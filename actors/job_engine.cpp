@@ -110,7 +110,8 @@ std::vector<std::string> job_engine::workers() const {
   return ids;
 }
 
-std::vector<outbound> job_engine::on_message(const std::string& from, const msg::message& m) {
+std::vector<outbound> job_engine::on_message(const std::string& from, const msg::message& m, clock::time_point now) {
+  now_ = now;
   if (auto* s = std::get_if<msg::submit_job>(&m)) return submit(from, *s);
   if (auto* o = std::get_if<msg::open_session>(&m)) return open(from, *o);
   if (auto* c = std::get_if<msg::infer>(&m)) return call(from, *c);
@@ -218,6 +219,7 @@ uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std
   j.g = std::move(g);
   j.tensors = std::move(tensors);
   j.session = session;
+  j.started = now_;
   by_client_[{client, client_job}] = id;
   return id;
 }
@@ -313,7 +315,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_record& j, const expec
   if (!ok && j.attempt > 0)
     for (const auto& n : nodes_of(j.stage_nodes)) out.push_back({n, msg::cancel_stages{id, j.attempt}});
   j.state = ok ? job_state::done : job_state::failed;
-  j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count();
+  j.seconds = std::chrono::duration<double>(now_ - j.started).count();
   j.pending.clear();
   j.g.reset();  // free the graph and tensors; the status line stays
   j.source.reset();
@@ -436,7 +438,8 @@ std::vector<outbound> job_engine::call(const std::string& client, const msg::inf
   return launch(id, jobs_.at(id), {}, make_error(error_code::internal, "a session call has no plan of its own"));
 }
 
-std::vector<outbound> job_engine::peer_dead(const std::string& id) {
+std::vector<outbound> job_engine::peer_dead(const std::string& id, clock::time_point now) {
+  now_ = now;
   std::vector<outbound> out;
   // Sessions of a client that left without closing them: nobody will call them again.
   for (auto it = sessions_by_client_.begin(); it != sessions_by_client_.end();) {
@@ -654,7 +657,8 @@ std::vector<stage_task> job_engine::take_ready() {
   return out;
 }
 
-std::vector<outbound> job_engine::on_executed(const stage_task& t, const expected<tensor_map>& outputs) {
+std::vector<outbound> job_engine::on_executed(const stage_task& t, const expected<tensor_map>& outputs, clock::time_point now) {
+  now_ = now;
   if (executing_ > 0) --executing_;
   msg::stage_done d;
   d.job = t.job;
@@ -685,7 +689,7 @@ std::vector<outbound> job_engine::on_executed(const stage_task& t, const expecte
   return out;
 }
 
-std::vector<msg::job_status> job_engine::jobs() const {
+std::vector<msg::job_status> job_engine::jobs(clock::time_point now) const {
   std::vector<msg::job_status> out;
   for (const auto& [id, j] : jobs_) {
     msg::job_status s;
@@ -695,7 +699,7 @@ std::vector<msg::job_status> job_engine::jobs() const {
     s.stages = static_cast<uint32_t>(std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); }));
     s.attempts = j.attempt;
     s.kind = j.session ? job_kind::inference : job_kind_of(j.source_plan.kind);
-    s.seconds = j.state == job_state::running ? std::chrono::duration<double>(std::chrono::steady_clock::now() - j.started).count() : j.seconds;
+    s.seconds = j.state == job_state::running ? std::chrono::duration<double>(now - j.started).count() : j.seconds;
     out.push_back(s);
   }
   return out;

@@ -57,11 +57,15 @@ class job_engine {
   /// A worker joined (its hello arrived), or joined again after a restart: what this node kept
   /// of the jobs and sessions it coordinated before is dropped.
   void peer_up(const std::string& id, const device_profile& p);
-  /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
-  std::vector<outbound> peer_dead(const std::string& id);
+  /// The engine reads no clock: every entry point that may need the time is given it (the
+  /// node's shell passes the steady clock; tests may pass simulated time).
+  using clock = std::chrono::steady_clock;
 
-  /// A message from `from` (already decoded). Returns what to send.
-  std::vector<outbound> on_message(const std::string& from, const msg::message& m);
+  /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
+  std::vector<outbound> peer_dead(const std::string& id, clock::time_point now);
+
+  /// A message from `from` (already decoded), received at `now`. Returns what to send.
+  std::vector<outbound> on_message(const std::string& from, const msg::message& m, clock::time_point now);
 
   /// Stages whose inputs have all arrived; the shell runs them and calls on_executed.
   std::vector<stage_task> take_ready();
@@ -70,10 +74,10 @@ class job_engine {
   /// their programs and parameters on the executor.
   std::vector<std::string> take_forgotten() { return std::exchange(forgotten_, {}); }
   /// The executor's result for a task from take_ready().
-  std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs);
+  std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs, clock::time_point now);
 
   /// Jobs this node coordinates, for status.
-  std::vector<msg::job_status> jobs() const;
+  std::vector<msg::job_status> jobs(clock::time_point now) const;
   size_t running_stages() const { return waiting_.size() + executing_; }
   std::vector<std::string> workers() const;
 
@@ -99,7 +103,7 @@ class job_engine {
     std::set<uint32_t> pending;            ///< stages not done yet
     tensor_map outputs;
     job_state state = job_state::planning;
-    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    clock::time_point started{};
     double seconds = 0;
   };
   /// A model loaded across a pipeline of peers for repeated calls.
@@ -148,6 +152,7 @@ class job_engine {
   void promote_ready(const stage_key& k);
 
   std::string self_;
+  clock::time_point now_{};  ///< the time the current entry point was given
   device_profile own_;
   graph_limits limits_;
   std::map<std::string, device_profile> peers_;

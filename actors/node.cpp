@@ -319,8 +319,9 @@ bool try_send_peer(const node_context& ctx, const std::string& to, const msg::me
   auto bytes = msg::encode_message(m);
   if (!id || !bytes) return true;  // nothing that could ever be sent
   if (!ctx.ep->connected(*id)) return false;
-  // Heartbeats as datagrams; large payloads (tensors, fragments) on their own bulk streams so they
-  // never delay small messages; everything else, in order, on the control stream.
+  // Heartbeats as datagrams (they wait for nothing); large payloads (tensors, fragments) on bulk
+  // streams of their own, small ones on the control stream. The peer's application sees both in
+  // the order sent: a small message sent after a large one waits for it.
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
                   : bytes->size() > msg::max_control_message ? transport::channel::bulk
                                                              : transport::channel::control;
@@ -642,12 +643,12 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
           auto lost = std::move(s.train_in_flight);
           s.train_in_flight.clear();
           for (auto& [key, task] : lost)
-            dispatch(self, *ctx, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step")));
+            dispatch(self, *ctx, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step"), std::chrono::steady_clock::now()));
         }
       },
       [=](inbound_atom, std::string from, message_ptr m) {
-        dispatch(self, *ctx, self->state.engine->on_message(from, *m));
-        dispatch(self, *ctx, self->state.trainer->on_message(from, *m));
+        dispatch(self, *ctx, self->state.engine->on_message(from, *m, std::chrono::steady_clock::now()));
+        dispatch(self, *ctx, self->state.trainer->on_message(from, *m, std::chrono::steady_clock::now()));
         run_ready(self);
       },
       [=](up_atom, std::string id, message_ptr m) {
@@ -658,23 +659,24 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
       },
       [=](down_atom, std::string id, std::string) {
         self->state.held.take(id);  // it will not come back for them
-        dispatch(self, *ctx, self->state.engine->peer_dead(id));
-        dispatch(self, *ctx, self->state.trainer->peer_dead(id));
+        dispatch(self, *ctx, self->state.engine->peer_dead(id, std::chrono::steady_clock::now()));
+        dispatch(self, *ctx, self->state.trainer->peer_dead(id, std::chrono::steady_clock::now()));
         run_ready(self);
       },
       [=](done_atom, std::shared_ptr<stage_task> t, std::shared_ptr<expected<tensor_map>> r) {
         if (!self->state.in_flight.erase(t.get())) return;  // already handed to a restarted executor
-        dispatch(self, *ctx, self->state.engine->on_executed(*t, *r));
+        dispatch(self, *ctx, self->state.engine->on_executed(*t, *r, std::chrono::steady_clock::now()));
         run_ready(self);
       },
       [=](done_atom, std::shared_ptr<train_task> t, std::shared_ptr<expected<train_work_result>> r) {
         if (!self->state.train_in_flight.erase(t.get())) return;  // given up when the executor restarted
-        dispatch(self, *ctx, self->state.trainer->on_executed(*t, std::move(*r)));
+        dispatch(self, *ctx, self->state.trainer->on_executed(*t, std::move(*r), std::chrono::steady_clock::now()));
         run_ready(self);
       },
       [=](view_atom) {
-        auto jobs = self->state.engine->jobs();
-        for (auto& j : self->state.trainer->jobs()) jobs.push_back(std::move(j));
+        const auto now = std::chrono::steady_clock::now();
+        auto jobs = self->state.engine->jobs(now);
+        for (auto& j : self->state.trainer->jobs(now)) jobs.push_back(std::move(j));
         return std::make_shared<const std::vector<msg::job_status>>(std::move(jobs));
       },
       [=](stop_atom) { self->quit(); },

@@ -3,6 +3,7 @@
 /// version, past the decode budget, malformed). The bridge records refusals as it decodes; status
 /// replies (`meshctl peers`) report them. Thread-safe: written on the bridge's thread, read on the
 /// status actor's.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -15,6 +16,7 @@ class refusal_log {
   struct entry {
     uint64_t count = 0;
     std::string last;  ///< the reason for the most recent refusal
+    uint64_t seq = 0;  ///< when it was recorded (the log's own counter)
   };
 
   void record(const std::string& peer, std::string why) {
@@ -22,8 +24,12 @@ class refusal_log {
     auto& e = by_peer_[peer];
     ++e.count;
     e.last = std::move(why);
-    // Bounded: a peer that reconnects under ever new ids cannot grow the log without limit.
-    if (by_peer_.size() > max_peers) by_peer_.erase(by_peer_.begin() == by_peer_.find(peer) ? std::next(by_peer_.begin()) : by_peer_.begin());
+    e.seq = ++seq_;
+    // Bounded: peers that connect under ever new ids cannot grow the log without limit; the one
+    // that refused nothing for longest goes.
+    if (by_peer_.size() > max_peers)
+      by_peer_.erase(std::min_element(by_peer_.begin(), by_peer_.end(),
+                                      [](const auto& a, const auto& b) { return a.second.seq < b.second.seq; }));
   }
 
   entry of(const std::string& peer) const {
@@ -37,6 +43,7 @@ class refusal_log {
  private:
   mutable std::mutex mu_;
   std::map<std::string, entry> by_peer_;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace mesh

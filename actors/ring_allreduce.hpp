@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "wire/states.hpp"
 
 namespace mesh {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/evaluate.hpp"
 
 namespace mesh {

@@ -309,7 +309,7 @@ struct train_engine::coord_run {
   uint64_t bytes = 0;
   std::string prefix;
   job_state state = job_state::running;
-  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now(), last_step = started;
+  clock::time_point started{}, last_step{};
   std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
   double seconds = 0;
 };
@@ -407,7 +407,8 @@ void train_engine::executor_restarted() {
   for (auto& [k, w] : worker_) w->broken = w->device_lost = true;
 }
 
-std::vector<outbound> train_engine::on_message(const std::string& from, const msg::message& m) {
+std::vector<outbound> train_engine::on_message(const std::string& from, const msg::message& m, clock::time_point now) {
+  now_ = now;
   if (auto* o = std::get_if<msg::open_training>(&m)) return open(from, *o);
   if (auto* s = std::get_if<msg::train_setup>(&m)) return on_setup(from, *s);
   if (auto* s = std::get_if<msg::train_step>(&m)) return on_step(from, *s);
@@ -439,6 +440,7 @@ std::vector<outbound> train_engine::open(const std::string& client, const msg::o
   c->spec = o.spec;
   c->step = o.spec.start_step;
   c->commit = o.spec.start_step;
+  c->started = c->last_step = now_;
   // Parameters get names unique to this run, so that runs sharing a device do not mix state.
   c->prefix = run_prefix(self_, id);
   for (auto* wire : {&c->spec.grad_wire, &c->spec.apply_wire, &c->spec.delta_wire, &c->spec.outer_wire}) {
@@ -526,7 +528,7 @@ std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, error_co
     out.push_back({m, stop});
   }
   c.state = job_state::failed;
-  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
+  c.seconds = std::chrono::duration<double>(now_ - c.started).count();
   c.members.clear();
   c.spec = {};
   c.data.clear();
@@ -566,9 +568,8 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
   c.step += inner;
   c.commit = c.step;
-  const auto now = std::chrono::steady_clock::now();
-  const double dt = std::chrono::duration<double>(now - c.last_step).count();
-  c.last_step = now;
+  const double dt = std::chrono::duration<double>(now_ - c.last_step).count();
+  c.last_step = now_;
   std::vector<outbound> out;
   msg::train_progress p;
   p.train = c.client_train;
@@ -638,7 +639,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
     r.workers = c.members;
     out.push_back({c.client, std::move(r)});
     c.state = job_state::done;
-    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c.started).count();
+    c.seconds = std::chrono::duration<double>(now_ - c.started).count();
     c.spec = {};
     c.data.clear();
     c.permutation.clear();
@@ -664,7 +665,8 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
   return out;
 }
 
-std::vector<outbound> train_engine::peer_dead(const std::string& id) {
+std::vector<outbound> train_engine::peer_dead(const std::string& id, clock::time_point now) {
+  now_ = now;
   peers_.erase(id);
   std::vector<outbound> out;
   // Worker side: runs coordinated by the dead node become orphans, kept (a few) for their client
@@ -700,7 +702,7 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
     if (c.client == id) {
       // Lost, or only cut off from us: it may be resuming the run elsewhere (it then reaches us
       // as that node's setup). The run goes on meanwhile; tick() ends it after the grace time.
-      c.client_lost_at = std::chrono::steady_clock::now();
+      c.client_lost_at = now_;
       continue;
     }
     auto m = std::find(c.members.begin(), c.members.end(), id);
@@ -716,7 +718,8 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id) {
   return out;
 }
 
-std::vector<outbound> train_engine::tick(std::chrono::steady_clock::time_point now) {
+std::vector<outbound> train_engine::tick(clock::time_point now) {
+  now_ = now;
   std::vector<outbound> out;
   for (auto& [rid, c] : coordinated_) {
     if (c->state != job_state::running || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
@@ -726,7 +729,7 @@ std::vector<outbound> train_engine::tick(std::chrono::steady_clock::time_point n
   return out;
 }
 
-std::vector<msg::job_status> train_engine::jobs() const {
+std::vector<msg::job_status> train_engine::jobs(clock::time_point now) const {
   std::vector<msg::job_status> out;
   for (const auto& [id, c] : coordinated_) {
     msg::job_status s;
@@ -738,7 +741,7 @@ std::vector<msg::job_status> train_engine::jobs() const {
     s.stages = static_cast<uint32_t>(c->members.size());
     s.attempts = c->attempt;
     s.kind = job_kind::training;
-    s.seconds = c->state == job_state::running ? std::chrono::duration<double>(std::chrono::steady_clock::now() - c->started).count() : c->seconds;
+    s.seconds = c->state == job_state::running ? std::chrono::duration<double>(now - c->started).count() : c->seconds;
     out.push_back(s);
   }
   return out;
@@ -1027,7 +1030,8 @@ std::vector<train_task> train_engine::take_ready() {
   return out;
 }
 
-std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r) {
+std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now) {
+  now_ = now;
   if (t.cleanup) return {};
   if (t.takeover) return take_over(t, std::move(r));
   std::vector<outbound> out;

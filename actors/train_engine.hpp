@@ -99,27 +99,31 @@ class train_engine {
 
   /// A worker joined; it is used from the next step of every run.
   void peer_up(const std::string& id);
+  /// The engine reads no clock: every entry point that may need the time is given it (the
+  /// node's shell passes the steady clock; tests may pass simulated time).
+  using clock = std::chrono::steady_clock;
+
   /// A worker died or left: steps it was part of are redone without it.
-  std::vector<outbound> peer_dead(const std::string& id);
+  std::vector<outbound> peer_dead(const std::string& id, clock::time_point now);
   /// The executor was restarted: resident training state is gone, so this node leaves its runs
   /// (the coordinators set it up again with the current state).
   void executor_restarted();
   /// Called every second or so: a run whose client has been gone for `client_grace` without
   /// resuming it elsewhere is ended.
-  std::vector<outbound> tick(std::chrono::steady_clock::time_point now);
+  std::vector<outbound> tick(clock::time_point now);
   /// How long a coordinator keeps training for a client it lost (which may only be cut off from
   /// it, and resume the run on another node: that node's setup then stops this run).
   static constexpr std::chrono::seconds client_grace{30};
 
   /// Training messages (open_training, train_setup, train_step, allreduce_piece,
   /// train_reduced, train_state, train_resume); others are ignored.
-  std::vector<outbound> on_message(const std::string& from, const msg::message& m);
+  std::vector<outbound> on_message(const std::string& from, const msg::message& m, clock::time_point now);
   /// Device work ready to run; the shell runs each and calls on_executed.
   std::vector<train_task> take_ready();
-  std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r);
+  std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now);
 
   /// Runs this node coordinates, for status ("training" jobs).
-  std::vector<msg::job_status> jobs() const;
+  std::vector<msg::job_status> jobs(clock::time_point now) const;
   size_t running() const { return coordinated_.size() + worker_.size(); }
 
  private:
@@ -153,6 +157,7 @@ class train_engine {
   std::map<worker_key, std::shared_ptr<worker_run>>::iterator end_run(std::map<worker_key, std::shared_ptr<worker_run>>::iterator it);
 
   std::string self_;
+  clock::time_point now_{};  ///< the time the current entry point was given
   graph_limits limits_;
   std::set<std::string> peers_;
   uint64_t next_id_ = 1;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::app {
 

@@ -10,10 +10,11 @@ include(CMakePackageConfigHelpers)
 # Every static library meshnode::client needs at link time: its PUBLIC dependencies and the
 # PRIVATE ones too (a static library carries no link information of its own, so CMake exports
 # those as link-only dependencies, and they must be installed as well).
-set(mesh_client_libraries mesh_client mesh_wire mesh_graph mesh_transport mesh_discovery mesh_discovery_core)
+set(mesh_client_libraries mesh_client mesh_wire mesh_graph mesh_base mesh_transport mesh_discovery mesh_discovery_core)
 set_target_properties(mesh_client PROPERTIES EXPORT_NAME client)
 set_target_properties(mesh_wire PROPERTIES EXPORT_NAME wire)
 set_target_properties(mesh_graph PROPERTIES EXPORT_NAME graph)
+set_target_properties(mesh_base PROPERTIES EXPORT_NAME base)
 set_target_properties(mesh_transport PROPERTIES EXPORT_NAME transport)
 set_target_properties(mesh_discovery PROPERTIES EXPORT_NAME discovery)
 set_target_properties(mesh_discovery_core PROPERTIES EXPORT_NAME discovery_core)
@@ -21,12 +22,14 @@ add_library(meshnode::client ALIAS mesh_client)  # the same name inside this bui
 
 # Headers go under include/meshnode/ and are included as "graph/graph.hpp", "client/client.hpp",
 # as inside this tree. The set is the public API plus everything it includes (checked with
-# `g++ -MM`: client.hpp pulls in wire/ and graph/; wire/ includes graph/, graph/ only itself; none includes CAF).
+# `g++ -MM`: client.hpp pulls in wire/, graph/ and base/; wire/ includes graph/, graph/ base/; none includes CAF).
 set(mesh_include_dir ${CMAKE_INSTALL_INCLUDEDIR}/meshnode)
-target_include_directories(mesh_graph PUBLIC $<INSTALL_INTERFACE:${mesh_include_dir}>)
+target_include_directories(mesh_base PUBLIC $<INSTALL_INTERFACE:${mesh_include_dir}>)
+file(GLOB mesh_base_headers ${PROJECT_SOURCE_DIR}/base/*.hpp)
 file(GLOB mesh_graph_headers ${PROJECT_SOURCE_DIR}/graph/*.hpp)
 file(GLOB mesh_client_headers ${PROJECT_SOURCE_DIR}/client/*.hpp)
 file(GLOB mesh_wire_headers ${PROJECT_SOURCE_DIR}/wire/*.hpp)
+install(FILES ${mesh_base_headers} DESTINATION ${mesh_include_dir}/base COMPONENT dev)
 install(FILES ${mesh_graph_headers} DESTINATION ${mesh_include_dir}/graph COMPONENT dev)
 install(FILES ${mesh_client_headers} DESTINATION ${mesh_include_dir}/client COMPONENT dev)
 install(FILES ${mesh_wire_headers} DESTINATION ${mesh_include_dir}/wire COMPONENT dev)

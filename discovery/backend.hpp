@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "discovery/types.hpp"
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::discovery {
 

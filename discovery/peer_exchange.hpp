@@ -14,7 +14,7 @@
 
 #include "discovery/peer_table.hpp"
 #include "discovery/types.hpp"
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::discovery {
 

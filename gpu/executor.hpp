@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "gpu/kernel_variants.hpp"

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "gpu/kernel_variants.hpp"
 #include "gpu/plan.hpp"
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::gpu {
 

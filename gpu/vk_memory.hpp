@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "gpu/allocator.hpp"
 #include "gpu/vk_device.hpp"
 

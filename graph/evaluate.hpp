@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/graph.hpp"
 #include "graph/tensor.hpp"
 

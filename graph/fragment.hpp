@@ -2,7 +2,7 @@
 /// Cutting a graph into the fragments a pipeline plan ships to its devices.
 #include <string>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/planner.hpp"
 
 namespace mesh {

@@ -5,7 +5,7 @@
 /// it did not build. One rule, two users, so they can never disagree.
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/graph.hpp"
 
 namespace mesh {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "graph/cost.hpp"
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/graph.hpp"
 
 namespace mesh {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/evaluate.hpp"
 
 namespace mesh {

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/planner.hpp"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "graph/dtype.hpp"
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/shape.hpp"
 
 namespace mesh {

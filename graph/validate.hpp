@@ -5,7 +5,7 @@
 /// well formed: no checks are repeated there.
 #include <cstdint>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/graph.hpp"
 
 namespace mesh {

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/node_id.hpp"
 
 namespace mesh::transport {

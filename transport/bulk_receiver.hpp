@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/buffer_pool.hpp"
 #include "transport/frame.hpp"
 

@@ -11,6 +11,11 @@
 namespace mesh::transport {
 
 namespace {
+/// The peer's bulk streams are its unidirectional streams after its control stream, opened in the
+/// order it queued the messages: stream id n is its (n >> 2)-th unidirectional stream, and bulk
+/// message number (n >> 2) - 1.
+uint64_t bulk_ordinal(int64_t sid) { return (static_cast<uint64_t>(sid) >> 2) - 1; }
+
 
 /// Complete messages a peer may get us to hold before its admission proof arrives (they can
 /// only overtake the proof when its packet is lost; more than this is not a race).
@@ -127,6 +132,15 @@ struct connection_callbacks {
   }
 
   static int stream_reset(ngtcp2_conn* conn, int64_t sid, uint64_t, uint64_t, void* ud, void*) {
+    // A peer's bulk stream holds a place in the order of its messages: reset before it is
+    // complete, everything the peer sent after it could never be handed over. (Our own sender
+    // never resets a stream.)
+    if (!ngtcp2_conn_is_local_stream(conn, sid) && !self(ud).remote_stream_is_control(sid) &&
+        self(ud).inbox_.expects(bulk_ordinal(sid))) {
+      self(ud).close(close_code::protocol_violation, "peer reset its bulk stream " + std::to_string(sid) +
+                                                         " before the message was complete: later messages could not be delivered in order");
+      return 0;
+    }
     try {
       self(ud).bulk_rx_.forget(sid);
       self(ud).apply_bulk_grants();
@@ -199,7 +213,9 @@ connection::connection(connection_owner& owner, const endpoint_config& cfg, bool
       inbound_(inbound),
       control_in_(cfg.limits),
       bulk_rx_({cfg.limits, cfg.bulk_receive_budget, cfg.stream_window, &owner.receive_buffers()}),
-      inbox_(cfg.bulk_receive_budget) {
+      // Finished messages waiting for an earlier one get a budget of their own, as large as the
+      // receive budget of unfinished ones (which is never below the largest message allowed).
+      inbox_(std::max(cfg.bulk_receive_budget, cfg.limits.bulk)) {
   remote_ = remote;
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
@@ -439,11 +455,8 @@ expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, si
       return make_error(error_code::limit_exceeded, "peer sent more than " + std::to_string(held_before_admission_limit >> 20) +
                                                         " MiB of messages before its admission proof");
   }
-  // The peer's bulk streams are its unidirectional streams after the control stream, opened in
-  // the order it queued the messages: stream index n >> 2 is bulk message n / 4 - 1.
-  const uint64_t ordinal = (static_cast<uint64_t>(sid) >> 2) - 1;
   std::vector<ordered_inbox::message> ready;
-  if (auto ok = inbox_.on_bulk(ordinal, std::move(*r->message), ready); !ok) return tl::unexpected(ok.error());
+  if (auto ok = inbox_.on_bulk(bulk_ordinal(sid), std::move(*r->message), ready); !ok) return tl::unexpected(ok.error());
   deliver(std::move(ready));
   return r->credit;
 }

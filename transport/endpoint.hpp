@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/frame.hpp"
 #include "transport/identity.hpp"
 

@@ -11,7 +11,7 @@
 #include <span>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/buffer_pool.hpp"
 
 namespace mesh::transport {

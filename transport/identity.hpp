@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/node_id.hpp"
 
 namespace mesh::transport {

@@ -36,6 +36,14 @@ expected<void> ordered_inbox::on_bulk_marker(std::vector<message>& out) {
 expected<void> ordered_inbox::on_bulk(uint64_t ordinal, std::vector<uint8_t> bytes, std::vector<message>& out) {
   if (ordinal < delivered_bulk_ || early_bulk_.count(ordinal))
     return make_error(error_code::decode_error, "bulk message " + std::to_string(ordinal) + " arrived twice");
+  if (!queue_.empty() && queue_.front().bulk && queue_.front().ordinal == ordinal) {
+    // Its turn now: handed over at once, never counted as waiting.
+    queue_.pop_front();
+    out.push_back({true, std::move(bytes)});
+    ++delivered_bulk_;
+    flush(out);
+    return {};
+  }
   if (auto ok = hold(bytes.size()); !ok) return ok;
   early_bulk_.emplace(ordinal, std::move(bytes));
   flush(out);

@@ -19,7 +19,7 @@
 #include <map>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::transport {
 
@@ -42,6 +42,9 @@ class ordered_inbox {
   /// Bulk message number `ordinal` (0 = the peer's first bulk stream) is complete.
   expected<void> on_bulk(uint64_t ordinal, std::vector<uint8_t> bytes, std::vector<message>& out);
 
+  /// Whether bulk message `ordinal` is still to be handed over and not here yet (a peer that
+  /// resets its stream then breaks its order).
+  bool expects(uint64_t ordinal) const { return ordinal >= delivered_bulk_ && !early_bulk_.count(ordinal); }
   /// Bytes of messages waiting for an earlier one.
   uint64_t held_bytes() const { return held_bytes_; }
   /// Messages waiting (control messages queued, bulk messages finished early).

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/identity.hpp"
 
 struct ngtcp2_crypto_conn_ref;

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/address.hpp"
 #include "transport/identity.hpp"
 #include "transport/node_id.hpp"

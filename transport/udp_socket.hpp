@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "transport/address.hpp"
 
 namespace mesh::transport {

@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh::wire {
 
@@ -107,6 +107,26 @@ class writer {
   }
   std::vector<uint8_t>& out_;
 };
+
+/// Encodes values with fields() overloads (or plain ones) into fresh bytes.
+template <class... Ts>
+std::vector<uint8_t> encode_values(const Ts&... xs) {
+  std::vector<uint8_t> out;
+  writer w(out);
+  w(xs...);
+  return out;
+}
+
+/// The fewest bytes a T takes on the wire: what a default-constructed one takes (every variable
+/// part of the format, a string or a list, is empty by default).
+template <class T>
+size_t min_encoded_size() {
+  static const size_t size = [] {
+    const size_t n = encode_values(T{}).size();
+    return n > 0 ? n : size_t{1};
+  }();
+  return size;
+}
 
 /// Reads encodings from a byte span, within an allocation budget. The first failure sticks: later
 /// reads do nothing, and `error()` says what failed at which byte.
@@ -219,8 +239,10 @@ class reader {
   template <class T>
   void get(std::vector<T>& v) {
     size_t n = 0;
-    // Every element takes at least one byte (an empty string or list takes four).
-    if (!count(n, 1, sizeof(T))) return;
+    // A count is checked against the least an element can take on the wire (what a default
+    // element takes: fixed fields at their width, empty strings and lists at 4), so a false
+    // count cannot make the reserve below larger than the memory its bytes could fill anyway.
+    if (!count(n, min_encoded_size<T>(), sizeof(T))) return;
     v.clear();
     v.reserve(n);
     for (size_t i = 0; i < n && ok(); ++i) get(v.emplace_back());
@@ -240,13 +262,6 @@ class reader {
   std::string failure_;
 };
 
-/// Encodes values with fields() overloads (or plain ones) into fresh bytes.
-template <class... Ts>
-std::vector<uint8_t> encode_values(const Ts&... xs) {
-  std::vector<uint8_t> out;
-  writer w(out);
-  w(xs...);
-  return out;
-}
+
 
 }  // namespace mesh::wire

@@ -1,6 +1,7 @@
 #include "wire/messages.hpp"
 
 #include <limits>
+#include <new>
 
 namespace mesh::msg {
 namespace {
@@ -96,15 +97,23 @@ expected<std::vector<uint8_t>> encode_message(const message& m) {
 expected<message> decode_message(const uint8_t* data, size_t size, size_t budget) {
   wire::reader src(data, size, wire::decode_budget(size, budget));
   uint16_t version = 0;
-  uint8_t kind = 0;
-  src(version, kind);
+  src(version);
   if (!src.ok()) return make_error(error_code::decode_error, "message header: " + src.error().message);
   if (version != protocol_version)
     return make_error(error_code::version_mismatch, "a message of protocol version " + std::to_string(version) +
                                                         " (this node speaks version " + std::to_string(protocol_version) +
                                                         "): upgrade the older node");
+  uint8_t kind = 0;
+  src(kind);
+  if (!src.ok()) return make_error(error_code::decode_error, "message header: " + src.error().message);
   if (kind >= std::variant_size_v<message>) return make_error(error_code::decode_error, "unknown message kind " + std::to_string(kind));
-  message m = decode_kind(kind, src);
+  message m;
+  try {
+    m = decode_kind(kind, src);
+  } catch (const std::bad_alloc&) {  // within the budget, yet more than this process could get
+    return make_error(error_code::limit_exceeded, std::string(kind_names[kind]) + ": out of memory while decoding " +
+                                                      std::to_string(size) + " bytes");
+  }
   if (!src.ok()) return make_error(src.error().code, std::string(kind_names[kind]) + ": " + src.error().message);
   if (src.remaining() != 0)
     return make_error(error_code::decode_error, std::string(kind_name(m)) + ": " + std::to_string(src.remaining()) + " trailing bytes");

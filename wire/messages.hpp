@@ -13,7 +13,7 @@
 #include <variant>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/tensor.hpp"
 #include "graph/planner.hpp"
 #include "wire/graph_codec.hpp"
@@ -26,8 +26,9 @@ namespace mesh::msg {
 /// of another version is refused by decode_message.
 inline constexpr uint16_t protocol_version = 8;
 
-/// Encoded messages up to this size travel, in order, on a peer's control stream; larger ones
-/// (tensors, fragments) on a bulk stream of their own, so they never delay small messages.
+/// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
+/// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
+/// receiver gets both in the order sent (transport/ordered_inbox.hpp).
 inline constexpr size_t max_control_message = 64 << 10;
 
 using mesh::named_tensor;

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string_view>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh {
 
@@ -45,7 +45,7 @@ enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 constexpr uint8_t enum_limit(wire_format) { return 3; }
 const char* to_string(wire_format f);
 
-/// Error codes travel as their value (graph/error.hpp lists them).
-constexpr uint8_t enum_limit(error_code) { return static_cast<uint8_t>(error_code::evicted) + 1; }
+/// Error codes travel as their value (base/error.hpp lists them).
+constexpr uint8_t enum_limit(error_code) { return static_cast<uint8_t>(error_code_count); }
 
 }  // namespace mesh

@@ -1,6 +1,9 @@
 #include "wire/wire_graph.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <new>
 
 #include "wire/graph_codec.hpp"
 
@@ -31,7 +34,10 @@ expected<std::vector<char>> encode(const wire_graph& w) {
 }
 
 expected<wire_graph> decode_wire_graph(const char* data, size_t size, const graph_limits& limits) {
-  const auto budget = wire::decode_budget(size, static_cast<size_t>(limits.max_total_bytes) * 2 + wire::decode_slack);
+  // The graph's own bound on tensor bytes (twice: the graph's constants and the tensors), saturating.
+  const auto tensor_bound = static_cast<size_t>(std::max<int64_t>(limits.max_total_bytes, 0));
+  const size_t cap = tensor_bound > (SIZE_MAX - wire::decode_slack) / 2 ? SIZE_MAX : tensor_bound * 2 + wire::decode_slack;
+  const auto budget = wire::decode_budget(size, cap);
   wire::reader src(reinterpret_cast<const uint8_t*>(data), size, budget);
   uint32_t magic = 0, version = 0;
   src(magic, version);
@@ -43,7 +49,11 @@ expected<wire_graph> decode_wire_graph(const char* data, size_t size, const grap
                                                         std::to_string(wire_graph_version) + ": upgrade the older node");
   wire_graph w;
   std::vector<named_tensor> ts;
-  src(w.g, ts);
+  try {
+    src(w.g, ts);
+  } catch (const std::bad_alloc&) {  // within the budget, yet more than this process could get
+    return make_error(error_code::limit_exceeded, "WireGraph: out of memory while decoding " + std::to_string(size) + " bytes");
+  }
   if (!src.ok()) return make_error(src.error().code, "WireGraph: " + src.error().message);
   if (src.remaining() != 0)
     return make_error(error_code::decode_error, "WireGraph: " + std::to_string(src.remaining()) + " trailing bytes");

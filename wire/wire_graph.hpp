@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "graph/error.hpp"
+#include "base/error.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "graph/validate.hpp"

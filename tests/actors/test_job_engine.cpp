@@ -26,6 +26,8 @@ namespace {
 struct mesh_sim {
   std::map<std::string, job_engine> nodes;
   test::sim_network<outbound> net{12345};
+  /// Simulated time: a millisecond passes with every delivery.
+  job_engine::clock::time_point now{};
   std::set<std::string> dead;
   std::vector<msg::job_result> results;  // what the client received
   std::vector<msg::job_progress> progress;
@@ -66,6 +68,7 @@ struct mesh_sim {
   void run(int limit = 100000) {
     while (!net.empty() && limit-- > 0) {
       auto [from, to, o] = *net.next();
+      now += std::chrono::milliseconds(1);
       if (dead.count(from) || dead.count(o.to)) continue;  // a dead node sends and receives nothing
       ++delivered;
       if (o.to == "cli") {
@@ -80,11 +83,11 @@ struct mesh_sim {
       auto m = msg::decode_message(bytes->data(), bytes->size());
       REQUIRE(m);
       auto& e = nodes.at(o.to);
-      post(o.to, e.on_message(from, *m));
+      post(o.to, e.on_message(from, *m, now));
       for (auto& t : e.take_ready()) {
         if (!t.resident_key.empty() && forgotten_set.count(t.resident_key)) ++resident_after_forget;
-        if (fail_task && fail_task(t)) post(o.to, e.on_executed(t, make_error(error_code::device, "simulated failure")));
-        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, t.params).map([](evaluation r) { return r.outputs; })));
+        if (fail_task && fail_task(t)) post(o.to, e.on_executed(t, make_error(error_code::device, "simulated failure"), now));
+        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, t.params).map([](evaluation r) { return r.outputs; }), now));
       }
       for (auto& k : e.take_forgotten()) {
         forgotten.push_back(k);
@@ -96,7 +99,7 @@ struct mesh_sim {
   void kill(const std::string& id) {
     dead.insert(id);
     for (auto& [other, e] : nodes)
-      if (!dead.count(other)) post(other, e.peer_dead(id));
+      if (!dead.count(other)) post(other, e.peer_dead(id, now));
   }
 };
 
@@ -176,7 +179,8 @@ TEST_CASE("a job split over 3 nodes equals the local reference", "[actors][jobs]
   REQUIRE(r.ok);
   CHECK(r.workers.size() == 3);  // every node ran a stage
   for (const auto& o : r.outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
-  CHECK(sim.nodes.at("a").jobs().at(0).state == job_state::done);
+  CHECK(sim.nodes.at("a").jobs(sim.now).at(0).state == job_state::done);
+  CHECK(sim.nodes.at("a").jobs(sim.now).at(0).seconds > 0);  // simulated time, passed in
 }
 
 TEST_CASE("a node dying mid-job: the coordinator re-plans and the job completes", "[actors][jobs]") {
@@ -311,7 +315,7 @@ TEST_CASE("data-parallel and tensor-parallel jobs equal the reference and report
     }
     CHECK(counts.size() == sim.progress.front().stages);
     CHECK(*counts.rbegin() == sim.progress.front().stages);
-    CHECK(std::string(to_string(sim.nodes.at("b").jobs().at(0).kind)) == to_string(ran));
+    CHECK(std::string(to_string(sim.nodes.at("b").jobs(sim.now).at(0).kind)) == to_string(ran));
   }
 }
 
@@ -436,7 +440,7 @@ TEST_CASE("sessions of a client that left are ended, and their workers let the f
   sim.run();
   REQUIRE(sim.results.size() == 2);
   REQUIRE(sim.results[0].workers.size() == 3);
-  sim.post("a", sim.nodes.at("a").peer_dead("cli"));
+  sim.post("a", sim.nodes.at("a").peer_dead("cli", sim.now));
   sim.run();
   CHECK(sim.forgotten.size() == 3);  // one fragment on each node
   sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});

@@ -54,6 +54,8 @@ struct train_sim {
   };
   std::map<std::string, node> nodes;
   test::sim_network<outbound> net{7, false};
+  /// Simulated time: a millisecond passes with every delivery.
+  train_engine::clock::time_point now{};
   std::set<std::string> dead;
   std::vector<msg::train_progress> progress;
   std::vector<msg::job_result> results;
@@ -79,7 +81,7 @@ struct train_sim {
   void kill(const std::string& id) {
     nodes.erase(id);
     dead.insert(id);
-    for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(id));
+    for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(id, now));
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
@@ -94,13 +96,14 @@ struct train_sim {
     if (it == nodes.end()) return;
     for (auto& t : it->second.engine->take_ready()) {
       auto r = t.work(*it->second.device);
-      post(id, it->second.engine->on_executed(t, std::move(r)));
+      post(id, it->second.engine->on_executed(t, std::move(r), now));
     }
   }
 
   void run() {
     for (int guard = 0; !net.empty() && guard < 2000000; ++guard) {
       auto [from, to, o] = *net.next();
+      now += std::chrono::milliseconds(1);
       if (dead.count(from)) continue;
       if (o.to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
@@ -115,7 +118,7 @@ struct train_sim {
           shards_received[o.to].push_back(sh.index);
           rows_received[o.to] += sh.columns.at(0).value.dims.at(0);
         }
-      post(o.to, it->second.engine->on_message(from, o.m));
+      post(o.to, it->second.engine->on_message(from, o.m, now));
       run_tasks(o.to);
       if (on_tick) on_tick(*this);
     }
@@ -354,7 +357,7 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
       cut = true;
       // node-a still runs, but its connection to the client is gone: the client thinks it dead
       // and asks node-b, whose worker run of node-a's run is still live.
-      t.post("node-a", t.nodes.at("node-a").engine->peer_dead("client"));
+      t.post("node-a", t.nodes.at("node-a").engine->peer_dead("client", t.now));
       t.post("client", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
     }
   };
@@ -368,7 +371,7 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
   CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
   CHECK(r.workers.size() == 3);  // node-a works in node-b's run
   bool a_stopped = false;
-  for (const auto& j : sim.nodes.at("node-a").engine->jobs()) a_stopped = a_stopped || j.state == job_state::moved;
+  for (const auto& j : sim.nodes.at("node-a").engine->jobs(sim.now)) a_stopped = a_stopped || j.state == job_state::moved;
   CHECK(a_stopped);
 }
 
@@ -381,18 +384,17 @@ TEST_CASE("a run whose client is gone ends after the grace time", "[actors][trai
     if (!lost && t.progress.size() == 3) {
       lost = true;
       auto& a = *t.nodes.at("node-a").engine;
-      t.post("node-a", a.peer_dead("client"));
-      const auto now = std::chrono::steady_clock::now();
-      CHECK(a.tick(now).empty());  // still within the grace time: training goes on
-      t.post("node-a", a.tick(now + train_engine::client_grace + std::chrono::seconds(1)));
+      t.post("node-a", a.peer_dead("client", t.now));
+      CHECK(a.tick(t.now + std::chrono::seconds(1)).empty());  // still within the grace time: training goes on
+      t.post("node-a", a.tick(t.now + train_engine::client_grace + std::chrono::seconds(1)));
     }
   };
   sim.post("client", {{"node-a", msg::open_training{1, spec}}});
   sim.run();
   CHECK(sim.results.empty());  // nobody to tell
   CHECK(sim.progress.size() < 2000);
-  REQUIRE(sim.nodes.at("node-a").engine->jobs().size() == 1);
-  CHECK(sim.nodes.at("node-a").engine->jobs()[0].state == job_state::failed);
+  REQUIRE(sim.nodes.at("node-a").engine->jobs(sim.now).size() == 1);
+  CHECK(sim.nodes.at("node-a").engine->jobs(sim.now)[0].state == job_state::failed);
   CHECK(sim.nodes.at("node-b").engine->running() == 0);  // told to stop
 }
 
@@ -706,7 +708,7 @@ TEST_CASE("a coordinator that loses its client keeps training through the grace 
   sim.on_tick = [&](train_sim& t) {
     if (!lost && t.progress.size() == 3) {
       lost = true;
-      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead("client"));
+      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead("client", t.now));
     }
   };
   sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, dp_options(20))}}});

@@ -74,11 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mesh::train_engine train("self-bbbb", limits);
   train.peer_up("peer-aaaa");
   static const mesh::msg::train_setup setup = tiny_setup();
-  (void)train.on_message("peer-aaaa", setup);
+  (void)train.on_message("peer-aaaa", setup, {});
   if (train.running() != 1) __builtin_trap();  // the setup must be accepted, or nothing below is live
   jobs.peer_up("peer-aaaa", {"peer-aaaa", 2e-6, 1e3, 1e3, int64_t{1} << 30});  // plans span two devices
-  (void)jobs.on_message("peer-aaaa", *m);
-  (void)train.on_message("peer-aaaa", *m);
+  (void)jobs.on_message("peer-aaaa", *m, {});
+  (void)train.on_message("peer-aaaa", *m, {});
   (void)jobs.take_ready();
   (void)train.take_ready();  // device work is not run: the fuzzer checks the decoders and engines
   return 0;

@@ -102,3 +102,17 @@ TEST_CASE("what waits is bounded: past the budget the peer is in breach, with th
   REQUIRE_FALSE(again);
   CHECK(again.error().message.find("arrived twice") != std::string::npos);
 }
+
+TEST_CASE("a bulk message whose turn it is never counts against the budget", "[transport][inbox]") {
+  // Its marker first in line and a control message behind it: the bulk message is handed over
+  // at once, however large (a budget check here would cut off an honest peer).
+  ordered_inbox in(1000);
+  std::vector<ordered_inbox::message> out;
+  REQUIRE(in.on_bulk_marker(out));
+  REQUIRE(in.on_control(tagged(1, 10), out));
+  REQUIRE(in.on_bulk(0, tagged(0, 995), out));
+  CHECK(tags(out) == std::vector<int>{0, 1});
+  CHECK(in.held_bytes() == 0);
+  CHECK_FALSE(in.expects(0));
+  CHECK(in.expects(1));
+}

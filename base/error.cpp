@@ -1,4 +1,4 @@
-#include "graph/error.hpp"
+#include "base/error.hpp"
 
 namespace mesh {
 

@@ -26,6 +26,8 @@ enum class error_code {
   internal,          ///< a bug: please report it
   evicted,           ///< something cached on a peer is gone: send it again
 };
+/// Codes travel on the wire as their value: append only, and keep this the count.
+inline constexpr int error_code_count = static_cast<int>(error_code::evicted) + 1;
 
 /// Short stable name of an error code, for logs and messages.
 const char* to_string(error_code code);
