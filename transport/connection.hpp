@@ -1,7 +1,8 @@
 #pragma once
 /// One QUIC connection to one peer: ngtcp2 + GnuTLS, the admission exchange, the control
 /// stream, bulk streams and heartbeat datagrams. Internal to transport/; driven only by the
-/// endpoint's I/O thread (no locking here), with explicit timestamps.
+/// endpoint's I/O thread (no locking here), with explicit timestamps. connection.cpp holds set-up,
+/// TLS, admission and the receiving side; connection_send.cpp the sending side.
 #include <ngtcp2/ngtcp2.h>
 #include <ngtcp2/ngtcp2_crypto.h>
 

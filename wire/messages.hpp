@@ -74,8 +74,8 @@ struct job_result {
   uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
   std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
   mesh::strategy ran_as = mesh::strategy::pipeline;  ///< the plan of a one-shot job
-  /// Trainings: the step the run reached (the client takes it from here, not from its options,
-  /// nor from the last progress report, which travels on another stream and may come later).
+  /// Trainings: the step the run reached (the client takes it from here, not from its options:
+  /// a run resumed on another node may have redone steps).
   uint64_t step = 0;
   error_code code = error_code::internal;  ///< what kind of failure, when !ok
   bool operator==(const job_result&) const = default;

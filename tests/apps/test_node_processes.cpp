@@ -8,11 +8,13 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "wire/messages.hpp"
 #include "graph/nn.hpp"
 #include "transport/endpoint.hpp"
 #include "node_harness.hpp"
+#include "../common/run_command.hpp"
 
 using namespace mesh;
 using namespace mesh::test;
@@ -364,6 +366,68 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   for (size_t p = log.find("joined"); p != std::string::npos; p = log.find("joined", p + 1)) ++joins;
   CHECK(joins == 1);
   CHECK(a.running());
+}
+
+TEST_CASE("messages of another protocol version or malformed are refused, logged and counted in meshctl peers",
+          "[apps][node]") {
+  // A bare transport endpoint plays a member (it says hello) whose later messages the node must
+  // refuse: one of protocol version + 1, one that is not a message at all. The connection stays,
+  // the node keeps running, and its status (what meshctl peers prints) counts both with the
+  // last reason.
+  temp_dir tmp;
+  node_process a(tmp.path / "a");
+  const std::string ea = a.endpoint();
+  auto node_id = transport::node_id::parse(node_id_of(ea));
+  REQUIRE(node_id);
+  std::atomic<bool> up{false};
+  transport::handlers h;
+  h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) { up = true; };
+  transport::endpoint_config cfg;
+  cfg.bind = "127.0.0.1";
+  cfg.protocol_version = msg::protocol_version;
+  auto ep = transport::endpoint::start(cfg, h);
+  REQUIRE(ep);
+  (*ep)->dial(*node_id, {ea.substr(ea.find('@') + 1)});
+  for (int i = 0; i < 200 && !up; ++i) std::this_thread::sleep_for(50ms);
+  REQUIRE(up);
+  const std::string me = (*ep)->id().to_string();
+  msg::hello ours;
+  ours.incarnation = 7;
+  ours.device_name = "raw peer";
+  auto hello = msg::encode_message(ours);
+  REQUIRE(hello);
+  REQUIRE((*ep)->send(*node_id, transport::channel::control, std::move(*hello)));
+  auto other_version = *msg::encode_message(msg::heartbeat{7, 1, 0});
+  other_version[0] = static_cast<uint8_t>(msg::protocol_version + 1);  // the u16 version, little-endian
+  REQUIRE((*ep)->send(*node_id, transport::channel::control, other_version));
+  const std::vector<uint8_t> garbage = {msg::protocol_version & 0xff, msg::protocol_version >> 8, 2, 0xff, 0xff};
+  REQUIRE((*ep)->send(*node_id, transport::channel::control, garbage));
+
+  auto cl = client::connect(ea);
+  REQUIRE(cl);
+  std::optional<msg::peer_status> seen;
+  for (int i = 0; i < 100; ++i) {
+    if (auto s = (*cl)->status())
+      for (const auto& p : s->peers)
+        if (p.node == me && p.refused == 2) seen = p;
+    if (seen) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(a.log());
+  REQUIRE(seen);
+  CHECK(seen->last_refusal.find("decode_error: submit_job") == 0);
+  const std::string log = a.log();
+  CHECK(log.find("refused a message from " + me.substr(0, 8) + ": version_mismatch: a message of protocol version " +
+                 std::to_string(msg::protocol_version + 1)) != std::string::npos);
+  CHECK((*ep)->connected(*node_id));  // one bad message costs that message, not the connection
+  CHECK(a.running());
+
+  // meshctl peers shows the count and the reason.
+  auto ctl = run_command(std::string(MESHCTL_BIN) + " --state-dir " + (tmp.path / "a").string() + " peers");
+  INFO(ctl.output);
+  CHECK(ctl.status == 0);
+  CHECK(ctl.output.find("REFUSED") != std::string::npos);
+  CHECK(ctl.output.find(me.substr(0, 8) + " refused 2 message(s); last: decode_error") != std::string::npos);
 }
 
 TEST_CASE("a job given up on by the timeout of run() reports no progress after run returns", "[apps][node]") {
