@@ -1,0 +1,381 @@
+// The coordinator side of training: open a run, drive its steps over the ring of members
+// (assigning micro-batch slots and the dataset shards they read), collect the reductions, set
+// up newcomers, report progress, checkpoints and the result to the client, and redo a step
+// without a member that died. Status of the runs it coordinates (jobs).
+#include "actors/train_engine.hpp"
+
+#include <algorithm>
+
+#include "actors/train_engine_state.hpp"
+
+namespace mesh {
+using namespace train_detail;
+
+/// Gives each of the k micro-batch slots of a step to a member, balanced (every member k/n,
+/// rounded), moving as few slots as possible: a member keeps its slots, and with them the
+/// dataset shards it already holds, across membership changes; a dead member's slots go to
+/// those with the fewest, a newcomer takes from those with the most.
+namespace {
+void assign_slots(std::map<uint32_t, std::string>& owner, const std::vector<std::string>& members, uint32_t k) {
+  if (members.empty()) return;
+  std::map<std::string, std::vector<uint32_t>> held;
+  for (const auto& m : members) held[m];
+  std::vector<uint32_t> free;
+  for (uint32_t j = 0; j < k; ++j) {
+    auto it = owner.find(j);
+    if (it != owner.end() && held.count(it->second)) held[it->second].push_back(j);
+    else free.push_back(j);
+  }
+  // Members in ring order, so that ties go the same way on every run.
+  const auto fewest = [&] {
+    const std::string* best = &members.front();
+    for (const auto& m : members)
+      if (held[m].size() < held[*best].size()) best = &m;
+    return *best;
+  };
+  const auto most = [&] {
+    const std::string* best = &members.front();
+    for (const auto& m : members)
+      if (held[m].size() > held[*best].size()) best = &m;
+    return *best;
+  };
+  for (uint32_t j : free) held[fewest()].push_back(j);
+  for (;;) {
+    const std::string lo = fewest(), hi = most();
+    if (held[hi].size() <= held[lo].size() + 1) break;
+    held[lo].push_back(held[hi].back());
+    held[hi].pop_back();
+  }
+  owner.clear();
+  for (const auto& [m, slots] : held)
+    for (uint32_t j : slots) owner[j] = m;
+}
+}  // namespace
+
+std::vector<outbound> train_engine::open(const std::string& client, const msg::open_training& o) {
+  const auto refuse = [&](error_code code, const std::string& why) {
+    msg::job_result r;
+    r.job = o.train;
+    r.code = code;
+    r.error = why;
+    return std::vector<outbound>{{client, r}};
+  };
+  for (const auto& [id, c] : coordinated_)
+    if (c->client == client && c->client_train == o.train && c->state == job_state::running) return refuse(error_code::invalid_argument, "training " + std::to_string(o.train) + " is already running");
+  if (auto ok = check_train_spec(o.spec, limits_); !ok) return refuse(ok.error().code, "training refused: " + ok.error().message);
+
+  const uint64_t id = next_id_++;
+  auto c = std::make_unique<coord_run>();
+  c->client = client;
+  c->client_train = o.train;
+  c->spec = o.spec;
+  c->step = o.spec.start_step;
+  c->commit = o.spec.start_step;
+  c->started = c->last_step = now_;
+  // Parameters get names unique to this run, so that runs sharing a device do not mix state.
+  c->prefix = run_prefix(self_, id);
+  for (auto* wire : {&c->spec.grad_wire, &c->spec.apply_wire, &c->spec.delta_wire, &c->spec.outer_wire}) {
+    if (wire->empty()) continue;
+    auto bytes = rename_parameters(*wire, "", c->prefix, limits_);
+    if (!bytes) return refuse(bytes.error().code, bytes.error().message);
+    *wire = std::move(*bytes);
+  }
+  for (auto& t : c->spec.state) t.name = c->prefix + t.name;
+  // The dataset stays here; setups carry its columns with no rows, steps carry the shards.
+  c->data = to_map(c->spec.dataset);
+  c->spec.dataset_rows = static_cast<uint64_t>(c->data.begin()->second.dims[0]);
+  c->plan = shard_plan::make(static_cast<int64_t>(c->spec.dataset_rows), c->spec.micro_batch, c->spec.micro_batches);
+  c->permutation = shard_permutation(static_cast<int64_t>(c->spec.dataset_rows), c->spec.seed);
+  for (auto& column : c->spec.dataset) {
+    column.value.dims[0] = 0;
+    column.value.bytes.clear();
+  }
+
+  std::vector<outbound> out;
+  c->members.push_back(self_);
+  for (const auto& p : peers_) c->members.push_back(p);
+  std::sort(c->members.begin(), c->members.end());
+  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train}});
+  auto& run = *c;
+  coordinated_[id] = std::move(c);
+  auto more = issue_step(id, run);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
+  const auto& s = c.spec;
+  const size_t k = s.micro_batches;
+  c.ph = coord_run::phase::stepping;
+  // Every member is in the ring, also one with no micro-batch this step (more workers than
+  // micro-batches): it adds zeros, and it holds the result it must commit like the others.
+  c.ring = c.members;
+  ++c.attempt;
+  c.waiting = {c.ring.begin(), c.ring.end()};
+  c.loss = 0;
+  c.bytes = 0;
+  const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
+  std::vector<outbound> out;
+  assign_slots(c.slot_owner, c.ring, static_cast<uint32_t>(k));
+  for (size_t r = 0; r < c.ring.size(); ++r) {
+    msg::train_step m;
+    m.train = id;
+    m.step = c.step;
+    m.attempt = c.attempt;
+    m.ring = c.ring;
+    m.commit = c.commit;
+    // The member's micro-batch slots (assign_slots): a dead member's are spread over the
+    // survivors when the step is redone.
+    for (uint64_t h = 0; h < inner; ++h)
+      for (const auto& [j, owner] : c.slot_owner)
+        if (owner == c.ring[r]) m.micro.push_back((c.step + h) * k + j);
+    // The shards these micro-batches draw from that this member has not been sent yet: a dead
+    // member's shards move to the survivors with its micro-batches.
+    auto& sent = c.shards_sent[c.ring[r]];
+    for (const uint64_t micro : m.micro) {
+      const uint32_t shard = c.plan.shard_of(micro);
+      if (!sent.insert(shard).second) continue;
+      auto rows = take_rows(c.data, shard_rows(c.permutation, c.plan.shards, shard));
+      msg::train_shard sh{shard, {}};
+      for (auto& [name, t] : *rows) sh.columns.push_back({name, std::move(t)});
+      m.shards.push_back(std::move(sh));
+    }
+    out.push_back({c.ring[r], std::move(m)});
+  }
+  return out;
+}
+
+std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, error_code code, const std::string& why) {
+  std::vector<outbound> out;
+  msg::job_result r;
+  r.job = c.client_train;
+  r.code = code;
+  r.error = why;
+  out.push_back({c.client, r});
+  for (const auto& m : c.members) {
+    msg::train_step stop;
+    stop.train = id;
+    stop.stop = true;
+    out.push_back({m, stop});
+  }
+  c.state = job_state::failed;
+  c.seconds = std::chrono::duration<double>(now_ - c.started).count();
+  c.members.clear();
+  c.spec = {};
+  c.data.clear();
+  c.permutation.clear();
+  return out;
+}
+
+std::vector<outbound> train_engine::on_reduced(const std::string& from, const msg::train_reduced& r) {
+  auto it = coordinated_.find(r.train);
+  if (it == coordinated_.end()) return {};
+  coord_run& c = *it->second;
+  // Our own worker could not apply the commit and report the state (final, checkpoint or
+  // newcomer sync): the state that step was to report is gone.
+  if (c.state == job_state::running && !r.ok && from == self_ && r.step == c.step && r.attempt == c.attempt &&
+      (c.ph == coord_run::phase::finishing || c.ph == coord_run::phase::syncing))
+    return fail_run(r.train, c, r.code, "the coordinating node could not report the training state: " + r.error);
+  if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
+    return {};  // stale (an earlier attempt) or not ours
+  if (!r.ok) {
+    // The worker lost its state (device restart) or failed the step: redo the step without it,
+    // and set it up again at the next boundary unless it keeps failing.
+    c.members.erase(std::find(c.members.begin(), c.members.end(), from));
+    c.shards_sent.erase(from);  // its run is gone there
+    if (++c.failures[from] < max_failures && peers_.count(from)) c.newcomers.insert(from);
+    if (from == self_) return fail_run(r.train, c, r.code, "the coordinating node failed a step: " + r.error);
+    return issue_step(r.train, c);
+  }
+  c.waiting.erase(from);
+  c.loss = r.loss;
+  c.bytes += r.bytes_sent;
+  if (!c.waiting.empty()) return {};
+  return advance(r.train, c);
+}
+
+std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
+  const auto& s = c.spec;
+  const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
+  c.step += inner;
+  c.commit = c.step;
+  const double dt = std::chrono::duration<double>(now_ - c.last_step).count();
+  c.last_step = now_;
+  std::vector<outbound> out;
+  msg::train_progress p;
+  p.train = c.client_train;
+  p.step = c.step;
+  p.steps = s.steps;
+  p.loss = c.loss;
+  p.samples_per_s = dt > 0 ? static_cast<double>(inner * s.micro_batches * s.micro_batch) / dt : 0;
+  p.peers = static_cast<uint32_t>(c.ring.size());
+  p.bytes_sent = c.bytes;
+  out.push_back({c.client, p});
+  for (auto it = c.newcomers.begin(); it != c.newcomers.end();)  // gone since they were noticed
+    it = peers_.count(*it) ? std::next(it) : c.newcomers.erase(it);
+  // A checkpoint is due when this step crossed a multiple of checkpoint_every (DiLoCo's outer
+  // steps advance by several inner steps at once); the final step's state is the result.
+  const uint64_t every = s.checkpoint_every;
+  c.checkpoint_due = every > 0 && c.step < s.steps && c.step / every != (c.step - inner) / every;
+  if (c.step >= s.steps || !c.newcomers.empty() || c.checkpoint_due) {
+    // Our own worker applies the commit and reports the state: the final result, or what the
+    // newcomers start from, or a checkpoint for the client.
+    c.ph = c.step >= s.steps ? coord_run::phase::finishing : coord_run::phase::syncing;
+    msg::train_step m;
+    m.train = id;
+    m.step = c.step;
+    m.attempt = ++c.attempt;
+    m.commit = c.commit;
+    m.report_state = true;
+    m.stop = c.ph == coord_run::phase::finishing;
+    out.push_back({self_, m});
+    if (m.stop)
+      for (const auto& mem : c.members)
+        if (mem != self_) {
+          msg::train_step stop;
+          stop.train = id;
+          stop.stop = true;
+          out.push_back({mem, stop});
+        }
+    return out;
+  }
+  auto more = issue_step(id, c);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+namespace {
+/// A run's state as its client names it (the coordinator prefixes every name with the run's id).
+std::vector<named_tensor> client_names(const std::string& prefix, const std::vector<named_tensor>& state) {
+  std::vector<named_tensor> out;
+  out.reserve(state.size());
+  for (const auto& t : state) out.push_back({starts_with(t.name, prefix) ? t.name.substr(prefix.size()) : t.name, t.value});
+  return out;
+}
+}  // namespace
+
+std::vector<outbound> train_engine::on_state(const std::string& from, const msg::train_state& s) {
+  auto it = coordinated_.find(s.train);
+  if (it == coordinated_.end() || from != self_) return {};
+  coord_run& c = *it->second;
+  if (c.state != job_state::running || s.step != c.step) return {};
+  std::vector<outbound> out;
+  if (c.ph == coord_run::phase::finishing) {
+    msg::job_result r;
+    r.job = c.client_train;
+    r.ok = true;
+    r.attempts = c.attempt;
+    r.outputs = client_names(c.prefix, s.state);
+    r.step = s.step;
+    r.workers = c.members;
+    out.push_back({c.client, std::move(r)});
+    c.state = job_state::done;
+    c.seconds = std::chrono::duration<double>(now_ - c.started).count();
+    c.spec = {};
+    c.data.clear();
+    c.permutation.clear();
+    return out;
+  }
+  if (c.ph != coord_run::phase::syncing) return {};
+  if (c.checkpoint_due) {
+    out.push_back({c.client, msg::train_checkpoint{c.client_train, s.step, client_names(c.prefix, s.state)}});
+    c.checkpoint_due = false;
+  }
+  c.spec.state = s.state;
+  c.spec.start_step = c.step;
+  for (const auto& n : c.newcomers) {
+    if (!peers_.count(n)) continue;
+    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train}});
+    c.members.push_back(n);
+    c.shards_sent.erase(n);
+  }
+  c.newcomers.clear();
+  std::sort(c.members.begin(), c.members.end());
+  auto more = issue_step(s.train, c);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::vector<outbound> train_engine::peer_dead(const std::string& id, clock::time_point now) {
+  now_ = now;
+  peers_.erase(id);
+  std::vector<outbound> out;
+  // Worker side: runs coordinated by the dead node become orphans, kept (a few) for their client
+  // to resume elsewhere; an orphan whose client died too cannot be resumed. A run whose client
+  // died but whose coordinator lives goes on: the coordinator keeps training through the
+  // client's grace time (the client may only be cut off from it) and stops its workers when it
+  // ends the run. Erasing it here stalled the ring, the coordinator's own worker included.
+  for (auto it = worker_.begin(); it != worker_.end();) {
+    worker_run& w = *it->second;
+    if (w.client == id && w.orphaned) {
+      it = end_run(it);
+      continue;
+    }
+    if (it->first.first == id) {
+      if (w.broken || w.client.empty()) {
+        it = end_run(it);
+        continue;
+      }
+      orphan(w);
+    }
+    ++it;
+  }
+  size_t orphans = 0;
+  for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
+    it = it->second->orphaned && ++orphans > max_orphans ? end_run(it) : std::next(it);
+  for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
+    it = it->first.first == id ? early_pieces_.erase(it) : std::next(it);
+  // Coordinator side.
+  for (auto& [rid, cp] : coordinated_) {
+    coord_run& c = *cp;
+    if (c.state != job_state::running) continue;
+    c.newcomers.erase(id);
+    if (c.client == id) {
+      // Lost, or only cut off from us: it may be resuming the run elsewhere (it then reaches us
+      // as that node's setup). The run goes on meanwhile; tick() ends it after the grace time.
+      c.client_lost_at = now_;
+      continue;
+    }
+    auto m = std::find(c.members.begin(), c.members.end(), id);
+    if (m == c.members.end()) continue;
+    c.members.erase(m);
+    c.shards_sent.erase(id);
+    // A step the dead node took part in is redone; nothing of it was applied anywhere.
+    if (c.ph == coord_run::phase::stepping && std::find(c.ring.begin(), c.ring.end(), id) != c.ring.end()) {
+      auto more = issue_step(rid, c);
+      out.insert(out.end(), more.begin(), more.end());
+    }
+  }
+  return out;
+}
+
+std::vector<outbound> train_engine::tick(clock::time_point now) {
+  now_ = now;
+  std::vector<outbound> out;
+  for (auto& [rid, c] : coordinated_) {
+    if (c->state != job_state::running || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
+    auto more = fail_run(rid, *c, error_code::network, "the client went away");
+    out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
+  }
+  return out;
+}
+
+std::vector<msg::job_status> train_engine::jobs(clock::time_point now) const {
+  std::vector<msg::job_status> out;
+  for (const auto& [id, c] : coordinated_) {
+    msg::job_status s;
+    s.job = c->client_train;
+    s.client = c->client;
+    s.state = c->state;
+    s.step = c->step;
+    s.steps = c->spec.steps;
+    s.stages = static_cast<uint32_t>(c->members.size());
+    s.attempts = c->attempt;
+    s.kind = job_kind::training;
+    s.seconds = c->state == job_state::running ? std::chrono::duration<double>(now - c->started).count() : c->seconds;
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace mesh

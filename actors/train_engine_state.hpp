@@ -1,0 +1,138 @@
+#pragma once
+// Internal to the training engine (the actors/train_*.cpp files, nobody else): a run's state on
+// its two sides (coord_run, worker_run), the engine's limits, and the small helpers more than
+// one of those files uses.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/train_engine.hpp"
+#include "gpu/executor.hpp"
+
+namespace mesh {
+namespace train_detail {
+
+inline constexpr size_t max_parked_pieces = 4096;  // pieces that arrived before their round started
+inline constexpr size_t max_early_runs = 64;       // runs with early pieces waiting, runs refused
+inline constexpr int ring_pieces = 4;              // pieces per chunk: pipelining within a round
+inline constexpr int max_failures = 3;             // of one worker in one run, before it is left out
+inline constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
+
+inline uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) | (attempt & 0xffffu); }
+
+/// Parameters of run `id` coordinated by `coordinator` carry this prefix on every device, so that
+/// runs sharing a device never mix state. Workers derive it too (to undo it for a takeover).
+inline std::string run_prefix(const std::string& coordinator, uint64_t id) {
+  return "tr." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+}
+
+/// The prefix of the same run's gradient accumulators on a worker's device (accumulating() in
+/// train_worker.cpp).
+inline std::string accumulator_prefix(const std::string& coordinator, uint64_t id) {
+  return "acc." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+}
+
+inline bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+
+inline tensor_map to_map(const std::vector<named_tensor>& ts) {
+  tensor_map m;
+  for (const auto& t : ts) m[t.name] = t.value;
+  return m;
+}
+
+/// The graph `wire` with every parameter named `from` + x renamed to `to` + x.
+expected<std::vector<char>> rename_parameters(const std::vector<char>& wire, const std::string& from, const std::string& to,
+                                              const graph_limits& limits);
+
+}  // namespace train_detail
+
+// ---- the two sides' state ----
+
+struct train_engine::coord_run {
+  std::string client;
+  uint64_t client_train = 0;
+  msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up; no dataset rows
+  tensor_map data;       ///< the whole dataset: the coordinator hands out its shards
+  shard_plan plan;
+  std::vector<int64_t> permutation;  ///< shard_permutation of the dataset's rows
+  std::map<std::string, std::set<uint32_t>> shards_sent;  ///< per member (of its current setup)
+  std::map<uint32_t, std::string> slot_owner;  ///< micro-batch slot j of every step -> member
+  std::vector<std::string> members;
+  std::set<std::string> newcomers;
+  bool checkpoint_due = false;  ///< the state being fetched goes to the client too
+  std::map<std::string, int> failures;
+  enum class phase { stepping, syncing, finishing } ph = phase::stepping;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  uint64_t commit = 0;
+  std::vector<std::string> ring;
+  std::set<std::string> waiting;
+  double loss = 0;
+  uint64_t bytes = 0;
+  std::string prefix;
+  job_state state = job_state::running;
+  clock::time_point started{}, last_step{};
+  std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
+  double seconds = 0;
+};
+
+struct train_engine::worker_run {
+  std::string coordinator;
+  uint64_t train = 0;
+  std::string client;          ///< who opened the run: the only one that may resume it
+  uint64_t client_train = 0;
+  msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
+  bool orphaned = false;       ///< the coordinator died; kept for a train_resume
+  train_method method = train_method::data_parallel;
+  uint64_t steps = 0;
+  uint32_t micro_batches = 1, inner_steps = 1;
+  wire_format format = wire_format::f32;
+  train_graphs graphs;
+  uint64_t seed = 0;
+  int64_t micro_batch = 1;
+  shard_plan plan;
+  /// The dataset shards received so far (immutable once here: device work shares them).
+  std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;
+  std::vector<named_tensor> resume_dataset;  ///< from train_resume, for the takeover
+  std::vector<std::string> state_names, local_names;  ///< all state; DiLoCo: the local part
+
+  /// Touched only by the device work, which runs one task at a time on the executor.
+  struct device_side {
+    bool loaded = false;
+    tensor_map initial;  ///< uploaded with the first task
+    gpu::program_id apply = 0, delta = 0, outer = 0;
+    gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
+    std::vector<gpu::program_id> programs;         ///< all of the above that were loaded
+    std::vector<std::string> acc_names;
+    std::map<uint32_t, data_order> orders;  ///< each shard's epoch order
+    uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
+    tensor_map snapshot;
+  };
+  std::shared_ptr<device_side> dev = std::make_shared<device_side>();
+
+  uint64_t applied = 0;  ///< steps before this one are applied
+  struct held_result {
+    uint64_t end = 0;  ///< the step the state reaches when this result is applied
+    std::vector<float> sum;
+    uint32_t participants = 1;
+  };
+  std::optional<held_result> held;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  uint64_t step_end = 0;
+  uint32_t participants = 1;
+  std::vector<std::string> ring;
+  int rank = -1;
+  std::unique_ptr<ring_allreduce> round;
+  std::vector<std::pair<std::string, allreduce_message>> parked;  ///< (from, piece) for a round not started yet
+  bool broken = false;
+  bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
+  bool stopping = false;
+};
+
+}  // namespace mesh

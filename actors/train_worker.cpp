@@ -1,0 +1,429 @@
+// The worker side of training: take a run's setup, and for each step commit the held result of
+// the step before, compute this node's gradients (DiLoCo: its inner steps and deltas) on the
+// device, then start the step's all-reduce round (train_collective.cpp). What runs on the
+// device is a train_task the shell hands to the executor.
+#include "actors/train_engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "actors/train_engine_state.hpp"
+#include "gpu/executor.hpp"
+#include "graph/builder.hpp"
+
+namespace mesh {
+using namespace train_detail;
+namespace {
+
+/// Splits a flat buffer into f32 tensors of the given shapes, named `names`.
+tensor_map unflatten(const std::vector<float>& buf, const std::vector<std::string>& names, const std::vector<shape>& dims) {
+  tensor_map out;
+  size_t at = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto n = static_cast<size_t>(element_count(dims[i]));
+    tensor t;
+    t.type = dtype::f32;
+    t.dims = dims[i];
+    t.bytes.resize(n * 4);
+    std::memcpy(t.bytes.data(), buf.data() + at, n * 4);
+    out[names[i]] = std::move(t);
+    at += n;
+  }
+  return out;
+}
+
+/// Adds the f32 tensors `names` of `outs` to `buf` (laid out in that order).
+expected<void> accumulate(std::vector<float>& buf, const tensor_map& outs, const std::vector<std::string>& names) {
+  size_t at = 0;
+  for (const auto& name : names) {
+    auto it = outs.find(name);
+    if (it == outs.end() || it->second.type != dtype::f32) return make_error(error_code::internal, "the device returned no f32 \"" + name + "\"");
+    const auto* v = reinterpret_cast<const float*>(it->second.bytes.data());
+    const size_t n = it->second.bytes.size() / 4;
+    if (at + n > buf.size()) return make_error(error_code::internal, "gradient sizes changed");
+    for (size_t i = 0; i < n; ++i) buf[at + i] += v[i];
+    at += n;
+  }
+  return {};
+}
+
+tensor f32_scalar(double v) { return tensor::scalar(v, dtype::f32); }
+
+/// `spec` without its tensors (dataset and state): what a worker keeps to reopen the run.
+msg::train_spec spec_shell(const msg::train_spec& spec) {
+  msg::train_spec out;
+  out.method = spec.method;
+  out.start_step = spec.start_step;
+  out.steps = spec.steps;
+  out.micro_batches = spec.micro_batches;
+  out.micro_batch = spec.micro_batch;
+  out.inner_steps = spec.inner_steps;
+  out.compression = spec.compression;
+  out.seed = spec.seed;
+  out.grad_wire = spec.grad_wire;
+  out.apply_wire = spec.apply_wire;
+  out.delta_wire = spec.delta_wire;
+  out.outer_wire = spec.outer_wire;
+  return out;
+}
+
+/// The gradient graph as two programs that keep the gradients on the device: `first` stores each
+/// gradient into a resident accumulator "<prefix><grad name>", `more` adds to it; both return only
+/// the loss. A step's gradients then leave the device once, not once per micro-batch.
+expected<std::pair<graph, graph>> accumulating(const graph& grad, const std::vector<std::string>& grads,
+                                               const std::string& prefix) {
+  std::pair<graph, graph> out;
+  for (int more = 0; more < 2; ++more) {
+    builder b(grad);
+    for (const auto& name : grads) {
+      const expr g = b.at(grad.find_output(name));
+      const shape dims = g.dims();
+      const expr acc = b.parameter(prefix + name, dtype::f32, dims);
+      b.update(acc, more ? acc + g : g);
+    }
+    auto done = b.finish();
+    if (!done) return tl::unexpected(done.error());
+    done->outputs = {{"loss", grad.find_output("loss")}};
+    (more ? out.second : out.first) = std::move(*done);
+  }
+  return out;
+}
+
+/// This node's answer to a step it cannot take part in.
+msg::train_reduced refusal(const msg::train_step& s, const error& why) {
+  msg::train_reduced r;
+  r.train = s.train;
+  r.step = s.step;
+  r.attempt = s.attempt;
+  r.code = why.code;
+  r.error = why.message;
+  return r;
+}
+
+}  // namespace
+
+std::vector<outbound> train_engine::on_setup(const std::string& from, const msg::train_setup& s) {
+  const worker_key key{from, s.train};
+  auto graphs = check_train_spec(s.spec, limits_, false);
+  if (!graphs) {
+    // The coordinator waits for this node's part of a step, not for the setup: the refusal
+    // answers each step of the run still to come.
+    const error why{graphs.error().code, "setup refused: " + graphs.error().message};
+    if (refused_.size() >= max_early_runs) refused_.erase(refused_.begin());
+    refused_[key] = why;
+    early_pieces_.erase(key);
+    return {};
+  }
+  refused_.erase(key);
+  auto w = std::make_shared<worker_run>();
+  w->coordinator = from;
+  w->train = s.train;
+  w->client = s.client;
+  w->client_train = s.client_train;
+  w->shell = spec_shell(s.spec);
+  // The run resumed under a new coordinator: what this node kept of it before is stale now,
+  // and if this node was coordinating it (the client was only cut off from us), ours stops.
+  std::vector<outbound> out;
+  if (!s.client.empty()) {
+    for (auto it = worker_.begin(); it != worker_.end();)
+      it = it->first != key && it->second->client == s.client && it->second->client_train == s.client_train ? end_run(it)
+                                                                                                          : std::next(it);
+    if (from != self_)
+      for (auto& [rid, c] : coordinated_)
+        if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train) {
+          auto more = fail_run(rid, *c, error_code::internal, "");
+          out.insert(out.end(), more.begin() + 1, more.end());  // the client is with the new coordinator
+          c->state = job_state::moved;  // to the node `from`
+        }
+  }
+  w->method = s.spec.method;
+  w->steps = s.spec.steps;
+  w->micro_batches = s.spec.micro_batches;
+  w->inner_steps = s.spec.inner_steps;
+  w->format = s.spec.compression;
+  w->graphs = std::move(*graphs);
+  w->seed = s.spec.seed;
+  w->micro_batch = s.spec.micro_batch;
+  w->plan = shard_plan::make(static_cast<int64_t>(s.spec.dataset_rows), s.spec.micro_batch, s.spec.micro_batches);
+  w->applied = s.spec.start_step;
+  w->dev->initial = to_map(s.spec.state);
+  for (const auto& [name, t] : w->dev->initial) w->state_names.push_back(name);
+  // DiLoCo's local state: whatever the inner step (gradient + optimizer graphs) touches.
+  std::set<std::string> local;
+  for (const auto* g : {w->graphs.grad.get(), w->graphs.apply.get()})
+    for (const auto& n : g->nodes)
+      if (n.op == op_kind::parameter) local.insert(n.attrs.name);
+  w->local_names.assign(local.begin(), local.end());
+  if (auto early = early_pieces_.find(key); early != early_pieces_.end()) {
+    w->parked = std::move(early->second);
+    early_pieces_.erase(early);
+  }
+  if (auto old = worker_.find(key); old != worker_.end()) end_run(old);  // set up again: the old one's names are ours now
+  worker_[key] = w;
+  return out;
+}
+
+void train_engine::orphan(worker_run& w) {
+  w.orphaned = true;  // no round, ring or parked piece of it will go on
+  w.round.reset();
+  w.ring.clear();
+  w.parked.clear();
+}
+
+std::vector<outbound> train_engine::on_step(const std::string& from, const msg::train_step& s) {
+  const worker_key key{from, s.train};
+  auto it = worker_.find(key);
+  if (it == worker_.end()) {
+    // The setup comes before the steps (the transport keeps the coordinator's order): no run
+    // here means the setup was refused, or the run ended (or was never set up on this node).
+    if (s.stop && !s.report_state) {
+      early_pieces_.erase(key);
+      refused_.erase(key);
+      return {};
+    }
+    if (auto no = refused_.find(key); no != refused_.end()) return {{from, refusal(s, no->second)}};
+    if (!s.ring.empty() || s.report_state)
+      return {{from, refusal(s, error{error_code::not_found, "no training run " + std::to_string(s.train) + " of this coordinator is set up on node " + self_.substr(0, 8)})}};
+    return {};
+  }
+  auto w = it->second;
+  if (w->orphaned) return {};  // its client is taking it elsewhere
+  const auto refuse = [&](error_code code, const std::string& why) {
+    std::vector<outbound> out;
+    // A ring member's coordinator waits for its reduction; a report-state step (the coordinator's
+    // own worker, no ring) is waited for too: without an answer the run would hang.
+    if (!s.ring.empty() || s.report_state) {
+      msg::train_reduced r;
+      r.train = s.train;
+      r.step = s.step;
+      r.attempt = s.attempt;
+      r.code = code;
+      r.error = why;
+      out.push_back({from, r});
+    }
+    if (auto gone = worker_.find(key); gone != worker_.end()) end_run(gone);  // set up again by the coordinator if it wants us back
+    return out;
+  };
+  if (s.stop && !s.report_state) {
+    end_run(it);
+    early_pieces_.erase(key);
+    return {};
+  }
+  if (w->broken) return refuse(error_code::device, "this node's device was restarted and lost the training state");
+  for (const auto& sh : s.shards) {
+    if (sh.index >= w->plan.shards) return refuse(error_code::invalid_argument, "dataset shard " + std::to_string(sh.index) + " does not exist");
+    auto columns = std::make_shared<tensor_map>(to_map(sh.columns));
+    auto rows = dataset_rows(*w->graphs.grad, static_cast<uint32_t>(w->micro_batch), *columns);
+    if (!rows) return refuse(rows.error().code, "dataset shard " + std::to_string(sh.index) + ": " + rows.error().message);
+    if (*rows < w->micro_batch) return refuse(error_code::invalid_argument, "dataset shard " + std::to_string(sh.index) + " has fewer rows than one micro-batch");
+    w->shards[sh.index] = std::move(columns);
+  }
+  // The coordinator's steps come in the order it sent them, each with the shards this node has
+  // not been sent yet: a micro-batch of a shard never sent is the coordinator's error.
+  for (const uint64_t micro : s.micro)
+    if (!w->shards.count(w->plan.shard_of(micro)))
+      return refuse(error_code::invalid_argument, "step " + std::to_string(s.step) + " needs dataset shard " +
+                                                      std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
+  // Whatever round was in progress belongs to an earlier attempt.
+  w->round.reset();
+  w->step = s.step;
+  w->attempt = s.attempt;
+  w->ring = s.ring;
+  w->rank = static_cast<int>(std::find(s.ring.begin(), s.ring.end(), self_) - s.ring.begin());
+  if (w->rank >= static_cast<int>(s.ring.size())) w->rank = -1;
+  w->stopping = s.stop;
+  const uint64_t inner = w->method == train_method::diloco ? std::min<uint64_t>(w->inner_steps, w->steps - std::min(s.step, w->steps)) : 1;
+  w->step_end = s.step + inner;
+  // DiLoCo averages the deltas of the members that trained (a member with no micro-batch adds 0).
+  w->participants = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(s.ring.size(), w->micro_batches)));
+  std::erase_if(w->parked, [&](const auto& p) { return p.second.round < round_id(s.step, s.attempt); });
+
+  std::optional<worker_run::held_result> commit;
+  if (s.commit > w->applied) {
+    if (!w->held || w->held->end != s.commit)
+      return refuse(error_code::not_found, "cannot commit step " + std::to_string(s.commit - 1) + ": its result is not held here");
+    commit = std::move(w->held);
+    w->applied = s.commit;
+  }
+  w->held.reset();
+  if (w->rank < 0 && !s.ring.empty()) return refuse(error_code::invalid_argument, "this node is not in the ring it was sent");
+
+  train_task t;
+  t.coordinator = from;
+  t.train = s.train;
+  t.step = s.step;
+  t.attempt = s.attempt;
+  t.report_state = s.report_state;
+  const bool report = s.report_state;
+  const bool compute = !s.ring.empty();
+  const auto micro = s.micro;
+  const uint64_t step = s.step;
+  const uint32_t k = w->micro_batches;
+  std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;  // what this step's micro-batches read
+  for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
+  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
+    auto& d = *w->dev;
+    const auto& g = w->graphs;
+    if (!d.loaded) {
+      for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
+                                     std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
+        if (!graph_ptr) continue;
+        auto p = ex.load(*graph_ptr);
+        if (!p) return tl::unexpected(p.error());
+        *slot = *p;
+        d.programs.push_back(*p);
+      }
+      const std::string prefix = accumulator_prefix(w->coordinator, w->train);
+      auto acc = accumulating(*g.grad, g.grads, prefix);
+      if (!acc) return tl::unexpected(acc.error());
+      auto first = ex.load(acc->first);
+      if (!first) return tl::unexpected(first.error());
+      d.programs.push_back(*first);
+      auto more = ex.load(acc->second);
+      if (!more) return tl::unexpected(more.error());
+      d.programs.push_back(*more);
+      d.acc_first = *first;
+      d.acc_more = *more;
+      for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
+      if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
+      d.initial.clear();
+      d.loaded = true;
+    }
+    if (commit) {
+      // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
+      // mean delta (which also resets the local parameters to the new outer ones).
+      const bool dp = w->method == train_method::data_parallel;
+      tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
+      in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
+      if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
+    }
+    train_work_result r;
+    if (report) {
+      auto st = ex.get_parameters(w->state_names);
+      if (!st) return tl::unexpected(st.error());
+      r.state = std::move(*st);
+    }
+    if (!compute) return r;
+
+    size_t grad_total = 0;
+    for (auto n : g.grad_sizes) grad_total += static_cast<size_t>(n);
+    double loss_sum = 0;
+    // The gradients summed over `batch` micro-batches.
+    const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>& sum) -> expected<void> {
+      sum.assign(grad_total, 0.0f);
+      for (size_t i = 0; i < count; ++i) {
+        const uint32_t shard = w->plan.shard_of(first[i]);
+        const tensor_map& columns = *shards.at(shard);
+        auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
+        auto in = take_rows(columns, order->second.rows(w->plan.draw_of(first[i])));
+        if (!in) return tl::unexpected(in.error());
+        auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
+        if (!out) return tl::unexpected(out.error());
+        loss_sum += out->at("loss").at(0);
+      }
+      if (count == 0) return {};
+      auto acc = ex.get_parameters(d.acc_names);
+      if (!acc) return tl::unexpected(acc.error());
+      tensor_map by_grad;
+      for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
+      return accumulate(sum, by_grad, g.grads);
+    };
+    if (w->method == train_method::data_parallel) {
+      if (auto ok = gradients(micro.data(), micro.size(), r.buffer); !ok) return tl::unexpected(ok.error());
+    } else {
+      // DiLoCo: a redone step starts again from the local state it started from the first time.
+      if (d.snapshot_step == step) {
+        if (auto ok = ex.set_parameters(d.snapshot); !ok) return tl::unexpected(ok.error());
+      } else {
+        auto snap = ex.get_parameters(w->local_names);
+        if (!snap) return tl::unexpected(snap.error());
+        d.snapshot = std::move(*snap);
+        d.snapshot_step = step;
+      }
+      const size_t per = micro.size() / inner;
+      std::vector<float> sum;
+      for (uint64_t h = 0; h < inner && per > 0; ++h) {
+        if (auto ok = gradients(micro.data() + h * per, per, sum); !ok) return tl::unexpected(ok.error());
+        tensor_map in = unflatten(sum, g.grads, g.grad_dims);
+        in["scale"] = f32_scalar(1.0 / static_cast<double>(per));
+        if (auto ok = ex.run(d.apply, in); !ok) return tl::unexpected(ok.error());
+      }
+      auto deltas = ex.run(d.delta, {});
+      if (!deltas) return tl::unexpected(deltas.error());
+      size_t delta_total = 0;
+      for (auto n : g.delta_sizes) delta_total += static_cast<size_t>(n);
+      r.buffer.assign(delta_total, 0.0f);
+      if (auto ok = accumulate(r.buffer, *deltas, g.deltas); !ok) return tl::unexpected(ok.error());
+    }
+    r.buffer.push_back(static_cast<float>(loss_sum));
+    return r;
+  };
+  ready_.push_back(std::move(t));
+  return {};
+}
+
+std::vector<train_task> train_engine::take_ready() {
+  std::vector<train_task> out = std::move(ready_);
+  ready_.clear();
+  return out;
+}
+
+std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now) {
+  now_ = now;
+  if (t.cleanup) return {};
+  if (t.takeover) return take_over(t, std::move(r));
+  std::vector<outbound> out;
+  const worker_key key{t.coordinator, t.train};
+  if (r && !r->state.empty()) {
+    msg::train_state st{t.train, t.step, {}};
+    for (auto& [name, value] : r->state) st.state.push_back({name, std::move(value)});
+    out.push_back({t.coordinator, std::move(st)});
+  }
+  auto it = worker_.find(key);
+  if (it == worker_.end()) return out;
+  auto w = it->second;
+  if (t.step != w->step || t.attempt != w->attempt) return out;  // superseded by a newer attempt
+  if (r && w->broken) r = make_error(error_code::device, "the device was restarted during the step");
+  if (!r) {
+    w->broken = true;
+    if (!w->ring.empty() || t.report_state) {
+      msg::train_reduced red;
+      red.train = t.train;
+      red.step = t.step;
+      red.attempt = t.attempt;
+      red.code = r.error().code;
+      red.error = r.error().to_string();
+      out.push_back({t.coordinator, red});
+    }
+    end_run(it);
+    return out;
+  }
+  if (w->stopping) {
+    end_run(it);
+    return out;
+  }
+  if (w->ring.empty()) return out;
+  w->round = std::make_unique<ring_allreduce>(round_id(t.step, t.attempt), w->rank, static_cast<int>(w->ring.size()),
+                                              std::move(r->buffer), ring_pieces, w->format);
+  auto more = forward(*w, w->round->start());
+  out.insert(out.end(), more.begin(), more.end());
+  // Pieces from the predecessor that came while we were computing.
+  auto parked = std::move(w->parked);
+  w->parked.clear();
+  const uint64_t current = round_id(t.step, t.attempt);
+  for (const auto& [from, p] : parked) {
+    if (!w->round) break;  // done
+    if (p.round > current) w->parked.emplace_back(from, p);
+    else if (p.round == current) {
+      auto more2 = accept_piece(*w, from, p);
+      out.insert(out.end(), more2.begin(), more2.end());
+    }
+  }
+  if (w->round && w->round->done()) {
+    auto done = round_done(*w);
+    out.insert(out.end(), done.begin(), done.end());
+  }
+  return out;
+}
+
+}  // namespace mesh
