@@ -1,7 +1,7 @@
 #pragma once
 /// Messages for peers this node is not connected to (yet, or again), held in order per peer,
 /// within a count, a byte and an age limit. Pure: the jobs actor decides when to hold, flush and
-/// expire (node.cpp says why messages wait at all).
+/// expire (jobs_actor.cpp says why messages wait at all).
 #include <chrono>
 #include <map>
 #include <string>

@@ -1,5 +1,6 @@
 #pragma once
-/// A meshnode: the actor system of one node. CAF stays behind this header (node.cpp).
+/// A meshnode: the actor system of one node. CAF stays behind this header (node.cpp, node_shell.hpp
+/// and the actors' files).
 #include <atomic>
 #include <chrono>
 #include <cstdint>

@@ -1,0 +1,58 @@
+// The bridge actor: endpoint events in. It greets a peer that came up, decodes every message
+// (refusing, logging and counting what fails to decode) and routes it to the actor that owns it.
+#include "actors/node_shell.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace mesh::node_shell {
+namespace {
+
+struct bridge_state {
+  node_actors a;
+};
+
+caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr ctx) {
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](up_atom, std::string id) {
+        send_peer(*ctx, id, ctx->own);  // our hello comes first
+        self->send(self->state.a.membership, greet_atom::value, id, 1);  // and is repeated if theirs does not come
+      },
+      [=](down_atom, std::string id, std::string why, bool orderly) {
+        self->send(self->state.a.membership, down_atom::value, id, why, orderly);
+      },
+      [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
+        auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget);
+        // The decoded message owns copies of everything: the buffer goes back to the endpoint,
+        // which receives the next large message into it (no fresh pages for the kernel to zero).
+        ctx->ep->recycle(std::move(bytes));
+        if (!m) {
+          // Another protocol version, past the budget, malformed: refused, logged and counted
+          // (meshctl peers shows the count and the last reason); the connection stays.
+          spdlog::warn("refused a message from {}: {}", from.substr(0, 8), m.error().to_string());
+          ctx->refusals->record(from, m.error().to_string());
+          return;
+        }
+        const auto& a = self->state.a;
+        const caf::actor& owner = std::holds_alternative<msg::hello>(*m) || std::holds_alternative<msg::peer_exchange>(*m) ? a.membership
+                                  : std::holds_alternative<msg::heartbeat>(*m)                                             ? a.health
+                                  : std::holds_alternative<msg::status_request>(*m)                                        ? a.status
+                                                                                                                           : a.jobs;
+        self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_bridge(caf::local_actor& parent, context_ptr ctx) {
+  return parent.spawn<caf::monitored>(bridge_actor, std::move(ctx));
+}
+
+}  // namespace mesh::node_shell

@@ -1,0 +1,167 @@
+// The jobs actor: the job coordinators and workers of one-shot jobs and sessions (job_engine) and
+// of training (train_engine). It feeds them messages, peers' comings and goings and the
+// executor's results, runs the stages they make ready on the executor, and sends what they
+// produce, holding messages for peers that are not connected (yet, or again).
+#include "actors/node_shell.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "actors/held_messages.hpp"
+
+namespace mesh::node_shell {
+namespace {
+
+struct jobs_state {
+  node_actors a;
+  std::unique_ptr<job_engine> engine;
+  std::unique_ptr<train_engine> trainer;
+  caf::actor executor;
+  std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
+  std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
+  uint32_t reported_load = 0;
+  /// Messages to peers this node is not connected to (yet, or again): held, in order, until the
+  /// peer's hello or until it is connected again, dropped when it is reported down or after
+  /// held_ttl. A node joining a training ring learns of its neighbours by peer exchange and may
+  /// finish its first step before it has dialed them; a node restarted after a crash is back in a
+  /// ring (its coordinator saw its hello) before its neighbours have seen it. What is produced for
+  /// a peer after its down was handled (a result for a client that left, a stage_done for a dead
+  /// coordinator) has nobody to flush it: the age limit frees it, so it cannot fill the store.
+  held_messages held{4096, size_t{256} << 20, std::chrono::seconds(30)};  // all-reduce pieces are MiBs
+};
+
+using jobs_actor_t = caf::stateful_actor<jobs_state>;
+
+void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to, const msg::message& m) {
+  auto& st = self->state;
+  if (to == ctx.self_id) {  // our own stages and results: through the mailbox, like any message
+    self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
+    return;
+  }
+  const auto send = [&](const msg::message& x) { return try_send_peer(ctx, to, x); };
+  if (st.held.holds(to)) {
+    // Connected again without a hello (a client reconnecting): what waits goes first, in order.
+    auto id = transport::node_id::parse(to);
+    if (id && ctx.ep->connected(*id) && st.held.flush(to, send) && send(m)) return;
+  } else if (send(m)) {
+    return;
+  }
+  auto bytes = msg::encode_message(m);  // only for its size: this path is rare
+  const size_t size = bytes ? bytes->size() : 0;
+  if (!st.held.hold(to, m, size, std::chrono::steady_clock::now()))
+    spdlog::warn("send {} to {}: not connected, and {} messages ({} MiB) already wait for peers; dropped",
+                 msg::kind_name(m), to.substr(0, 8), st.held.count(), st.held.bytes() >> 20);
+}
+
+void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
+  for (auto& o : out) send_to(self, ctx, o.to, o.m);
+}
+
+/// Hands ready stages to the executor and tells health our load (heartbeats carry it).
+void run_ready(jobs_actor_t* self) {
+  auto& st = self->state;
+  for (auto& t : st.engine->take_ready()) {
+    auto task = std::make_shared<stage_task>(std::move(t));
+    st.in_flight[task.get()] = task;
+    self->send(st.executor, run_atom::value, task);
+  }
+  // Session fragments the engine let go: after the stages sent above (the mailbox keeps order).
+  for (auto& key : st.engine->take_forgotten()) self->send(st.executor, forget_atom::value, key);
+  for (auto& t : st.trainer->take_ready()) {
+    auto task = std::make_shared<train_task>(std::move(t));
+    st.train_in_flight[task.get()] = task;
+    self->send(st.executor, run_atom::value, task);
+  }
+  const auto load = static_cast<uint32_t>(st.engine->running_stages());
+  if (load != st.reported_load && st.a.health) self->send(st.a.health, load_atom::value, load);
+  st.reported_load = load;
+}
+
+caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
+  auto& st = self->state;
+  const auto& own = ctx->own;
+  // Job ids start from this start's time in ms (shifted: a session's id is shifted 16 bits more in
+  // its fragments' cache keys), so that a restarted node's jobs never reuse ids its peers knew.
+  const auto ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id, own.gflops, own.mem_gbps, 1.0,
+                                                                        static_cast<int64_t>(own.memory_bytes)},
+                                           ctx->cfg.limits, (ms & ((uint64_t{1} << 40) - 1)) << 8);
+  st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
+  self->send(self, tick_atom::value);
+  return {
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](tick_atom) {  // time-driven decisions: a lost client's grace time, held messages' age
+        const auto now = std::chrono::steady_clock::now();
+        if (const size_t n = self->state.held.expire(now))
+          spdlog::info("dropped {} messages that waited over {} s for peers that did not connect", n,
+                       std::chrono::duration_cast<std::chrono::seconds>(self->state.held.ttl()).count());
+        dispatch(self, *ctx, self->state.trainer->tick(now));
+        self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+      },
+      [=](executor_atom, caf::actor ex, int restarts) {
+        auto& s = self->state;
+        s.executor = ex;
+        // Work the old executor had in hand is handed to the new one, not lost.
+        for (auto& [key, task] : s.in_flight) self->send(ex, run_atom::value, task);
+        // Training state lived on the lost device: this node leaves its runs, and the
+        // coordinators set it up again from the current state.
+        if (restarts > 0) {
+          s.trainer->executor_restarted();
+          auto lost = std::move(s.train_in_flight);
+          s.train_in_flight.clear();
+          for (auto& [key, task] : lost)
+            dispatch(self, *ctx, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step"), std::chrono::steady_clock::now()));
+        }
+      },
+      [=](inbound_atom, std::string from, message_ptr m) {
+        dispatch(self, *ctx, self->state.engine->on_message(from, *m, std::chrono::steady_clock::now()));
+        dispatch(self, *ctx, self->state.trainer->on_message(from, *m, std::chrono::steady_clock::now()));
+        run_ready(self);
+      },
+      [=](up_atom, std::string id, message_ptr m) {
+        self->state.held.flush(id, [&](const msg::message& x) { return try_send_peer(*ctx, id, x); });
+        const auto& h = std::get<msg::hello>(*m);
+        self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
+        self->state.trainer->peer_up(id);
+      },
+      [=](down_atom, std::string id, std::string) {
+        self->state.held.take(id);  // it will not come back for them
+        dispatch(self, *ctx, self->state.engine->peer_dead(id, std::chrono::steady_clock::now()));
+        dispatch(self, *ctx, self->state.trainer->peer_dead(id, std::chrono::steady_clock::now()));
+        run_ready(self);
+      },
+      [=](done_atom, std::shared_ptr<stage_task> t, std::shared_ptr<expected<tensor_map>> r) {
+        if (!self->state.in_flight.erase(t.get())) return;  // already handed to a restarted executor
+        dispatch(self, *ctx, self->state.engine->on_executed(*t, *r, std::chrono::steady_clock::now()));
+        run_ready(self);
+      },
+      [=](done_atom, std::shared_ptr<train_task> t, std::shared_ptr<expected<train_work_result>> r) {
+        if (!self->state.train_in_flight.erase(t.get())) return;  // given up when the executor restarted
+        dispatch(self, *ctx, self->state.trainer->on_executed(*t, std::move(*r), std::chrono::steady_clock::now()));
+        run_ready(self);
+      },
+      [=](view_atom) {
+        const auto now = std::chrono::steady_clock::now();
+        auto jobs = self->state.engine->jobs(now);
+        for (auto& j : self->state.trainer->jobs(now)) jobs.push_back(std::move(j));
+        return std::make_shared<const std::vector<msg::job_status>>(std::move(jobs));
+      },
+      [=](stop_atom) { self->quit(); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_jobs(caf::local_actor& parent, context_ptr ctx) {
+  return parent.spawn<caf::monitored>(jobs_actor, std::move(ctx));
+}
+
+}  // namespace mesh::node_shell
