@@ -162,7 +162,7 @@ int rank_main(const args& a) {
   auto trace_event = [&](const char* what, uint32_t step, uint32_t piece) {
     if (trace) std::fprintf(trace, "%.2f %s %u %u\n", static_cast<double>(now_ns() - t_start) / 1e6, what, step, piece);
   };
-  // Sends the state machine's output to the successor exactly as node.cpp's send_to does: the
+  // Sends the state machine's output to the successor exactly as jobs_actor.cpp's send_to does: the
   // encoded node message on its own bulk stream when over 64 KiB, else on the control stream.
   auto forward = [&](std::vector<allreduce_message> ms) {
     for (auto& m : ms) {
@@ -217,7 +217,7 @@ int rank_main(const args& a) {
       case rank_event::kind::message: {
         auto m = msg::decode_message(e.bytes.data(), e.bytes.size());
         if (!m) rank_fail("decode: " + m.error().message);
-        ep->recycle(std::move(e.bytes));  // as node.cpp's bridge does
+        ep->recycle(std::move(e.bytes));  // as bridge_actor.cpp does
         auto* p = std::get_if<msg::allreduce_piece>(&*m);
         if (!p) rank_fail(std::string("unexpected message ") + msg::kind_name(*m));
         if (!pred || e.from != *pred) rank_fail("a piece from a rank that is not our predecessor");

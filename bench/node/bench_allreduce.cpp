@@ -9,12 +9,12 @@
 // input (not of the expected sum), so every rank must report a wrong result and the bench must
 // exit non-zero.
 //
-// What "ours" measures is what a training step does (actors/train_engine.cpp + actors/node.cpp):
+// What "ours" measures is what a training step does (actors/train_worker.cpp, train_collective.cpp + actors/jobs_actor.cpp):
 // every rank is its own process with its own transport::endpoint on real UDP, admitted to a mesh
 // by a random mesh secret; a round is mesh::ring_allreduce (n chunks of `pieces` pieces each),
 // every piece travels as a msg::allreduce_piece encoded with msg::encode_message, on the bulk
 // channel when the encoded message is over 64 KiB and on the control channel otherwise (the rule
-// of node.cpp's send_to), is decoded with msg::decode_message and handled off the endpoint's I/O
+// of jobs_actor.cpp's send_to), is decoded with msg::decode_message and handled off the endpoint's I/O
 // thread (as the node's core actor does). Only the coordinator/worker bookkeeping is left out.
 //
 // Timing: the coordinating process (this one, without --rank) starts the ranks, and for every
@@ -622,7 +622,7 @@ void print_table(const bench_config& bc, const std::vector<row>& rows) {
         std::printf(" [%.0f ms: %.0f/%.0f/%.0f]", r.m.seconds[k] * 1e3, r.m.idle_empty[k] * 1e3, r.m.idle_cwnd[k] * 1e3,
                     r.m.idle_held[k] * 1e3);
     }
-  std::printf("\n\"ours/P\": P pieces per chunk (training uses 4: actors/train_engine.cpp, ring_pieces).");
+  std::printf("\n\"ours/P\": P pieces per chunk (training uses 4: actors/train_engine_state.hpp, ring_pieces).");
   std::printf("\n\"vs Gloo\": Gloo's median time / ours (above 1: ours is faster). \"CPU s/rd\": CPU seconds\n"
               "(user + system) of all ranks together during a round, median: what the round costs whatever the load.\n"
               "\"drops tbf/udp\": packets the shaped links dropped (queue full) / UDP datagrams dropped at a full socket\n"
@@ -655,7 +655,7 @@ int coordinator_main(const args& a) {
   bc.mib = a.real("--mib", 64);
   bc.iters = static_cast<int>(a.num("--iters", 10));
   bc.warmup = static_cast<int>(a.num("--warmup", 2));
-  // 4 = train_engine.cpp's ring_pieces; a list ("4,16") adds one row per value.
+  // 4 = train_engine_state.hpp's ring_pieces; a list ("4,16") adds one row per value.
   {
     std::string list = a.get("--pieces").value_or("4");
     std::replace(list.begin(), list.end(), ',', ' ');
