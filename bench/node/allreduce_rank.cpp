@@ -93,9 +93,12 @@ int rank_main(const args& a) {
   cfg.mesh_secret = *secret;
   cfg.bind = a.get("--bind").value_or("127.0.0.1");
   cfg.protocol_version = msg::protocol_version;
-  // MESH_BULK_ORDER=round_robin compares the transport's other bulk scheduling (A/B runs).
-  if (const char* order = std::getenv("MESH_BULK_ORDER"); order && std::string(order) == "round_robin")
-    cfg.bulk_scheduling = transport::endpoint_config::bulk_order::round_robin;
+  // MESH_BULK_ORDER=shortest_first|round_robin compares the transport's other bulk schedulings
+  // with its default, oldest_first (A/B runs).
+  if (const char* order = std::getenv("MESH_BULK_ORDER")) {
+    if (std::string(order) == "round_robin") cfg.bulk_scheduling = transport::endpoint_config::bulk_order::round_robin;
+    if (std::string(order) == "shortest_first") cfg.bulk_scheduling = transport::endpoint_config::bulk_order::shortest_first;
+  }
   // MESH_CC=cubic|bbr|bbr2 compares congestion controllers (A/B runs).
   if (const char* cc = std::getenv("MESH_CC")) {
     const std::string c = cc;
