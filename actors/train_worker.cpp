@@ -192,15 +192,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     std::vector<outbound> out;
     // A ring member's coordinator waits for its reduction; a report-state step (the coordinator's
     // own worker, no ring) is waited for too: without an answer the run would hang.
-    if (!s.ring.empty() || s.report_state) {
-      msg::train_reduced r;
-      r.train = s.train;
-      r.step = s.step;
-      r.attempt = s.attempt;
-      r.code = code;
-      r.error = why;
-      out.push_back({from, r});
-    }
+    if (!s.ring.empty() || s.report_state) out.push_back({from, refusal(s, error{code, why})});
     if (auto gone = worker_.find(key); gone != worker_.end()) end_run(gone);  // set up again by the coordinator if it wants us back
     return out;
   };

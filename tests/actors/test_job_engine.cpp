@@ -58,10 +58,7 @@ struct mesh_sim {
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
-    for (auto& o : out) {
-      const std::string to = o.to;  // before `o` is moved from
-      net.post(from, to, std::move(o));
-    }
+    net.post_all(from, std::move(out));
   }
 
   /// Delivers messages until the queue is empty or `limit` deliveries happened.

@@ -85,10 +85,7 @@ struct train_sim {
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
-    for (auto& o : out) {
-      const std::string to = o.to;  // before `o` is moved from
-      net.post(from, to, std::move(o));
-    }
+    net.post_all(from, std::move(out));
   }
 
   void run_tasks(const std::string& id) {

@@ -42,6 +42,18 @@ job mlp_job(int64_t batch = 32, int64_t width = 64) {
   return j;
 }
 
+/// A bare transport endpoint of this protocol version on loopback, dialing the node at `endpoint`
+/// ("ID@HOST:PORT", whose id is `node`): a peer whose every message the test writes itself.
+expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::string& endpoint, const transport::node_id& node,
+                                                                transport::handlers h) {
+  transport::endpoint_config cfg;
+  cfg.bind = "127.0.0.1";
+  cfg.protocol_version = msg::protocol_version;
+  auto ep = transport::endpoint::start(cfg, std::move(h));
+  if (ep) (*ep)->dial(node, {endpoint.substr(endpoint.find('@') + 1)});
+  return ep;
+}
+
 }  // namespace
 
 TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[apps][node]") {
@@ -323,12 +335,8 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
       cv.notify_all();
     }
   };
-  transport::endpoint_config cfg;
-  cfg.bind = "127.0.0.1";
-  cfg.protocol_version = msg::protocol_version;
-  auto ep = transport::endpoint::start(cfg, h);
+  auto ep = dial_as_raw_peer(ea, *node_id, h);
   REQUIRE(ep);
-  (*ep)->dial(*node_id, {ea.substr(ea.find('@') + 1)});
   std::unique_lock l(mu);
   REQUIRE(cv.wait_for(l, 20s, [&] { return up && !hellos.empty(); }));
   CHECK_FALSE(hellos[0].answer_me);
@@ -382,12 +390,8 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   std::atomic<bool> up{false};
   transport::handlers h;
   h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) { up = true; };
-  transport::endpoint_config cfg;
-  cfg.bind = "127.0.0.1";
-  cfg.protocol_version = msg::protocol_version;
-  auto ep = transport::endpoint::start(cfg, h);
+  auto ep = dial_as_raw_peer(ea, *node_id, h);
   REQUIRE(ep);
-  (*ep)->dial(*node_id, {ea.substr(ea.find('@') + 1)});
   for (int i = 0; i < 200 && !up; ++i) std::this_thread::sleep_for(50ms);
   REQUIRE(up);
   const std::string me = (*ep)->id().to_string();

@@ -39,6 +39,15 @@ class sim_network {
     ++size_;
   }
 
+  /// Posts each of a node's outgoing messages (anything with a `to`) to its receiver.
+  template <class Out>
+  void post_all(const std::string& from, std::vector<Out> out) {
+    for (auto& o : out) {
+      const std::string to = o.to;  // before `o` is moved from (argument order is unspecified)
+      post(from, to, std::move(o));
+    }
+  }
+
   bool empty() const { return size_ == 0; }
   size_t size() const { return size_; }
 
