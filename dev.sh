@@ -22,7 +22,9 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
+  libpcre2-dev
   iproute2 nftables iptables conntrack python3
+  python3-numpy python3-torch python3-sentencepiece python3-regex python3-jinja2
 )
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
