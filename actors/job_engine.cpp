@@ -22,7 +22,6 @@ job_kind job_kind_of(strategy s) {
   return job_kind::pipeline;
 }
 
-constexpr size_t max_early_activations = 4096;  // activations buffered for stages not yet here
 constexpr size_t max_finished_jobs = 100;        // kept for status
 constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
 constexpr size_t max_cancelled_jobs = 4096;      // cancelled jobs remembered (to ignore late stages)
@@ -89,7 +88,7 @@ void job_engine::forget_coordinator(const std::string& id) {
   for (auto it = waiting_.begin(); it != waiting_.end();)
     it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
   forget_fragments([&](const cache_key& k) { return std::get<0>(k) == id; });
-  std::erase_if(early_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
+  std::erase_if(outbox_, [&](const auto& kv) { return std::get<0>(kv.first) == id; });
   std::erase_if(cancelled_, [&](const auto& kv) { return kv.first.first == id; });
   std::erase_if(closed_, [&](const auto& k) { return k.first == id; });
 }
@@ -126,6 +125,8 @@ std::vector<outbound> job_engine::on_message(const std::string& from, const msg:
   if (auto* c = std::get_if<msg::cancel_stages>(&m)) return on_cancel_stages(from, *c);
   if (auto* r = std::get_if<msg::run_stage>(&m)) return on_run_stage(from, *r);
   if (auto* a = std::get_if<msg::activation>(&m)) return on_activation(*a);
+  if (auto* a = std::get_if<msg::stage_accepted>(&m)) return on_stage_accepted(from, *a);
+  if (auto* o = std::get_if<msg::route_open>(&m)) return on_route_open(from, *o);
   if (auto* d = std::get_if<msg::stage_done>(&m)) return on_stage_done(from, *d);
   return {};
 }
@@ -248,6 +249,8 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::
   j.state = job_state::running;
   j.pending.clear();
   j.outputs.clear();
+  j.links.clear();
+  for (const auto& t : pl.transfers) j.links.insert({static_cast<uint32_t>(t.from_stage), static_cast<uint32_t>(t.to_stage)});
   for (size_t s = 0; s < pl.stages.size(); ++s) {
     if (j.stage_nodes[s].empty()) continue;
     msg::run_stage r;
@@ -329,6 +332,20 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_record& j, const expec
     if (oldest == jobs_.end()) break;
     jobs_.erase(oldest);
   }
+  return out;
+}
+
+std::vector<outbound> job_engine::on_stage_accepted(const std::string& from, const msg::stage_accepted& a) {
+  auto it = jobs_.find(a.job);
+  if (it == jobs_.end()) return {};
+  job_record& j = it->second;
+  if (j.state != job_state::running || a.attempt != j.attempt || a.stage >= j.stage_nodes.size() || j.stage_nodes[a.stage] != from)
+    return {};  // another attempt's, or not from the node that runs the stage
+  // Every stage that feeds this one may now send it its values.
+  std::vector<outbound> out;
+  for (const auto& [from_stage, to_stage] : j.links)
+    if (to_stage == a.stage && from_stage < j.stage_nodes.size() && !j.stage_nodes[from_stage].empty())
+      out.push_back({j.stage_nodes[from_stage], msg::route_open{a.job, a.attempt, from_stage, a.stage}});
   return out;
 }
 
@@ -567,19 +584,10 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   if (auto c = cancelled_.find({r.coordinator, r.job}); c != cancelled_.end() && r.attempt <= c->second) return out;
   // Stages and activations of earlier attempts of this job (before a re-plan) will never be used.
   if (r.attempt > 0) on_cancel_stages(r.coordinator, msg::cancel_stages{r.job, r.attempt - 1});
-  // Activations that arrived before the stage itself.
-  auto early = early_.find(k);
-  if (early != early_.end()) {
-    for (auto it = early->second.begin(); it != early->second.end();) {
-      if (ws.awaited.erase(it->first)) {
-        ws.task.inputs[it->first] = std::move(it->second);
-        it = early->second.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (early->second.empty()) early_.erase(early);
-  }
+  // The producers of the awaited values send them only once the coordinator relays this
+  // (route_open): no activation reaches this node before its stage.
+  if (!ws.awaited.empty()) out.push_back({r.coordinator, msg::stage_accepted{r.job, r.attempt, r.stage}});
+  if (!r.routes.empty()) outbox_[k] = {r.routes, {}, std::nullopt};
   waiting_[k] = std::move(ws);
   promote_ready(k);
   return out;
@@ -594,8 +602,8 @@ std::vector<outbound> job_engine::on_cancel_stages(const std::string& from, cons
   if (cancelled_.size() > max_cancelled_jobs) cancelled_.erase(cancelled_.begin());
   for (auto it = waiting_.begin(); it != waiting_.end();)
     it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? waiting_.erase(it) : std::next(it);
-  for (auto it = early_.begin(); it != early_.end();)
-    it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? early_.erase(it) : std::next(it);
+  for (auto it = outbox_.begin(); it != outbox_.end();)
+    it = stale(std::get<0>(it->first), std::get<1>(it->first), std::get<2>(it->first)) ? outbox_.erase(it) : std::next(it);
   return {};
 }
 
@@ -629,18 +637,48 @@ void job_engine::forget_fragments(const std::function<bool(const cache_key&)>& w
 }
 
 std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
+  // The stage is here (its producer waited for route_open): a value for no waiting stage
+  // belongs to a cancelled attempt, or is a duplicate or a value the stage does not take.
   const stage_key k{a.coordinator, a.job, a.attempt, a.stage};
-  if (auto it = waiting_.find(k); it != waiting_.end()) {
-    if (it->second.awaited.erase(a.value.name)) {
-      it->second.task.inputs[a.value.name] = a.value.value;
-      promote_ready(k);
-    }
-    return {};  // a duplicate or a value the stage does not take
+  auto it = waiting_.find(k);
+  if (it != waiting_.end() && it->second.awaited.erase(a.value.name)) {
+    it->second.task.inputs[a.value.name] = a.value.value;
+    promote_ready(k);
   }
-  size_t buffered = 0;
-  for (const auto& [key, m] : early_) buffered += m.size();
-  if (buffered < max_early_activations) early_[k][a.value.name] = a.value.value;
   return {};
+}
+
+std::vector<outbound> job_engine::on_route_open(const std::string& from, const msg::route_open& o) {
+  auto it = outbox_.find(stage_key{from, o.job, o.attempt, o.stage});
+  if (it == outbox_.end()) return {};  // a cancelled attempt, or the routes were all sent
+  it->second.open.insert(o.to_stage);
+  return send_open_routes(it);
+}
+
+std::vector<outbound> job_engine::send_open_routes(std::map<stage_key, stage_outbox>::iterator it) {
+  auto& box = it->second;
+  if (!box.values) return {};  // the stage has not run yet
+  const auto& [coordinator, job, attempt, stage] = it->first;
+  std::vector<outbound> out;
+  std::vector<msg::route> still_closed;
+  for (auto& r : box.routes) {
+    if (!box.open.count(r.stage)) {
+      still_closed.push_back(std::move(r));
+      continue;
+    }
+    auto v = box.values->find(r.value);
+    if (v == box.values->end()) continue;  // the stage did not produce it (validated graphs always do)
+    msg::activation a;
+    a.coordinator = coordinator;
+    a.job = job;
+    a.attempt = attempt;
+    a.stage = r.stage;
+    a.value = {r.value, v->second};
+    out.push_back({r.to, std::move(a)});
+  }
+  box.routes = std::move(still_closed);
+  if (box.routes.empty()) outbox_.erase(it);
+  return out;
 }
 
 void job_engine::promote_ready(const stage_key& k) {
@@ -666,21 +704,19 @@ std::vector<outbound> job_engine::on_executed(const stage_task& t, const expecte
   d.stage = t.stage;
   std::vector<outbound> out;
   if (!outputs) {
+    outbox_.erase(stage_key{t.coordinator, t.job, t.attempt, t.stage});
     d.code = outputs.error().code;
     d.error = outputs.error().to_string();
     out.push_back({t.coordinator, d});
     return out;
   }
-  for (const auto& r : t.routes) {
-    auto v = outputs->find(r.value);
-    if (v == outputs->end()) continue;
-    msg::activation a;
-    a.coordinator = t.coordinator;
-    a.job = t.job;
-    a.attempt = t.attempt;
-    a.stage = r.stage;
-    a.value = {r.value, v->second};
-    out.push_back({r.to, std::move(a)});
+  // Cut values go to the stages whose consumer accepted (route_open); the others stay with this
+  // stage's record until theirs does.
+  if (auto box = outbox_.find(stage_key{t.coordinator, t.job, t.attempt, t.stage}); box != outbox_.end()) {
+    box->second.values.emplace();
+    for (const auto& r : box->second.routes)
+      if (auto v = outputs->find(r.value); v != outputs->end()) (*box->second.values)[r.value] = v->second;
+    out = send_open_routes(box);
   }
   d.ok = true;
   for (const auto& [name, value] : *outputs)

@@ -3,6 +3,12 @@
 /// live devices, ship stage fragments, collect results, re-plan when a worker dies) and the worker
 /// side (wait for a stage's activations, hand it to the executor, route its outputs).
 ///
+/// A stage's inputs come from two senders: its fragment from the coordinator (run_stage) and its
+/// activations from the nodes of the stages that feed it. They are ordered through the
+/// coordinator: the consumer accepts its stage (stage_accepted), the coordinator opens the route
+/// (route_open) on the producer, and only then does the producer send; so an activation never
+/// reaches a node before its stage, and no node keeps values for stages it does not know.
+///
 /// The actor shell feeds it decoded messages, peer changes and executor results, and carries out
 /// what it returns: messages to send and stages to execute. Any node can coordinate; a node is
 /// also a worker of its own plans (messages to itself are returned like any other).
@@ -12,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -101,6 +108,7 @@ class job_engine {
     plan current;
     std::vector<std::string> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
     std::set<uint32_t> pending;            ///< stages not done yet
+    std::set<std::pair<uint32_t, uint32_t>> links;  ///< (producer, consumer) stages of this attempt
     tensor_map outputs;
     job_state state = job_state::planning;
     clock::time_point started{};
@@ -147,6 +155,8 @@ class job_engine {
                    uint64_t session);
   std::vector<outbound> on_run_stage(const std::string& from, const msg::run_stage& r);
   std::vector<outbound> on_activation(const msg::activation& a);
+  std::vector<outbound> on_stage_accepted(const std::string& from, const msg::stage_accepted& a);
+  std::vector<outbound> on_route_open(const std::string& from, const msg::route_open& o);
   std::vector<outbound> on_stage_done(const std::string& from, const msg::stage_done& d);
   void live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const;
   void promote_ready(const stage_key& k);
@@ -191,9 +201,17 @@ class job_engine {
   /// (coordinator, session) closed: a call of it that arrives late is refused, not cached.
   std::set<std::pair<std::string, uint64_t>> closed_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
-  /// Activations from a producing stage's node that came before this node's run_stage from the
-  /// coordinator: two senders, so no transport order between them (bounded: max_early_activations).
-  std::map<stage_key, tensor_map> early_;
+  /// A stage's routes (producer side), from its run_stage until every routed value was sent: a
+  /// value goes out once the stage ran and the coordinator opened the route (its consumer
+  /// accepted its own stage). Holds only this node's own outputs.
+  struct stage_outbox {
+    std::vector<msg::route> routes;   ///< not sent yet
+    std::set<uint32_t> open;          ///< consumer stages that accepted
+    std::optional<tensor_map> values; ///< the routed outputs, once the stage ran
+  };
+  std::map<stage_key, stage_outbox> outbox_;
+  /// Sends the values of the open routes of a stage that ran; forgets the stage when all went.
+  std::vector<outbound> send_open_routes(std::map<stage_key, stage_outbox>::iterator it);
   std::deque<stage_task> ready_;
   size_t executing_ = 0;
 };

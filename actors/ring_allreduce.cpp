@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "graph/dtype.hpp"
 
@@ -54,6 +55,11 @@ ring_allreduce::ring_allreduce(uint64_t round, int rank, int n, std::vector<floa
   if (n_ == 1) final_pieces_ = total_pieces();
 }
 
+ring_allreduce::ring_allreduce(uint64_t round, int rank, int n, int pieces, wire_format format)
+    : ring_allreduce(round, rank, n, {}, pieces, format) {
+  has_data_ = false;
+}
+
 std::pair<size_t, size_t> ring_allreduce::range(int chunk, int piece) const {
   const size_t len = data_.size();
   const size_t c0 = len * static_cast<size_t>(chunk) / static_cast<size_t>(n_);
@@ -90,6 +96,19 @@ std::vector<allreduce_message> ring_allreduce::start() {
   return out;
 }
 
+std::vector<allreduce_message> ring_allreduce::start(std::vector<float> data) {
+  data_ = std::move(data);
+  has_data_ = true;
+  auto out = start();
+  for (const auto& m : std::exchange(taken_, {})) {
+    auto more = apply(m);
+    // A piece of the wrong size (the only check that needs the data) is dropped as it would
+    // have been on arrival.
+    if (more) out.insert(out.end(), more->begin(), more->end());
+  }
+  return out;
+}
+
 expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allreduce_message& m) {
   if (m.round != round_)
     return make_error(error_code::invalid_argument, "all-reduce: message of round " + std::to_string(m.round) +
@@ -99,13 +118,24 @@ expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allred
     return make_error(error_code::invalid_argument, "all-reduce: step/piece out of range");
   const size_t slot = m.step * static_cast<size_t>(pieces_) + m.piece;
   if (seen_[slot]) return make_error(error_code::invalid_argument, "all-reduce: duplicate message");
+  if (!has_data_) {
+    seen_[slot] = true;
+    taken_.push_back(m);
+    return std::vector<allreduce_message>{};
+  }
+  auto out = apply(m);
+  if (out) seen_[slot] = true;
+  return out;
+}
+
+expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_message& m) {
+  const uint32_t steps = 2 * static_cast<uint32_t>(n_ - 1);
   const int chunk = chunk_at(m.step, true);
   const int piece = static_cast<int>(m.piece);
   auto [b, e] = range(chunk, piece);
   if (m.payload.size() != (e - b) * value_size(format_))
     return make_error(error_code::invalid_argument, "all-reduce: payload of " + std::to_string(m.payload.size()) +
                                                         " bytes, expected " + std::to_string((e - b) * value_size(format_)));
-  seen_[slot] = true;
   std::vector<allreduce_message> out;
   const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
   if (m.step <= last_rs) {

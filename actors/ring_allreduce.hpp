@@ -31,9 +31,16 @@ class ring_allreduce {
   /// Rank `rank` of a ring of `n`, summing `data` (same length on every rank).
   ring_allreduce(uint64_t round, int rank, int n, std::vector<float> data, int pieces = 4,
                  wire_format format = wire_format::f32);
+  /// The same round before this rank's data exists (it is still being computed): messages from
+  /// the predecessor are taken already and applied when start(data) brings the data. They are
+  /// at most one round's worth (each step and piece once), so nothing here grows without bound.
+  ring_allreduce(uint64_t round, int rank, int n, int pieces, wire_format format);
 
-  /// The messages to send to the successor when the round starts.
+  /// The messages to send to the successor when the round starts (the data was given).
   std::vector<allreduce_message> start();
+  /// Gives this rank's data to a round made without it: what to send to the successor, the
+  /// first pieces and what the messages taken so far forward.
+  std::vector<allreduce_message> start(std::vector<float> data);
 
   /// A message from the predecessor. Returns what to forward, or an error for a message that
   /// does not belong to this round (wrong round, step, piece or size, or a duplicate).
@@ -52,12 +59,16 @@ class ring_allreduce {
   std::pair<size_t, size_t> range(int chunk, int piece) const;
   allreduce_message make(uint32_t step, int chunk, int piece);
   int chunk_at(uint32_t step, bool received) const;
+  /// Adds or copies a checked message (its slot marked seen) into the data; what to forward.
+  expected<std::vector<allreduce_message>> apply(const allreduce_message& m);
 
   uint64_t round_;
   int rank_, n_, pieces_;
   wire_format format_;
   std::vector<float> data_;
   std::vector<bool> seen_;  ///< (step, piece) already received
+  bool has_data_ = true;
+  std::vector<allreduce_message> taken_;  ///< received before the data, in order of arrival
   size_t final_pieces_ = 0;
   uint64_t bytes_sent_ = 0;
 };

@@ -1,7 +1,9 @@
 // The collective of a training step: this worker's all-reduce round with its ring neighbours
-// (ring_allreduce.hpp does the arithmetic). Pieces out to the successor (forward), pieces in
-// from the predecessor (on_piece: parked when their round has not started here yet,
-// accept_piece), and the finished round's result held until the coordinator's commit
+// (ring_allreduce.hpp does the arithmetic). The round exists from the step's arrival; members
+// send pieces only after the coordinator's ring_go (every member has its round), so a piece
+// never comes before its round. Pieces out to the successor (forward), in from the predecessor
+// (on_piece, accept_piece), the start once the contribution is computed and the go came
+// (start_round), and the finished round's result held until the coordinator's commit
 // (round_done).
 #include "actors/train_engine.hpp"
 
@@ -30,24 +32,32 @@ std::vector<outbound> train_engine::on_piece(const std::string& from, const msg:
   const worker_key key{p.coordinator, p.train};
   allreduce_message m{p.round, p.ring_step, p.piece, p.payload};
   auto it = worker_.find(key);
-  if (it == worker_.end()) {
-    // The predecessor may be faster than our setup or step message (they come from the
-    // coordinator, over another connection): keep the piece for later.
-    if (!peers_.count(p.coordinator) && p.coordinator != self_) return {};
-    if (early_pieces_.size() >= max_early_runs && !early_pieces_.count(key)) return {};
-    auto& q = early_pieces_[key];
-    if (q.size() < max_parked_pieces) q.emplace_back(from, std::move(m));
-    return {};
-  }
+  // No run, or another round than this step's: the piece belongs to a run or attempt that ended
+  // here (pieces of a round come only after every member has it: ring_go).
+  if (it == worker_.end()) return {};
   worker_run& w = *it->second;
-  if (w.orphaned) return {};
-  const uint64_t current = round_id(w.step, w.attempt);
-  if (p.round < current) return {};  // a stale round
-  if (p.round > current || !w.round) {
-    if (w.parked.size() < max_parked_pieces) w.parked.emplace_back(from, std::move(m));
-    return {};
-  }
+  if (w.orphaned || !w.round || p.round != w.round->round()) return {};
   return accept_piece(w, from, m);
+}
+
+std::vector<outbound> train_engine::on_go(const std::string& from, const msg::ring_go& g) {
+  auto it = worker_.find(worker_key{from, g.train});
+  if (it == worker_.end()) return {};
+  worker_run& w = *it->second;
+  if (w.orphaned || !w.round || g.step != w.step || g.attempt != w.attempt) return {};
+  w.go = true;
+  return start_round(w);
+}
+
+std::vector<outbound> train_engine::start_round(worker_run& w) {
+  if (!w.go || !w.contribution || !w.round) return {};
+  auto out = forward(w, w.round->start(std::move(*w.contribution)));
+  w.contribution.reset();
+  if (w.round->done()) {
+    auto done = round_done(w);
+    out.insert(out.end(), done.begin(), done.end());
+  }
+  return out;
 }
 
 std::vector<outbound> train_engine::accept_piece(worker_run& w, const std::string& from, const allreduce_message& m) {

@@ -112,6 +112,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   c.ring = c.members;
   ++c.attempt;
   c.waiting = {c.ring.begin(), c.ring.end()};
+  c.unready = c.waiting;
   c.loss = 0;
   c.bytes = 0;
   const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
@@ -192,6 +193,19 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
   c.bytes += r.bytes_sent;
   if (!c.waiting.empty()) return {};
   return advance(r.train, c);
+}
+
+std::vector<outbound> train_engine::on_ready(const std::string& from, const msg::train_ready& r) {
+  auto it = coordinated_.find(r.train);
+  if (it == coordinated_.end()) return {};
+  coord_run& c = *it->second;
+  if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.unready.erase(from) ||
+      !c.unready.empty())
+    return {};  // stale, not a member, or members still to come
+  // Every member has its round: the pieces may flow.
+  std::vector<outbound> out;
+  for (const auto& m : c.ring) out.push_back({m, msg::ring_go{r.train, c.step, c.attempt}});
+  return out;
 }
 
 std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
@@ -323,8 +337,6 @@ std::vector<outbound> train_engine::peer_dead(const std::string& id, clock::time
   size_t orphans = 0;
   for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
     it = it->second->orphaned && ++orphans > max_orphans ? end_run(it) : std::next(it);
-  for (auto it = early_pieces_.begin(); it != early_pieces_.end();)
-    it = it->first.first == id ? early_pieces_.erase(it) : std::next(it);
   // Coordinator side.
   for (auto& [rid, cp] : coordinated_) {
     coord_run& c = *cp;

@@ -196,6 +196,8 @@ std::vector<outbound> train_engine::on_message(const std::string& from, const ms
   if (auto* s = std::get_if<msg::train_setup>(&m)) return on_setup(from, *s);
   if (auto* s = std::get_if<msg::train_step>(&m)) return on_step(from, *s);
   if (auto* p = std::get_if<msg::allreduce_piece>(&m)) return on_piece(from, *p);
+  if (auto* r = std::get_if<msg::train_ready>(&m)) return on_ready(from, *r);
+  if (auto* g = std::get_if<msg::ring_go>(&m)) return on_go(from, *g);
   if (auto* r = std::get_if<msg::train_reduced>(&m)) return on_reduced(from, *r);
   if (auto* s = std::get_if<msg::train_state>(&m)) return on_state(from, *s);
   if (auto* r = std::get_if<msg::train_resume>(&m)) return on_resume(from, *r);

@@ -6,8 +6,11 @@
 /// A step, data parallel:
 ///   1. coordinator -> every ring member: train_step{s, micro-batches, ring, commit = s}
 ///      (commit: first apply the held result of step s-1).
-///   2. each worker sums the gradients of its micro-batches, then runs one ring all-reduce
-///      round (ring_allreduce.hpp) with its successor; the result is *held*, not applied.
+///   2. each worker makes the step's all-reduce round (ring_allreduce.hpp) and says train_ready;
+///      when every member has, the coordinator sends ring_go (so no piece ever reaches a node
+///      before its round: the coordinator and the predecessor are two senders, and this orders
+///      them). Each worker sums the gradients of its micro-batches and, with the go, runs the
+///      round with its successor; the result is *held*, not applied.
 ///   3. each worker -> coordinator: train_reduced. When all have answered, the step is decided
 ///      and the next train_step carries its commit.
 /// A worker that dies before the decision makes the coordinator redo the step (attempt + 1) over
@@ -151,6 +154,12 @@ class train_engine {
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
   std::vector<outbound> accept_piece(worker_run& w, const std::string& from, const allreduce_message& m);
+  /// Coordinator: a member has its round for the step; when all have, ring_go to each.
+  std::vector<outbound> on_ready(const std::string& from, const msg::train_ready& r);
+  /// Worker: every member has its round; start ours if the contribution is computed.
+  std::vector<outbound> on_go(const std::string& from, const msg::ring_go& g);
+  /// Worker: starts the round once both the contribution and the go are here.
+  std::vector<outbound> start_round(worker_run& w);
   /// Queues a task that frees an ended run's programs and parameters on the executor.
   void retire(const std::shared_ptr<worker_run>& w);
   /// Ends a worker run: retire() and forget it. Returns the next entry.
@@ -163,10 +172,6 @@ class train_engine {
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<coord_run>> coordinated_;
   std::map<worker_key, std::shared_ptr<worker_run>> worker_;
-  /// All-reduce pieces from a ring neighbour that came before this node's setup from the
-  /// coordinator: two senders, so no transport order between them (bounded: max_early_runs runs,
-  /// max_parked_pieces pieces).
-  std::map<worker_key, std::vector<std::pair<std::string, allreduce_message>>> early_pieces_;
   /// Runs whose setup this node refused (the most recent few): their steps are answered with the
   /// refusal, so the coordinator redoes the step without this node instead of waiting for ever.
   std::map<worker_key, error> refused_;

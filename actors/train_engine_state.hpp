@@ -17,8 +17,7 @@
 namespace mesh {
 namespace train_detail {
 
-inline constexpr size_t max_parked_pieces = 4096;  // pieces that arrived before their round started
-inline constexpr size_t max_early_runs = 64;       // runs with early pieces waiting, runs refused
+inline constexpr size_t max_refused_runs = 64;     // runs whose setup this node refused, remembered
 inline constexpr int ring_pieces = 4;              // pieces per chunk: pipelining within a round
 inline constexpr int max_failures = 3;             // of one worker in one run, before it is left out
 inline constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
@@ -71,7 +70,8 @@ struct train_engine::coord_run {
   uint32_t attempt = 0;
   uint64_t commit = 0;
   std::vector<std::string> ring;
-  std::set<std::string> waiting;
+  std::set<std::string> waiting;   ///< members whose reduction of this step is still to come
+  std::set<std::string> unready;   ///< members that have not said train_ready for this step
   double loss = 0;
   uint64_t bytes = 0;
   std::string prefix;
@@ -128,8 +128,12 @@ struct train_engine::worker_run {
   uint32_t participants = 1;
   std::vector<std::string> ring;
   int rank = -1;
+  /// The step's round, made when the step arrives (so it takes the predecessor's pieces while
+  /// this node computes); it starts once this node's contribution is computed and the
+  /// coordinator said every member is ready (ring_go).
   std::unique_ptr<ring_allreduce> round;
-  std::vector<std::pair<std::string, allreduce_message>> parked;  ///< (from, piece) for a round not started yet
+  bool go = false;
+  std::optional<std::vector<float>> contribution;
   bool broken = false;
   bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
   bool stopping = false;

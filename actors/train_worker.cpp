@@ -109,9 +109,8 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     // The coordinator waits for this node's part of a step, not for the setup: the refusal
     // answers each step of the run still to come.
     const error why{graphs.error().code, "setup refused: " + graphs.error().message};
-    if (refused_.size() >= max_early_runs) refused_.erase(refused_.begin());
+    if (refused_.size() >= max_refused_runs) refused_.erase(refused_.begin());
     refused_[key] = why;
-    early_pieces_.erase(key);
     return {};
   }
   refused_.erase(key);
@@ -154,20 +153,16 @@ std::vector<outbound> train_engine::on_setup(const std::string& from, const msg:
     for (const auto& n : g->nodes)
       if (n.op == op_kind::parameter) local.insert(n.attrs.name);
   w->local_names.assign(local.begin(), local.end());
-  if (auto early = early_pieces_.find(key); early != early_pieces_.end()) {
-    w->parked = std::move(early->second);
-    early_pieces_.erase(early);
-  }
   if (auto old = worker_.find(key); old != worker_.end()) end_run(old);  // set up again: the old one's names are ours now
   worker_[key] = w;
   return out;
 }
 
 void train_engine::orphan(worker_run& w) {
-  w.orphaned = true;  // no round, ring or parked piece of it will go on
+  w.orphaned = true;  // no round or ring of it will go on
   w.round.reset();
+  w.contribution.reset();
   w.ring.clear();
-  w.parked.clear();
 }
 
 std::vector<outbound> train_engine::on_step(const std::string& from, const msg::train_step& s) {
@@ -177,7 +172,6 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     // The setup comes before the steps (the transport keeps the coordinator's order): no run
     // here means the setup was refused, or the run ended (or was never set up on this node).
     if (s.stop && !s.report_state) {
-      early_pieces_.erase(key);
       refused_.erase(key);
       return {};
     }
@@ -198,7 +192,6 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   };
   if (s.stop && !s.report_state) {
     end_run(it);
-    early_pieces_.erase(key);
     return {};
   }
   if (w->broken) return refuse(error_code::device, "this node's device was restarted and lost the training state");
@@ -218,6 +211,8 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
                                                       std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
   // Whatever round was in progress belongs to an earlier attempt.
   w->round.reset();
+  w->contribution.reset();
+  w->go = false;
   w->step = s.step;
   w->attempt = s.attempt;
   w->ring = s.ring;
@@ -228,7 +223,6 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
   w->step_end = s.step + inner;
   // DiLoCo averages the deltas of the members that trained (a member with no micro-batch adds 0).
   w->participants = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(s.ring.size(), w->micro_batches)));
-  std::erase_if(w->parked, [&](const auto& p) { return p.second.round < round_id(s.step, s.attempt); });
 
   std::optional<worker_run::held_result> commit;
   if (s.commit > w->applied) {
@@ -351,7 +345,11 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     return r;
   };
   ready_.push_back(std::move(t));
-  return {};
+  if (!compute) return {};
+  // The round exists from now on and takes the predecessor's pieces; the coordinator lets the
+  // members send them once every one of them has said so (ring_go).
+  w->round = std::make_unique<ring_allreduce>(round_id(s.step, s.attempt), w->rank, static_cast<int>(w->ring.size()), ring_pieces, w->format);
+  return {{from, msg::train_ready{s.train, s.step, s.attempt}}};
 }
 
 std::vector<train_task> train_engine::take_ready() {
@@ -394,27 +392,10 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
     end_run(it);
     return out;
   }
-  if (w->ring.empty()) return out;
-  w->round = std::make_unique<ring_allreduce>(round_id(t.step, t.attempt), w->rank, static_cast<int>(w->ring.size()),
-                                              std::move(r->buffer), ring_pieces, w->format);
-  auto more = forward(*w, w->round->start());
+  if (w->ring.empty() || !w->round) return out;
+  w->contribution = std::move(r->buffer);
+  auto more = start_round(*w);
   out.insert(out.end(), more.begin(), more.end());
-  // Pieces from the predecessor that came while we were computing.
-  auto parked = std::move(w->parked);
-  w->parked.clear();
-  const uint64_t current = round_id(t.step, t.attempt);
-  for (const auto& [from, p] : parked) {
-    if (!w->round) break;  // done
-    if (p.round > current) w->parked.emplace_back(from, p);
-    else if (p.round == current) {
-      auto more2 = accept_piece(*w, from, p);
-      out.insert(out.end(), more2.begin(), more2.end());
-    }
-  }
-  if (w->round && w->round->done()) {
-    auto done = round_done(*w);
-    out.insert(out.end(), done.begin(), done.end());
-  }
   return out;
 }
 

@@ -24,7 +24,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 8;
+inline constexpr uint16_t protocol_version = 9;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -174,6 +174,27 @@ struct cancel_stages {
   bool operator==(const cancel_stages&) const = default;
 };
 
+/// Consumer -> coordinator: stage `stage` of `job` (this attempt) is set up here and waits for
+/// its activations. Producers send activations only after the coordinator relays this as a
+/// route_open, so an activation never reaches a node before the stage it feeds: the two senders
+/// of a stage (the coordinator and its producers) are ordered through the coordinator.
+struct stage_accepted {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  bool operator==(const stage_accepted&) const = default;
+};
+
+/// Coordinator -> producer: the consumer of stage `to_stage` accepted its stage; stage `stage`
+/// (run by the receiver) may send it the values routed there.
+struct route_open {
+  uint64_t job = 0;
+  uint32_t attempt = 0;
+  uint32_t stage = 0;
+  uint32_t to_stage = 0;
+  bool operator==(const route_open&) const = default;
+};
+
 struct status_request {
   uint64_t id = 0;
   bool operator==(const status_request&) const = default;
@@ -306,6 +327,24 @@ struct allreduce_piece {
   bool operator==(const allreduce_piece&) const = default;
 };
 
+/// Ring member -> coordinator: step `step` (this attempt) is set up here, its round ready for
+/// the predecessor's pieces.
+struct train_ready {
+  uint64_t train = 0;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  bool operator==(const train_ready&) const = default;
+};
+
+/// Coordinator -> ring members: every member is ready for step `step` (this attempt): send your
+/// pieces. A piece thus never reaches a node before the step that owns its round.
+struct ring_go {
+  uint64_t train = 0;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  bool operator==(const ring_go&) const = default;
+};
+
 /// Worker -> coordinator: step `step` is reduced and held (or failed).
 struct train_reduced {
   uint64_t train = 0;
@@ -363,7 +402,8 @@ struct train_checkpoint {
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
-                             train_progress, job_progress, train_resume, train_checkpoint, cancel_stages>;
+                             train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
+                             stage_accepted, route_open, train_ready, ring_go>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -426,6 +466,26 @@ void fields(F& f, activation& x) {
 template <class F>
 void fields(F& f, stage_done& x) {
   f(x.job, x.attempt, x.stage, x.ok, x.error, x.outputs, x.code);
+}
+
+template <class F>
+void fields(F& f, stage_accepted& x) {
+  f(x.job, x.attempt, x.stage);
+}
+
+template <class F>
+void fields(F& f, route_open& x) {
+  f(x.job, x.attempt, x.stage, x.to_stage);
+}
+
+template <class F>
+void fields(F& f, train_ready& x) {
+  f(x.train, x.step, x.attempt);
+}
+
+template <class F>
+void fields(F& f, ring_go& x) {
+  f(x.train, x.step, x.attempt);
 }
 
 template <class F>

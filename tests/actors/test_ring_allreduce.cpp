@@ -99,3 +99,48 @@ TEST_CASE("stale, duplicate and malformed messages are rejected without changing
   CHECK_FALSE(b.on_message(first[0]));  // duplicate
   CHECK_FALSE(b.done());
 }
+
+TEST_CASE("a rank whose data comes late takes its predecessor's pieces and ends with the same sum", "[actors][allreduce]") {
+  // The training worker makes its round when the step arrives and gives it the gradients when
+  // they are computed; the predecessor may have sent its pieces by then. Rank 1 starts last.
+  for (int n : {2, 3, 4}) {
+    INFO("n " << n);
+    const size_t len = 37;
+    std::vector<std::vector<float>> data(static_cast<size_t>(n), std::vector<float>(len));
+    std::vector<double> exact(len, 0.0);
+    for (int k = 0; k < n; ++k)
+      for (size_t i = 0; i < len; ++i) {
+        data[static_cast<size_t>(k)][i] = static_cast<float>(k + 1) * 0.25f + static_cast<float>(i);
+        exact[i] += data[static_cast<size_t>(k)][i];
+      }
+    std::vector<ring_allreduce> ranks;
+    for (int k = 0; k < n; ++k)
+      if (k == 1) ranks.emplace_back(4, k, n, 2, wire_format::f32);
+      else ranks.emplace_back(4, k, n, data[static_cast<size_t>(k)], 2, wire_format::f32);
+    std::deque<std::pair<int, allreduce_message>> flight;
+    for (int k = 0; k < n; ++k)
+      if (k != 1)
+        for (auto& m : ranks[static_cast<size_t>(k)].start()) flight.push_back({(k + 1) % n, std::move(m)});
+    const auto deliver = [&] {
+      while (!flight.empty()) {
+        auto [to, m] = std::move(flight.front());
+        flight.pop_front();
+        auto out = ranks[static_cast<size_t>(to)].on_message(m);
+        REQUIRE(out);
+        for (auto& f : *out) flight.push_back({(to + 1) % n, std::move(f)});
+      }
+    };
+    deliver();  // everything that can move without rank 1
+    CHECK_FALSE(ranks[1].done());
+    // A duplicate is refused also before the data.
+    allreduce_message again{4, 0, 0, {}};
+    CHECK_FALSE(ranks[1].on_message(again));
+    for (auto& m : ranks[1].start(data[1])) flight.push_back({2 % n, std::move(m)});
+    deliver();
+    for (int k = 0; k < n; ++k) {
+      REQUIRE(ranks[static_cast<size_t>(k)].done());
+      for (size_t i = 0; i < len; ++i) CHECK(ranks[static_cast<size_t>(k)].result()[i] == Approx(exact[i]));
+      CHECK(ranks[static_cast<size_t>(k)].result() == ranks[0].result());
+    }
+  }
+}

@@ -37,7 +37,8 @@ std::vector<message> samples() {
           job_progress{9, 2, 3, 5, "node-b"},
           train_resume{4, "node-a", {{"x", t}}},
           train_checkpoint{4, 20, {{"w", t}}},
-          cancel_stages{9, 2}};
+          cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
+          train_ready{4, 7, 1}, ring_go{4, 7, 1}};
 }
 }  // namespace
 
