@@ -1,0 +1,70 @@
+#pragma once
+// What the mesh_text tests share: a scratch directory, files, and running the Python references
+// (which may be missing: then the test warns and passes).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "run_command.hpp"
+
+namespace mesh::test {
+
+/// The folder of this file: ref_*.py and chat_templates.json live there.
+inline std::filesystem::path text_test_dir() { return MESH_TEXT_TEST_DIR; }
+
+struct scratch_dir {
+  std::filesystem::path path;
+  scratch_dir() {
+    std::random_device rd;
+    path = std::filesystem::temp_directory_path() /
+           ("mesh_text_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
+    std::filesystem::create_directories(path);
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  scratch_dir(const scratch_dir&) = delete;
+  scratch_dir& operator=(const scratch_dir&) = delete;
+};
+
+inline void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+/// Why the reference cannot run (python3 or a module missing), or nothing when it can.
+inline std::optional<std::string> python_missing(const std::string& modules) {
+  auto r = run_command("python3 -c " + quote("import " + modules));
+  if (r.status == 0) return std::nullopt;
+  return "python3 with " + modules + " is not available: " + r.output;
+}
+
+/// Runs `python3 script args...`; the output on failure.
+inline std::optional<std::string> run_python(const std::string& script, const std::vector<std::string>& args) {
+  std::string cmd = "python3 " + quote((text_test_dir() / script).string());
+  for (const auto& a : args) cmd += " " + quote(a);
+  auto r = run_command(cmd);
+  if (r.status == 0) return std::nullopt;
+  return r.output;
+}
+
+}  // namespace mesh::test
