@@ -1,0 +1,101 @@
+#pragma once
+/// One view over the checkpoints users already have: a GGUF file, a .safetensors file, or a
+/// Hugging Face directory (config.json beside model.safetensors or sharded
+/// model-0000k-of-0000n.safetensors with model.safetensors.index.json).
+///
+/// The files stay mapped while the checkpoint lives and every tensor_view's data points into them:
+/// no weight is copied into host memory, quantized ones stay quantized.
+///
+/// Shapes are given the way Hugging Face and PyTorch write them: row-major, outermost first, so a
+/// [out, in] projection is {out, in} in both formats. GGUF stores ggml's ne[], fastest first;
+/// the view reverses it (ne = {in, out} becomes shape {out, in}) and keeps the bytes as they are.
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/error.hpp"
+#include "models/gguf.hpp"
+#include "models/mapped_file.hpp"
+#include "models/safetensors_view.hpp"
+#include "models/tensor_type.hpp"
+
+namespace mesh::models {
+
+/// Where a checkpoint's tensors come from.
+enum class checkpoint_format { gguf, safetensors, hf_directory };
+
+/// "gguf", "safetensors", "hf_directory".
+const char* to_string(checkpoint_format f);
+
+/// One tensor, its bytes where they lie in the mapped file.
+struct tensor_view {
+  std::string name;
+  tensor_type type = tensor_type::f32;
+  std::vector<int64_t> shape;  ///< row-major, outermost first (GGUF's ne[] reversed); {} for a scalar
+  std::span<const uint8_t> data;
+
+  int64_t elements() const;
+};
+
+/// "[4096, 4096]" for messages.
+std::string shape_string(std::span<const int64_t> shape);
+
+/// A checkpoint opened in place. Move-only (it owns the mappings its views point into).
+class checkpoint {
+ public:
+  /// Opens a .gguf file, a .safetensors file, or a Hugging Face directory (it must hold
+  /// config.json, and model.safetensors.index.json or model.safetensors). What a file is follows
+  /// from its first bytes, not its name. Errors name the path and what is wrong with it.
+  static expected<checkpoint> open(const std::filesystem::path& path);
+
+  checkpoint(checkpoint&&) noexcept = default;
+  checkpoint& operator=(checkpoint&&) noexcept = default;
+  checkpoint(const checkpoint&) = delete;
+  checkpoint& operator=(const checkpoint&) = delete;
+  ~checkpoint();
+
+  checkpoint_format format() const { return format_; }
+  /// What was opened (the file or the directory).
+  const std::filesystem::path& path() const { return path_; }
+
+  /// Every tensor, sorted by name.
+  const std::vector<tensor_view>& tensors() const { return tensors_; }
+  /// The tensor of that name, or nullptr.
+  const tensor_view* find(std::string_view name) const;
+  /// The tensor of that name with exactly that shape; errors (not_found, shape_mismatch) name the
+  /// checkpoint, the tensor and both shapes.
+  expected<const tensor_view*> require(std::string_view name, const std::vector<int64_t>& expected_shape) const;
+
+  /// The GGUF metadata; nullptr unless format() is gguf.
+  const gguf_view* gguf() const { return gguf_.get(); }
+  /// The safetensors "__metadata__" of the file (of the first shard for a sharded checkpoint).
+  const std::map<std::string, std::string>& safetensors_metadata() const;
+  /// The text of config.json (checked to be a JSON object when opened); empty unless format() is
+  /// hf_directory. model_config.hpp reads the architecture from it.
+  const std::string& config_json() const { return config_json_; }
+  /// Where config.json was read from (empty unless hf_directory).
+  const std::filesystem::path& config_path() const { return config_path_; }
+
+ private:
+  checkpoint() = default;
+  expected<void> open_gguf(const std::filesystem::path& file);
+  void take_safetensors(safetensors_shards shards);
+  void index();
+
+  checkpoint_format format_ = checkpoint_format::gguf;
+  std::filesystem::path path_;
+  std::filesystem::path config_path_;
+  std::string config_json_;
+  mapped_file gguf_file_;
+  std::unique_ptr<gguf_view> gguf_;
+  std::unique_ptr<safetensors_shards> shards_;
+  std::vector<tensor_view> tensors_;
+};
+
+}  // namespace mesh::models
