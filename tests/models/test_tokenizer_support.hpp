@@ -51,16 +51,31 @@ inline std::string quote(const std::string& s) {
   return out + "'";
 }
 
-/// Why the reference cannot run (python3 or a module missing), or nothing when it can.
-inline std::optional<std::string> python_missing(const std::string& modules) {
-  auto r = run_command("python3 -c " + quote("import " + modules));
-  if (r.status == 0) return std::nullopt;
-  return "python3 with " + modules + " is not available: " + r.output;
+/// The interpreter the last python_missing found the modules in.
+inline std::string& chosen_python() {
+  static std::string python = "python3";
+  return python;
 }
 
-/// Runs `python3 script args...`; the output on failure.
+/// Why the reference cannot run (python3 or a module missing), or nothing when it can. The
+/// `python3` on PATH comes first; Debian's own (/usr/bin/python3, where the python3-* packages
+/// install) next, for a PATH whose python3 is another installation (pyenv).
+inline std::optional<std::string> python_missing(const std::string& modules) {
+  std::string why;
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    auto r = run_command(std::string(python) + " -c " + quote("import " + modules));
+    if (r.status == 0) {
+      chosen_python() = python;
+      return std::nullopt;
+    }
+    why += std::string("\n") + python + ": " + r.output;
+  }
+  return "python3 with " + modules + " is not available:" + why;
+}
+
+/// Runs `python3 script args...` with the interpreter python_missing chose; the output on failure.
 inline std::optional<std::string> run_python(const std::string& script, const std::vector<std::string>& args) {
-  std::string cmd = "python3 " + quote((text_test_dir() / script).string());
+  std::string cmd = chosen_python() + " " + quote((text_test_dir() / script).string());
   for (const auto& a : args) cmd += " " + quote(a);
   auto r = run_command(cmd);
   if (r.status == 0) return std::nullopt;
