@@ -52,6 +52,7 @@ class cursor {
  public:
   explicit cursor(std::span<const uint8_t> bytes) : bytes_(bytes) {}
   size_t position() const { return pos_; }
+  size_t size() const { return bytes_.size(); }
   size_t remaining() const { return bytes_.size() - pos_; }
   bool read(size_t n, uint64_t& v) {
     if (remaining() < n) return false;
@@ -93,7 +94,8 @@ class cursor {
 expected<void> skip_value(cursor& c, gguf_value_type type, int depth, const std::string& source, const std::string& what) {
   auto truncated = [&] {
     return make_error(error_code::decode_error,
-                      source + ": truncated: the file ends inside " + what + " (at byte " + std::to_string(c.position()) + ")");
+                      source + ": truncated: the file ends inside " + what + " (at byte " + std::to_string(c.position()) + " of " +
+                          std::to_string(c.size()) + ")");
   };
   if (const size_t n = fixed_size(type)) return c.skip(n) ? expected<void>{} : truncated();
   if (type == gguf_value_type::string) {
