@@ -20,14 +20,14 @@ struct bridge_state {
 caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr ctx) {
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
-      [=](up_atom, std::string id) {
+      [=](up_atom, node_id id) {
         send_peer(*ctx, id, ctx->own);  // our hello comes first
         self->send(self->state.a.membership, greet_atom::value, id, 1);  // and is repeated if theirs does not come
       },
-      [=](down_atom, std::string id, std::string why, bool orderly) {
+      [=](down_atom, node_id id, std::string why, bool orderly) {
         self->send(self->state.a.membership, down_atom::value, id, why, orderly);
       },
-      [=](inbound_atom, std::string from, std::vector<uint8_t>& bytes) {
+      [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {
         auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget);
         // The decoded message owns copies of everything: the buffer goes back to the endpoint,
         // which receives the next large message into it (no fresh pages for the kernel to zero).
@@ -35,7 +35,7 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         if (!m) {
           // Another protocol version, past the budget, malformed: refused, logged and counted
           // (meshctl peers shows the count and the last reason); the connection stays.
-          spdlog::warn("refused a message from {}: {}", from.substr(0, 8), m.error().to_string());
+          spdlog::warn("refused a message from {}: {}", from.short_string(), m.error().to_string());
           ctx->refusals->record(from, m.error().to_string());
           return;
         }

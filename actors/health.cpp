@@ -5,16 +5,16 @@
 
 namespace mesh {
 
-void health_monitor::add_peer(const std::string& peer, uint64_t incarnation, mono_time now) {
+void health_monitor::add_peer(const node_id& peer, uint64_t incarnation, mono_time now) {
   record r;
   r.incarnation = incarnation;
   r.last = now;
   peers_[peer] = std::move(r);
 }
 
-void health_monitor::remove_peer(const std::string& peer) { peers_.erase(peer); }
+void health_monitor::remove_peer(const node_id& peer) { peers_.erase(peer); }
 
-std::vector<health_transition> health_monitor::on_heartbeat(const std::string& peer, uint64_t incarnation,
+std::vector<health_transition> health_monitor::on_heartbeat(const node_id& peer, uint64_t incarnation,
                                                             mono_time now) {
   std::vector<health_transition> out;
   auto it = peers_.find(peer);
@@ -70,7 +70,7 @@ double health_monitor::phi_of(const record& r, mono_time now) const {
   return -std::log10(std::max(p_later, 1e-300));
 }
 
-double health_monitor::phi(const std::string& peer, mono_time now) const {
+double health_monitor::phi(const node_id& peer, mono_time now) const {
   auto it = peers_.find(peer);
   return it == peers_.end() ? 0 : phi_of(it->second, now);
 }
@@ -91,13 +91,13 @@ std::vector<health_transition> health_monitor::tick(mono_time now) {
   return out;
 }
 
-peer_health health_monitor::state(const std::string& peer) const {
+peer_health health_monitor::state(const node_id& peer) const {
   auto it = peers_.find(peer);
   return it == peers_.end() ? peer_health::dead : it->second.state;
 }
 
-std::vector<std::string> health_monitor::peers() const {
-  std::vector<std::string> out;
+std::vector<node_id> health_monitor::peers() const {
+  std::vector<node_id> out;
   for (const auto& [p, r] : peers_) out.push_back(p);
   return out;
 }

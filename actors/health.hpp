@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/node_id.hpp"
 #include "wire/states.hpp"
 
 namespace mesh {
@@ -34,7 +35,7 @@ struct health_config {
 };
 
 struct health_transition {
-  std::string peer;
+  node_id peer;
   peer_health from, to;
 };
 
@@ -43,20 +44,20 @@ class health_monitor {
   explicit health_monitor(health_config config = {}) : config_(config) {}
 
   /// Starts watching `peer` as Healthy, as if a heartbeat had just arrived.
-  void add_peer(const std::string& peer, uint64_t incarnation, mono_time now);
-  void remove_peer(const std::string& peer);
+  void add_peer(const node_id& peer, uint64_t incarnation, mono_time now);
+  void remove_peer(const node_id& peer);
 
   /// A heartbeat arrived. Returns the transitions it causes (Suspect -> Healthy, or a restarted
   /// peer's Dead -> Healthy); heartbeats of an old incarnation are ignored.
-  std::vector<health_transition> on_heartbeat(const std::string& peer, uint64_t incarnation, mono_time now);
+  std::vector<health_transition> on_heartbeat(const node_id& peer, uint64_t incarnation, mono_time now);
 
   /// Re-evaluates every peer at `now`; returns the transitions (Healthy -> Suspect -> Dead).
   std::vector<health_transition> tick(mono_time now);
 
-  peer_health state(const std::string& peer) const;
+  peer_health state(const node_id& peer) const;
   /// Current suspicion level of `peer` (0 when it has no history yet).
-  double phi(const std::string& peer, mono_time now) const;
-  std::vector<std::string> peers() const;
+  double phi(const node_id& peer, mono_time now) const;
+  std::vector<node_id> peers() const;
 
  private:
   struct record {
@@ -69,7 +70,7 @@ class health_monitor {
   double phi_of(const record& r, mono_time now) const;
 
   health_config config_;
-  std::map<std::string, record> peers_;
+  std::map<node_id, record> peers_;
 };
 
 }  // namespace mesh

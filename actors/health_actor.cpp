@@ -17,13 +17,13 @@ namespace {
 struct health_state {
   node_actors a;
   std::unique_ptr<health_monitor> monitor;
-  std::map<std::string, uint32_t> load;  ///< running stages each peer reported
+  std::map<node_id, uint32_t> load;  ///< running stages each peer reported
   uint32_t own_load = 0;
   uint64_t beat_seq = 0;
 };
 
 void log_transition(const health_transition& tr) {
-  spdlog::info("peer {}: {} -> {}", tr.peer.substr(0, 8), to_string(tr.from), to_string(tr.to));
+  spdlog::info("peer {}: {} -> {}", tr.peer.short_string(), to_string(tr.from), to_string(tr.to));
 }
 
 caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr ctx) {
@@ -36,13 +36,13 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
   self->send(self, beat_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
-      [=](add_atom, std::string id, uint64_t incarnation) { self->state.monitor->add_peer(id, incarnation, now_mono()); },
-      [=](remove_atom, std::string id) {
+      [=](add_atom, node_id id, uint64_t incarnation) { self->state.monitor->add_peer(id, incarnation, now_mono()); },
+      [=](remove_atom, node_id id) {
         self->state.monitor->remove_peer(id);
         self->state.load.erase(id);
       },
       [=](load_atom, uint32_t running) { self->state.own_load = running; },
-      [=](inbound_atom, std::string from, message_ptr m) {
+      [=](inbound_atom, node_id from, message_ptr m) {
         auto* hb = std::get_if<msg::heartbeat>(m.get());
         if (!hb) return;
         self->state.load[from] = hb->running_stages;
@@ -53,7 +53,7 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
         for (auto& tr : st.monitor->tick(now_mono())) {
           log_transition(tr);
           if (tr.to != peer_health::dead) continue;
-          if (auto id = transport::node_id::parse(tr.peer)) ctx->ep->disconnect(*id);
+          ctx->ep->disconnect(tr.peer);
           self->send(st.a.membership, down_atom::value, tr.peer, std::string("no heartbeats"), false);
         }
         self->delayed_send(self, std::chrono::milliseconds(50), tick_atom::value);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/node_id.hpp"
 #include "wire/messages.hpp"
 
 namespace mesh {
@@ -20,7 +21,7 @@ class held_messages {
 
   /// Holds `m` (encoded size `bytes`) for `to` behind what already waits for it; false (nothing
   /// held) when the store is full.
-  bool hold(const std::string& to, msg::message m, size_t bytes, clock::time_point now) {
+  bool hold(const node_id& to, msg::message m, size_t bytes, clock::time_point now) {
     if (count_ >= max_messages_ || bytes_ + bytes > max_bytes_) return false;
     queues_[to].push_back({std::move(m), bytes, now});
     ++count_;
@@ -29,10 +30,10 @@ class held_messages {
   }
 
   /// Whether anything waits for `to`.
-  bool holds(const std::string& to) const { return queues_.count(to) != 0; }
+  bool holds(const node_id& to) const { return queues_.count(to) != 0; }
 
   /// What waits for `to`, in order; the store forgets it.
-  std::vector<msg::message> take(const std::string& to) {
+  std::vector<msg::message> take(const node_id& to) {
     std::vector<msg::message> out;
     auto it = queues_.find(to);
     if (it == queues_.end()) return out;
@@ -48,7 +49,7 @@ class held_messages {
   /// Hands what waits for `to` to `send`, in order, while it accepts (returns true); keeps the
   /// rest. True when nothing is left for `to`.
   template <class Send>
-  bool flush(const std::string& to, Send send) {
+  bool flush(const node_id& to, Send send) {
     auto it = queues_.find(to);
     if (it == queues_.end()) return true;
     auto& q = it->second;
@@ -94,7 +95,7 @@ class held_messages {
   };
   size_t max_messages_, max_bytes_;
   clock::duration ttl_;
-  std::map<std::string, std::vector<entry>> queues_;
+  std::map<node_id, std::vector<entry>> queues_;
   size_t count_ = 0, bytes_ = 0;
 };
 

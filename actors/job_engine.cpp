@@ -26,16 +26,14 @@ constexpr size_t max_finished_jobs = 100;        // kept for status
 constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
 constexpr size_t max_cancelled_jobs = 4096;      // cancelled jobs remembered (to ignore late stages)
 constexpr uint32_t max_call_attempts = 4;        // a session call relaunched for evicted fragments
-/// A worker's answer to a call whose session fragment it let go to make room: the coordinator
-/// sends the fragment again (a call without it cannot run, and parking it would wait for ever).
 
-std::string resident_key_of(const std::string& coordinator, uint64_t cache, uint32_t stage) {
-  return coordinator + "/" + std::to_string(cache) + "/" + std::to_string(stage);
+std::string resident_key_of(const node_id& coordinator, uint64_t cache, uint32_t stage) {
+  return coordinator.to_string() + "/" + std::to_string(cache) + "/" + std::to_string(stage);
 }
 
 /// The distinct non-empty node ids of a stage assignment.
-std::set<std::string> nodes_of(const std::vector<std::string>& stage_nodes) {
-  std::set<std::string> out;
+std::set<node_id> nodes_of(const std::vector<node_id>& stage_nodes) {
+  std::set<node_id> out;
   for (const auto& n : stage_nodes)
     if (!n.empty()) out.insert(n);
   return out;
@@ -55,7 +53,7 @@ expected<void> check_reserved_names(const graph& g) {
   return {};
 }
 
-std::vector<outbound> reply_error(const std::string& client, uint64_t id, error_code code, const std::string& why) {
+std::vector<outbound> reply_error(const node_id& client, uint64_t id, error_code code, const std::string& why) {
   msg::job_result r;
   r.job = id;
   r.code = code;
@@ -67,7 +65,7 @@ std::vector<outbound> reply_error(const std::string& client, uint64_t id, error_
 expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor_map tensors) {
   tensor_map inputs, params;
   for (auto& [name, t] : tensors) {
-    const node_id leaf = g.find_leaf(name);
+    const node_index leaf = g.find_leaf(name);
     if (leaf < 0) return make_error(error_code::invalid_argument, "tensor \"" + name + "\" matches no input or parameter of the graph");
     (g[leaf].op == op_kind::input ? inputs : params)[name] = std::move(t);
   }
@@ -76,15 +74,15 @@ expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor
 
 }  // namespace
 
-job_engine::job_engine(std::string self, device_profile own, graph_limits limits, uint64_t first_job)
+job_engine::job_engine(node_id self, device_profile own, graph_limits limits, uint64_t first_job)
     : self_(std::move(self)), own_(std::move(own)), limits_(limits), next_job_(std::max<uint64_t>(first_job, 1)) {}
 
-void job_engine::peer_up(const std::string& id, const device_profile& p) {
+void job_engine::peer_up(const node_id& id, const device_profile& p) {
   if (peers_.count(id)) forget_coordinator(id);  // a new incarnation: its old jobs are gone
   peers_[id] = p;
 }
 
-void job_engine::forget_coordinator(const std::string& id) {
+void job_engine::forget_coordinator(const node_id& id) {
   for (auto it = waiting_.begin(); it != waiting_.end();)
     it = std::get<0>(it->first) == id ? waiting_.erase(it) : std::next(it);
   forget_fragments([&](const cache_key& k) { return std::get<0>(k) == id; });
@@ -93,7 +91,7 @@ void job_engine::forget_coordinator(const std::string& id) {
   std::erase_if(closed_, [&](const auto& k) { return k.first == id; });
 }
 
-void job_engine::live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const {
+void job_engine::live_devices(std::vector<node_id>& ids, std::vector<device_profile>& profiles) const {
   ids = {self_};
   profiles = {own_};
   for (const auto& [id, p] : peers_) {
@@ -102,14 +100,14 @@ void job_engine::live_devices(std::vector<std::string>& ids, std::vector<device_
   }
 }
 
-std::vector<std::string> job_engine::workers() const {
-  std::vector<std::string> ids;
+std::vector<node_id> job_engine::workers() const {
+  std::vector<node_id> ids;
   std::vector<device_profile> profiles;
   live_devices(ids, profiles);
   return ids;
 }
 
-std::vector<outbound> job_engine::on_message(const std::string& from, const msg::message& m, clock::time_point now) {
+std::vector<outbound> job_engine::on_message(const node_id& from, const msg::message& m, clock::time_point now) {
   now_ = now;
   if (auto* s = std::get_if<msg::submit_job>(&m)) return submit(from, *s);
   if (auto* o = std::get_if<msg::open_session>(&m)) return open(from, *o);
@@ -133,7 +131,7 @@ std::vector<outbound> job_engine::on_message(const std::string& from, const msg:
 
 // ---- coordinator: one-shot jobs ----
 
-std::vector<outbound> job_engine::submit(const std::string& client, const msg::submit_job& s) {
+std::vector<outbound> job_engine::submit(const node_id& client, const msg::submit_job& s) {
   if (by_client_.count({client, s.job})) return reply_error(client, s.job, error_code::invalid_argument, "job " + std::to_string(s.job) + " is already running");
   auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
   if (!w) return reply_error(client, s.job, w.error().code, "the graph was rejected: " + w.error().to_string());
@@ -152,13 +150,13 @@ std::vector<outbound> job_engine::submit(const std::string& client, const msg::s
   return launch(id, j, ids, plan_job(j, ids));
 }
 
-std::vector<device_profile> job_engine::profiles_of(const std::vector<std::string>& nodes) const {
+std::vector<device_profile> job_engine::profiles_of(const std::vector<node_id>& nodes) const {
   std::vector<device_profile> out;
   for (const auto& n : nodes) out.push_back(n == self_ ? own_ : peers_.at(n));
   return out;
 }
 
-expected<plan> job_engine::plan_job(const job_record& j, const std::vector<std::string>& nodes) const {
+expected<plan> job_engine::plan_job(const job_record& j, const std::vector<node_id>& nodes) const {
   const auto devices = profiles_of(nodes);
   if (j.kind != strategy::automatic) return partition(*j.source, devices, j.kind);
   // The planner's cheapest plan may be one the stages cannot express (a data-parallel plan of a
@@ -171,7 +169,7 @@ expected<plan> job_engine::plan_job(const job_record& j, const std::vector<std::
   });
 }
 
-expected<void> job_engine::adopt_plan(job_record& j, const std::vector<std::string>& nodes, plan p) {
+expected<void> job_engine::adopt_plan(job_record& j, const std::vector<node_id>& nodes, plan p) {
   if (p.kind == strategy::pipeline) {
     j.g = j.source;
     j.current = p;
@@ -187,19 +185,19 @@ expected<void> job_engine::adopt_plan(job_record& j, const std::vector<std::stri
   }
   j.source_plan = std::move(p);
   j.plan_nodes = nodes;
-  j.stage_nodes.assign(j.current.stages.size(), "");
+  j.stage_nodes.assign(j.current.stages.size(), node_id{});
   for (size_t s = 0; s < j.current.stages.size(); ++s)
     if (!j.current.stages[s].nodes.empty()) j.stage_nodes[s] = nodes[static_cast<size_t>(j.current.stages[s].device)];
   return {};
 }
 
-expected<plan> job_engine::replan_job(const job_record& j, const std::string& dead, std::vector<std::string>& nodes) const {
+expected<plan> job_engine::replan_job(const job_record& j, const node_id& dead, std::vector<node_id>& nodes) const {
   const auto pos = std::find(j.plan_nodes.begin(), j.plan_nodes.end(), dead);
-  std::vector<std::string> survivors;
+  std::vector<node_id> survivors;
   for (const auto& n : j.plan_nodes)
     if (n != dead) survivors.push_back(n);
   const bool intact = pos != j.plan_nodes.end() && !survivors.empty() &&
-                      std::all_of(survivors.begin(), survivors.end(), [&](const std::string& n) { return n == self_ || peers_.count(n); });
+                      std::all_of(survivors.begin(), survivors.end(), [&](const node_id& n) { return n == self_ || peers_.count(n); });
   if (intact) {
     auto p = replan(*j.source, j.source_plan, static_cast<int>(pos - j.plan_nodes.begin()), profiles_of(survivors));
     if (p) {
@@ -211,7 +209,7 @@ expected<plan> job_engine::replan_job(const job_record& j, const std::string& de
   return plan_job(j, nodes);
 }
 
-uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g,
+uint64_t job_engine::new_job(const node_id& client, uint64_t client_job, std::shared_ptr<const graph> g,
                              tensor_map tensors, uint64_t session) {
   const uint64_t id = next_job_++;
   job_record& j = jobs_[id];
@@ -225,7 +223,7 @@ uint64_t job_engine::new_job(const std::string& client, uint64_t client_job, std
   return id;
 }
 
-std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::vector<std::string>& nodes, expected<plan> p) {
+std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::vector<node_id>& nodes, expected<plan> p) {
   session_state* sess = nullptr;
   if (j.session) {
     auto it = sessions_.find(j.session);
@@ -335,7 +333,7 @@ std::vector<outbound> job_engine::finish(uint64_t id, job_record& j, const expec
   return out;
 }
 
-std::vector<outbound> job_engine::on_stage_accepted(const std::string& from, const msg::stage_accepted& a) {
+std::vector<outbound> job_engine::on_stage_accepted(const node_id& from, const msg::stage_accepted& a) {
   auto it = jobs_.find(a.job);
   if (it == jobs_.end()) return {};
   job_record& j = it->second;
@@ -349,7 +347,7 @@ std::vector<outbound> job_engine::on_stage_accepted(const std::string& from, con
   return out;
 }
 
-std::vector<outbound> job_engine::on_stage_done(const std::string& from, const msg::stage_done& d) {
+std::vector<outbound> job_engine::on_stage_done(const node_id& from, const msg::stage_done& d) {
   auto it = jobs_.find(d.job);
   if (it == jobs_.end()) return {};
   job_record& j = it->second;
@@ -361,7 +359,7 @@ std::vector<outbound> job_engine::on_stage_done(const std::string& from, const m
       return launch(d.job, j, {}, make_error(error_code::internal, "a session call has no plan of its own"));
     }
   }
-  if (!d.ok) return finish(d.job, j, make_error(d.code, "stage " + std::to_string(d.stage) + " failed on node " + from.substr(0, 8) + ": " + d.error));
+  if (!d.ok) return finish(d.job, j, make_error(d.code, "stage " + std::to_string(d.stage) + " failed on node " + from.short_string() + ": " + d.error));
   for (const auto& o : d.outputs)
     if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
   j.pending.erase(d.stage);
@@ -384,17 +382,17 @@ std::vector<outbound> job_engine::on_stage_done(const std::string& from, const m
 
 // ---- coordinator: inference sessions ----
 
-expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p) {
+expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std::vector<node_id>& nodes, expected<plan> p) {
   if (!p) return tl::unexpected(p.error());
   ++s.epoch;
   s.current = std::move(*p);
   s.loaded.clear();
-  s.stage_nodes.assign(s.current.stages.size(), "");
+  s.stage_nodes.assign(s.current.stages.size(), node_id{});
   s.fragments.assign(s.current.stages.size(), graph{});
   s.fragment_params.assign(s.current.stages.size(), tensor_map{});
   // Parameters get names unique to this session, so that they stay resident on each worker's
   // device next to other sessions' parameters of the same name.
-  const std::string prefix = "sess." + self_.substr(0, 8) + "." + std::to_string(id) + ".";
+  const std::string prefix = "sess." + self_.short_string() + "." + std::to_string(id) + ".";
   for (size_t k = 0; k < s.current.stages.size(); ++k) {
     if (s.current.stages[k].nodes.empty()) continue;
     s.stage_nodes[k] = nodes[static_cast<size_t>(s.current.stages[k].device)];
@@ -410,7 +408,7 @@ expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std
   return {};
 }
 
-std::vector<outbound> job_engine::open(const std::string& client, const msg::open_session& o) {
+std::vector<outbound> job_engine::open(const node_id& client, const msg::open_session& o) {
   if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, error_code::invalid_argument, "session " + std::to_string(o.session) + " is already open");
   auto w = decode_wire_graph(o.wire.data(), o.wire.size(), limits_);
   if (!w) return reply_error(client, o.session, w.error().code, "the model was rejected: " + w.error().to_string());
@@ -425,7 +423,7 @@ std::vector<outbound> job_engine::open(const std::string& client, const msg::ope
   s.client_session = o.session;
   s.g = std::make_shared<const graph>(std::move(w->g));
   s.params = std::move(split->second);
-  std::vector<std::string> ids;
+  std::vector<node_id> ids;
   std::vector<device_profile> devices;
   live_devices(ids, devices);
   if (auto ok = plan_session(id, s, ids, partition(*s.g, devices, strategy::pipeline)); !ok) {
@@ -442,7 +440,7 @@ std::vector<outbound> job_engine::open(const std::string& client, const msg::ope
   return {{client, r}};
 }
 
-std::vector<outbound> job_engine::call(const std::string& client, const msg::infer& c) {
+std::vector<outbound> job_engine::call(const node_id& client, const msg::infer& c) {
   auto sit = sessions_by_client_.find({client, c.session});
   if (sit == sessions_by_client_.end()) return reply_error(client, c.call, error_code::not_found, "no open session " + std::to_string(c.session));
   if (by_client_.count({client, c.call})) return reply_error(client, c.call, error_code::invalid_argument, "call " + std::to_string(c.call) + " is already running");
@@ -455,7 +453,7 @@ std::vector<outbound> job_engine::call(const std::string& client, const msg::inf
   return launch(id, jobs_.at(id), {}, make_error(error_code::internal, "a session call has no plan of its own"));
 }
 
-std::vector<outbound> job_engine::peer_dead(const std::string& id, clock::time_point now) {
+std::vector<outbound> job_engine::peer_dead(const node_id& id, clock::time_point now) {
   now_ = now;
   std::vector<outbound> out;
   // Sessions of a client that left without closing them: nobody will call them again.
@@ -471,15 +469,15 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id, clock::time_p
   // Worker side: stages coordinated by the dead node will never be collected.
   forget_coordinator(id);
   // Coordinator side: re-plan every running job and session that had a stage there.
-  std::vector<std::string> old_ids;
+  std::vector<node_id> old_ids;
   std::vector<device_profile> old_devices;
   live_devices(old_ids, old_devices);
   const int dead = static_cast<int>(std::find(old_ids.begin(), old_ids.end(), id) - old_ids.begin());
   peers_.erase(gone);
-  std::vector<std::string> ids;
+  std::vector<node_id> ids;
   std::vector<device_profile> devices;
   live_devices(ids, devices);
-  const auto uses_dead = [&](const std::vector<std::string>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
+  const auto uses_dead = [&](const std::vector<node_id>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
   // Survivors keep their part; only the dead node's stage moves (see replan()).
   const auto new_plan = [&](const graph& g, const plan& old) {
     return old.stages.size() == old_ids.size() ? replan(g, old, dead, devices) : partition(g, devices, strategy::pipeline);
@@ -494,12 +492,12 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id, clock::time_p
   for (auto& [jid, j] : jobs_) {
     if (j.state != job_state::running) continue;
     if (auto u = unplannable.find(j.session); j.session && u != unplannable.end()) {
-      auto failed = finish(jid, j, make_error(error_code::network, "node " + id.substr(0, 8) + " died and the session cannot be re-planned: " + u->second));
+      auto failed = finish(jid, j, make_error(error_code::network, "node " + id.short_string() + " died and the session cannot be re-planned: " + u->second));
       out.insert(out.end(), failed.begin(), failed.end());
       continue;
     }
     if (j.session ? !replanned.count(j.session) && !uses_dead(j.stage_nodes) : !uses_dead(j.stage_nodes)) continue;
-    std::vector<std::string> nodes;
+    std::vector<node_id> nodes;
     auto p = j.session ? expected<plan>(plan{}) : replan_job(j, id, nodes);
     auto more = launch(jid, j, nodes, std::move(p));
     out.insert(out.end(), more.begin(), more.end());
@@ -512,7 +510,7 @@ std::vector<outbound> job_engine::peer_dead(const std::string& id, clock::time_p
   return out;
 }
 
-std::vector<outbound> job_engine::end_session(uint64_t id, const std::string& skip_node) {
+std::vector<outbound> job_engine::end_session(uint64_t id, const node_id& skip_node) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return {};
   std::vector<outbound> out;
@@ -525,7 +523,7 @@ std::vector<outbound> job_engine::end_session(uint64_t id, const std::string& sk
 
 // ---- worker ----
 
-std::vector<outbound> job_engine::on_run_stage(const std::string& from, const msg::run_stage& r) {
+std::vector<outbound> job_engine::on_run_stage(const node_id& from, const msg::run_stage& r) {
   const auto fail = [&](error_code code, const std::string& why) {
     msg::stage_done d;
     d.job = r.job;
@@ -575,7 +573,7 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   if (r.cache) ws.task.resident_key = resident_key_of(r.coordinator, r.cache, r.stage);
   for (const auto& t : r.inputs) ws.task.inputs[t.name] = t.value;
   for (const auto& a : r.awaited) {
-    const node_id leaf = ws.task.g->find_leaf(a);
+    const node_index leaf = ws.task.g->find_leaf(a);
     if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail(error_code::invalid_argument, "awaited value \"" + a + "\" is not an input of the fragment");
     ws.awaited.insert(a);
   }
@@ -593,8 +591,8 @@ std::vector<outbound> job_engine::on_run_stage(const std::string& from, const ms
   return out;
 }
 
-std::vector<outbound> job_engine::on_cancel_stages(const std::string& from, const msg::cancel_stages& c) {
-  const auto stale = [&](const std::string& coordinator, uint64_t job, uint32_t attempt) {
+std::vector<outbound> job_engine::on_cancel_stages(const node_id& from, const msg::cancel_stages& c) {
+  const auto stale = [&](const node_id& coordinator, uint64_t job, uint32_t attempt) {
     return coordinator == from && job == c.job && attempt <= c.attempt;
   };
   auto& highest = cancelled_[{from, c.job}];
@@ -622,7 +620,7 @@ void job_engine::drop_cached(std::map<cache_key, cached_fragment>::iterator it) 
   cache_.erase(it);
 }
 
-void job_engine::forget_session(const std::string& coordinator, uint64_t session) {
+void job_engine::forget_session(const node_id& coordinator, uint64_t session) {
   if (closed_.size() >= max_cancelled_jobs) closed_.erase(closed_.begin());
   closed_.insert({coordinator, session});
   forget_fragments([&](const cache_key& k) { return std::get<0>(k) == coordinator && (std::get<1>(k) >> 16) == session; });
@@ -648,7 +646,7 @@ std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
   return {};
 }
 
-std::vector<outbound> job_engine::on_route_open(const std::string& from, const msg::route_open& o) {
+std::vector<outbound> job_engine::on_route_open(const node_id& from, const msg::route_open& o) {
   auto it = outbox_.find(stage_key{from, o.job, o.attempt, o.stage});
   if (it == outbox_.end()) return {};  // a cancelled attempt, or the routes were all sent
   it->second.open.insert(o.to_stage);

@@ -34,13 +34,13 @@ namespace mesh {
 
 /// A message for the shell to send (to == self is delivered locally by the shell).
 struct outbound {
-  std::string to;
+  node_id to;
   msg::message m;
 };
 
 /// A stage ready to run on this node's executor.
 struct stage_task {
-  std::string coordinator;
+  node_id coordinator;
   uint64_t job = 0;
   uint32_t attempt = 0;
   uint32_t stage = 0;
@@ -59,20 +59,20 @@ class job_engine {
   /// `first_job` numbers this engine's jobs and sessions from there: a node passes a value of
   /// its start time, so that a restarted coordinator's job 1 is never taken by a worker for the
   /// job 1 of its previous life (workers remember cancelled jobs and cached fragments by id).
-  job_engine(std::string self, device_profile own, graph_limits limits = {}, uint64_t first_job = 1);
+  job_engine(node_id self, device_profile own, graph_limits limits = {}, uint64_t first_job = 1);
 
   /// A worker joined (its hello arrived), or joined again after a restart: what this node kept
   /// of the jobs and sessions it coordinated before is dropped.
-  void peer_up(const std::string& id, const device_profile& p);
+  void peer_up(const node_id& id, const device_profile& p);
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
 
   /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
-  std::vector<outbound> peer_dead(const std::string& id, clock::time_point now);
+  std::vector<outbound> peer_dead(const node_id& id, clock::time_point now);
 
   /// A message from `from` (already decoded), received at `now`. Returns what to send.
-  std::vector<outbound> on_message(const std::string& from, const msg::message& m, clock::time_point now);
+  std::vector<outbound> on_message(const node_id& from, const msg::message& m, clock::time_point now);
 
   /// Stages whose inputs have all arrived; the shell runs them and calls on_executed.
   std::vector<stage_task> take_ready();
@@ -86,11 +86,11 @@ class job_engine {
   /// Jobs this node coordinates, for status.
   std::vector<msg::job_status> jobs(clock::time_point now) const;
   size_t running_stages() const { return waiting_.size() + executing_; }
-  std::vector<std::string> workers() const;
+  std::vector<node_id> workers() const;
 
  private:
   struct job_record {
-    std::string client;
+    node_id client;
     uint64_t client_job = 0;
     std::shared_ptr<const graph> g;
     tensor_map tensors;   ///< one-shot: inputs and parameters; session call: inputs
@@ -102,11 +102,11 @@ class job_engine {
     // stages that plan became (graph/staged_plan.hpp; for a pipeline plan the same graph).
     std::shared_ptr<const graph> source;
     plan source_plan;
-    std::vector<std::string> plan_nodes;
+    std::vector<node_id> plan_nodes;
     tensor_map stage_tensors;  ///< empty when the stages bind `tensors` as they are
     uint32_t stages_done = 0;
     plan current;
-    std::vector<std::string> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
+    std::vector<node_id> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
     std::set<uint32_t> pending;            ///< stages not done yet
     std::set<std::pair<uint32_t, uint32_t>> links;  ///< (producer, consumer) stages of this attempt
     tensor_map outputs;
@@ -116,79 +116,79 @@ class job_engine {
   };
   /// A model loaded across a pipeline of peers for repeated calls.
   struct session_state {
-    std::string client;
+    node_id client;
     uint64_t client_session = 0;
     std::shared_ptr<const graph> g;
     tensor_map params;
     uint32_t epoch = 0;  ///< bumped on every re-plan: workers cache fragments per epoch
     plan current;
-    std::vector<std::string> stage_nodes;
+    std::vector<node_id> stage_nodes;
     std::vector<graph> fragments;            ///< parameters renamed to be unique to the session
     std::vector<tensor_map> fragment_params;
-    std::set<std::pair<std::string, uint32_t>> loaded;  ///< (node, stage) holding this epoch's fragment
+    std::set<std::pair<node_id, uint32_t>> loaded;  ///< (node, stage) holding this epoch's fragment
   };
   struct waiting_stage {
     stage_task task;
     std::set<std::string> awaited;
   };
-  using stage_key = std::tuple<std::string, uint64_t, uint32_t, uint32_t>;  // coordinator, job, attempt, stage
+  using stage_key = std::tuple<node_id, uint64_t, uint32_t, uint32_t>;  // coordinator, job, attempt, stage
 
-  std::vector<outbound> submit(const std::string& client, const msg::submit_job& s);
-  std::vector<outbound> open(const std::string& client, const msg::open_session& o);
-  std::vector<outbound> call(const std::string& client, const msg::infer& c);
+  std::vector<outbound> submit(const node_id& client, const msg::submit_job& s);
+  std::vector<outbound> open(const node_id& client, const msg::open_session& o);
+  std::vector<outbound> call(const node_id& client, const msg::infer& c);
   /// (Re)starts a job over plan `p` (one-shot jobs) or over its session's plan (calls).
-  std::vector<outbound> launch(uint64_t id, job_record& j, const std::vector<std::string>& nodes, expected<plan> p);
-  expected<void> plan_session(uint64_t id, session_state& s, const std::vector<std::string>& nodes, expected<plan> p);
+  std::vector<outbound> launch(uint64_t id, job_record& j, const std::vector<node_id>& nodes, expected<plan> p);
+  expected<void> plan_session(uint64_t id, session_state& s, const std::vector<node_id>& nodes, expected<plan> p);
   /// Ends a job: its result (the outputs, or `outcome`'s error) goes to the client.
   std::vector<outbound> finish(uint64_t id, job_record& j, const expected<void>& outcome);
   /// The plan for a one-shot job over `nodes`: its strategy, or for automatic the cheapest plan
   /// that can run as stages.
-  expected<plan> plan_job(const job_record& j, const std::vector<std::string>& nodes) const;
+  expected<plan> plan_job(const job_record& j, const std::vector<node_id>& nodes) const;
   /// Makes `p` (over `nodes`) the job's plan and turns it into stages.
-  expected<void> adopt_plan(job_record& j, const std::vector<std::string>& nodes, plan p);
+  expected<void> adopt_plan(job_record& j, const std::vector<node_id>& nodes, plan p);
   /// A one-shot job's plan after `dead` died: survivors keep their part when every node of the
   /// old plan but `dead` is still live, else a fresh plan. `nodes` receives the device list.
-  expected<plan> replan_job(const job_record& j, const std::string& dead, std::vector<std::string>& nodes) const;
-  std::vector<device_profile> profiles_of(const std::vector<std::string>& nodes) const;
+  expected<plan> replan_job(const job_record& j, const node_id& dead, std::vector<node_id>& nodes) const;
+  std::vector<device_profile> profiles_of(const std::vector<node_id>& nodes) const;
   /// Registers a new job (or session call) of `client` and returns its internal id.
-  uint64_t new_job(const std::string& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
+  uint64_t new_job(const node_id& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
                    uint64_t session);
-  std::vector<outbound> on_run_stage(const std::string& from, const msg::run_stage& r);
+  std::vector<outbound> on_run_stage(const node_id& from, const msg::run_stage& r);
   std::vector<outbound> on_activation(const msg::activation& a);
-  std::vector<outbound> on_stage_accepted(const std::string& from, const msg::stage_accepted& a);
-  std::vector<outbound> on_route_open(const std::string& from, const msg::route_open& o);
-  std::vector<outbound> on_stage_done(const std::string& from, const msg::stage_done& d);
-  void live_devices(std::vector<std::string>& ids, std::vector<device_profile>& profiles) const;
+  std::vector<outbound> on_stage_accepted(const node_id& from, const msg::stage_accepted& a);
+  std::vector<outbound> on_route_open(const node_id& from, const msg::route_open& o);
+  std::vector<outbound> on_stage_done(const node_id& from, const msg::stage_done& d);
+  void live_devices(std::vector<node_id>& ids, std::vector<device_profile>& profiles) const;
   void promote_ready(const stage_key& k);
 
-  std::string self_;
+  node_id self_;
   clock::time_point now_{};  ///< the time the current entry point was given
   device_profile own_;
   graph_limits limits_;
-  std::map<std::string, device_profile> peers_;
+  std::map<node_id, device_profile> peers_;
   uint64_t next_job_ = 1;
   std::map<uint64_t, job_record> jobs_;               // coordinated here, by internal id
-  std::map<std::pair<std::string, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id
+  std::map<std::pair<node_id, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id
   std::map<uint64_t, session_state> sessions_;       // by internal id
-  std::map<std::pair<std::string, uint64_t>, uint64_t> sessions_by_client_;
+  std::map<std::pair<node_id, uint64_t>, uint64_t> sessions_by_client_;
   struct cached_fragment {
     std::shared_ptr<const graph> g;
     tensor_map params;
     uint64_t last_use = 0;  ///< use_clock_ at the last call: the least recently used goes first
   };
-  using cache_key = std::tuple<std::string, uint64_t, uint32_t>;  // coordinator, session << 16 | epoch, stage
+  using cache_key = std::tuple<node_id, uint64_t, uint32_t>;  // coordinator, session << 16 | epoch, stage
   /// Forgets a cached fragment (worker side) and queues its resident key for the executor.
   void drop_cached(std::map<cache_key, cached_fragment>::iterator it);
   /// Session `session` of coordinator `coordinator` closed: forgets its fragments.
-  void forget_session(const std::string& coordinator, uint64_t session);
+  void forget_session(const node_id& coordinator, uint64_t session);
   /// Forgets the cached fragments whose key `which` picks.
   void forget_fragments(const std::function<bool(const cache_key&)>& which);
   /// Coordinator side: ends session `id` (its client closed it, died, or it cannot be re-planned)
   /// and tells its stage nodes to let its fragments go.
-  std::vector<outbound> end_session(uint64_t id, const std::string& skip_node = {});
-  std::vector<outbound> on_cancel_stages(const std::string& from, const msg::cancel_stages& c);
+  std::vector<outbound> end_session(uint64_t id, const node_id& skip_node = {});
+  std::vector<outbound> on_cancel_stages(const node_id& from, const msg::cancel_stages& c);
   /// Worker side: everything kept for jobs and sessions coordinated by `id` (it died, or restarted).
-  void forget_coordinator(const std::string& id);
+  void forget_coordinator(const node_id& id);
   /// Stages of fragment `resident_key` still waiting or ready run as one-shot stages (nothing of
   /// theirs stays on the device once the fragment was let go).
   void unpin(const std::string& resident_key);
@@ -197,9 +197,9 @@ class job_engine {
   std::vector<std::string> forgotten_;
   /// (coordinator, job) -> the highest attempt cancelled: a stage of it still on its way (sent
   /// before the coordinator re-planned, or from another attempt) is ignored.
-  std::map<std::pair<std::string, uint64_t>, uint32_t> cancelled_;
+  std::map<std::pair<node_id, uint64_t>, uint32_t> cancelled_;
   /// (coordinator, session) closed: a call of it that arrives late is refused, not cached.
-  std::set<std::pair<std::string, uint64_t>> closed_;
+  std::set<std::pair<node_id, uint64_t>> closed_;
   std::map<stage_key, waiting_stage> waiting_;       // worker side
   /// A stage's routes (producer side), from its run_stage until every routed value was sent: a
   /// value goes out once the stage ran and the coordinator opened the route (its consumer

@@ -39,7 +39,7 @@ struct jobs_state {
 
 using jobs_actor_t = caf::stateful_actor<jobs_state>;
 
-void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to, const msg::message& m) {
+void send_to(jobs_actor_t* self, const node_context& ctx, const node_id& to, const msg::message& m) {
   auto& st = self->state;
   if (to == ctx.self_id) {  // our own stages and results: through the mailbox, like any message
     self->send(self, inbound_atom::value, ctx.self_id, std::make_shared<msg::message>(m));
@@ -48,8 +48,7 @@ void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to,
   const auto send = [&](const msg::message& x) { return try_send_peer(ctx, to, x); };
   if (st.held.holds(to)) {
     // Connected again without a hello (a client reconnecting): what waits goes first, in order.
-    auto id = transport::node_id::parse(to);
-    if (id && ctx.ep->connected(*id) && st.held.flush(to, send) && send(m)) return;
+    if (ctx.ep->connected(to) && st.held.flush(to, send) && send(m)) return;
   } else if (send(m)) {
     return;
   }
@@ -57,7 +56,7 @@ void send_to(jobs_actor_t* self, const node_context& ctx, const std::string& to,
   const size_t size = bytes ? bytes->size() : 0;
   if (!st.held.hold(to, m, size, std::chrono::steady_clock::now()))
     spdlog::warn("send {} to {}: not connected, and {} messages ({} MiB) already wait for peers; dropped",
-                 msg::kind_name(m), to.substr(0, 8), st.held.count(), st.held.bytes() >> 20);
+                 msg::kind_name(m), to.short_string(), st.held.count(), st.held.bytes() >> 20);
 }
 
 void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound> out) {
@@ -91,7 +90,7 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
   // its fragments' cache keys), so that a restarted node's jobs never reuse ids its peers knew.
   const auto ms = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id, own.gflops, own.mem_gbps, 1.0,
+  st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id.to_string(), own.gflops, own.mem_gbps, 1.0,
                                                                         static_cast<int64_t>(own.memory_bytes)},
                                            ctx->cfg.limits, (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
@@ -121,18 +120,18 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
             dispatch(self, *ctx, s.trainer->on_executed(*task, make_error(error_code::device, "the device was lost during the step"), std::chrono::steady_clock::now()));
         }
       },
-      [=](inbound_atom, std::string from, message_ptr m) {
+      [=](inbound_atom, node_id from, message_ptr m) {
         dispatch(self, *ctx, self->state.engine->on_message(from, *m, std::chrono::steady_clock::now()));
         dispatch(self, *ctx, self->state.trainer->on_message(from, *m, std::chrono::steady_clock::now()));
         run_ready(self);
       },
-      [=](up_atom, std::string id, message_ptr m) {
+      [=](up_atom, node_id id, message_ptr m) {
         self->state.held.flush(id, [&](const msg::message& x) { return try_send_peer(*ctx, id, x); });
         const auto& h = std::get<msg::hello>(*m);
-        self->state.engine->peer_up(id, {id, h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
+        self->state.engine->peer_up(id, {id.to_string(), h.gflops, h.mem_gbps, 1.0, static_cast<int64_t>(h.memory_bytes)});
         self->state.trainer->peer_up(id);
       },
-      [=](down_atom, std::string id, std::string) {
+      [=](down_atom, node_id id, std::string) {
         self->state.held.take(id);  // it will not come back for them
         dispatch(self, *ctx, self->state.engine->peer_dead(id, std::chrono::steady_clock::now()));
         dispatch(self, *ctx, self->state.trainer->peer_dead(id, std::chrono::steady_clock::now()));

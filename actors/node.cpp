@@ -188,14 +188,14 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     else early->push_back([... xs = std::move(xs)](const caf::actor& bridge) { caf::anon_send(bridge, xs...); });
   };
   transport::handlers h;
-  h.on_peer_up = [post](const transport::node_id& id, const transport::peer_info&) { post(up_atom::value, id.to_string()); };
-  h.on_peer_down = [post](const transport::node_id& id, const transport::peer_down& why) {
-    post(down_atom::value, id.to_string(), why.reason, why.orderly);
+  h.on_peer_up = [post](const node_id& id, const transport::peer_info&) { post(up_atom::value, id); };
+  h.on_peer_down = [post](const node_id& id, const transport::peer_down& why) {
+    post(down_atom::value, id, why.reason, why.orderly);
   };
-  h.on_message = [post](const transport::node_id& id, transport::channel, std::vector<uint8_t> bytes) {
-    post(inbound_atom::value, id.to_string(), std::move(bytes));
+  h.on_message = [post](const node_id& id, transport::channel, std::vector<uint8_t> bytes) {
+    post(inbound_atom::value, id, std::move(bytes));
   };
-  h.on_connect_failed = [](const std::optional<transport::node_id>& id, const std::string& addr, const std::string& why) {
+  h.on_connect_failed = [](const std::optional<node_id>& id, const std::string& addr, const std::string& why) {
     spdlog::warn("connection {} {} refused: {}", id ? id->short_string() : "?", addr, why);
   };
   h.on_log = [](const std::string& line) { spdlog::debug("transport: {}", line); };
@@ -210,14 +210,14 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     spdlog::critical("transport: {}", ep.error().message);
     return 2;
   }
-  const std::string self_id = (*ep)->id().to_string();
+  const node_id self_id = (*ep)->id();
   // Where meshctl on this machine finds the node: the bound address, or loopback for a wildcard.
   const auto endpoint_file = cfg.state_dir / "endpoint";
   {
     std::ofstream f(endpoint_file);
-    f << self_id << "@" << local_address_of(cfg.bind) << ":" << (*ep)->port() << "\n";
+    f << self_id.to_string() << "@" << local_address_of(cfg.bind) << ":" << (*ep)->port() << "\n";
   }
-  spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.substr(0, 8), (*ep)->port(),
+  spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.short_string(), (*ep)->port(),
                own.device_name, to_string(own.device), own.gflops, own.mem_gbps);
 
   // mDNS and the configured peers say where peers may be; only heartbeats say whether they are
@@ -228,7 +228,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     switch (e.k) {
       case k::peer_found:
       case k::peer_updated: {
-        auto id = transport::node_id::parse(e.peer.node_id);
+        auto id = node_id::parse(e.peer.node_id);
         if (!id) return;
         auto addrs = reachable(*epp, e.peer.addresses, e.peer.port);
         if (addrs.empty()) {
@@ -246,7 +246,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
       default: break;
     }
   };
-  const discovery::announcement ann{self_id, transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
+  const discovery::announcement ann{self_id.to_string(), transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
                                     own.device_name.substr(0, 60)};
   std::unique_ptr<discovery::backend> mdns, statics;
   if (cfg.mdns) {

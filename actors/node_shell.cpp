@@ -25,24 +25,23 @@ std::vector<std::string> reachable(const transport::endpoint& ep, const std::vec
   return out;
 }
 
-bool try_send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
-  auto id = transport::node_id::parse(to);
+bool try_send_peer(const node_context& ctx, const node_id& to, const msg::message& m) {
   auto bytes = msg::encode_message(m);
-  if (!id || !bytes) return true;  // nothing that could ever be sent
-  if (!ctx.ep->connected(*id)) return false;
+  if (!bytes) return true;  // nothing that could ever be sent
+  if (!ctx.ep->connected(to)) return false;
   // Heartbeats as datagrams (they wait for nothing); large payloads (tensors, fragments) on bulk
   // streams of their own, small ones on the control stream. The peer's application sees both in
   // the order sent: a small message sent after a large one waits for it.
   const auto ch = std::holds_alternative<msg::heartbeat>(m) ? transport::channel::heartbeat
                   : bytes->size() > msg::max_control_message ? transport::channel::bulk
                                                              : transport::channel::control;
-  if (auto ok = ctx.ep->send(*id, ch, std::move(*bytes)); !ok)
-    spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.substr(0, 8), ok.error().message);
+  if (auto ok = ctx.ep->send(to, ch, std::move(*bytes)); !ok)
+    spdlog::warn("send {} to {}: {}", msg::kind_name(m), to.short_string(), ok.error().message);
   return true;
 }
 
-void send_peer(const node_context& ctx, const std::string& to, const msg::message& m) {
-  if (!try_send_peer(ctx, to, m)) spdlog::warn("send {} to {}: the peer is not connected", msg::kind_name(m), to.substr(0, 8));
+void send_peer(const node_context& ctx, const node_id& to, const msg::message& m) {
+  if (!try_send_peer(ctx, to, m)) spdlog::warn("send {} to {}: the peer is not connected", msg::kind_name(m), to.short_string());
 }
 
 }  // namespace mesh::node_shell

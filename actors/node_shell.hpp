@@ -35,6 +35,7 @@
 #include "transport/endpoint.hpp"
 #include "wire/messages.hpp"
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_id)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::stage_task>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::expected<mesh::tensor_map>>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::msg::message>)
@@ -47,7 +48,7 @@ namespace mesh::node_shell {
 /// What every actor of the node needs to know about it; fixed for the node's lifetime.
 struct node_context {
   transport::endpoint* ep = nullptr;
-  std::string self_id;
+  node_id self_id;
   msg::hello own;
   node_config cfg;
   mono_time started{};
@@ -60,14 +61,14 @@ struct node_actors {
 };
 using actors_ptr = std::shared_ptr<const node_actors>;
 
-using member_map = std::map<std::string, msg::hello>;  ///< peers that said hello, clients included
+using member_map = std::map<node_id, msg::hello>;  ///< peers that said hello, clients included
 using members_ptr = std::shared_ptr<const member_map>;
 
 struct peer_vitals {
   peer_health health = peer_health::unknown;
   uint32_t running_stages = 0;
 };
-using vitals_map = std::map<std::string, peer_vitals>;
+using vitals_map = std::map<node_id, peer_vitals>;
 using vitals_ptr = std::shared_ptr<const vitals_map>;
 
 }  // namespace mesh::node_shell
@@ -116,10 +117,10 @@ std::vector<std::string> reachable(const transport::endpoint& ep, const std::vec
 
 /// Sends `m` to a peer (not to this node). The endpoint is thread-safe: any actor may send.
 /// False when the peer is not connected (nothing was sent); other failures are logged.
-bool try_send_peer(const node_context& ctx, const std::string& to, const msg::message& m);
+bool try_send_peer(const node_context& ctx, const node_id& to, const msg::message& m);
 
 /// try_send_peer, with a warning when the peer is not connected.
-void send_peer(const node_context& ctx, const std::string& to, const msg::message& m);
+void send_peer(const node_context& ctx, const node_id& to, const msg::message& m);
 
 /// The device this node offers, made once at start (the executor actor re-creates it on restart).
 expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice);

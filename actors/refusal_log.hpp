@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "base/node_id.hpp"
+
 namespace mesh {
 
 class refusal_log {
@@ -19,7 +21,7 @@ class refusal_log {
     uint64_t seq = 0;  ///< when it was recorded (the log's own counter)
   };
 
-  void record(const std::string& peer, std::string why) {
+  void record(const node_id& peer, std::string why) {
     std::lock_guard lock(mu_);
     auto& e = by_peer_[peer];
     ++e.count;
@@ -32,7 +34,7 @@ class refusal_log {
                                       [](const auto& a, const auto& b) { return a.second.seq < b.second.seq; }));
   }
 
-  entry of(const std::string& peer) const {
+  entry of(const node_id& peer) const {
     std::lock_guard lock(mu_);
     auto it = by_peer_.find(peer);
     return it == by_peer_.end() ? entry{} : it->second;
@@ -42,7 +44,7 @@ class refusal_log {
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, entry> by_peer_;
+  std::map<node_id, entry> by_peer_;
   uint64_t seq_ = 0;
 };
 

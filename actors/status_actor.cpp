@@ -34,13 +34,12 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
     ps.running_stages = v != vitals.end() ? v->second.running_stages : 0;
     ps.device = hello.device_name;
     ps.gflops = hello.gflops;
-    if (auto nid = transport::node_id::parse(peer))
-      if (auto s = ctx.ep->stats(*nid)) {
-        ps.address = s->remote_address;
-        ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
-        ps.packets_lost = s->packets_lost;
-        ps.relayed = s->relayed;
-      }
+    if (auto s = ctx.ep->stats(peer)) {
+      ps.address = s->remote_address;
+      ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
+      ps.packets_lost = s->packets_lost;
+      ps.relayed = s->relayed;
+    }
     const auto refused = ctx.refusals->of(peer);
     ps.refused = refused.count;
     ps.last_refusal = refused.last;
@@ -53,12 +52,12 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
 caf::behavior status_actor(caf::stateful_actor<status_state>* self, context_ptr ctx) {
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
-      [=](inbound_atom, std::string from, message_ptr m) {
+      [=](inbound_atom, node_id from, message_ptr m) {
         auto* rq = std::get_if<msg::status_request>(m.get());
         if (!rq) return;
         const uint64_t id = rq->id;
         const auto& a = self->state.a;
-        const auto failed = [from](caf::error& e) { spdlog::warn("status for {}: {}", from.substr(0, 8), caf::to_string(e)); };
+        const auto failed = [from](caf::error& e) { spdlog::warn("status for {}: {}", from.short_string(), caf::to_string(e)); };
         constexpr auto timeout = std::chrono::seconds(2);
         self->request(a.membership, timeout, view_atom::value).then([=](members_ptr members) {
           self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) {

@@ -14,7 +14,7 @@ using namespace train_detail;
 
 std::vector<outbound> train_engine::forward(worker_run& w, std::vector<allreduce_message> ms) {
   std::vector<outbound> out;
-  const std::string& next = w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()];
+  const node_id& next = w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()];
   for (auto& m : ms) {
     msg::allreduce_piece p;
     p.train = w.train;
@@ -28,7 +28,7 @@ std::vector<outbound> train_engine::forward(worker_run& w, std::vector<allreduce
   return out;
 }
 
-std::vector<outbound> train_engine::on_piece(const std::string& from, const msg::allreduce_piece& p) {
+std::vector<outbound> train_engine::on_piece(const node_id& from, const msg::allreduce_piece& p) {
   const worker_key key{p.coordinator, p.train};
   allreduce_message m{p.round, p.ring_step, p.piece, p.payload};
   auto it = worker_.find(key);
@@ -40,7 +40,7 @@ std::vector<outbound> train_engine::on_piece(const std::string& from, const msg:
   return accept_piece(w, from, m);
 }
 
-std::vector<outbound> train_engine::on_go(const std::string& from, const msg::ring_go& g) {
+std::vector<outbound> train_engine::on_go(const node_id& from, const msg::ring_go& g) {
   auto it = worker_.find(worker_key{from, g.train});
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
@@ -60,9 +60,9 @@ std::vector<outbound> train_engine::start_round(worker_run& w) {
   return out;
 }
 
-std::vector<outbound> train_engine::accept_piece(worker_run& w, const std::string& from, const allreduce_message& m) {
+std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& from, const allreduce_message& m) {
   if (w.rank < 0 || w.ring.empty()) return {};
-  const std::string& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
+  const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
   if (from != prev) return {};  // only our predecessor in the ring may send us pieces
   auto fwd = w.round->on_message(m);
   if (!fwd) return {};  // a duplicate or malformed piece: ring_allreduce says why; dropping it is safe

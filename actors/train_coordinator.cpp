@@ -16,9 +16,9 @@ using namespace train_detail;
 /// dataset shards it already holds, across membership changes; a dead member's slots go to
 /// those with the fewest, a newcomer takes from those with the most.
 namespace {
-void assign_slots(std::map<uint32_t, std::string>& owner, const std::vector<std::string>& members, uint32_t k) {
+void assign_slots(std::map<uint32_t, node_id>& owner, const std::vector<node_id>& members, uint32_t k) {
   if (members.empty()) return;
-  std::map<std::string, std::vector<uint32_t>> held;
+  std::map<node_id, std::vector<uint32_t>> held;
   for (const auto& m : members) held[m];
   std::vector<uint32_t> free;
   for (uint32_t j = 0; j < k; ++j) {
@@ -28,20 +28,20 @@ void assign_slots(std::map<uint32_t, std::string>& owner, const std::vector<std:
   }
   // Members in ring order, so that ties go the same way on every run.
   const auto fewest = [&] {
-    const std::string* best = &members.front();
+    const node_id* best = &members.front();
     for (const auto& m : members)
       if (held[m].size() < held[*best].size()) best = &m;
     return *best;
   };
   const auto most = [&] {
-    const std::string* best = &members.front();
+    const node_id* best = &members.front();
     for (const auto& m : members)
       if (held[m].size() > held[*best].size()) best = &m;
     return *best;
   };
   for (uint32_t j : free) held[fewest()].push_back(j);
   for (;;) {
-    const std::string lo = fewest(), hi = most();
+    const node_id lo = fewest(), hi = most();
     if (held[hi].size() <= held[lo].size() + 1) break;
     held[lo].push_back(held[hi].back());
     held[hi].pop_back();
@@ -52,7 +52,7 @@ void assign_slots(std::map<uint32_t, std::string>& owner, const std::vector<std:
 }
 }  // namespace
 
-std::vector<outbound> train_engine::open(const std::string& client, const msg::open_training& o) {
+std::vector<outbound> train_engine::open(const node_id& client, const msg::open_training& o) {
   const auto refuse = [&](error_code code, const std::string& why) {
     msg::job_result r;
     r.job = o.train;
@@ -168,7 +168,7 @@ std::vector<outbound> train_engine::fail_run(uint64_t id, coord_run& c, error_co
   return out;
 }
 
-std::vector<outbound> train_engine::on_reduced(const std::string& from, const msg::train_reduced& r) {
+std::vector<outbound> train_engine::on_reduced(const node_id& from, const msg::train_reduced& r) {
   auto it = coordinated_.find(r.train);
   if (it == coordinated_.end()) return {};
   coord_run& c = *it->second;
@@ -195,7 +195,7 @@ std::vector<outbound> train_engine::on_reduced(const std::string& from, const ms
   return advance(r.train, c);
 }
 
-std::vector<outbound> train_engine::on_ready(const std::string& from, const msg::train_ready& r) {
+std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::train_ready& r) {
   auto it = coordinated_.find(r.train);
   if (it == coordinated_.end()) return {};
   coord_run& c = *it->second;
@@ -268,7 +268,7 @@ std::vector<named_tensor> client_names(const std::string& prefix, const std::vec
 }
 }  // namespace
 
-std::vector<outbound> train_engine::on_state(const std::string& from, const msg::train_state& s) {
+std::vector<outbound> train_engine::on_state(const node_id& from, const msg::train_state& s) {
   auto it = coordinated_.find(s.train);
   if (it == coordinated_.end() || from != self_) return {};
   coord_run& c = *it->second;
@@ -310,7 +310,7 @@ std::vector<outbound> train_engine::on_state(const std::string& from, const msg:
   return out;
 }
 
-std::vector<outbound> train_engine::peer_dead(const std::string& id, clock::time_point now) {
+std::vector<outbound> train_engine::peer_dead(const node_id& id, clock::time_point now) {
   now_ = now;
   peers_.erase(id);
   std::vector<outbound> out;

@@ -29,7 +29,7 @@ void outputs_with_prefix(const graph& g, const std::string& prefix, std::vector<
 
 /// Checks that `g` has an f32 input named `name` of shape `dims`.
 expected<void> has_input(const graph& g, const std::string& what, const std::string& name, const shape& dims) {
-  const node_id id = g.find_leaf(name);
+  const node_index id = g.find_leaf(name);
   if (id < 0 || g[id].op != op_kind::input)
     return make_error(error_code::invalid_argument, "the " + what + " graph has no input \"" + name + "\"");
   if (g[id].type != dtype::f32 || g[id].dims != dims)
@@ -151,10 +151,10 @@ expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const te
   return std::max<int64_t>(rows, 0);
 }
 
-train_engine::train_engine(std::string self, graph_limits limits) : self_(std::move(self)), limits_(limits) {}
+train_engine::train_engine(node_id self, graph_limits limits) : self_(std::move(self)), limits_(limits) {}
 train_engine::~train_engine() = default;
 
-void train_engine::peer_up(const std::string& id) {
+void train_engine::peer_up(const node_id& id) {
   peers_.insert(id);
   for (auto& [rid, c] : coordinated_)
     if (std::find(c->members.begin(), c->members.end(), id) == c->members.end()) c->newcomers.insert(id);
@@ -190,7 +190,7 @@ void train_engine::executor_restarted() {
   for (auto& [k, w] : worker_) w->broken = w->device_lost = true;
 }
 
-std::vector<outbound> train_engine::on_message(const std::string& from, const msg::message& m, clock::time_point now) {
+std::vector<outbound> train_engine::on_message(const node_id& from, const msg::message& m, clock::time_point now) {
   now_ = now;
   if (auto* o = std::get_if<msg::open_training>(&m)) return open(from, *o);
   if (auto* s = std::get_if<msg::train_setup>(&m)) return on_setup(from, *s);

@@ -85,7 +85,7 @@ struct train_work_result {
 };
 
 struct train_task {
-  std::string coordinator;
+  node_id coordinator;
   uint64_t train = 0;
   uint64_t step = 0;
   uint32_t attempt = 0;
@@ -97,17 +97,17 @@ struct train_task {
 
 class train_engine {
  public:
-  train_engine(std::string self, graph_limits limits = {});
+  train_engine(node_id self, graph_limits limits = {});
   ~train_engine();
 
   /// A worker joined; it is used from the next step of every run.
-  void peer_up(const std::string& id);
+  void peer_up(const node_id& id);
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
 
   /// A worker died or left: steps it was part of are redone without it.
-  std::vector<outbound> peer_dead(const std::string& id, clock::time_point now);
+  std::vector<outbound> peer_dead(const node_id& id, clock::time_point now);
   /// The executor was restarted: resident training state is gone, so this node leaves its runs
   /// (the coordinators set it up again with the current state).
   void executor_restarted();
@@ -120,7 +120,7 @@ class train_engine {
 
   /// Training messages (open_training, train_setup, train_step, allreduce_piece,
   /// train_reduced, train_state, train_resume); others are ignored.
-  std::vector<outbound> on_message(const std::string& from, const msg::message& m, clock::time_point now);
+  std::vector<outbound> on_message(const node_id& from, const msg::message& m, clock::time_point now);
   /// Device work ready to run; the shell runs each and calls on_executed.
   std::vector<train_task> take_ready();
   std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now);
@@ -132,17 +132,17 @@ class train_engine {
  private:
   struct coord_run;
   struct worker_run;
-  using worker_key = std::pair<std::string, uint64_t>;  // coordinator, train
+  using worker_key = std::pair<node_id, uint64_t>;  // coordinator, train
 
-  std::vector<outbound> open(const std::string& client, const msg::open_training& o);
-  std::vector<outbound> on_setup(const std::string& from, const msg::train_setup& s);
-  std::vector<outbound> on_step(const std::string& from, const msg::train_step& s);
+  std::vector<outbound> open(const node_id& client, const msg::open_training& o);
+  std::vector<outbound> on_setup(const node_id& from, const msg::train_setup& s);
+  std::vector<outbound> on_step(const node_id& from, const msg::train_step& s);
   /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.
   static void orphan(worker_run& w);
-  std::vector<outbound> on_piece(const std::string& from, const msg::allreduce_piece& p);
-  std::vector<outbound> on_reduced(const std::string& from, const msg::train_reduced& r);
-  std::vector<outbound> on_state(const std::string& from, const msg::train_state& s);
-  std::vector<outbound> on_resume(const std::string& client, const msg::train_resume& r);
+  std::vector<outbound> on_piece(const node_id& from, const msg::allreduce_piece& p);
+  std::vector<outbound> on_reduced(const node_id& from, const msg::train_reduced& r);
+  std::vector<outbound> on_state(const node_id& from, const msg::train_state& s);
+  std::vector<outbound> on_resume(const node_id& client, const msg::train_resume& r);
   /// The takeover task finished: open the rest of the run as one this node coordinates.
   std::vector<outbound> take_over(const train_task& t, expected<train_work_result> r);
   /// Coordinator: start (or redo) the current step over the current members.
@@ -153,11 +153,11 @@ class train_engine {
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
-  std::vector<outbound> accept_piece(worker_run& w, const std::string& from, const allreduce_message& m);
+  std::vector<outbound> accept_piece(worker_run& w, const node_id& from, const allreduce_message& m);
   /// Coordinator: a member has its round for the step; when all have, ring_go to each.
-  std::vector<outbound> on_ready(const std::string& from, const msg::train_ready& r);
+  std::vector<outbound> on_ready(const node_id& from, const msg::train_ready& r);
   /// Worker: every member has its round; start ours if the contribution is computed.
-  std::vector<outbound> on_go(const std::string& from, const msg::ring_go& g);
+  std::vector<outbound> on_go(const node_id& from, const msg::ring_go& g);
   /// Worker: starts the round once both the contribution and the go are here.
   std::vector<outbound> start_round(worker_run& w);
   /// Queues a task that frees an ended run's programs and parameters on the executor.
@@ -165,10 +165,10 @@ class train_engine {
   /// Ends a worker run: retire() and forget it. Returns the next entry.
   std::map<worker_key, std::shared_ptr<worker_run>>::iterator end_run(std::map<worker_key, std::shared_ptr<worker_run>>::iterator it);
 
-  std::string self_;
+  node_id self_;
   clock::time_point now_{};  ///< the time the current entry point was given
   graph_limits limits_;
-  std::set<std::string> peers_;
+  std::set<node_id> peers_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<coord_run>> coordinated_;
   std::map<worker_key, std::shared_ptr<worker_run>> worker_;

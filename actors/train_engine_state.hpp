@@ -26,14 +26,14 @@ inline uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) 
 
 /// Parameters of run `id` coordinated by `coordinator` carry this prefix on every device, so that
 /// runs sharing a device never mix state. Workers derive it too (to undo it for a takeover).
-inline std::string run_prefix(const std::string& coordinator, uint64_t id) {
-  return "tr." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+inline std::string run_prefix(const node_id& coordinator, uint64_t id) {
+  return "tr." + coordinator.short_string() + "." + std::to_string(id) + ".";
 }
 
 /// The prefix of the same run's gradient accumulators on a worker's device (accumulating() in
 /// train_worker.cpp).
-inline std::string accumulator_prefix(const std::string& coordinator, uint64_t id) {
-  return "acc." + coordinator.substr(0, 8) + "." + std::to_string(id) + ".";
+inline std::string accumulator_prefix(const node_id& coordinator, uint64_t id) {
+  return "acc." + coordinator.short_string() + "." + std::to_string(id) + ".";
 }
 
 inline bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
@@ -53,25 +53,25 @@ expected<std::vector<char>> rename_parameters(const std::vector<char>& wire, con
 // ---- the two sides' state ----
 
 struct train_engine::coord_run {
-  std::string client;
+  node_id client;
   uint64_t client_train = 0;
   msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up; no dataset rows
   tensor_map data;       ///< the whole dataset: the coordinator hands out its shards
   shard_plan plan;
   std::vector<int64_t> permutation;  ///< shard_permutation of the dataset's rows
-  std::map<std::string, std::set<uint32_t>> shards_sent;  ///< per member (of its current setup)
-  std::map<uint32_t, std::string> slot_owner;  ///< micro-batch slot j of every step -> member
-  std::vector<std::string> members;
-  std::set<std::string> newcomers;
+  std::map<node_id, std::set<uint32_t>> shards_sent;  ///< per member (of its current setup)
+  std::map<uint32_t, node_id> slot_owner;  ///< micro-batch slot j of every step -> member
+  std::vector<node_id> members;
+  std::set<node_id> newcomers;
   bool checkpoint_due = false;  ///< the state being fetched goes to the client too
-  std::map<std::string, int> failures;
+  std::map<node_id, int> failures;
   enum class phase { stepping, syncing, finishing } ph = phase::stepping;
   uint64_t step = 0;
   uint32_t attempt = 0;
   uint64_t commit = 0;
-  std::vector<std::string> ring;
-  std::set<std::string> waiting;   ///< members whose reduction of this step is still to come
-  std::set<std::string> unready;   ///< members that have not said train_ready for this step
+  std::vector<node_id> ring;
+  std::set<node_id> waiting;   ///< members whose reduction of this step is still to come
+  std::set<node_id> unready;   ///< members that have not said train_ready for this step
   double loss = 0;
   uint64_t bytes = 0;
   std::string prefix;
@@ -82,9 +82,9 @@ struct train_engine::coord_run {
 };
 
 struct train_engine::worker_run {
-  std::string coordinator;
+  node_id coordinator;
   uint64_t train = 0;
-  std::string client;          ///< who opened the run: the only one that may resume it
+  node_id client;          ///< who opened the run: the only one that may resume it
   uint64_t client_train = 0;
   msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
   bool orphaned = false;       ///< the coordinator died; kept for a train_resume
@@ -126,7 +126,7 @@ struct train_engine::worker_run {
   uint32_t attempt = 0;
   uint64_t step_end = 0;
   uint32_t participants = 1;
-  std::vector<std::string> ring;
+  std::vector<node_id> ring;
   int rank = -1;
   /// The step's round, made when the step arrives (so it takes the predecessor's pieces while
   /// this node computes); it starts once this node's contribution is computed and the

@@ -10,7 +10,7 @@
 namespace mesh {
 using namespace train_detail;
 
-std::vector<outbound> train_engine::on_resume(const std::string& client, const msg::train_resume& r) {
+std::vector<outbound> train_engine::on_resume(const node_id& client, const msg::train_resume& r) {
   // The client's word that the coordinator is gone is enough for its own run, even before this
   // node's health monitor says so: the run can no longer report to the client anyway.
   std::shared_ptr<worker_run> w;
@@ -20,8 +20,8 @@ std::vector<outbound> train_engine::on_resume(const std::string& client, const m
     msg::job_result no;
     no.job = r.train;
     no.code = error_code::not_found;
-    no.error = "node " + self_.substr(0, 8) + " holds no state of training " + std::to_string(r.train) + " coordinated by " +
-               r.coordinator.substr(0, 8) + " (it was not a member, its device was restarted, or the run ended)";
+    no.error = "node " + self_.short_string() + " holds no state of training " + std::to_string(r.train) + " coordinated by " +
+               r.coordinator.short_string() + " (it was not a member, its device was restarted, or the run ended)";
     return {{client, no}};
   }
   if (r.dataset.empty()) {

@@ -102,7 +102,7 @@ msg::train_reduced refusal(const msg::train_step& s, const error& why) {
 
 }  // namespace
 
-std::vector<outbound> train_engine::on_setup(const std::string& from, const msg::train_setup& s) {
+std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::train_setup& s) {
   const worker_key key{from, s.train};
   auto graphs = check_train_spec(s.spec, limits_, false);
   if (!graphs) {
@@ -165,7 +165,7 @@ void train_engine::orphan(worker_run& w) {
   w.ring.clear();
 }
 
-std::vector<outbound> train_engine::on_step(const std::string& from, const msg::train_step& s) {
+std::vector<outbound> train_engine::on_step(const node_id& from, const msg::train_step& s) {
   const worker_key key{from, s.train};
   auto it = worker_.find(key);
   if (it == worker_.end()) {
@@ -177,7 +177,7 @@ std::vector<outbound> train_engine::on_step(const std::string& from, const msg::
     }
     if (auto no = refused_.find(key); no != refused_.end()) return {{from, refusal(s, no->second)}};
     if (!s.ring.empty() || s.report_state)
-      return {{from, refusal(s, error{error_code::not_found, "no training run " + std::to_string(s.train) + " of this coordinator is set up on node " + self_.substr(0, 8)})}};
+      return {{from, refusal(s, error{error_code::not_found, "no training run " + std::to_string(s.train) + " of this coordinator is set up on node " + self_.short_string()})}};
     return {};
   }
   auto w = it->second;

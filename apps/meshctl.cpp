@@ -17,16 +17,16 @@
 namespace {
 
 nlohmann::json to_json(const mesh::msg::status_reply& s) {
-  nlohmann::json j{{"node", s.node}, {"device", s.device}, {"gflops", s.gflops}, {"uptime_s", s.uptime_s}};
+  nlohmann::json j{{"node", s.node.to_string()}, {"device", s.device}, {"gflops", s.gflops}, {"uptime_s", s.uptime_s}};
   j["peers"] = nlohmann::json::array();
   for (const auto& p : s.peers)
-    j["peers"].push_back({{"node", p.node}, {"health", to_string(p.health)}, {"address", p.address}, {"device", p.device},
+    j["peers"].push_back({{"node", p.node.to_string()}, {"health", to_string(p.health)}, {"address", p.address}, {"device", p.device},
                           {"gflops", p.gflops}, {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms},
                           {"packets_lost", p.packets_lost}, {"relayed", p.relayed}, {"refused", p.refused},
                           {"last_refusal", p.last_refusal}});
   j["jobs"] = nlohmann::json::array();
   for (const auto& x : s.jobs)
-    j["jobs"].push_back({{"job", x.job}, {"client", x.client}, {"state", to_string(x.state)}, {"stages", x.stages},
+    j["jobs"].push_back({{"job", x.job}, {"client", x.client.to_string()}, {"state", to_string(x.state)}, {"stages", x.stages},
                          {"attempts", x.attempts}, {"seconds", x.seconds}, {"kind", to_string(x.kind)},
                          {"step", x.step}, {"steps", x.steps}});
   return j;
@@ -35,16 +35,16 @@ nlohmann::json to_json(const mesh::msg::status_reply& s) {
 void print_peers(const mesh::msg::status_reply& s) {
   std::printf("%-10s %-8s %-22s %-24s %9s %7s %8s %6s %-6s %7s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "STAGES",
               "RTT ms", "LOST", "PATH", "REFUSED");
-  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s %6s %-6s %7s\n", (s.node.substr(0, 8) + "*").c_str(), "self", "-",
+  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s %6s %-6s %7s\n", (s.node.short_string() + "*").c_str(), "self", "-",
               s.device.substr(0, 24).c_str(), s.gflops, "-", "-", "-", "-", "-");
   for (const auto& p : s.peers)
-    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f %6llu %-6s %7llu\n", p.node.substr(0, 8).c_str(), to_string(p.health),
+    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f %6llu %-6s %7llu\n", p.node.short_string().c_str(), to_string(p.health),
                 p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, p.running_stages, p.rtt_ms,
                 static_cast<unsigned long long>(p.packets_lost), p.relayed ? "relay" : "direct",
                 static_cast<unsigned long long>(p.refused));
   // Why messages were refused: another protocol version, past the decode budget, malformed.
   for (const auto& p : s.peers)
-    if (p.refused) std::printf("%s refused %llu message(s); last: %s\n", p.node.substr(0, 8).c_str(),
+    if (p.refused) std::printf("%s refused %llu message(s); last: %s\n", p.node.short_string().c_str(),
                                static_cast<unsigned long long>(p.refused), p.last_refusal.c_str());
 }
 
@@ -55,7 +55,7 @@ void print_jobs(const mesh::msg::status_reply& s) {
     const std::string state = j.kind == mesh::job_kind::training && j.state == mesh::job_state::running
                                   ? std::to_string(j.step) + "/" + std::to_string(j.steps)
                                   : to_string(j.state);
-    std::printf("%-6llu %-10s %-16s %-8s %7u %9u %9.3f\n", static_cast<unsigned long long>(j.job), j.client.substr(0, 8).c_str(),
+    std::printf("%-6llu %-10s %-16s %-8s %7u %9u %9.3f\n", static_cast<unsigned long long>(j.job), j.client.short_string().c_str(),
                 to_string(j.kind), state.c_str(), j.stages, j.attempts, j.seconds);
   }
 }
@@ -65,7 +65,7 @@ void print_status(const mesh::msg::status_reply& s) {
   for (const auto& p : s.peers) (p.health == mesh::peer_health::healthy ? healthy : p.health == mesh::peer_health::suspect ? suspect : dead)++;
   for (const auto& j : s.jobs) running += j.state == mesh::job_state::running;
   std::printf("node     %s\ndevice   %s, %.2f GFLOP/s\nuptime   %.0f s\npeers    %d healthy, %d suspect, %d dead\njobs     %d running, %zu known\n",
-              s.node.c_str(), s.device.c_str(), s.gflops, s.uptime_s, healthy, suspect, dead, running, s.jobs.size());
+              s.node.to_string().c_str(), s.device.c_str(), s.gflops, s.uptime_s, healthy, suspect, dead, running, s.jobs.size());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-#include "transport/node_id.hpp"
+#include "base/node_id.hpp"
 
-namespace mesh::transport {
+namespace mesh {
 
 namespace {
 constexpr char hex_digits[] = "0123456789abcdef";
@@ -39,4 +39,4 @@ expected<node_id> node_id::parse(std::string_view text) {
   return id;
 }
 
-}  // namespace mesh::transport
+}  // namespace mesh

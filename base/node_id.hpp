@@ -1,5 +1,6 @@
 #pragma once
-/// A node's identity on the wire: its Ed25519 public key.
+/// A node's identity: its Ed25519 public key. Every layer names peers with it; logs and tables
+/// show short_string().
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -8,11 +9,16 @@
 
 #include "base/error.hpp"
 
-namespace mesh::transport {
+namespace mesh {
 
 /// The 32-byte Ed25519 public key of a node; equality is key equality.
 struct node_id {
   std::array<uint8_t, 32> key{};
+
+  /// The all-zero id stands for "no node" (a stage nobody runs, a field not set). No node has
+  /// it: keys come from libsodium's Ed25519 key generation, and the transport refuses a peer whose
+  /// key is not a valid point (the all-zero key is of small order) during the TLS handshake.
+  bool empty() const { return *this == node_id{}; }
 
   /// 64 lowercase hex digits.
   std::string to_string() const;
@@ -25,11 +31,11 @@ struct node_id {
   friend auto operator<=>(const node_id&, const node_id&) = default;
 };
 
-}  // namespace mesh::transport
+}  // namespace mesh
 
 template <>
-struct std::hash<mesh::transport::node_id> {
-  size_t operator()(const mesh::transport::node_id& id) const noexcept {
+struct std::hash<mesh::node_id> {
+  size_t operator()(const mesh::node_id& id) const noexcept {
     // The key is uniformly random already: its first bytes are a fine hash.
     size_t h = 0;
     for (size_t i = 0; i < sizeof(h); ++i) h = (h << 8) | id.key[i];

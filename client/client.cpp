@@ -20,7 +20,7 @@ class client_impl {
   bool up = false;
   std::string failure;  // why the connection failed or went down
   std::unique_ptr<transport::endpoint> ep;
-  transport::node_id node;
+  node_id node;
   uint64_t next_id = 1;
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
@@ -33,12 +33,12 @@ class client_impl {
   std::multimap<uint64_t, std::thread::id> calling;
 
   // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
-  std::map<uint64_t, transport::node_id> trainings;  ///< open trainings: id -> coordinating node
+  std::map<uint64_t, node_id> trainings;  ///< open trainings: id -> coordinating node
   /// Their datasets: workers hold only shards, a node taking a run over needs it all again.
   std::map<uint64_t, std::vector<msg::named_tensor>> training_data;
   /// Other nodes of the mesh as the last status reply listed them: where to resume.
-  std::vector<std::pair<transport::node_id, std::string>> others;
-  std::vector<std::pair<transport::node_id, std::string>> candidates;  ///< not tried yet
+  std::vector<std::pair<node_id, std::string>> others;
+  std::vector<std::pair<node_id, std::string>> candidates;  ///< not tried yet
   bool failing_over = false;
   std::set<uint64_t> resuming;  ///< asked to be taken over; no progress from the new node yet
   uint64_t progress_seen = 0;
@@ -91,7 +91,7 @@ class client_impl {
     std::vector<msg::message> out{msg::hello{}};
     std::get<msg::hello>(out[0]).is_client = true;
     for (const auto& [train, coordinator] : trainings) {
-      out.push_back(msg::train_resume{train, coordinator.to_string(), training_data[train]});
+      out.push_back(msg::train_resume{train, coordinator, training_data[train]});
       resuming.insert(train);
     }
     for (const auto& m : out)
@@ -203,8 +203,7 @@ class client_impl {
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
       others.clear();
       for (const auto& peer : s->peers) {
-        auto id = transport::node_id::parse(peer.node);
-        if (id && peer.health != peer_health::dead && !peer.address.empty()) others.emplace_back(*id, peer.address);
+        if (peer.health != peer_health::dead && !peer.address.empty()) others.emplace_back(peer.node, peer.address);
       }
       auto it = statuses.find(s->id);
       if (it == statuses.end()) return;
@@ -224,7 +223,7 @@ client::~client() {
   impl_->fail_all("client closed");
 }
 
-std::string client::node() const { return impl_->node.to_string(); }
+node_id client::node() const { return impl_->node; }
 
 expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdns, client_options options) {
   std::string node = node_or_mdns;
@@ -235,20 +234,20 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
   }
   const auto at = node.find('@');
   if (at == std::string::npos) return make_error(error_code::invalid_argument, "node \"" + node + "\" must be NODEID@HOST:PORT");
-  auto id = transport::node_id::parse(node.substr(0, at));
+  auto id = node_id::parse(node.substr(0, at));
   if (!id) return make_error(error_code::invalid_argument, "node \"" + node + "\": " + id.error().message);
   auto impl = std::make_shared<client_impl>();
   client_impl* p = impl.get();
   p->node = *id;
   transport::handlers h;
-  h.on_peer_up = [p](const transport::node_id& id, const transport::peer_info&) {
+  h.on_peer_up = [p](const node_id& id, const transport::peer_info&) {
     std::lock_guard<std::mutex> lock(p->m);
     if (id != p->node) return;
     p->up = true;
     if (p->failing_over) p->resume_trainings();
     p->cv.notify_all();
   };
-  h.on_peer_down = [p](const transport::node_id& id, const transport::peer_down& down) {
+  h.on_peer_down = [p](const node_id& id, const transport::peer_down& down) {
     std::lock_guard<std::mutex> lock(p->m);
     if (id != p->node) return;  // a node given up on during a failover
     p->up = false;
@@ -262,14 +261,14 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
     }
     p->cv.notify_all();
   };
-  h.on_connect_failed = [p](const std::optional<transport::node_id>& who, const std::string& addr, const std::string& why) {
+  h.on_connect_failed = [p](const std::optional<node_id>& who, const std::string& addr, const std::string& why) {
     std::lock_guard<std::mutex> lock(p->m);
     p->failure = "cannot connect to " + addr + ": " + why;
     if (p->failing_over && who == p->node)
       p->try_next_node("the coordinating node was lost and no other node of the run could be reached (last: " + p->failure + ")");
     p->cv.notify_all();
   };
-  h.on_message = [p](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
+  h.on_message = [p](const node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
   transport::endpoint_config ec;
   ec.mesh_secret = options.mesh_secret;
   ec.bind = "0.0.0.0";

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/node_id.hpp"
 #include "graph/evaluate.hpp"
 #include "graph/graph.hpp"
 #include "graph/planner.hpp"
@@ -33,7 +34,7 @@ struct client_options {
 struct job_outcome {
   tensor_map outputs;
   uint32_t attempts = 1;             ///< > 1 when a worker died and the job was re-planned
-  std::vector<std::string> workers;  ///< node ids that ran a stage
+  std::vector<node_id> workers;      ///< nodes that ran a stage
   strategy ran_as = strategy::pipeline;  ///< the plan's strategy (automatic: the one chosen)
   uint64_t step = 0;                     ///< trainings: the step the run reached
 };
@@ -43,7 +44,7 @@ struct job_progress_info {
   uint32_t stages_done = 0;
   uint32_t stages = 0;   ///< stages of the current attempt
   uint32_t attempt = 1;  ///< a re-plan after a worker died starts a new attempt (counts restart)
-  std::string worker;    ///< node id that ran the stage
+  node_id worker;        ///< the node that ran the stage
 };
 
 /// How to run a one-shot job.
@@ -106,15 +107,15 @@ class inference_session {
   /// One call: the inputs of the model; the future completes with its outputs.
   std::future<expected<job_outcome>> infer(const tensor_map& inputs);
   /// Nodes holding a stage when the session was opened.
-  const std::vector<std::string>& workers() const { return workers_; }
+  const std::vector<node_id>& workers() const { return workers_; }
 
  private:
   friend class client;
-  inference_session(std::shared_ptr<client_impl> impl, uint64_t id, std::vector<std::string> workers)
+  inference_session(std::shared_ptr<client_impl> impl, uint64_t id, std::vector<node_id> workers)
       : impl_(std::move(impl)), id_(id), workers_(std::move(workers)) {}
   std::shared_ptr<client_impl> impl_;
   uint64_t id_;
-  std::vector<std::string> workers_;
+  std::vector<node_id> workers_;
 };
 
 class client {
@@ -163,7 +164,7 @@ class client {
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.
-  std::string node() const;
+  node_id node() const;
 
  private:
   explicit client(std::shared_ptr<client_impl> impl);

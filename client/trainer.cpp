@@ -34,11 +34,11 @@ tensor_map parameters_only(const tensor_map& state) {
 
 expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& state, const tensor_map& dataset,
                                           int64_t micro_batch, const train_options& o) {
-  const node_id loss = model.find_output("loss");
+  const node_index loss = model.find_output("loss");
   if (loss < 0) return make_error(error_code::invalid_argument, "the model needs an output \"loss\"");
   std::vector<param_info> params;
-  std::vector<node_id> param_ids;
-  for (node_id i = 0; i < model.size(); ++i)
+  std::vector<node_index> param_ids;
+  for (node_index i = 0; i < model.size(); ++i)
     if (model[i].op == op_kind::parameter) {
       params.push_back({model[i].attrs.name, model[i].type, model[i].dims});
       param_ids.push_back(i);
@@ -192,7 +192,7 @@ expected<double> evaluate_loss(client& c, const graph& model, const tensor_map& 
   const int64_t rows = dataset.begin()->second.dims.at(0);
   // Only the loss is needed back.
   graph g = model;
-  const node_id loss = g.find_output("loss");
+  const node_index loss = g.find_output("loss");
   if (loss < 0) return make_error(error_code::invalid_argument, "the model needs an output \"loss\"");
   g.outputs = {{"loss", loss}};
   g.updates.clear();

@@ -58,7 +58,7 @@ struct train_result {
   std::vector<double> losses;      ///< per reported step
   uint64_t step = 0;               ///< the step the run reached, as its coordinator reports it
   uint64_t bytes_sent = 0;         ///< all-reduce bytes of the whole run
-  std::vector<std::string> workers;
+  std::vector<node_id> workers;    ///< nodes of the last step
   double seconds = 0;
 };
 

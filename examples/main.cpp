@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
 
   auto c = mesh::client::connect(node, options);
   if (!c) return fail(c.error().message);
-  std::printf("connected to node %s\n", (*c)->node().substr(0, 16).c_str());
+  std::printf("connected to node %s\n", (*c)->node().short_string().c_str());
   auto out = (*c)->run(*g, inputs, params, std::chrono::seconds(60));
   if (!out) return fail("the job failed: " + out.error().message);
 

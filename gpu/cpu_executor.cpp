@@ -95,7 +95,7 @@ class cpu_executor final : public executor {
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
     std::vector<value> v(static_cast<size_t>(g.size()));
-    for (node_id n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
+    for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
     for (const auto& u : g.updates) params_[g[u.target].attrs.name] = to_tensor(g[u.value], v[u.value]);
@@ -154,7 +154,7 @@ class cpu_executor final : public executor {
 
   static int32_t to_i32(double x) { return static_cast<int32_t>(round_to(dtype::i32, x)); }
 
-  void compute(const graph& g, node_id id, std::vector<value>& v, const tensor_map& inputs) {
+  void compute(const graph& g, node_index id, std::vector<value>& v, const tensor_map& inputs) {
     const node& n = g[id];
     const int64_t count = element_count(n.dims);
     value& out = v[id];

@@ -16,7 +16,7 @@ namespace {
 using namespace detail;
 
 /// A splat constant, possibly broadcast or reshaped: the same value at every index.
-bool is_uniform(const graph& g, node_id id) {
+bool is_uniform(const graph& g, node_index id) {
   const node& n = g[id];
   if (is_splat(n)) return true;
   return (n.op == op_kind::broadcast || n.op == op_kind::reshape) && is_uniform(g, n.inputs[0]);
@@ -24,9 +24,9 @@ bool is_uniform(const graph& g, node_id id) {
 
 /// vec4 elementwise needs every value f32 or i32, every read at the output's own index, and a
 /// length divisible by 4.
-bool vectorisable(const graph& g, const plan& p, node_id root) {
+bool vectorisable(const graph& g, const plan& p, node_index root) {
   if (element_count(g[root].dims) % 4 != 0) return false;
-  std::vector<node_id> nodes;
+  std::vector<node_index> nodes;
   inline_nodes(g, p, root, -1, nodes);
   for (auto id : nodes) {
     const node& n = g[id];
@@ -67,7 +67,7 @@ kernel_source elementwise(const graph& g, const plan& p, const kernel& k, const 
 kernel_source scatter(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& sa = g[k.root];
-  const node_id idx = sa.inputs[0], upd = sa.inputs[1];
+  const node_index idx = sa.inputs[0], upd = sa.inputs[1];
   const int64_t outs = element_count(sa.dims), rows = sa.dims[0];
   const int64_t row_size = rows ? outs / rows : 0, picks = element_count(g[idx].dims);
   emitter e(g, q, false);
@@ -111,7 +111,7 @@ kernel_source scatter(const graph& g, const plan& p, const kernel& k, const devi
 
 expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   if (!caps.storage16) {
-    std::vector<node_id> nodes;
+    std::vector<node_index> nodes;
     if (k.kind == kernel_kind::rows)
       for (const auto& m : k.members) detail::inline_nodes(g, p, m.root, -1, nodes);
     else

@@ -37,7 +37,7 @@ struct device_caps {
 struct kernel_source {
   std::string name;               ///< "mm_12", "ew4_7", ... (variant and root node)
   std::string glsl;
-  std::vector<node_id> bindings;  ///< materialised nodes at bindings 0..n-1; [0] is the root (written)
+  std::vector<node_index> bindings;  ///< materialised nodes at bindings 0..n-1; [0] is the root (written)
   size_t writes = 1;              ///< bindings [0, writes) are written (a rows kernel writes each member's root)
   std::array<uint32_t, 3> groups{1, 1, 1};
   uint64_t bytes = 0;   ///< bytes the kernel reads and writes at least (for GB/s figures)

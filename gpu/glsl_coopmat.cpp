@@ -16,7 +16,7 @@ namespace mesh::gpu::detail {
 /// element like everywhere else. nullopt when it does not apply.
 std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
   const node& mm = g[k.anchor];
-  const node_id a = mm.inputs[0], b = mm.inputs[1];
+  const node_index a = mm.inputs[0], b = mm.inputs[1];
   const shape& ad = g[a].dims;
   const size_t rank = ad.size();
   const int64_t m = ad[rank - 2], kd = ad[rank - 1], n = mm.dims[rank - 1];
@@ -24,7 +24,7 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
   if (!caps.coopmat_f16 || !q.materialised[a] || !q.materialised[b] || a == b) return std::nullopt;
   if (g[a].type != dtype::f16 || g[b].type != dtype::f16 || kd % 2 != 0 || n % 2 != 0 || kd == 0 || batch == 0)
     return std::nullopt;
-  std::vector<node_id> epi;
+  std::vector<node_index> epi;
   inline_nodes(g, q, k.root, k.anchor, epi);
   if (std::count(epi.begin(), epi.end(), a) || std::count(epi.begin(), epi.end(), b)) return std::nullopt;
 

@@ -75,7 +75,7 @@ ivec4 mesh_to_int(vec4 x) { return ivec4(mesh_to_int(x.x), mesh_to_int(x.y), mes
 int mesh_idiv(int a, int b) { return b == 0 ? 0 : (b == -1 ? -a : a / b); }  // -a wraps: INT_MIN / -1 = INT_MIN
 )";
 
-std::string emitter::load(node_id id, const std::string& idx) {
+std::string emitter::load(node_index id, const std::string& idx) {
   const int b = bind(id);
   const std::string ref = "b" + std::to_string(b) + ".v[" + idx + "]";
   switch (g_[id].type) {
@@ -85,7 +85,7 @@ std::string emitter::load(node_id id, const std::string& idx) {
   }
 }
 
-std::string emitter::store(node_id id, const std::string& idx, const std::string& v) {
+std::string emitter::store(node_index id, const std::string& idx, const std::string& v) {
   const int b = bind(id);
   const std::string ref = "b" + std::to_string(b) + ".v[" + idx + "]";
   switch (g_[id].type) {
@@ -95,7 +95,7 @@ std::string emitter::store(node_id id, const std::string& idx, const std::string
   }
 }
 
-std::string emitter::rounded(node_id id, const std::string& e) {
+std::string emitter::rounded(node_index id, const std::string& e) {
   switch (g_[id].type) {
     case dtype::f16: return "mesh_round_f16(" + e + ")";
     case dtype::bf16: return "mesh_round_bf16(" + e + ")";
@@ -117,7 +117,7 @@ std::string emitter::sum_terms(const std::vector<std::string>& terms) {
   return "(" + s + ")";
 }
 
-std::string emitter::value(node_id id, const std::string& idx_in) {
+std::string emitter::value(node_index id, const std::string& idx_in) {
   if (auto it = fixed_.find(id); it != fixed_.end()) return it->second;
   const std::string idx = index_var(idx_in);
   auto key = std::make_pair(id, idx);
@@ -136,7 +136,7 @@ std::string emitter::value(node_id id, const std::string& idx_in) {
   return v;
 }
 
-std::string emitter::compute(node_id id, const std::string& idx) {
+std::string emitter::compute(node_index id, const std::string& idx) {
   const node& n = g_[id];
   const auto in = [&](size_t k) { return n.inputs[k]; };
   const bool is_int = n.type == dtype::i32;
@@ -212,9 +212,9 @@ std::string emitter::compute(node_id id, const std::string& idx) {
   }
 }
 
-std::string emitter::movement(node_id id, const std::string& idx) {
+std::string emitter::movement(node_index id, const std::string& idx) {
   const node& n = g_[id];
-  const node_id x = n.inputs[0];
+  const node_index x = n.inputs[0];
   const shape& xd = g_[x].dims;
   const auto xs = strides_of(xd);
   std::vector<std::string> terms;
@@ -271,9 +271,9 @@ std::string emitter::movement(node_id id, const std::string& idx) {
   }
 }
 
-std::string emitter::gather(node_id id, const std::string& idx) {
+std::string emitter::gather(node_index id, const std::string& idx) {
   const node& n = g_[id];
-  const node_id table = n.inputs[0], indices = n.inputs[1];
+  const node_index table = n.inputs[0], indices = n.inputs[1];
   const shape& td = g_[table].dims;
   const int64_t rows = td[0];
   const int64_t row_size = element_count(shape(td.begin() + 1, td.end()));  // also for a table of 0 rows
@@ -288,11 +288,11 @@ std::string emitter::gather(node_id id, const std::string& idx) {
   return result;
 }
 
-void inline_nodes(const graph& g, const plan& p, node_id root, node_id stop, std::vector<node_id>& out) {
-  std::vector<node_id> stack{root};
+void inline_nodes(const graph& g, const plan& p, node_index root, node_index stop, std::vector<node_index>& out) {
+  std::vector<node_index> stack{root};
   std::vector<bool> seen(static_cast<size_t>(g.size()), false);
   while (!stack.empty()) {
-    node_id id = stack.back();
+    node_index id = stack.back();
     stack.pop_back();
     if (seen[id]) continue;
     seen[id] = true;
@@ -302,14 +302,14 @@ void inline_nodes(const graph& g, const plan& p, node_id root, node_id stop, std
   }
 }
 
-std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4, size_t writes) {
+std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes) {
   const dtype t = g[id].type;
   std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
   return "layout(std430, binding = " + std::to_string(b) + ") " + (b < writes ? "" : "readonly ") + "restrict buffer B" +
          std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
 }
 
-std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
+std::string buffer_decls(const graph& g, const std::vector<node_index>& bindings, bool all_vec4,
                          size_t vec4_from, size_t vec4_to, size_t writes) {
   std::string s;
   for (size_t b = 0; b < bindings.size(); ++b)
@@ -317,7 +317,7 @@ std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, b
   return s;
 }
 
-std::string header(const graph& g, const std::vector<node_id>& bindings, bool subgroups, uint32_t local_size) {
+std::string header(const graph& g, const std::vector<node_index>& bindings, bool subgroups, uint32_t local_size) {
   std::string s = "#version 450\n";
   bool has16 = false;
   for (auto id : bindings)
@@ -334,14 +334,14 @@ uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap) {
   return static_cast<uint32_t>(std::clamp<int64_t>(n, 1, cap));
 }
 
-uint64_t bytes_of(const graph& g, const std::vector<node_id>& bindings) {
+uint64_t bytes_of(const graph& g, const std::vector<node_index>& bindings) {
   uint64_t b = 0;
   for (auto id : bindings)
     if (id < g.size()) b += static_cast<uint64_t>(element_count(g[id].dims)) * size_of(g[id].type);  // not scratch
   return b;
 }
 
-plan with_root_inline(const plan& p, node_id root) {
+plan with_root_inline(const plan& p, node_index root) {
   plan q = p;
   q.materialised[root] = false;
   return q;
@@ -349,7 +349,7 @@ plan with_root_inline(const plan& p, node_id root) {
 
 std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc,
                      std::string* value) {
-  const node_id anchor = k.anchor;
+  const node_index anchor = k.anchor;
   std::string a = acc;
   if (g[anchor].type == dtype::f16) a = "mesh_round_f16(" + acc + ")";
   if (g[anchor].type == dtype::bf16) a = "mesh_round_bf16(" + acc + ")";
@@ -365,7 +365,7 @@ std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::str
   return out;
 }
 
-std::string loader(emitter& e, const std::string& name, node_id operand) {
+std::string loader(emitter& e, const std::string& name, node_index operand) {
   std::string f;
   e.scoped([&] {
     const std::string v = e.value(operand, "xi");

@@ -29,9 +29,9 @@ class emitter {
   emitter(const graph& g, const plan& p, bool vec4) : g_(g), p_(p), vec4_(vec4) {}
 
   std::string body;
-  std::vector<node_id> bindings;
+  std::vector<node_index> bindings;
 
-  int bind(node_id id) {
+  int bind(node_index id) {
     auto it = std::find(bindings.begin(), bindings.end(), id);
     if (it != bindings.end()) return static_cast<int>(it - bindings.begin());
     bindings.push_back(id);
@@ -39,7 +39,7 @@ class emitter {
   }
 
   /// GLSL type holding a value of node `id` while computing.
-  std::string ctype(node_id id) const { return ctype(g_[id].type); }
+  std::string ctype(node_index id) const { return ctype(g_[id].type); }
   std::string ctype(dtype t) const {
     if (t == dtype::i32) return vec4_ ? "ivec4" : "int";
     return vec4_ ? "vec4" : "float";
@@ -66,11 +66,11 @@ class emitter {
   }
 
   /// Seeds the value of `id` at `idx` (the accumulator of an epilogue's anchor).
-  void seed(node_id id, const std::string& idx, const std::string& var) { cse_[{id, idx}] = var; }
+  void seed(node_index id, const std::string& idx, const std::string& var) { cse_[{id, idx}] = var; }
 
   /// Makes `var` the value of `id` at every index: a rows kernel's result for the current row,
   /// which the plan guarantees is only read at that row.
-  void fix(node_id id, const std::string& var) { fixed_[id] = var; }
+  void fix(node_index id, const std::string& var) { fixed_[id] = var; }
 
   /// Runs `f` in a nested scope: temporaries made there are forgotten after.
   template <class F>
@@ -82,11 +82,11 @@ class emitter {
     index_cse_ = std::move(saved_idx);
   }
 
-  std::string load(node_id id, const std::string& idx);
-  std::string store(node_id id, const std::string& idx, const std::string& v);
+  std::string load(node_index id, const std::string& idx);
+  std::string store(node_index id, const std::string& idx, const std::string& v);
 
   /// Rounds a freshly computed float to the node's storage type (what the reference does).
-  std::string rounded(node_id id, const std::string& e);
+  std::string rounded(node_index id, const std::string& e);
 
   /// Coordinate `d` of flat index `idx` in `dims`.
   static std::string coord(const std::string& idx, const shape& dims, size_t d);
@@ -95,48 +95,48 @@ class emitter {
 
   /// The value of node `id` at flat index `idx_in`: a literal, a load, or its expression
   /// computed inline (shared with earlier uses of the same node at the same index).
-  std::string value(node_id id, const std::string& idx_in);
+  std::string value(node_index id, const std::string& idx_in);
 
  private:
-  std::string compute(node_id id, const std::string& idx);
-  std::string movement(node_id id, const std::string& idx);
-  std::string gather(node_id id, const std::string& idx);
+  std::string compute(node_index id, const std::string& idx);
+  std::string movement(node_index id, const std::string& idx);
+  std::string gather(node_index id, const std::string& idx);
 
   const graph& g_;
   const plan& p_;
   bool vec4_;
   int next_ = 0;
-  std::map<std::pair<node_id, std::string>, std::string> cse_;
+  std::map<std::pair<node_index, std::string>, std::string> cse_;
   std::map<std::string, std::string> index_cse_;
-  std::map<node_id, std::string> fixed_;
+  std::map<node_index, std::string> fixed_;
 };
 
 /// Nodes computed inline in the expression of `root` (stops at materialised nodes), plus the
 /// materialised ones it reads.
-void inline_nodes(const graph& g, const plan& p, node_id root, node_id stop, std::vector<node_id>& out);
+void inline_nodes(const graph& g, const plan& p, node_index root, node_index stop, std::vector<node_index>& out);
 
 /// One storage buffer: binding b holds node `id`; binding 0 is the one written.
-std::string buffer_decl(const graph& g, node_id id, size_t b, bool vec4, size_t writes = 1);
+std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes = 1);
 
 /// The storage buffers of `bindings`, as vec4 arrays when `all_vec4` or within [vec4_from,
 /// vec4_to); bindings [0, writes) are written.
-std::string buffer_decls(const graph& g, const std::vector<node_id>& bindings, bool all_vec4,
+std::string buffer_decls(const graph& g, const std::vector<node_index>& bindings, bool all_vec4,
                          size_t vec4_from = SIZE_MAX, size_t vec4_to = 0, size_t writes = 1);
 
 /// "#version 450", the extensions the kernel needs (16-bit storage when a binding is f16/bf16,
 /// subgroup arithmetic when `subgroups`) and the workgroup size.
-std::string header(const graph& g, const std::vector<node_id>& bindings, bool subgroups, uint32_t local_size);
+std::string header(const graph& g, const std::vector<node_index>& bindings, bool subgroups, uint32_t local_size);
 
 /// Workgroups to cover `items` at `per_group` each, at least 1 and at most `cap` (kernels
 /// grid-stride over the rest).
 uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap);
 
 /// Bytes of the graph nodes among `bindings` (scratch buffers not counted).
-uint64_t bytes_of(const graph& g, const std::vector<node_id>& bindings);
+uint64_t bytes_of(const graph& g, const std::vector<node_index>& bindings);
 
 /// The kernel's own root is materialised, so value() would load it: compute it instead by
 /// treating the root as inline while emitting its expression.
-plan with_root_inline(const plan& p, node_id root);
+plan with_root_inline(const plan& p, node_index root);
 
 /// Epilogue: the value of the root once the anchor's value at `idx` is `acc`.
 /// `value`, when given, receives the name holding the root's value (in scope right after the
@@ -145,6 +145,6 @@ std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::str
                      std::string* value = nullptr);
 
 /// `float name(uint xi)`: the value of `operand` at flat index xi (prologue index arithmetic).
-std::string loader(emitter& e, const std::string& name, node_id operand);
+std::string loader(emitter& e, const std::string& name, node_index operand);
 
 }  // namespace mesh::gpu::detail

@@ -28,18 +28,18 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
 /// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like
 /// a weight in x[b, t, c] x w[c, d]).
 struct operand_view {
-  node_id id = 0;
+  node_index id = 0;
   int64_t batch_stride = 0;
 };
 
 
 /// The buffer behind matmul operand `x` when it is materialised, or a broadcast of a
 /// materialised matrix over batch axes only; nullopt when it needs index arithmetic.
-std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_id x);
+std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_index x);
 
 /// Whether `operand` is read by the kernel's epilogue or by the inline expression of `other`:
 /// such an operand cannot be bound as a vector array (the other readers index it as scalars).
-bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id operand, node_id other);
+bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_index operand, node_index other);
 
 /// The tile loops of the tiled matmuls (grid-stride over batch, tile rows, tile columns), ending
 /// with `m0` and `n0`, the tile's first row and column. With `swizzle` = G > 1 the (tile row,

@@ -13,7 +13,7 @@ namespace {
 /// The flat index, in the materialised node it re-indexes, of element `idx` of `x` when `x` reaches
 /// one buffer through reshape, broadcast, permute and slice only (the emitter's index arithmetic,
 /// evaluated for one index); nullopt for anything else.
-std::optional<int64_t> source_index(const graph& g, const plan& q, node_id x, int64_t idx) {
+std::optional<int64_t> source_index(const graph& g, const plan& q, node_index x, int64_t idx) {
   while (!q.materialised[x]) {
     const node& n = g[x];
     if (n.op == op_kind::broadcast || n.op == op_kind::permute || n.op == op_kind::slice)
@@ -28,7 +28,7 @@ std::optional<int64_t> source_index(const graph& g, const plan& q, node_id x, in
 /// Whether matmul operand `x` ([..., r, c]) is laid out column by column in memory: stepping r,
 /// not c, moves to the next element (a transposed weight, x^T in a gradient). The tiled matmuls
 /// then let consecutive threads walk r so that their loads stay coalesced.
-bool column_major(const graph& g, const plan& q, node_id x) {
+bool column_major(const graph& g, const plan& q, node_index x) {
   const shape& xd = g[x].dims;
   if (xd.size() < 2 || xd[xd.size() - 2] < 2 || xd[xd.size() - 1] < 2) return false;
   const auto first = source_index(g, q, x, 0), next_c = source_index(g, q, x, 1),
@@ -162,7 +162,7 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
 /// kernel_variants::gemm "classic" picks it for comparison.
 kernel_source matmul_classic(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
   const mm_dims d = dims_of(g, k);
-  const node_id a = d.a, b = d.b;
+  const node_index a = d.a, b = d.b;
   const int64_t m = d.m, kd = d.kd, n = d.n, batch = d.batch;
   // Big tiles only when there are enough of them to fill the device; both fit in 16 KiB of
   // shared memory.
@@ -225,12 +225,12 @@ kernel_source matmul_classic(const graph& g, const plan& q, const kernel& k, con
 
 }  // namespace
 
-std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_id x) {
+std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_index x) {
   const shape& xd = g[x].dims;
   const int64_t matrix = xd[xd.size() - 2] * xd[xd.size() - 1];
   if (q.materialised[x]) return operand_view{x, matrix};
   if (g[x].op != op_kind::broadcast) return std::nullopt;
-  const node_id src = g[x].inputs[0];
+  const node_index src = g[x].inputs[0];
   const shape& sd = g[src].dims;
   if (!q.materialised[src] || sd.size() < 2 || element_count(sd) != matrix || sd[sd.size() - 2] != xd[xd.size() - 2] ||
       sd[sd.size() - 1] != xd[xd.size() - 1])
@@ -238,8 +238,8 @@ std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_i
   return operand_view{src, 0};
 }
 
-bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_id operand, node_id other) {
-  std::vector<node_id> seen;
+bool read_elsewhere(const graph& g, const plan& q, const kernel& k, node_index operand, node_index other) {
+  std::vector<node_index> seen;
   inline_nodes(g, q, k.root, k.anchor, seen);
   inline_nodes(g, q, other, -1, seen);
   return operand == other || std::count(seen.begin(), seen.end(), operand) > 0;

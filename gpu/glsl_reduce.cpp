@@ -35,7 +35,7 @@ reduction_ops reduction_of(const node& r) {
 kernel_source column_reduction(const graph& g, const plan& q, const kernel& k, const device_caps& caps, int64_t outs,
                                int64_t red) {
   const node& r = g[k.anchor];
-  const node_id x = r.inputs[0];
+  const node_index x = r.inputs[0];
   const auto ops = reduction_of(r);
   const std::string acc_t = ops.is_int ? "int" : "float";
   emitter e(g, q, false);
@@ -98,7 +98,7 @@ struct reduction_offsets {
   std::string base, roff;
 };
 
-reduction_offsets offsets_of(const graph& g, node_id anchor, bool trailing) {
+reduction_offsets offsets_of(const graph& g, node_index anchor, bool trailing) {
   const node& r = g[anchor];
   const shape& xd = g[r.inputs[0]].dims;
   const auto xs = strides_of(xd);
@@ -141,7 +141,7 @@ std::string scratch_decl(const plan& p, const kernel& k, size_t b) {
 }
 
 /// Buffer declarations of a split reduction's pass: graph nodes and its scratch buffer.
-std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_id>& bindings) {
+std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_index>& bindings) {
   std::string s;
   for (size_t b = 0; b < bindings.size(); ++b)
     s += bindings[b] < g.size() ? buffer_decl(g, bindings[b], b, false) : scratch_decl(p, k, b);

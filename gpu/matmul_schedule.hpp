@@ -13,7 +13,7 @@ namespace mesh::gpu::detail {
 
 /// The problem of one matmul kernel: c[batch][m][n] = a[batch][m][kd] x b[batch][kd][n].
 struct mm_dims {
-  node_id a = 0, b = 0;
+  node_index a = 0, b = 0;
   int64_t m = 0, kd = 0, n = 0, batch = 0;
   double flops() const {
     return 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);

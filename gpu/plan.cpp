@@ -46,7 +46,7 @@ void add_reduction(const graph& g, const kernel& k, const split_options& split, 
 
 }  // namespace
 
-reduction_layout layout_of(const graph& g, node_id reduce) {
+reduction_layout layout_of(const graph& g, node_index reduce) {
   const node& r = g[reduce];
   const shape& xd = g[r.inputs[0]].dims;
   std::vector<bool> reduced(xd.size(), false);
@@ -112,11 +112,11 @@ shape row_shape_of(const graph& g, const kernel& k) {
 }
 
 /// Whether the inline expression below `id` reads one of `results`.
-bool touches(const graph& g, const plan& p, node_id id, const std::set<node_id>& results) {
-  std::vector<node_id> stack{id};
-  std::set<node_id> seen;
+bool touches(const graph& g, const plan& p, node_index id, const std::set<node_index>& results) {
+  std::vector<node_index> stack{id};
+  std::set<node_index> seen;
   while (!stack.empty()) {
-    const node_id x = stack.back();
+    const node_index x = stack.back();
     stack.pop_back();
     if (!seen.insert(x).second) continue;
     if (results.count(x)) return true;
@@ -128,7 +128,7 @@ bool touches(const graph& g, const plan& p, node_id id, const std::set<node_id>&
 
 /// Whether b broadcasts one value per row to `rows`: its input is `rows` with the last axis 1
 /// (or that without leading 1s), so the input is evaluated at the row's own flat index.
-bool is_row_broadcast(const graph& g, node_id b, const shape& rows) {
+bool is_row_broadcast(const graph& g, node_index b, const shape& rows) {
   const node& n = g[b];
   if (n.op != op_kind::broadcast || n.dims != rows) return false;
   const shape& d = g[n.inputs[0]].dims;
@@ -144,10 +144,10 @@ bool is_row_broadcast(const graph& g, node_id b, const shape& rows) {
 /// row itself (a reduction's epilogue, which stops at `stop`). Elementwise ops keep the index,
 /// a row broadcast takes an element to its row, a reshape keeps a row's flat index; any other
 /// re-indexing must not lead to a result. `own` is the kernel's root (computed, not read).
-bool reads_own_row_only(const graph& g, const plan& p, node_id start, node_id own, node_id stop, const shape& rows,
-                        const std::set<node_id>& results, bool row_space) {
-  std::vector<std::pair<node_id, bool>> stack{{start, row_space}};
-  std::set<std::pair<node_id, bool>> seen;
+bool reads_own_row_only(const graph& g, const plan& p, node_index start, node_index own, node_index stop, const shape& rows,
+                        const std::set<node_index>& results, bool row_space) {
+  std::vector<std::pair<node_index, bool>> stack{{start, row_space}};
+  std::set<std::pair<node_index, bool>> seen;
   while (!stack.empty()) {
     const auto [id, at_row] = stack.back();
     stack.pop_back();
@@ -183,7 +183,7 @@ void fuse_row_kernels(const graph& g, plan& p, int64_t min_length) {
     kernel group;
     group.kind = kernel_kind::rows;
     group.members.push_back(p.kernels[i]);
-    std::set<node_id> results{p.kernels[i].root};
+    std::set<node_index> results{p.kernels[i].root};
     size_t j = i + 1;
     for (; j < p.kernels.size(); ++j) {
       const kernel& k = p.kernels[j];
@@ -214,21 +214,21 @@ void fuse_row_kernels(const graph& g, plan& p, int64_t min_length) {
 
 plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   const auto n = static_cast<size_t>(g.size());
-  std::vector<std::vector<node_id>> users(n);
-  for (node_id id = 0; id < g.size(); ++id)
+  std::vector<std::vector<node_index>> users(n);
+  for (node_index id = 0; id < g.size(); ++id)
     for (auto in : g[id].inputs) users[static_cast<size_t>(in)].push_back(id);
 
   plan p;
   p.materialised.assign(n, false);
   std::vector<bool> pinned(n, false);  // results the caller sees: never absorbed into a kernel
-  for (node_id id = 0; id < g.size(); ++id)
+  for (node_index id = 0; id < g.size(); ++id)
     if (is_leaf_buffer(g[id]) || is_anchor(g[id].op)) p.materialised[id] = true;
   for (const auto& o : g.outputs) p.materialised[o.id] = pinned[o.id] = true;
   for (const auto& u : g.updates) p.materialised[u.value] = pinned[u.value] = true;
 
   // Cheap nodes only re-index buffers: recomputing them in several kernels costs nothing.
   std::vector<bool> cheap(n, false);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& x = g[id];
     if (is_splat(x)) {
       cheap[id] = true;
@@ -244,7 +244,7 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   // few ALU ops (softmax's exp(x - max) feeds both the sum and the division). cost = inline ops
   // in the expression (an upper bound: shared subexpressions count twice).
   std::vector<int> cost(n, 0);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     if (p.materialised[id] || is_splat(g[id])) continue;
     int c = 1;
     for (auto in : g[id].inputs) c += cost[in];
@@ -256,8 +256,8 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   // Reverse pass: a node needed by several kernels (unless small enough to recompute), re-read
   // many times by a matmul or scatter_add, or read at several indices, gets its own buffer
   // unless it is cheap.
-  std::vector<std::set<node_id>> roots(n);
-  for (node_id id = g.size() - 1; id >= 0; --id) {
+  std::vector<std::set<node_index>> roots(n);
+  for (node_index id = g.size() - 1; id >= 0; --id) {
     if (p.materialised[id]) continue;
     bool heavy_user = false, reindexed = false;
     for (auto u : users[id]) {
@@ -274,18 +274,18 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   }
 
   // Epilogue absorption: matmul/reduce -> single-use elementwise chain -> materialised root.
-  std::vector<node_id> claimed(n, -1);
-  for (node_id id = 0; id < g.size(); ++id) {
+  std::vector<node_index> claimed(n, -1);
+  for (node_index id = 0; id < g.size(); ++id) {
     const op_kind op = g[id].op;
     if (op != op_kind::matmul && op != op_kind::reduce_sum && op != op_kind::reduce_max) continue;
     if (pinned[id]) continue;
     // Every path from the anchor must stay elementwise (same index) until one materialised
     // root; fan-out on the way is fine (the epilogue computes each node once per element).
-    std::set<node_id> reached, seen;
-    std::vector<node_id> stack(users[id].begin(), users[id].end());
+    std::set<node_index> reached, seen;
+    std::vector<node_index> stack(users[id].begin(), users[id].end());
     bool ok = !stack.empty();
     while (ok && !stack.empty()) {
-      const node_id u = stack.back();
+      const node_index u = stack.back();
       stack.pop_back();
       if (!seen.insert(u).second) continue;
       if (!is_elementwise(g[u].op)) ok = false;
@@ -293,13 +293,13 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
       else stack.insert(stack.end(), users[u].begin(), users[u].end());
     }
     if (!ok || reached.size() != 1) continue;
-    const node_id root = *reached.begin();
+    const node_index root = *reached.begin();
     if (claimed[root] >= 0 || is_anchor(g[root].op)) continue;
     claimed[root] = id;
     p.materialised[id] = false;
   }
 
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& x = g[id];
     if (!p.materialised[id] || is_leaf_buffer(x)) continue;
     kernel k;

@@ -28,8 +28,8 @@ enum class kernel_kind {
 /// One dispatch.
 struct kernel {
   kernel_kind kind = kernel_kind::elementwise;
-  node_id root = -1;    ///< the node this kernel writes
-  node_id anchor = -1;  ///< the matmul/reduce/scatter_add node (== root when no epilogue)
+  node_index root = -1;    ///< the node this kernel writes
+  node_index anchor = -1;  ///< the matmul/reduce/scatter_add node (== root when no epilogue)
   /// A split reduction runs as two kernels: pass 1 reduces `slices` fixed slices of every
   /// output's range (with the prologue) into a partial buffer, pass 2 combines each output's
   /// partials in slice order and applies the epilogue. 0: a one-pass kernel.
@@ -59,7 +59,7 @@ struct plan {
 };
 
 /// The binding id of plan::scratch[index] (ids past the graph's own nodes).
-inline node_id scratch_id(const graph& g, int index) { return g.size() + index; }
+inline node_index scratch_id(const graph& g, int index) { return g.size() + index; }
 
 /// How a reduction reads its input: `outputs` results, each combining `reduced` elements.
 struct reduction_layout {
@@ -76,7 +76,7 @@ struct reduction_layout {
 };
 
 /// The layout of reduction node `reduce` (reduce_sum or reduce_max).
-reduction_layout layout_of(const graph& g, node_id reduce);
+reduction_layout layout_of(const graph& g, node_index reduce);
 
 /// When a reduction is split into two passes. A one-pass kernel gives each output (rows) or each
 /// 32 outputs (columns) one workgroup: with few outputs over long ranges that leaves most of a GPU

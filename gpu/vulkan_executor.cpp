@@ -338,7 +338,7 @@ class vulkan_executor final : public executor {
     pr.views.resize(n + pr.p.scratch.size());
     const uint64_t max_range = d_->props.limits.maxStorageBufferRange;
     // Buffers: parameters are shared by name; everything else materialised belongs to the program.
-    for (node_id id = 0; id < g.size(); ++id) {
+    for (node_index id = 0; id < g.size(); ++id) {
       if (!pr.p.materialised[id]) continue;
       const node& x = g[id];
       if (bytes_of(x) > max_range)

@@ -20,7 +20,7 @@ expr unbroadcast(const expr& g, shape to, source_loc loc) {
 }
 
 /// The vector-Jacobian product of node `n` (output `y`, adjoint `g`) for its input `k`.
-expr vjp(builder& b, const node& n, node_id y_id, int k, const expr& g, source_loc loc) {
+expr vjp(builder& b, const node& n, node_index y_id, int k, const expr& g, source_loc loc) {
   const auto in = [&](int i) { return b.at(n.inputs[static_cast<size_t>(i)]); };
   const expr y = b.at(y_id);
   const expr x = in(0);
@@ -135,28 +135,28 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
     if (!w.ok() || w.owner() != &b) return poisoned("a variable is invalid or from another builder");
 
   // Only nodes on a path from some variable to the loss need adjoints.
-  const node_id end = loss.id() + 1;
+  const node_index end = loss.id() + 1;
   std::vector<bool> from_wrt(static_cast<size_t>(end), false), to_loss(static_cast<size_t>(end), false);
   for (const auto& w : wrt)
     if (w.id() < end) from_wrt[static_cast<size_t>(w.id())] = true;
-  for (node_id i = 0; i < end; ++i)
+  for (node_index i = 0; i < end; ++i)
     for (auto in : b.peek()[i].inputs)
       if (from_wrt[static_cast<size_t>(in)]) from_wrt[static_cast<size_t>(i)] = true;
   to_loss[static_cast<size_t>(loss.id())] = true;
-  for (node_id i = loss.id(); i >= 0; --i) {
+  for (node_index i = loss.id(); i >= 0; --i) {
     if (!to_loss[static_cast<size_t>(i)]) continue;
     for (auto in : b.peek()[i].inputs) to_loss[static_cast<size_t>(in)] = true;
   }
 
-  std::map<node_id, expr> adjoint;
+  std::map<node_index, expr> adjoint;
   adjoint[loss.id()] = b.fill(1.0, loss.type(), {}, loc);
-  for (node_id id = loss.id(); id >= 0; --id) {
+  for (node_index id = loss.id(); id >= 0; --id) {
     auto it = adjoint.find(id);
     if (it == adjoint.end()) continue;
     const node n = b.peek()[id];  // copy: appending nodes may reallocate
     const expr g = it->second;
     for (int k = 0; k < static_cast<int>(n.inputs.size()); ++k) {
-      const node_id x = n.inputs[static_cast<size_t>(k)];
+      const node_index x = n.inputs[static_cast<size_t>(k)];
       if (!from_wrt[static_cast<size_t>(x)] || !to_loss[static_cast<size_t>(x)]) continue;
       if (!differentiable_input(n, k, b.peek())) continue;
       expr contribution = vjp(b, n, id, k, g, loc);
@@ -173,7 +173,7 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
   return out;
 }
 
-expected<gradient_graph> grad(const graph& g, node_id loss, const std::vector<node_id>& wrt) {
+expected<gradient_graph> grad(const graph& g, node_index loss, const std::vector<node_index>& wrt) {
   if (loss < 0 || loss >= g.size()) return make_error(error_code::invalid_argument, "grad: loss is not a node of the graph");
   builder b(g);
   std::vector<expr> vars;

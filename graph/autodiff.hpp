@@ -17,10 +17,10 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
 /// A graph extended with gradient nodes.
 struct gradient_graph {
   graph g;                      ///< the original nodes (same ids) followed by the backward nodes
-  std::vector<node_id> grads;   ///< one per `wrt`, ids in g
+  std::vector<node_index> grads;   ///< one per `wrt`, ids in g
 };
 
 /// The graph-level form: gradients of node `loss` of `g` with respect to nodes `wrt`.
-expected<gradient_graph> grad(const graph& g, node_id loss, const std::vector<node_id>& wrt);
+expected<gradient_graph> grad(const graph& g, node_index loss, const std::vector<node_index>& wrt);
 
 }  // namespace mesh

@@ -56,10 +56,10 @@ class expr {
  public:
   expr() = default;
   /// Node `id` of `owner`; id -1 is an expression poisoned by an error `owner` recorded.
-  expr(builder* owner, node_id id);
+  expr(builder* owner, node_index id);
 
   bool ok() const { return state_ != nullptr && id_ >= 0; }
-  node_id id() const { return id_; }
+  node_index id() const { return id_; }
   /// The builder that holds this expression's graph now (null for an expression of no builder).
   builder* owner() const { return state_ ? state_->owner : nullptr; }
   /// Result shape and type (empty/f32 for a poisoned expression). The shape is a copy: a
@@ -73,7 +73,7 @@ class expr {
 
  private:
   detail::builder_state* state_ = nullptr;
-  node_id id_ = -1;
+  node_index id_ = -1;
 };
 
 /// An operand of an overloaded operator: an expression or a number, with the caller's location.
@@ -118,7 +118,7 @@ class builder {
     return fill(value, t, {}, loc);
   }
   /// Refers to an existing node of the graph (after builder(graph)).
-  expr at(node_id id) { return expr(this, id); }
+  expr at(node_index id) { return expr(this, id); }
 
   /// Marks `e` as a result named `name`.
   void output(const std::string& name, expr e, source_loc loc = source_loc::current());
@@ -146,7 +146,7 @@ class builder {
   std::unique_ptr<detail::builder_state> state_;
 };
 
-inline expr::expr(builder* owner, node_id id) : state_(owner ? owner->state_.get() : nullptr), id_(id) {}
+inline expr::expr(builder* owner, node_index id) : state_(owner ? owner->state_.get() : nullptr), id_(id) {}
 
 // Elementwise unary.
 expr operator-(const expr& x);

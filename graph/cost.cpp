@@ -9,7 +9,7 @@ double usable_rate(double r) { return std::isfinite(r) && r > 1e-9 ? r : 1e-9; }
 
 int64_t result_bytes(const node& n) { return element_count(n.dims) * static_cast<int64_t>(size_of(n.type)); }
 
-double node_flops(const graph& g, node_id id) {
+double node_flops(const graph& g, node_index id) {
   const node& n = g[id];
   const double out = static_cast<double>(element_count(n.dims));
   switch (family_of(n.op)) {
@@ -37,7 +37,7 @@ double node_flops(const graph& g, node_id id) {
   return out;
 }
 
-double node_bytes(const graph& g, node_id id) {
+double node_bytes(const graph& g, node_index id) {
   const node& n = g[id];
   if (family_of(n.op) == op_family::leaf) return 0;
   double b = static_cast<double>(result_bytes(n));
@@ -45,7 +45,7 @@ double node_bytes(const graph& g, node_id id) {
   return b;
 }
 
-double node_seconds(const graph& g, node_id id, const device_profile& dev) {
+double node_seconds(const graph& g, node_index id, const device_profile& dev) {
   const double compute = node_flops(g, id) / (usable_rate(dev.gflops) * 1e9);
   const double memory = node_bytes(g, id) / (usable_rate(dev.mem_gbps) * 1e9);
   return std::max(compute, memory);

@@ -27,15 +27,15 @@ double usable_rate(double r);
 
 /// Floating-point operations of one node (matmul: 2mkn per batch; elementwise: one per element
 /// or a few for transcendental ops; reductions: one per input element; movement: zero).
-double node_flops(const graph& g, node_id id);
+double node_flops(const graph& g, node_index id);
 
 /// Bytes a node reads and writes (inputs' results and its own).
-double node_bytes(const graph& g, node_id id);
+double node_bytes(const graph& g, node_index id);
 
 /// Size in bytes of a node's result.
 int64_t result_bytes(const node& n);
 
 /// Estimated seconds for `dev` to compute node `id`: the larger of compute and memory time.
-double node_seconds(const graph& g, node_id id, const device_profile& dev);
+double node_seconds(const graph& g, node_index id, const device_profile& dev);
 
 }  // namespace mesh

@@ -83,7 +83,7 @@ double add_i32(double a, double b) {
 /// The error for index `r`, element `p` of the indices of gather or scatter_add node `id` of `g`,
 /// whose table has `rows` rows. Names the indices' leaf when they come straight from one, as
 /// labels and token ids usually do.
-error bad_index(const graph& g, node_id id, int64_t p, int64_t r, int64_t rows) {
+error bad_index(const graph& g, node_index id, int64_t p, int64_t r, int64_t rows) {
   const node& n = g[id];
   const node& src = g[n.inputs[n.op == op_kind::gather ? 1 : 0]];
   const bool leaf = src.op == op_kind::input || src.op == op_kind::parameter;
@@ -96,7 +96,7 @@ error bad_index(const graph& g, node_id id, int64_t p, int64_t r, int64_t rows) 
 }
 
 /// Computes node `id` of `g` from its inputs' values. `in_dims` are the inputs' shapes.
-expected<values> compute(const graph& g, node_id id, const std::vector<const values*>& in,
+expected<values> compute(const graph& g, node_index id, const std::vector<const values*>& in,
                          const std::vector<const shape*>& in_dims, const std::vector<dtype>& in_types, bool round,
                          index_check indices) {
   const node& n = g[id];
@@ -254,7 +254,7 @@ expected<void> check_bindings(const graph& g, const tensor_map& bindings, bool p
       if (auto ok = check_one(n, bindings, parameters ? "parameter" : "input"); !ok) return ok;
   if (!parameters)
     for (const auto& [name, t] : bindings) {
-      const node_id id = g.find_leaf(name);
+      const node_index id = g.find_leaf(name);
       if (id < 0 || g[id].op != op_kind::input)
         return make_error(error_code::not_found, "the graph has no input named \"" + name + "\"");
     }
@@ -268,7 +268,7 @@ namespace {
 template <class Leaf>
 expected<std::vector<values>> evaluate_values(const graph& g, Leaf&& leaf, bool round, index_check indices) {
   std::vector<values> vals(g.nodes.size());
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
     if (n.op == op_kind::input || n.op == op_kind::parameter) vals[id] = leaf(n);
     else if (n.op == op_kind::constant) {
@@ -320,7 +320,7 @@ expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& i
   if (!vals) return tl::unexpected(vals.error());
   std::vector<tensor> out;
   out.reserve(vals->size());
-  for (node_id id = 0; id < g.size(); ++id) out.push_back(tensor::from_values(g[id].type, g[id].dims, (*vals)[id]));
+  for (node_index id = 0; id < g.size(); ++id) out.push_back(tensor::from_values(g[id].type, g[id].dims, (*vals)[id]));
   return out;
 }
 
@@ -328,7 +328,7 @@ expected<evaluation> evaluate(const graph& g, const tensor_map& inputs, const te
                               index_check indices) {
   auto vals = evaluate_bound(g, inputs, params, indices);
   if (!vals) return tl::unexpected(vals.error());
-  const auto as_tensor = [&](node_id id) { return tensor::from_values(g[id].type, g[id].dims, (*vals)[id]); };
+  const auto as_tensor = [&](node_index id) { return tensor::from_values(g[id].type, g[id].dims, (*vals)[id]); };
   evaluation result;
   for (const auto& o : g.outputs) result.outputs[o.name] = as_tensor(o.id);
   result.params = params;

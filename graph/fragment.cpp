@@ -4,7 +4,7 @@
 
 namespace mesh {
 
-std::string cut_name(node_id id) { return "cut." + std::to_string(id); }
+std::string cut_name(node_index id) { return "cut." + std::to_string(id); }
 
 expected<graph> stage_fragment(const graph& g, const plan& p, int s) {
   if (p.kind != strategy::pipeline || s < 0 || s >= static_cast<int>(p.stages.size()))
@@ -14,8 +14,8 @@ expected<graph> stage_fragment(const graph& g, const plan& p, int s) {
     for (auto id : p.stages[k].nodes) stage_of[static_cast<size_t>(id)] = static_cast<int>(k);
 
   graph f;
-  std::map<node_id, node_id> local;  // original id -> fragment id
-  const auto bring = [&](node_id id) -> node_id {
+  std::map<node_index, node_index> local;  // original id -> fragment id
+  const auto bring = [&](node_index id) -> node_index {
     if (auto it = local.find(id); it != local.end()) return it->second;
     const node& n = g[id];
     node copy;

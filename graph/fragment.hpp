@@ -8,7 +8,7 @@
 namespace mesh {
 
 /// Name of the input/output that carries node `id` of the original graph across stages.
-std::string cut_name(node_id id);
+std::string cut_name(node_index id);
 
 /// The graph that stage `s` of pipeline plan `p` runs: its nodes (ids renumbered), the leaves
 /// they use, values from earlier stages as inputs named cut_name(id), and as outputs both the

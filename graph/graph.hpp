@@ -11,7 +11,7 @@
 namespace mesh {
 
 /// A node's index in graph::nodes.
-using node_id = int32_t;
+using node_index = int32_t;
 
 /// Per-op attributes. Fields an op does not use stay empty/default (validate() checks this).
 struct attributes {
@@ -32,7 +32,7 @@ struct node {
   op_kind op = op_kind::constant;
   dtype type = dtype::f32;
   shape dims;
-  std::vector<node_id> inputs;
+  std::vector<node_index> inputs;
   attributes attrs;
 
   bool operator==(const node&) const = default;
@@ -41,15 +41,15 @@ struct node {
 /// A named result a run returns.
 struct output {
   std::string name;
-  node_id id = -1;
+  node_index id = -1;
   bool operator==(const output&) const = default;
 };
 
 /// After a run, parameter `target` takes the value of node `value` (optimizer steps, running
 /// statistics). All updates read values of the same run: they apply together at its end.
 struct update {
-  node_id target = -1;  ///< a parameter node
-  node_id value = -1;   ///< same dtype and shape as the parameter
+  node_index target = -1;  ///< a parameter node
+  node_index value = -1;   ///< same dtype and shape as the parameter
   bool operator==(const update&) const = default;
 };
 
@@ -60,12 +60,12 @@ struct graph {
   std::vector<output> outputs;
   std::vector<update> updates;
 
-  const node& operator[](node_id id) const { return nodes[static_cast<size_t>(id)]; }
-  node_id size() const { return static_cast<node_id>(nodes.size()); }
+  const node& operator[](node_index id) const { return nodes[static_cast<size_t>(id)]; }
+  node_index size() const { return static_cast<node_index>(nodes.size()); }
   /// The id of the input or parameter with this name, or -1.
-  node_id find_leaf(const std::string& name) const;
+  node_index find_leaf(const std::string& name) const;
   /// The id of the output with this name, or -1.
-  node_id find_output(const std::string& name) const;
+  node_index find_output(const std::string& name) const;
 
   bool operator==(const graph&) const = default;
 };

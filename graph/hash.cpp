@@ -39,7 +39,7 @@ struct hasher {
 
 std::vector<uint64_t> node_hashes(const graph& g) {
   std::vector<uint64_t> hs(g.nodes.size());
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
     hasher h;
     h.value(n.op);
@@ -65,7 +65,7 @@ uint64_t structural_hash(const graph& g) {
   hasher h;
   // Leaves are the interface: include them all, order-independently (sorted hashes).
   std::vector<uint64_t> leaves;
-  for (node_id id = 0; id < g.size(); ++id)
+  for (node_index id = 0; id < g.size(); ++id)
     if (g[id].op == op_kind::input || g[id].op == op_kind::parameter) leaves.push_back(hs[static_cast<size_t>(id)]);
   std::sort(leaves.begin(), leaves.end());
   h.list(leaves);

@@ -17,7 +17,7 @@ bool is_leaf(const node& n) { return family_of(n.op) == op_family::leaf; }
 struct pipeline_model {
   const graph& g;
   const std::vector<device_profile>& devices;
-  std::vector<node_id> order;
+  std::vector<node_index> order;
   std::vector<size_t> pos;  ///< position of each node in `order`
 
   pipeline_model(const graph& gr, const std::vector<device_profile>& devs)
@@ -36,7 +36,7 @@ struct pipeline_model {
     int64_t incoming = 0, resident = 0;
     std::vector<bool> counted(order.size(), false);
     for (size_t i = a; i < b; ++i) {
-      const node_id id = order[i];
+      const node_index id = order[i];
       secs += node_seconds(g, id, dev);
       resident += result_bytes(g[id]);
       for (auto in : g[id].inputs) {
@@ -128,7 +128,7 @@ expected<void> check_updates_local(const graph& g, const plan& p) {
     for (auto id : p.stages[s].nodes) stage_of[static_cast<size_t>(id)] = static_cast<int>(s);
   for (const auto& u : g.updates) {
     const int vs = stage_of[static_cast<size_t>(u.value)];
-    for (node_id id = 0; id < g.size(); ++id)
+    for (node_index id = 0; id < g.size(); ++id)
       for (auto in : g[id].inputs)
         if (in == u.target && stage_of[static_cast<size_t>(id)] != vs)
           return make_error(error_code::unsupported,
@@ -141,7 +141,7 @@ expected<void> check_updates_local(const graph& g, const plan& p) {
 /// Seconds for device d to run the whole graph.
 double whole_graph_seconds(const graph& g, const device_profile& d) {
   double s = 0;
-  for (node_id id = 0; id < g.size(); ++id) s += node_seconds(g, id, d);
+  for (node_index id = 0; id < g.size(); ++id) s += node_seconds(g, id, d);
   return s;
 }
 
@@ -229,9 +229,9 @@ expected<plan> tensor_parallel(const graph& g, const std::vector<device_profile>
   p.kind = strategy::tensor_parallel;
   std::vector<double> secs(devices.size(), 0.0);
   std::vector<bool> sharded_param(g.nodes.size(), false);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
-    const node_id w = column_sharded_parameter(g, id);
+    const node_index w = column_sharded_parameter(g, id);
     if (w < 0) {
       for (size_t d = 0; d < devices.size(); ++d) secs[d] += node_seconds(g, id, devices[d]);
       continue;
@@ -260,15 +260,15 @@ expected<plan> tensor_parallel(const graph& g, const std::vector<device_profile>
 
 }  // namespace
 
-node_id column_sharded_parameter(const graph& g, node_id id) {
+node_index column_sharded_parameter(const graph& g, node_index id) {
   const node& n = g[id];
   if (n.op != op_kind::matmul || n.dims.empty() || n.dims.back() == 0) return -1;
-  node_id r = n.inputs[1];
+  node_index r = n.inputs[1];
   // Only a broadcast that adds batch axes keeps the parameter's columns the matmul's columns: one
   // that expands a column axis of size 1 ([k, 1] -> [k, n]) does not, and sharding its source
   // would give the matmul 1 column instead of n.
   if (g[r].op == op_kind::broadcast) {
-    const node_id src = g[r].inputs[0];
+    const node_index src = g[r].inputs[0];
     const shape& to = g[r].dims;
     const shape& from = g[src].dims;
     if (from.size() != 2 || to.size() < 2 || to[to.size() - 2] != from[0] || to.back() != from[1]) return -1;
@@ -288,10 +288,10 @@ const char* to_string(strategy s) {
   return "?";
 }
 
-std::vector<node_id> schedule_order(const graph& g) {
-  std::vector<node_id> order;
+std::vector<node_index> schedule_order(const graph& g) {
+  std::vector<node_index> order;
   std::vector<bool> placed(g.nodes.size(), false);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     if (is_leaf(g[id])) continue;
     for (auto in : g[id].inputs)
       if (is_leaf(g[in]) && !placed[static_cast<size_t>(in)]) {
@@ -301,7 +301,7 @@ std::vector<node_id> schedule_order(const graph& g) {
     placed[static_cast<size_t>(id)] = true;
     order.push_back(id);
   }
-  for (node_id id = 0; id < g.size(); ++id)
+  for (node_index id = 0; id < g.size(); ++id)
     if (!placed[static_cast<size_t>(id)]) order.push_back(id);  // leaves nothing uses
   return order;
 }

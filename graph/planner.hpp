@@ -34,14 +34,14 @@ const char* to_string(strategy s);
 
 /// A value produced in one stage and used in a later one (sent peer to peer).
 struct stage_transfer {
-  node_id value = -1;
+  node_index value = -1;
   int from_stage = 0, to_stage = 0;
   int64_t bytes = 0;
 };
 
 struct pipeline_stage {
   int device = 0;                ///< index into the device list
-  std::vector<node_id> nodes;    ///< in schedule order
+  std::vector<node_index> nodes;    ///< in schedule order
   double seconds = 0;            ///< estimated compute + receive time
 };
 
@@ -52,7 +52,7 @@ struct batch_share {
 
 /// A parameter split by columns: device d holds columns [ranges[d].first, ranges[d].second).
 struct column_shard {
-  node_id param = -1;
+  node_index param = -1;
   std::vector<std::pair<int64_t, int64_t>> ranges;  ///< one per device, in device order
 };
 
@@ -87,10 +87,10 @@ expected<plan> cheapest_plan(const graph& g, const std::vector<device_profile>& 
 /// one column whose right operand is a rank-2 parameter, directly or through a broadcast that
 /// keeps the last two dims (adds batch axes only), that parameter (its columns are the matmul's);
 /// else -1. The planner and the staged rewrite (staged_plan.hpp) agree through this one rule.
-node_id column_sharded_parameter(const graph& g, node_id id);
+node_index column_sharded_parameter(const graph& g, node_index id);
 
 /// The schedule order the pipeline planner cuts: topological, leaves just before first use.
-std::vector<node_id> schedule_order(const graph& g);
+std::vector<node_index> schedule_order(const graph& g);
 
 /// Bottleneck time of given pipeline cuts (stage i = order[cuts[i-1], cuts[i])), for tests and
 /// for comparing plans. `cuts` has devices.size()-1 non-decreasing positions.

@@ -23,7 +23,7 @@ class rewriter {
 
   graph run(const graph& g) {
     remap_.assign(g.nodes.size(), -1);
-    for (node_id id = 0; id < g.size(); ++id) {
+    for (node_index id = 0; id < g.size(); ++id) {
       node n = g[id];
       for (auto& i : n.inputs) i = remap_[static_cast<size_t>(i)];
       remap_[static_cast<size_t>(id)] = place(std::move(n));
@@ -34,10 +34,10 @@ class rewriter {
   }
 
  private:
-  const node& at(node_id id) const { return out_.nodes[static_cast<size_t>(id)]; }
+  const node& at(node_index id) const { return out_.nodes[static_cast<size_t>(id)]; }
 
   /// Adds n (or an equivalent existing node) to the new graph and returns its id.
-  node_id place(node n) {
+  node_index place(node n) {
     if (auto same = identity_of(n); same >= 0) {
       ++st_.rewritten;
       return same;
@@ -60,9 +60,9 @@ class rewriter {
   }
 
   /// If n computes the same value as one of its inputs, that input's id; else -1.
-  node_id identity_of(node& n) {
+  node_index identity_of(node& n) {
     if (n.inputs.empty()) return -1;
-    const node_id a = n.inputs[0];
+    const node_index a = n.inputs[0];
     const node& x = at(a);
     const bool same_as_x = x.type == n.type && x.dims == n.dims;
     switch (n.op) {
@@ -166,10 +166,10 @@ class rewriter {
 
   simplify_stats& st_;
   graph out_;
-  std::vector<node_id> remap_;
-  std::map<std::tuple<op_kind, dtype, shape, std::vector<node_id>, std::vector<int64_t>, std::vector<int64_t>,
+  std::vector<node_index> remap_;
+  std::map<std::tuple<op_kind, dtype, shape, std::vector<node_index>, std::vector<int64_t>, std::vector<int64_t>,
                       std::vector<int64_t>, int64_t, compare_kind, bool, std::vector<double>>,
-           node_id>
+           node_index>
       seen_;
 };
 
@@ -178,15 +178,15 @@ graph remove_dead(const graph& g, simplify_stats& st) {
   std::vector<bool> live(g.nodes.size(), false);
   for (auto o : g.outputs) live[static_cast<size_t>(o.id)] = true;
   for (auto u : g.updates) live[static_cast<size_t>(u.target)] = live[static_cast<size_t>(u.value)] = true;
-  for (node_id id = g.size() - 1; id >= 0; --id) {
+  for (node_index id = g.size() - 1; id >= 0; --id) {
     const node& n = g[id];
     if (n.op == op_kind::input || n.op == op_kind::parameter) live[static_cast<size_t>(id)] = true;
     if (!live[static_cast<size_t>(id)]) continue;
     for (auto i : n.inputs) live[static_cast<size_t>(i)] = true;
   }
   graph out;
-  std::vector<node_id> remap(g.nodes.size(), -1);
-  for (node_id id = 0; id < g.size(); ++id) {
+  std::vector<node_index> remap(g.nodes.size(), -1);
+  for (node_index id = 0; id < g.size(); ++id) {
     if (!live[static_cast<size_t>(id)]) {
       ++st.removed;
       continue;

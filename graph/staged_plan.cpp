@@ -13,7 +13,7 @@ namespace {
 
 bool is_leaf(const node& n) { return family_of(n.op) == op_family::leaf; }
 
-error mixing(node_id id, const node& n, const std::string& why) {
+error mixing(node_index id, const node& n, const std::string& why) {
   return {error_code::unsupported, "data parallel: node %" + std::to_string(id) + " (" + std::string(to_string(n.op)) +
                                        ") " + why + "; run this graph as a pipeline"};
 }
@@ -22,7 +22,7 @@ error mixing(node_id id, const node& n, const std::string& why) {
 /// The first node that would mix rows is an error.
 expected<std::vector<bool>> batched_nodes(const graph& g, int64_t batch) {
   std::vector<bool> batched(g.nodes.size(), false);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
     if (n.op == op_kind::input) {
       batched[static_cast<size_t>(id)] = true;  // the planner checked that every input has `batch` rows
@@ -85,7 +85,7 @@ struct stage_builder {
   std::vector<int> stage_device;
   std::vector<tensor_piece> pieces;
 
-  node_id add(node n, int stage) {
+  node_index add(node n, int stage) {
     out.nodes.push_back(std::move(n));
     stage_of.push_back(stage);
     return out.size() - 1;
@@ -95,7 +95,7 @@ struct stage_builder {
     return static_cast<int>(stage_device.size()) - 1;
   }
   /// A node of `out` made of elements [begin, end) of `axis` of node `of`.
-  node_id add_slice(node_id of, int axis, int64_t begin, int64_t end, int stage) {
+  node_index add_slice(node_index of, int axis, int64_t begin, int64_t end, int stage) {
     node s;
     s.op = op_kind::slice;
     s.type = out[of].type;
@@ -109,7 +109,7 @@ struct stage_builder {
     return add(std::move(s), stage);
   }
   /// A leaf (input or parameter) cut from the job tensor `source`.
-  node_id add_piece(const node& leaf, const std::string& name, int axis, int64_t begin, int64_t end) {
+  node_index add_piece(const node& leaf, const std::string& name, int axis, int64_t begin, int64_t end) {
     node p = leaf;
     p.attrs.name = name;
     p.dims[static_cast<size_t>(axis)] = end - begin;
@@ -123,11 +123,11 @@ struct stage_builder {
     if (auto ok = validate(out); !ok) return make_error(error_code::internal, "staged graph is invalid: " + ok.error().to_string());
     std::vector<bool> live(out.nodes.size(), false);
     for (const auto& o : out.outputs) live[static_cast<size_t>(o.id)] = true;
-    for (node_id id = out.size() - 1; id >= 0; --id)
+    for (node_index id = out.size() - 1; id >= 0; --id)
       if (live[static_cast<size_t>(id)])
         for (auto i : out[id].inputs) live[static_cast<size_t>(i)] = true;
-    std::vector<std::vector<node_id>> members(stage_device.size());
-    for (node_id id = 0; id < out.size(); ++id)
+    std::vector<std::vector<node_index>> members(stage_device.size());
+    for (node_index id = 0; id < out.size(); ++id)
       if (live[static_cast<size_t>(id)] && stage_of[static_cast<size_t>(id)] >= 0)
         members[static_cast<size_t>(stage_of[static_cast<size_t>(id)])].push_back(id);
     std::vector<int> renumbered(stage_device.size(), -1);
@@ -141,7 +141,7 @@ struct stage_builder {
     // An output that is a leaf itself is returned by the last stage.
     for (const auto& o : out.outputs)
       if (stage_of[static_cast<size_t>(o.id)] < 0 && !job.stages.stages.empty()) job.stages.stages.back().nodes.push_back(o.id);
-    std::set<std::pair<node_id, int>> sent;
+    std::set<std::pair<node_index, int>> sent;
     for (const auto& st : job.stages.stages)
       for (auto id : st.nodes) {
         const int to = renumbered[static_cast<size_t>(std::max(stage_of[static_cast<size_t>(id)], 0))];
@@ -172,14 +172,14 @@ expected<staged_job> stage_data_parallel(const graph& g, const plan& p) {
   if (shares.empty()) return make_error(error_code::invalid_argument, "data parallel: the plan has no rows");
 
   stage_builder b;
-  std::map<node_id, node_id> shared_leaves;  // parameters and constants, one copy for all replicas
-  std::vector<std::vector<node_id>> replica_outputs(g.outputs.size());
+  std::map<node_index, node_index> shared_leaves;  // parameters and constants, one copy for all replicas
+  std::vector<std::vector<node_index>> replica_outputs(g.outputs.size());
   for (size_t k = 0; k < shares.size(); ++k) {
     const auto& share = shares[k];
     const int64_t rows = share.end - share.begin;
     const int stage = b.new_stage(share.device);
-    std::vector<node_id> local(g.nodes.size(), -1);
-    for (node_id id = 0; id < g.size(); ++id) {
+    std::vector<node_index> local(g.nodes.size(), -1);
+    for (node_index id = 0; id < g.size(); ++id) {
       const node& n = g[id];
       if (n.op == op_kind::input) {
         local[static_cast<size_t>(id)] = b.add_piece(n, rows_name(n.attrs.name, share.begin, share.end), 0, share.begin, share.end);
@@ -194,7 +194,7 @@ expected<staged_job> stage_data_parallel(const graph& g, const plan& p) {
       node c = n;
       const bool rows_here = (*batched)[static_cast<size_t>(id)];
       for (size_t i = 0; i < c.inputs.size(); ++i) {
-        const node_id in = n.inputs[i];
+        const node_index in = n.inputs[i];
         c.inputs[i] = local[static_cast<size_t>(in)];
         if (rows_here && !(*batched)[static_cast<size_t>(in)] && operand_needs_rows(n))
           c.inputs[i] = b.add_slice(c.inputs[i], 0, share.begin, share.end, stage);
@@ -211,7 +211,7 @@ expected<staged_job> stage_data_parallel(const graph& g, const plan& p) {
   const int gather = b.new_stage(0);
   for (size_t o = 0; o < g.outputs.size(); ++o) {
     const auto& parts = replica_outputs[o];
-    node_id result = parts.front();
+    node_index result = parts.front();
     if ((*batched)[static_cast<size_t>(g.outputs[o].id)] && parts.size() > 1) {
       node cat;
       cat.op = op_kind::concat;
@@ -227,19 +227,19 @@ expected<staged_job> stage_data_parallel(const graph& g, const plan& p) {
 }
 
 expected<staged_job> stage_tensor_parallel(const graph& g, const plan& p) {
-  std::map<node_id, const column_shard*> shard_of;
+  std::map<node_index, const column_shard*> shard_of;
   for (const auto& sh : p.shards) shard_of[sh.param] = &sh;
   stage_builder b;
-  std::map<std::pair<node_id, size_t>, node_id> column_leaves;  // (parameter, device) -> its columns
-  std::vector<node_id> local(g.nodes.size(), -1);
+  std::map<std::pair<node_index, size_t>, node_index> column_leaves;  // (parameter, device) -> its columns
+  std::vector<node_index> local(g.nodes.size(), -1);
   int main_stage = b.new_stage(0);
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
     if (is_leaf(n)) {
       local[static_cast<size_t>(id)] = b.add(n, -1);
       continue;
     }
-    const node_id w = column_sharded_parameter(g, id);
+    const node_index w = column_sharded_parameter(g, id);
     const auto sh = shard_of.find(w);
     if (w < 0 || sh == shard_of.end()) {
       node c = n;
@@ -260,14 +260,14 @@ expected<staged_job> stage_tensor_parallel(const graph& g, const plan& p) {
       return make_error(error_code::invalid_argument, "tensor parallel: the plan's columns of parameter \"" + g[w].attrs.name +
                                                           "\" do not tile [0, " + std::to_string(cols) + ") in device order");
     // One matmul per device over its columns; the results are joined on the last axis.
-    std::vector<node_id> parts;
+    std::vector<node_index> parts;
     for (size_t d = 0; d < sh->second->ranges.size(); ++d) {
       const auto [c0, c1] = sh->second->ranges[d];
       if (c1 <= c0) continue;
       auto [it, fresh] = column_leaves.try_emplace({w, d}, -1);
       if (fresh) it->second = b.add_piece(g[w], g[w].attrs.name + "[:," + std::to_string(c0) + ":" + std::to_string(c1) + "]", 1, c0, c1);
       const int stage = b.new_stage(static_cast<int>(d));
-      node_id rhs = it->second;
+      node_index rhs = it->second;
       if (g[n.inputs[1]].op == op_kind::broadcast) {
         node bc = g[n.inputs[1]];
         bc.dims.back() = c1 - c0;
@@ -339,7 +339,7 @@ expected<tensor_map> staged_tensors(const staged_job& s, const tensor_map& job) 
       for (auto in : s.g[id].inputs) used[static_cast<size_t>(in)] = true;
     }
   tensor_map out;
-  for (node_id id = 0; id < s.g.size(); ++id) {
+  for (node_index id = 0; id < s.g.size(); ++id) {
     const node& n = s.g[id];
     if ((n.op != op_kind::input && n.op != op_kind::parameter) || !used[static_cast<size_t>(id)]) continue;
     auto pc = piece_of.find(n.attrs.name);

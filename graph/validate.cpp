@@ -9,7 +9,7 @@
 namespace mesh {
 namespace {
 
-tl::unexpected<error> at_node(node_id id, const node& n, error e) {
+tl::unexpected<error> at_node(node_index id, const node& n, error e) {
   e.message = "node %" + std::to_string(id) + " (" + std::string(to_string(n.op)) + "): " + e.message;
   return tl::unexpected(std::move(e));
 }
@@ -24,7 +24,7 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
   std::set<std::string> leaf_names;
   std::vector<value_type> types;
   types.reserve(g.nodes.size());
-  for (node_id id = 0; id < g.size(); ++id) {
+  for (node_index id = 0; id < g.size(); ++id) {
     const node& n = g[id];
     if (static_cast<int>(n.op) >= op_count)
       return make_error(error_code::invalid_graph, "node %" + std::to_string(id) + ": unknown op " +
@@ -68,7 +68,7 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
     if (o.name.empty() || !output_names.insert(o.name).second)
       return make_error(error_code::invalid_graph, "output name \"" + o.name + "\" is empty or used twice");
   }
-  std::set<node_id> updated;
+  std::set<node_index> updated;
   for (const auto& u : g.updates) {
     if (u.target < 0 || u.target >= g.size() || u.value < 0 || u.value >= g.size())
       return make_error(error_code::invalid_graph, "update refers to a missing node");

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/error.hpp"
-#include "transport/node_id.hpp"
+#include "base/node_id.hpp"
 
 namespace mesh::transport {
 

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "base/error.hpp"
-#include "transport/node_id.hpp"
+#include "base/node_id.hpp"
 
 namespace mesh::transport {
 

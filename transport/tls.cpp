@@ -1,5 +1,7 @@
 #include "transport/tls.hpp"
 
+#include <sodium.h>
+
 #include <gnutls/abstract.h>
 #include <gnutls/x509.h>
 #include <ngtcp2/ngtcp2.h>
@@ -59,6 +61,12 @@ int verify_peer(gnutls_session_t session) {
   std::memcpy(peer.key.data(), x.data, 32);
   gnutls_free(x.data);
   gnutls_free(y.data);
+  // A small-order point (the all-zero key among them, which the layers above read as "no node")
+  // is no identity anyone holds a secret for: refused before the peer is anything.
+  if (crypto_core_ed25519_is_valid_point(peer.key.data()) != 1) {
+    check.failure = "peer's key " + peer.to_string() + " is not a valid Ed25519 point";
+    return -1;
+  }
   check.peer = peer;
   if (check.expected && *check.expected != peer) {
     check.failure = "peer is node " + peer.to_string() + ", expected " + check.expected->to_string();

@@ -9,7 +9,7 @@
 #include "base/error.hpp"
 #include "transport/address.hpp"
 #include "transport/identity.hpp"
-#include "transport/node_id.hpp"
+#include "base/node_id.hpp"
 
 namespace mesh::transport {
 

@@ -16,6 +16,7 @@
 /// (so a message cannot decode to far more memory than it took on the wire: a list of empty
 /// strings is 4 bytes each encoded but 32 in memory) capped by what the receiver allows.
 /// Enums are range-checked through an `enum_limit(E)` overload next to each enum type.
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "base/node_id.hpp"
 
 namespace mesh::wire {
 
@@ -43,7 +45,9 @@ concept enum_type = std::is_enum_v<T>;
 template <class T>
 concept byte_type = std::is_same_v<T, uint8_t> || std::is_same_v<T, char> || std::is_same_v<T, int8_t>;
 
-/// Appends encodings to a byte vector. Writing cannot fail.
+/// Appends encodings to a byte vector. The one thing that cannot be written is a count past the
+/// format's u32 (a list or string of 2^32 elements or more: only a message over 4 GiB has one);
+/// fits() says whether every count did, and the caller refuses the bytes when not.
 class writer {
  public:
   explicit writer(std::vector<uint8_t>& out) : out_(out) {}
@@ -52,6 +56,8 @@ class writer {
   void operator()(const Ts&... xs) {
     (put(xs), ...);
   }
+
+  bool fits() const { return fits_; }
 
  private:
   void raw(const void* p, size_t n) {
@@ -64,7 +70,10 @@ class writer {
     for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(x) >> (8 * i));
     raw(b, sizeof b);
   }
-  void count(size_t n) { fixed(static_cast<uint32_t>(n)); }
+  void count(size_t n) {
+    if (n > UINT32_MAX) fits_ = false;
+    fixed(static_cast<uint32_t>(n));
+  }
 
   void put(bool x) { out_.push_back(x ? 1 : 0); }
   template <class T>
@@ -95,6 +104,10 @@ class writer {
     count(v.size());
     raw(v.data(), v.size());
   }
+  template <byte_type B, size_t N>
+  void put(const std::array<B, N>& a) {
+    raw(a.data(), N);
+  }
   template <class T>
   void put(const std::vector<T>& v) {
     count(v.size());
@@ -106,6 +119,7 @@ class writer {
     fields(*this, const_cast<T&>(x));  // fields() names members for both directions; writing reads only
   }
   std::vector<uint8_t>& out_;
+  bool fits_ = true;
 };
 
 /// Encodes values with fields() overloads (or plain ones) into fresh bytes.
@@ -236,6 +250,10 @@ class reader {
     v.resize(n);
     take(v.data(), n);
   }
+  template <byte_type B, size_t N>
+  void get(std::array<B, N>& a) {
+    take(a.data(), N);
+  }
   template <class T>
   void get(std::vector<T>& v) {
     size_t n = 0;
@@ -263,5 +281,11 @@ class reader {
 };
 
 
+
+/// A node id travels as its 32 key bytes.
+template <class F>
+void fields(F& f, node_id& x) {
+  f(x.key);
+}
 
 }  // namespace mesh::wire

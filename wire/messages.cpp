@@ -56,27 +56,6 @@ message decode_kind(size_t kind, wire::reader& src) {
   }
 }
 
-/// Counts beyond the format's u32 (only a message of over 4 GiB could have one) would be cut short.
-struct count_check {
-  bool ok = true;
-  template <class... Ts>
-  void operator()(const Ts&... xs) {
-    (visit(xs), ...);
-  }
-  template <class T>
-  void visit(const T& x) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      ok = ok && x.size() <= std::numeric_limits<uint32_t>::max();
-    } else if constexpr (requires { x.size(); x.begin(); }) {
-      ok = ok && x.size() <= std::numeric_limits<uint32_t>::max();
-      if constexpr (std::is_class_v<typename T::value_type>)
-        for (const auto& e : x) visit(e);
-    } else if constexpr (std::is_class_v<T>) {
-      fields(*this, const_cast<T&>(x));
-    }
-  }
-};
-
 }  // namespace
 
 static_assert(std::size(kind_names) == std::variant_size_v<message>, "one name per message kind");
@@ -84,13 +63,11 @@ static_assert(std::size(kind_names) == std::variant_size_v<message>, "one name p
 const char* kind_name(const message& m) { return kind_names[m.index()]; }
 
 expected<std::vector<uint8_t>> encode_message(const message& m) {
-  count_check counts;
-  std::visit([&](const auto& x) { counts.visit(x); }, m);
-  if (!counts.ok) return make_error(error_code::limit_exceeded, std::string(kind_name(m)) + ": a list has more than 2^32 elements");
   std::vector<uint8_t> out;
   wire::writer w(out);
   w(protocol_version, static_cast<uint8_t>(m.index()));
   std::visit([&](const auto& x) { w(x); }, m);
+  if (!w.fits()) return make_error(error_code::limit_exceeded, std::string(kind_name(m)) + ": a list has more than 2^32 elements");
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "base/node_id.hpp"
 #include "graph/tensor.hpp"
 #include "graph/planner.hpp"
 #include "wire/graph_codec.hpp"
@@ -24,7 +25,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 9;
+inline constexpr uint16_t protocol_version = 10;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -72,7 +73,7 @@ struct job_result {
   std::string error;  ///< a sentence a person can act on, when !ok
   std::vector<named_tensor> outputs;
   uint32_t attempts = 0;  ///< > 1 when the job was re-planned after a node died
-  std::vector<std::string> workers;  ///< node ids that ran a stage (last attempt)
+  std::vector<node_id> workers;  ///< nodes that ran a stage (last attempt)
   mesh::strategy ran_as = mesh::strategy::pipeline;  ///< the plan of a one-shot job
   /// Trainings: the step the run reached (the client takes it from here, not from its options:
   /// a run resumed on another node may have redone steps).
@@ -87,14 +88,14 @@ struct job_progress {
   uint32_t attempt = 0;      ///< > 1 after a re-plan (counts restart from 0)
   uint32_t stages_done = 0;
   uint32_t stages = 0;       ///< stages of this attempt
-  std::string worker;        ///< node id that ran the stage
+  node_id worker;            ///< the node that ran the stage
   bool operator==(const job_progress&) const = default;
 };
 
 /// Where a stage sends one of its cut outputs.
 struct route {
   std::string value;  ///< cut name, e.g. "cut.12"
-  std::string to;     ///< node id (hex) of the consumer
+  node_id to;         ///< the consumer's node
   uint32_t stage = 0; ///< the consuming stage (one node may run several stages of a job)
   bool operator==(const route&) const = default;
 };
@@ -107,7 +108,7 @@ struct run_stage {
   uint64_t job = 0;
   uint32_t attempt = 0;
   uint32_t stage = 0;
-  std::string coordinator;  ///< node id (hex)
+  node_id coordinator;
   std::vector<char> wire;
   std::vector<std::string> awaited;  ///< cut names that arrive as activations
   std::vector<route> routes;
@@ -146,7 +147,7 @@ struct peer_exchange {
 
 /// Worker -> worker: a value crossing a cut, sent directly to the stage that needs it.
 struct activation {
-  std::string coordinator;
+  node_id coordinator;
   uint64_t job = 0;
   uint32_t attempt = 0;
   uint32_t stage = 0;  ///< the stage that consumes it
@@ -201,7 +202,7 @@ struct status_request {
 };
 
 struct peer_status {
-  std::string node;
+  node_id node;
   peer_health health = peer_health::unknown;
   std::string address;
   std::string device;
@@ -219,7 +220,7 @@ struct peer_status {
 
 struct job_status {
   uint64_t job = 0;
-  std::string client;
+  node_id client;
   job_state state = job_state::planning;
   uint32_t stages = 0;
   uint32_t attempts = 0;
@@ -231,7 +232,7 @@ struct job_status {
 
 struct status_reply {
   uint64_t id = 0;
-  std::string node;
+  node_id node;
   std::string device;
   double gflops = 0;
   double uptime_s = 0;
@@ -287,7 +288,7 @@ struct open_training {
 struct train_setup {
   uint64_t train = 0;
   train_spec spec;
-  std::string client;         ///< the client that opened the run (may ask a worker to take it over)
+  node_id client;             ///< the client that opened the run (may ask a worker to take it over)
   uint64_t client_train = 0;  ///< the client's id of the run
   bool operator==(const train_setup&) const = default;
 };
@@ -307,7 +308,7 @@ struct train_step {
   uint64_t train = 0;
   uint64_t step = 0;
   uint32_t attempt = 0;
-  std::vector<std::string> ring;
+  std::vector<node_id> ring;
   std::vector<uint64_t> micro;
   uint64_t commit = 0;
   bool report_state = false;
@@ -319,7 +320,7 @@ struct train_step {
 /// Worker -> next worker in the ring: one piece of an all-reduce round.
 struct allreduce_piece {
   uint64_t train = 0;
-  std::string coordinator;
+  node_id coordinator;
   uint64_t round = 0;
   uint32_t ring_step = 0;
   uint32_t piece = 0;
@@ -383,7 +384,7 @@ struct train_progress {
 /// The answer is what open_training gets: progress, then a job_result for `train`.
 struct train_resume {
   uint64_t train = 0;       ///< the client's id of the run
-  std::string coordinator;  ///< the node that coordinated it
+  node_id coordinator;      ///< the node that coordinated it
   /// The run's dataset again: workers hold only their shards, the new coordinator needs it all.
   std::vector<named_tensor> dataset;
   bool operator==(const train_resume&) const = default;

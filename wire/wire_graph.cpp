@@ -12,24 +12,16 @@ namespace {
 
 constexpr uint32_t wire_magic = 0x4652474d;  // "MGRF" read as a little-endian u32
 
-bool fits_counts(const graph& g, const std::vector<named_tensor>& ts) {
-  constexpr size_t max = std::numeric_limits<uint32_t>::max();
-  if (g.nodes.size() > max || ts.size() > max) return false;
-  for (const auto& n : g.nodes)
-    if (n.attrs.values.size() > max || n.attrs.name.size() > max) return false;
-  for (const auto& t : ts)
-    if (t.value.bytes.size() > max || t.name.size() > max) return false;
-  return true;
-}
-
 }  // namespace
 
 expected<std::vector<char>> encode(const wire_graph& w) {
   std::vector<named_tensor> ts;
   ts.reserve(w.tensors.size());
   for (const auto& [name, t] : w.tensors) ts.push_back({name, t});
-  if (!fits_counts(w.g, ts)) return make_error(error_code::limit_exceeded, "WireGraph: a list or tensor has more than 2^32 elements");
-  const auto bytes = wire::encode_values(wire_magic, wire_graph_version, w.g, ts);
+  std::vector<uint8_t> bytes;
+  wire::writer out(bytes);
+  out(wire_magic, wire_graph_version, w.g, ts);
+  if (!out.fits()) return make_error(error_code::limit_exceeded, "WireGraph: a list or tensor has more than 2^32 elements");
   return std::vector<char>(bytes.begin(), bytes.end());
 }
 

@@ -359,9 +359,9 @@ double time_matmuls(gpu::executor& ex, dtype t, const std::vector<int64_t>& size
 std::function<void(gpu::executor&)> check_reference(const graph& g, double tol = 1e-5) {
   return [g, tol](gpu::executor& ex) {
     std::vector<std::string> inputs, targets;
-    std::set<node_id> updated;
+    std::set<node_index> updated;
     for (const auto& u : g.updates) updated.insert(u.target);
-    for (node_id id = 0; id < g.size(); ++id)
+    for (node_index id = 0; id < g.size(); ++id)
       if (g[id].op == op_kind::parameter) (updated.count(id) ? targets : inputs).push_back(g[id].attrs.name);
     auto got_in = ex.get_parameters(inputs);
     auto got_out = ex.get_parameters(targets);

@@ -12,7 +12,7 @@ namespace {
 /// commands, in arrival order (the node's core actor mailbox, without CAF).
 struct rank_event {
   enum class kind { message, up, down, command, eof } k;
-  transport::node_id from;
+  node_id from;
   std::vector<uint8_t> bytes;
   std::string text;  ///< command line, or the reason a peer went down
 };
@@ -76,16 +76,16 @@ int rank_main(const args& a) {
   mailbox box;
   transport::handlers h;
   // All on the I/O thread: hand off only, like node.cpp's handlers.
-  h.on_peer_up = [&box](const transport::node_id& id, const transport::peer_info&) {
+  h.on_peer_up = [&box](const node_id& id, const transport::peer_info&) {
     box.push({rank_event::kind::up, id, {}, {}});
   };
-  h.on_peer_down = [&box](const transport::node_id& id, const transport::peer_down& why) {
+  h.on_peer_down = [&box](const node_id& id, const transport::peer_down& why) {
     box.push({rank_event::kind::down, id, {}, why.reason});
   };
-  h.on_message = [&box](const transport::node_id& id, transport::channel, std::vector<uint8_t> bytes) {
+  h.on_message = [&box](const node_id& id, transport::channel, std::vector<uint8_t> bytes) {
     box.push({rank_event::kind::message, id, std::move(bytes), {}});
   };
-  h.on_connect_failed = [](const std::optional<transport::node_id>&, const std::string& addr, const std::string& why) {
+  h.on_connect_failed = [](const std::optional<node_id>&, const std::string& addr, const std::string& why) {
     rank_fail("connection to " + addr + " failed: " + why);
   };
   transport::endpoint_config cfg;  // the node's settings (actors/node.cpp), but for the address
@@ -119,8 +119,8 @@ int rank_main(const args& a) {
   });
   stdin_reader.detach();  // ends with the process; the coordinator owns our stdin
 
-  std::optional<transport::node_id> pred, succ;
-  std::set<transport::node_id> up;
+  std::optional<node_id> pred, succ;
+  std::set<node_id> up;
 
   // Link idle time during a round, sampled every 2 ms from the connection to the successor
   // (an interval in which under 8 KB went out is idle), split by why: nothing queued to send
@@ -130,13 +130,13 @@ int rank_main(const args& a) {
     std::atomic<int64_t> empty_ns{0}, cwnd_ns{0}, held_ns{0};
   } idle;
   std::atomic<bool> sampling{false};
-  std::atomic<const transport::node_id*> watched{nullptr};
+  std::atomic<const node_id*> watched{nullptr};
   std::thread sampler([&] {
     uint64_t last_sent = 0;
     int64_t last_t = now_ns();
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      const transport::node_id* w = watched.load();
+      const node_id* w = watched.load();
       const int64_t t = now_ns();
       auto st = w ? ep->stats(*w) : std::nullopt;
       if (!st) continue;
@@ -155,7 +155,7 @@ int rank_main(const args& a) {
   uint64_t round_index = 0;
   int64_t t_start = 0, cpu_start = 0;
   std::vector<msg::allreduce_piece> parked;  // pieces of `round` that came before our "go"
-  const std::string coordinator_id = cfg.id.id().to_string();
+  const mesh::node_id coordinator_id = cfg.id.id();
 
   // MESH_ALLREDUCE_TRACE=PREFIX: each rank appends "ms since go, event, step, piece" lines of
   // every round to PREFIX.<rank> (to see where a slow round's links stood idle).
@@ -234,7 +234,7 @@ int rank_main(const args& a) {
         auto w = split(e.text);
         if (w.empty()) break;
         if (w[0] == "ring" && w.size() == 4) {
-          auto p = transport::node_id::parse(w[1]), s = transport::node_id::parse(w[2]);
+          auto p = node_id::parse(w[1]), s = node_id::parse(w[2]);
           if (!p || !s) rank_fail("bad ring line");
           pred = *p;
           succ = *s;

@@ -347,7 +347,7 @@ measurement run_ours(const bench_config& bc, const link_setup& link, const std::
   };
   const auto secret = random_bytes(32);  // a mesh of our own: nothing else on the machine joins it
   std::vector<std::vector<uint8_t>> seeds;
-  std::vector<transport::node_id> ids;
+  std::vector<node_id> ids;
   for (int r = 0; r < n; ++r) {
     seeds.push_back(random_bytes(32));
     std::array<uint8_t, 32> s{};

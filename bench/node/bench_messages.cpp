@@ -99,13 +99,13 @@ double node_messages(double seconds, size_t window, size_t* message_bytes) {
   int ups = 0;
   auto make_handlers = [&](bool receiver) {
     transport::handlers h;
-    h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) {
+    h.on_peer_up = [&](const node_id&, const transport::peer_info&) {
       std::lock_guard l(mu);
       ++ups;
       cv.notify_all();
     };
     if (receiver) {
-      h.on_message = [&](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) {
+      h.on_message = [&](const node_id&, transport::channel, std::vector<uint8_t> bytes) {
         auto m = msg::decode_message(bytes.data(), bytes.size());
         if (m && std::holds_alternative<msg::heartbeat>(*m)) received.fetch_add(1, std::memory_order_relaxed);
         else bad.fetch_add(1, std::memory_order_relaxed);
@@ -155,7 +155,7 @@ caf::actor_system_config node_like_config() {
 struct counter {
   transport::endpoint* ep = nullptr;
   uint64_t count = 0;
-  void on(const transport::node_id& from, const msg::message& m) {
+  void on(const node_id& from, const msg::message& m) {
     if (!std::holds_alternative<msg::heartbeat>(m) || (++count & 1023) != 0) return;
     if (auto ack = msg::encode_message(msg::heartbeat{0, count, 0})) (void)ep->send(from, transport::channel::control, std::move(*ack));
   }
@@ -176,7 +176,7 @@ struct counter {
     sys_cfg.emplace(node_like_config());
     sys.emplace(*sys_cfg);
     auto owner = sys->spawn([&c](caf::event_based_actor*) -> caf::behavior {
-      return {[&c](inbound_atom, std::string from, std::shared_ptr<msg::message> m) { c.on(*transport::node_id::parse(from), *m); }};
+      return {[&c](inbound_atom, std::string from, std::shared_ptr<msg::message> m) { c.on(*node_id::parse(from), *m); }};
     });
     bridge = sys->spawn([owner](caf::event_based_actor* self) -> caf::behavior {
       return {[self, owner](inbound_atom, std::string from, std::vector<uint8_t> bytes) {
@@ -186,12 +186,12 @@ struct counter {
     });
   }
   transport::handlers h;
-  h.on_peer_down = [&](const transport::node_id&, const transport::peer_down&) {
+  h.on_peer_down = [&](const node_id&, const transport::peer_down&) {
     std::lock_guard l(mu);
     gone = true;
     cv.notify_all();
   };
-  h.on_message = [&](const transport::node_id& from, transport::channel, std::vector<uint8_t> bytes) {
+  h.on_message = [&](const node_id& from, transport::channel, std::vector<uint8_t> bytes) {
     if (actors) {
       caf::anon_send(bridge, inbound_atom::value, from.to_string(), std::move(bytes));
       return;
@@ -227,7 +227,7 @@ double node_messages_two_processes(double seconds, size_t window, bool actors) {
   while (::read(fds[0], &c, 1) == 1 && c != '\n') line += c;
   ::close(fds[0]);
   const auto at = line.find('@');
-  auto peer = transport::node_id::parse(line.substr(0, at == std::string::npos ? 0 : at));
+  auto peer = node_id::parse(line.substr(0, at == std::string::npos ? 0 : at));
   if (!peer) {
     std::fprintf(stderr, "bench_messages: the receiver process did not start\n");
     ::kill(child, SIGKILL);
@@ -239,12 +239,12 @@ double node_messages_two_processes(double seconds, size_t window, bool actors) {
   std::condition_variable cv;
   bool up = false;
   transport::handlers h;
-  h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) {
+  h.on_peer_up = [&](const node_id&, const transport::peer_info&) {
     std::lock_guard l(mu);
     up = true;
     cv.notify_all();
   };
-  h.on_message = [&](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) {
+  h.on_message = [&](const node_id&, transport::channel, std::vector<uint8_t> bytes) {
     auto m = msg::decode_message(bytes.data(), bytes.size());
     if (m && std::holds_alternative<msg::heartbeat>(*m)) acked.store(std::get<msg::heartbeat>(*m).seq);
   };
@@ -267,7 +267,7 @@ double node_messages_two_processes(double seconds, size_t window, bool actors) {
     caf::actor_system_config cfg = node_like_config();
     caf::actor_system sys{cfg};
     transport::endpoint* e = ep.get();
-    const transport::node_id to = *peer;
+    const node_id to = *peer;
     auto sender = sys.spawn([e, to](caf::event_based_actor*) -> caf::behavior {
       return {[e, to](send_atom, uint64_t seq) {
         if (auto bytes = msg::encode_message(sample_heartbeat(seq))) (void)e->send(to, transport::channel::control, std::move(*bytes));

@@ -87,7 +87,7 @@ std::string health_of(client& c, const std::string& which) {
       continue;
     }
     for (auto& p : s->peers)
-      if (p.node == which) return to_string(p.health);
+      if (p.node.to_string() == which) return to_string(p.health);
     return "";
   }
 }

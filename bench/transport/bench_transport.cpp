@@ -34,6 +34,7 @@
 #include "transport/endpoint.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 using clk = std::chrono::steady_clock;
 
 namespace {

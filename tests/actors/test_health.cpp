@@ -5,6 +5,7 @@
 #include <random>
 
 #include "actors/health.hpp"
+#include "test_ids.hpp"
 
 using namespace mesh;
 using namespace std::chrono_literals;
@@ -27,7 +28,7 @@ outcome simulate(double seconds, double loss, uint64_t seed, double crash_at_s =
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0, 1);
   std::normal_distribution<double> jitter(0, 10);  // ms
-  m.add_peer("p", 1, 0ms);
+  m.add_peer(mesh::test::named("p"), 1, 0ms);
   outcome o;
   double next_beat_ms = 250;
   for (double t_ms = 0; t_ms <= seconds * 1000; t_ms += 50) {
@@ -37,14 +38,14 @@ outcome simulate(double seconds, double loss, uint64_t seed, double crash_at_s =
       const bool stalled = stall_from_s >= 0 && sent >= stall_from_s * 1000 && sent < (stall_from_s + stall_s) * 1000;
       if (sent >= crash_at_s * 1000 || stalled || u(rng) < loss) continue;
       const double arrive = sent + std::max(0.0, 1 + jitter(rng));
-      m.on_heartbeat("p", 1, std::chrono::duration_cast<mono_time>(std::chrono::duration<double, std::milli>(arrive)));
+      m.on_heartbeat(mesh::test::named("p"), 1, std::chrono::duration_cast<mono_time>(std::chrono::duration<double, std::milli>(arrive)));
     }
     for (const auto& tr : m.tick(std::chrono::duration_cast<mono_time>(std::chrono::duration<double, std::milli>(t_ms)))) {
       if (tr.to == peer_health::suspect) o.suspected = true;
       if (tr.to == peer_health::dead && o.dead_at_s < 0) o.dead_at_s = t_ms / 1000;
     }
   }
-  o.final_state = m.state("p");
+  o.final_state = m.state(mesh::test::named("p"));
   return o;
 }
 
@@ -85,38 +86,38 @@ TEST_CASE("a 1 s stall makes a peer Suspect, then Healthy again, never Dead", "[
 
 TEST_CASE("Suspect returns to Healthy on a heartbeat, Dead needs a new incarnation", "[actors][health]") {
   health_monitor m;
-  m.add_peer("p", 3, 0ms);
-  for (int i = 1; i <= 20; ++i) m.on_heartbeat("p", 3, i * 250ms);
+  m.add_peer(mesh::test::named("p"), 3, 0ms);
+  for (int i = 1; i <= 20; ++i) m.on_heartbeat(mesh::test::named("p"), 3, i * 250ms);
   auto t = m.tick(5000ms + 1200ms);  // 1.2 s silence on a regular 250 ms history
   REQUIRE(t.size() == 1);
   CHECK(t[0].to == peer_health::suspect);
-  auto back = m.on_heartbeat("p", 3, 6300ms);
+  auto back = m.on_heartbeat(mesh::test::named("p"), 3, 6300ms);
   REQUIRE(back.size() == 1);
   CHECK(back[0].to == peer_health::healthy);
   auto d = m.tick(6300ms + 2600ms);
   REQUIRE_FALSE(d.empty());
   CHECK(d.back().to == peer_health::dead);
-  CHECK(m.on_heartbeat("p", 3, 9000ms).empty());  // a late heartbeat of the dead process
-  CHECK(m.state("p") == peer_health::dead);
-  CHECK(m.on_heartbeat("p", 2, 9100ms).empty());  // an older incarnation
-  auto rejoin = m.on_heartbeat("p", 4, 9200ms);  // the restarted process
+  CHECK(m.on_heartbeat(mesh::test::named("p"), 3, 9000ms).empty());  // a late heartbeat of the dead process
+  CHECK(m.state(mesh::test::named("p")) == peer_health::dead);
+  CHECK(m.on_heartbeat(mesh::test::named("p"), 2, 9100ms).empty());  // an older incarnation
+  auto rejoin = m.on_heartbeat(mesh::test::named("p"), 4, 9200ms);  // the restarted process
   REQUIRE(rejoin.size() == 1);
   CHECK(rejoin[0].from == peer_health::dead);
   CHECK(rejoin[0].to == peer_health::healthy);
-  CHECK(m.state("p") == peer_health::healthy);
+  CHECK(m.state(mesh::test::named("p")) == peer_health::healthy);
 }
 
 TEST_CASE("phi grows with silence and with regularity", "[actors][health]") {
   health_monitor regular, jittery;
-  regular.add_peer("p", 1, 0ms);
-  jittery.add_peer("p", 1, 0ms);
+  regular.add_peer(mesh::test::named("p"), 1, 0ms);
+  jittery.add_peer(mesh::test::named("p"), 1, 0ms);
   mono_time tr{}, tj{};
   for (int i = 0; i < 50; ++i) {
     tr += 250ms;
     tj += (i % 2 ? 100ms : 400ms);
-    regular.on_heartbeat("p", 1, tr);
-    jittery.on_heartbeat("p", 1, tj);
+    regular.on_heartbeat(mesh::test::named("p"), 1, tr);
+    jittery.on_heartbeat(mesh::test::named("p"), 1, tj);
   }
-  CHECK(regular.phi("p", tr + 300ms) < regular.phi("p", tr + 900ms));
-  CHECK(regular.phi("p", tr + 900ms) > jittery.phi("p", tj + 900ms));
+  CHECK(regular.phi(mesh::test::named("p"), tr + 300ms) < regular.phi(mesh::test::named("p"), tr + 900ms));
+  CHECK(regular.phi(mesh::test::named("p"), tr + 900ms) > jittery.phi(mesh::test::named("p"), tj + 900ms));
 }

@@ -43,10 +43,10 @@ struct mesh_sim {
   explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}, int64_t memory = int64_t{1} << 40) {
     const char* names[] = {"a", "b", "c"};
     for (size_t i = 0; i < speeds.size(); ++i)
-      nodes.emplace(names[i], job_engine(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory}));
+      nodes.emplace(names[i], job_engine(test::named(names[i]), {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory}));
     for (auto& [id, e] : nodes)
       for (size_t i = 0; i < speeds.size(); ++i)
-        if (names[i] != id) e.peer_up(names[i], {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory});
+        if (names[i] != id) e.peer_up(test::named(names[i]), {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory});
   }
 
   /// Stages waiting or running on the live nodes.
@@ -60,15 +60,23 @@ struct mesh_sim {
   void post(const std::string& from, std::vector<outbound> out) {
     net.post_all(from, std::move(out));
   }
+  /// What a test sends: to a node by name.
+  struct named_out {
+    std::string to;
+    msg::message m;
+  };
+  void send(const std::string& from, std::vector<named_out> out) {
+    for (auto& o : out) net.post(from, o.to, outbound{test::named(o.to), std::move(o.m)});
+  }
 
   /// Delivers messages until the queue is empty or `limit` deliveries happened.
   void run(int limit = 100000) {
     while (!net.empty() && limit-- > 0) {
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
-      if (dead.count(from) || dead.count(o.to)) continue;  // a dead node sends and receives nothing
+      if (dead.count(from) || dead.count(to)) continue;  // a dead node sends and receives nothing
       ++delivered;
-      if (o.to == "cli") {
+      if (to == "cli") {
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
         if (auto* p = std::get_if<msg::job_progress>(&o.m)) progress.push_back(*p);
         continue;
@@ -79,12 +87,12 @@ struct mesh_sim {
       REQUIRE(bytes);
       auto m = msg::decode_message(bytes->data(), bytes->size());
       REQUIRE(m);
-      auto& e = nodes.at(o.to);
-      post(o.to, e.on_message(from, *m, now));
+      auto& e = nodes.at(to);
+      post(to, e.on_message(test::named(from), *m, now));
       for (auto& t : e.take_ready()) {
         if (!t.resident_key.empty() && forgotten_set.count(t.resident_key)) ++resident_after_forget;
-        if (fail_task && fail_task(t)) post(o.to, e.on_executed(t, make_error(error_code::device, "simulated failure"), now));
-        else post(o.to, e.on_executed(t, evaluate(*t.g, t.inputs, t.params).map([](evaluation r) { return r.outputs; }), now));
+        if (fail_task && fail_task(t)) post(to, e.on_executed(t, make_error(error_code::device, "simulated failure"), now));
+        else post(to, e.on_executed(t, evaluate(*t.g, t.inputs, t.params).map([](evaluation r) { return r.outputs; }), now));
       }
       for (auto& k : e.take_forgotten()) {
         forgotten.push_back(k);
@@ -96,7 +104,7 @@ struct mesh_sim {
   void kill(const std::string& id) {
     dead.insert(id);
     for (auto& [other, e] : nodes)
-      if (!dead.count(other)) post(other, e.peer_dead(id, now));
+      if (!dead.count(other)) post(other, e.peer_dead(test::named(id), now));
   }
 };
 
@@ -168,7 +176,7 @@ std::vector<char> session_wire(const model& m) {
 TEST_CASE("a job split over 3 nodes equals the local reference", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.post("cli", {{"a", submission(m, 1)}});
+  sim.send("cli", {{"a", submission(m, 1)}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   const auto& r = sim.results[0];
@@ -184,7 +192,7 @@ TEST_CASE("a node dying mid-job: the coordinator re-plans and the job completes"
   for (const char* victim : {"b", "c"}) {
     mesh_sim sim;
     const model m = mlp_job();
-    sim.post("cli", {{"a", submission(m, 7)}});
+    sim.send("cli", {{"a", submission(m, 7)}});
     sim.run(2);  // the stages are on their way; nothing has finished
     sim.kill(victim);
     sim.run();
@@ -193,7 +201,7 @@ TEST_CASE("a node dying mid-job: the coordinator re-plans and the job completes"
     INFO(victim << ": " << r.error);
     REQUIRE(r.ok);
     CHECK(r.attempts == 2);
-    CHECK(std::find(r.workers.begin(), r.workers.end(), victim) == r.workers.end());
+    CHECK(std::find(r.workers.begin(), r.workers.end(), test::named(victim)) == r.workers.end());
     for (const auto& o : r.outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
   }
 }
@@ -219,13 +227,13 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
   {
     graph g = m.g;
     tensor_map t = m.tensors;
-    const node_id x = g.find_leaf("x");
+    const node_index x = g.find_leaf("x");
     g.nodes[static_cast<size_t>(x)].attrs.name = "cut.3";
     t["cut.3"] = t.at("x");
     t.erase("x");
     reserved.wire = *encode(wire_graph{g, t});
   }
-  sim.post("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", reserved}});
+  sim.send("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", reserved}});
   sim.run();
   REQUIRE(sim.results.size() == 4);
   for (const auto& r : sim.results) {
@@ -235,7 +243,7 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
     if (r.job == 5) CHECK(r.error.find("reserved") != std::string::npos);
   }
   // Every node still runs jobs.
-  for (const char* coordinator : {"a", "b", "c"}) sim.post("cli", {{coordinator, submission(m, 10 + coordinator[0])}});
+  for (const char* coordinator : {"a", "b", "c"}) sim.send("cli", {{coordinator, submission(m, 10 + coordinator[0])}});
   sim.run();
   REQUIRE(sim.results.size() == 7);
   for (size_t i = 4; i < 7; ++i) CHECK(sim.results[i].ok);
@@ -244,7 +252,7 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
 TEST_CASE("an inference session loads the model once and serves many calls", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
+  sim.send("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   INFO(sim.results[0].error);
@@ -252,7 +260,7 @@ TEST_CASE("an inference session loads the model once and serves many calls", "[a
   const size_t stages = sim.results[0].workers.size();
   CHECK(stages == 3);
   // Five calls in flight at once: they stream through the stages.
-  for (uint64_t call = 10; call < 15; ++call) sim.post("cli", {{"a", msg::infer{1, call, {{"x", m.tensors.at("x")}}}}});
+  for (uint64_t call = 10; call < 15; ++call) sim.send("cli", {{"a", msg::infer{1, call, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 6);
   for (size_t i = 1; i < 6; ++i) {
@@ -262,7 +270,7 @@ TEST_CASE("an inference session loads the model once and serves many calls", "[a
   }
   CHECK(sim.fragments_sent == static_cast<int>(stages));  // each stage's fragment travelled once
   // A call to an unknown session and a call with a wrong input are clear errors.
-  sim.post("cli", {{"a", msg::infer{99, 20, {}}}, {"a", msg::infer{1, 21, {{"x", tensor::zeros(dtype::f32, {2})}}}}});
+  sim.send("cli", {{"a", msg::infer{99, 20, {}}}, {"a", msg::infer{1, 21, {{"x", tensor::zeros(dtype::f32, {2})}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 8);
   CHECK_FALSE(sim.results[6].ok);
@@ -274,19 +282,19 @@ TEST_CASE("an inference session loads the model once and serves many calls", "[a
 TEST_CASE("a session survives a dead worker: it is re-planned and calls still answer", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
+  sim.send("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
   REQUIRE(sim.results.at(0).ok);
-  sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
   sim.run(3);  // the call is in flight
   sim.kill("b");
-  sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 3);
   for (size_t i = 1; i < 3; ++i) {
     INFO(sim.results[i].error);
     REQUIRE(sim.results[i].ok);
-    CHECK(std::find(sim.results[i].workers.begin(), sim.results[i].workers.end(), "b") == sim.results[i].workers.end());
+    CHECK(std::find(sim.results[i].workers.begin(), sim.results[i].workers.end(), test::named("b")) == sim.results[i].workers.end());
     for (const auto& o : sim.results[i].outputs) CHECK(normalised_error(o.value, m.reference.at(o.name)) == 0);
   }
 }
@@ -296,7 +304,7 @@ TEST_CASE("data-parallel and tensor-parallel jobs equal the reference and report
   for (auto how : {strategy::data_parallel, strategy::tensor_parallel, strategy::automatic}) {
     INFO(to_string(how));
     mesh_sim sim({1, 2, 3});
-    sim.post("cli", {{"b", submission(m, 5, how)}});
+    sim.send("cli", {{"b", submission(m, 5, how)}});
     sim.run();
     REQUIRE(sim.results.size() == 1);
     check_outputs(sim.results[0], m);
@@ -322,14 +330,14 @@ TEST_CASE("a node dying mid-job re-plans data- and tensor-parallel jobs too", "[
     for (const char* victim : {"a", "c"}) {
       INFO(to_string(how) << ", " << victim << " dies");
       mesh_sim sim;
-      sim.post("cli", {{"b", submission(m, 3, how)}});
+      sim.send("cli", {{"b", submission(m, 3, how)}});
       sim.run(2);
       sim.kill(victim);
       sim.run();
       REQUIRE(sim.results.size() == 1);
       check_outputs(sim.results[0], m);
       CHECK(sim.results[0].attempts == 2);
-      CHECK(std::find(sim.results[0].workers.begin(), sim.results[0].workers.end(), victim) == sim.results[0].workers.end());
+      CHECK(std::find(sim.results[0].workers.begin(), sim.results[0].workers.end(), test::named(victim)) == sim.results[0].workers.end());
     }
   }
 }
@@ -337,12 +345,12 @@ TEST_CASE("a node dying mid-job re-plans data- and tensor-parallel jobs too", "[
 TEST_CASE("data parallel on a graph that mixes batch rows is refused, automatic still runs it", "[actors][jobs]") {
   const model m = mlp_job();  // its "hidden_sum" adds over every row
   mesh_sim sim;
-  sim.post("cli", {{"a", submission(m, 1, strategy::data_parallel)}});
+  sim.send("cli", {{"a", submission(m, 1, strategy::data_parallel)}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   CHECK_FALSE(sim.results[0].ok);
   CHECK(sim.results[0].error.find("batch axis") != std::string::npos);
-  sim.post("cli", {{"a", submission(m, 2, strategy::automatic)}});
+  sim.send("cli", {{"a", submission(m, 2, strategy::automatic)}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   check_outputs(sim.results[1], m);
@@ -354,7 +362,7 @@ TEST_CASE("a failed job's other stages are let go on every worker", "[actors][jo
   mesh_sim sim;
   const model m = mlp_job();
   sim.fail_task = [](const stage_task& t) { return t.stage == 0; };
-  sim.post("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   CHECK_FALSE(sim.results[0].ok);
@@ -364,7 +372,7 @@ TEST_CASE("a failed job's other stages are let go on every worker", "[actors][jo
 TEST_CASE("a job re-planned after a death leaves no stage of its first attempt waiting", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.post("cli", {{"a", msg::submit_job{7, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{7, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run(2);
   sim.kill("b");
   sim.run();
@@ -381,23 +389,23 @@ TEST_CASE("a long-lived session still answers after 256 other sessions passed th
   mesh_sim sim({1});
   const model m = mlp_job();
   const auto wire = session_wire(m);
-  sim.post("cli", {{"a", msg::open_session{1, wire}}});
+  sim.send("cli", {{"a", msg::open_session{1, wire}}});
   sim.run();
-  sim.post("cli", {{"a", msg::infer{1, 100, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 100, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   CHECK(sim.forgotten.empty());
   for (uint64_t s = 2; s < 2 + 300; ++s) {
-    sim.post("cli", {{"a", msg::open_session{s, wire}}});
+    sim.send("cli", {{"a", msg::open_session{s, wire}}});
     sim.run();  // the simulated network reorders: the call must not overtake the open
-    sim.post("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
+    sim.send("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
     sim.run();
-    sim.post("cli", {{"a", msg::close_session{s}}});
+    sim.send("cli", {{"a", msg::close_session{s}}});
     sim.run();
   }
   CHECK(sim.forgotten.size() == 300);  // each closed session's fragment, for the executor to free
   const size_t before = sim.results.size();
-  sim.post("cli", {{"a", msg::infer{1, 101, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 101, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == before + 1);
   INFO(sim.results.back().error);
@@ -411,16 +419,16 @@ TEST_CASE("a session call whose fragment was evicted gets the fragment sent agai
   const model m = mlp_job();
   const auto wire = session_wire(m);
   for (uint64_t s = 1; s <= 257; ++s) {
-    sim.post("cli", {{"a", msg::open_session{s, wire}}});
+    sim.send("cli", {{"a", msg::open_session{s, wire}}});
     sim.run();
-    sim.post("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
+    sim.send("cli", {{"a", msg::infer{s, 1000 + s, {{"x", m.tensors.at("x")}}}}});
     sim.run();
   }
   for (const auto& r : sim.results) REQUIRE(r.ok);
   CHECK(sim.forgotten.size() == 1);  // session 1's fragment, the least recently used
   const size_t before = sim.results.size();
   const int fragments = sim.fragments_sent;
-  sim.post("cli", {{"a", msg::infer{1, 5000, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 5000, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == before + 1);
   INFO(sim.results.back().error);
@@ -431,16 +439,16 @@ TEST_CASE("a session call whose fragment was evicted gets the fragment sent agai
 TEST_CASE("sessions of a client that left are ended, and their workers let the fragments go", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
+  sim.send("cli", {{"a", msg::open_session{1, session_wire(m)}}});
   sim.run();
-  sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   REQUIRE(sim.results[0].workers.size() == 3);
-  sim.post("a", sim.nodes.at("a").peer_dead("cli", sim.now));
+  sim.post("a", sim.nodes.at("a").peer_dead(test::named("cli"), sim.now));
   sim.run();
   CHECK(sim.forgotten.size() == 3);  // one fragment on each node
-  sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+  sim.send("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
   sim.run();
   REQUIRE(sim.results.size() == 3);
   CHECK(sim.results[2].error.find("no open session") != std::string::npos);
@@ -453,20 +461,20 @@ TEST_CASE("a session that cannot be re-planned after a death ends, and its calls
   bool tried = false;
   for (int64_t mem = 16000; mem <= 40000 && !tried; mem += 2000) {
     mesh_sim sim({1, 1}, mem);
-    sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
+    sim.send("cli", {{"a", msg::open_session{1, session_wire(m)}}});
     sim.run();
     if (!sim.results.at(0).ok || sim.results[0].workers.size() != 2) continue;
     tried = true;
-    sim.nodes.emplace("c", job_engine("c", {"c", 1e-6, 1e3, 1e3, 1000}));
+    sim.nodes.emplace("c", job_engine(test::named("c"), {"c", 1e-6, 1e3, 1e3, 1000}));
     for (auto& [id, e] : sim.nodes)
       if (id != "c") {
-        e.peer_up("c", {"c", 1e-6, 1e3, 1e3, 1000});
-        sim.nodes.at("c").peer_up(id, {id, 1e-6, 1e3, 1e3, mem});
+        e.peer_up(test::named("c"), {"c", 1e-6, 1e3, 1e3, 1000});
+        sim.nodes.at("c").peer_up(test::named(id), {id, 1e-6, 1e3, 1e3, mem});
       }
-    sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+    sim.send("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
     sim.run(2);
     sim.kill("b");
-    sim.post("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
+    sim.send("cli", {{"a", msg::infer{1, 3, {{"x", m.tensors.at("x")}}}}});
     sim.run();
     REQUIRE(sim.results.size() == 3);  // the open and both calls: each answered
     for (size_t i = 1; i < 3; ++i) {
@@ -489,11 +497,11 @@ TEST_CASE("a session closed while a call is in flight leaves nothing resident", 
     INFO("seed " << seed);
     mesh_sim sim;
     sim.net = test::sim_network<outbound>(seed);
-    sim.post("cli", {{"a", msg::open_session{1, session_wire(m)}}});
+    sim.send("cli", {{"a", msg::open_session{1, session_wire(m)}}});
     sim.run();
-    sim.post("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
+    sim.send("cli", {{"a", msg::infer{1, 2, {{"x", m.tensors.at("x")}}}}});
     sim.run(static_cast<int>(seed % 7) + 1);
-    sim.post("cli", {{"a", msg::close_session{1}}});
+    sim.send("cli", {{"a", msg::close_session{1}}});
     sim.run();
     CHECK(sim.resident_after_forget == 0);
     CHECK(sim.stages_held() == 0);
@@ -506,19 +514,19 @@ TEST_CASE("a restarted coordinator's jobs run on workers that knew its earlier l
   mesh_sim sim;
   const model m = mlp_job();
   sim.fail_task = [](const stage_task& t) { return t.stage == 0; };
-  sim.post("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   REQUIRE_FALSE(sim.results[0].ok);
   sim.fail_task = nullptr;
   // "a" restarts: a fresh engine, and its hello reaches the others again.
   sim.nodes.erase("a");
-  sim.nodes.emplace("a", job_engine("a", {"a", 1e-6, 1e3, 1e3, int64_t{1} << 40}));
+  sim.nodes.emplace("a", job_engine(test::named("a"), {"a", 1e-6, 1e3, 1e3, int64_t{1} << 40}));
   for (const char* other : {"b", "c"}) {
-    sim.nodes.at("a").peer_up(other, {other, 1e-6, 1e3, 1e3, int64_t{1} << 40});
-    sim.nodes.at(other).peer_up("a", {"a", 1e-6, 1e3, 1e3, int64_t{1} << 40});
+    sim.nodes.at("a").peer_up(test::named(other), {other, 1e-6, 1e3, 1e3, int64_t{1} << 40});
+    sim.nodes.at(other).peer_up(test::named("a"), {"a", 1e-6, 1e3, 1e3, int64_t{1} << 40});
   }
-  sim.post("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   INFO(sim.results[1].error);

@@ -70,10 +70,10 @@ struct train_sim {
   }
 
   void add(const std::string& id) {
-    node nd{std::make_unique<train_engine>(id), gpu::make_cpu_executor(1)};
+    node nd{std::make_unique<train_engine>(test::named(id)), gpu::make_cpu_executor(1)};
     for (auto& [other, o] : nodes) {
-      nd.engine->peer_up(other);
-      o.engine->peer_up(id);
+      nd.engine->peer_up(test::named(other));
+      o.engine->peer_up(test::named(id));
     }
     nodes.emplace(id, std::move(nd));
   }
@@ -81,11 +81,19 @@ struct train_sim {
   void kill(const std::string& id) {
     nodes.erase(id);
     dead.insert(id);
-    for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(id, now));
+    for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(test::named(id), now));
   }
 
   void post(const std::string& from, std::vector<outbound> out) {
     net.post_all(from, std::move(out));
+  }
+  /// What a test sends: to a node by name.
+  struct named_out {
+    std::string to;
+    msg::message m;
+  };
+  void send(const std::string& from, std::vector<named_out> out) {
+    for (auto& o : out) net.post(from, o.to, outbound{test::named(o.to), std::move(o.m)});
   }
 
   void run_tasks(const std::string& id) {
@@ -102,28 +110,28 @@ struct train_sim {
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
       if (dead.count(from)) continue;
-      if (o.to == "client") {
+      if (to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
         if (auto* k = std::get_if<msg::train_checkpoint>(&o.m)) checkpoints.push_back(*k);
         continue;
       }
-      auto it = nodes.find(o.to);
+      auto it = nodes.find(to);
       if (it == nodes.end()) continue;
       if (auto* st = std::get_if<msg::train_step>(&o.m))
         for (const auto& sh : st->shards) {
-          shards_received[o.to].push_back(sh.index);
-          rows_received[o.to] += sh.columns.at(0).value.dims.at(0);
+          shards_received[to].push_back(sh.index);
+          rows_received[to] += sh.columns.at(0).value.dims.at(0);
         }
-      post(o.to, it->second.engine->on_message(from, o.m, now));
-      run_tasks(o.to);
+      post(to, it->second.engine->on_message(test::named(from), o.m, now));
+      run_tasks(to);
       if (on_tick) on_tick(*this);
     }
   }
 
   /// Starts a run from the client at node-a and runs the simulation to the end.
   msg::job_result train(const msg::train_spec& spec) {
-    post("client", {{"node-a", msg::open_training{1, spec}}});
+    send("client", {{"node-a", msg::open_training{1, spec}}});
     run();
     REQUIRE(results.size() == 1);
     return results[0];
@@ -316,7 +324,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     sim.on_tick = [&](train_sim& t) {
       if (!t.dead.count("node-a") && t.progress.size() == (diloco ? 2u : 7u)) {
         t.kill("node-a");
-        t.post("client", {{"node-c", msg::train_resume{1, "node-a", spec.dataset}}});
+        t.send("client", {{"node-c", msg::train_resume{1, "node-a", spec.dataset}}});
       }
     };
     const auto r = sim.train(spec);
@@ -337,7 +345,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     }
     CHECK(sim.progress.back().step == (diloco ? 30u : 24u));
     CHECK(sim.progress.back().peers == 2);
-    CHECK(std::find(r.workers.begin(), r.workers.end(), "node-a") == r.workers.end());
+    CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("node-a")) == r.workers.end());
   }
 }
 
@@ -354,11 +362,11 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
       cut = true;
       // node-a still runs, but its connection to the client is gone: the client thinks it dead
       // and asks node-b, whose worker run of node-a's run is still live.
-      t.post("node-a", t.nodes.at("node-a").engine->peer_dead("client", t.now));
-      t.post("client", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
+      t.post("node-a", t.nodes.at("node-a").engine->peer_dead(test::named("client"), t.now));
+      t.send("client", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
     }
   };
-  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.send("client", {{"node-a", msg::open_training{1, spec}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);  // node-a's run stopped when node-b's setup reached it
   const auto& r = sim.results[0];
@@ -381,12 +389,12 @@ TEST_CASE("a run whose client is gone ends after the grace time", "[actors][trai
     if (!lost && t.progress.size() == 3) {
       lost = true;
       auto& a = *t.nodes.at("node-a").engine;
-      t.post("node-a", a.peer_dead("client", t.now));
+      t.post("node-a", a.peer_dead(test::named("client"), t.now));
       CHECK(a.tick(t.now + std::chrono::seconds(1)).empty());  // still within the grace time: training goes on
       t.post("node-a", a.tick(t.now + train_engine::client_grace + std::chrono::seconds(1)));
     }
   };
-  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.send("client", {{"node-a", msg::open_training{1, spec}}});
   sim.run();
   CHECK(sim.results.empty());  // nobody to tell
   CHECK(sim.progress.size() < 2000);
@@ -406,10 +414,10 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
       // Not the client that opened the run: refused, and the run goes on.
       t.post("node-c", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
       // A run that never existed.
-      t.post("client", {{"node-b", msg::train_resume{7, "node-a", spec.dataset}}});
+      t.send("client", {{"node-b", msg::train_resume{7, "node-a", spec.dataset}}});
     }
   };
-  sim.post("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.send("client", {{"node-a", msg::open_training{1, spec}}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   const auto& refused = sim.results[0].job == 7 ? sim.results[0] : sim.results[1];
@@ -419,7 +427,7 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
   REQUIRE(r.ok);
   CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
   train_sim lone(1);
-  lone.post("client", {{"node-a", msg::train_resume{3, "node-x", spec.dataset}}});
+  lone.send("client", {{"node-a", msg::train_resume{3, "node-x", spec.dataset}}});
   lone.run();
   REQUIRE(lone.results.size() == 1);
   CHECK_FALSE(lone.results[0].ok);
@@ -689,7 +697,7 @@ TEST_CASE("the coordinator's device restarted before a report-state step: the ru
         }
       });
     };
-    sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, o)}}});
+    sim.send("client", {{"node-a", msg::open_training{1, spec_for(s, o)}}});
     sim.run();
     REQUIRE(restarted);
     REQUIRE(sim.results.size() == 1);
@@ -705,10 +713,10 @@ TEST_CASE("a coordinator that loses its client keeps training through the grace 
   sim.on_tick = [&](train_sim& t) {
     if (!lost && t.progress.size() == 3) {
       lost = true;
-      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead("client", t.now));
+      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead(test::named("client"), t.now));
     }
   };
-  sim.post("client", {{"node-a", msg::open_training{1, spec_for(s, dp_options(20))}}});
+  sim.send("client", {{"node-a", msg::open_training{1, spec_for(s, dp_options(20))}}});
   sim.run();
   REQUIRE(lost);
   // The client may only be cut off from this node: the run goes on to its end (before the fix
@@ -723,10 +731,10 @@ TEST_CASE("a worker that refuses the setup answers the run's steps, so the run g
   train_sim sim(2);
   graph_limits tight;
   tight.max_nodes = 4;  // the training graphs are larger: node-c refuses every setup
-  train_sim::node strict{std::make_unique<train_engine>("node-c", tight), gpu::make_cpu_executor(1)};
+  train_sim::node strict{std::make_unique<train_engine>(test::named("node-c"), tight), gpu::make_cpu_executor(1)};
   for (auto& [other, o] : sim.nodes) {
-    strict.engine->peer_up(other);
-    o.engine->peer_up("node-c");
+    strict.engine->peer_up(test::named(other));
+    o.engine->peer_up(test::named("node-c"));
   }
   sim.nodes.emplace("node-c", std::move(strict));
   sim.net.set_shuffle(true);

@@ -60,7 +60,7 @@ TEST_CASE("a client finds a meshnode by mDNS and runs a job on it", "[apps][mdns
   options.connect_timeout = 20s;
   auto c = client::connect("", options);
   REQUIRE(c);
-  CHECK((*c)->node() == node_id_of(ep));
+  CHECK((*c)->node().to_string() == node_id_of(ep));
   builder b;
   auto x = b.input("x", dtype::f32, {4});
   b.output("y", x + 1.0);

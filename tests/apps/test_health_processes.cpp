@@ -16,7 +16,7 @@ std::string health_of(client& c, const std::string& b_id) {
   auto s = c.status(1s);
   if (!s) return "";
   for (const auto& p : s->peers)
-    if (p.node == b_id) return to_string(p.health);
+    if (p.node.to_string() == b_id) return to_string(p.health);
   return "";
 }
 }  // namespace

@@ -44,7 +44,7 @@ job mlp_job(int64_t batch = 32, int64_t width = 64) {
 
 /// A bare transport endpoint of this protocol version on loopback, dialing the node at `endpoint`
 /// ("ID@HOST:PORT", whose id is `node`): a peer whose every message the test writes itself.
-expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::string& endpoint, const transport::node_id& node,
+expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::string& endpoint, const node_id& node,
                                                                 transport::handlers h) {
   transport::endpoint_config cfg;
   cfg.bind = "127.0.0.1";
@@ -129,7 +129,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
   for (int i = 0; i < 200 && victim.empty(); ++i) {
     if (auto s = (*cl)->status())
       for (const auto& p : s->peers)
-        if (p.running_stages > 0 && (p.node == node_id_of(mesh3.eb) || p.node == node_id_of(mesh3.ec))) victim = p.node;
+        if (p.running_stages > 0 && (p.node.to_string() == node_id_of(mesh3.eb) || p.node.to_string() == node_id_of(mesh3.ec))) victim = p.node.to_string();
     if (victim.empty()) std::this_thread::sleep_for(10ms);
   }
   REQUIRE_FALSE(victim.empty());
@@ -139,7 +139,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
   INFO((r ? std::string() : r.error().message) << "\nnode a log:\n" << mesh3.a->log());
   REQUIRE(r);
   CHECK(r->attempts == 2);
-  CHECK(std::find(r->workers.begin(), r->workers.end(), victim) == r->workers.end());
+  CHECK(std::find(r->workers.begin(), r->workers.end(), *node_id::parse(victim)) == r->workers.end());
   CHECK(normalised_error(r->outputs.at("probs"), j.reference.at("probs")) < 1e-5);
   CHECK(mesh3.a->running());
   CHECK((victim == node_id_of(mesh3.eb) ? mesh3.c : mesh3.b)->running());  // the survivor
@@ -313,20 +313,20 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();
-  auto node_id = transport::node_id::parse(node_id_of(ea));
-  REQUIRE(node_id);
+  auto node = node_id::parse(node_id_of(ea));
+  REQUIRE(node);
 
   std::mutex mu;
   std::condition_variable cv;
   std::vector<msg::hello> hellos;  // hellos from the node, in arrival order
   bool up = false;
   transport::handlers h;
-  h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) {
+  h.on_peer_up = [&](const node_id&, const transport::peer_info&) {
     std::lock_guard l(mu);
     up = true;
     cv.notify_all();
   };
-  h.on_message = [&](const transport::node_id&, transport::channel, std::vector<uint8_t> bytes) {
+  h.on_message = [&](const node_id&, transport::channel, std::vector<uint8_t> bytes) {
     auto m = msg::decode_message(bytes.data(), bytes.size());
     if (!m) return;
     if (auto* hi = std::get_if<msg::hello>(&*m)) {
@@ -335,7 +335,7 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
       cv.notify_all();
     }
   };
-  auto ep = dial_as_raw_peer(ea, *node_id, h);
+  auto ep = dial_as_raw_peer(ea, *node, h);
   REQUIRE(ep);
   std::unique_lock l(mu);
   REQUIRE(cv.wait_for(l, 20s, [&] { return up && !hellos.empty(); }));
@@ -353,7 +353,7 @@ TEST_CASE("a peer whose hello does not come is asked for it, and a repeated hell
   auto send = [&](const msg::hello& x) {
     auto bytes = msg::encode_message(x);
     REQUIRE(bytes);
-    REQUIRE((*ep)->send(*node_id, transport::channel::control, std::move(*bytes)));
+    REQUIRE((*ep)->send(*node, transport::channel::control, std::move(*bytes)));
   };
   send(ours);
   l.unlock();
@@ -385,12 +385,12 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();
-  auto node_id = transport::node_id::parse(node_id_of(ea));
-  REQUIRE(node_id);
+  auto node = node_id::parse(node_id_of(ea));
+  REQUIRE(node);
   std::atomic<bool> up{false};
   transport::handlers h;
-  h.on_peer_up = [&](const transport::node_id&, const transport::peer_info&) { up = true; };
-  auto ep = dial_as_raw_peer(ea, *node_id, h);
+  h.on_peer_up = [&](const node_id&, const transport::peer_info&) { up = true; };
+  auto ep = dial_as_raw_peer(ea, *node, h);
   REQUIRE(ep);
   for (int i = 0; i < 200 && !up; ++i) std::this_thread::sleep_for(50ms);
   REQUIRE(up);
@@ -400,12 +400,12 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   ours.device_name = "raw peer";
   auto hello = msg::encode_message(ours);
   REQUIRE(hello);
-  REQUIRE((*ep)->send(*node_id, transport::channel::control, std::move(*hello)));
+  REQUIRE((*ep)->send(*node, transport::channel::control, std::move(*hello)));
   auto other_version = *msg::encode_message(msg::heartbeat{7, 1, 0});
   other_version[0] = static_cast<uint8_t>(msg::protocol_version + 1);  // the u16 version, little-endian
-  REQUIRE((*ep)->send(*node_id, transport::channel::control, other_version));
+  REQUIRE((*ep)->send(*node, transport::channel::control, other_version));
   const std::vector<uint8_t> garbage = {msg::protocol_version & 0xff, msg::protocol_version >> 8, 2, 0xff, 0xff};
-  REQUIRE((*ep)->send(*node_id, transport::channel::control, garbage));
+  REQUIRE((*ep)->send(*node, transport::channel::control, garbage));
 
   auto cl = client::connect(ea);
   REQUIRE(cl);
@@ -413,7 +413,7 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   for (int i = 0; i < 100; ++i) {
     if (auto s = (*cl)->status())
       for (const auto& p : s->peers)
-        if (p.node == me && p.refused == 2) seen = p;
+        if (p.node.to_string() == me && p.refused == 2) seen = p;
     if (seen) break;
     std::this_thread::sleep_for(100ms);
   }
@@ -423,7 +423,7 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   const std::string log = a.log();
   CHECK(log.find("refused a message from " + me.substr(0, 8) + ": version_mismatch: a message of protocol version " +
                  std::to_string(msg::protocol_version + 1)) != std::string::npos);
-  CHECK((*ep)->connected(*node_id));  // one bad message costs that message, not the connection
+  CHECK((*ep)->connected(*node));  // one bad message costs that message, not the connection
   CHECK(a.running());
 
   // meshctl peers shows the count and the reason.

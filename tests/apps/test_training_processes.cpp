@@ -232,7 +232,7 @@ TEST_CASE("the coordinating node killed with SIGKILL mid-training: a survivor ta
   INFO((r ? "" : r.error().message));
   REQUIRE(r);
   CHECK(killed);
-  CHECK((*c)->node() != node_id_of(mesh.ea));  // moved to the node that took over
+  CHECK((*c)->node().to_string() != node_id_of(mesh.ea));  // moved to the node that took over
   CHECK(r->state.at("opt.adam.t").at(0) == 60.0);  // every step applied exactly once
   CHECK(r->step == 60);                            // as the new coordinator reports
   CHECK(max_difference(r->state, reference) < 1e-4);
@@ -266,11 +266,11 @@ TEST_CASE("the coordinator and the first node the client tries both killed: the 
   INFO((r ? "" : r.error().message));
   REQUIRE(r);
   CHECK(killed);
-  CHECK((*c)->node() == survivor);
+  CHECK((*c)->node().to_string() == survivor);
   CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
   CHECK(max_difference(r->state, reference) < 1e-4);
   CHECK(r->losses.size() == 60);
-  CHECK(r->workers == std::vector<std::string>{survivor});
+  CHECK(r->workers == std::vector<node_id>{*node_id::parse(survivor)});
 }
 
 TEST_CASE("a node that lost the run refuses the takeover and the client tries the next one", "[apps][train]") {
@@ -299,7 +299,7 @@ TEST_CASE("a node that lost the run refuses the takeover and the client tries th
   INFO((r ? "" : r.error().message));
   REQUIRE(r);
   CHECK(done);
-  CHECK((*c)->node() == other);  // the restarted node said no; the other one took the run over
+  CHECK((*c)->node().to_string() == other);  // the restarted node said no; the other one took the run over
   CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
   CHECK(r->losses.size() == 60);
 }

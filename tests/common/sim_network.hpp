@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "test_ids.hpp"
+
 namespace mesh::test {
 
 template <class Message>
@@ -43,7 +45,7 @@ class sim_network {
   template <class Out>
   void post_all(const std::string& from, std::vector<Out> out) {
     for (auto& o : out) {
-      const std::string to = o.to;  // before `o` is moved from (argument order is unspecified)
+      const std::string to = name_of(o.to);  // before `o` is moved from (argument order is unspecified)
       post(from, to, std::move(o));
     }
   }

@@ -18,6 +18,7 @@
 
 namespace {
 using namespace mesh::transport;
+using mesh::node_id;
 
 struct byte_reader {
   const uint8_t* p;

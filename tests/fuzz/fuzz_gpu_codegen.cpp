@@ -28,7 +28,7 @@ using namespace mesh;
 
 /// One line per node, for a failure report.
 void print_graph(const graph& g) {
-  for (node_id i = 0; i < g.size(); ++i) {
+  for (node_index i = 0; i < g.size(); ++i) {
     std::fprintf(stderr, "  %%%d %s [", static_cast<int>(i), std::string(to_string(g[i].op)).c_str());
     for (auto d : g[i].dims) std::fprintf(stderr, " %lld", static_cast<long long>(d));
     std::fprintf(stderr, " ] <-");
@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!src) continue;
       if (src->bindings.empty() || src->writes < 1 || src->writes > src->bindings.size() || src->glsl.empty()) std::abort();
       for (auto id : src->bindings)
-        if (id < 0 || id >= g->size() + static_cast<node_id>(p.scratch.size())) std::abort();
+        if (id < 0 || id >= g->size() + static_cast<node_index>(p.scratch.size())) std::abort();
     }
   uint64_t seed = size;
   for (size_t i = 0; i < size; ++i) seed = seed * 131 + data[i];

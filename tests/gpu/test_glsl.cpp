@@ -82,7 +82,7 @@ TEST_CASE("glsl: split reductions emit two passes that compile, bind a scratch b
       CHECK(src->groups[0] <= 2);
       CHECK(src->groups[1] <= 3);
       // Pass 1 writes the scratch buffer (binding 0) and never the root; pass 2 reads it.
-      const node_id scratch = gpu::scratch_id(g, k.scratch);
+      const node_index scratch = gpu::scratch_id(g, k.scratch);
       if (k.pass == 1) CHECK(src->bindings[0] == scratch);
       if (k.pass == 2) CHECK((src->bindings[0] == k.root && src->bindings[1] == scratch));
       auto spirv = cache.get(src->name, src->glsl);

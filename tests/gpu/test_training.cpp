@@ -15,7 +15,7 @@ namespace {
 void output_gradients(builder& b, const expr& loss) {
   std::vector<expr> params;
   const graph& g = b.peek();
-  for (node_id id = 0; id < g.size(); ++id)
+  for (node_index id = 0; id < g.size(); ++id)
     if (g[id].op == op_kind::parameter) params.push_back(b.at(id));
   auto grads = gradients(loss, params);
   b.output("loss", loss);

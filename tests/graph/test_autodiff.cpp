@@ -255,8 +255,8 @@ TEST_CASE("gradients of a deep MLP (the builder's node list reallocates mid-rule
   b.output("loss", nn::cross_entropy(net(x), labels));
   auto g = b.finish();
   REQUIRE(g);
-  std::vector<node_id> params;
-  for (node_id i = 0; i < g->size(); ++i)
+  std::vector<node_index> params;
+  for (node_index i = 0; i < g->size(); ++i)
     if ((*g)[i].op == op_kind::parameter) params.push_back(i);
   auto gg = grad(*g, g->find_output("loss"), params);
   REQUIRE(gg);

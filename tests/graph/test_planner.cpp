@@ -254,8 +254,8 @@ TEST_CASE("re-planning keeps survivors' work in place and moves only the dead de
       size_t covered = 0;
       for (int old = 0, now = 0; old < 4; ++old) {
         if (old == dead) continue;
-        const std::set<node_id> before(p->stages[static_cast<size_t>(old)].nodes.begin(), p->stages[static_cast<size_t>(old)].nodes.end());
-        const std::set<node_id> after(r->stages[static_cast<size_t>(now)].nodes.begin(), r->stages[static_cast<size_t>(now)].nodes.end());
+        const std::set<node_index> before(p->stages[static_cast<size_t>(old)].nodes.begin(), p->stages[static_cast<size_t>(old)].nodes.end());
+        const std::set<node_index> after(r->stages[static_cast<size_t>(now)].nodes.begin(), r->stages[static_cast<size_t>(now)].nodes.end());
         CHECK(std::includes(after.begin(), after.end(), before.begin(), before.end()));
         covered += after.size();
         ++now;

@@ -4,6 +4,7 @@
 #include "transport/identity.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 
 namespace {
 admission_binding binding(uint8_t exporter_byte, node_id prover, node_id verifier, uint32_t version = 3) {

@@ -14,6 +14,7 @@
 #include "endpoint_harness.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 using namespace mesh::transport::test;
 using namespace std::chrono_literals;
 

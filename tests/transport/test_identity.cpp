@@ -9,6 +9,7 @@
 #include "transport/mesh_id.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 namespace fs = std::filesystem;
 
 namespace {

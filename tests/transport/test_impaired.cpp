@@ -18,6 +18,7 @@
 #include "impairment_proxy.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 using namespace mesh::transport::test;
 using namespace std::chrono_literals;
 using mesh::test::impairment_proxy;

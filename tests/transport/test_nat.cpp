@@ -16,6 +16,7 @@
 #include "transport/traversal.hpp"
 
 using namespace mesh::transport;
+using mesh::node_id;
 using namespace mesh::transport::test;
 using namespace std::chrono_literals;
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "test_ids.hpp"
 #include "wire/messages.hpp"
 
 using namespace mesh;
@@ -17,25 +18,25 @@ std::vector<message> samples() {
   return {hello{7, "llvmpipe", device_kind::cpu, 12.5, 3.25, 1 << 30, false},
           heartbeat{7, 42, 3},
           submit_job{9, {'a', 'b', 'c'}, strategy::automatic},
-          job_result{9, false, "no capacity", {{"y", t}}, 2, {"ab", "cd"}, strategy::data_parallel, 5'000'000'123, error_code::limit_exceeded},
-          run_stage{1, 2, 3, "coord", {'w'}, {"cut.4"}, {{"cut.7", "node-b", 4}}, 17, {{"x", t}}},
-          activation{"coord", 1, 2, 3, {"cut.4", t}},
+          job_result{9, false, "no capacity", {{"y", t}}, 2, {test::named("ab"), test::named("cd")}, strategy::data_parallel, 5'000'000'123, error_code::limit_exceeded},
+          run_stage{1, 2, 3, test::named("coord"), {'w'}, {"cut.4"}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
+          activation{test::named("coord"), 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}, error_code::device},
           status_request{5},
-          status_reply{5, "me", "dev", 1.5, 10, {{"p", peer_health::suspect, "1.2.3.4:5", "gpu", 2, 1, 0.25, 17, true, 3, "version_mismatch: ..."}}, {{9, "c", job_state::done, 3, 1, 0.5, job_kind::training, 4, 30}}},
+          status_reply{5, test::named("me"), "dev", 1.5, 10, {{test::named("p"), peer_health::suspect, "1.2.3.4:5", "gpu", 2, 1, 0.25, 17, true, 3, "version_mismatch: ..."}}, {{9, test::named("c"), job_state::done, 3, 1, 0.5, job_kind::training, 4, 30}}},
           open_session{3, {'g'}},
           infer{3, 4, {{"x", t}}},
           close_session{3},
           peer_exchange{{'M', 'P', 'X', 1, 0, 0}},
           open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, {'g'}, {'a'}, {'d'}, {'o'}, {{"w", t}}, {{"x", t}}, 0, 10}},
-          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, {'g'}, {'a'}, {}, {}, {}, {}}, "client-c", 4},
-          train_step{5, 3, 2, {"node-a", "node-b"}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
-          allreduce_piece{5, "node-a", 77, 2, 1, {1, 2, 3, 4}},
+          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, {'g'}, {'a'}, {}, {}, {}, {}}, test::named("client-c"), 4},
+          train_step{5, 3, 2, {test::named("node-a"), test::named("node-b")}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
+          allreduce_piece{5, test::named("node-a"), 77, 2, 1, {1, 2, 3, 4}},
           train_reduced{5, 3, 2, false, "step failed", 0.75, 4096, error_code::device},
           train_state{5, 4, {{"w", t}}},
           train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192},
-          job_progress{9, 2, 3, 5, "node-b"},
-          train_resume{4, "node-a", {{"x", t}}},
+          job_progress{9, 2, 3, 5, test::named("node-b")},
+          train_resume{4, test::named("node-a"), {{"x", t}}},
           train_checkpoint{4, 20, {{"w", t}}},
           cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
           train_ready{4, 7, 1}, ring_go{4, 7, 1}};
@@ -98,7 +99,7 @@ TEST_CASE("truncated, extended, mutated and unknown messages are errors", "[wire
   REQUIRE_FALSE(r);
   CHECK(r.error().message.find("unknown message kind") != std::string::npos);
   // A tensor whose byte count does not match its shape is refused after parsing.
-  activation bad{"c", 1, 1, 0, {"x", tensor::from_values(dtype::f32, {3}, {1, 2, 3})}};
+  activation bad{test::named("c"), 1, 1, 0, {"x", tensor::from_values(dtype::f32, {3}, {1, 2, 3})}};
   bad.value.value.bytes.pop_back();
   auto bytes = *encode_message(bad);
   auto rb = decode_message(bytes.data(), bytes.size());
@@ -119,9 +120,9 @@ TEST_CASE("a message of another protocol version is refused with both versions n
 TEST_CASE("an enum value out of range is refused by the decoder", "[wire][messages]") {
   // peer_status.health is the second field of the first peer: find it by encoding both states.
   peer_status p;
-  p.node = "p";
+  p.node = test::named("p");
   p.health = peer_health::healthy;
-  status_reply a{1, "n", "d", 0, 0, {p}, {}};
+  status_reply a{1, test::named("n"), "d", 0, 0, {p}, {}};
   auto bytes = *encode_message(a);
   status_reply b = a;
   b.peers[0].health = peer_health::dead;
