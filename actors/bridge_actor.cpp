@@ -28,7 +28,8 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         self->send(self->state.a.membership, down_atom::value, id, why, orderly);
       },
       [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {
-        auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget);
+        // Graphs inside are validated here, once, against this node's limits (wire/graph_payload.hpp).
+        auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget, &ctx->cfg.limits);
         // The decoded message owns copies of everything: the buffer goes back to the endpoint,
         // which receives the next large message into it (no fresh pages for the kernel to zero).
         ctx->ep->recycle(std::move(bytes));

@@ -74,8 +74,8 @@ expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor
 
 }  // namespace
 
-job_engine::job_engine(node_id self, device_profile own, graph_limits limits, uint64_t first_job)
-    : self_(std::move(self)), own_(std::move(own)), limits_(limits), next_job_(std::max<uint64_t>(first_job, 1)) {}
+job_engine::job_engine(node_id self, device_profile own, uint64_t first_job)
+    : self_(std::move(self)), own_(std::move(own)), next_job_(std::max<uint64_t>(first_job, 1)) {}
 
 void job_engine::peer_up(const node_id& id, const device_profile& p) {
   if (peers_.count(id)) forget_coordinator(id);  // a new incarnation: its old jobs are gone
@@ -133,16 +133,18 @@ std::vector<outbound> job_engine::on_message(const node_id& from, const msg::mes
 
 std::vector<outbound> job_engine::submit(const node_id& client, const msg::submit_job& s) {
   if (by_client_.count({client, s.job})) return reply_error(client, s.job, error_code::invalid_argument, "job " + std::to_string(s.job) + " is already running");
-  auto w = decode_wire_graph(s.wire.data(), s.wire.size(), limits_);
-  if (!w) return reply_error(client, s.job, w.error().code, "the graph was rejected: " + w.error().to_string());
-  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
+  auto w = s.graph.get("the graph");  // decoded and validated with the message (wire/graph_payload.hpp)
+  if (!w) return reply_error(client, s.job, w.error().code, w.error().message);
+  const wire_graph& sub = **w;
+  if (auto ok = check_reserved_names(sub.g); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
   const auto kind = s.how;
-  auto split = split_tensors(w->g, w->tensors);
+  auto split = split_tensors(sub.g, sub.tensors);
   if (!split) return reply_error(client, s.job, split.error().code, split.error().message);
-  if (auto ok = check_bindings(w->g, split->first, false); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
-  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
+  if (auto ok = check_bindings(sub.g, split->first, false); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
+  if (auto ok = check_bindings(sub.g, split->second, true); !ok) return reply_error(client, s.job, ok.error().code, ok.error().message);
 
-  const uint64_t id = new_job(client, s.job, std::make_shared<const graph>(std::move(w->g)), std::move(w->tensors), 0);
+  // The job shares the message's graph (no copy); its tensors are the job's own.
+  const uint64_t id = new_job(client, s.job, std::shared_ptr<const graph>(*w, &sub.g), sub.tensors, 0);
   job_record& j = jobs_.at(id);
   j.kind = kind;
   j.source = j.g;
@@ -281,9 +283,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::
     const bool send_fragment = !sess || !sess->loaded.count({j.stage_nodes[s], r.stage});
     if (sess && send_fragment) w.tensors = sess->fragment_params[s];
     if (send_fragment) {
-      auto bytes = encode(w);
-      if (!bytes) return finish(id, j, make_error(bytes.error().code, bytes.error().message));
-      r.wire = std::move(*bytes);
+      r.fragment = graph_payload(std::move(w));  // encoded by the shell only if it leaves this node
       if (sess) sess->loaded.insert({j.stage_nodes[s], r.stage});
     }
     j.pending.insert(r.stage);
@@ -410,18 +410,19 @@ expected<void> job_engine::plan_session(uint64_t id, session_state& s, const std
 
 std::vector<outbound> job_engine::open(const node_id& client, const msg::open_session& o) {
   if (sessions_by_client_.count({client, o.session})) return reply_error(client, o.session, error_code::invalid_argument, "session " + std::to_string(o.session) + " is already open");
-  auto w = decode_wire_graph(o.wire.data(), o.wire.size(), limits_);
-  if (!w) return reply_error(client, o.session, w.error().code, "the model was rejected: " + w.error().to_string());
-  if (auto ok = check_reserved_names(w->g); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
-  auto split = split_tensors(w->g, w->tensors);
+  auto w = o.model.get("the model");
+  if (!w) return reply_error(client, o.session, w.error().code, w.error().message);
+  const wire_graph& model = **w;
+  if (auto ok = check_reserved_names(model.g); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
+  auto split = split_tensors(model.g, model.tensors);
   if (!split) return reply_error(client, o.session, split.error().code, split.error().message);
-  if (auto ok = check_bindings(w->g, split->second, true); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
-  if (!w->g.updates.empty()) return reply_error(client, o.session, error_code::invalid_argument, "an inference model must not update its parameters");
+  if (auto ok = check_bindings(model.g, split->second, true); !ok) return reply_error(client, o.session, ok.error().code, ok.error().message);
+  if (!model.g.updates.empty()) return reply_error(client, o.session, error_code::invalid_argument, "an inference model must not update its parameters");
   const uint64_t id = next_job_++;
   session_state& s = sessions_[id];
   s.client = client;
   s.client_session = o.session;
-  s.g = std::make_shared<const graph>(std::move(w->g));
+  s.g = std::shared_ptr<const graph>(*w, &model.g);
   s.params = std::move(split->second);
   std::vector<node_id> ids;
   std::vector<device_profile> devices;
@@ -542,7 +543,7 @@ std::vector<outbound> job_engine::on_run_stage(const node_id& from, const msg::r
   ws.task.routes = r.routes;
   const cache_key key{r.coordinator, r.cache, r.stage};
   if (r.cache && closed_.count({r.coordinator, r.cache >> 16})) return fail(error_code::not_found, "the session was closed");
-  if (r.wire.empty()) {
+  if (r.fragment.empty()) {
     if (!r.cache) return fail(error_code::invalid_argument, "the stage carries no fragment");
     auto c = cache_.find(key);
     // The call that carried the fragment came first (the transport keeps a peer's order), so a
@@ -553,13 +554,13 @@ std::vector<outbound> job_engine::on_run_stage(const node_id& from, const msg::r
     ws.task.g = c->second.g;
     ws.task.params = c->second.params;
   } else {
-    auto w = decode_wire_graph(r.wire.data(), r.wire.size(), limits_);
-    if (!w) return fail(w.error().code, "fragment rejected: " + w.error().to_string());
-    auto split = split_tensors(w->g, std::move(w->tensors));
+    auto w = r.fragment.get("the fragment");
+    if (!w) return fail(w.error().code, w.error().message);
+    auto split = split_tensors((*w)->g, (*w)->tensors);
     if (!split) return fail(split.error().code, split.error().message);
     ws.task.inputs = std::move(split->first);
     ws.task.params = std::move(split->second);
-    ws.task.g = std::make_shared<const graph>(std::move(w->g));
+    ws.task.g = std::shared_ptr<const graph>(*w, &(*w)->g);
     if (r.cache) {
       if (!cache_.count(key) && cache_.size() >= max_cached_fragments) {
         auto lru = std::min_element(cache_.begin(), cache_.end(),

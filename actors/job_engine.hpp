@@ -55,11 +55,12 @@ struct stage_task {
 
 class job_engine {
  public:
-  /// `self` is this node's id (hex); `limits` bound every graph this node accepts.
+  /// `self` is this node's id. The graphs it receives were validated against the node's
+  /// graph_limits when their messages were decoded (wire/graph_payload.hpp).
   /// `first_job` numbers this engine's jobs and sessions from there: a node passes a value of
   /// its start time, so that a restarted coordinator's job 1 is never taken by a worker for the
   /// job 1 of its previous life (workers remember cancelled jobs and cached fragments by id).
-  job_engine(node_id self, device_profile own, graph_limits limits = {}, uint64_t first_job = 1);
+  job_engine(node_id self, device_profile own, uint64_t first_job = 1);
 
   /// A worker joined (its hello arrived), or joined again after a restart: what this node kept
   /// of the jobs and sessions it coordinated before is dropped.
@@ -164,7 +165,6 @@ class job_engine {
   node_id self_;
   clock::time_point now_{};  ///< the time the current entry point was given
   device_profile own_;
-  graph_limits limits_;
   std::map<node_id, device_profile> peers_;
   uint64_t next_job_ = 1;
   std::map<uint64_t, job_record> jobs_;               // coordinated here, by internal id

@@ -92,8 +92,8 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   st.engine = std::make_unique<job_engine>(ctx->self_id, device_profile{ctx->self_id.to_string(), own.gflops, own.mem_gbps, 1.0,
                                                                         static_cast<int64_t>(own.memory_bytes)},
-                                           ctx->cfg.limits, (ms & ((uint64_t{1} << 40) - 1)) << 8);
-  st.trainer = std::make_unique<train_engine>(ctx->self_id, ctx->cfg.limits);
+                                           (ms & ((uint64_t{1} << 40) - 1)) << 8);
+  st.trainer = std::make_unique<train_engine>(ctx->self_id);
   self->send(self, tick_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },

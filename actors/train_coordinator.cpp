@@ -62,7 +62,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   };
   for (const auto& [id, c] : coordinated_)
     if (c->client == client && c->client_train == o.train && c->state == job_state::running) return refuse(error_code::invalid_argument, "training " + std::to_string(o.train) + " is already running");
-  if (auto ok = check_train_spec(o.spec, limits_); !ok) return refuse(ok.error().code, "training refused: " + ok.error().message);
+  if (auto ok = check_train_spec(o.spec); !ok) return refuse(ok.error().code, "training refused: " + ok.error().message);
 
   const uint64_t id = next_id_++;
   auto c = std::make_unique<coord_run>();
@@ -74,12 +74,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   c->started = c->last_step = now_;
   // Parameters get names unique to this run, so that runs sharing a device do not mix state.
   c->prefix = run_prefix(self_, id);
-  for (auto* wire : {&c->spec.grad_wire, &c->spec.apply_wire, &c->spec.delta_wire, &c->spec.outer_wire}) {
-    if (wire->empty()) continue;
-    auto bytes = rename_parameters(*wire, "", c->prefix, limits_);
-    if (!bytes) return refuse(bytes.error().code, bytes.error().message);
-    *wire = std::move(*bytes);
-  }
+  for (auto* g : {&c->spec.grad, &c->spec.apply, &c->spec.delta, &c->spec.outer}) *g = rename_parameters(*g, "", c->prefix);
   for (auto& t : c->spec.state) t.name = c->prefix + t.name;
   // The dataset stays here; setups carry its columns with no rows, steps carry the shards.
   c->data = to_map(c->spec.dataset);

@@ -37,11 +37,11 @@ expected<void> has_input(const graph& g, const std::string& what, const std::str
   return {};
 }
 
-expected<std::shared_ptr<const graph>> decode_graph(const std::vector<char>& wire, const std::string& what,
-                                                    const graph_limits& limits) {
-  auto w = decode_wire_graph(wire.data(), wire.size(), limits);
-  if (!w) return make_error(w.error().code, "the " + what + " graph was rejected: " + w.error().message);
-  return std::make_shared<const graph>(std::move(w->g));
+/// The graph a spec carries, decoded and validated with its message (wire/graph_payload.hpp).
+expected<std::shared_ptr<const graph>> graph_of(const graph_payload& p, const std::string& what) {
+  auto w = p.get(("the " + what + " graph").c_str());
+  if (!w) return tl::unexpected(w.error());
+  return std::shared_ptr<const graph>(*w, &(*w)->g);
 }
 
 /// The parameters of `g` that `state` must provide.
@@ -61,28 +61,27 @@ expected<void> covers_parameters(const graph& g, const std::string& what, const 
 
 namespace train_detail {
 
-expected<std::vector<char>> rename_parameters(const std::vector<char>& wire, const std::string& from, const std::string& to,
-                                              const graph_limits& limits) {
-  auto w = decode_wire_graph(wire.data(), wire.size(), limits);
-  if (!w) return tl::unexpected(w.error());
-  for (auto& n : w->g.nodes)
+graph_payload rename_parameters(const graph_payload& p, const std::string& from, const std::string& to) {
+  if (!p.value) return p;  // absent (or refused: the spec check reports it)
+  wire_graph w = *p.value;
+  for (auto& n : w.g.nodes)
     if (n.op == op_kind::parameter && starts_with(n.attrs.name, from)) n.attrs.name = to + n.attrs.name.substr(from.size());
-  return encode(wire_graph{std::move(w->g), {}});
+  return graph_payload(std::move(w));
 }
 
 }  // namespace train_detail
 
-expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits, bool with_rows) {
+expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_rows) {
   const auto bad = [](const std::string& why) { return make_error(error_code::invalid_argument, why); };
   if (spec.steps <= spec.start_step) return bad("nothing to train: steps (" + std::to_string(spec.steps) + ") must exceed the start step (" + std::to_string(spec.start_step) + ")");
   if (spec.micro_batches < 1 || spec.micro_batches > 4096) return bad("micro_batches must be in 1..4096");
   if (spec.micro_batch < 1) return bad("micro_batch must be at least 1");
   if (spec.inner_steps < 1 || spec.inner_steps > 100000) return bad("inner_steps must be in 1..100000");
   train_graphs t;
-  auto g = decode_graph(spec.grad_wire, "gradient", limits);
+  auto g = graph_of(spec.grad, "gradient");
   if (!g) return tl::unexpected(g.error());
   t.grad = *g;
-  auto a = decode_graph(spec.apply_wire, "optimizer", limits);
+  auto a = graph_of(spec.apply, "optimizer");
   if (!a) return tl::unexpected(a.error());
   t.apply = *a;
   if (!t.grad->updates.empty()) return bad("the gradient graph must not update parameters (the optimizer graph does)");
@@ -102,9 +101,9 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph
   if (auto ok = covers_parameters(*t.apply, "optimizer", state); !ok) return tl::unexpected(ok.error());
 
   if (spec.method == train_method::diloco) {
-    auto d = decode_graph(spec.delta_wire, "DiLoCo delta", limits);
+    auto d = graph_of(spec.delta, "DiLoCo delta");
     if (!d) return tl::unexpected(d.error());
-    auto o = decode_graph(spec.outer_wire, "DiLoCo outer", limits);
+    auto o = graph_of(spec.outer, "DiLoCo outer");
     if (!o) return tl::unexpected(o.error());
     t.delta = *d;
     t.outer = *o;
@@ -151,7 +150,7 @@ expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const te
   return std::max<int64_t>(rows, 0);
 }
 
-train_engine::train_engine(node_id self, graph_limits limits) : self_(std::move(self)), limits_(limits) {}
+train_engine::train_engine(node_id self) : self_(std::move(self)) {}
 train_engine::~train_engine() = default;
 
 void train_engine::peer_up(const node_id& id) {

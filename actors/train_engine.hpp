@@ -72,7 +72,7 @@ struct train_graphs {
 /// is wrong in words a client can act on. `with_rows`: the dataset has its rows (a client's
 /// spec); otherwise only its columns' shapes (a setup: the rows come as shards with the steps,
 /// spec.dataset_rows says how many there are).
-expected<train_graphs> check_train_spec(const msg::train_spec& spec, const graph_limits& limits, bool with_rows = true);
+expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_rows = true);
 
 /// Checks that `columns` are the inputs of the gradient graph `grad` (names, dtypes, shapes but
 /// the number of rows) and returns the number of rows they share.
@@ -97,7 +97,7 @@ struct train_task {
 
 class train_engine {
  public:
-  train_engine(node_id self, graph_limits limits = {});
+  explicit train_engine(node_id self);
   ~train_engine();
 
   /// A worker joined; it is used from the next step of every run.
@@ -167,7 +167,6 @@ class train_engine {
 
   node_id self_;
   clock::time_point now_{};  ///< the time the current entry point was given
-  graph_limits limits_;
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::unique_ptr<coord_run>> coordinated_;

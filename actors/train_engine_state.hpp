@@ -44,9 +44,8 @@ inline tensor_map to_map(const std::vector<named_tensor>& ts) {
   return m;
 }
 
-/// The graph `wire` with every parameter named `from` + x renamed to `to` + x.
-expected<std::vector<char>> rename_parameters(const std::vector<char>& wire, const std::string& from, const std::string& to,
-                                              const graph_limits& limits);
+/// The graph `p` with every parameter named `from` + x renamed to `to` + x (absent stays absent).
+graph_payload rename_parameters(const graph_payload& p, const std::string& from, const std::string& to);
 
 }  // namespace train_detail
 

@@ -75,12 +75,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
   // The client's spec again: names without the old run's prefix, this node's state, its data.
   const std::string old_prefix = run_prefix(w->coordinator, w->train);
   msg::train_spec spec = w->shell;
-  for (auto* wire : {&spec.grad_wire, &spec.apply_wire, &spec.delta_wire, &spec.outer_wire}) {
-    if (wire->empty()) continue;
-    auto bytes = rename_parameters(*wire, old_prefix, "", limits_);
-    if (!bytes) return fail(bytes.error().message);
-    *wire = std::move(*bytes);
-  }
+  for (auto* g : {&spec.grad, &spec.apply, &spec.delta, &spec.outer}) *g = rename_parameters(*g, old_prefix, "");
   for (auto& [name, value] : r->state)
     spec.state.push_back({starts_with(name, old_prefix) ? name.substr(old_prefix.size()) : name, std::move(value)});
   spec.dataset = std::move(w->resume_dataset);

@@ -60,10 +60,10 @@ msg::train_spec spec_shell(const msg::train_spec& spec) {
   out.inner_steps = spec.inner_steps;
   out.compression = spec.compression;
   out.seed = spec.seed;
-  out.grad_wire = spec.grad_wire;
-  out.apply_wire = spec.apply_wire;
-  out.delta_wire = spec.delta_wire;
-  out.outer_wire = spec.outer_wire;
+  out.grad = spec.grad;
+  out.apply = spec.apply;
+  out.delta = spec.delta;
+  out.outer = spec.outer;
   return out;
 }
 
@@ -104,7 +104,7 @@ msg::train_reduced refusal(const msg::train_step& s, const error& why) {
 
 std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::train_setup& s) {
   const worker_key key{from, s.train};
-  auto graphs = check_train_spec(s.spec, limits_, false);
+  auto graphs = check_train_spec(s.spec, false);
   if (!graphs) {
     // The coordinator waits for this node's part of a step, not for the setup: the refusal
     // answers each step of the run still to come.

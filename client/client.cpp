@@ -362,10 +362,8 @@ void pending_request::withdraw() {
 
 expected<std::unique_ptr<inference_session>> client::open_inference(const graph& model, const tensor_map& params,
                                                                     std::chrono::milliseconds timeout) {
-  auto wire = encode(wire_graph{model, params});
-  if (!wire) return tl::unexpected(wire.error());
   uint64_t session = 0;
-  auto f = request(*impl_, msg::open_session{0, std::move(*wire)}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; }).future;
+  auto f = request(*impl_, msg::open_session{0, graph_payload(wire_graph{model, params})}, [&](msg::open_session& m, uint64_t id) { m.session = session = id; }).future;
   if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "the model was not loaded in time");
   auto r = f.get();
   if (!r) return tl::unexpected(r.error());
@@ -398,13 +396,8 @@ sent_request send_job(client_impl& impl, const graph& g, const tensor_map& input
                       job_options options) {
   wire_graph w{g, inputs};
   for (const auto& [name, t] : params) w.tensors[name] = t;
-  auto wire = encode(w);
-  if (!wire) {
-    std::promise<expected<job_outcome>> failed;
-    failed.set_value(tl::unexpected(wire.error()));
-    return {0, failed.get_future()};
-  }
-  return request(impl, msg::submit_job{0, std::move(*wire), options.how},
+  // A graph too large for the format fails in request(), where the message is encoded.
+  return request(impl, msg::submit_job{0, graph_payload(std::move(w)), options.how},
                  [&](msg::submit_job& m, uint64_t id) {
                    m.job = id;
                    if (options.on_progress) impl.job_progress[id] = std::move(options.on_progress);

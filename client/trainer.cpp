@@ -11,10 +11,10 @@ namespace {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-expected<std::vector<char>> wire_of(const builder& b) {
+expected<graph_payload> payload_of(const builder& b) {
   auto g = b.finish();
   if (!g) return tl::unexpected(g.error());
-  return encode(wire_graph{simplify(*g), {}});
+  return graph_payload(wire_graph{simplify(*g), {}});
 }
 
 struct param_info {
@@ -64,9 +64,7 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
     gg->g.updates.clear();
     gg->g.outputs.push_back({"loss", loss});
     for (size_t i = 0; i < params.size(); ++i) gg->g.outputs.push_back({"grad." + params[i].name, gg->grads[i]});
-    auto bytes = encode(wire_graph{simplify(gg->g), {}});
-    if (!bytes) return tl::unexpected(bytes.error());
-    spec.grad_wire = std::move(*bytes);
+    spec.grad = graph_payload(wire_graph{simplify(gg->g), {}});
   }
   // The optimizer step on gradients summed over micro-batches (scale makes them a mean).
   {
@@ -79,18 +77,18 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
     }
     if (auto* adam = std::get_if<optim::adam_options>(&o.optimizer)) optim::adam(b, ps, gs, *adam);
     else optim::sgd(b, ps, gs, std::get<optim::sgd_options>(o.optimizer));
-    auto bytes = wire_of(b);
-    if (!bytes) return tl::unexpected(bytes.error());
-    spec.apply_wire = std::move(*bytes);
+    auto apply = payload_of(b);
+    if (!apply) return tl::unexpected(apply.error());
+    spec.apply = std::move(*apply);
   }
   if (o.method == train_method::diloco) {
     // delta = outer copy - local parameters (the "pseudo-gradient" of DiLoCo).
     builder d;
     for (const auto& p : params)
       d.output("delta." + p.name, d.parameter("outer." + p.name, p.type, p.dims) - d.parameter(p.name, p.type, p.dims));
-    auto dbytes = wire_of(d);
-    if (!dbytes) return tl::unexpected(dbytes.error());
-    spec.delta_wire = std::move(*dbytes);
+    auto delta = payload_of(d);
+    if (!delta) return tl::unexpected(delta.error());
+    spec.delta = std::move(*delta);
     // Outer Nesterov step on the mean delta; the local parameters restart from the result.
     builder b;
     const expr scale = b.input("scale", dtype::f32, {});
@@ -104,9 +102,9 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
       b.update(outer, next);
       b.update(b.parameter(p.name, p.type, p.dims), next);
     }
-    auto obytes = wire_of(b);
-    if (!obytes) return tl::unexpected(obytes.error());
-    spec.outer_wire = std::move(*obytes);
+    auto outer = payload_of(b);
+    if (!outer) return tl::unexpected(outer.error());
+    spec.outer = std::move(*outer);
   }
 
   // The state: the parameters, then whatever else the graphs keep (zeros unless resumed).
@@ -116,11 +114,9 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
     if (it == state.end()) return make_error(error_code::invalid_argument, "no initial value for parameter \"" + p.name + "\"");
     if (o.method == train_method::diloco && !all.count("outer." + p.name)) all["outer." + p.name] = it->second;
   }
-  for (const auto* wire : {&spec.apply_wire, &spec.delta_wire, &spec.outer_wire}) {
-    if (wire->empty()) continue;
-    auto w = decode_wire_graph(wire->data(), wire->size());
-    if (!w) return tl::unexpected(w.error());
-    for (const auto& n : w->g.nodes)
+  for (const auto* p : {&spec.apply, &spec.delta, &spec.outer}) {
+    if (!p->value) continue;
+    for (const auto& n : p->value->g.nodes)
       if (n.op == op_kind::parameter && !all.count(n.attrs.name)) all[n.attrs.name] = tensor::zeros(n.type, n.dims);
   }
   for (auto& [name, t] : all) spec.state.push_back({name, std::move(t)});

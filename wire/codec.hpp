@@ -26,6 +26,10 @@
 #include "base/error.hpp"
 #include "base/node_id.hpp"
 
+namespace mesh {
+struct graph_limits;  // graph/validate.hpp: what a graph inside a message may be (graph_payload)
+}
+
 namespace mesh::wire {
 
 /// Decoded memory may reach this many times the encoded size (plus `decode_slack`).
@@ -58,6 +62,8 @@ class writer {
   }
 
   bool fits() const { return fits_; }
+  /// For nested encodings (a WireGraph inside a message) that found a count too large themselves.
+  void mark_too_large() { fits_ = false; }
 
  private:
   void raw(const void* p, size_t n) {
@@ -147,6 +153,11 @@ size_t min_encoded_size() {
 class reader {
  public:
   reader(const uint8_t* data, size_t size, size_t budget) : begin_(data), p_(data), end_(data + size), budget_(budget) {}
+  /// A reader for messages that carry graphs: they are validated against `limits` as they are
+  /// decoded (wire/graph_payload.hpp).
+  reader(const uint8_t* data, size_t size, size_t budget, const graph_limits* limits) : reader(data, size, budget) {
+    limits_ = limits;
+  }
 
   template <class... Ts>
   void operator()(Ts&... xs) {
@@ -158,6 +169,22 @@ class reader {
   size_t offset() const { return static_cast<size_t>(p_ - begin_); }
   /// Bytes of memory charged so far.
   size_t allocated() const { return allocated_; }
+  /// Charges `bytes` of memory a nested decoder will take to the budget (false: over it).
+  bool spend(size_t bytes) { return charge(bytes); }
+  /// The limits graphs inside the message are checked against (null: graph_limits{}).
+  const graph_limits* limits() const { return limits_; }
+  /// The next `n` bytes, in place (null when fewer remain: the input is then marked truncated).
+  /// For a nested encoding decoded by its own reader, which bounds its own allocations.
+  const uint8_t* view(size_t n) {
+    if (!ok()) return nullptr;
+    if (remaining() < n) {
+      fail("truncated input");
+      return nullptr;
+    }
+    const uint8_t* at = p_;
+    p_ += n;
+    return at;
+  }
   /// Marks the input bad (used by decoders for checks of their own); keeps the first failure.
   void fail(std::string why) {
     if (ok()) failure_ = std::move(why) + " at byte " + std::to_string(offset()) + " of " + std::to_string(offset() + remaining());
@@ -276,6 +303,7 @@ class reader {
   const uint8_t* end_;
   size_t budget_;
   size_t allocated_ = 0;
+  const graph_limits* limits_ = nullptr;
   bool over_budget_ = false;
   std::string failure_;
 };

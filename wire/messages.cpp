@@ -71,8 +71,8 @@ expected<std::vector<uint8_t>> encode_message(const message& m) {
   return out;
 }
 
-expected<message> decode_message(const uint8_t* data, size_t size, size_t budget) {
-  wire::reader src(data, size, wire::decode_budget(size, budget));
+expected<message> decode_message(const uint8_t* data, size_t size, size_t budget, const graph_limits* limits) {
+  wire::reader src(data, size, wire::decode_budget(size, budget), limits);
   uint16_t version = 0;
   src(version);
   if (!src.ok()) return make_error(error_code::decode_error, "message header: " + src.error().message);

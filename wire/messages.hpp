@@ -5,8 +5,9 @@
 /// On the wire a message is the protocol version (u16), one kind byte and the struct. Decoding
 /// (decode_message) refuses another protocol version, bounds the memory it allocates, and checks
 /// every tensor and enum, so a hostile peer gets an error back and the node keeps running.
-/// Graphs travel inside as WireGraph bytes (wire/wire_graph.hpp) and are decoded (= validated)
-/// only by the node that runs them.
+/// Graphs travel inside as graph_payload (wire/graph_payload.hpp): WireGraph bytes on the wire,
+/// decoded and validated against the receiver's graph_limits while the message is decoded, so
+/// engines receive checked graphs (or the error to answer with), never bytes.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,6 +19,7 @@
 #include "graph/tensor.hpp"
 #include "graph/planner.hpp"
 #include "wire/graph_codec.hpp"
+#include "wire/graph_payload.hpp"
 #include "wire/states.hpp"
 
 namespace mesh::msg {
@@ -25,7 +27,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 10;
+inline constexpr uint16_t protocol_version = 11;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -57,11 +59,11 @@ struct heartbeat {
   bool operator==(const heartbeat&) const = default;
 };
 
-/// Client -> any node: run this graph (WireGraph bytes carrying the graph, inputs and
-/// parameters) over the mesh and send me the outputs.
+/// Client -> any node: run this graph (with its inputs and parameters) over the mesh and send me
+/// the outputs.
 struct submit_job {
   uint64_t job = 0;  ///< chosen by the client, unique per client
-  std::vector<char> wire;
+  graph_payload graph;  ///< the graph, its inputs and parameters
   mesh::strategy how = mesh::strategy::pipeline;
   bool operator==(const submit_job&) const = default;
 };
@@ -101,27 +103,27 @@ struct route {
 };
 
 /// Coordinator -> worker: run one stage of a job (the fragment, with its parameters and any job
-/// inputs it reads, as WireGraph bytes), waiting for `awaited` activations from other stages.
-/// For inference sessions, `cache` names a fragment the worker keeps (parameters resident on its
-/// device): the first call carries `wire`, later calls leave it empty and bring only `inputs`.
+/// inputs it reads), waiting for `awaited` activations from other stages. For inference
+/// sessions, `cache` names a fragment the worker keeps (parameters resident on its device): the
+/// first call carries `fragment`, later calls leave it empty and bring only `inputs`.
 struct run_stage {
   uint64_t job = 0;
   uint32_t attempt = 0;
   uint32_t stage = 0;
   node_id coordinator;
-  std::vector<char> wire;
+  graph_payload fragment;  ///< with its parameters and inputs; empty for a cached session fragment
   std::vector<std::string> awaited;  ///< cut names that arrive as activations
   std::vector<route> routes;
   uint64_t cache = 0;                ///< 0: one-shot; else the cached fragment's key
-  std::vector<named_tensor> inputs;  ///< job inputs of this stage, when not inside `wire`
+  std::vector<named_tensor> inputs;  ///< job inputs of this stage, when not inside `fragment`
   bool operator==(const run_stage&) const = default;
 };
 
-/// Client -> node: load a model (graph + parameters, as WireGraph bytes) across a pipeline of
+/// Client -> node: load a model (graph + parameters) across a pipeline of
 /// peers once, for repeated `infer` calls. Answered by a job_result with job = session.
 struct open_session {
   uint64_t session = 0;
-  std::vector<char> wire;
+  graph_payload model;  ///< the graph and its parameters
   bool operator==(const open_session&) const = default;
 };
 
@@ -244,15 +246,15 @@ struct status_reply {
 
 // ---- training (see actors/train_engine.hpp) ----
 
-/// Everything a worker needs to train: the step graphs (WireGraph bytes, no tensors inside),
+/// Everything a worker needs to train: the step graphs (no tensors inside),
 /// the state (initial values of every parameter they name), the dataset and the schedule.
 ///
-/// Graphs: `grad_wire` maps one micro-batch (inputs named like the dataset's columns, first
+/// Graphs: `grad` maps one micro-batch (inputs named like the dataset's columns, first
 /// dimension `micro_batch`) to outputs "loss" (f32 scalar, a mean over the micro-batch) and
-/// "grad.<p>" per trained parameter; `apply_wire` takes inputs "grad.<p>" and "scale" (f32
+/// "grad.<p>" per trained parameter; `apply` takes inputs "grad.<p>" and "scale" (f32
 /// scalar: the gradients are sums over micro-batches, scale turns them into a mean) and updates
-/// the parameters and optimizer state. DiLoCo adds `delta_wire` (outputs "delta.<p>" = outer copy
-/// minus local parameter) and `outer_wire` (inputs "delta.<p>" summed over workers and "scale";
+/// the parameters and optimizer state. DiLoCo adds `delta` (outputs "delta.<p>" = outer copy
+/// minus local parameter) and `outer` (inputs "delta.<p>" summed over workers and "scale";
 /// Nesterov step on the outer copy, local parameters reset to it).
 struct train_spec {
   train_method method = train_method::data_parallel;
@@ -263,7 +265,7 @@ struct train_spec {
   uint32_t inner_steps = 1;      ///< DiLoCo: local steps between averaging rounds
   wire_format compression = wire_format::f32;  ///< of the all-reduce
   uint64_t seed = 0;             ///< data order
-  std::vector<char> grad_wire, apply_wire, delta_wire, outer_wire;
+  graph_payload grad, apply, delta, outer;  ///< graphs only (no tensors); delta, outer: DiLoCo
   std::vector<named_tensor> state;
   std::vector<named_tensor> dataset;  ///< columns; dimension 0 = examples
   /// Rows of the whole dataset. Set by the coordinator in setups, whose dataset columns carry no
@@ -417,7 +419,9 @@ inline constexpr size_t default_decode_budget = size_t{4} << 30;
 /// version_mismatch for another protocol version, limit_exceeded when decoding would allocate
 /// more than `budget` or a fixed multiple of the message size, decode_error for malformed bytes
 /// or an enum out of range, and tensor::check()'s errors.
-expected<message> decode_message(const uint8_t* data, size_t size, size_t budget = default_decode_budget);
+/// Graphs inside (graph_payload) are validated against `limits` (null: graph_limits{}).
+expected<message> decode_message(const uint8_t* data, size_t size, size_t budget = default_decode_budget,
+                                 const graph_limits* limits = nullptr);
 
 /// "run_stage" etc., for logs.
 const char* kind_name(const message& m);
@@ -436,7 +440,7 @@ void fields(F& f, heartbeat& x) {
 
 template <class F>
 void fields(F& f, submit_job& x) {
-  f(x.job, x.wire, x.how);
+  f(x.job, x.graph, x.how);
 }
 
 template <class F>
@@ -456,7 +460,7 @@ void fields(F& f, route& x) {
 
 template <class F>
 void fields(F& f, run_stage& x) {
-  f(x.job, x.attempt, x.stage, x.coordinator, x.wire, x.awaited, x.routes, x.cache, x.inputs);
+  f(x.job, x.attempt, x.stage, x.coordinator, x.fragment, x.awaited, x.routes, x.cache, x.inputs);
 }
 
 template <class F>
@@ -516,7 +520,7 @@ void fields(F& f, status_reply& x) {
 
 template <class F>
 void fields(F& f, open_session& x) {
-  f(x.session, x.wire);
+  f(x.session, x.model);
 }
 
 template <class F>
@@ -536,7 +540,7 @@ void fields(F& f, peer_exchange& x) {
 
 template <class F>
 void fields(F& f, train_spec& x) {
-  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad_wire, x.apply_wire, x.delta_wire, x.outer_wire, x.state, x.dataset, x.dataset_rows, x.checkpoint_every);
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every);
 }
 
 template <class F>

@@ -81,7 +81,7 @@ struct mesh_sim {
         if (auto* p = std::get_if<msg::job_progress>(&o.m)) progress.push_back(*p);
         continue;
       }
-      if (auto* rs = std::get_if<msg::run_stage>(&o.m)) fragments_sent += !rs->wire.empty();
+      if (auto* rs = std::get_if<msg::run_stage>(&o.m)) fragments_sent += !rs->fragment.empty();
       // Through the real codec, as on the wire.
       auto bytes = msg::encode_message(o.m);
       REQUIRE(bytes);
@@ -133,7 +133,7 @@ model mlp_job() {
 }
 
 msg::submit_job submission(const model& m, uint64_t id, strategy s = strategy::pipeline) {
-  return {id, *encode(wire_graph{m.g, m.tensors}), s};
+  return {id, graph_payload(wire_graph{m.g, m.tensors}), s};
 }
 
 /// Rows computed from their own input row only: data parallel applies.
@@ -165,10 +165,10 @@ void check_outputs(const msg::job_result& r, const model& m) {
 }
 
 /// The model as a client opens it as a session: its graph and parameters, not its input "x".
-std::vector<char> session_wire(const model& m) {
+graph_payload session_wire(const model& m) {
   tensor_map params = m.tensors;
   params.erase("x");
-  return *encode(wire_graph{m.g, params});
+  return graph_payload(wire_graph{m.g, params});
 }
 
 }  // namespace
@@ -209,18 +209,18 @@ TEST_CASE("a node dying mid-job: the coordinator re-plans and the job completes"
 TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  msg::submit_job garbage{1, {'n', 'o', 'p', 'e'}, strategy::pipeline};
+  msg::submit_job garbage{1, graph_payload::from_bytes("nope", 4), strategy::pipeline};
   auto missing = submission(m, 2);
   {
     wire_graph w{m.g, m.tensors};
     w.tensors.erase("mlp.0.w");
-    missing.wire = *encode(w);
+    missing.graph = graph_payload(std::move(w));
   }
   auto bad_graph = submission(m, 3);
   {
     graph g = m.g;
     g.nodes.back().dims = {99};  // declared shape lies
-    bad_graph.wire = *encode(wire_graph{g, m.tensors});
+    bad_graph.graph = graph_payload(wire_graph{g, m.tensors});
   }
   // (A strategy out of range never reaches the engine: the decoder refuses it, tests/wire.)
   auto reserved = submission(m, 5);  // an input named like the values stages pass each other
@@ -231,7 +231,7 @@ TEST_CASE("malformed or hostile jobs get clear errors and the mesh keeps working
     g.nodes[static_cast<size_t>(x)].attrs.name = "cut.3";
     t["cut.3"] = t.at("x");
     t.erase("x");
-    reserved.wire = *encode(wire_graph{g, t});
+    reserved.graph = graph_payload(wire_graph{g, t});
   }
   sim.send("cli", {{"b", garbage}, {"b", missing}, {"c", bad_graph}, {"a", reserved}});
   sim.run();
@@ -362,7 +362,7 @@ TEST_CASE("a failed job's other stages are let go on every worker", "[actors][jo
   mesh_sim sim;
   const model m = mlp_job();
   sim.fail_task = [](const stage_task& t) { return t.stage == 0; };
-  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, graph_payload(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   CHECK_FALSE(sim.results[0].ok);
@@ -372,7 +372,7 @@ TEST_CASE("a failed job's other stages are let go on every worker", "[actors][jo
 TEST_CASE("a job re-planned after a death leaves no stage of its first attempt waiting", "[actors][jobs]") {
   mesh_sim sim;
   const model m = mlp_job();
-  sim.send("cli", {{"a", msg::submit_job{7, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{7, graph_payload(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run(2);
   sim.kill("b");
   sim.run();
@@ -514,7 +514,7 @@ TEST_CASE("a restarted coordinator's jobs run on workers that knew its earlier l
   mesh_sim sim;
   const model m = mlp_job();
   sim.fail_task = [](const stage_task& t) { return t.stage == 0; };
-  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, graph_payload(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 1);
   REQUIRE_FALSE(sim.results[0].ok);
@@ -526,7 +526,7 @@ TEST_CASE("a restarted coordinator's jobs run on workers that knew its earlier l
     sim.nodes.at("a").peer_up(test::named(other), {other, 1e-6, 1e3, 1e3, int64_t{1} << 40});
     sim.nodes.at(other).peer_up(test::named("a"), {"a", 1e-6, 1e3, 1e3, int64_t{1} << 40});
   }
-  sim.send("cli", {{"a", msg::submit_job{1, *encode(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
+  sim.send("cli", {{"a", msg::submit_job{1, graph_payload(wire_graph{m.g, m.tensors}), strategy::pipeline}}});
   sim.run();
   REQUIRE(sim.results.size() == 2);
   INFO(sim.results[1].error);

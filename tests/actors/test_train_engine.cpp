@@ -61,6 +61,8 @@ struct train_sim {
   std::vector<msg::job_result> results;
   std::map<std::string, std::vector<uint32_t>> shards_received;  ///< dataset shards each node was sent
   std::map<std::string, int64_t> rows_received;
+  /// The graph limits a node decodes its messages with (graph_limits{} when not named here).
+  std::map<std::string, graph_limits> limits;
   std::vector<msg::train_checkpoint> checkpoints;  // what the client received
   /// Called after each delivered message (tests kill or add nodes here).
   std::function<void(train_sim&)> on_tick;
@@ -123,7 +125,13 @@ struct train_sim {
           shards_received[to].push_back(sh.index);
           rows_received[to] += sh.columns.at(0).value.dims.at(0);
         }
-      post(to, it->second.engine->on_message(test::named(from), o.m, now));
+      // Through the real codec, as on the wire: graphs are validated against the receiver's limits.
+      auto bytes = msg::encode_message(o.m);
+      REQUIRE(bytes);
+      const auto own = limits.find(to);
+      auto m = msg::decode_message(bytes->data(), bytes->size(), msg::default_decode_budget, own == limits.end() ? nullptr : &own->second);
+      REQUIRE(m);
+      post(to, it->second.engine->on_message(test::named(from), *m, now));
       run_tasks(to);
       if (on_tick) on_tick(*this);
     }
@@ -664,7 +672,10 @@ TEST_CASE("bad training specs are refused with a reason", "[actors][train]") {
   bad.dataset.clear();
   CHECK_THAT(refused(bad), Catch::Contains("no column"));
   bad = spec;
-  bad.grad_wire.resize(bad.grad_wire.size() / 2);
+  {
+    auto bytes = *encode(*spec.grad.value);  // truncated on its way: the decoder refuses it
+    bad.grad = graph_payload::from_bytes(bytes.data(), bytes.size() / 2);
+  }
   CHECK_THAT(refused(bad), Catch::Contains("gradient graph was rejected"));
   bad = spec;
   bad.state.pop_back();
@@ -731,7 +742,8 @@ TEST_CASE("a worker that refuses the setup answers the run's steps, so the run g
   train_sim sim(2);
   graph_limits tight;
   tight.max_nodes = 4;  // the training graphs are larger: node-c refuses every setup
-  train_sim::node strict{std::make_unique<train_engine>(test::named("node-c"), tight), gpu::make_cpu_executor(1)};
+  train_sim::node strict{std::make_unique<train_engine>(test::named("node-c")), gpu::make_cpu_executor(1)};
+  sim.limits["node-c"] = tight;  // applied where node-c decodes its messages
   for (auto& [other, o] : sim.nodes) {
     strict.engine->peer_up(test::named(other));
     o.engine->peer_up(test::named("node-c"));

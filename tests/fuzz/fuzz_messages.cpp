@@ -13,6 +13,14 @@
 #include "wire/wire_graph.hpp"
 
 namespace {
+/// The fuzzer's two nodes: the peer that sends, and this node.
+mesh::node_id named(const char* name) {
+  mesh::node_id id;
+  for (size_t i = 0; name[i] && i < id.key.size(); ++i) id.key[i] = static_cast<uint8_t>(name[i]);
+  return id;
+}
+const mesh::node_id peer = named("peer-aaaa"), self = named("self-bbbb");
+
 /// A tiny, valid training setup (run 1 coordinated by peer-aaaa): y = x * w, loss its sum; SGD.
 mesh::msg::train_setup tiny_setup() {
   mesh::builder g;
@@ -30,11 +38,11 @@ mesh::msg::train_setup tiny_setup() {
   spec.micro_batches = 2;
   spec.micro_batch = 2;
   spec.dataset_rows = 8;
-  spec.grad_wire = *mesh::encode(mesh::wire_graph{*g.finish(), {}});
-  spec.apply_wire = *mesh::encode(mesh::wire_graph{*a.finish(), {}});
+  spec.grad = mesh::graph_payload(mesh::wire_graph{*g.finish(), {}});
+  spec.apply = mesh::graph_payload(mesh::wire_graph{*a.finish(), {}});
   spec.state = {{"w", mesh::tensor::zeros(mesh::dtype::f32, {1, 1})}};
   spec.dataset = {{"x", mesh::tensor::zeros(mesh::dtype::f32, {0, 1})}};  // rows come as shards
-  return {1, spec, "client-c", 1};
+  return {1, spec, named("client-c"), 1};
 }
 
 /// Valid messages whose edits reach deep into the decoders and engines: a training step with a
@@ -42,7 +50,7 @@ mesh::msg::train_setup tiny_setup() {
 /// then mutated).
 const std::vector<uint8_t>& seed_bytes(int which) {
   static const std::vector<uint8_t> step = [] {
-    mesh::msg::train_step s{1, 2, 1, {"peer-aaaa", "self-bbbb"}, {5, 7}, 0, false, false,
+    mesh::msg::train_step s{1, 2, 1, {peer, self}, {5, 7}, 0, false, false,
                             {{1, {{"x", mesh::tensor::zeros(mesh::dtype::f32, {4, 1})}}}}};
     return *mesh::msg::encode_message(s);
   }();
@@ -52,7 +60,7 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     auto w = b.parameter("w", mesh::dtype::f32, {3, 2});
     b.output("y", relu(matmul(x, w) + 1.0));
     mesh::wire_graph wg{*b.finish(), {{"x", mesh::tensor::zeros(mesh::dtype::f32, {4, 3})}, {"w", mesh::tensor::zeros(mesh::dtype::f32, {3, 2})}}};
-    mesh::msg::submit_job s{1, *mesh::encode(wg), mesh::strategy::data_parallel};
+    mesh::msg::submit_job s{1, mesh::graph_payload(std::move(wg)), mesh::strategy::data_parallel};
     return *mesh::msg::encode_message(s);
   }();
   return which == 0 ? step : job;
@@ -65,20 +73,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bytes = seed_bytes(data[0] == 0xff ? 0 : 1);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
-  auto m = mesh::msg::decode_message(bytes.data(), bytes.size());
-  if (!m) return 0;
+  // Graphs inside are validated here, against small limits, as a node's bridge does.
   mesh::graph_limits limits;
   limits.max_total_bytes = int64_t{16} << 20;
   limits.max_elements = int64_t{1} << 20;
-  mesh::job_engine jobs("self-bbbb", {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30}, limits);
-  mesh::train_engine train("self-bbbb", limits);
-  train.peer_up("peer-aaaa");
+  auto m = mesh::msg::decode_message(bytes.data(), bytes.size(), mesh::msg::default_decode_budget, &limits);
+  if (!m) return 0;
+  mesh::job_engine jobs(self, {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30});
+  mesh::train_engine train(self);
+  train.peer_up(peer);
   static const mesh::msg::train_setup setup = tiny_setup();
-  (void)train.on_message("peer-aaaa", setup, {});
+  (void)train.on_message(peer, setup, {});
   if (train.running() != 1) __builtin_trap();  // the setup must be accepted, or nothing below is live
-  jobs.peer_up("peer-aaaa", {"peer-aaaa", 2e-6, 1e3, 1e3, int64_t{1} << 30});  // plans span two devices
-  (void)jobs.on_message("peer-aaaa", *m, {});
-  (void)train.on_message("peer-aaaa", *m, {});
+  jobs.peer_up(peer, {"peer-aaaa", 2e-6, 1e3, 1e3, int64_t{1} << 30});  // plans span two devices
+  (void)jobs.on_message(peer, *m, {});
+  (void)train.on_message(peer, *m, {});
   (void)jobs.take_ready();
   (void)train.take_ready();  // device work is not run: the fuzzer checks the decoders and engines
   return 0;

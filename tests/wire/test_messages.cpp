@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "graph/builder.hpp"
 #include "test_ids.hpp"
 #include "wire/messages.hpp"
 
@@ -13,23 +14,34 @@ using namespace mesh;
 using namespace mesh::msg;
 
 namespace {
+/// A small valid graph (with a tensor when `with_tensor`), as a message carries it.
+graph_payload small_graph(bool with_tensor = true) {
+  builder b;
+  auto x = b.input("x", dtype::f32, {2, 2});
+  auto w = b.parameter("w", dtype::f32, {2, 2});
+  b.output("y", matmul(x, w));
+  wire_graph g{*b.finish(), {}};
+  if (with_tensor) g.tensors["w"] = tensor::from_values(dtype::f32, {2, 2}, {1, 2, 3, 4});
+  return graph_payload(std::move(g));
+}
+
 std::vector<message> samples() {
   const tensor t = tensor::from_values(dtype::f16, {2, 2}, {1, 2, 3, 4});
   return {hello{7, "llvmpipe", device_kind::cpu, 12.5, 3.25, 1 << 30, false},
           heartbeat{7, 42, 3},
-          submit_job{9, {'a', 'b', 'c'}, strategy::automatic},
+          submit_job{9, small_graph(), strategy::automatic},
           job_result{9, false, "no capacity", {{"y", t}}, 2, {test::named("ab"), test::named("cd")}, strategy::data_parallel, 5'000'000'123, error_code::limit_exceeded},
-          run_stage{1, 2, 3, test::named("coord"), {'w'}, {"cut.4"}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
+          run_stage{1, 2, 3, test::named("coord"), small_graph(), {"cut.4"}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
           activation{test::named("coord"), 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}, error_code::device},
           status_request{5},
           status_reply{5, test::named("me"), "dev", 1.5, 10, {{test::named("p"), peer_health::suspect, "1.2.3.4:5", "gpu", 2, 1, 0.25, 17, true, 3, "version_mismatch: ..."}}, {{9, test::named("c"), job_state::done, 3, 1, 0.5, job_kind::training, 4, 30}}},
-          open_session{3, {'g'}},
-          infer{3, 4, {{"x", t}}},
+          open_session{3, graph_payload::from_bytes("nope", 4)},
+          msg::infer{3, 4, {{"x", t}}},
           close_session{3},
           peer_exchange{{'M', 'P', 'X', 1, 0, 0}},
-          open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, {'g'}, {'a'}, {'d'}, {'o'}, {{"w", t}}, {{"x", t}}, 0, 10}},
-          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, {'g'}, {'a'}, {}, {}, {}, {}}, test::named("client-c"), 4},
+          open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, small_graph(false), small_graph(false), small_graph(false), small_graph(false), {{"w", t}}, {{"x", t}}, 0, 10}},
+          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, small_graph(false), small_graph(false), {}, {}, {}, {}}, test::named("client-c"), 4},
           train_step{5, 3, 2, {test::named("node-a"), test::named("node-b")}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
           allreduce_piece{5, test::named("node-a"), 77, 2, 1, {1, 2, 3, 4}},
           train_reduced{5, 3, 2, false, "step failed", 0.75, 4096, error_code::device},
@@ -154,4 +166,32 @@ TEST_CASE("decoding is bounded by a multiple of the message size and by the rece
   REQUIRE_FALSE(small);
   CHECK(small.error().code == error_code::limit_exceeded);
   CHECK(small.error().message.find("budget of 1048576 bytes") != std::string::npos);
+}
+
+TEST_CASE("a graph inside a message is validated against the receiver's limits as it is decoded", "[wire][messages]") {
+  // The message still decodes: the engine answers the sender with the graph's error instead of
+  // the message vanishing into the refusal log.
+  const submit_job job{7, small_graph(), strategy::pipeline};
+  auto bytes = encode_message(job);
+  REQUIRE(bytes);
+  auto fine = decode_message(bytes->data(), bytes->size());
+  REQUIRE(fine);
+  const auto& ok = std::get<submit_job>(*fine).graph;
+  REQUIRE(ok.value);
+  CHECK(ok.value->g.find_output("y") >= 0);
+  graph_limits tight;
+  tight.max_nodes = 2;
+  auto refused = decode_message(bytes->data(), bytes->size(), default_decode_budget, &tight);
+  REQUIRE(refused);
+  const auto& p = std::get<submit_job>(*refused).graph;
+  CHECK_FALSE(p.value);
+  REQUIRE(p.problem);
+  CHECK(p.problem->code == error_code::limit_exceeded);
+  auto why = p.get("the graph");
+  REQUIRE_FALSE(why);
+  CHECK(why.error().message.find("the graph was rejected") == 0);
+  // Encoded again (as a node relaying it would), the refused graph keeps its bytes.
+  auto again = encode_message(*refused);
+  REQUIRE(again);
+  CHECK(*again == *bytes);
 }
