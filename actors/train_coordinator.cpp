@@ -52,7 +52,7 @@ void assign_slots(std::map<uint32_t, node_id>& owner, const std::vector<node_id>
 }
 }  // namespace
 
-std::vector<outbound> train_engine::open(const node_id& client, const msg::open_training& o) {
+std::vector<outbound> train_engine::open(const node_id& client, const msg::open_training& o, uint32_t generation) {
   const auto refuse = [&](error_code code, const std::string& why) {
     msg::job_result r;
     r.job = o.train;
@@ -68,6 +68,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   auto c = std::make_unique<coord_run>();
   c->client = client;
   c->client_train = o.train;
+  c->generation = generation;
   c->spec = o.spec;
   c->step = o.spec.start_step;
   c->commit = o.spec.start_step;
@@ -90,7 +91,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   c->members.push_back(self_);
   for (const auto& p : peers_) c->members.push_back(p);
   std::sort(c->members.begin(), c->members.end());
-  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train}});
+  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train, generation}});
   auto& run = *c;
   coordinated_[id] = std::move(c);
   auto more = issue_step(id, run);
@@ -294,7 +295,7 @@ std::vector<outbound> train_engine::on_state(const node_id& from, const msg::tra
   c.spec.start_step = c.step;
   for (const auto& n : c.newcomers) {
     if (!peers_.count(n)) continue;
-    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train}});
+    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train, c.generation}});
     c.members.push_back(n);
     c.shards_sent.erase(n);
   }

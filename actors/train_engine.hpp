@@ -134,7 +134,9 @@ class train_engine {
   struct worker_run;
   using worker_key = std::pair<node_id, uint64_t>;  // coordinator, train
 
-  std::vector<outbound> open(const node_id& client, const msg::open_training& o);
+  /// Opens a run this node coordinates: a client's (generation 0), or one taken over from a dead
+  /// coordinator (take_over: one more than the run had there).
+  std::vector<outbound> open(const node_id& client, const msg::open_training& o, uint32_t generation = 0);
   std::vector<outbound> on_setup(const node_id& from, const msg::train_setup& s);
   std::vector<outbound> on_step(const node_id& from, const msg::train_step& s);
   /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.

@@ -90,7 +90,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
     done.workers = {self_};
     return {{w->client, std::move(done)}};
   }
-  return open(w->client, msg::open_training{w->client_train, std::move(spec)});
+  return open(w->client, msg::open_training{w->client_train, std::move(spec)}, w->generation + 1);
 }
 
 }  // namespace mesh

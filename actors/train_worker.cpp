@@ -104,21 +104,32 @@ msg::train_reduced refusal(const msg::train_step& s, const error& why) {
 
 std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::train_setup& s) {
   const worker_key key{from, s.train};
-  auto graphs = check_train_spec(s.spec, false);
-  if (!graphs) {
+  const auto refuse_setup = [&](const error& why) {
     // The coordinator waits for this node's part of a step, not for the setup: the refusal
     // answers each step of the run still to come.
-    const error why{graphs.error().code, "setup refused: " + graphs.error().message};
     if (refused_.size() >= max_refused_runs) refused_.erase(refused_.begin());
     refused_[key] = why;
-    return {};
+    return std::vector<outbound>{};
+  };
+  // A coordinator that was taken over (it only lost its client, and a member took the run over
+  // at a higher generation) may still set nodes up: its setups must not stop the new run.
+  if (!s.client.empty()) {
+    for (const auto& [k, run] : worker_)
+      if (k != key && run->client == s.client && run->client_train == s.client_train && run->generation > s.generation)
+        return refuse_setup({error_code::invalid_argument, "setup refused: node " + k.first.short_string() + " took this run over"});
+    for (const auto& [rid, c] : coordinated_)
+      if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train && c->generation > s.generation)
+        return refuse_setup({error_code::invalid_argument, "setup refused: this node took this run over"});
   }
+  auto graphs = check_train_spec(s.spec, false);
+  if (!graphs) return refuse_setup({graphs.error().code, "setup refused: " + graphs.error().message});
   refused_.erase(key);
   auto w = std::make_shared<worker_run>();
   w->coordinator = from;
   w->train = s.train;
   w->client = s.client;
   w->client_train = s.client_train;
+  w->generation = s.generation;
   w->shell = spec_shell(s.spec);
   // The run resumed under a new coordinator: what this node kept of it before is stale now,
   // and if this node was coordinating it (the client was only cut off from us), ours stops.

@@ -27,7 +27,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 11;
+inline constexpr uint16_t protocol_version = 12;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -292,6 +292,9 @@ struct train_setup {
   train_spec spec;
   node_id client;             ///< the client that opened the run (may ask a worker to take it over)
   uint64_t client_train = 0;  ///< the client's id of the run
+  /// Takeovers the run went through (0: as the client opened it). A worker holding the run at a
+  /// higher generation refuses this setup: it comes from a coordinator that was taken over.
+  uint32_t generation = 0;
   bool operator==(const train_setup&) const = default;
 };
 
@@ -550,7 +553,7 @@ void fields(F& f, open_training& x) {
 
 template <class F>
 void fields(F& f, train_setup& x) {
-  f(x.train, x.spec, x.client, x.client_train);
+  f(x.train, x.spec, x.client, x.client_train, x.generation);
 }
 
 template <class F>

@@ -771,3 +771,43 @@ TEST_CASE("a finished run leaves no program or parameter on any worker's device"
     CHECK(nd.device->drop_parameters("acc.") == 0);
   }
 }
+
+TEST_CASE("a setup from a coordinator that was taken over does not stop the run that took it over", "[actors][train]") {
+  // node-a coordinated the run and only lost its client; the client resumed it on node-b
+  // (generation 1). node-a, still running it for its grace time, may set node-c up again: that
+  // setup must not end node-b's run on node-c, whatever order the two coordinators' messages
+  // arrive in.
+  const auto s = two_moons_mlp();
+  auto spec = spec_for(s, dp_options(4));
+  spec.dataset_rows = static_cast<uint64_t>(spec.dataset.at(0).value.dims.at(0));  // as a coordinator sends it:
+  for (auto& c : spec.dataset) {                                                  // columns without rows
+    shape none = c.value.dims;
+    none[0] = 0;
+    c.value = tensor::zeros(c.value.type, none);
+  }
+  const node_id a = test::named("node-a"), b = test::named("node-b"), c = test::named("node-c"), client = test::named("client");
+  for (const bool taken_over_first : {true, false}) {
+    INFO("the takeover's setup arrives " << (taken_over_first ? "first" : "second"));
+    train_engine w(c);
+    w.peer_up(a);
+    w.peer_up(b);
+    const msg::train_setup stale{3, spec, client, 1, 0}, fresh{7, spec, client, 1, 1};
+    (void)w.on_message(taken_over_first ? b : a, taken_over_first ? msg::message(fresh) : msg::message(stale), {});
+    (void)w.on_message(taken_over_first ? a : b, taken_over_first ? msg::message(stale) : msg::message(fresh), {});
+    CHECK(w.running() == 1);  // node-b's run only
+    msg::train_step step;
+    step.train = 3;
+    step.attempt = 1;
+    step.ring = {a, c};
+    auto out = w.on_message(a, step, {});  // node-a's step is refused, so node-a goes on without node-c
+    REQUIRE(out.size() == 1);
+    const auto* r = std::get_if<msg::train_reduced>(&out[0].m);
+    REQUIRE(r);
+    CHECK_FALSE(r->ok);
+    if (taken_over_first) CHECK_THAT(r->error, Catch::Contains("took this run over"));
+    step.train = 7;
+    step.ring = {b, c};
+    out = w.on_message(b, step, {});
+    for (const auto& o : out) CHECK_FALSE(std::holds_alternative<msg::train_reduced>(o.m));  // node-b's run takes the step
+  }
+}

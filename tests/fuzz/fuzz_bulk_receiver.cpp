@@ -18,7 +18,6 @@
 
 namespace {
 using namespace mesh::transport;
-using mesh::node_id;
 
 struct byte_reader {
   const uint8_t* p;

@@ -8,7 +8,6 @@
 
 namespace {
 using namespace mesh::transport;
-using mesh::node_id;
 
 std::vector<frame> decode_chunked(const uint8_t* data, size_t size, size_t chunk, const frame_limits& limits,
                                   buffer_pool* pool) {
