@@ -4,7 +4,7 @@
 
 #include "models/utf8.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 namespace {
 
@@ -144,4 +144,4 @@ expected<void> bpe_encoder::encode(std::string_view text, std::vector<int32_t>& 
   });
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

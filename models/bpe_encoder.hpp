@@ -13,7 +13,7 @@
 #include "models/pre_tokenizer.hpp"
 #include "models/vocabulary.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 class bpe_encoder {
  public:
@@ -49,4 +49,4 @@ class bpe_encoder {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -4,7 +4,7 @@
 
 #include "models/utf8.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 namespace {
 
@@ -267,4 +267,4 @@ expected<std::string> chat_template::render(std::span<const chat_message> messag
   return make_error(error_code::internal, "chat template: unknown family");
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -9,7 +9,7 @@
 
 #include "base/error.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 struct chat_message {
   std::string role;  ///< "system", "user", "assistant" (ChatML also renders "tool")
@@ -61,4 +61,4 @@ expected<chat_template> chat_template_by_name(std::string_view name, chat_tokens
 /// or GGUF `tokenizer.chat_template`); an unknown template is an error that says how to name one.
 expected<chat_template> detect_chat_template(std::string_view template_text, chat_tokens tokens = {});
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-namespace mesh {
+namespace mesh::models {
 
 const char* const gpt2_pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -161,4 +161,4 @@ expected<void> pre_tokenizer::split(std::string_view text, const std::function<v
   return impl_->run(0, text, md.get(), word);
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -10,7 +10,7 @@
 
 #include "base/error.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 /// The patterns llama.cpp knows a GGUF `tokenizer.ggml.pre` name by, as they appear in the
 /// models' tokenizer.json; an unknown name is an error listing the known ones.
@@ -42,4 +42,4 @@ class pre_tokenizer {
   std::unique_ptr<impl> impl_;
 };
 
-}  // namespace mesh
+}  // namespace mesh::models

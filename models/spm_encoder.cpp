@@ -6,7 +6,7 @@
 
 #include "models/utf8.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 expected<spm_encoder> spm_encoder::create(const vocabulary& v,
                                           const std::unordered_map<std::string_view, int32_t>& ids) {
@@ -123,4 +123,4 @@ void spm_encoder::encode_chunk(std::string_view text, bool space_prefix, std::ve
   }
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

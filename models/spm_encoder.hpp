@@ -12,7 +12,7 @@
 #include "base/error.hpp"
 #include "models/vocabulary.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 class spm_encoder {
  public:
@@ -33,4 +33,4 @@ class spm_encoder {
   std::array<int32_t, 256> byte_ids_{};  ///< id of `<0xXX>` per byte, -1 if absent
 };
 
-}  // namespace mesh
+}  // namespace mesh::models

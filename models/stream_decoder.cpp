@@ -4,7 +4,7 @@
 
 #include "models/utf8.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 stream_decoder::stream_decoder(const tokenizer& tok, decode_options options) : tok_(&tok), options_(options) {}
 
@@ -40,4 +40,4 @@ std::string stream_decoder::finish() {
   return out;
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

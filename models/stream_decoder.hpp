@@ -7,7 +7,7 @@
 #include "base/error.hpp"
 #include "models/tokenizer.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 class stream_decoder {
  public:
@@ -29,4 +29,4 @@ class stream_decoder {
   bool first_text_ = true;
 };
 
-}  // namespace mesh
+}  // namespace mesh::models

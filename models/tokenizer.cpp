@@ -12,7 +12,7 @@
 #include "models/spm_encoder.hpp"
 #include "models/utf8.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 struct tokenizer::impl {
   vocabulary vocab;
@@ -182,4 +182,4 @@ std::optional<int32_t> tokenizer::find(std::string_view token_text) const {
   return it->second;
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

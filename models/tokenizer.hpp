@@ -13,7 +13,7 @@
 #include "base/error.hpp"
 #include "models/vocabulary.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 struct encode_options {
   /// Put BOS/EOS around the text when the vocabulary asks for them (add_bos, add_eos).
@@ -61,4 +61,4 @@ class tokenizer {
   std::shared_ptr<const impl> impl_;
 };
 
-}  // namespace mesh
+}  // namespace mesh::models

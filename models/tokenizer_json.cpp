@@ -11,7 +11,7 @@
 
 #include "models/pre_tokenizer.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 namespace {
 
@@ -445,4 +445,4 @@ expected<hf_tokenizer> load_hf_tokenizer(const std::filesystem::path& dir) {
   return r;
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

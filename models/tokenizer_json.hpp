@@ -10,7 +10,7 @@
 #include "base/error.hpp"
 #include "models/vocabulary.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 /// What a Hugging Face tokenizer directory says about text.
 struct hf_tokenizer {
@@ -30,4 +30,4 @@ expected<hf_tokenizer> parse_hf_tokenizer(std::string_view tokenizer_json, std::
 /// Reads `dir`/tokenizer.json and, if present, `dir`/tokenizer_config.json.
 expected<hf_tokenizer> load_hf_tokenizer(const std::filesystem::path& dir);
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -1,6 +1,6 @@
 #include "models/utf8.hpp"
 
-namespace mesh::utf8 {
+namespace mesh::models::utf8 {
 
 namespace {
 
@@ -147,4 +147,4 @@ bool unmap_bytes(std::string_view token_text, std::string& out) {
   return ok;
 }
 
-}  // namespace mesh::utf8
+}  // namespace mesh::models::utf8

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace mesh::utf8 {
+namespace mesh::models::utf8 {
 
 /// Length of the UTF-8 character starting at s[i]: 1 to 4 when valid, else 1 (a stray byte is a
 /// character of its own, so that every byte string splits into characters).
@@ -41,4 +41,4 @@ const byte_table& gpt2_bytes();
 /// the table (then `out` holds the raw text of that character).
 bool unmap_bytes(std::string_view token_text, std::string& out);
 
-}  // namespace mesh::utf8
+}  // namespace mesh::models::utf8

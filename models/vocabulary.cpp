@@ -5,7 +5,7 @@
 #include <string_view>
 #include <unordered_map>
 
-namespace mesh {
+namespace mesh::models {
 
 token_type vocabulary::type_of(int32_t id) const {
   if (token_types.empty()) return token_type::normal;
@@ -137,4 +137,4 @@ expected<void> vocabulary::validate() const {
   return {};
 }
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -10,7 +10,7 @@
 
 #include "base/error.hpp"
 
-namespace mesh {
+namespace mesh::models {
 
 /// What a token is, with the numbers GGUF stores in `tokenizer.ggml.token_type`.
 enum class token_type : int32_t {
@@ -81,4 +81,4 @@ struct vocabulary {
 /// Printable form of a token's text for error messages (control bytes escaped, length capped).
 std::string printable_token(const std::string& text);
 
-}  // namespace mesh
+}  // namespace mesh::models

@@ -12,12 +12,12 @@
 
 namespace {
 
-mesh::tokenizer make_byte_level() {
-  mesh::vocabulary v;
-  v.model = mesh::vocabulary::kind::byte_bpe;
+mesh::models::tokenizer make_byte_level() {
+  mesh::models::vocabulary v;
+  v.model = mesh::models::vocabulary::kind::byte_bpe;
   v.pre_tokenizer = "llama-bpe";
   v.ignore_merges = true;
-  const auto& t = mesh::utf8::gpt2_bytes();
+  const auto& t = mesh::models::utf8::gpt2_bytes();
   for (int b = 0; b < 256; ++b) v.tokens.push_back(t.to_text[b]);
   const char* merges[][2] = {{"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"i", "n"}, {"Ġ", "Ġ"}, {"ĠĠ", "ĠĠ"}, {"Ċ", "Ċ"}};
   for (auto& m : merges) {
@@ -30,14 +30,14 @@ mesh::tokenizer make_byte_level() {
   v.tokens.push_back("<|eot|>");
   v.tokens.push_back("<tool>");
   v.token_types.assign(v.tokens.size(), 1);
-  v.token_types[v.tokens.size() - 2] = static_cast<int32_t>(mesh::token_type::control);
-  v.token_types[v.tokens.size() - 1] = static_cast<int32_t>(mesh::token_type::user_defined);
-  return *mesh::tokenizer::create(v);
+  v.token_types[v.tokens.size() - 2] = static_cast<int32_t>(mesh::models::token_type::control);
+  v.token_types[v.tokens.size() - 1] = static_cast<int32_t>(mesh::models::token_type::user_defined);
+  return *mesh::models::tokenizer::create(v);
 }
 
-mesh::tokenizer make_spm() {
-  mesh::vocabulary v;
-  v.model = mesh::vocabulary::kind::sentencepiece;
+mesh::models::tokenizer make_spm() {
+  mesh::models::vocabulary v;
+  v.model = mesh::models::vocabulary::kind::sentencepiece;
   v.tokens = {"<unk>", "<s>", "</s>"};
   v.token_types = {2, 3, 3};
   for (int b = 0; b < 256; ++b) {
@@ -55,14 +55,14 @@ mesh::tokenizer make_spm() {
   v.bos_id = 1;
   v.unk_id = 0;
   v.add_bos = true;
-  return *mesh::tokenizer::create(v);
+  return *mesh::models::tokenizer::create(v);
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const mesh::tokenizer byte_level = make_byte_level();
-  static const mesh::tokenizer spm = make_spm();
+  static const mesh::models::tokenizer byte_level = make_byte_level();
+  static const mesh::models::tokenizer spm = make_spm();
   const std::string_view text(reinterpret_cast<const char*>(data), size);
 
   auto ids = byte_level.encode(text, {.add_special = false, .parse_special = false});
@@ -73,16 +73,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto with = byte_level.encode(text, {.add_special = false, .parse_special = true});
   if (!with || *byte_level.decode(*with, {.skip_special = false}) != text) __builtin_trap();
 
-  mesh::stream_decoder stream(byte_level);
+  mesh::models::stream_decoder stream(byte_level);
   std::string streamed;
   for (int32_t id : *ids) {
     auto chunk = stream.push(id);
-    if (!chunk || !mesh::utf8::valid(*chunk)) __builtin_trap();
+    if (!chunk || !mesh::models::utf8::valid(*chunk)) __builtin_trap();
     streamed += *chunk;
   }
   streamed += stream.finish();
-  if (!mesh::utf8::valid(streamed)) __builtin_trap();
-  if (mesh::utf8::valid(text) && streamed != text) __builtin_trap();
+  if (!mesh::models::utf8::valid(streamed)) __builtin_trap();
+  if (mesh::models::utf8::valid(text) && streamed != text) __builtin_trap();
 
   auto sids = spm.encode(text, {.add_special = true, .parse_special = false});
   if (!sids) __builtin_trap();

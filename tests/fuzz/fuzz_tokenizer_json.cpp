@@ -13,10 +13,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t sep = all.find('\x01');
   std::string_view tok_json = all.substr(0, sep);
   std::string_view config = sep == std::string_view::npos ? std::string_view() : all.substr(sep + 1);
-  auto hf = mesh::parse_hf_tokenizer(tok_json, config);
+  auto hf = mesh::models::parse_hf_tokenizer(tok_json, config);
   if (!hf) return 0;
   if (!hf->vocab.validate()) __builtin_trap();
-  auto tok = mesh::tokenizer::create(hf->vocab);
+  auto tok = mesh::models::tokenizer::create(hf->vocab);
   if (!tok) return 0;
   auto ids = tok->encode(tok_json.substr(0, 256));
   if (ids) (void)tok->decode(*ids);

@@ -7,7 +7,7 @@
 #include "models/chat_template.hpp"
 #include "test_tokenizer_support.hpp"
 
-using namespace mesh;
+using namespace mesh::models;
 using json = nlohmann::json;
 
 namespace {

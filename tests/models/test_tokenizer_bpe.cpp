@@ -12,7 +12,7 @@
 #include "test_tokenizer_support.hpp"
 #include "test_tokenizer_text_samples.hpp"
 
-using namespace mesh;
+using namespace mesh::models;
 using json = nlohmann::json;
 
 namespace {

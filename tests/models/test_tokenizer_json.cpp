@@ -9,7 +9,8 @@
 #include "models/utf8.hpp"
 #include "test_tokenizer_support.hpp"
 
-using namespace mesh;
+using mesh::error_code;
+using namespace mesh::models;
 using json = nlohmann::json;
 
 namespace {

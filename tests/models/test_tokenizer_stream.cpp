@@ -6,7 +6,7 @@
 #include "models/tokenizer.hpp"
 #include "models/utf8.hpp"
 
-using namespace mesh;
+using namespace mesh::models;
 
 namespace {
 

@@ -13,7 +13,7 @@
 
 #include "run_command.hpp"
 
-namespace mesh::test {
+namespace mesh::models::test {
 
 /// The folder of this file: ref_*.py and chat_templates.json live there.
 inline std::filesystem::path text_test_dir() { return MESH_TEXT_TEST_DIR; }
@@ -63,7 +63,7 @@ inline std::string& chosen_python() {
 inline std::optional<std::string> python_missing(const std::string& modules) {
   std::string why;
   for (const char* python : {"python3", "/usr/bin/python3"}) {
-    auto r = run_command(std::string(python) + " -c " + quote("import " + modules));
+    auto r = mesh::test::run_command(std::string(python) + " -c " + quote("import " + modules));
     if (r.status == 0) {
       chosen_python() = python;
       return std::nullopt;
@@ -77,9 +77,9 @@ inline std::optional<std::string> python_missing(const std::string& modules) {
 inline std::optional<std::string> run_python(const std::string& script, const std::vector<std::string>& args) {
   std::string cmd = chosen_python() + " " + quote((text_test_dir() / script).string());
   for (const auto& a : args) cmd += " " + quote(a);
-  auto r = run_command(cmd);
+  auto r = mesh::test::run_command(cmd);
   if (r.status == 0) return std::nullopt;
   return r.output;
 }
 
-}  // namespace mesh::test
+}  // namespace mesh::models::test

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace mesh::test {
+namespace mesh::models::test {
 
 inline std::string training_corpus() {
   const std::vector<std::string> lines = {
@@ -77,4 +77,4 @@ inline std::vector<std::string> sample_texts(bool with_specials) {
   return s;
 }
 
-}  // namespace mesh::test
+}  // namespace mesh::models::test

@@ -1,0 +1,136 @@
+#include "models/generate.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "models/stream_decoder.hpp"
+
+namespace mesh::models {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Holds back text that may be the start of a stop string; emits the rest.
+class stop_filter {
+ public:
+  explicit stop_filter(const std::vector<std::string>& stops) : stops_(stops) {}
+
+  /// Adds text; returns what is safe to emit. Sets stopped() when a stop string appeared.
+  std::string push(std::string_view text) {
+    pending_ += text;
+    size_t first = std::string::npos;
+    for (const auto& s : stops_)
+      if (!s.empty()) first = std::min(first, pending_.find(s));
+    if (first != std::string::npos) {
+      stopped_ = true;
+      std::string out = pending_.substr(0, first);
+      pending_.clear();
+      return out;
+    }
+    // Keep the longest tail that is a proper prefix of some stop string.
+    size_t keep = 0;
+    for (const auto& s : stops_)
+      for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), pending_.size()); k > keep; --k)
+        if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+          keep = k;
+          break;
+        }
+    // A held-back tail starts at a character boundary: stop strings are whole UTF-8, and so is
+    // the text before the tail, since the tail begins where a stop string's first byte matched.
+    std::string out = pending_.substr(0, pending_.size() - keep);
+    pending_.erase(0, pending_.size() - keep);
+    return out;
+  }
+  /// What is left when generation ends without a stop string.
+  std::string finish() { return std::exchange(pending_, {}); }
+  bool stopped() const { return stopped_; }
+
+ private:
+  const std::vector<std::string>& stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+const char* to_string(stop_reason r) {
+  switch (r) {
+    case stop_reason::eos: return "eos";
+    case stop_reason::stop_string: return "stop_string";
+    case stop_reason::max_tokens: return "max_tokens";
+    case stop_reason::callback: return "callback";
+  }
+  return "?";
+}
+
+expected<generation> generate(session& s, const tokenizer& tok, std::span<const int32_t> prompt,
+                              const generate_options& options, const piece_callback& on_piece) {
+  auto smp = sampler::create(options.sampling);
+  if (!smp) return forward_error(smp);
+  if (prompt.empty()) return make_error(error_code::invalid_argument, "generate: the prompt is empty");
+  if (options.max_tokens < 0)
+    return make_error(error_code::invalid_argument, fmt::format("generate: max_tokens {} is negative", options.max_tokens));
+  const auto prompt_n = static_cast<int64_t>(prompt.size());
+  if (s.position() + prompt_n + options.max_tokens > s.context())
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("generate: {} prompt tokens after {} plus up to {} generated would pass the context of "
+                                  "{} positions",
+                                  prompt_n, s.position(), options.max_tokens, s.context()));
+  std::vector<int32_t> eos;
+  if (options.stop_at_eos) {
+    if (tok.vocab().eos_id) eos.push_back(*tok.vocab().eos_id);
+    for (const int64_t e : s.config().eos_token_ids) eos.push_back(static_cast<int32_t>(e));
+  }
+  generation out;
+  out.prompt_tokens = prompt_n;
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  stream_decoder decoder(tok);
+  stop_filter stops(options.stop);
+  auto emit = [&](const std::string& text) {
+    if (text.empty()) return true;
+    out.text += text;
+    return on_piece ? on_piece(text) : true;
+  };
+
+  auto t0 = clock::now();
+  auto logits = s.prefill(prompt);
+  if (!logits) return forward_error(logits);
+  out.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  t0 = clock::now();
+  out.reason = stop_reason::max_tokens;
+  for (int64_t i = 0; i < options.max_tokens; ++i) {
+    const int32_t next = smp->sample(*logits, history);
+    out.tokens.push_back(next);
+    history.push_back(next);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      out.reason = stop_reason::eos;
+      break;
+    }
+    auto piece = decoder.push(next);
+    if (!piece) return forward_error(piece);
+    const std::string safe = stops.push(*piece);
+    if (!emit(safe)) {
+      out.reason = stop_reason::callback;
+      break;
+    }
+    if (stops.stopped()) {
+      out.reason = stop_reason::stop_string;
+      break;
+    }
+    if (i + 1 == options.max_tokens) break;  // the last token needs no logits after it
+    logits = s.decode(next);
+    if (!logits) return forward_error(logits);
+  }
+  if (out.reason == stop_reason::max_tokens || out.reason == stop_reason::eos) {
+    const std::string rest = stops.push(decoder.finish());
+    emit(stops.stopped() ? rest : rest + stops.finish());
+    if (stops.stopped()) out.reason = stop_reason::stop_string;
+  }
+  out.generate_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return out;
+}
+
+}  // namespace mesh::models

@@ -1,0 +1,53 @@
+#pragma once
+/// Text generation on a session: prefill the prompt, then sample and decode token by token,
+/// streaming whole UTF-8 pieces to a callback, until an end-of-sequence token, a stop string or
+/// max_tokens.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/error.hpp"
+#include "models/sampler.hpp"
+#include "models/session.hpp"
+#include "models/tokenizer.hpp"
+
+namespace mesh::models {
+
+struct generate_options {
+  sampling_options sampling;
+  int64_t max_tokens = 256;
+  /// Generation ends when the decoded text contains one of these; the stop string and anything
+  /// after it are not emitted (text that might begin one is held back until it cannot).
+  std::vector<std::string> stop;
+  /// End at the vocabulary's EOS or any of the config's eos ids (not emitted).
+  bool stop_at_eos = true;
+};
+
+enum class stop_reason { eos, stop_string, max_tokens, callback };
+
+/// "eos", "stop_string", "max_tokens", "callback".
+const char* to_string(stop_reason r);
+
+struct generation {
+  std::vector<int32_t> tokens;  ///< generated ids (an ending EOS included)
+  std::string text;             ///< what was emitted
+  stop_reason reason = stop_reason::max_tokens;
+  int64_t prompt_tokens = 0;
+  double prompt_seconds = 0;      ///< prefill
+  double generate_seconds = 0;    ///< sampling and decoding after the prefill
+};
+
+/// Called with each piece of text as it is decided (never a split UTF-8 character); return false
+/// to end generation (reason callback).
+using piece_callback = std::function<bool(std::string_view piece)>;
+
+/// Generates after `prompt` (token ids, e.g. tokenizer::encode of a rendered chat), continuing
+/// from the session's position (reset() it first for a fresh sequence). A prompt plus max_tokens
+/// beyond the session's context is an error before anything runs; so are bad sampling options.
+expected<generation> generate(session& s, const tokenizer& tok, std::span<const int32_t> prompt,
+                              const generate_options& options, const piece_callback& on_piece = {});
+
+}  // namespace mesh::models

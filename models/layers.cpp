@@ -1,0 +1,108 @@
+#include "models/layers.hpp"
+
+#include <cmath>
+
+#include "graph/nn.hpp"
+
+namespace mesh::models::layers {
+
+expr linear(const expr& x, const expr& w, bool in_out) {
+  // A half-precision weight is widened as the matmul reads it (an inline cast, no copy on the
+  // Vulkan executor): activations stay f32 whatever the checkpoint stores.
+  const expr w32 = w.type() == dtype::f32 ? w : cast(w, dtype::f32);
+  if (in_out) return matmul(x, w32);
+  // (w x^T)^T rather than x w^T: the transposes fall on the activations (a few rows) instead of
+  // the weight, which an executor without index arithmetic in its matmul (the CPU back end)
+  // would copy at every run.
+  return transpose(matmul(w32, transpose(x)));
+}
+
+expr rms_norm(const expr& x, const expr& w, double eps) {
+  const expr w32 = w.type() == dtype::f32 ? w : cast(w, dtype::f32);
+  return x * rsqrt(mean(x * x, {-1}, true) + eps) * w32;
+}
+
+std::vector<double> rope_frequencies(const model_config& c, const std::vector<float>& freq_divisors) {
+  const int64_t half = c.rope_dims / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    f[static_cast<size_t>(i)] = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(c.rope_dims));
+  const auto& s = c.scaling;
+  if (s.type == rope_scaling::kind::llama3) {
+    // Long wavelengths (low frequencies) are divided by factor, short ones kept, and the band
+    // between interpolated smoothly (Llama 3.1's published scheme).
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / s.low_freq_factor, high_wavelen = old_ctx / s.high_freq_factor;
+    for (auto& x : f) {
+      const double wavelen = 2 * M_PI / x;
+      if (wavelen > low_wavelen) {
+        x /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = (1 - smooth) * x / s.factor + smooth * x;
+      }
+    }
+  } else if (s.type == rope_scaling::kind::linear) {
+    for (auto& x : f) x /= s.factor;
+  }
+  for (size_t i = 0; i < freq_divisors.size() && i < f.size(); ++i) f[i] /= static_cast<double>(freq_divisors[i]);
+  return f;
+}
+
+expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_style style) {
+  if (style == rope_style::none || dims == 0) return x;
+  const shape s = x.dims();
+  const int64_t rows = s[0], heads = s[1], head_dim = s[2], half = dims / 2;
+  const expr rotated = dims == head_dim ? x : slice_axis(x, 2, 0, dims);
+  expr out;
+  if (style == rope_style::neox) {
+    const expr a = slice_axis(rotated, 2, 0, half), b = slice_axis(rotated, 2, half, dims);
+    out = concat({a * cos - b * sin, b * cos + a * sin}, 2);
+  } else {
+    const expr pairs = reshape(rotated, {rows, heads, half, 2});
+    const expr a = reshape(slice_axis(pairs, 3, 0, 1), {rows, heads, half});
+    const expr b = reshape(slice_axis(pairs, 3, 1, 2), {rows, heads, half});
+    const expr ra = reshape(a * cos - b * sin, {rows, heads, half, 1});
+    const expr rb = reshape(b * cos + a * sin, {rows, heads, half, 1});
+    out = reshape(concat({ra, rb}, 3), {rows, heads, dims});
+  }
+  return dims == head_dim ? out : concat({out, slice_axis(x, 2, dims, head_dim)}, 2);
+}
+
+expr write_cache(const expr& cache, const expr& rows, const expr& start, const expr& count) {
+  builder& b = *cache.owner();
+  const int64_t n = cache.dims()[0], l = rows.dims()[0];
+  // Cache row t takes rows[t - start] when 0 <= t - start < count; the gather index is clamped
+  // into the batch so that rows outside the range read a valid (unused) row.
+  const expr rel = nn::iota(b, n) - start;
+  const expr inside = compare(rel, 0.0, compare_kind::ge) * compare(rel, count, compare_kind::lt);
+  const expr index = minimum(maximum(rel, 0.0), static_cast<double>(l - 1));
+  return select(reshape(inside, {n, 1}), gather(rows, index), cache);
+}
+
+expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
+               int64_t attended, int64_t window) {
+  builder& b = *q.owner();
+  const shape qs = q.dims();
+  const int64_t l = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
+  // Queries grouped by their key/value head: [kv, group * l, d].
+  const expr qg = reshape(permute(reshape(q, {l, kv_heads, group, head_dim}), {1, 2, 0, 3}), {kv_heads, group * l, head_dim});
+  auto heads_of = [&](const expr& cache) {
+    return permute(reshape(slice_axis(cache, 0, 0, attended), {attended, kv_heads, head_dim}), {1, 0, 2});  // [kv, t, d]
+  };
+  const expr k = heads_of(k_cache), v = heads_of(v_cache);
+  const expr scores = reshape(matmul(qg, transpose(k)) * (1.0 / std::sqrt(static_cast<double>(head_dim))),
+                              {kv_heads, group, l, attended});
+  // Row i sees key t when t <= positions[i] (and within the window). Masked scores get a large
+  // negative number rather than -inf, so that a row that sees nothing (batch padding) stays
+  // finite instead of making NaN that a later cache write could carry.
+  const expr t = reshape(nn::iota(b, attended), {1, attended});
+  const expr pos = reshape(positions, {l, 1});
+  expr visible = compare(t, pos, compare_kind::le);
+  if (window > 0) visible = visible * compare(t, pos - static_cast<double>(window), compare_kind::gt);
+  const expr probs = nn::softmax(select(visible, scores, -1e30), -1);
+  const expr out = matmul(reshape(probs, {kv_heads, group * l, attended}), v);  // [kv, group * l, d]
+  return reshape(permute(reshape(out, {kv_heads, group, l, head_dim}), {2, 0, 1, 3}), {l, heads * head_dim});
+}
+
+}  // namespace mesh::models::layers

@@ -1,0 +1,43 @@
+#pragma once
+/// The pieces every architecture here is made of, composed from graph/'s ops (the kernel compiler
+/// fuses them). Two of them stand alone so that they can become single ops later without touching
+/// the architectures: `linear` (a matmul that will read quantized blocks) and `write_cache` (a
+/// KV-cache write).
+#include <cstdint>
+#include <vector>
+
+#include "graph/builder.hpp"
+#include "models/model_config.hpp"
+
+namespace mesh::models::layers {
+
+/// x [rows, in] times a projection w stored [out, in] (or [in, out] when `in_out`: HF GPT-2's
+/// Conv1D), read as f32 whatever w's dtype: [rows, out].
+expr linear(const expr& x, const expr& w, bool in_out = false);
+
+/// x * rsqrt(mean(x^2 over the last axis) + eps) * w (w over the last axis).
+expr rms_norm(const expr& x, const expr& w, double eps);
+
+/// The rotation frequencies of rope: theta^(-2i/dims) for i < dims/2, then Llama 3 scaling
+/// (HF's _compute_llama3_parameters), linear scaling (divided by factor) and GGUF's per-frequency
+/// divisors (`freq_divisors`, rope_freqs.weight; empty for none), computed in double.
+std::vector<double> rope_frequencies(const model_config& c, const std::vector<float>& freq_divisors);
+
+/// Rotates the first `dims` features of every head of x [rows, heads, head_dim] by angle
+/// position * frequency: normal style pairs (2i, 2i+1), NeoX style pairs (i, i + dims/2).
+/// cos and sin are [rows, 1, dims/2].
+expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_style style);
+
+/// The cache [n, width] with rows start .. start+count-1 replaced by rows 0 .. count-1 of
+/// `rows` [l, width]; start and count are i32 [1]. Composed as a select over a gather, so each
+/// row is written exactly (no arithmetic on the cache's values).
+expr write_cache(const expr& cache, const expr& rows, const expr& start, const expr& count);
+
+/// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
+/// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees
+/// cache rows t <= positions[i] (and t > positions[i] - window when window > 0). Query head h uses
+/// key/value head h / (heads / kv_heads), as HF's repeat_kv does. Result [l, heads * head_dim].
+expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
+               int64_t attended, int64_t window);
+
+}  // namespace mesh::models::layers

@@ -1,0 +1,159 @@
+#include "models/model_weights.hpp"
+
+#include <cassert>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "models/dequantize.hpp"
+
+namespace mesh::models {
+
+namespace {
+
+using dims_t = std::vector<int64_t>;
+
+class planner {
+ public:
+  planner(const checkpoint& c, const weight_options& o, std::vector<weight>& out,
+          std::unordered_map<std::string, size_t>& index)
+      : ckpt_(c), options_(o), out_(out), index_(index) {}
+
+  /// Requires `name` with `expected` shape (skips an empty name: a role the model lacks).
+  expected<void> need(const std::string& name, const dims_t& expected_shape) {
+    if (name.empty() || index_.count(name)) return {};
+    auto t = ckpt_.require(name, expected_shape);
+    if (!t) return forward_error(t);
+    weight w{"w." + name, *t, shape(expected_shape.begin(), expected_shape.end()), dtype::f32};
+    if (expected_shape.size() == 2) {
+      if ((*t)->type == tensor_type::f16 && options_.keep_f16) w.type = dtype::f16;
+      if ((*t)->type == tensor_type::bf16 && options_.keep_bf16) w.type = dtype::bf16;
+    }
+    index_.emplace(name, out_.size());
+    out_.push_back(std::move(w));
+    return {};
+  }
+
+ private:
+  const checkpoint& ckpt_;
+  const weight_options& options_;
+  std::vector<weight>& out_;
+  std::unordered_map<std::string, size_t>& index_;
+};
+
+#define MESH_NEED(name, ...)                                     \
+  do {                                                           \
+    if (auto ok = p.need(name, dims_t{__VA_ARGS__}); !ok) return forward_error(ok); \
+  } while (0)
+
+}  // namespace
+
+expected<model_weights> model_weights::plan(const model_config& c, const checkpoint& ckpt, const weight_options& options) {
+  model_weights m;
+  planner p(ckpt, options, m.weights_, m.index_);
+  const int64_t d = c.hidden_size, v = c.vocab_size, f = c.ffn_size;
+  const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+  const auto top = tensor_names(c);
+  const bool gpt2 = c.arch == architecture::gpt2;
+  const bool in_out = c.weights_in_out;  // HF GPT-2's Conv1D layout
+  // A projection from `in` to `out` features as the file stores it.
+  auto proj = [&](int64_t out, int64_t in) { return in_out ? dims_t{in, out} : dims_t{out, in}; };
+
+  MESH_NEED(top.token_embd, v, d);
+  if (gpt2) MESH_NEED(top.position_embd, c.max_context, d);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const auto n = tensor_names(c, l);
+    MESH_NEED(n.attn_norm, d);
+    MESH_NEED(n.attn_norm_bias, d);
+    if (gpt2) {
+      MESH_NEED(n.qkv, proj(3 * d, d));
+      MESH_NEED(n.qkv_bias, 3 * d);
+      MESH_NEED(n.o, proj(d, d));
+      MESH_NEED(n.o_bias, d);
+      MESH_NEED(n.up, proj(f, d));
+      MESH_NEED(n.up_bias, f);
+      MESH_NEED(n.down, proj(d, f));
+      MESH_NEED(n.down_bias, d);
+    } else {
+      MESH_NEED(n.q, qd, d);
+      MESH_NEED(n.k, kvd, d);
+      MESH_NEED(n.v, kvd, d);
+      if (c.qkv_bias) {
+        MESH_NEED(n.q_bias, qd);
+        MESH_NEED(n.k_bias, kvd);
+        MESH_NEED(n.v_bias, kvd);
+      }
+      if (c.qk_norm) {
+        MESH_NEED(n.q_norm, c.head_dim);
+        MESH_NEED(n.k_norm, c.head_dim);
+      }
+      MESH_NEED(n.o, d, qd);
+      MESH_NEED(n.gate, f, d);
+      MESH_NEED(n.up, f, d);
+      MESH_NEED(n.down, d, f);
+    }
+    MESH_NEED(n.ffn_norm, d);
+    MESH_NEED(n.ffn_norm_bias, d);
+  }
+  MESH_NEED(top.output_norm, d);
+  MESH_NEED(top.output_norm_bias, d);
+  MESH_NEED(top.output, v, d);
+
+  if (c.rope_freqs_tensor && !top.rope_freqs.empty()) {
+    auto t = ckpt.require(top.rope_freqs, {c.rope_dims / 2});
+    if (!t) return forward_error(t);
+    if ((*t)->type != tensor_type::f32)
+      return make_error(error_code::unsupported, fmt::format("{}: tensor {} is {}; rope frequency factors must be F32",
+                                                             ckpt.path().string(), quote_name(top.rope_freqs),
+                                                             to_string((*t)->type)));
+    m.rope_freqs_.resize(static_cast<size_t>(c.rope_dims / 2));
+    std::memcpy(m.rope_freqs_.data(), (*t)->data.data(), m.rope_freqs_.size() * sizeof(float));
+  }
+  return m;
+}
+
+#undef MESH_NEED
+
+const weight& model_weights::at(std::string_view tensor_name) const {
+  const auto it = index_.find(std::string(tensor_name));
+  assert(it != index_.end());
+  return weights_[it->second];
+}
+
+int64_t model_weights::device_bytes() const {
+  int64_t total = 0;
+  for (const auto& w : weights_) total += element_count(w.dims) * static_cast<int64_t>(size_of(w.type));
+  return total;
+}
+
+expected<tensor> load_weight(const weight& w) {
+  const tensor_view& src = *w.source;
+  tensor out;
+  out.type = w.type;
+  out.dims = w.dims;
+  const int64_t n = element_count(w.dims);
+  const bool same = (w.type == dtype::f32 && src.type == tensor_type::f32) ||
+                    (w.type == dtype::f16 && src.type == tensor_type::f16) ||
+                    (w.type == dtype::bf16 && src.type == tensor_type::bf16);
+  if (same) {
+    out.bytes.assign(src.data.begin(), src.data.end());
+    return out;
+  }
+  if (w.type != dtype::f32)
+    return make_error(error_code::internal, "load_weight: " + w.param + " cannot become " + to_string(w.type));
+  // Rows are the innermost dimension (ggml's ne[0]): quantized blocks never cross them.
+  const int64_t row = src.shape.empty() ? 1 : src.shape.back();
+  const int64_t rows = row == 0 ? 0 : n / row;
+  auto rb = row_bytes(src.type, row);
+  if (!rb) return forward_error(rb);
+  out.bytes.resize(static_cast<size_t>(n) * sizeof(float));
+  auto* dst = reinterpret_cast<float*>(out.bytes.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    auto ok = dequantize_row(src.type, src.data.subspan(static_cast<size_t>(r * *rb), static_cast<size_t>(*rb)),
+                             std::span<float>(dst + r * row, static_cast<size_t>(row)));
+    if (!ok) return make_error(ok.error().code, "tensor " + quote_name(src.name) + ": " + ok.error().message);
+  }
+  return out;
+}
+
+}  // namespace mesh::models

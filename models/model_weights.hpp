@@ -1,0 +1,69 @@
+#pragma once
+/// A checkpoint's tensors as graph parameters: which tensors an architecture needs, with the shape
+/// the config implies (checked when planned, so a missing or misshapen tensor is an error naming
+/// the file and the tensor before anything is built), the dtype each becomes on the device, and
+/// the conversion that uploads it.
+///
+/// Float tensors keep their type where the executor stores it (f16, bf16: matrices only; the
+/// graph casts them to f32 as the matmul reads them); quantized GGUF tensors are dequantized to
+/// f32 at load (models/dequantize.hpp) until the executor has a matmul that reads blocks.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "base/error.hpp"
+#include "graph/dtype.hpp"
+#include "graph/shape.hpp"
+#include "graph/tensor.hpp"
+#include "models/checkpoint.hpp"
+#include "models/model_config.hpp"
+
+namespace mesh::models {
+
+/// One checkpoint tensor as a graph parameter.
+struct weight {
+  std::string param;          ///< the parameter's name in the graph: "w." + the tensor's name
+  const tensor_view* source;  ///< where its bytes lie (in the checkpoint's mapping)
+  shape dims;                 ///< as stored: [out, in] for projections (HF GPT-2: [in, out])
+  dtype type = dtype::f32;    ///< on the device
+};
+
+/// What the device may store besides f32.
+struct weight_options {
+  bool keep_f16 = true;   ///< f16 matrices stay f16 (the executor has 16-bit storage)
+  bool keep_bf16 = true;  ///< bf16 matrices stay bf16
+};
+
+/// The weights of one model, keyed by checkpoint tensor name. Refers into the checkpoint: keep it
+/// alive while this lives.
+class model_weights {
+ public:
+  /// Finds every tensor the config's architecture needs and checks its shape; the first missing
+  /// or misshapen one is the error (checkpoint::require's message: the file, the tensor, both
+  /// shapes). Also checks that a GGUF rope_freqs tensor, when the config names one, is F32.
+  static expected<model_weights> plan(const model_config& config, const checkpoint& ckpt,
+                                      const weight_options& options = {});
+
+  /// The weight of that checkpoint tensor; it must have been planned (an assert).
+  const weight& at(std::string_view tensor_name) const;
+  bool has(std::string_view tensor_name) const { return index_.count(std::string(tensor_name)) > 0; }
+  const std::vector<weight>& all() const { return weights_; }
+  /// Bytes the parameters take on the device.
+  int64_t device_bytes() const;
+
+  /// GGUF Llama 3: rope_freqs.weight's divisors (empty otherwise).
+  const std::vector<float>& rope_freqs() const { return rope_freqs_; }
+
+ private:
+  std::vector<weight> weights_;
+  std::unordered_map<std::string, size_t> index_;
+  std::vector<float> rope_freqs_;
+};
+
+/// The host tensor a weight uploads: its bytes copied as they are for a kept type, else each row
+/// widened or dequantized to f32.
+expected<tensor> load_weight(const weight& w);
+
+}  // namespace mesh::models

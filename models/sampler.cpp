@@ -1,0 +1,87 @@
+#include "models/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_set>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace mesh::models {
+
+expected<sampler> sampler::create(const sampling_options& o) {
+  if (!std::isfinite(o.temperature))
+    return make_error(error_code::invalid_argument, fmt::format("sampling: temperature {} is not finite", o.temperature));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+    return make_error(error_code::invalid_argument, fmt::format("sampling: top_p {} is outside (0, 1]", o.top_p));
+  if (!(o.min_p >= 0.0f && o.min_p <= 1.0f))
+    return make_error(error_code::invalid_argument, fmt::format("sampling: min_p {} is outside [0, 1]", o.min_p));
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
+    return make_error(error_code::invalid_argument,
+                      fmt::format("sampling: repetition_penalty {} must be a positive number", o.repetition_penalty));
+  if (o.top_k < 0) return make_error(error_code::invalid_argument, fmt::format("sampling: top_k {} is negative", o.top_k));
+  return sampler(o);
+}
+
+double sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+
+int32_t sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  const auto n = static_cast<int32_t>(logits.size());
+  std::vector<float> x(logits.begin(), logits.end());
+  if (options_.repetition_penalty != 1.0f) {
+    std::unordered_set<int32_t> seen(history.begin(), history.end());
+    for (const int32_t t : seen) {
+      if (t < 0 || t >= n) continue;
+      x[static_cast<size_t>(t)] = x[static_cast<size_t>(t)] > 0 ? x[static_cast<size_t>(t)] / options_.repetition_penalty
+                                                                 : x[static_cast<size_t>(t)] * options_.repetition_penalty;
+    }
+  }
+  if (options_.temperature <= 0.0f || n == 1)
+    return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());  // first maximum
+
+  // Candidates sorted by logit, highest first (ties by id, so the order is deterministic).
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    const float xa = x[static_cast<size_t>(a)], xb = x[static_cast<size_t>(b)];
+    return xa != xb ? xa > xb : a < b;
+  };
+  size_t keep = ids.size();
+  if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < keep) {
+    keep = static_cast<size_t>(options_.top_k);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), by_logit);
+  } else {
+    std::sort(ids.begin(), ids.end(), by_logit);
+  }
+  ids.resize(keep);
+  // Probabilities of the kept candidates at the temperature, in double.
+  const double t = options_.temperature, top = x[static_cast<size_t>(ids[0])];
+  std::vector<double> p(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += p[i] = std::exp((x[static_cast<size_t>(ids[i])] - top) / t);
+  for (auto& v : p) v /= total;
+  if (options_.top_p < 1.0f) {
+    double sum = 0;
+    size_t k = 0;
+    while (k < keep && sum < options_.top_p) sum += p[k++];
+    keep = std::max<size_t>(k, 1);
+  }
+  if (options_.min_p > 0.0f) {
+    const double floor = options_.min_p * p[0];
+    size_t k = 1;
+    while (k < keep && p[k] >= floor) ++k;
+    keep = k;
+  }
+  double mass = 0;
+  for (size_t i = 0; i < keep; ++i) mass += p[i];
+  const double r = uniform() * mass;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (r < acc) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+}  // namespace mesh::models

@@ -1,0 +1,52 @@
+#pragma once
+/// Choosing the next token from logits. The steps, in order (those left at their neutral value
+/// are skipped):
+///   1. repetition penalty p over every distinct token already in the history (prompt and
+///      generated): a positive logit is divided by p, a negative one multiplied (CTRL's rule, as
+///      Hugging Face and llama.cpp apply it);
+///   2. temperature <= 0: greedy, the highest logit (the lowest id on a tie); otherwise logits / T;
+///   3. top-k: keep the k highest;
+///   4. top-p: keep the smallest set of highest-probability tokens whose probabilities sum to at
+///      least p (at least one token);
+///   5. min-p: drop tokens whose probability is below min_p times the highest;
+///   6. draw from the softmax of what remains.
+/// The draw uses std::mt19937_64 seeded with `seed` and its 53 high bits as a double in [0, 1)
+/// (not std::uniform_real_distribution, whose algorithm differs between standard libraries), so
+/// the same seed, logits and history give the same token on every platform.
+#include <cstdint>
+#include <random>
+#include <span>
+
+#include "base/error.hpp"
+
+namespace mesh::models {
+
+struct sampling_options {
+  float temperature = 0.0f;       ///< <= 0: greedy
+  int32_t top_k = 0;              ///< 0: off
+  float top_p = 1.0f;             ///< 1: off
+  float min_p = 0.0f;             ///< 0: off
+  float repetition_penalty = 1.0f;  ///< 1: off
+  uint64_t seed = 0;
+};
+
+class sampler {
+ public:
+  /// Checks the options (temperature finite, top_p in (0, 1], min_p in [0, 1], penalty > 0,
+  /// top_k >= 0).
+  static expected<sampler> create(const sampling_options& options);
+
+  /// The next token given the logits of every token and the tokens so far.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  const sampling_options& options() const { return options_; }
+
+ private:
+  explicit sampler(const sampling_options& o) : options_(o), rng_(o.seed) {}
+  double uniform();
+
+  sampling_options options_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace mesh::models

@@ -1,0 +1,137 @@
+#include "models/session.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "models/transformer.hpp"
+
+namespace mesh::models {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+int64_t next_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, const session_options& options) {
+  const auto t0 = clock::now();
+  auto config = read_model_config(ckpt);
+  if (!config) return forward_error(config);
+  session s;
+  s.ex_ = &ex;
+  s.config_ = std::move(*config);
+  s.options_ = options;
+  s.source_ = ckpt.path().string();
+  if (options.min_batch < 1 || options.max_batch < options.min_batch || options.min_attended < 1)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("session: batch sizes {}..{} and attended rows {} do not make sense", options.min_batch,
+                                  options.max_batch, options.min_attended));
+  const int64_t model_context = s.config_.max_context;
+  s.context_ = options.context > 0 ? options.context : std::min(model_context, session_options::default_context_cap);
+  if (s.context_ > model_context)
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("{}: a context of {} positions was asked for, but the model was trained for {}", s.source_,
+                                  s.context_, model_context));
+  const auto& info = ex.info();
+  auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage});
+  if (!weights) return forward_error(weights);
+  s.weights_ = std::make_unique<model_weights>(std::move(*weights));
+  for (const auto& w : s.weights_->all()) {
+    auto t = load_weight(w);
+    if (!t) return make_error(t.error().code, s.source_ + ": " + t.error().message);
+    tensor_map one;
+    one.emplace(options.prefix + w.param, std::move(*t));
+    if (auto ok = ex.set_parameters(one); !ok)
+      return make_error(ok.error().code, fmt::format("{}: uploading {}: {}", s.source_, w.param, ok.error().message));
+  }
+  s.stats_.load_seconds = seconds_since(t0);
+  return s;
+}
+
+expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool all_logits) {
+  const auto key = std::make_tuple(batch, attended, all_logits);
+  if (auto it = programs_.find(key); it != programs_.end()) return it->second;
+  const auto t0 = clock::now();
+  auto g = build_step_graph(config_, *weights_, {batch, context_, attended, all_logits}, options_.prefix);
+  if (!g) return forward_error(g);
+  auto id = ex_->load(*g);
+  if (!id) return make_error(id.error().code, fmt::format("{}: loading the step graph ({} tokens, {} attended): {}",
+                                                          source_, batch, attended, id.error().message));
+  programs_.emplace(key, *id);
+  stats_.compile_seconds += seconds_since(t0);
+  ++stats_.programs;
+  return *id;
+}
+
+expected<std::vector<float>> session::step(std::span<const int32_t> tokens, bool all_logits) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return make_error(error_code::invalid_argument, "session: no tokens to run");
+  if (position_ + n > context_)
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("{}: {} more tokens after {} would pass the context of {} positions (the model was "
+                                  "trained for {})",
+                                  source_, n, position_, context_, config_.max_context));
+  for (const int32_t t : tokens)
+    if (t < 0 || t >= config_.vocab_size)
+      return make_error(error_code::invalid_argument,
+                        fmt::format("{}: token {} is outside the vocabulary of {} tokens", source_, t, config_.vocab_size));
+  const auto t0 = clock::now();
+  std::vector<float> logits;
+  for (int64_t done = 0; done < n;) {
+    const int64_t count = std::min(n - done, options_.max_batch);
+    const int64_t batch = count == 1 && !all_logits ? 1 : std::max(options_.min_batch, next_pow2(count));
+    const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(position_ + count)));
+    auto id = program(batch, attended, all_logits);
+    if (!id) return forward_error(id);
+    std::vector<int32_t> padded(static_cast<size_t>(batch), 0);
+    std::copy(tokens.begin() + done, tokens.begin() + done + count, padded.begin());
+    tensor_map inputs;
+    inputs.emplace("tokens", tensor::from_ints({batch}, padded));
+    inputs.emplace("start", tensor::from_ints({1}, {static_cast<int32_t>(position_)}));
+    inputs.emplace("count", tensor::from_ints({1}, {static_cast<int32_t>(count)}));
+    auto out = ex_->run(*id, inputs);
+    if (!out) return make_error(out.error().code, source_ + ": running a step: " + out.error().message);
+    position_ += count;
+    done += count;
+    auto values = out->at("logits").to_floats();
+    if (all_logits) {
+      values.resize(static_cast<size_t>(count * config_.vocab_size));  // drop the padding rows
+      logits.insert(logits.end(), values.begin(), values.end());
+    } else {
+      logits = std::move(values);
+    }
+  }
+  const double dt = seconds_since(t0);
+  if (n == 1 && !all_logits) {
+    stats_.decode_tokens += 1;
+    stats_.decode_seconds += dt;
+  } else {
+    stats_.prefill_tokens += n;
+    stats_.prefill_seconds += dt;
+  }
+  return logits;
+}
+
+expected<std::vector<float>> session::prefill(std::span<const int32_t> tokens) { return step(tokens, false); }
+
+expected<std::vector<float>> session::decode(int32_t token) { return step(std::span<const int32_t>(&token, 1), false); }
+
+expected<std::vector<float>> session::prefill_all_logits(std::span<const int32_t> tokens) {
+  if (static_cast<int64_t>(tokens.size()) > options_.max_batch)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("session: {} tokens with every row's logits exceed one batch of {}", tokens.size(),
+                                  options_.max_batch));
+  return step(tokens, true);
+}
+
+}  // namespace mesh::models

@@ -1,0 +1,97 @@
+#pragma once
+/// An inference session: one model's weights and KV cache resident on a gpu::executor, a prompt
+/// prefilled in batches, then tokens decoded one at a time.
+///
+///   auto ckpt = checkpoint::open(path);
+///   auto ex = gpu::make_cpu_executor();                        // or make_vulkan_executor()
+///   auto s = session::create(*ex, *ckpt, {});                  // plans and uploads the weights
+///   auto logits = s->prefill(prompt_ids);                      // logits after the last prompt token
+///   auto next = s->decode(token);                              // logits after `token`
+///
+/// Step graphs come in buckets, so that a new prompt length reuses a loaded program: a batch of n
+/// tokens runs in a graph of max(min_batch, next power of two >= n) rows (longer prompts in
+/// chunks of max_batch), attending over the next power of two >= the positions filled (at least
+/// 64, at most the context). Each (batch, attended) pair is loaded once, on first use.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/error.hpp"
+#include "gpu/executor.hpp"
+#include "models/checkpoint.hpp"
+#include "models/model_config.hpp"
+#include "models/model_weights.hpp"
+
+namespace mesh::models {
+
+struct session_options {
+  /// Positions the session holds (KV-cache rows). 0: the model's context, at most
+  /// default_context_cap (a 128k-context model would otherwise allocate its whole cache); a
+  /// larger value up to the model's context must be asked for.
+  int64_t context = 0;
+  static constexpr int64_t default_context_cap = 4096;
+  int64_t min_batch = 16;   ///< smallest prefill bucket (a power of two)
+  int64_t max_batch = 512;  ///< longest prefill chunk (a power of two)
+  int64_t min_attended = 64;  ///< smallest attended-rows bucket
+  /// Prepended to every parameter name, so that several sessions can share one executor.
+  std::string prefix;
+};
+
+/// Time and counts of the session's work so far.
+struct session_stats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  double load_seconds = 0;      ///< uploading the weights
+  double compile_seconds = 0;   ///< building and loading step graphs
+  int64_t programs = 0;         ///< step graphs loaded
+};
+
+class session {
+ public:
+  /// Reads the config, plans the weights (an error names the file and a missing or misshapen
+  /// tensor) and uploads them to `ex`, one tensor at a time (host memory holds at most one
+  /// converted tensor besides the mapping). `ex` and `ckpt` must outlive the session.
+  static expected<session> create(gpu::executor& ex, const checkpoint& ckpt, const session_options& options = {});
+
+  session(session&&) noexcept = default;
+  session& operator=(session&&) noexcept = default;
+
+  /// Appends `tokens` at position() and returns the logits [vocab] after the last one. An empty
+  /// batch, a token outside the vocabulary or a batch that would pass context() is an error that
+  /// says so (and changes nothing).
+  expected<std::vector<float>> prefill(std::span<const int32_t> tokens);
+  /// Same as prefill of one token.
+  expected<std::vector<float>> decode(int32_t token);
+  /// Appends `tokens` and returns the logits after each of them, [tokens.size() * vocab] (tests
+  /// and scoring; one batch, at most max_batch tokens).
+  expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
+
+  /// Forgets the sequence (the cache's rows are overwritten as positions are filled again).
+  void reset() { position_ = 0; }
+  /// Positions filled so far.
+  int64_t position() const { return position_; }
+  int64_t context() const { return context_; }
+  const model_config& config() const { return config_; }
+  const session_stats& stats() const { return stats_; }
+
+ private:
+  session() = default;
+  expected<std::vector<float>> step(std::span<const int32_t> tokens, bool all_logits);
+  expected<gpu::program_id> program(int64_t batch, int64_t attended, bool all_logits);
+
+  gpu::executor* ex_ = nullptr;
+  model_config config_;
+  std::unique_ptr<model_weights> weights_;
+  session_options options_;
+  std::string source_;
+  int64_t context_ = 0;
+  int64_t position_ = 0;
+  std::map<std::tuple<int64_t, int64_t, bool>, gpu::program_id> programs_;
+  session_stats stats_;
+};
+
+}  // namespace mesh::models

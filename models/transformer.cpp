@@ -1,0 +1,149 @@
+#include "models/transformer.hpp"
+
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "graph/nn.hpp"
+#include "models/layers.hpp"
+
+namespace mesh::models {
+
+namespace {
+
+struct context {
+  builder& b;
+  const model_config& c;
+  const model_weights& w;
+  const std::string& prefix;
+  /// Parameters made so far: tied embeddings read one tensor in two roles.
+  mutable std::unordered_map<std::string, expr> params = {};
+
+  /// The parameter of a checkpoint tensor (its dtype and shape as planned).
+  expr param(const std::string& tensor_name) const {
+    if (auto it = params.find(tensor_name); it != params.end()) return it->second;
+    const weight& x = w.at(tensor_name);
+    return params[tensor_name] = b.parameter(prefix + x.param, x.type, x.dims);
+  }
+  /// A vector parameter (norm weights, biases) as f32.
+  expr vec(const std::string& tensor_name) const {
+    const expr p = param(tensor_name);
+    return p.type() == dtype::f32 ? p : cast(p, dtype::f32);
+  }
+  expr proj(const expr& x, const std::string& weight_name, const std::string& bias_name = {}) const {
+    expr y = layers::linear(x, param(weight_name), c.weights_in_out);
+    return bias_name.empty() ? y : y + vec(bias_name);
+  }
+  expr norm(const expr& x, const std::string& weight_name, const std::string& bias_name) const {
+    if (c.layer_norm) return nn::layer_norm(x, vec(weight_name), vec(bias_name), c.norm_eps);
+    return layers::rms_norm(x, vec(weight_name), c.norm_eps);
+  }
+};
+
+struct step_inputs {
+  expr tokens, start, count, positions;  // positions: i32 [l], clamped into the cache
+};
+
+// Attention of one layer given its q [l, heads, d], k and v [l, kv_heads * d]: writes the cache,
+// attends, returns [l, heads * d].
+expr cached_attention(const context& cx, const step_shape& s, const step_inputs& in, int64_t layer, const expr& q,
+                      const expr& k, const expr& v) {
+  const int64_t width = cx.c.n_kv_heads * cx.c.head_dim;
+  const expr k_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, false), dtype::f32, {s.context, width});
+  const expr v_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, true), dtype::f32, {s.context, width});
+  const expr k_new = layers::write_cache(k_cache, k, in.start, in.count);
+  const expr v_new = layers::write_cache(v_cache, v, in.start, in.count);
+  cx.b.update(k_cache, k_new);
+  cx.b.update(v_cache, v_new);
+  return layers::attention(q, k_new, v_new, in.positions, cx.c.n_kv_heads, s.attended, cx.c.sliding_window);
+}
+
+expr llama_layer(const context& cx, const step_shape& s, const step_inputs& in, const expr& rope_cos,
+                 const expr& rope_sin, int64_t layer, const expr& x) {
+  const auto& c = cx.c;
+  const auto n = tensor_names(c, layer);
+  const int64_t l = s.tokens;
+  const expr h = cx.norm(x, n.attn_norm, n.attn_norm_bias);
+  expr q = reshape(cx.proj(h, n.q, n.q_bias), {l, c.n_heads, c.head_dim});
+  expr k = reshape(cx.proj(h, n.k, n.k_bias), {l, c.n_kv_heads, c.head_dim});
+  const expr v = cx.proj(h, n.v, n.v_bias);
+  if (c.qk_norm) {  // Qwen3: RMSNorm over each head, before rope
+    q = layers::rms_norm(q, cx.vec(n.q_norm), c.norm_eps);
+    k = layers::rms_norm(k, cx.vec(n.k_norm), c.norm_eps);
+  }
+  q = layers::rope(q, rope_cos, rope_sin, c.rope_dims, c.rope);
+  k = layers::rope(k, rope_cos, rope_sin, c.rope_dims, c.rope);
+  const expr attn = cached_attention(cx, s, in, layer, q, reshape(k, {l, c.n_kv_heads * c.head_dim}), v);
+  const expr x1 = x + cx.proj(attn, n.o, n.o_bias);
+  const expr h2 = cx.norm(x1, n.ffn_norm, n.ffn_norm_bias);
+  const expr gate = cx.proj(h2, n.gate);
+  const expr mlp = cx.proj(gate * sigmoid(gate) * cx.proj(h2, n.up), n.down);  // SwiGLU
+  return x1 + mlp;
+}
+
+expr gpt2_layer(const context& cx, const step_shape& s, const step_inputs& in, int64_t layer, const expr& x) {
+  const auto& c = cx.c;
+  const auto n = tensor_names(c, layer);
+  const int64_t l = s.tokens, d = c.hidden_size;
+  const expr h = cx.norm(x, n.attn_norm, n.attn_norm_bias);
+  const expr qkv = cx.proj(h, n.qkv, n.qkv_bias);  // [l, 3d]: q, k, v side by side
+  const expr q = reshape(slice_axis(qkv, 1, 0, d), {l, c.n_heads, c.head_dim});
+  const expr attn = cached_attention(cx, s, in, layer, q, slice_axis(qkv, 1, d, 2 * d), slice_axis(qkv, 1, 2 * d, 3 * d));
+  const expr x1 = x + cx.proj(attn, n.o, n.o_bias);
+  const expr h2 = cx.norm(x1, n.ffn_norm, n.ffn_norm_bias);
+  return x1 + cx.proj(nn::gelu(cx.proj(h2, n.up, n.up_bias)), n.down, n.down_bias);
+}
+
+}  // namespace
+
+std::string kv_cache_name(const std::string& prefix, int64_t layer, bool value) {
+  return fmt::format("{}kv.{}.{}", prefix, layer, value ? 'v' : 'k');
+}
+
+expected<graph> build_step_graph(const model_config& c, const model_weights& w, const step_shape& s,
+                                 const std::string& prefix) {
+  if (s.tokens < 1 || s.context < 1 || s.attended < 1 || s.attended > s.context)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("step graph: {} tokens, {} attended rows of a {}-row cache do not fit", s.tokens,
+                                  s.attended, s.context));
+  if (c.arch == architecture::gpt2 && s.context > c.max_context)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("step graph: GPT-2 has {} learned positions, fewer than the {} asked for",
+                                  c.max_context, s.context));
+  builder b;
+  const context cx{b, c, w, prefix};
+  const auto top = tensor_names(c);
+  step_inputs in;
+  in.tokens = b.input("tokens", dtype::i32, {s.tokens});
+  in.start = b.input("start", dtype::i32, {1});
+  in.count = b.input("count", dtype::i32, {1});
+  // Padding rows may run past the cache: their positions are clamped (they write nothing).
+  in.positions = minimum(nn::iota(b, s.tokens) + in.start, static_cast<double>(s.context - 1));
+
+  expr embedded = gather(cx.param(top.token_embd), in.tokens);
+  if (embedded.type() != dtype::f32) embedded = cast(embedded, dtype::f32);
+  expr x = embedded;
+  if (c.arch == architecture::gpt2) {
+    x = x + gather(cx.vec(top.position_embd), in.positions);
+    for (int64_t l = 0; l < c.n_layers; ++l) x = gpt2_layer(cx, s, in, l, x);
+  } else {
+    expr rope_cos, rope_sin;
+    if (c.rope != rope_style::none) {
+      const auto freqs = layers::rope_frequencies(c, w.rope_freqs());
+      const int64_t half = c.rope_dims / 2;
+      const expr f = b.constant(tensor::from_values(dtype::f32, {1, half}, freqs));
+      const expr angle = reshape(cast(in.positions, dtype::f32), {s.tokens, 1}) * f;  // [l, half]
+      rope_cos = reshape(cos(angle), {s.tokens, 1, half});
+      rope_sin = reshape(sin(angle), {s.tokens, 1, half});
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) x = llama_layer(cx, s, in, rope_cos, rope_sin, l, x);
+  }
+  if (!s.all_logits) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
+  x = cx.norm(x, top.output_norm, top.output_norm_bias);
+  b.output("logits", layers::linear(x, cx.param(top.output)));
+  auto g = b.finish();
+  if (!g) return make_error(error_code::internal, "step graph of " + std::string(to_string(c.arch)) + ": " + g.error().message);
+  return g;
+}
+
+}  // namespace mesh::models

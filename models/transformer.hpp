@@ -1,0 +1,43 @@
+#pragma once
+/// Architectures as graph builders: one function from (model_config, model_weights) to the graph
+/// of one inference step, for the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3: RMSNorm, rope,
+/// SwiGLU, grouped-query attention, optional q/k/v biases and q/k norms) and GPT-2 (learned
+/// positions, LayerNorm, GELU, a fused qkv projection).
+///
+/// A step takes a batch of `tokens` rows at consecutive positions start, start+1, ... of which the
+/// first `count` are real (the rest pad the batch up to its bucket and change nothing), writes
+/// their keys and values into the KV cache, attends over the first `attended` cache rows, and
+/// returns logits. Prefill (a whole prompt) and decode (one token) are the same graph at other
+/// sizes. The KV cache is two parameters per layer (kv_cache_name), [context, kv_heads * head_dim]
+/// f32, updated by the graph: they stay on the device between steps like the weights.
+///
+/// Inputs: "tokens" i32 [tokens], "start" i32 [1], "count" i32 [1] (1 <= count <= tokens).
+/// Output: "logits" f32 [1, vocab] (the last real row), or [tokens, vocab] with all_logits.
+#include <cstdint>
+#include <string>
+
+#include "base/error.hpp"
+#include "graph/graph.hpp"
+#include "models/model_config.hpp"
+#include "models/model_weights.hpp"
+
+namespace mesh::models {
+
+/// The sizes of one step graph.
+struct step_shape {
+  int64_t tokens = 1;       ///< rows in the batch
+  int64_t context = 0;      ///< rows of the KV cache (positions the session can hold)
+  int64_t attended = 0;     ///< cache rows attention reads: at least start + count of every run
+  bool all_logits = false;  ///< logits of every row, not just the last real one
+};
+
+/// The KV-cache parameter of a layer: "<prefix>kv.<layer>.k" or ".v".
+std::string kv_cache_name(const std::string& prefix, int64_t layer, bool value);
+
+/// Builds the step graph. Parameter names are the weights' (`prefix` + "w." + tensor name) and
+/// the caches'. Errors: sizes out of range (attended beyond context, context beyond the model's
+/// positions for GPT-2), or a graph the builder refuses (a bug: internal).
+expected<graph> build_step_graph(const model_config& config, const model_weights& weights, const step_shape& shape,
+                                 const std::string& prefix = "");
+
+}  // namespace mesh::models

@@ -1,0 +1,13 @@
+# Tests of mesh_inference: the GGUF tokenizer, weights, sampling and sessions (models_inference_tests),
+# and every architecture against ref_llm.py, an independent PyTorch reference (models_reference_tests;
+# a case warns and passes when python3 or torch is missing).
+if(TARGET mesh_inference)
+  find_package(nlohmann_json REQUIRED)
+  mesh_add_test(models_inference_tests
+    SOURCES test_gguf_tokenizer.cpp test_sampler.cpp test_session.cpp
+    LIBS mesh_inference)
+  mesh_add_test(models_reference_tests
+    SOURCES test_reference_llm.cpp
+    LIBS mesh_inference nlohmann_json::nlohmann_json)
+  target_compile_definitions(models_reference_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+endif()

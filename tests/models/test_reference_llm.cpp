@@ -1,0 +1,267 @@
+// Every architecture against an independent reference: small random checkpoints of each (HF
+// directories in f32, f16 and bf16; GGUF files in F32, F16, Q8_0, Q4_0, Q4_K and Q6_K) run through
+// a session on the CPU executor (and on Vulkan/lavapipe for some), and ref_llm.py, written in
+// PyTorch from the published equations, computes the same in float64 from the same files. Checked:
+// the logits after every prompt token (one prefill batch), and 64 greedy tokens decoded one at a
+// time through the KV cache, each step's logits included. Skipped with a warning without torch.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/executor.hpp"
+#include "model_writer.hpp"
+#include "models/session.hpp"
+#include "run_command.hpp"
+
+using namespace mesh;
+using namespace mesh::models;
+using namespace mesh::models::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int greedy_tokens = 64;
+// Every dtype computes in f32 once its weights are widened or dequantized, so one bound serves
+// them all: the largest logit error over the largest reference logit (at least 1).
+constexpr double logit_tolerance = 1e-4;
+
+// A python3 with torch and numpy, or why there is none.
+std::string python_with_torch(std::string& why) {
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("MESH_PYTHON")) candidates.emplace_back(p);
+  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
+  for (const auto& p : candidates)
+    // find_spec looks the modules up without importing them (importing torch takes seconds).
+    if (mesh::test::run_command(p + " -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec(\"torch\") and "
+                                    "u.find_spec(\"numpy\")))'").status == 0)
+      return p;
+  why = "no python3 with torch and numpy (tried $MESH_PYTHON, python3, /usr/bin/python3; apt install python3-torch)";
+  return {};
+}
+
+struct model_case {
+  std::string label;
+  std::filesystem::path path;
+};
+
+const std::vector<int32_t> prompt = {256, 17, 104, 101, 108, 108, 111, 33, 290, 3, 77};
+
+// Runs the reference on every case; empty when python is missing (the caller warns and passes).
+std::vector<json> reference(const temp_dir& dir, const std::vector<model_case>& cases) {
+  std::string why;
+  const std::string python = python_with_torch(why);
+  if (python.empty()) {
+    WARN(why);
+    return {};
+  }
+  json jobs = json::array();
+  for (size_t i = 0; i < cases.size(); ++i)
+    jobs.push_back({{"model", cases[i].path.string()}, {"tokens", prompt}, {"generate", greedy_tokens},
+                    {"out", (dir / ("ref" + std::to_string(i) + ".json")).string()}});
+  write_file(dir / "jobs.json", jobs.dump());
+  const auto run = mesh::test::run_command(python + " " MESH_MODELS_TEST_DIR "/ref_llm.py " + (dir / "jobs.json").string());
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  std::vector<json> out;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::ifstream f(dir / ("ref" + std::to_string(i) + ".json"));
+    out.push_back(json::parse(f));
+  }
+  return out;
+}
+
+// max |a - b| / max(1, max |b|) over one row.
+double row_error(const float* ours, const std::vector<double>& ref) {
+  double err = 0, scale = 1;
+  for (size_t j = 0; j < ref.size(); ++j) {
+    const double r = ref[j];
+    err = std::max(err, std::abs(static_cast<double>(ours[j]) - r));
+    scale = std::max(scale, std::abs(r));
+  }
+  return err / scale;
+}
+
+// Compares one checkpoint on one executor with its reference; returns the largest logit error.
+double compare(gpu::executor& ex, const model_case& c, const json& ref) {
+  INFO(c.label);
+  auto ckpt = checkpoint::open(c.path);
+  REQUIRE(ckpt);
+  auto s = session::create(ex, *ckpt, {});
+  INFO((s ? std::string() : s.error().message));
+  REQUIRE(s);
+  const int64_t vocab = s->config().vocab_size;
+  const auto ref_logits = ref["logits"].get<std::vector<std::vector<double>>>();
+  const auto ref_greedy_logits = ref["greedy_logits"].get<std::vector<std::vector<double>>>();
+  const auto ref_greedy = ref["greedy"].get<std::vector<int32_t>>();
+  double worst = 0;
+
+  // The prompt in one batch, every row's logits.
+  auto all = s->prefill_all_logits(prompt);
+  REQUIRE(all);
+  REQUIRE(all->size() == prompt.size() * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < prompt.size(); ++i) worst = std::max(worst, row_error(all->data() + i * vocab, ref_logits[i]));
+
+  // Again from a fresh sequence: prefill (last row only), then greedy decoding through the cache.
+  s->reset();
+  auto logits = s->prefill(prompt);
+  REQUIRE(logits);
+  std::vector<int32_t> ours;
+  for (int i = 0; i < greedy_tokens; ++i) {
+    worst = std::max(worst, row_error(logits->data(), ref_greedy_logits[static_cast<size_t>(i)]));
+    const auto next = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    ours.push_back(next);
+    if (i + 1 < greedy_tokens) {
+      logits = s->decode(next);
+      REQUIRE(logits);
+    }
+  }
+  CHECK(ours == ref_greedy);
+  INFO("largest logit error " << worst);
+  CHECK(worst <= logit_tolerance);
+  const auto& st = s->stats();
+  WARN(c.label << ": largest logit error " << worst << "; " << st.programs << " programs loaded in " << st.compile_seconds
+               << " s, prefill " << st.prefill_seconds << " s, " << st.decode_tokens << " decode steps " << st.decode_seconds << " s");
+  return worst;
+}
+
+enum class backend { cpu, vulkan };
+
+void run_cases(const temp_dir& dir, const std::vector<model_case>& cases, backend where = backend::cpu) {
+  const auto refs = reference(dir, cases);
+  if (refs.empty()) return;
+  if (where == backend::cpu) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      auto cpu = gpu::make_cpu_executor(2);  // one executor per model: sessions name their parameters alike
+      compare(*cpu, cases[i], refs[i]);
+    }
+    return;
+  }
+  // One Vulkan executor for the process, never destroyed: lavapipe stays loaded until exit, so
+  // LeakSanitizer can name (and tests/lsan.supp suppress) what the driver keeps.
+  gpu::vulkan_options options;
+  options.cache_dir = "-";
+  static auto* vk = new expected<std::unique_ptr<gpu::executor>>(gpu::make_vulkan_executor(options));
+  if (!*vk) {
+    WARN("no Vulkan device: " << vk->error().message);
+    return;
+  }
+  for (size_t i = 0; i < cases.size(); ++i) compare(***vk, {cases[i].label + " on " + (**vk)->info().name, cases[i].path}, refs[i]);
+}
+
+model_spec llama_spec() {
+  model_spec s;
+  s.llama3_scaling = true;
+  s.theta = 500000;
+  return s;
+}
+
+// K-quant rows are 256 elements: a wider, one-layer Llama with tied embeddings.
+model_spec wide_llama_spec() {
+  model_spec s;
+  s.hidden = 256;
+  s.ffn = 256;
+  s.heads = 8;
+  s.kv_heads = 2;
+  s.head_dim = 32;
+  s.layers = 1;
+  s.tied = true;
+  return s;
+}
+
+model_spec qwen2_spec() {
+  model_spec s;
+  s.arch = architecture::qwen2;
+  s.theta = 1000000;
+  return s;
+}
+
+model_spec qwen3_spec() {
+  model_spec s;
+  s.arch = architecture::qwen3;
+  s.tied = true;
+  s.head_dim = 32;  // wider than hidden / heads, as Qwen3's heads are
+  s.eps = 1e-6;
+  return s;
+}
+
+model_spec gpt2_spec() {
+  model_spec s;
+  s.arch = architecture::gpt2;
+  s.kv_heads = s.heads;
+  s.ffn = 256;
+  return s;
+}
+
+void check_hf(const std::string& label, const model_spec& s, const std::string& dtype, backend where = backend::cpu) {
+  temp_dir dir;
+  write_hf_model(dir / "hf", s, dtype);
+  run_cases(dir, {{label + " HF " + dtype, dir / "hf"}}, where);
+}
+
+void check_gguf(const std::string& label, const model_spec& s, tensor_type t, backend where = backend::cpu) {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", s, t);
+  run_cases(dir, {{label + " GGUF " + to_string(t), dir / "m.gguf"}}, where);
+}
+
+}  // namespace
+
+// One checkpoint per test case, so that each stays a few seconds under ASan.
+TEST_CASE("llama (GQA, Llama 3 rope scaling) HF f32 matches the reference", "[models][reference]") {
+  check_hf("llama", llama_spec(), "F32");
+}
+TEST_CASE("llama HF f16 matches the reference", "[models][reference]") { check_hf("llama", llama_spec(), "F16"); }
+TEST_CASE("llama HF bf16 matches the reference", "[models][reference]") { check_hf("llama", llama_spec(), "BF16"); }
+TEST_CASE("llama GGUF F32 (normal rope order, rope_freqs) matches the reference", "[models][reference]") {
+  check_gguf("llama", llama_spec(), tensor_type::f32);
+}
+TEST_CASE("llama GGUF F16 matches the reference", "[models][reference]") {
+  check_gguf("llama", llama_spec(), tensor_type::f16);
+}
+TEST_CASE("llama GGUF Q8_0 matches the reference on the dequantized weights", "[models][reference]") {
+  check_gguf("llama", llama_spec(), tensor_type::q8_0);
+}
+TEST_CASE("llama GGUF Q4_0 matches the reference on the dequantized weights", "[models][reference]") {
+  check_gguf("llama", llama_spec(), tensor_type::q4_0);
+}
+TEST_CASE("llama GGUF Q4_K (tied embeddings) matches the reference on the dequantized weights", "[models][reference]") {
+  check_gguf("llama", wide_llama_spec(), tensor_type::q4_k);
+}
+TEST_CASE("llama GGUF Q6_K (tied embeddings) matches the reference on the dequantized weights", "[models][reference]") {
+  check_gguf("llama", wide_llama_spec(), tensor_type::q6_k);
+}
+TEST_CASE("qwen2 (q/k/v biases) HF f32 matches the reference", "[models][reference]") {
+  check_hf("qwen2", qwen2_spec(), "F32");
+}
+TEST_CASE("qwen2 GGUF Q8_0 matches the reference", "[models][reference]") {
+  check_gguf("qwen2", qwen2_spec(), tensor_type::q8_0);
+}
+TEST_CASE("qwen3 (q/k norms, tied embeddings) HF bf16 matches the reference", "[models][reference]") {
+  check_hf("qwen3", qwen3_spec(), "BF16");
+}
+TEST_CASE("qwen3 GGUF F16 matches the reference", "[models][reference]") {
+  check_gguf("qwen3", qwen3_spec(), tensor_type::f16);
+}
+TEST_CASE("gpt2 (Conv1D layout, fused qkv, learned positions) HF f32 matches the reference", "[models][reference]") {
+  check_hf("gpt2", gpt2_spec(), "F32");
+}
+TEST_CASE("gpt2 GGUF Q8_0 matches the reference", "[models][reference]") {
+  check_gguf("gpt2", gpt2_spec(), tensor_type::q8_0);
+}
+TEST_CASE("on Vulkan (lavapipe in CI): llama HF f16 matches the reference", "[models][reference][gpu]") {
+  model_spec s = llama_spec();
+  s.layers = 1;  // lavapipe under ASan: ~0.1 s a decode step per layer
+  check_hf("llama", s, "F16", backend::vulkan);
+}
+TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q4_0 matches the reference", "[models][reference][gpu]") {
+  model_spec s = qwen2_spec();
+  s.layers = 1;
+  check_gguf("qwen2", s, tensor_type::q4_0, backend::vulkan);
+}

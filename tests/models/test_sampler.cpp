@@ -1,0 +1,96 @@
+// Sampling: greedy, temperature, top-k, top-p, min-p, repetition penalty, and the same draws for
+// the same seed.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "models/sampler.hpp"
+
+using namespace mesh;
+using namespace mesh::models;
+
+namespace {
+
+sampler make(sampling_options o) {
+  auto s = sampler::create(o);
+  REQUIRE(s);
+  return std::move(*s);
+}
+
+const std::vector<float> logits = {1.0f, 3.0f, 2.5f, -1.0f, 3.0f, 0.0f};
+
+}  // namespace
+
+TEST_CASE("greedy picks the highest logit, the lowest id on a tie", "[models][sampler]") {
+  auto s = make({});
+  CHECK(s.sample(logits, {}) == 1);
+  auto k1 = make({.temperature = 1.0f, .top_k = 1});
+  CHECK(k1.sample(logits, {}) == 1);
+  auto p = make({.temperature = 1.0f, .top_p = 0.01f});
+  CHECK(p.sample(logits, {}) == 1);
+}
+
+TEST_CASE("the same seed gives the same draws, another seed others", "[models][sampler]") {
+  sampling_options o{.temperature = 1.5f, .seed = 42};
+  auto a = make(o), b = make(o);
+  o.seed = 43;
+  auto c = make(o);
+  std::vector<int32_t> da, db, dc;
+  for (int i = 0; i < 200; ++i) {
+    da.push_back(a.sample(logits, {}));
+    db.push_back(b.sample(logits, {}));
+    dc.push_back(c.sample(logits, {}));
+  }
+  CHECK(da == db);
+  CHECK(da != dc);
+}
+
+TEST_CASE("temperature 1 draws with the softmax's probabilities", "[models][sampler]") {
+  const std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  auto s = make({.temperature = 1.0f, .seed = 7});
+  std::vector<int> count(3);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++count[static_cast<size_t>(s.sample(l, {}))];
+  CHECK(std::abs(count[0] / double(n) - 0.5) < 0.02);
+  CHECK(std::abs(count[1] / double(n) - 0.3) < 0.02);
+  CHECK(std::abs(count[2] / double(n) - 0.2) < 0.02);
+}
+
+TEST_CASE("top-k, top-p and min-p keep only the candidates they should", "[models][sampler]") {
+  // Probabilities at temperature 1: ids 1 and 4 (logit 3) ~0.33 each, id 2 ~0.20, the rest small.
+  auto in = [](const std::vector<int32_t>& allowed, sampler& s) {
+    for (int i = 0; i < 500; ++i) {
+      const int32_t t = s.sample(logits, {});
+      if (std::find(allowed.begin(), allowed.end(), t) == allowed.end()) return false;
+    }
+    return true;
+  };
+  auto k2 = make({.temperature = 1.0f, .top_k = 2, .seed = 1});
+  CHECK(in({1, 4}, k2));
+  auto p = make({.temperature = 1.0f, .top_p = 0.6f, .seed = 2});
+  CHECK(in({1, 4}, p));
+  auto m = make({.temperature = 1.0f, .min_p = 0.5f, .seed = 3});  // 0.20 >= 0.5 * 0.33 keeps id 2
+  CHECK(in({1, 2, 4}, m));
+  auto m2 = make({.temperature = 1.0f, .min_p = 0.7f, .seed = 3});
+  CHECK(in({1, 4}, m2));
+}
+
+TEST_CASE("the repetition penalty divides positive and multiplies negative logits of seen tokens", "[models][sampler]") {
+  auto s = make({.repetition_penalty = 2.0f});
+  const std::vector<int32_t> seen = {1, 4};
+  CHECK(s.sample(logits, seen) == 2);  // 3 / 2 = 1.5 < 2.5
+  const std::vector<float> negative = {-1.0f, -1.5f};
+  const std::vector<int32_t> first = {0};
+  CHECK(s.sample(negative, first) == 1);  // -1 * 2 = -2 < -1.5
+}
+
+TEST_CASE("bad sampling options are errors", "[models][sampler]") {
+  CHECK_FALSE(sampler::create({.temperature = NAN}));
+  CHECK_FALSE(sampler::create({.top_k = -1}));
+  CHECK_FALSE(sampler::create({.top_p = 0.0f}));
+  CHECK_FALSE(sampler::create({.min_p = 1.5f}));
+  auto r = sampler::create({.repetition_penalty = 0.0f});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message == "sampling: repetition_penalty 0 must be a positive number");
+}

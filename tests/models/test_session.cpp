@@ -1,0 +1,185 @@
+// The session and generation on the CPU executor: errors that name the file and the tensor, the
+// context limit, prefill in several batches equal to one, stop strings, seeds, callbacks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu/executor.hpp"
+#include "model_writer.hpp"
+#include "models/checkpoint_tokenizer.hpp"
+#include "models/generate.hpp"
+#include "models/session.hpp"
+
+using namespace mesh;
+using namespace mesh::models;
+using namespace mesh::models::test;
+
+namespace {
+
+model_spec tiny() {
+  model_spec s;
+  s.layers = 1;
+  s.context = 64;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a missing or misshapen tensor is an error naming the file and the tensor", "[models][session]") {
+  temp_dir dir;
+  model_spec s = tiny();
+  write_hf_model(dir / "hf", s, "F32");
+  // config.json claims a wider MLP than the tensors have.
+  std::string config = hf_config_json(s);
+  config.replace(config.find("\"intermediate_size\": 128"), 24, "\"intermediate_size\": 96");
+  write_file(dir / "hf" / "config.json", config);
+  auto ckpt = checkpoint::open(dir / "hf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto sess = session::create(*cpu, *ckpt);
+  REQUIRE_FALSE(sess);
+  CHECK(sess.error().code == error_code::shape_mismatch);
+  CHECK(sess.error().message.find("model.layers.0.mlp.gate_proj.weight") != std::string::npos);
+  CHECK(sess.error().message.find("[128, 64]") != std::string::npos);
+
+  gguf_writer w;  // a GGUF llama with no tensors at all
+  w.add_string("general.architecture", "llama");
+  for (const char* k : {"embedding_length", "block_count", "feed_forward_length", "context_length"})
+    w.add_u32(std::string("llama.") + k, 64);
+  w.add_u32("llama.attention.head_count", 4);
+  w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.add_u32("llama.vocab_size", 300);
+  write_file(dir / "empty.gguf", w.build());
+  auto empty = checkpoint::open(dir / "empty.gguf");
+  REQUIRE(empty);
+  auto none = session::create(*cpu, *empty);
+  REQUIRE_FALSE(none);
+  CHECK(none.error().code == error_code::not_found);
+  CHECK(none.error().message.find("empty.gguf") != std::string::npos);
+  CHECK(none.error().message.find("token_embd.weight") != std::string::npos);
+}
+
+TEST_CASE("the context is a limit: prompts and generation past it are errors", "[models][session]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::f32);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  session_options wide;
+  wide.context = 65;
+  auto big = session::create(*cpu, *ckpt, wide);
+  REQUIRE_FALSE(big);
+  CHECK(big.error().message.find("a context of 65 positions was asked for, but the model was trained for 64") !=
+        std::string::npos);
+  auto s = session::create(*cpu, *ckpt);
+  REQUIRE(s);
+  CHECK(s->context() == 64);
+  const std::vector<int32_t> long_prompt(65, 5);
+  auto r = s->prefill(long_prompt);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::limit_exceeded);
+  CHECK(s->position() == 0);
+  const std::vector<int32_t> bad = {300};
+  CHECK_FALSE(s->prefill(bad));
+  auto tok = load_tokenizer(*ckpt, s->config());
+  REQUIRE(tok);
+  auto t = tokenizer::create(tok->vocab);
+  REQUIRE(t);
+  const std::vector<int32_t> prompt(10, 5);
+  generate_options o;
+  o.max_tokens = 55;
+  auto g = generate(*s, *t, prompt, o);
+  REQUIRE_FALSE(g);
+  CHECK(g.error().message ==
+        "generate: 10 prompt tokens after 0 plus up to 55 generated would pass the context of 64 positions");
+}
+
+TEST_CASE("a prompt in several batches gives the logits of one batch", "[models][session]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::f16);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto one = session::create(*cpu, *ckpt);
+  REQUIRE(one);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back((i * 37) % 300);
+  auto whole = one->prefill(prompt);
+  REQUIRE(whole);
+  one->reset();
+  // 5 tokens, then 3, then the rest: three buckets, the cache carried between them.
+  REQUIRE(one->prefill(std::span<const int32_t>(prompt).subspan(0, 5)));
+  REQUIRE(one->prefill(std::span<const int32_t>(prompt).subspan(5, 3)));
+  auto parts = one->prefill(std::span<const int32_t>(prompt).subspan(8));
+  REQUIRE(parts);
+  CHECK(one->position() == 21);
+  double err = 0;
+  for (size_t i = 0; i < whole->size(); ++i) err = std::max(err, std::abs(double((*whole)[i]) - (*parts)[i]));
+  CHECK(err < 1e-4);
+  const auto programs = one->stats().programs;
+  one->reset();
+  REQUIRE(one->prefill(std::span<const int32_t>(prompt).subspan(0, 7)));  // the 16-row bucket again
+  CHECK(one->stats().programs == programs);
+}
+
+TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto s = session::create(*cpu, *ckpt);
+  REQUIRE(s);
+  auto vocab = load_tokenizer(*ckpt, s->config());
+  REQUIRE(vocab);
+  auto tok = tokenizer::create(vocab->vocab);
+  REQUIRE(tok);
+  auto prompt = tok->encode("hello there");
+  REQUIRE(prompt);
+
+  generate_options o;
+  o.max_tokens = 20;
+  o.stop_at_eos = false;
+  std::string streamed;
+  auto g = generate(*s, *tok, *prompt, o, [&](std::string_view piece) {
+    streamed += piece;
+    return true;
+  });
+  REQUIRE(g);
+  CHECK(g->reason == stop_reason::max_tokens);
+  CHECK(g->tokens.size() == 20);
+  CHECK(streamed == g->text);
+  auto decoded = tok->decode(g->tokens);
+  REQUIRE(decoded);
+  CHECK(g->text == utf8::sanitize(*decoded));  // the stream never splits or emits broken UTF-8
+
+  // A stop string from the middle of that text: what comes before it, and nothing of it.
+  REQUIRE(g->text.size() > 6);
+  const std::string stop = g->text.substr(g->text.size() / 2, 3);
+  s->reset();
+  o.stop = {stop};
+  auto stopped = generate(*s, *tok, *prompt, o);
+  REQUIRE(stopped);
+  CHECK(stopped->reason == stop_reason::stop_string);
+  CHECK(stopped->text == g->text.substr(0, g->text.find(stop)));
+
+  // Sampling: the same seed, the same tokens.
+  o.stop.clear();
+  o.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repetition_penalty = 1.1f, .seed = 9};
+  s->reset();
+  auto a = generate(*s, *tok, *prompt, o);
+  s->reset();
+  auto b = generate(*s, *tok, *prompt, o);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->tokens == b->tokens);
+
+  // The callback ends generation.
+  s->reset();
+  int calls = 0;
+  auto cut = generate(*s, *tok, *prompt, o, [&](std::string_view) { return ++calls < 2; });
+  REQUIRE(cut);
+  CHECK(cut->reason == stop_reason::callback);
+}
