@@ -7,8 +7,9 @@
 #                    build the libFuzzer targets with clang and run each briefly
 #   ./dev.sh build [Release|Debug]   just build
 #   ./dev.sh deps    just install the Debian packages
+#   ./dev.sh fuzz    only the fuzzers, for longer runs: MESH_FUZZ_SECONDS=600 ./dev.sh fuzz
 #
-# Environment: MESH_JOBS (parallel jobs, default nproc), MESH_FUZZ_SECONDS (default 20),
+# Environment: MESH_JOBS (parallel jobs, default nproc), MESH_FUZZ_SECONDS (default 10),
 # MESH_SANITIZE (ON/OFF for the test build, default ON).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -108,7 +109,7 @@ run_vulkan_validation() {
 }
 
 run_fuzzers() {
-  local secs=${MESH_FUZZ_SECONDS:-20}
+  local secs=${MESH_FUZZ_SECONDS:-10}
   CC=clang CXX=clang++ build build/fuzz Debug -DMESH_FUZZ=ON
   local failed=0 n=0
   while read -r f; do
