@@ -1,5 +1,7 @@
 // The CPU back end: node-by-node typed loops (float for f32/f16/bf16 with rounding after each op,
 // int32 for i32), split across threads for large tensors. Used where no Vulkan device exists.
+// Quantized leaves stay as their blocks; linear decodes 16 weight rows at a time, kv_write takes
+// over its cache's working copy and writes back only the slice.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "graph/quant.hpp"
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/resident_parameters.hpp"
@@ -17,6 +20,7 @@ namespace {
 struct value {
   std::vector<float> f;    // float dtypes
   std::vector<int32_t> i;  // i32
+  const tensor* raw = nullptr;  // a quantized leaf: its blocks where they are (read by linear and cast)
 };
 
 /// max and min as the reference evaluator defines them: a NaN operand gives NaN (std::max would
@@ -67,6 +71,18 @@ class cpu_executor final : public executor {
     return {};
   }
 
+  expected<void> set_parameter_view(const std::string& name, const tensor_view& view) override {
+    if (auto ok = view.check(); !ok) return make_error(ok.error().code, "parameter \"" + name + "\": " + ok.error().message);
+    auto it = params_.find(name);
+    if (it != params_.end() && (it->second.type != view.type || it->second.dims != view.dims))
+      return make_error(error_code::shape_mismatch, "parameter \"" + name + "\" has another dtype or shape here");
+    tensor& t = params_[name];  // this back end's device memory is host memory: one copy, here
+    t.type = view.type;
+    t.dims = view.dims;
+    t.bytes.assign(view.bytes.begin(), view.bytes.end());
+    return {};
+  }
+
   expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
     tensor_map out;
     for (const auto& n : names) {
@@ -98,7 +114,10 @@ class cpu_executor final : public executor {
     for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
-    for (const auto& u : g.updates) params_[g[u.target].attrs.name] = to_tensor(g[u.value], v[u.value]);
+    for (const auto& u : g.updates) {
+      if (g[u.value].op == op_kind::kv_write) write_slice(g, u.value, v, params_[g[u.target].attrs.name]);
+      else params_[g[u.target].attrs.name] = to_tensor(g[u.value], v[u.value]);
+    }
     return out;
   }
 
@@ -159,12 +178,29 @@ class cpu_executor final : public executor {
     const int64_t count = element_count(n.dims);
     value& out = v[id];
     const bool is_int = n.type == dtype::i32;
-    if (n.op == op_kind::input) {
-      out = from_tensor(inputs.at(n.attrs.name));
+    if (n.op == op_kind::input || n.op == op_kind::parameter) {
+      const tensor& t = n.op == op_kind::input ? inputs.at(n.attrs.name) : params_.at(n.attrs.name);
+      if (is_quantized(t.type)) out.raw = &t;  // decoded by its reader, a row at a time
+      else out = from_tensor(t);
       return;
     }
-    if (n.op == op_kind::parameter) {
-      out = from_tensor(params_.at(n.attrs.name));
+    if (n.op == op_kind::linear) {
+      linear(g, n, v, out);
+      return;
+    }
+    if (n.op == op_kind::kv_write) {
+      // The cache parameter has no other reader (validate()): its working copy becomes the
+      // result, and only the slice is written.
+      out = std::move(v[n.inputs[0]]);
+      for_each_slice_element(g, n, v, [&](int64_t dst, int64_t src) {
+        if (is_int) out.i[static_cast<size_t>(dst)] = v[n.inputs[1]].i[static_cast<size_t>(src)];
+        else out.f[static_cast<size_t>(dst)] = v[n.inputs[1]].f[static_cast<size_t>(src)];
+      });
+      return;
+    }
+    if (n.op == op_kind::cast && v[n.inputs[0]].raw) {  // a quantized operand: dequantized
+      out.f = dequantized(*v[n.inputs[0]].raw);
+      for (auto& x : out.f) x = round16(n.type, x);
       return;
     }
     if (n.op == op_kind::constant) {
@@ -466,8 +502,94 @@ class cpu_executor final : public executor {
         }
         return;
       }
-      case op_family::leaf: return;
+      case op_family::leaf:
+      case op_family::linear:    // above
+      case op_family::kv_write: return;
     }
+  }
+
+  /// All of a quantized tensor's values, row by row.
+  static std::vector<float> dequantized(const tensor& t) {
+    const int64_t k = t.dims.back(), rows = k ? t.size() / k : 0, rb = *row_bytes(t.type, k);
+    std::vector<float> out(static_cast<size_t>(t.size()));
+    for (int64_t r = 0; r < rows; ++r)
+      (void)dequantize_row(t.type, {t.bytes.data() + r * rb, static_cast<size_t>(rb)}, {out.data() + r * k, static_cast<size_t>(k)});
+    return out;
+  }
+
+  /// Calls f(cache index, value index) for each element of kv_write `n`'s value that lands inside
+  /// the cache (rows past either end are dropped, as on the GPU).
+  template <class F>
+  static void for_each_slice_element(const graph& g, const node& n, const std::vector<value>& v, F f) {
+    const shape& vd = g[n.inputs[1]].dims;
+    const auto ax = static_cast<size_t>(n.attrs.axis);
+    int64_t inner = 1;
+    for (size_t a = ax + 1; a < vd.size(); ++a) inner *= vd[a];
+    const int64_t len = vd[ax], cache_len = n.dims[ax], pos = v[n.inputs[2]].i[0];
+    const int64_t outer = len != 0 && inner != 0 ? element_count(vd) / (len * inner) : 0;
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t r = 0; r < len; ++r) {
+        const int64_t t = pos + r;
+        if (t < 0 || t >= cache_len) continue;
+        for (int64_t c = 0; c < inner; ++c) f((o * cache_len + t) * inner + c, (o * len + r) * inner + c);
+      }
+  }
+
+  /// The update of a kv_write: only the slice it wrote goes into the stored parameter.
+  static void write_slice(const graph& g, node_index id, const std::vector<value>& v, tensor& param) {
+    const node& n = g[id];
+    const value& result = v[static_cast<size_t>(id)];
+    for_each_slice_element(g, n, v, [&](int64_t dst, int64_t) {
+      if (n.type == dtype::i32) param.set(dst, result.i[static_cast<size_t>(dst)]);
+      else param.set(dst, result.f[static_cast<size_t>(dst)]);
+    });
+  }
+
+  /// linear: weight rows in blocks of `block` (decoded once into floats when quantized or 16-bit),
+  /// each block multiplied with every row of x while it is in cache; blocks split across threads.
+  void linear(const graph& g, const node& n, const std::vector<value>& v, value& out) const {
+    const node& wn = g[n.inputs[1]];
+    const value& xv = v[n.inputs[0]];
+    const value& wv = v[n.inputs[1]];
+    const int64_t kd = wn.dims[1], nn = wn.dims[0], rows = nn ? element_count(n.dims) / nn : 0;
+    out.f.assign(static_cast<size_t>(element_count(n.dims)), 0.0f);
+    const int64_t rb = wv.raw ? *row_bytes(wv.raw->type, kd) : 0;
+    constexpr int64_t block = 16;
+    const int64_t blocks = (nn + block - 1) / block;
+    const auto work = [&](int64_t b0, int64_t b1) {
+      std::vector<float> wbuf(wv.raw ? static_cast<size_t>(block * kd) : 0);
+      for (int64_t bl = b0; bl < b1; ++bl) {
+        const int64_t j0 = bl * block, j1 = std::min(nn, j0 + block);
+        const float* w = nullptr;
+        if (wv.raw) {
+          for (int64_t j = j0; j < j1; ++j)
+            (void)dequantize_row(wv.raw->type, {wv.raw->bytes.data() + j * rb, static_cast<size_t>(rb)},
+                                 {wbuf.data() + (j - j0) * kd, static_cast<size_t>(kd)});
+          w = wbuf.data();
+        } else {
+          w = wv.f.data() + j0 * kd;
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* x = xv.f.data() + r * kd;
+          for (int64_t j = j0; j < j1; ++j) {
+            const float* wr = w + (j - j0) * kd;
+            float acc = 0;
+            for (int64_t p = 0; p < kd; ++p) acc += x[p] * wr[p];  // vectorises
+            out.f[static_cast<size_t>(r * nn + j)] = round16(n.type, acc);
+          }
+        }
+      }
+    };
+    // Threads for products worth it (a thread start costs ~20 us).
+    const int64_t parts = std::min<int64_t>({static_cast<int64_t>(threads_), blocks, std::max<int64_t>(1, rows * nn * kd / (1 << 18))});
+    if (parts <= 1) {
+      work(0, blocks);
+      return;
+    }
+    std::vector<std::thread> ts;
+    for (int64_t p = 1; p < parts; ++p) ts.emplace_back([&, p] { work(blocks * p / parts, blocks * (p + 1) / parts); });
+    work(0, blocks / parts);
+    for (auto& t : ts) t.join();
   }
 
   unsigned threads_;

@@ -65,6 +65,14 @@ class executor {
   virtual expected<program_id> load(const graph& g) = 0;
   /// Uploads parameters (creating them when new; an existing one must keep dtype and shape).
   virtual expected<void> set_parameters(const tensor_map& params) = 0;
+  /// Uploads one parameter from bytes the caller owns, e.g. a tensor of a memory-mapped GGUF or
+  /// safetensors file, without copying it into a `tensor` first: quantized weights arrive as
+  /// their blocks and stay so on the device. Creates the parameter when new; an existing one must
+  /// keep dtype and shape. The bytes are read during the call only. Vulkan copies them into
+  /// device memory directly where it is host-visible, else through a bounded staging buffer
+  /// (at most 16 MiB at a time), so host memory does not grow with the weights; the CPU back
+  /// end keeps its own copy (that is its device memory).
+  virtual expected<void> set_parameter_view(const std::string& name, const tensor_view& value) = 0;
   virtual expected<tensor_map> get_parameters(const std::vector<std::string>& names) = 0;
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;

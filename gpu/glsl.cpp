@@ -2,7 +2,8 @@
 // tensors without 16-bit storage, loops past a CPU driver's limit), then hands the kernel to the
 // emitter of its kind. The elementwise and scatter_add kernels are here; reductions and rows
 // kernels are in glsl_reduce.cpp, matmuls in glsl_matmul.cpp and glsl_coopmat.cpp (block shapes
-// in matmul_schedule.cpp), and the expression emitter they all use in glsl_emitter.cpp.
+// in matmul_schedule.cpp), linear and kv_write in glsl_linear.cpp, the decoders of quantized
+// blocks in glsl_quant.cpp, and the expression emitter they all use in glsl_emitter.cpp.
 #include "gpu/glsl.hpp"
 
 #include <algorithm>
@@ -138,7 +139,7 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
       if (iterations > budget)
         return too_long("scatter_add of " + std::to_string(outs) + " outputs over " + std::to_string(picks) + " picks", iterations);
     }
-    if (k.kind == kernel_kind::matmul) {
+    if (k.kind == kernel_kind::matmul || k.kind == kernel_kind::linear) {
       const shape& ad = g[g[k.anchor].inputs[0]].dims;
       const int64_t kd = ad.empty() ? 0 : ad.back();
       if ((kd + 7) / 8 > budget) return too_long("a matmul " + std::to_string(kd) + " deep", (kd + 7) / 8);
@@ -150,6 +151,8 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
     case kernel_kind::matmul: return detail::matmul(g, p, k, caps);
     case kernel_kind::scatter_add: return scatter(g, p, k, caps);
     case kernel_kind::rows: return detail::rows_kernel(g, p, k, caps);
+    case kernel_kind::linear: return detail::linear(g, p, k, caps);
+    case kernel_kind::kv_write: return detail::kv_write(g, p, k, caps);
   }
   return make_error(error_code::internal, "unknown kernel kind");
 }

@@ -3,8 +3,11 @@
 // glsl_emitter.hpp.
 #include "gpu/glsl_emitter.hpp"
 
+#include <cassert>
 #include <cmath>
 #include <cstdio>
+
+#include "graph/quant.hpp"
 
 namespace mesh::gpu::detail {
 namespace {
@@ -77,6 +80,7 @@ int mesh_idiv(int a, int b) { return b == 0 ? 0 : (b == -1 ? -a : a / b); }  // 
 
 std::string emitter::load(node_index id, const std::string& idx) {
   const int b = bind(id);
+  if (is_quantized(g_[id].type)) return "b" + std::to_string(b) + "_dq(" + idx + ")";  // buffer_decl's decoder
   const std::string ref = "b" + std::to_string(b) + ".v[" + idx + "]";
   switch (g_[id].type) {
     case dtype::f16: return "unpackHalf2x16(uint(" + ref + ")).x";
@@ -304,6 +308,11 @@ void inline_nodes(const graph& g, const plan& p, node_index root, node_index sto
 
 std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes) {
   const dtype t = g[id].type;
+  if (is_quantized(t)) {
+    assert(b >= writes && !vec4);  // read only, through its decoders
+    return "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" + std::to_string(b) +
+           " { uint v[]; } b" + std::to_string(b) + ";\n" + quant_decoders(g[id], "b" + std::to_string(b));
+  }
   std::string ty = t == dtype::i32 ? (vec4 ? "ivec4" : "int") : (t == dtype::f32 ? (vec4 ? "vec4" : "float") : "uint16_t");
   return "layout(std430, binding = " + std::to_string(b) + ") " + (b < writes ? "" : "readonly ") + "restrict buffer B" +
          std::to_string(b) + " { " + ty + " v[]; } b" + std::to_string(b) + ";\n";
@@ -337,7 +346,7 @@ uint32_t groups_for(int64_t items, int64_t per_group, uint32_t cap) {
 uint64_t bytes_of(const graph& g, const std::vector<node_index>& bindings) {
   uint64_t b = 0;
   for (auto id : bindings)
-    if (id < g.size()) b += static_cast<uint64_t>(element_count(g[id].dims)) * size_of(g[id].type);  // not scratch
+    if (id < g.size()) b += static_cast<uint64_t>(std::max<int64_t>(byte_size(g[id].type, g[id].dims), 0));  // not scratch
   return b;
 }
 

@@ -115,7 +115,13 @@ class emitter {
 /// materialised ones it reads.
 void inline_nodes(const graph& g, const plan& p, node_index root, node_index stop, std::vector<node_index>& out);
 
-/// One storage buffer: binding b holds node `id`; binding 0 is the one written.
+/// The GLSL decoders of quantized node `n` bound as buffer `b` (a `uint v[]`): `<b>_dq(i)`, its
+/// element at flat index i, and `<b>_chunk(row, c, v)`, elements [32c, 32c + 32) of a row.
+/// glsl_quant.cpp.
+std::string quant_decoders(const node& n, const std::string& b);
+
+/// One storage buffer: binding b holds node `id`; binding 0 is the one written. A quantized
+/// node's buffer comes with its decoders (quant_decoders).
 std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes = 1);
 
 /// The storage buffers of `bindings`, as vec4 arrays when `all_vec4` or within [vec4_from,

@@ -9,6 +9,9 @@
 
 namespace mesh::gpu::detail {
 
+class emitter;   // glsl_emitter.hpp
+struct mm_dims;  // matmul_schedule.hpp
+
 /// kernel_kind::reduce: one-pass (`redg`, `redt`, `redc`) or one pass of a split reduction
 /// (`reds1`/`reds2`, `redcs1`/`redcs2`). glsl_reduce.cpp.
 kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
@@ -19,6 +22,17 @@ kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const 
 /// kernel_kind::matmul: the tiled cooperative-matrix kernel, the first cooperative-matrix kernel,
 /// the warp-tiled f32 kernel or the classic one, the first that applies. glsl_matmul.cpp.
 kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// kernel_kind::linear: the matrix-vector kernel for few rows of x (`lmv`), else the tiled
+/// matmul kernels with the weight read transposed. glsl_linear.cpp.
+kernel_source linear(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// kernel_kind::kv_write: one thread per element of the value, written into the cache's buffer
+/// at the runtime position. glsl_linear.cpp.
+kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
+/// The rows of x a linear may have and still take the matrix-vector kernel.
+inline constexpr int64_t matvec_max_rows = 8;
 
 /// The f16 matmuls on tensor cores (glsl_coopmat.cpp); nullopt when the kernel does not apply.
 std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
@@ -32,6 +46,10 @@ struct operand_view {
   int64_t batch_stride = 0;
 };
 
+
+/// `float load_b(uint xi)` of a linear: element xi of the [k, n] operand b, read from the weight
+/// [n, k] (transposed, through the emitter: any float or quantized dtype). glsl_matmul.cpp.
+std::string linear_b_loader(emitter& e, const mm_dims& d);
 
 /// The buffer behind matmul operand `x` when it is materialised, or a broadcast of a
 /// materialised matrix over batch axes only; nullopt when it needs index arithmetic.

@@ -55,16 +55,17 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
 
   emitter e(g, q, false);
   e.bind(k.root);
+  const bool lin = g[k.anchor].op == op_kind::linear;
   const std::string la = loader(e, "load_a", d.a);
-  const auto bv = direct_operand(g, q, d.b);
+  const auto bv = lin ? std::nullopt : direct_operand(g, q, d.b);
   const bool b_vec4 = bv && g[bv->id].type == dtype::f32 && n % 4 == 0 && !read_elsewhere(g, q, k, bv->id, d.a);
   const int b_binding = b_vec4 ? e.bind(bv->id) : -1;
   const int64_t b_batch = b_vec4 ? bv->batch_stride : kd * n;
-  const std::string lb = b_vec4 ? "" : loader(e, "load_b", d.b);
+  const std::string lb = b_vec4 ? "" : lin ? linear_b_loader(e, d) : loader(e, "load_b", d.b);
   // Operands laid out the other way (x^T, w^T through index arithmetic) are walked by
-  // consecutive threads along their contiguous axis: A along m, B along k.
+  // consecutive threads along their contiguous axis: A along m, B along k (a linear's weight).
   const bool a_by_m = column_major(g, q, d.a);
-  const bool b_by_k = !b_vec4 && column_major(g, q, d.b);
+  const bool b_by_k = !b_vec4 && (lin || column_major(g, q, d.b));
   t.b_padded = b_by_k;  // k-walking threads store down a column of Bs: padded rows spread the banks
   if (t.shared_bytes() > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
   std::string store;
@@ -173,7 +174,8 @@ kernel_source matmul_classic(const graph& g, const plan& q, const kernel& k, con
 
   emitter e(g, q, false);
   e.bind(k.root);
-  const std::string la = loader(e, "load_a", a), lb = loader(e, "load_b", b);
+  const std::string la = loader(e, "load_a", a);
+  const std::string lb = g[k.anchor].op == op_kind::linear ? linear_b_loader(e, d) : loader(e, "load_b", b);
   std::string store;
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][j]"); });
 
@@ -264,10 +266,24 @@ std::string tile_loops(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t 
   return src;
 }
 
+std::string linear_b_loader(emitter& e, const mm_dims& d) {
+  std::string f;
+  e.scoped([&] {
+    const std::string v = e.value(d.b, "(xi % " + u(d.n) + ") * " + u(d.kd) + " + xi / " + u(d.n));
+    f = "float load_b(uint xi) {\n" + e.body + "  return float(" + v + ");\n}\n";
+    e.body.clear();
+  });
+  return f;
+}
+
 kernel_source matmul(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
-  if (auto coop = matmul_coopmat_tiled(g, q, k, caps)) return *coop;
-  if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
+  // The cooperative-matrix kernels read both operands as f16 buffers: a linear's weight is
+  // transposed (and may be quantized), so linear takes the f32-math kernels.
+  if (g[k.anchor].op == op_kind::matmul) {
+    if (auto coop = matmul_coopmat_tiled(g, q, k, caps)) return *coop;
+    if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
+  }
   if (caps.variants.gemm != "classic")
     if (auto warp = matmul_warp(g, q, k, caps)) return *warp;
   return matmul_classic(g, q, k, caps);

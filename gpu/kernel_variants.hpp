@@ -23,6 +23,10 @@ struct kernel_variants {
   /// L2; 0 or 1 keeps row-major tile order. Off by default: G = 4, 8, 16 changed no GEMM rate on
   /// the H100 beyond run-to-run noise.
   uint32_t gemm_swizzle = 0;
+  /// linear's matrix-vector kernel (few rows of x): "" sums each weight row's partials with
+  /// subgroupAdd where the device has subgroup arithmetic (`lmv`), "shared" always through a
+  /// shared-memory tree in a 64-thread workgroup (`lmvs`, what devices without it run).
+  std::string matvec;
 };
 
 }  // namespace mesh::gpu

@@ -10,6 +10,14 @@ mm_dims dims_of(const graph& g, const kernel& k) {
   mm_dims d;
   d.a = mm.inputs[0];
   d.b = mm.inputs[1];
+  if (mm.op == op_kind::linear) {  // x [..., k] as [rows, k] times w [n, k] read transposed; one batch
+    const shape& xd = g[d.a].dims;
+    d.m = element_count(shape(xd.begin(), xd.end() - 1));
+    d.kd = xd.back();
+    d.n = mm.dims.back();
+    d.batch = 1;
+    return d;
+  }
   const shape& ad = g[d.a].dims;
   const size_t rank = ad.size();
   d.m = ad[rank - 2];

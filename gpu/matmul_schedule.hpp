@@ -20,7 +20,8 @@ struct mm_dims {
   }
 };
 
-/// The matmul that kernel `k` computes (its anchor node).
+/// The matmul that kernel `k` computes (its anchor node): a matmul, or a linear as one batch of
+/// [rows, k] x [k, n] whose b is the weight [n, k] read transposed (linear_b_loader).
 mm_dims dims_of(const graph& g, const kernel& k);
 
 /// Whether the problem has enough 128x128 output tiles (128) to fill a GPU: the tiled kernels

@@ -10,8 +10,8 @@ bool is_splat(const node& n) { return n.op == op_kind::constant && n.attrs.value
 namespace {
 
 bool is_anchor(op_kind op) {
-  return op == op_kind::matmul || op == op_kind::reduce_sum || op == op_kind::reduce_max ||
-         op == op_kind::scatter_add;
+  return op == op_kind::matmul || op == op_kind::linear || op == op_kind::reduce_sum || op == op_kind::reduce_max ||
+         op == op_kind::scatter_add || op == op_kind::kv_write;
 }
 
 bool is_leaf_buffer(const node& n) {
@@ -263,7 +263,7 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
     for (auto u : users[id]) {
       if (p.materialised[u]) roots[id].insert(u);
       else roots[id].insert(roots[u].begin(), roots[u].end());
-      heavy_user = heavy_user || g[u].op == op_kind::matmul || g[u].op == op_kind::scatter_add;
+      heavy_user = heavy_user || g[u].op == op_kind::matmul || g[u].op == op_kind::linear || g[u].op == op_kind::scatter_add;
       reindexed = reindexed || reindexes(g[u].op);
     }
     if (cheap[id]) continue;
@@ -277,7 +277,7 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   std::vector<node_index> claimed(n, -1);
   for (node_index id = 0; id < g.size(); ++id) {
     const op_kind op = g[id].op;
-    if (op != op_kind::matmul && op != op_kind::reduce_sum && op != op_kind::reduce_max) continue;
+    if (op != op_kind::matmul && op != op_kind::linear && op != op_kind::reduce_sum && op != op_kind::reduce_max) continue;
     if (pinned[id]) continue;
     // Every path from the anchor must stay elementwise (same index) until one materialised
     // root; fan-out on the way is fine (the epilogue computes each node once per element).
@@ -310,6 +310,8 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
       case op_kind::reduce_sum:
       case op_kind::reduce_max: k.kind = kernel_kind::reduce; break;
       case op_kind::scatter_add: k.kind = kernel_kind::scatter_add; break;
+      case op_kind::linear: k.kind = kernel_kind::linear; break;
+      case op_kind::kv_write: k.kind = kernel_kind::kv_write; break;
       default: k.kind = kernel_kind::elementwise; k.anchor = -1; break;
     }
     if (k.kind == kernel_kind::reduce) add_reduction(g, k, split, p);
@@ -334,6 +336,8 @@ std::string describe(const graph& g, const plan& p) {
       case kernel_kind::reduce: s += k.pass ? "red" + std::to_string(k.pass) : "red"; break;
       case kernel_kind::matmul: s += "mm"; break;
       case kernel_kind::scatter_add: s += "scat"; break;
+      case kernel_kind::linear: s += "lin"; break;
+      case kernel_kind::kv_write: s += "kvw"; break;
       case kernel_kind::rows: break;
     }
     s += "(%" + std::to_string(k.root);

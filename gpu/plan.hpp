@@ -1,14 +1,15 @@
 #pragma once
 /// Lowering: groups the nodes of a graph into kernels (pure, no device).
 ///
-/// A node is *materialised* when its value lives in a device buffer: leaves, matmul, reductions,
-/// scatter_add, outputs, update values, and elementwise/movement nodes whose value several kernels
+/// A node is *materialised* when its value lives in a device buffer: leaves, matmul, linear,
+/// reductions, scatter_add, kv_write, outputs, update values, and elementwise/movement nodes whose value several kernels
 /// need. Every other node is computed inline, at the index its consumer asks for: elementwise chains
 /// fuse (fan-in, fan-out inside one kernel, selects), and broadcast/reshape/permute/slice/concat/
 /// gather become index arithmetic instead of copies. Each materialised compute node is the root of
-/// one kernel. An elementwise root whose expression reaches a matmul or reduction only through
-/// single-use elementwise nodes absorbs it: the kernel is then that matmul/reduction with the
-/// elementwise chain as its epilogue (bias, activation, residual, scaling).
+/// one kernel. An elementwise root whose expression reaches a matmul, linear or reduction only
+/// through single-use elementwise nodes absorbs it: the kernel is then that matmul/linear/reduction
+/// with the elementwise chain as its epilogue (bias, activation, residual, scaling). A kv_write's
+/// buffer is its cache parameter's (the executors alias them): its kernel writes only the slice.
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ enum class kernel_kind {
   matmul,       ///< tiled matmul (with prologue index arithmetic), optionally with an epilogue
   scatter_add,  ///< deterministic scatter-add: each output element sums its matching rows
   rows,         ///< several kernels over the same rows run as one: a workgroup per row (kernel::members)
+  linear,       ///< x times a weight read transposed (any float or quantized dtype), optionally with an epilogue
+  kv_write,     ///< a value written into a cache parameter's buffer at a runtime position (in place)
 };
 
 /// One dispatch.

@@ -8,9 +8,11 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 
+#include "graph/quant.hpp"
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/glsl.hpp"
@@ -23,7 +25,14 @@
 namespace mesh::gpu {
 namespace {
 
-uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(element_count(n.dims)) * size_of(n.type); }
+/// Bytes of a node's value (a quantized tensor's blocks: rows x row_bytes).
+uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(std::max<int64_t>(byte_size(n.type, n.dims), 0)); }
+/// Bytes of its buffer: whole 32-bit words, as kernels bind a quantized tensor as `uint v[]`
+/// (18- and 34-byte blocks leave rows of any byte count).
+uint64_t buffer_bytes(const node& n) { return (bytes_of(n) + 3) & ~uint64_t{3}; }
+
+/// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
+constexpr uint64_t upload_chunk = 16ull << 20;
 
 /// Whether reductions may run in two passes: vulkan_options::split_reductions; by default on GPUs
 /// only (on lavapipe a 1M-element mean took twice as long split: its workgroups are run by a few
@@ -186,6 +195,18 @@ class vulkan_executor final : public executor {
     return {};
   }
 
+  expected<void> set_parameter_view(const std::string& name, const tensor_view& v) override {
+    if (lost_) return lost_error();
+    if (auto ok = v.check(); !ok) return make_error(ok.error().code, "parameter \"" + name + "\": " + ok.error().message);
+    if (auto it = params_.find(name); it != params_.end() && (it->second.type != v.type || it->second.dims != v.dims))
+      return make_error(error_code::shape_mismatch, "parameter \"" + name + "\" is " + mesh::to_string(it->second.type) +
+                                                        mesh::to_string(it->second.dims) + " on the device, got " +
+                                                        mesh::to_string(v.type) + mesh::to_string(v.dims));
+    auto pr = parameter(name, v.type, v.dims);
+    if (!pr) return tl::unexpected(pr.error());
+    return upload((*pr)->buffer, v.bytes);
+  }
+
   expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
     if (lost_) return lost_error();
     tensor_map out;
@@ -246,7 +267,7 @@ class vulkan_executor final : public executor {
 
   expected<param*> parameter(const std::string& name, dtype t, const shape& dims) {
     if (auto it = params_.find(name); it != params_.end()) return &it->second;
-    auto a = device_pool_.allocate(bytes_of(node{op_kind::parameter, t, dims, {}, {}}));
+    auto a = device_pool_.allocate(buffer_bytes(node{op_kind::parameter, t, dims, {}, {}}));
     if (!a) return tl::unexpected(a.error());
     auto& pr = params_[name];
     pr = param{t, dims, *a};
@@ -303,15 +324,25 @@ class vulkan_executor final : public executor {
     return {};
   }
 
-  expected<void> upload(const allocation& dst, const std::vector<uint8_t>& bytes) {
+  /// Copies `bytes` into `dst`: straight into the mapping when device memory is host-visible
+  /// (lavapipe, integrated GPUs, ReBAR), else through staging chunks of at most upload_chunk.
+  expected<void> upload(const allocation& dst, std::span<const uint8_t> bytes) {
     if (bytes.empty()) return {};
-    auto st = host_pool_.allocate(bytes.size());
+    if (dst.mapped) {
+      std::memcpy(dst.mapped, bytes.data(), bytes.size());
+      return {};
+    }
+    auto st = host_pool_.allocate(std::min<uint64_t>(bytes.size(), upload_chunk));
     if (!st) return tl::unexpected(st.error());
-    std::memcpy(st->mapped, bytes.data(), bytes.size());
-    auto ok = one_shot([&](VkCommandBuffer cmd) {
-      VkBufferCopy c{st->range.offset, dst.range.offset, bytes.size()};
-      vkCmdCopyBuffer(cmd, st->buffer, dst.buffer, 1, &c);
-    });
+    expected<void> ok;
+    for (uint64_t off = 0; off < bytes.size() && ok; off += upload_chunk) {
+      const uint64_t len = std::min<uint64_t>(bytes.size() - off, upload_chunk);
+      std::memcpy(st->mapped, bytes.data() + off, len);
+      ok = one_shot([&](VkCommandBuffer cmd) {
+        VkBufferCopy c{st->range.offset, dst.range.offset + off, len};
+        vkCmdCopyBuffer(cmd, st->buffer, dst.buffer, 1, &c);
+      });
+    }
     host_pool_.release(*st);
     return ok;
   }
@@ -327,6 +358,13 @@ class vulkan_executor final : public executor {
     if (ok) std::memcpy(bytes.data(), st->mapped, bytes.size());
     host_pool_.release(*st);
     return ok;
+  }
+
+  /// An update whose value already lives in its target's buffer: a parameter kept as it is, or a
+  /// kv_write (its buffer is the cache's): nothing to copy.
+  static bool in_place(const program& pr, const update& up) {
+    const auto &v = pr.views[up.value], &t = pr.views[up.target];
+    return up.value == up.target || (v.buffer == t.buffer && v.range.offset == t.range.offset);
   }
 
   expected<void> build(program& pr, const graph& g) {
@@ -345,6 +383,10 @@ class vulkan_executor final : public executor {
         return make_error(error_code::limit_exceeded, "node %" + std::to_string(id) + " needs " + std::to_string(bytes_of(x)) +
                                                           " bytes, over this device's storage buffer range of " +
                                                           std::to_string(max_range));
+      if (x.op == op_kind::kv_write) {  // writes its cache in place: the parameter's buffer (validate())
+        pr.views[id] = pr.views[x.inputs[0]];
+        continue;
+      }
       if (x.op == op_kind::parameter) {
         if (auto it = params_.find(x.attrs.name); it != params_.end() && (it->second.type != x.type || it->second.dims != x.dims))
           return make_error(error_code::shape_mismatch, "parameter \"" + x.attrs.name + "\" is " + mesh::to_string(it->second.type) +
@@ -355,7 +397,7 @@ class vulkan_executor final : public executor {
         pr.views[id] = (*prm)->buffer;
         continue;
       }
-      auto a = device_pool_.allocate(bytes_of(x));
+      auto a = device_pool_.allocate(buffer_bytes(x));
       if (!a) return tl::unexpected(a.error());
       pr.owned[id] = *a;
       pr.views[id] = *a;
@@ -378,10 +420,10 @@ class vulkan_executor final : public executor {
     };
     for (size_t u = 0; u < g.updates.size(); ++u) {
       const auto& up = g.updates[u];
-      if (up.value == up.target || !bytes_of(g[up.value])) continue;
+      if (in_place(pr, up) || !bytes_of(g[up.value])) continue;
       bool hazard = false;
       for (const auto& other : g.updates)
-        if (other.value != other.target && overlaps(pr.views[up.value], pr.views[other.target])) hazard = true;
+        if (!in_place(pr, other) && overlaps(pr.views[up.value], pr.views[other.target])) hazard = true;
       if (!hazard) continue;
       auto a = device_pool_.allocate(bytes_of(g[up.value]));
       if (!a) return tl::unexpected(a.error());
@@ -584,7 +626,7 @@ class vulkan_executor final : public executor {
     for (size_t u = 0; u < g.updates.size(); ++u) {
       const auto& up = g.updates[u];
       const uint64_t size = bytes_of(g[up.value]);
-      if (!size || up.value == up.target) continue;
+      if (!size || in_place(pr, up)) continue;
       const auto& src = pr.update_stash[u] ? *pr.update_stash[u] : pr.views[up.value];
       const auto& dst = pr.views[up.target];
       VkBufferCopy c{src.range.offset, dst.range.offset, size};

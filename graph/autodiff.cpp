@@ -52,6 +52,20 @@ expr vjp(builder& b, const node& n, node_index y_id, int k, const expr& g, sourc
     }
     case op_kind::select: return k == 1 ? select(in(0), g, 0.0) : select(in(0), 0.0, g);
     case op_kind::matmul: return k == 0 ? matmul(g, transpose(in(1), loc), loc) : matmul(transpose(in(0), loc), g, loc);
+    case op_kind::linear: {
+      const expr w = in(1);
+      if (k == 0) {
+        // dy [..., n] @ w [n, k]: a linear with w^T as its weight; a quantized w is dequantized
+        // (cast) first, since only linear reads blocks and it contracts their other axis.
+        const expr wf = is_quantized(w.type()) ? cast(w, g.type(), loc) : w;
+        return linear(g, transpose(wf, loc), loc);
+      }
+      // dy^T x summed over the batch dims: [n, rows] x [rows, k], in w's dtype.
+      const int64_t n_out = w.dims()[0], kd = w.dims()[1];
+      const expr g2 = reshape(g, {-1, n_out}, loc), x2 = reshape(x, {-1, kd}, loc);
+      const expr dw = matmul(transpose(g2, loc), x2, loc);
+      return dw.type() == w.type() ? dw : cast(dw, w.type(), loc);
+    }
     case op_kind::reduce_sum:
     case op_kind::reduce_max: {
       shape kept = x.dims();
@@ -131,8 +145,12 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
   if (!loss.ok()) return std::vector<expr>(wrt.size(), expr(&b, -1));
   if (!loss.dims().empty() || !is_float(loss.type()))
     return poisoned("loss must be a float scalar, got " + std::string(to_string(loss.type())) + to_string(loss.dims()));
-  for (const auto& w : wrt)
+  for (const auto& w : wrt) {
     if (!w.ok() || w.owner() != &b) return poisoned("a variable is invalid or from another builder");
+    if (is_quantized(w.type()))
+      return poisoned("variable %" + std::to_string(w.id()) + " is " + to_string(w.type()) +
+                      ": quantized weights are frozen (no gradient); train float weights or adapters beside them");
+  }
 
   // Only nodes on a path from some variable to the loss need adjoints.
   const node_index end = loss.id() + 1;
@@ -159,6 +177,8 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
       const node_index x = n.inputs[static_cast<size_t>(k)];
       if (!from_wrt[static_cast<size_t>(x)] || !to_loss[static_cast<size_t>(x)]) continue;
       if (!differentiable_input(n, k, b.peek())) continue;
+      if (n.op == op_kind::kv_write)
+        return poisoned("kv_write (node %" + std::to_string(id) + ") is not differentiable: it writes a cache in place");
       expr contribution = vjp(b, n, id, k, g, loc);
       auto prev = adjoint.find(x);
       if (prev == adjoint.end()) adjoint[x] = contribution;

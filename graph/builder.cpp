@@ -266,6 +266,20 @@ expr matmul(const expr& a, const expr& b, source_loc loc) {
   return bld->make(op_kind::matmul, {with_batch(a), with_batch(b)}, {}, {}, loc);
 }
 
+expr linear(const expr& x, const expr& w, source_loc loc) {
+  builder* bld = owner_of({&x, &w});
+  if (!bld) return {};
+  return bld->make(op_kind::linear, {x, w}, {}, {}, loc);
+}
+
+expr kv_write(const expr& cache, const expr& value, const expr& pos, int64_t axis, source_loc loc) {
+  builder* bld = owner_of({&cache, &value, &pos});
+  if (!bld) return {};
+  attributes attrs;
+  attrs.axis = axis < 0 && cache.ok() ? axis + cache.rank() : axis;
+  return bld->make(op_kind::kv_write, {cache, value, pos}, std::move(attrs), {}, loc);
+}
+
 // ---- reductions ----
 
 namespace {

@@ -178,6 +178,18 @@ expr select(const operand& cond, const operand& a, const operand& b);
 
 /// Batched matmul with numpy's rules for the batch dimensions (both operands rank >= 2).
 expr matmul(const expr& a, const expr& b, source_loc loc = source_loc::current());
+/// x [..., k] times w [n, k] transposed -> [..., n] in x's dtype, accumulated in f32: a Linear
+/// layer's weight as HF and GGUF store it. w may be f32, f16, bf16 or quantized (q8_0, q4_0,
+/// q4_k, q6_k), which the kernels dequantize as they read it.
+expr linear(const expr& x, const expr& w, source_loc loc = source_loc::current());
+/// Writes `value` into the KV cache `cache` at [pos, pos + value.dims()[axis]) along `axis`
+/// (negative counts from the end); `pos` is an i32 scalar (e.g. an input). The result is the
+/// whole updated cache, for attention in the same graph to read. The cache must be a parameter
+/// that nothing else reads, and the graph must update it with this result (`b.update(cache,
+/// kv_write(...))`): executors then write only the slice, in place. A slice that does not fit is
+/// an error in evaluate() and is dropped (rows outside the cache) on an executor.
+expr kv_write(const expr& cache, const expr& value, const expr& pos, int64_t axis,
+              source_loc loc = source_loc::current());
 
 // Reductions; negative axes count from the end.
 expr sum(const expr& x, std::vector<int64_t> axes, bool keep_dims = false, source_loc loc = source_loc::current());

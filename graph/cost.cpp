@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "graph/quant.hpp"
+
 namespace mesh {
 
 double usable_rate(double r) { return std::isfinite(r) && r > 1e-9 ? r : 1e-9; }
 
-int64_t result_bytes(const node& n) { return element_count(n.dims) * static_cast<int64_t>(size_of(n.type)); }
+int64_t result_bytes(const node& n) {
+  const int64_t b = byte_size(n.type, n.dims);  // a quantized weight counts at its block size
+  return b >= 0 ? b : element_count(n.dims) * 4;
+}
 
 double node_flops(const graph& g, node_index id) {
   const node& n = g[id];
@@ -33,6 +38,8 @@ double node_flops(const graph& g, node_index id) {
     }
     case op_family::reduce: return static_cast<double>(element_count(g[n.inputs[0]].dims));
     case op_family::gather: return out;
+    case op_family::linear: return 2.0 * out * static_cast<double>(g[n.inputs[0]].dims.back());
+    case op_family::kv_write: return 0;
   }
   return out;
 }
@@ -40,6 +47,8 @@ double node_flops(const graph& g, node_index id) {
 double node_bytes(const graph& g, node_index id) {
   const node& n = g[id];
   if (family_of(n.op) == op_family::leaf) return 0;
+  // kv_write reads the value and writes it into the cache; the rest of the cache is untouched.
+  if (n.op == op_kind::kv_write) return 2.0 * static_cast<double>(result_bytes(g[n.inputs[1]]));
   double b = static_cast<double>(result_bytes(n));
   for (auto i : n.inputs) b += static_cast<double>(result_bytes(g[i]));
   return b;

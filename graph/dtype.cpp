@@ -11,6 +11,10 @@ const char* to_string(dtype t) {
     case dtype::f16: return "f16";
     case dtype::bf16: return "bf16";
     case dtype::i32: return "i32";
+    case dtype::q8_0: return "q8_0";
+    case dtype::q4_0: return "q4_0";
+    case dtype::q4_k: return "q4_k";
+    case dtype::q6_k: return "q6_k";
   }
   return "?";
 }
@@ -70,6 +74,10 @@ double round_to(dtype t, double x) {
       const double lo = std::numeric_limits<int32_t>::min(), hi = std::numeric_limits<int32_t>::max();
       return std::trunc(x < lo ? lo : (x > hi ? hi : x));
     }
+    case dtype::q8_0:
+    case dtype::q4_0:
+    case dtype::q4_k:
+    case dtype::q6_k: return x;
   }
   return x;
 }

@@ -9,17 +9,26 @@
 namespace mesh {
 
 /// The element types a graph can hold. Values are part of the wire format: never renumber.
-enum class dtype : uint8_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3 };
+///
+/// q8_0, q4_0, q4_k and q6_k are ggml's block quantizations, laid out exactly as ggml writes
+/// them (graph/quant.hpp): a tensor of these is rows of whole blocks along its last axis. They
+/// are storage only: a graph holds them in leaves (inputs, parameters) that `linear` reads as
+/// its weight, and nowhere else (validate() refuses other uses).
+enum class dtype : uint8_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, q8_0 = 4, q4_0 = 5, q4_k = 6, q6_k = 7 };
 
-inline constexpr int dtype_count = 4;
+inline constexpr int dtype_count = 8;
 
-/// Bytes per element.
+/// True for the block-quantized dtypes (q8_0, q4_0, q4_k, q6_k).
+inline constexpr bool is_quantized(dtype t) { return t >= dtype::q8_0; }
+
+/// Bytes per element of an element type (f32, f16, bf16, i32). A quantized dtype has no size
+/// per element: use byte_size() (graph/quant.hpp) for a tensor's bytes.
 inline constexpr size_t size_of(dtype t) { return t == dtype::f16 || t == dtype::bf16 ? 2 : 4; }
 
-/// True for f32, f16 and bf16.
-inline constexpr bool is_float(dtype t) { return t != dtype::i32; }
+/// True for f32, f16 and bf16 (not for the quantized dtypes: they are not computed with).
+inline constexpr bool is_float(dtype t) { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
 
-/// "f32", "f16", "bf16", "i32".
+/// "f32", "f16", "bf16", "i32", "q8_0", "q4_0", "q4_k", "q6_k".
 const char* to_string(dtype t);
 
 /// f32 -> IEEE half, round to nearest even (overflow becomes inf, NaN stays NaN).
@@ -42,7 +51,8 @@ inline float bf16_to_float(uint16_t b) {
 }
 
 /// Rounds a value to what `t` can hold (the reference evaluator stores doubles between ops, and
-/// rounds after each op so that it sees what a device storing `t` sees).
+/// rounds after each op so that it sees what a device storing `t` sees). Quantized dtypes are
+/// never computed into: x comes back unchanged.
 double round_to(dtype t, double x);
 
 /// Whether an i32 result of `op` is integer arithmetic, which wraps (add, sub, mul, div, neg,

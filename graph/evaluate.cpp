@@ -226,6 +226,37 @@ expected<values> compute(const graph& g, node_index id, const std::vector<const 
       }
       break;
     }
+    case op_family::linear: {
+      // x [..., k] times w [n, k] transposed; a quantized w arrived dequantized (tensor::to_doubles).
+      const int64_t k = in_dims[0]->back(), nn = n.dims.back(), rows = nn ? count / nn : 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < nn; ++j) {
+          double acc = 0;
+          for (int64_t p = 0; p < k; ++p) acc += (*in[0])[r * k + p] * (*in[1])[j * k + p];
+          out[r * nn + j] = acc;
+        }
+      break;
+    }
+    case op_family::kv_write: {
+      out = *in[0];
+      const shape& vd = *in_dims[1];
+      const auto ax = static_cast<size_t>(n.attrs.axis);
+      const auto pos = static_cast<int64_t>((*in[2])[0]);
+      if (pos < 0 || pos + vd[ax] > n.dims[ax]) {
+        if (indices == index_check::strict && element_count(vd) > 0)
+          return make_error(error_code::invalid_argument,
+                            "kv_write (node " + std::to_string(id) + "): position " + std::to_string(pos) + " + " +
+                                std::to_string(vd[ax]) + " rows does not fit the " + std::to_string(n.dims[ax]) +
+                                " rows of the cache along axis " + std::to_string(ax));
+      }
+      for (int64_t i = 0; i < element_count(vd); ++i) {
+        auto idx = unravel(i, vd);
+        idx[ax] += pos;
+        if (idx[ax] < 0 || idx[ax] >= n.dims[ax]) continue;  // dropped, as on a device
+        out[ravel(idx, n.dims)] = (*in[1])[i];
+      }
+      break;
+    }
   }
   // i32 arithmetic wraps; other i32 results (casts, an empty max) saturate (ops.hpp).
   if (round)
@@ -320,7 +351,13 @@ expected<std::vector<tensor>> evaluate_nodes(const graph& g, const tensor_map& i
   if (!vals) return tl::unexpected(vals.error());
   std::vector<tensor> out;
   out.reserve(vals->size());
-  for (node_index id = 0; id < g.size(); ++id) out.push_back(tensor::from_values(g[id].type, g[id].dims, (*vals)[id]));
+  for (node_index id = 0; id < g.size(); ++id) {
+    const node& n = g[id];
+    if (is_quantized(n.type))  // a leaf: its blocks as bound (encoding its decoded values again would lose more)
+      out.push_back((n.op == op_kind::input ? inputs : params).at(n.attrs.name));
+    else
+      out.push_back(tensor::from_values(n.type, n.dims, (*vals)[id]));
+  }
   return out;
 }
 

@@ -19,7 +19,7 @@ struct attributes {
   std::vector<int64_t> axes;    ///< reduce_*: axes reduced; permute: the permutation
   std::vector<int64_t> starts;  ///< slice: first index per dim
   std::vector<int64_t> stops;   ///< slice: one past the last index per dim
-  int64_t axis = 0;             ///< concat: the axis joined
+  int64_t axis = 0;             ///< concat: the axis joined; kv_write: the axis written along
   compare_kind cmp = compare_kind::eq;  ///< compare
   bool keep_dims = false;               ///< reduce_*: reduced dims stay as size 1
   std::vector<double> values;  ///< constant: one value per element, or a single splat value

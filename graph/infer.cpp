@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "graph/quant.hpp"
+
 namespace mesh {
 namespace {
 
@@ -24,8 +26,10 @@ size_t arity_of(const node& n) {
     case op_family::movement: return 1;
     case op_family::binary:
     case op_family::matmul:
-    case op_family::gather: return 2;
-    case op_family::ternary: return 3;
+    case op_family::gather:
+    case op_family::linear: return 2;
+    case op_family::ternary:
+    case op_family::kv_write: return 3;
   }
   return 0;
 }
@@ -54,7 +58,7 @@ expected<void> check_unused_attrs(const node& n) {
   if (!uses_axes && !a.axes.empty()) return attr_error(n, "unexpected axes attribute");
   if (n.op != op_kind::slice && (!a.starts.empty() || !a.stops.empty()))
     return attr_error(n, "unexpected slice bounds");
-  if (n.op != op_kind::concat && a.axis != 0) return attr_error(n, "unexpected axis attribute");
+  if (n.op != op_kind::concat && n.op != op_kind::kv_write && a.axis != 0) return attr_error(n, "unexpected axis attribute");
   if (n.op != op_kind::compare && a.cmp != compare_kind::eq) return attr_error(n, "unexpected comparison");
   if (n.op != op_kind::reduce_sum && n.op != op_kind::reduce_max && a.keep_dims)
     return attr_error(n, "unexpected keep_dims");
@@ -90,6 +94,16 @@ expected<value_type> infer(const node& n, const std::vector<value_type>& in) {
     return shape_error(n, "invalid result shape " + to_string(n.dims) + " (rank <= " +
                               std::to_string(max_rank) + ", sizes >= 0)");
 
+  // Quantized tensors are storage: leaves hold them, linear reads them as its weight and a cast to
+  // a float dtype dequantizes them (autodiff's d/dx of a linear); nothing else reads or makes one.
+  if (is_quantized(n.type) && n.op != op_kind::input && n.op != op_kind::parameter)
+    return type_error(n, std::string("cannot produce ") + to_string(n.type) +
+                             ": quantized dtypes are only for inputs and parameters (read by linear)");
+  for (size_t j = 0; j < in.size(); ++j)
+    if (is_quantized(in[j].type) && !(n.op == op_kind::linear && j == 1) && !(n.op == op_kind::cast && is_float(n.type)))
+      return type_error(n, "operand " + std::to_string(j) + " is " + to_string(in[j].type) +
+                               ": quantized tensors are read only as the weight of linear or by a cast to a float dtype");
+
   const auto same_type_and_shape = [&](const value_type& a, const value_type& b) -> expected<void> {
     if (a.type != b.type)
       return type_error(n, std::string("operands are ") + to_string(a.type) + " and " + to_string(b.type));
@@ -108,6 +122,8 @@ expected<value_type> infer(const node& n, const std::vector<value_type>& in) {
                                    to_string(n.dims));
       } else if (n.attrs.name.empty()) {
         return attr_error(n, "needs a name");
+      } else if (is_quantized(n.type) && byte_size(n.type, n.dims) < 0) {
+        return shape_error(n, byte_size_problem(n.type, n.dims));
       }
       return value_type{n.type, n.dims};
     }
@@ -239,6 +255,35 @@ expected<value_type> infer(const node& n, const std::vector<value_type>& in) {
         return shape_error(n, "updates " + to_string(upd.dims) + " do not match indices " + to_string(idx.dims) +
                                   " and rows of " + to_string(n.dims));
       return value_type{n.type, n.dims};
+    }
+    case op_family::linear: {
+      const auto &x = in[0], &w = in[1];
+      if (!is_float(x.type)) return type_error(n, std::string("x must be f32, f16 or bf16, got ") + to_string(x.type));
+      if (w.type == dtype::i32) return type_error(n, "w must be a float or quantized dtype, got i32");
+      if (x.dims.empty()) return shape_error(n, "x must have rank >= 1, got a scalar");
+      if (w.dims.size() != 2 || w.dims[1] != x.dims.back())
+        return shape_error(n, "needs x [..., k] and w [n, k], got " + to_string(x.dims) + " and " + to_string(w.dims));
+      shape out = x.dims;
+      out.back() = w.dims[0];
+      return value_type{x.type, out};
+    }
+    case op_family::kv_write: {
+      const auto &cache = in[0], &value = in[1], &pos = in[2];
+      if (is_quantized(cache.type) || cache.type != value.type)
+        return type_error(n, std::string("cache and value must share a dtype, got ") + to_string(cache.type) + " and " +
+                                 to_string(value.type));
+      if (pos.type != dtype::i32 || !pos.dims.empty())
+        return type_error(n, std::string("pos must be an i32 scalar, got ") + to_string(pos.type) + to_string(pos.dims));
+      const int64_t ax = n.attrs.axis;
+      if (ax < 0 || ax >= static_cast<int64_t>(cache.dims.size()))
+        return attr_error(n, "axis " + std::to_string(ax) + " out of range for " + to_string(cache.dims));
+      if (value.dims.size() != cache.dims.size())
+        return shape_error(n, "value " + to_string(value.dims) + " and cache " + to_string(cache.dims) + " differ in rank");
+      for (size_t i = 0; i < cache.dims.size(); ++i)
+        if (static_cast<int64_t>(i) == ax ? value.dims[i] > cache.dims[i] : value.dims[i] != cache.dims[i])
+          return shape_error(n, "value " + to_string(value.dims) + " does not fit cache " + to_string(cache.dims) +
+                                    " along axis " + std::to_string(ax));
+      return cache;
     }
   }
   return make_error(error_code::internal, "infer: unhandled op");

@@ -9,6 +9,7 @@
 /// - elementwise binary ops and select take operands of one shape; the DSL inserts `broadcast`
 ///   nodes following numpy's rules;
 /// - matmul takes [..., m, k] x [..., k, n] with equal batch dimensions;
+/// - quantized dtypes appear only in leaves, read by linear's weight operand;
 /// - the output shape and dtype of every node are stored in the node and re-inferred by validate().
 ///
 /// Integer semantics (every back end computes them alike): i32 arithmetic (add, sub, mul, neg,
@@ -68,15 +69,24 @@ enum class op_kind : uint8_t {
   concat = 31,     ///< along attrs.axis; any number of inputs >= 1
   gather = 32,     ///< gather(table [v, ...], idx i32 [...]) -> [idx..., ...] (rows of table)
   scatter_add = 33,  ///< scatter_add(idx i32 [...], updates [idx..., ...]) -> node's shape [v, ...]
+  // Model inference.
+  /// linear(x [..., k], w [n, k]) -> [..., n]: x times w transposed (HF Linear's and ggml's weight
+  /// layout), f32 accumulation, result in x's (float) dtype. w may be f32, f16, bf16 or quantized
+  /// (q8_0, q4_0, q4_k, q6_k: dequantized inside the kernel; the only reader of quantized tensors).
+  linear = 34,
+  /// kv_write(cache [..., L, ...], value [..., t, ...], pos i32 []) -> cache with value written at
+  /// [pos, pos + t) of attrs.axis. The cache must be a parameter read by nothing else, and the
+  /// graph must update that parameter with this node: executors write the slice in place.
+  kv_write = 35,
 };
 
-inline constexpr int op_count = 34;
+inline constexpr int op_count = 36;
 
 /// The comparison made by op_kind::compare. Values are part of the wire format.
 enum class compare_kind : uint8_t { eq = 0, ne = 1, lt = 2, le = 3, gt = 4, ge = 5 };
 
 /// Broad families of ops, used by the validator, autodiff and the kernel compiler.
-enum class op_family { leaf, unary, binary, ternary, matmul, reduce, movement, gather };
+enum class op_family { leaf, unary, binary, ternary, matmul, reduce, movement, gather, linear, kv_write };
 
 op_family family_of(op_kind op);
 

@@ -12,6 +12,7 @@ const char* st_name(dtype t) {
     case dtype::f16: return "F16";
     case dtype::bf16: return "BF16";
     case dtype::i32: return "I32";
+    default: break;  // safetensors has no block-quantized dtypes: such a tensor reads back as an error
   }
   return "?";
 }

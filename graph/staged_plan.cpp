@@ -1,11 +1,13 @@
 #include "graph/staged_plan.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <map>
 #include <set>
 
 #include "graph/cost.hpp"
+#include "graph/quant.hpp"
 #include "graph/validate.hpp"
 
 namespace mesh {
@@ -63,6 +65,11 @@ expected<std::vector<bool>> batched_nodes(const graph& g, int64_t batch) {
         if (n.op == op_kind::scatter_add) return tl::unexpected(mixing(id, n, "adds rows together"));
         if (in[0]) return tl::unexpected(mixing(id, n, "gathers from a table with batch rows"));
         break;
+      case op_family::linear:
+        if (in[1]) return tl::unexpected(mixing(id, n, "contracts the batch axis (its weight has batch rows)"));
+        if (n.dims.size() < 2) return tl::unexpected(mixing(id, n, "contracts the batch axis (x has rank 1)"));
+        break;
+      case op_family::kv_write: return tl::unexpected(mixing(id, n, "writes batch rows into a cache held whole"));
     }
     batched[static_cast<size_t>(id)] = true;
   }
@@ -317,9 +324,11 @@ tensor slice_tensor(const tensor& t, int axis, int64_t begin, int64_t end) {
   s.type = t.type;
   s.dims = t.dims;
   s.dims[static_cast<size_t>(axis)] = end - begin;
-  int64_t outer = 1, inner = static_cast<int64_t>(size_of(t.type));
+  // Bytes of one index of `axis`: a quantized tensor's rows are whole (it is cut across rows only).
+  const shape trailing(t.dims.begin() + axis + 1, t.dims.end());
+  assert(!is_quantized(t.type) || !trailing.empty());
+  int64_t outer = 1, inner = byte_size(t.type, trailing);
   for (int a = 0; a < axis; ++a) outer *= t.dims[static_cast<size_t>(a)];
-  for (size_t a = static_cast<size_t>(axis) + 1; a < t.dims.size(); ++a) inner *= t.dims[a];
   const int64_t span = t.dims[static_cast<size_t>(axis)];
   const auto row = static_cast<size_t>((end - begin) * inner);
   s.bytes.resize(static_cast<size_t>(outer) * row);

@@ -6,19 +6,32 @@
 #include <cstring>
 #include <limits>
 
+#include "graph/quant.hpp"
+
 namespace mesh {
 
 tensor tensor::zeros(dtype t, shape s) {
   tensor x;
   x.type = t;
   x.dims = std::move(s);
-  x.bytes.assign(static_cast<size_t>(element_count(x.dims)) * size_of(t), 0);
+  const int64_t bytes = byte_size(t, x.dims);
+  assert(bytes >= 0);
+  x.bytes.assign(static_cast<size_t>(std::max<int64_t>(bytes, 0)), 0);
   return x;
 }
 
 tensor tensor::from_values(dtype t, shape s, const std::vector<double>& values) {
   tensor x = zeros(t, std::move(s));
   assert(static_cast<int64_t>(values.size()) == x.size());
+  if (is_quantized(t)) {
+    const int64_t k = x.dims.back(), rows = k ? x.size() / k : 0, rb = *row_bytes(t, k);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < k; ++c) row[static_cast<size_t>(c)] = static_cast<float>(values[static_cast<size_t>(r * k + c)]);
+      (void)quantize_row(t, row, {x.bytes.data() + r * rb, static_cast<size_t>(rb)});
+    }
+    return x;
+  }
   for (size_t i = 0; i < values.size(); ++i) x.set(static_cast<int64_t>(i), values[i]);
   return x;
 }
@@ -40,6 +53,10 @@ tensor tensor::from_ints(shape s, const std::vector<int32_t>& values) {
 tensor tensor::scalar(double value, dtype t) { return from_values(t, {}, {value}); }
 
 double tensor::at(int64_t i) const {
+  if (is_quantized(type)) {
+    const int64_t k = dims.back();
+    return dequantize_element(type, bytes.data() + i / k * *row_bytes(type, k), i % k);
+  }
   const uint8_t* p = bytes.data() + i * static_cast<int64_t>(size_of(type));
   switch (type) {
     case dtype::f32: {
@@ -58,11 +75,12 @@ double tensor::at(int64_t i) const {
       std::memcpy(&h, p, 2);
       return type == dtype::f16 ? half_to_float(h) : bf16_to_float(h);
     }
+    default: return 0;
   }
-  return 0;
 }
 
 void tensor::set(int64_t i, double v) {
+  assert(!is_quantized(type));
   uint8_t* p = bytes.data() + i * static_cast<int64_t>(size_of(type));
   switch (type) {
     case dtype::f32: {
@@ -82,19 +100,47 @@ void tensor::set(int64_t i, double v) {
       std::memcpy(p, &h, 2);
       return;
     }
+    default: return;
   }
 }
 
 std::vector<double> tensor::to_doubles() const {
   std::vector<double> out(static_cast<size_t>(size()));
+  if (is_quantized(type)) {  // row by row: at() would decode a whole block per element
+    const int64_t k = dims.back(), rows = k ? size() / k : 0, rb = *row_bytes(type, k);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < rows; ++r) {
+      (void)dequantize_row(type, {bytes.data() + r * rb, static_cast<size_t>(rb)}, row);
+      std::copy(row.begin(), row.end(), out.begin() + r * k);
+    }
+    return out;
+  }
   for (int64_t i = 0; i < size(); ++i) out[static_cast<size_t>(i)] = at(i);
   return out;
 }
 
 std::vector<float> tensor::to_floats() const {
+  if (is_quantized(type)) {
+    const auto d = to_doubles();
+    return std::vector<float>(d.begin(), d.end());
+  }
   std::vector<float> out(static_cast<size_t>(size()));
   for (int64_t i = 0; i < size(); ++i) out[static_cast<size_t>(i)] = static_cast<float>(at(i));
   return out;
+}
+
+expected<void> tensor_view::check() const {
+  const int64_t want = static_cast<int>(type) < dtype_count ? byte_size(type, dims, std::numeric_limits<int64_t>::max() / 16) : -1;
+  if (want < 0) {  // tensor::check() names what is wrong with the dtype or the shape
+    tensor meta;
+    meta.type = type;
+    meta.dims = dims;
+    return meta.check();
+  }
+  if (static_cast<uint64_t>(want) != bytes.size())
+    return make_error(error_code::invalid_argument, "tensor " + to_string(dims) + " of " + mesh::to_string(type) + " needs " +
+                                                        std::to_string(want) + " bytes, has " + std::to_string(bytes.size()));
+  return {};
 }
 
 expected<void> tensor::check() const {
@@ -107,11 +153,12 @@ expected<void> tensor::check() const {
     if (d < 0) return make_error(error_code::invalid_argument, "negative dimension in " + to_string(dims));
   const int64_t n = bounded_element_count(dims, std::numeric_limits<int64_t>::max() / 16);
   if (n < 0) return make_error(error_code::limit_exceeded, "tensor " + to_string(dims) + " is too large");
-  if (static_cast<int64_t>(bytes.size()) != n * static_cast<int64_t>(size_of(type)))
+  const int64_t want = byte_size(type, dims, std::numeric_limits<int64_t>::max() / 16);
+  if (want < 0) return make_error(error_code::invalid_argument, byte_size_problem(type, dims));
+  if (static_cast<int64_t>(bytes.size()) != want)
     return make_error(error_code::invalid_argument,
-                      "tensor " + to_string(dims) + " of " + mesh::to_string(type) + " needs " +
-                          std::to_string(n * static_cast<int64_t>(size_of(type))) + " bytes, has " +
-                          std::to_string(bytes.size()));
+                      "tensor " + to_string(dims) + " of " + mesh::to_string(type) + " needs " + std::to_string(want) +
+                          " bytes, has " + std::to_string(bytes.size()));
   return {};
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "graph/infer.hpp"
+#include "graph/quant.hpp"
 
 namespace mesh {
 namespace {
@@ -12,6 +13,32 @@ namespace {
 tl::unexpected<error> at_node(node_index id, const node& n, error e) {
   e.message = "node %" + std::to_string(id) + " (" + std::string(to_string(n.op)) + "): " + e.message;
   return tl::unexpected(std::move(e));
+}
+
+/// kv_write writes its cache in place, so the cache is a parameter that nothing else reads (no
+/// other node, no output: they would see the cache half-written) and that the graph updates with
+/// the kv_write's result (the in-place write is then exactly the update).
+expected<void> check_kv_writes(const graph& g) {
+  std::vector<int> readers(g.nodes.size(), 0);
+  for (const auto& n : g.nodes)
+    for (auto i : n.inputs) ++readers[static_cast<size_t>(i)];
+  for (const auto& o : g.outputs) ++readers[static_cast<size_t>(o.id)];
+  for (node_index id = 0; id < g.size(); ++id) {
+    const node& n = g[id];
+    if (n.op != op_kind::kv_write) continue;
+    const node_index cache = n.inputs[0];
+    if (g[cache].op != op_kind::parameter)
+      return at_node(id, n, {error_code::invalid_graph, "the cache (%" + std::to_string(cache) + ") must be a parameter"});
+    if (readers[static_cast<size_t>(cache)] != 1)
+      return at_node(id, n, {error_code::invalid_graph, "the cache parameter \"" + g[cache].attrs.name +
+                                                           "\" is read by another node or returned: kv_write writes it in place"});
+    bool updated = false;
+    for (const auto& u : g.updates) updated = updated || (u.target == cache && u.value == id);
+    if (!updated)
+      return at_node(id, n, {error_code::invalid_graph, "the graph must update parameter \"" + g[cache].attrs.name +
+                                                           "\" with this kv_write (it is written in place)"});
+  }
+  return {};
 }
 
 }  // namespace
@@ -37,7 +64,9 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
     if (count < 0)
       return at_node(id, n, {error_code::limit_exceeded, "shape " + to_string(n.dims) + " is negative or exceeds " +
                                                              std::to_string(limits.max_elements) + " elements"});
-    total_bytes += count * static_cast<int64_t>(size_of(static_cast<int>(n.type) < dtype_count ? n.type : dtype::f32));
+    // A quantized shape that does not hold whole blocks is infer()'s error; count it as f32 here.
+    const int64_t bytes = byte_size(n.type, n.dims);
+    total_bytes += bytes >= 0 ? bytes : count * 4;
     if (total_bytes > limits.max_total_bytes)
       return at_node(id, n, {error_code::limit_exceeded, "graph needs more than " + std::to_string(limits.max_total_bytes) + " bytes"});
     std::vector<value_type> in;
@@ -67,6 +96,9 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
       return make_error(error_code::invalid_graph, "output \"" + o.name + "\" refers to missing node %" + std::to_string(o.id));
     if (o.name.empty() || !output_names.insert(o.name).second)
       return make_error(error_code::invalid_graph, "output name \"" + o.name + "\" is empty or used twice");
+    if (is_quantized(g[o.id].type))
+      return at_node(o.id, g[o.id], {error_code::dtype_mismatch, "output \"" + o.name + "\" is " + to_string(g[o.id].type) +
+                                                                     ": quantized tensors are read only by linear, never returned"});
   }
   std::set<node_index> updated;
   for (const auto& u : g.updates) {
@@ -80,8 +112,10 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
                                                         to_string(v.dims) + ", parameter is " + to_string(t.type) + to_string(t.dims));
     if (!updated.insert(u.target).second)
       return make_error(error_code::invalid_graph, "parameter \"" + t.attrs.name + "\" is updated twice");
+    if (is_quantized(t.type))
+      return make_error(error_code::dtype_mismatch, "update of \"" + t.attrs.name + "\": quantized parameters are frozen");
   }
-  return {};
+  return check_kv_writes(g);
 }
 
 }  // namespace mesh

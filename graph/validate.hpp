@@ -23,7 +23,9 @@ struct graph_limits {
 /// Checks every rule of the IR: ops and dtypes known; each input precedes its user (so no cycles);
 /// arity, attributes, dtypes and shapes as infer() derives them; sizes within `limits`; leaf names
 /// non-empty and unique; outputs and updates refer to valid nodes (updates: a parameter and a value
-/// of its dtype and shape, each parameter at most once). The error names the node and the rule.
+/// of its dtype and shape, each parameter at most once); quantized dtypes only in leaves read by
+/// linear or a cast, never returned or updated; a kv_write's cache a parameter that nothing else
+/// reads, updated with the kv_write (it is written in place). The error names the node and the rule.
 expected<void> validate(const graph& g, const graph_limits& limits = {});
 
 }  // namespace mesh

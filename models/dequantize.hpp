@@ -1,7 +1,8 @@
 #pragma once
-/// The CPU reference for reading tensor bytes as floats: every tensor_type, one row at a time.
-/// Device kernels that read quantized blocks are tested against this; it favours being obviously
-/// the format's definition over being fast.
+/// Reading tensor bytes as floats: every tensor_type, one row at a time. The block decoding is
+/// graph/quant.hpp's (the reference the executors' kernels are tested against; graph/ cannot
+/// depend on this layer); this layer's tests check it against a numpy implementation of ggml's
+/// definitions (tests/models/test_dequantize.cpp).
 ///
 /// The blocks, as ggml's quantizers write them (ggml/src/ggml-quants.c), element i of a block:
 /// - Q8_0: x[i] = d * q[i], q int8.

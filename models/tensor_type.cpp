@@ -5,26 +5,26 @@
 #include <limits>
 #include <string>
 
+#include "graph/quant.hpp"
+
 namespace mesh::models {
 namespace {
 
 struct type_info {
   tensor_type type;
   const char* name;
-  int64_t elements;
-  int64_t bytes;
   uint32_t gguf;
 };
 
 // Indexed by the enum's value.
 constexpr std::array<type_info, tensor_type_count> types = {{
-    {tensor_type::f32, "F32", 1, 4, 0},
-    {tensor_type::f16, "F16", 1, 2, 1},
-    {tensor_type::bf16, "BF16", 1, 2, 30},
-    {tensor_type::q8_0, "Q8_0", 32, 2 + 32, 8},
-    {tensor_type::q4_0, "Q4_0", 32, 2 + 16, 2},
-    {tensor_type::q4_k, "Q4_K", 256, 2 + 2 + 12 + 128, 12},
-    {tensor_type::q6_k, "Q6_K", 256, 128 + 64 + 16 + 2, 14},
+    {tensor_type::f32, "F32", 0},
+    {tensor_type::f16, "F16", 1},
+    {tensor_type::bf16, "BF16", 30},
+    {tensor_type::q8_0, "Q8_0", 8},
+    {tensor_type::q4_0, "Q4_0", 2},
+    {tensor_type::q4_k, "Q4_K", 12},
+    {tensor_type::q6_k, "Q6_K", 14},
 }};
 
 const type_info& info(tensor_type t) { return types[static_cast<size_t>(t)]; }
@@ -40,20 +40,35 @@ constexpr std::array<const char*, 40> ggml_names = {
 
 }  // namespace
 
-int64_t block_elements(tensor_type t) { return info(t).elements; }
-int64_t block_bytes(tensor_type t) { return info(t).bytes; }
-bool is_quantized(tensor_type t) { return info(t).elements > 1; }
+dtype to_dtype(tensor_type t) {
+  switch (t) {
+    case tensor_type::f32: return dtype::f32;
+    case tensor_type::f16: return dtype::f16;
+    case tensor_type::bf16: return dtype::bf16;
+    case tensor_type::q8_0: return dtype::q8_0;
+    case tensor_type::q4_0: return dtype::q4_0;
+    case tensor_type::q4_k: return dtype::q4_k;
+    case tensor_type::q6_k: return dtype::q6_k;
+  }
+  return dtype::f32;
+}
+
+// The block layout is graph/quant.hpp's; this layer adds ggml's names and type numbers.
+int64_t block_elements(tensor_type t) { return mesh::block_elements(to_dtype(t)); }
+int64_t block_bytes(tensor_type t) { return mesh::block_bytes(to_dtype(t)); }
+bool is_quantized(tensor_type t) { return mesh::is_quantized(to_dtype(t)); }
 
 expected<int64_t> row_bytes(tensor_type t, int64_t n) {
   const auto& i = info(t);
+  const int64_t elements = block_elements(t), bytes = block_bytes(t);
   if (n < 0) return make_error(error_code::invalid_argument, "a row of " + std::to_string(n) + " elements is negative");
-  if (n % i.elements != 0)
+  if (n % elements != 0)
     return make_error(error_code::invalid_argument, "a row of " + std::to_string(n) + " " + i.name + " elements is not a whole number of " +
-                                                        std::to_string(i.elements) + "-element blocks");
-  const int64_t blocks = n / i.elements;
-  if (blocks > std::numeric_limits<int64_t>::max() / i.bytes)
+                                                        std::to_string(elements) + "-element blocks");
+  const int64_t blocks = n / elements;
+  if (blocks > std::numeric_limits<int64_t>::max() / bytes)
     return make_error(error_code::invalid_argument, "a row of " + std::to_string(n) + " " + i.name + " elements has more bytes than int64 holds");
-  return blocks * i.bytes;
+  return blocks * bytes;
 }
 
 const char* to_string(tensor_type t) { return info(t).name; }

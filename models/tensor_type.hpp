@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "base/error.hpp"
+#include "graph/dtype.hpp"
 
 namespace mesh::models {
 
@@ -29,6 +30,10 @@ namespace mesh::models {
 enum class tensor_type : uint8_t { f32, f16, bf16, q8_0, q4_0, q4_k, q6_k };
 
 inline constexpr int tensor_type_count = 7;
+
+/// The graph dtype of the same name and layout (f32 -> dtype::f32, q4_k -> dtype::q4_k, ...): a
+/// checkpoint tensor's bytes are a graph tensor's bytes, handed to an executor as they lie.
+dtype to_dtype(tensor_type t);
 
 /// Elements per block (1 for the float types).
 int64_t block_elements(tensor_type t);

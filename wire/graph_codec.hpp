@@ -9,7 +9,7 @@
 
 namespace mesh {
 
-constexpr uint8_t enum_limit(dtype) { return 4; }
+constexpr uint8_t enum_limit(dtype) { return static_cast<uint8_t>(dtype_count); }
 constexpr uint8_t enum_limit(op_kind) { return static_cast<uint8_t>(op_count); }
 constexpr uint8_t enum_limit(compare_kind) { return 6; }
 constexpr uint8_t enum_limit(strategy) { return 4; }

@@ -225,6 +225,52 @@ TEST_CASE("gradients of the composites", "[graph][autodiff]") {
   }
 }
 
+TEST_CASE("gradients of linear: d/dx = dy @ w, d/dw = dy^T x over the batch dims", "[graph][autodiff][linear]") {
+  SECTION("f32 weight, batch dims") {
+    builder b;
+    auto x = b.input("x", dtype::f32, {2, 3, 4});
+    auto w = b.input("w", dtype::f32, {5, 4});
+    check_gradients(b, linear(x, w), {x, w});
+  }
+  SECTION("one row, with an epilogue") {
+    builder b;
+    auto x = b.input("x", dtype::f32, {7});
+    auto w = b.input("w", dtype::f32, {3, 7});
+    check_gradients(b, tanh(linear(x, w)), {x, w});
+  }
+  SECTION("a quantized weight is dequantized for d/dx (its values given exactly here)") {
+    builder b;
+    auto x = b.input("x", dtype::f32, {2, 32});
+    b.parameter("w", dtype::q8_0, {3, 32});
+    check_gradients(b, linear(x, b.at(1)), {x});
+  }
+}
+
+TEST_CASE("gradients refuse quantized weights and kv_write", "[graph][autodiff]") {
+  {
+    builder b;
+    auto x = b.input("x", dtype::f32, {1, 32});
+    auto w = b.parameter("w", dtype::q4_0, {2, 32});
+    auto gs = gradients(sum_all(linear(x, w)), {w});
+    CHECK_FALSE(gs[0].ok());
+    auto g = b.finish();
+    REQUIRE_FALSE(g);
+    CHECK(g.error().message.find("is q4_0: quantized weights are frozen") != std::string::npos);
+  }
+  {
+    builder b;
+    auto cache = b.parameter("cache", dtype::f32, {4, 2});
+    auto v = b.input("v", dtype::f32, {1, 2});
+    auto kv = kv_write(cache, v, b.input("pos", dtype::i32, {}), 0);
+    b.update(cache, kv);
+    auto gs = gradients(sum_all(kv * kv), {v});
+    CHECK_FALSE(gs[0].ok());
+    auto g = b.finish();
+    REQUIRE_FALSE(g);
+    CHECK(g.error().message.find("kv_write (node %3) is not differentiable") != std::string::npos);
+  }
+}
+
 TEST_CASE("gradients reject a non-scalar loss and give zeros for unused variables", "[graph][autodiff]") {
   builder b;
   auto x = b.input("x", dtype::f32, {3});

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "graph/builder.hpp"
 #include "graph/validate.hpp"
 #include "wire/wire_graph.hpp"
 #include "../graph/random_graph.hpp"
@@ -98,4 +99,85 @@ TEST_CASE("oversized graphs and absurd lengths are rejected without allocating t
   auto t = decode_wire_graph(bad->data(), bad->size());
   REQUIRE_FALSE(t);
   CHECK(t.error().message.find("tensor \"x\"") != std::string::npos);
+}
+
+namespace {
+/// A decode step: a quantized weight read by linear, a kv_write into a cache, and the weight's
+/// blocks among the tensors.
+wire_graph inference_sample() {
+  builder b;
+  auto x = b.input("x", dtype::f32, {1, 64});
+  auto w = b.parameter("w", dtype::q4_0, {3, 64});
+  auto cache = b.parameter("cache", dtype::f16, {4, 3});
+  auto pos = b.input("pos", dtype::i32, {});
+  auto y = linear(x, w);
+  auto kv = kv_write(cache, reshape(cast(y, dtype::f16), {1, 3}), pos, 0);
+  b.update(cache, kv);
+  b.output("y", sum_all(cast(kv, dtype::f32)));
+  auto g = b.finish();
+  REQUIRE(g);
+  wire_graph out{*g, {}};
+  std::vector<double> values(192);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01 * static_cast<double>(i) - 0.9;
+  out.tensors["w"] = tensor::from_values(dtype::q4_0, {3, 64}, values);
+  out.tensors["k6"] = tensor::from_values(dtype::q6_k, {1, 256}, std::vector<double>(256, 0.25));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("quantized tensors, linear and kv_write round-trip through WireGraph", "[wire][graph][quant]") {
+  const wire_graph w = inference_sample();
+  auto bytes = encode(w);
+  REQUIRE(bytes);
+  auto back = decode_wire_graph(bytes->data(), bytes->size());
+  INFO((back ? std::string() : back.error().to_string()));
+  REQUIRE(back);
+  CHECK(*back == w);
+  for (size_t n = 0; n < bytes->size(); n += 7) REQUIRE_FALSE(decode_wire_graph(bytes->data(), n));
+}
+
+TEST_CASE("hostile WireGraphs with quantized tensors are refused", "[wire][graph][quant]") {
+  {  // a block short
+    wire_graph w = inference_sample();
+    w.tensors["w"].bytes.resize(w.tensors["w"].bytes.size() - 18);
+    auto bytes = encode(w);
+    REQUIRE(bytes);
+    auto r = decode_wire_graph(bytes->data(), bytes->size());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message == "WireGraph tensor \"w\": tensor [3,64] of q4_0 needs 108 bytes, has 90");
+  }
+  {  // a shape that is not whole blocks
+    wire_graph w = inference_sample();
+    w.tensors["k6"].dims = {2, 128};
+    auto bytes = encode(w);
+    REQUIRE(bytes);
+    auto r = decode_wire_graph(bytes->data(), bytes->size());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message.find("not a multiple of the 256-element block") != std::string::npos);
+  }
+  {  // a quantized leaf of a shape without whole blocks, and one used by an elementwise op
+    wire_graph w = inference_sample();
+    w.g.nodes[1].dims = {3, 48};
+    auto bytes = encode(w);
+    REQUIRE(bytes);
+    auto r = decode_wire_graph(bytes->data(), bytes->size());
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message.find("node %1 (parameter)") == 0);
+    wire_graph e = inference_sample();
+    e.g.nodes[4].op = op_kind::add;  // linear(x, w) -> add(x, w)
+    auto eb = encode(e);
+    REQUIRE(eb);
+    auto er = decode_wire_graph(eb->data(), eb->size());
+    REQUIRE_FALSE(er);
+    CHECK(er.error().message.find("node %4 (add)") == 0);
+  }
+  {  // dtype values past the last one
+    wire_graph w = inference_sample();
+    auto bytes = encode(w);
+    REQUIRE(bytes);
+    // The first node's dtype byte follows magic, version, node count and its op byte.
+    REQUIRE((*bytes)[13] == static_cast<char>(dtype::f32));
+    (*bytes)[13] = static_cast<char>(dtype_count);
+    REQUIRE_FALSE(decode_wire_graph(bytes->data(), bytes->size()));
+  }
 }

@@ -1,0 +1,132 @@
+// linear (x [..., k] times w [n, k] transposed, w of any float or quantized dtype) and kv_write.
+//
+// linear takes one of two paths by the rows of x:
+// - at most matvec_max_rows rows (decode: a token at a time): `lmv`, a matrix-vector kernel. It is
+//   memory bound on the weight, so each weight row is read once, by one subgroup (or, without
+//   subgroup arithmetic, one 64-thread workgroup): lanes take 32-element chunks in turn (a quantized
+//   chunk is decoded in registers from whole words, one block header per chunk), multiply them
+//   with every row of x, and the partial sums are added by subgroupAdd (or a shared-memory tree);
+//   one lane runs the epilogue and stores.
+// - more rows (prefill): the tiled f32-math matmul kernels (glsl_matmul.cpp) with the weight read
+//   transposed through its decoder, element by element into the shared tiles.
+#include <algorithm>
+
+#include "graph/quant.hpp"
+#include "gpu/glsl_emitter.hpp"
+#include "gpu/glsl_kernels.hpp"
+
+namespace mesh::gpu::detail {
+namespace {
+
+kernel_source matvec(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const node& lin = g[k.anchor];
+  const node_index x = lin.inputs[0], w = lin.inputs[1];
+  const int64_t kd = g[x].dims.back(), n = lin.dims.back(), m = n ? element_count(lin.dims) / n : 0;
+  // Quantized tensors are leaves, so always in a buffer; chunks need k a multiple of 32.
+  const bool quant = is_quantized(g[w].type);
+  const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= 128 && caps.variants.matvec != "shared";
+  const uint32_t local = sg ? std::max<uint32_t>(128, caps.subgroup_size) : 64;
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string lx = loader(e, "load_x", x);
+  const std::string wb = quant ? "b" + std::to_string(e.bind(w)) : "";
+  const std::string lw = quant ? "" : loader(e, "load_w", w);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[mi]"); });
+
+  const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
+  std::string src = sg ? "" : "shared float red[64];\n";
+  src += lx + lw + "void main() {\n";
+  if (sg) {
+    // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
+    src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
+    src += "  for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < " + u(n) +
+           "; row += gl_NumWorkGroups.x * gl_NumSubgroups) {\n";
+  } else {
+    src += "  const uint lane = gl_LocalInvocationID.x, lanes = 64u;\n";
+    src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
+  }
+  src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
+  if (quant) {
+    src += "    for (uint c = lane; c < " + u(kd / 32) + "; c += lanes) {\n      float v[32];\n      " + wb + "_chunk(row, c, v);\n";
+    src += "      " + mloop + "{\n        uint base = mi * " + u(kd) + " + c * 32u;\n        float s = 0.0;\n";
+    src += "        [[unroll]] for (uint j = 0u; j < 32u; ++j) s = fma(v[j], load_x(base + j), s);\n        acc[mi] += s;\n      }\n    }\n";
+  } else {
+    src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
+    src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
+  }
+  if (sg) {
+    src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
+    src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
+  } else {
+    src += "    " + mloop + "{\n      red[lane] = acc[mi];\n      barrier();\n";
+    src += "      for (uint s = 32u; s > 0u; s >>= 1) {\n        if (lane < s) red[lane] += red[lane + s];\n        barrier();\n      }\n";
+    src += "      acc[mi] = red[0];\n      barrier();\n    }\n";
+    src += "    if (lane == 0u) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
+  }
+  src += "  }\n}\n";
+
+  kernel_source s;
+  s.name = std::string(sg ? "lmv" : "lmvs") + (quant ? std::string("_") + to_string(g[w].type) : "") + "_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  const int64_t rows_per_group = sg ? local / caps.subgroup_size : 1;
+  s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
+  s.glsl = header(g, s.bindings, sg, local) + buffer_decls(g, s.bindings, false) + prelude + src;
+  return s;
+}
+
+}  // namespace
+
+kernel_source linear(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& lin = g[k.anchor];
+  const int64_t n = lin.dims.back(), m = n ? element_count(lin.dims) / n : 0;
+  const int64_t kd = g[lin.inputs[0]].dims.back();
+  if (m >= 1 && m <= matvec_max_rows && kd > 0) return matvec(g, p, k, caps);
+  return matmul(g, p, k, caps);
+}
+
+kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& kv = g[k.root];
+  const node_index value = kv.inputs[1], pos = kv.inputs[2];
+  const shape& vd = g[value].dims;
+  const auto ax = static_cast<size_t>(kv.attrs.axis);
+  int64_t inner = 1;
+  for (size_t a = ax + 1; a < vd.size(); ++a) inner *= vd[a];
+  const int64_t count = element_count(vd), len = vd[ax], cache_len = kv.dims[ax];
+  // The root's buffer is the cache parameter's (the executor aliases them): the kernel writes the
+  // slice and reads nothing else of it.
+  emitter e(g, p, false);
+  e.bind(k.root);
+  std::string body;
+  e.scoped([&] {
+    const std::string at = e.value(pos, "0u");
+    body += e.body;
+    e.body.clear();
+    body += "  const int pos = " + at + ";\n";
+  });
+  std::string inner_body;
+  e.scoped([&] {
+    const std::string v = e.value(value, "i");
+    inner_body = e.body;
+    e.body.clear();
+    inner_body += "    uint row = (i / " + u(inner) + ") % " + u(std::max<int64_t>(len, 1)) + ", outer = i / " + u(inner * std::max<int64_t>(len, 1)) +
+                  ";\n    int t = int(row) + pos;\n";
+    inner_body += "    if (t >= 0 && t < " + std::to_string(cache_len) + ") {\n      uint dst = (outer * " + u(cache_len) + " + uint(t)) * " +
+                  u(inner) + " + i % " + u(inner) + ";\n  " + e.store(k.root, "dst", v) + "    }\n";
+  });
+  kernel_source s;
+  s.name = "kvw_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(count, 256, caps.max_groups[0]), 1, 1};
+  s.bytes = 2 * static_cast<uint64_t>(std::max<int64_t>(byte_size(g[value].type, vd), 0));
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude +
+           "void main() {\n" + body + "  const uint stride = gl_NumWorkGroups.x * 256u;\n  for (uint i = gl_GlobalInvocationID.x; i < " +
+           u(count) + "; i += stride) {\n" + inner_body + "  }\n}\n";
+  return s;
+}
+
+}  // namespace mesh::gpu::detail

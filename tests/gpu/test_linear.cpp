@@ -1,0 +1,219 @@
+// Cross-back-end tests of the model-inference ops: linear with every weight dtype (f32, f16,
+// bf16 and the quantized ones, decoded inside the kernels), on the matrix-vector path (few rows)
+// and the tiled path (many rows), with epilogues; kv_write in place; and zero-copy parameter
+// upload. Every graph runs on the CPU executor and on Vulkan (lavapipe in CI) with the
+// validation layer on, against the reference evaluator, and the layer must stay quiet.
+#include "harness.hpp"
+
+#include <random>
+
+#include "graph/quant.hpp"
+#include "gpu/glsl.hpp"
+#include "gpu/plan.hpp"
+
+using namespace mesh;
+using namespace mesh::gpu;
+using namespace mesh::gpu::test;
+
+namespace {
+
+constexpr dtype weight_types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
+
+/// A Vulkan executor with the validation layer on; `variant` picks linear's matrix-vector kernel
+/// (kernel_variants::matvec). Each test destroys its own, while harness.hpp's keeps the driver
+/// loaded (as test_runtime.cpp does).
+std::unique_ptr<executor> validated(const std::string& variant = "") {
+  vulkan();
+  vulkan_options o;
+  o.validation = true;
+  o.cache_dir = "-";
+  o.variants.matvec = variant;
+  auto e = make_vulkan_executor(o);
+  if (!e) FAIL("no Vulkan executor with validation: " << e.error().to_string());
+  return std::move(*e);
+}
+
+/// Random values in [-1, 1) (quantized dtypes: encoded by the reference quantizer), with a few
+/// blocks at extreme scales: 1e4 and 1e-4 times the rest.
+tensor weights(dtype t, const shape& dims, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> v(static_cast<size_t>(element_count(dims)));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const size_t block = i / 32;
+    const double scale = block % 7 == 3 ? 1e3 : (block % 7 == 5 ? 1e-4 : 1.0);
+    v[i] = u(rng) * scale;
+  }
+  return tensor::from_values(t, dims, v);
+}
+
+struct linear_case {
+  shape x;        ///< [..., k]
+  int64_t n = 1;  ///< weight rows
+};
+
+/// y = linear(x, w), and relu(linear(x, w) + bias) * 0.5 as an epilogue, on every back end.
+void check_linear(executor& vk, dtype wt, const linear_case& c, dtype xt, uint64_t seed, bool with_cpu = true) {
+  const int64_t k = c.x.back();
+  const std::string tag = std::string(to_string(wt)) + to_string(xt) + "_" + to_string(c.x) + "_" + std::to_string(c.n) + "_" + std::to_string(seed);
+  INFO("w " << to_string(wt) << "[" << c.n << "," << k << "], x " << to_string(xt) << to_string(c.x) << " on " << vk.info().name);
+  builder b;
+  auto x = b.input("x", xt, c.x);
+  auto w = b.parameter("w" + tag, wt, {c.n, k});
+  auto bias = b.parameter("b" + tag, xt, {c.n});
+  b.output("y", linear(x, w));
+  b.output("epilogue", relu(linear(x, w) + bias) * 0.5);
+  const graph g = finish(b);
+  const tensor_map inputs{{"x", random_tensor(xt, c.x, seed)}};
+  const tensor_map params{{"w" + tag, weights(wt, {c.n, k}, seed + 1)}, {"b" + tag, random_tensor(xt, {c.n}, seed + 2)}};
+  const reference ref = reference_run(g, inputs, params);
+  // Accumulated in f32 on the devices, in double in the reference; extreme-scale blocks make the
+  // error relative to the largest output.
+  const double tol = xt == dtype::f32 ? 1e-4 : tolerance_for(xt);
+  check_on(vk, g, inputs, params, ref, tol);
+  if (with_cpu) check_on(cpu(), g, inputs, params, ref, tol);
+}
+
+}  // namespace
+
+TEST_CASE("linear: every weight dtype on the matrix-vector path (m = 1, odd n, one block and several)") {
+  auto vk = validated();
+  for (dtype wt : weight_types) {
+    const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;
+    for (const linear_case& c : {linear_case{{block}, 7}, linear_case{{1, 3 * block}, 5}, linear_case{{2, 2, 2 * block}, 9}})
+      check_linear(*vk, wt, c, dtype::f32, 11);
+  }
+  // Float weights take any k.
+  check_linear(*vk, dtype::f32, {{1, 5}, 3}, dtype::f32, 12);
+  check_linear(*vk, dtype::f16, {{3, 37}, 65}, dtype::f32, 13);
+  CHECK(vk->stats().validation_errors == 0);
+}
+
+TEST_CASE("linear: every weight dtype on the tiled path (many rows, batch dims)") {
+  auto vk = validated();
+  for (dtype wt : weight_types) {
+    const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;
+    check_linear(*vk, wt, {{2, 9, 2 * block}, 33}, dtype::f32, 21);
+    check_linear(*vk, wt, {{65, block}, 3}, dtype::f32, 22);
+  }
+  check_linear(*vk, dtype::bf16, {{19, 45}, 70}, dtype::f32, 23);
+  CHECK(vk->stats().validation_errors == 0);
+}
+
+TEST_CASE("linear: f16 and bf16 activations, and the shared-memory matrix-vector kernel") {
+  auto vk = validated(), shared = validated("shared");
+  for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0})
+    for (dtype xt : {dtype::f16, dtype::bf16}) check_linear(*vk, wt, {{2, 256}, 11}, xt, 31);
+  for (dtype wt : weight_types) {
+    const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;
+    check_linear(*shared, wt, {{3, 2 * block}, 13}, dtype::f32, 32, false);
+  }
+  CHECK(vk->stats().validation_errors == 0);
+  CHECK(shared->stats().validation_errors == 0);
+}
+
+TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by rows") {
+  builder b;
+  auto x1 = b.input("x1", dtype::f32, {1, 256});
+  auto x2 = b.input("x2", dtype::f32, {40, 256});
+  auto w = b.parameter("w", dtype::q4_k, {16, 256});
+  auto bias = b.parameter("bias", dtype::f32, {16});
+  b.output("decode", relu(linear(x1, w) + bias));
+  b.output("prefill", linear(x2, w) * 2.0);
+  const graph g = finish(b);
+  const plan p = lower(g);
+  REQUIRE(p.kernels.size() == 2);  // each linear with its epilogue: one kernel
+  for (const auto& k : p.kernels) {
+    CHECK(k.kind == kernel_kind::linear);
+    CHECK(g[k.anchor].op == op_kind::linear);
+    CHECK(k.root != k.anchor);
+  }
+  device_caps caps;
+  caps.subgroup_arithmetic = true;
+  auto decode = emit(g, p, p.kernels[0], caps);
+  auto prefill = emit(g, p, p.kernels[1], caps);
+  REQUIRE(decode);
+  REQUIRE(prefill);
+  CHECK(decode->name == "lmv_q4_k_" + std::to_string(p.kernels[0].root));
+  CHECK(decode->glsl.find("subgroupAdd") != std::string::npos);
+  CHECK(decode->glsl.find("b2_chunk(row, c, v)") != std::string::npos);
+  CHECK(prefill->name.rfind("mmw64x64", 0) == 0);
+  caps.variants.matvec = "shared";
+  auto shared = emit(g, p, p.kernels[0], caps);
+  REQUIRE(shared);
+  CHECK(shared->name == "lmvs_q4_k_" + std::to_string(p.kernels[0].root));
+}
+
+TEST_CASE("kv_write: the slice lands in the resident cache, attention reads it in the same run") {
+  auto vk = validated();
+  for (dtype t : {dtype::f32, dtype::f16}) {
+    INFO(to_string(t));
+    const std::string name = std::string("kv.") + to_string(t);
+    builder b;
+    auto cache = b.parameter(name, t, {2, 6, 4});  // [heads, positions, head dim]
+    auto v = b.input("v", t, {2, 2, 4});
+    auto pos = b.input("pos", dtype::i32, {});
+    auto q = b.input("q", t, {2, 1, 4});
+    auto kv = kv_write(cache, v * 1.0, pos, 1);
+    b.update(cache, kv);
+    b.output("scores", matmul(q, transpose(kv)));  // attention reads the updated cache
+    const graph g = finish(b);
+    for (executor* ex : {vk.get(), &cpu()}) {
+      INFO(ex->info().name);
+      tensor_map params{{name, random_tensor(t, {2, 6, 4}, 41)}};
+      for (int32_t p : {0, 3, 5, -1}) {  // 5 and -1: one row past either end, dropped
+        INFO("pos " << p);
+        const tensor_map inputs{{"v", random_tensor(t, {2, 2, 4}, 42 + static_cast<uint64_t>(p + 1))},
+                                {"pos", tensor::from_ints({}, {p})},
+                                {"q", random_tensor(t, {2, 1, 4}, 43)}};
+        const reference ref = reference_run(g, inputs, params);
+        check_on(*ex, g, inputs, params, ref);
+        params = ref.params;  // the next step starts from this one's cache
+      }
+    }
+  }
+  CHECK(vk->stats().validation_errors == 0);
+}
+
+TEST_CASE("kv_write: the plan writes the slice into the parameter's own buffer") {
+  builder b;
+  auto cache = b.parameter("cache", dtype::f32, {8, 4});
+  auto kv = kv_write(cache, b.input("v", dtype::f32, {1, 4}), b.input("pos", dtype::i32, {}), 0);
+  b.update(cache, kv);
+  b.output("y", sum(kv, {1}));
+  const graph g = finish(b);
+  const plan p = lower(g);
+  CHECK(describe(g, p) == "kvw(%3) red(%4)");
+  auto src = emit(g, p, p.kernels[0], device_caps{});
+  REQUIRE(src);
+  CHECK(src->name == "kvw_3");
+  CHECK(src->bytes == 2 * 16);  // the value read and written, not the cache
+}
+
+TEST_CASE("set_parameter_view uploads quantized blocks from the caller's bytes, checked") {
+  const tensor w = weights(dtype::q6_k, {5, 512}, 51);
+  const std::vector<uint8_t> mapped = w.bytes;  // stands for a memory-mapped file
+  builder b;
+  auto x = b.input("x", dtype::f32, {1, 512});
+  auto wp = b.parameter("view.w", dtype::q6_k, {5, 512});
+  b.output("y", linear(x, wp));
+  const graph g = finish(b);
+  const tensor_map inputs{{"x", random_tensor(dtype::f32, {1, 512}, 52)}};
+  const reference ref = reference_run(g, inputs, {{"view.w", w}});
+  auto vk = validated();
+  for (executor* ex : {vk.get(), &cpu()}) {
+    INFO(ex->info().name);
+    REQUIRE(ex->set_parameter_view("view.w", {dtype::q6_k, {5, 512}, mapped}));
+    check_on(*ex, g, inputs, {}, ref, 1e-4);
+    auto back = ex->get_parameters({"view.w"});
+    REQUIRE(back);
+    CHECK(back->at("view.w") == w);  // the blocks as uploaded
+    auto short_bytes = ex->set_parameter_view("view.w", {dtype::q6_k, {5, 512}, std::span<const uint8_t>(mapped).first(mapped.size() - 1)});
+    REQUIRE_FALSE(short_bytes);
+    CHECK(short_bytes.error().message == "parameter \"view.w\": tensor [5,512] of q6_k needs 2100 bytes, has 2099");
+    auto other = ex->set_parameter_view("view.w", {dtype::q8_0, {5, 512}, std::span<const uint8_t>(mapped).first(5 * 16 * 34)});
+    REQUIRE_FALSE(other);
+    CHECK(other.error().code == error_code::shape_mismatch);
+  }
+  CHECK(vk->stats().validation_errors == 0);
+}
