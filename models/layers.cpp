@@ -7,14 +7,15 @@
 namespace mesh::models::layers {
 
 expr linear(const expr& x, const expr& w, bool in_out) {
-  // A half-precision weight is widened as the matmul reads it (an inline cast, no copy on the
-  // Vulkan executor): activations stay f32 whatever the checkpoint stores.
-  const expr w32 = w.type() == dtype::f32 ? w : cast(w, dtype::f32);
-  if (in_out) return matmul(x, w32);
-  // (w x^T)^T rather than x w^T: the transposes fall on the activations (a few rows) instead of
-  // the weight, which an executor without index arithmetic in its matmul (the CPU back end)
-  // would copy at every run.
-  return transpose(matmul(w32, transpose(x)));
+  if (!in_out) return mesh::linear(x, w);
+  // HF GPT-2's Conv1D stores [in, out]: a plain matmul, a half-precision weight widened as the
+  // matmul reads it (an inline cast, no copy on the Vulkan executor).
+  return matmul(x, w.type() == dtype::f32 ? w : cast(w, dtype::f32));
+}
+
+expr embedding(const expr& table, const expr& ids) {
+  // The cast fuses into the gather's reads, so only the rows asked for are decoded.
+  return gather(table.type() == dtype::f32 ? table : cast(table, dtype::f32), ids);
 }
 
 expr rms_norm(const expr& x, const expr& w, double eps) {
@@ -69,15 +70,10 @@ expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_st
   return dims == head_dim ? out : concat({out, slice_axis(x, 2, dims, head_dim)}, 2);
 }
 
-expr write_cache(const expr& cache, const expr& rows, const expr& start, const expr& count) {
-  builder& b = *cache.owner();
-  const int64_t n = cache.dims()[0], l = rows.dims()[0];
-  // Cache row t takes rows[t - start] when 0 <= t - start < count; the gather index is clamped
-  // into the batch so that rows outside the range read a valid (unused) row.
-  const expr rel = nn::iota(b, n) - start;
-  const expr inside = compare(rel, 0.0, compare_kind::ge) * compare(rel, count, compare_kind::lt);
-  const expr index = minimum(maximum(rel, 0.0), static_cast<double>(l - 1));
-  return select(reshape(inside, {n, 1}), gather(rows, index), cache);
+expr write_cache(const expr& cache, const expr& rows, const expr& start) {
+  const expr written = kv_write(cache, rows, reshape(start, {}), 0);
+  cache.owner()->update(cache, written);
+  return written;
 }
 
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,

@@ -1,8 +1,7 @@
 #pragma once
 /// The pieces every architecture here is made of, composed from graph/'s ops (the kernel compiler
-/// fuses them). Two of them stand alone so that they can become single ops later without touching
-/// the architectures: `linear` (a matmul that will read quantized blocks) and `write_cache` (a
-/// KV-cache write).
+/// fuses them); projections are graph's `linear` op (it reads f16, bf16 and quantized weights as
+/// they are stored) and KV-cache writes its `kv_write` op (in place).
 #include <cstdint>
 #include <vector>
 
@@ -12,8 +11,12 @@
 namespace mesh::models::layers {
 
 /// x [rows, in] times a projection w stored [out, in] (or [in, out] when `in_out`: HF GPT-2's
-/// Conv1D), read as f32 whatever w's dtype: [rows, out].
+/// Conv1D, f32/f16/bf16 only), read as f32 whatever w's dtype: [rows, out].
 expr linear(const expr& x, const expr& w, bool in_out = false);
+
+/// Rows `ids` (i32 [n]) of an embedding table [vocab, d] as f32 [n, d], whatever the table's
+/// dtype (a quantized table is decoded row by row as it is read).
+expr embedding(const expr& table, const expr& ids);
 
 /// x * rsqrt(mean(x^2 over the last axis) + eps) * w (w over the last axis).
 expr rms_norm(const expr& x, const expr& w, double eps);
@@ -28,10 +31,12 @@ std::vector<double> rope_frequencies(const model_config& c, const std::vector<fl
 /// cos and sin are [rows, 1, dims/2].
 expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_style style);
 
-/// The cache [n, width] with rows start .. start+count-1 replaced by rows 0 .. count-1 of
-/// `rows` [l, width]; start and count are i32 [1]. Composed as a select over a gather, so each
-/// row is written exactly (no arithmetic on the cache's values).
-expr write_cache(const expr& cache, const expr& rows, const expr& start, const expr& count);
+/// Writes `rows` [l, width] into the cache parameter [n, width] at rows start .. start+l-1
+/// (start: i32 [1]), as the graph's update of that parameter, and returns the updated cache for
+/// attention to read. All l rows are written, padding included: a session's padding rows lie past
+/// its last real position, which nothing reads before a later step overwrites it; rows past the
+/// cache's end are dropped.
+expr write_cache(const expr& cache, const expr& rows, const expr& start);
 
 /// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
 /// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees

@@ -76,7 +76,14 @@ void mapped_file::advise(access_hint hint, std::span<const uint8_t> range) const
   if (!data_) return;
   if (range.empty()) range = bytes();
   assert(range.data() >= data_ && range.data() + range.size() <= data_ + size_);
-  // madvise wants a page-aligned start; widen the range down to its page.
+  advise_range(range, hint);
+}
+
+void advise_range(std::span<const uint8_t> range, access_hint hint) {
+  if (range.empty()) return;
+  // madvise wants a page-aligned start; widen the range down to its page. Dropping a neighbour's
+  // page with dont_need is harmless: the mapping is private and never written, so the page is
+  // read from the file again when touched.
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(range.data());
   const uintptr_t aligned = begin - begin % page;
@@ -87,6 +94,7 @@ void mapped_file::advise(access_hint hint, std::span<const uint8_t> range) const
     case access_hint::sequential: advice = MADV_SEQUENTIAL; break;
     case access_hint::random: advice = MADV_RANDOM; break;
     case access_hint::will_need: advice = MADV_WILLNEED; break;
+    case access_hint::dont_need: advice = MADV_DONTNEED; break;
   }
   (void)::madvise(reinterpret_cast<void*>(aligned), length, advice);
 }

@@ -17,7 +17,14 @@ enum class access_hint {
   sequential,  ///< read once front to back (a copy to the device): aggressive read-ahead
   random,      ///< scattered reads (headers, a few rows): no read-ahead
   will_need,   ///< start reading it in now
+  /// The bytes were copied to where they are used (a device): drop their pages from this
+  /// process's resident memory. Reading them again later reads the file again.
+  dont_need,
 };
+
+/// madvise for `range`, which must lie inside a live mapping (any mapped_file's bytes()); widened
+/// down to its first page. A hint: failures are ignored.
+void advise_range(std::span<const uint8_t> range, access_hint hint);
 
 /// A read-only, private mapping of a whole file. Move-only; unmapped when destroyed. The mapping's
 /// address does not change when the object moves, so spans into bytes() stay valid while any

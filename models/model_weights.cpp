@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "graph/quant.hpp"
 #include "models/dequantize.hpp"
 
 namespace mesh::models {
@@ -26,8 +27,10 @@ class planner {
     if (!t) return forward_error(t);
     weight w{"w." + name, *t, shape(expected_shape.begin(), expected_shape.end()), dtype::f32};
     if (expected_shape.size() == 2) {
-      if ((*t)->type == tensor_type::f16 && options_.keep_f16) w.type = dtype::f16;
-      if ((*t)->type == tensor_type::bf16 && options_.keep_bf16) w.type = dtype::bf16;
+      const tensor_type type = (*t)->type;
+      if ((type == tensor_type::f16 && options_.keep_f16) || (type == tensor_type::bf16 && options_.keep_bf16) ||
+          (is_quantized(type) && options_.keep_quantized))
+        w.type = to_dtype(type);
     }
     index_.emplace(name, out_.size());
     out_.push_back(std::move(w));
@@ -122,8 +125,15 @@ const weight& model_weights::at(std::string_view tensor_name) const {
 
 int64_t model_weights::device_bytes() const {
   int64_t total = 0;
-  for (const auto& w : weights_) total += element_count(w.dims) * static_cast<int64_t>(size_of(w.type));
+  for (const auto& w : weights_) total += byte_size(w.type, w.dims);
   return total;
+}
+
+bool stored_as_is(const weight& w) { return w.type == to_dtype(w.source->type); }
+
+mesh::tensor_view device_view(const weight& w) {
+  assert(stored_as_is(w));
+  return mesh::tensor_view{w.type, w.dims, w.source->data};
 }
 
 expected<tensor> load_weight(const weight& w) {
@@ -132,10 +142,7 @@ expected<tensor> load_weight(const weight& w) {
   out.type = w.type;
   out.dims = w.dims;
   const int64_t n = element_count(w.dims);
-  const bool same = (w.type == dtype::f32 && src.type == tensor_type::f32) ||
-                    (w.type == dtype::f16 && src.type == tensor_type::f16) ||
-                    (w.type == dtype::bf16 && src.type == tensor_type::bf16);
-  if (same) {
+  if (stored_as_is(w)) {
     out.bytes.assign(src.data.begin(), src.data.end());
     return out;
   }

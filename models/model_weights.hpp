@@ -4,9 +4,11 @@
 /// the file and the tensor before anything is built), the dtype each becomes on the device, and
 /// the conversion that uploads it.
 ///
-/// Float tensors keep their type where the executor stores it (f16, bf16: matrices only; the
-/// graph casts them to f32 as the matmul reads them); quantized GGUF tensors are dequantized to
-/// f32 at load (models/dequantize.hpp) until the executor has a matmul that reads blocks.
+/// Matrices keep their checkpoint type on the device: f16 and bf16 where the executor stores them,
+/// and the block-quantized GGUF types (q8_0, q4_0, q4_k, q6_k) always, read by the `linear` op,
+/// which decodes the blocks as it multiplies. Such a weight is uploaded straight from the mapped
+/// file (executor::set_parameter_view), with no host copy. Vectors (norms, biases) and float types
+/// the executor cannot store become f32 at load.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +36,7 @@ struct weight {
 struct weight_options {
   bool keep_f16 = true;   ///< f16 matrices stay f16 (the executor has 16-bit storage)
   bool keep_bf16 = true;  ///< bf16 matrices stay bf16
+  bool keep_quantized = true;  ///< quantized matrices stay quantized (else dequantized to f32)
 };
 
 /// The weights of one model, keyed by checkpoint tensor name. Refers into the checkpoint: keep it
@@ -62,8 +65,14 @@ class model_weights {
   std::vector<float> rope_freqs_;
 };
 
-/// The host tensor a weight uploads: its bytes copied as they are for a kept type, else each row
-/// widened or dequantized to f32.
+/// True when the weight's device dtype is its checkpoint type: its bytes upload as they lie.
+bool stored_as_is(const weight& w);
+
+/// The graph tensor_view of a weight stored as it is (stored_as_is): the checkpoint's bytes.
+mesh::tensor_view device_view(const weight& w);
+
+/// The host tensor a weight uploads when it is not stored as it is: each row widened or
+/// dequantized to f32 (a copy of the bytes for a weight that is).
 expected<tensor> load_weight(const weight& w);
 
 }  // namespace mesh::models

@@ -47,12 +47,20 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
   if (!weights) return forward_error(weights);
   s.weights_ = std::make_unique<model_weights>(std::move(*weights));
   for (const auto& w : s.weights_->all()) {
-    auto t = load_weight(w);
-    if (!t) return make_error(t.error().code, s.source_ + ": " + t.error().message);
-    tensor_map one;
-    one.emplace(options.prefix + w.param, std::move(*t));
-    if (auto ok = ex.set_parameters(one); !ok)
-      return make_error(ok.error().code, fmt::format("{}: uploading {}: {}", s.source_, w.param, ok.error().message));
+    const std::string name = options.prefix + w.param;
+    expected<void> ok;
+    if (stored_as_is(w)) {
+      ok = ex.set_parameter_view(name, device_view(w));  // straight from the mapping
+    } else {
+      auto t = load_weight(w);
+      if (!t) return make_error(t.error().code, s.source_ + ": " + t.error().message);
+      tensor_map one;
+      one.emplace(name, std::move(*t));
+      ok = ex.set_parameters(one);
+    }
+    if (!ok) return make_error(ok.error().code, fmt::format("{}: uploading {}: {}", s.source_, w.param, ok.error().message));
+    // The device holds its own copy now: the file's pages need not stay in this process's memory.
+    advise_range(w.source->data, access_hint::dont_need);
   }
   s.stats_.load_seconds = seconds_since(t0);
   return s;

@@ -53,8 +53,12 @@ struct session_stats {
 class session {
  public:
   /// Reads the config, plans the weights (an error names the file and a missing or misshapen
-  /// tensor) and uploads them to `ex`, one tensor at a time (host memory holds at most one
-  /// converted tensor besides the mapping). `ex` and `ckpt` must outlive the session.
+  /// tensor) and uploads them to `ex`, one tensor at a time: a weight the device stores as it is
+  /// (f16, bf16, quantized blocks) straight from the mapped file, others converted to f32 one at a
+  /// time. Each tensor's pages of the mapping are released once it is on the device, so resident
+  /// memory stays near the larger of one tensor and what the executor itself keeps (the CPU
+  /// executor keeps the weights; a GPU keeps them in device memory). `ex` and `ckpt` must outlive
+  /// the session.
   static expected<session> create(gpu::executor& ex, const checkpoint& ckpt, const session_options& options = {});
 
   session(session&&) noexcept = default;

@@ -51,10 +51,8 @@ expr cached_attention(const context& cx, const step_shape& s, const step_inputs&
   const int64_t width = cx.c.n_kv_heads * cx.c.head_dim;
   const expr k_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, false), dtype::f32, {s.context, width});
   const expr v_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, true), dtype::f32, {s.context, width});
-  const expr k_new = layers::write_cache(k_cache, k, in.start, in.count);
-  const expr v_new = layers::write_cache(v_cache, v, in.start, in.count);
-  cx.b.update(k_cache, k_new);
-  cx.b.update(v_cache, v_new);
+  const expr k_new = layers::write_cache(k_cache, k, in.start);
+  const expr v_new = layers::write_cache(v_cache, v, in.start);
   return layers::attention(q, k_new, v_new, in.positions, cx.c.n_kv_heads, s.attended, cx.c.sliding_window);
 }
 
@@ -120,9 +118,7 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
   // Padding rows may run past the cache: their positions are clamped (they write nothing).
   in.positions = minimum(nn::iota(b, s.tokens) + in.start, static_cast<double>(s.context - 1));
 
-  expr embedded = gather(cx.param(top.token_embd), in.tokens);
-  if (embedded.type() != dtype::f32) embedded = cast(embedded, dtype::f32);
-  expr x = embedded;
+  expr x = layers::embedding(cx.param(top.token_embd), in.tokens);
   if (c.arch == architecture::gpt2) {
     x = x + gather(cx.vec(top.position_embd), in.positions);
     for (int64_t l = 0; l < c.n_layers; ++l) x = gpt2_layer(cx, s, in, l, x);

@@ -1,8 +1,9 @@
-// mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N]
+// mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N] [--kernels]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
-// checkpoint's size on disk. The first prefill and decode of each shape include building and
+// checkpoint's size on disk. --kernels lists the kernels of the last decode step with their GPU
+// times (Vulkan), slowest first. The first prefill and decode of each shape include building and
 // loading their programs: a warm-up run of the same shapes comes first and is not timed.
 #include <sys/resource.h>
 
@@ -34,7 +35,7 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N]\n");
+  std::fprintf(stderr, "usage: mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N] [--kernels]\n");
   return 2;
 }
 
@@ -43,7 +44,7 @@ int usage() {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
-  bool cpu = false;
+  bool cpu = false, kernels = false;
   int64_t prompt_n = 128, gen_n = 64, context = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt_n = next();
     else if (a == "--generate") gen_n = next();
     else if (a == "--context") context = next();
+    else if (a == "--kernels") kernels = true;
     else return usage();
   }
   if (prompt_n < 1 || gen_n < 1) return usage();
@@ -121,5 +123,15 @@ int main(int argc, char** argv) {
   std::printf("generation        %lld tokens: %.1f tokens/s (first run: %.1f)\n", static_cast<long long>(gen_n),
               static_cast<double>(gen_n) / g1, static_cast<double>(gen_n) / g0);
   std::printf("peak RSS          %.1f MiB\n", static_cast<double>(ru.ru_maxrss) / 1024);
+  if (kernels) {
+    auto ks = ex->stats().kernels;
+    double total = 0;
+    for (const auto& k : ks) total += k.last_ms;
+    std::printf("decode step       %zu kernels, %.3f ms of GPU time\n", ks.size(), total);
+    std::sort(ks.begin(), ks.end(), [](const auto& a, const auto& b) { return a.last_ms > b.last_ms; });
+    for (const auto& k : ks)
+      std::printf("  %-28s %8.4f ms %10.1f MB %8.1f GB/s\n", k.name.c_str(), k.last_ms, static_cast<double>(k.bytes) / 1e6,
+                  k.last_ms > 0 ? static_cast<double>(k.bytes) / k.last_ms / 1e6 : 0.0);
+  }
   return 0;
 }

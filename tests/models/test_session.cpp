@@ -183,3 +183,34 @@ TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[model
   REQUIRE(cut);
   CHECK(cut->reason == stop_reason::callback);
 }
+
+TEST_CASE("weights reach the device as the checkpoint stores them: quantized blocks, f16, no f32 copy",
+          "[models][session]") {
+  temp_dir dir;
+  model_spec spec = tiny();
+  spec.hidden = spec.ffn = 256;  // K-quant rows are 256 elements
+  spec.heads = 8;
+  spec.head_dim = 32;
+  for (const tensor_type type : {tensor_type::q4_k, tensor_type::q8_0, tensor_type::f16}) {
+    CAPTURE(to_string(type));
+    write_gguf_model(dir / "m.gguf", spec, type);
+    auto ckpt = checkpoint::open(dir / "m.gguf");
+    REQUIRE(ckpt);
+    auto cpu = gpu::make_cpu_executor(1);
+    auto s = session::create(*cpu, *ckpt);
+    REQUIRE(s);
+    const models::tensor_view* q = ckpt->find("blk.0.attn_q.weight");
+    REQUIRE(q);
+    REQUIRE(q->type == type);
+    auto on_device = cpu->get_parameters({"w.blk.0.attn_q.weight"});
+    REQUIRE(on_device);
+    const tensor& t = on_device->at("w.blk.0.attn_q.weight");
+    CHECK(t.type == to_dtype(type));
+    CHECK(t.bytes == std::vector<uint8_t>(q->data.begin(), q->data.end()));
+    // Norm weights are vectors the checkpoint stores as F32: they stay f32.
+    auto norm = cpu->get_parameters({"w.blk.0.attn_norm.weight"});
+    REQUIRE(norm);
+    CHECK(norm->at("w.blk.0.attn_norm.weight").type == dtype::f32);
+    REQUIRE(s->prefill(std::vector<int32_t>{1, 2, 3}));
+  }
+}
