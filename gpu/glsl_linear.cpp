@@ -3,10 +3,12 @@
 // linear takes one of two paths by the rows of x:
 // - at most matvec_max_rows rows (decode: a token at a time): `lmv`, a matrix-vector kernel. It is
 //   memory bound on the weight, so each weight row is read once, by one subgroup (or, without
-//   subgroup arithmetic, one 64-thread workgroup): lanes take 32-element chunks in turn (a quantized
-//   chunk is decoded in registers from whole words, one block header per chunk), multiply them
-//   with every row of x, and the partial sums are added by subgroupAdd (or a shared-memory tree);
-//   one lane runs the epilogue and stores.
+//   subgroup arithmetic, one 64-thread workgroup): lanes take chunks in turn (a quantized chunk is
+//   32 elements decoded in registers from whole words, one block header per chunk; a float weight
+//   in a buffer is read 8 elements (16 or 32 bytes) per lane at a time as uvec4s, so that a
+//   subgroup has whole cache lines in flight instead of 2-byte reads), multiply them with every
+//   row of x, and the partial sums are added by subgroupAdd (or a shared-memory tree); one lane
+//   runs the epilogue and stores.
 // - more rows (prefill): the tiled f32-math matmul kernels (glsl_matmul.cpp) with the weight read
 //   transposed through its decoder, element by element into the shared tiles.
 #include <algorithm>
@@ -24,20 +26,41 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   const node_index x = lin.inputs[0], w = lin.inputs[1];
   const int64_t kd = g[x].dims.back(), n = lin.dims.back(), m = n ? element_count(lin.dims) / n : 0;
   // Quantized tensors are leaves, so always in a buffer; chunks need k a multiple of 32.
-  const bool quant = is_quantized(g[w].type);
+  const dtype wt = g[w].type;
+  const bool quant = is_quantized(wt);
+  // A float weight in its own buffer, rows of whole 8-element chunks: read as uvec4s.
+  const bool wide = !quant && q.materialised[w] && kd % 8 == 0 &&
+                    (wt == dtype::f32 || wt == dtype::f16 || wt == dtype::bf16);
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= 128 && caps.variants.matvec != "shared";
   const uint32_t local = sg ? std::max<uint32_t>(128, caps.subgroup_size) : 64;
 
   emitter e(g, q, false);
   e.bind(k.root);
   const std::string lx = loader(e, "load_x", x);
-  const std::string wb = quant ? "b" + std::to_string(e.bind(w)) : "";
-  const std::string lw = quant ? "" : loader(e, "load_w", w);
+  const int w_binding = quant || wide ? e.bind(w) : -1;
+  const std::string wb = quant || wide ? "b" + std::to_string(w_binding) : "";
+  const std::string lw = quant || wide ? "" : loader(e, "load_w", w);
   std::string store;
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[mi]"); });
 
   const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
   std::string src = sg ? "" : "shared float red[64];\n";
+  if (wide) {
+    // Elements [8c, 8c + 8) of row r: one uvec4 (f16, bf16; little-endian halves) or two (f32).
+    src += "void w_chunk(uint r, uint c, out float v[8]) {\n";
+    if (wt == dtype::f32) {
+      src += "  uint o = (r * " + u(kd / 8) + " + c) * 2u;\n  uvec4 a = " + wb + ".v[o], b = " + wb + ".v[o + 1u];\n";
+      src += "  [[unroll]] for (uint j = 0u; j < 4u; ++j) { v[j] = uintBitsToFloat(a[j]); v[j + 4u] = uintBitsToFloat(b[j]); }\n";
+    } else {
+      src += "  uvec4 a = " + wb + ".v[r * " + u(kd / 8) + " + c];\n  [[unroll]] for (uint j = 0u; j < 4u; ++j) {\n";
+      if (wt == dtype::f16)
+        src += "    vec2 h = unpackHalf2x16(a[j]);\n    v[2u * j] = h.x;\n    v[2u * j + 1u] = h.y;\n";
+      else
+        src += "    v[2u * j] = uintBitsToFloat(a[j] << 16);\n    v[2u * j + 1u] = uintBitsToFloat(a[j] & 0xffff0000u);\n";
+      src += "  }\n";
+    }
+    src += "}\n";
+  }
   src += lx + lw + "void main() {\n";
   if (sg) {
     // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
@@ -49,10 +72,12 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
   }
   src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
-  if (quant) {
-    src += "    for (uint c = lane; c < " + u(kd / 32) + "; c += lanes) {\n      float v[32];\n      " + wb + "_chunk(row, c, v);\n";
-    src += "      " + mloop + "{\n        uint base = mi * " + u(kd) + " + c * 32u;\n        float s = 0.0;\n";
-    src += "        [[unroll]] for (uint j = 0u; j < 32u; ++j) s = fma(v[j], load_x(base + j), s);\n        acc[mi] += s;\n      }\n    }\n";
+  if (quant || wide) {
+    const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
+    src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +
+           decode + "(row, c, v);\n";
+    src += "      " + mloop + "{\n        uint base = mi * " + u(kd) + " + c * " + len + ";\n        float s = 0.0;\n";
+    src += "        [[unroll]] for (uint j = 0u; j < " + len + "; ++j) s = fma(v[j], load_x(base + j), s);\n        acc[mi] += s;\n      }\n    }\n";
   } else {
     src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
     src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
@@ -69,13 +94,18 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   src += "  }\n}\n";
 
   kernel_source s;
-  s.name = std::string(sg ? "lmv" : "lmvs") + (quant ? std::string("_") + to_string(g[w].type) : "") + "_" + std::to_string(k.root);
+  s.name = std::string(sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size : 1;
   s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
-  s.glsl = header(g, s.bindings, sg, local) + buffer_decls(g, s.bindings, false) + prelude + src;
+  std::string decls;
+  for (size_t b = 0; b < s.bindings.size(); ++b)
+    decls += wide && static_cast<int>(b) == w_binding ? "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" +
+                                          std::to_string(b) + " { uvec4 v[]; } " + wb + ";\n"
+                                    : buffer_decl(g, s.bindings[b], b, false);
+  s.glsl = header(g, s.bindings, sg, local) + decls + prelude + src;
   return s;
 }
 

@@ -144,6 +144,28 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   CHECK(shared->name == "lmvs_q4_k_" + std::to_string(p.kernels[0].root));
 }
 
+TEST_CASE("linear: a float weight in a buffer is read as uvec4 chunks when its rows allow") {
+  for (const dtype wt : {dtype::f32, dtype::f16, dtype::bf16})
+    for (const int64_t k : {64, 36}) {
+      INFO(to_string(wt) << " k " << k);
+      builder b;
+      auto x = b.input("x", dtype::f32, {1, k});
+      auto w = b.parameter("w", wt, {16, k});
+      b.output("y", linear(x, w));
+      const graph g = finish(b);
+      const plan p = lower(g);
+      REQUIRE(p.kernels.size() == 1);
+      device_caps caps;
+      caps.subgroup_arithmetic = true;
+      caps.storage16 = true;
+      auto s = emit(g, p, p.kernels[0], caps);
+      REQUIRE(s);
+      const bool wide = k % 8 == 0;
+      CHECK((s->name == "lmv_" + std::string(to_string(wt)) + "_" + std::to_string(p.kernels[0].root)) == wide);
+      CHECK((s->glsl.find("uvec4 v[]") != std::string::npos) == wide);
+    }
+}
+
 TEST_CASE("kv_write: the slice lands in the resident cache, attention reads it in the same run") {
   auto vk = validated();
   for (dtype t : {dtype::f32, dtype::f16}) {
