@@ -13,7 +13,7 @@
 #   THREADS    default 2;  REPS default 3 (llama-bench -r and mesh-bench-generate --runs)
 #   OUT        where results and the table go (default /tmp/bench-cpu-<time>)
 #   SKIP_LLAMA=1 / SKIP_MESH=1   one side only (a result already in OUT is kept and tabled)
-#   CASE_TIMEOUT  seconds per file and side (default 900)
+#   CASE_TIMEOUT  seconds per file and side (default 900); PROMPT, GENERATE (default 128, 32)
 # llama-bench runs -p 128 -n 32 -d 0,128 (tg32 at an empty cache and after 128 positions, which is
 # where meshnode's generation runs). Both run THREADS threads (llama-bench -t, mesh --threads).
 set -u -o pipefail
@@ -25,7 +25,7 @@ MESH=${MESH:-build/release/bench/models/mesh-bench-generate}
 THREADS=${THREADS:-2}
 REPS=${REPS:-3}
 O=${OUT:-/tmp/bench-cpu-$(date +%Y%m%d-%H%M%S)}
-P=128 G=32
+P=${PROMPT:-128} G=${GENERATE:-32}
 mkdir -p "$O"
 log() { printf '[cpu %4ds] %s\n' $((SECONDS - T0)) "$*"; }
 if [ $# -gt 0 ]; then FILES=("$@"); else

@@ -6,13 +6,13 @@
 # usage, from the repository root on the GPU machine:  bash bench/models/h100.sh [DIR]
 #   DIR (default .devcarry, carried): llama-src.tar.gz (llama.cpp 34af94cd without models/ etc.),
 #   make_gguf.py (shared/anchors/llama_cpp), mesh-bench-generate (Release build of this tree:
-#   static libstdc++ and shaderc, needs only libvulkan.so.1). .gl/ (carried) holds the Debian
+#   static libstdc++ and shaderc; needs libvulkan.so.1 and DIR/lib). .gl/ (carried) holds the Debian
 #   packages of the Vulkan loader that the GPU machine lacks (docs/gpu.md, shared/PLATFORM.md).
 # Environment: H100_BUDGET (seconds the whole script may take, default 570), H100_WORK (work folder,
 #   default /tmp/ll: build, files in m/), MESH_RUNS (timed runs
 #   of mesh-bench-generate, default 3), LLAMA_REPS (llama-bench -r, default 5), SKIP_LLAMA=1
-#   (meshnode only: the F16 files, and quantized ones only if llama-quantize exists from an earlier
-#   call on the same warm machine), SKIP_MESH=1.
+#   (meshnode only, e.g. a second run: no CUDA build, a CPU-only llama-quantize for the quantized
+#   files, about 2 minutes before meshnode starts), SKIP_MESH=1, MESH_KERNELS=0 (no --kernels).
 # Steps: Vulkan loader; llama.cpp CUDA build (sm_90, ~2.5 min) in the background while make_gguf.py
 # writes the F16 files; llama-quantize to Q8_0 and Q4_K_M; llama-bench per file (-p 512 -n 128
 # -d 0,512 -ngl 99); mesh-bench-generate per file, smallest first. Every step has a timeout and
@@ -36,6 +36,8 @@ exec 3>&1  # log lines go here even while a step's output is redirected
 
 log() { printf '[h100 %4ds] %s\n' $((SECONDS - T0)) "$*" >&3; }
 left() { echo $((BUDGET - (SECONDS - T0))); }
+# cap N: N seconds, or fewer so as to end 10 s before the budget (at least 1).
+cap() { local c=$(($(left) - 10)); [ "$c" -lt "$1" ] || c=$1; [ "$c" -ge 1 ] || c=1; echo "$c"; }
 # t SECONDS CMD...: run CMD under a timeout, log it and its exit status (124: timed out).
 t() {
   local s=$1; shift
@@ -102,13 +104,26 @@ if [ -n "$BUILD_PID" ]; then
   wait "$BUILD_PID" && log "llama.cpp built" || { log "llama.cpp build FAILED:"; tail -25 "$O/llama-build.log"; tail -5 "$W/cfg.log"; }
 fi
 
-# 3. Q8_0 and Q4_K_M with llama-quantize (needs the build).
-if [ -x "$LB/llama-quantize" ]; then
+# 3. Q8_0 and Q4_K_M with llama-quantize. Without the CUDA build (SKIP_LLAMA=1 on a fresh machine,
+# or a failed build) a CPU-only llama-quantize is built instead (about a minute on 16 cores;
+# llama-quantize quantizes on the CPU in both builds).
+LQ=$LB/llama-quantize
+[ -x "$LQ" ] || LQ=$W/build-cpu/bin/llama-quantize
+if [ ! -x "$LQ" ] && [ -f "$W/src/CMakeLists.txt" ] && [ "$(left)" -gt 150 ]; then
+  log "building a CPU-only llama-quantize (log $W/build-cpu.log)"
+  (
+    cd "$W" &&
+      timeout 60 cmake -S src -B build-cpu -G Ninja -DGGML_CUDA=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF &&
+      timeout 240 cmake --build build-cpu -j"$(nproc)" --target llama-quantize
+  ) >"$W/build-cpu.log" 2>&1 && log "built" || { log "CPU llama-quantize build FAILED"; tail -10 "$W/build-cpu.log"; }
+fi
+if [ -x "$LQ" ]; then
   for s in $SHAPES; do
     for q in Q8_0 Q4_K_M; do
       [ -s "$M/$s-$q.gguf" ] && continue
       [ -s "$M/$s-f16.gguf" ] || continue
-      t 120 "$LB/llama-quantize" "$M/$s-f16.gguf" "$M/$s-$q.gguf.tmp" $q >"$W/quantize.log" 2>&1 &&
+      t "$(cap 120)" "$LQ" "$M/$s-f16.gguf" "$M/$s-$q.gguf.tmp" $q >"$W/quantize.log" 2>&1 &&
         mv "$M/$s-$q.gguf.tmp" "$M/$s-$q.gguf" || tail -5 "$W/quantize.log"
     done
   done
@@ -130,8 +145,8 @@ EOF
 if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -x "$LB/llama-bench" ]; then
   for f in $FILES; do
     [ -s "$f" ] || { log "missing $f"; continue; }
-    [ "$(left)" -gt 60 ] || { log "budget: skip llama-bench $f"; continue; }
-    t 90 python3 "$W/rss.py" "$O/llama-rss.txt" "$LB/llama-bench" -m "$f" -p 512 -n 128 -d 0,512 -ngl 99 \
+    [ "$(left)" -gt 40 ] || { log "budget: skip llama-bench $f"; continue; }
+    t "$(cap 90)" python3 "$W/rss.py" "$O/llama-rss.txt" "$LB/llama-bench" -m "$f" -p 512 -n 128 -d 0,512 -ngl 99 \
       -r "${LLAMA_REPS:-5}" -o jsonl -oe md >>"$O/llama.jsonl" 2>"$W/llama-bench.err"
     grep '^|' "$W/llama-bench.err" | grep -v '^| model\|^| ---'
     grep -i 'error\|fail' "$W/llama-bench.err" | head -5
@@ -151,9 +166,11 @@ if [ "${SKIP_MESH:-0}" != 1 ]; then
   n=0; for f in $FILES; do [ -s "$f" ] && n=$((n + 1)); done
   for f in $FILES; do
     [ -s "$f" ] || continue
+    # an equal share of the time left, at most 150 s; at least 30 s while the budget has them
     share=$(( ($(left) - 15) / n )); [ $share -gt 150 ] && share=150
+    [ $share -ge 30 ] || share=$(cap 30)
     n=$((n - 1))
-    [ $share -ge 20 ] || { log "budget: skip meshnode $f"; continue; }
+    [ "$share" -ge 15 ] || { log "budget: skip meshnode $f"; continue; }
     t $share "$MESH" "$f" --prompt 512 --generate 128 --context 640 $opts >"$W/mesh.out" 2>"$W/mesh.err"
     grep -v '^  ' "$W/mesh.out"; tail -15 "$W/mesh.err"
     cat "$W/mesh.out" >>"$O/mesh.txt"
