@@ -1,14 +1,24 @@
-// mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N] [--kernels]
+// mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] [--runs N]
+//                     [--kernels]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
 // checkpoint's size on disk. --kernels lists the kernels of the last decode step with their GPU
 // times (Vulkan), slowest first. The first prefill and decode of each shape include building and
-// loading their programs: a warm-up run of the same shapes comes first and is not timed.
+// loading their programs: a warm-up run of the same shapes comes first and is not timed; then
+// --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
+// llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
+// core). The last line is machine-readable, key=value pairs:
+//   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
+//   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N file=PATH
+// (the device name has its spaces replaced by '_'; PATH is last and may hold spaces).
+// Generation starts after the prompt (positions prompt .. prompt+generate-1), like llama-bench's
+// tg test at depth `prompt` (`-d`), not its default tg at an empty cache.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,8 +45,25 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: mesh-bench-generate CHECKPOINT [--cpu] [--prompt N] [--generate N] [--context N] [--kernels]\n");
+  std::fprintf(stderr,
+               "usage: mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] "
+               "[--runs N] [--kernels]\n");
   return 2;
+}
+
+struct mean_sd {
+  double mean = 0, sd = 0;
+};
+
+mean_sd summarize(const std::vector<double>& v) {
+  mean_sd r;
+  for (double x : v) r.mean += x;
+  r.mean /= static_cast<double>(v.size());
+  if (v.size() > 1) {
+    for (double x : v) r.sd += (x - r.mean) * (x - r.mean);
+    r.sd = std::sqrt(r.sd / static_cast<double>(v.size() - 1));
+  }
+  return r;
 }
 
 }  // namespace
@@ -45,7 +72,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
   bool cpu = false, kernels = false;
-  int64_t prompt_n = 128, gen_n = 64, context = 0;
+  int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t { return i + 1 < argc ? std::atoll(argv[++i]) : -1; };
@@ -53,10 +80,12 @@ int main(int argc, char** argv) {
     else if (a == "--prompt") prompt_n = next();
     else if (a == "--generate") gen_n = next();
     else if (a == "--context") context = next();
+    else if (a == "--runs") runs = next();
+    else if (a == "--threads") threads = next();
     else if (a == "--kernels") kernels = true;
     else return usage();
   }
-  if (prompt_n < 1 || gen_n < 1) return usage();
+  if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0) return usage();
 
   auto ckpt = checkpoint::open(path);
   if (!ckpt) {
@@ -65,7 +94,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<gpu::executor> ex;
   if (cpu) {
-    ex = gpu::make_cpu_executor();
+    ex = gpu::make_cpu_executor(static_cast<unsigned>(threads));
   } else {
     auto vk = gpu::make_vulkan_executor({});
     if (!vk) {
@@ -107,22 +136,34 @@ int main(int argc, char** argv) {
     gen_s = now() - t0;
     return true;
   };
-  double p0, g0, p1, g1;
-  if (!run(p0, g0) || !run(p1, g1)) return 1;  // the first run builds the programs
+  double p0, g0;
+  if (!run(p0, g0)) return 1;  // the first run builds the programs
+  std::vector<double> prompt_tps, gen_tps;
+  for (int64_t r = 0; r < runs; ++r) {
+    double p, g;
+    if (!run(p, g)) return 1;
+    prompt_tps.push_back(static_cast<double>(prompt_n) / p);
+    gen_tps.push_back(static_cast<double>(gen_n) / g);
+  }
+  const mean_sd pt = summarize(prompt_tps), gt = summarize(gen_tps);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   const auto& st = s->stats();
+  const double file_mib = static_cast<double>(path_bytes(path)) / (1 << 20);
+  const double rss_mib = static_cast<double>(ru.ru_maxrss) / 1024;
   std::printf("device            %s\n", ex->info().name.c_str());
-  std::printf("checkpoint        %s (%.1f MiB on disk), %s, %lld layers, context %lld\n", path.c_str(),
-              static_cast<double>(path_bytes(path)) / (1 << 20), to_string(s->config().arch),
-              static_cast<long long>(s->config().n_layers), static_cast<long long>(s->context()));
+  std::printf("checkpoint        %s (%.1f MiB on disk), %s, %lld layers, context %lld\n", path.c_str(), file_mib,
+              to_string(s->config().arch), static_cast<long long>(s->config().n_layers),
+              static_cast<long long>(s->context()));
   std::printf("load              %.2f s (weights), %.2f s building and loading %lld programs\n", st.load_seconds,
               st.compile_seconds, static_cast<long long>(st.programs));
-  std::printf("prompt            %lld tokens: %.1f tokens/s (first run, with program loads: %.1f)\n",
-              static_cast<long long>(prompt_n), static_cast<double>(prompt_n) / p1, static_cast<double>(prompt_n) / p0);
-  std::printf("generation        %lld tokens: %.1f tokens/s (first run: %.1f)\n", static_cast<long long>(gen_n),
-              static_cast<double>(gen_n) / g1, static_cast<double>(gen_n) / g0);
-  std::printf("peak RSS          %.1f MiB\n", static_cast<double>(ru.ru_maxrss) / 1024);
+  std::printf("prompt            %lld tokens: %.1f ± %.1f tokens/s over %lld runs (first run, with program loads: %.1f)\n",
+              static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(runs),
+              static_cast<double>(prompt_n) / p0);
+  std::printf("generation        %lld tokens: %.1f ± %.1f tokens/s over %lld runs (first run: %.1f)\n",
+              static_cast<long long>(gen_n), gt.mean, gt.sd, static_cast<long long>(runs),
+              static_cast<double>(gen_n) / g0);
+  std::printf("peak RSS          %.1f MiB (%.2fx the file)\n", rss_mib, rss_mib / file_mib);
   if (kernels) {
     auto ks = ex->stats().kernels;
     double total = 0;
@@ -133,5 +174,13 @@ int main(int argc, char** argv) {
       std::printf("  %-28s %8.4f ms %10.1f MB %8.1f GB/s\n", k.name.c_str(), k.last_ms, static_cast<double>(k.bytes) / 1e6,
                   k.last_ms > 0 ? static_cast<double>(k.bytes) / k.last_ms / 1e6 : 0.0);
   }
+  std::string device = ex->info().name;
+  std::replace(device.begin(), device.end(), ' ', '_');
+  std::printf("bench_generate device=%s prompt=%lld prompt_tps=%.2f prompt_tps_sd=%.2f generate=%lld gen_tps=%.2f "
+              "gen_tps_sd=%.2f peak_rss_mib=%.1f file_mib=%.1f load_s=%.3f compile_s=%.3f programs=%lld context=%lld "
+              "file=%s\n",
+              device.c_str(), static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(gen_n), gt.mean,
+              gt.sd, rss_mib, file_mib, st.load_seconds, st.compile_seconds, static_cast<long long>(st.programs),
+              static_cast<long long>(s->context()), path.c_str());
   return 0;
 }
