@@ -97,7 +97,27 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
   expr visible = compare(t, pos, compare_kind::le);
   if (window > 0) visible = visible * compare(t, pos - static_cast<double>(window), compare_kind::gt);
   const expr probs = nn::softmax(select(visible, scores, -1e30), -1);
-  const expr out = matmul(reshape(probs, {kv_heads, group * l, attended}), v);  // [kv, group * l, d]
+  // probs x v: [kv, group * l, attended] x [kv, attended, d]. With few query rows (decode) that
+  // product is one output tile per key/value head and a long loop over the attended rows; split
+  // the rows into `parts` slices, multiplied as a batch, and add the slices' products up, so that
+  // kv_heads x parts workgroups share the loop.
+  const int64_t rows = group * l;
+  int64_t parts = 1;
+  if (rows <= 64)
+    for (int64_t p : {16, 8, 4, 2})
+      if (attended % p == 0 && attended / p >= 32) {
+        parts = p;
+        break;
+      }
+  expr out;  // [kv, group * l, d]
+  if (parts == 1) {
+    out = matmul(reshape(probs, {kv_heads, rows, attended}), v);
+  } else {
+    const int64_t slice = attended / parts;
+    const expr ps = permute(reshape(probs, {kv_heads, rows, parts, slice}), {0, 2, 1, 3});  // [kv, parts, rows, slice]
+    const expr vs = reshape(v, {kv_heads, parts, slice, head_dim});
+    out = sum(matmul(ps, vs), {1});  // [kv, parts, rows, d] -> [kv, rows, d]
+  }
   return reshape(permute(reshape(out, {kv_heads, group, l, head_dim}), {2, 0, 1, 3}), {l, heads * head_dim});
 }
 
