@@ -33,17 +33,6 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
                     (wt == dtype::f32 || wt == dtype::f16 || wt == dtype::bf16);
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= 128 && caps.variants.matvec != "shared";
   const uint32_t local = sg ? std::max<uint32_t>(128, caps.subgroup_size) : 64;
-  // Quantized rows through a shared-memory window: a subgroup copies the bytes of its next
-  // `lanes` chunks with lane-adjacent word loads (coalesced, many in flight), then each lane
-  // decodes its chunk from shared memory. Read straight from the buffer, a lane's chunk is 8 or
-  // more words at a block's stride from its neighbours': every load instruction touches a
-  // sector per lane. Needs whole blocks per window (lanes chunks).
-  const int64_t lanes = caps.subgroup_size, chunk_blocks = quant ? std::max<int64_t>(1, block_elements(wt) / 32) : 1;
-  const bool window = quant && sg && lanes % chunk_blocks == 0 && caps.variants.matvec != "direct";
-  const int64_t rb = quant ? *row_bytes(wt, kd) : 0;
-  const int64_t window_bytes = window ? lanes / chunk_blocks * block_bytes(wt) : 0;
-  const int64_t window_words = window_bytes / 4 + 2;  // + a partial word at either end
-  const int64_t subgroups = local / lanes;
 
   emitter e(g, q, false);
   e.bind(k.root);
@@ -72,16 +61,6 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     }
     src += "}\n";
   }
-  if (window) {
-    src += "shared uint win[" + std::to_string(subgroups) + "][" + std::to_string(window_words) + "];\n";
-    src += "uint win_sg, win_shift;  // this subgroup's window, and where its first block starts in it\n";
-    src += "uint win_u8(uint o) { o += win_shift; return (win[win_sg][o >> 2] >> ((o & 3u) << 3)) & 255u; }\n";
-    src += "uint win_u16(uint o) { o += win_shift; return (win[win_sg][o >> 2] >> ((o & 2u) << 3)) & 65535u; }\n";
-    src += "uint win_u32(uint o) { o += win_shift; uint w = o >> 2; return (o & 2u) == 0u ? win[win_sg][w] : "
-           "(win[win_sg][w] >> 16) | (win[win_sg][w + 1u] << 16); }\n";
-    src += "float win_f16(uint o) { return unpackHalf2x16(win_u16(o)).x; }\n";
-    src += quant_chunk_decoder(wt, "win");
-  }
   src += lx + lw + "void main() {\n";
   if (sg) {
     // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
@@ -93,24 +72,6 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
   }
   src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
-  if (window) {
-    // The runtime subgroup matches the one the window was sized for (a device may pick another
-    // size per pipeline); otherwise the direct loop below runs.
-    const std::string chunks = u(kd / 32);
-    src += "    if (gl_SubgroupSize == " + u(lanes) + " && gl_NumSubgroups == " + u(subgroups) + ") {\n";
-    src += "      win_sg = gl_SubgroupID;\n";
-    src += "      for (uint c0 = 0u; c0 < " + chunks + "; c0 += " + u(lanes) + ") {\n";
-    src += "        uint base = row * " + u(rb) + " + c0 / " + u(chunk_blocks) + " * " + u(block_bytes(wt)) + ";\n";
-    src += "        uint end = min(base + " + u(window_bytes) + ", (row + 1u) * " + u(rb) + ");\n";
-    src += "        uint first = base >> 2, words = (end + 3u) / 4u - first;\n        win_shift = base & 3u;\n";
-    src += "        for (uint i = lane; i < words; i += " + u(lanes) + ") win[win_sg][i] = " + wb + ".v[first + i];\n";
-    src += "        subgroupMemoryBarrierShared();\n        subgroupBarrier();\n";
-    src += "        uint c = c0 + lane;\n        if (c < " + chunks + ") {\n          float v[32];\n";
-    src += "          win_chunk_at((lane / " + u(chunk_blocks) + ") * " + u(block_bytes(wt)) + ", lane % " + u(chunk_blocks) + ", v);\n";
-    src += "          " + mloop + "{\n            uint xb = mi * " + u(kd) + " + c * 32u;\n            float s = 0.0;\n";
-    src += "            [[unroll]] for (uint j = 0u; j < 32u; ++j) s = fma(v[j], load_x(xb + j), s);\n            acc[mi] += s;\n          }\n        }\n";
-    src += "        subgroupBarrier();  // every lane has read the window before it is refilled\n      }\n    } else\n";
-  }
   if (quant || wide) {
     const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
     src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +
@@ -133,8 +94,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   src += "  }\n}\n";
 
   kernel_source s;
-  s.name = std::string(sg ? (window ? "lmvw" : "lmv") : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" +
-           std::to_string(k.root);
+  s.name = std::string(sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size : 1;
   s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};

@@ -3,10 +3,7 @@
 // allocation rounded up to 4 bytes) and read through functions named after its binding:
 //   <b>_dq(i)          element i of the tensor (flat index, any kernel's index arithmetic);
 //   <b>_chunk(r, c, v) elements [32c, 32c + 32) of row r into v[32], whole 32-bit words at a time
-//                      (the matrix-vector kernel: one block header per 32 values), through
-//   <b>_chunk_at(o, sub, v), the same for 32-element chunk `sub` of the block at byte offset o.
-// quant_chunk_decoder() emits _chunk_at for any reader prefix: the matrix-vector kernel also
-// decodes from a shared-memory copy of the row (readers <p>_u8/_u16/_u32/_f16 over it).
+//                      (the matrix-vector kernel: one block header per 32 values).
 // Every block size is even and every field sits at an even offset, so a 16-bit field never
 // straddles a word and a 32-bit read at an even offset spans at most two words.
 #include "gpu/glsl_emitter.hpp"
@@ -28,44 +25,6 @@ std::string readers(const std::string& b) {
 
 }  // namespace
 
-std::string quant_chunk_decoder(dtype t, const std::string& p) {
-  std::string s;
-  const std::string head = "void " + p + "_chunk_at(uint o, uint sub, out float v[32]) {\n";
-  switch (t) {
-    case dtype::q8_0:
-      s += head + "  float d = " + p + "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + p +
-           "_u32(o + 2u + 4u * w);\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float(int(q << (24u - 8u * e)) >> 24);\n  }\n}\n";
-      break;
-    case dtype::q4_0:
-      s += head + "  float d = " + p + "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 4u; ++w) {\n    uint q = " + p +
-           "_u32(o + 2u + 4u * w);\n" + "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      uint x = (q >> (8u * e)) & 255u;\n" +
-           "      v[4u * w + e] = (float(x & 15u) - 8.0) * d;\n      v[4u * w + e + 16u] = (float(x >> 4) - 8.0) * d;\n    }\n  }\n}\n";
-      break;
-    case dtype::q4_k:
-      // Scale and min of sub-block j (0..7) from the 12 packed bytes at o + 4.
-      s += "vec2 " + p + "_sm(uint o, uint j) {\n  uint q = o + 4u;\n  if (j < 4u) return vec2(float(" + p + "_u8(q + j) & 63u), float(" + p +
-           "_u8(q + j + 4u) & 63u));\n  return vec2(float((" + p + "_u8(q + j + 4u) & 15u) | ((" + p + "_u8(q + j - 4u) >> 6) << 4)), float((" + p +
-           "_u8(q + j + 4u) >> 4) | ((" + p + "_u8(q + j) >> 6) << 4)));\n}\n";
-      s += head + "  vec2 sm = " + p + "_sm(o, sub);\n  float d = " + p + "_f16(o) * sm.x, m = " + p +
-           "_f16(o + 2u) * sm.y;\n  uint shift = (sub & 1u) * 4u;\n" + "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + p +
-           "_u32(o + 16u + 32u * (sub / 2u) + 4u * w) >> shift;\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float((q >> (8u * e)) & 15u) - m;\n  }\n}\n";
-      break;
-    case dtype::q6_k:
-      s += head + "  uint h = sub / 4u, quad = sub % 4u, qlo = o + 64u * h + 32u * (quad & 1u), qho = o + 128u + 32u * h;\n" +
-           "  uint so = o + 192u + 8u * h + 2u * quad;\n  float d = " + p + "_f16(o + 208u);\n" + "  float d0 = d * float(int(" + p +
-           "_u8(so) << 24) >> 24), d1 = d * float(int(" + p + "_u8(so + 1u) << 24) >> 24);\n" +
-           "  uint lshift = quad < 2u ? 0u : 4u, hshift = 2u * quad;\n" + "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint ql = " + p +
-           "_u32(qlo + 4u * w) >> lshift, qh = " + p + "_u32(qho + 4u * w) >> hshift;\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      int q = int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e)) & 3u) << 4)) - 32;\n" +
-           "      v[4u * w + e] = (w < 4u ? d0 : d1) * float(q);\n    }\n  }\n}\n";
-      break;
-    default: break;
-  }
-  return s;
-}
-
 std::string quant_decoders(const node& n, const std::string& b) {
   const dtype t = n.type;
   const int64_t k = n.dims.back(), rb = *row_bytes(t, k), be = block_elements(t), bb = block_bytes(t);
@@ -76,16 +35,30 @@ std::string quant_decoders(const node& n, const std::string& b) {
   switch (t) {
     case dtype::q8_0:
       s += "float " + b + "_dq(uint i) {\n" + locate + "  return " + b + "_f16(o) * float(int(" + b + "_u8(o + 2u + j) << 24) >> 24);\n}\n";
+      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + c * 34u;\n  float d = " + b +
+           "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + b + "_u32(o + 2u + 4u * w);\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float(int(q << (24u - 8u * e)) >> 24);\n  }\n}\n";
       break;
     case dtype::q4_0:
       s += "float " + b + "_dq(uint i) {\n" + locate + "  uint q = " + b + "_u8(o + 2u + (j & 15u));\n  q = j < 16u ? q & 15u : q >> 4;\n  return " +
            b + "_f16(o) * (float(q) - 8.0);\n}\n";
+      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + c * 18u;\n  float d = " + b +
+           "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 4u; ++w) {\n    uint q = " + b + "_u32(o + 2u + 4u * w);\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      uint x = (q >> (8u * e)) & 255u;\n" +
+           "      v[4u * w + e] = (float(x & 15u) - 8.0) * d;\n      v[4u * w + e + 16u] = (float(x >> 4) - 8.0) * d;\n    }\n  }\n}\n";
       break;
     case dtype::q4_k:
-      s += quant_chunk_decoder(t, b);  // defines <b>_sm, which _dq uses
+      // Scale and min of sub-block j (0..7) from the 12 packed bytes at o + 4.
+      s += "vec2 " + b + "_sm(uint o, uint j) {\n  uint p = o + 4u;\n  if (j < 4u) return vec2(float(" + b + "_u8(p + j) & 63u), float(" + b +
+           "_u8(p + j + 4u) & 63u));\n  return vec2(float((" + b + "_u8(p + j + 4u) & 15u) | ((" + b + "_u8(p + j - 4u) >> 6) << 4)), float((" + b +
+           "_u8(p + j + 4u) >> 4) | ((" + b + "_u8(p + j) >> 6) << 4)));\n}\n";
       s += "float " + b + "_dq(uint i) {\n" + locate + "  uint sub = j / 32u;\n  uint q = " + b +
            "_u8(o + 16u + 32u * (sub / 2u) + j % 32u);\n  q = (sub & 1u) == 0u ? q & 15u : q >> 4;\n  vec2 sm = " + b +
            "_sm(o, sub);\n  return " + b + "_f16(o) * sm.x * float(q) - " + b + "_f16(o + 2u) * sm.y;\n}\n";
+      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + (c / 8u) * 144u, sub = c % 8u;\n  vec2 sm = " + b +
+           "_sm(o, sub);\n  float d = " + b + "_f16(o) * sm.x, m = " + b + "_f16(o + 2u) * sm.y;\n  uint shift = (sub & 1u) * 4u;\n" +
+           "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + b + ".v[(o + 16u + 32u * (sub / 2u)) / 4u + w] >> shift;\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float((q >> (8u * e)) & 15u) - m;\n  }\n}\n";
       break;
     case dtype::q6_k:
       s += "float " + b + "_dq(uint i) {\n" + locate +
@@ -93,13 +66,18 @@ std::string quant_decoders(const node& n, const std::string& b) {
            "  uint lo = quad < 2u ? ql & 15u : ql >> 4;\n  uint hi = (" + b + "_u8(o + 128u + 32u * h + l) >> (2u * quad)) & 3u;\n" +
            "  int sc = int(" + b + "_u8(o + 192u + 8u * h + l / 16u + 2u * quad) << 24) >> 24;\n  return " + b +
            "_f16(o + 208u) * float(sc) * float(int(lo | (hi << 4)) - 32);\n}\n";
+      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + (c / 8u) * 210u, sub = c % 8u;\n" +
+           "  uint h = sub / 4u, quad = sub % 4u, qlo = o + 64u * h + 32u * (quad & 1u), qho = o + 128u + 32u * h;\n" +
+           "  uint so = o + 192u + 8u * h + 2u * quad;\n  float d = " + b + "_f16(o + 208u);\n" +
+           "  float d0 = d * float(int(" + b + "_u8(so) << 24) >> 24), d1 = d * float(int(" + b + "_u8(so + 1u) << 24) >> 24);\n" +
+           "  uint lshift = quad < 2u ? 0u : 4u, hshift = 2u * quad;\n" +
+           "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint ql = " + b + "_u32(qlo + 4u * w) >> lshift, qh = " + b +
+           "_u32(qho + 4u * w) >> hshift;\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      int q = int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e)) & 3u) << 4)) - 32;\n" +
+           "      v[4u * w + e] = (w < 4u ? d0 : d1) * float(q);\n    }\n  }\n}\n";
       break;
-    default: return s;
+    default: break;
   }
-  if (t != dtype::q4_k) s += quant_chunk_decoder(t, b);
-  const int64_t chunks_per_block = be / 32;
-  s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  " + b + "_chunk_at(r * " + u(rb) + " + (c / " + u(chunks_per_block) +
-       ") * " + u(bb) + ", c % " + u(chunks_per_block) + ", v);\n}\n";
   return s;
 }
 

@@ -25,9 +25,7 @@ struct kernel_variants {
   uint32_t gemm_swizzle = 0;
   /// linear's matrix-vector kernel (few rows of x): "" sums each weight row's partials with
   /// subgroupAdd where the device has subgroup arithmetic (`lmv`), "shared" always through a
-  /// shared-memory tree in a 64-thread workgroup (`lmvs`, what devices without it run);
-  /// quantized weights go through a shared-memory window of each row (`lmvw`) unless "direct"
-  /// (each lane decodes its chunk straight from the buffer: `lmv`, for comparison).
+  /// shared-memory tree in a 64-thread workgroup (`lmvs`, what devices without it run).
   std::string matvec;
 };
 

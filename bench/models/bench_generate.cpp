@@ -8,7 +8,7 @@
 // loading their programs: a warm-up run of the same shapes comes first and is not timed; then
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
-// core). MESH_MATVEC=direct|shared picks another matrix-vector kernel (kernel_variants::matvec).
+// core). MESH_MATVEC=shared picks the shared-memory matrix-vector kernel (kernel_variants::matvec).
 // The last line is machine-readable, key=value pairs:
 //   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
 //   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N file=PATH
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
   if (cpu) {
     ex = gpu::make_cpu_executor(static_cast<unsigned>(threads));
   } else {
-    // MESH_MATVEC (kernel_variants::matvec: "direct", "shared") compares matrix-vector kernels.
+    // MESH_MATVEC (kernel_variants::matvec, e.g. "shared") compares matrix-vector kernels.
     gpu::vulkan_options vo;
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
     auto vk = gpu::make_vulkan_executor(vo);
