@@ -12,10 +12,13 @@
 #   MESH       default build/release/bench/models/mesh-bench-generate (a Release build)
 #   THREADS    default 2;  REPS default 3 (llama-bench -r and mesh-bench-generate --runs)
 #   OUT        where results and the table go (default /tmp/bench-cpu-<time>)
-#   SKIP_LLAMA=1 / SKIP_MESH=1   one side only (a result already in OUT is kept and tabled)
+#   SKIP_LLAMA=1 / SKIP_MESH=1   one side only (results already in OUT are kept and tabled; a
+#              later result for the same file replaces an earlier one)
 #   CASE_TIMEOUT  seconds per file and side (default 900); PROMPT, GENERATE (default 128, 32)
 # llama-bench runs -p 128 -n 32 -d 0,128 (tg32 at an empty cache and after 128 positions, which is
 # where meshnode's generation runs). Both run THREADS threads (llama-bench -t, mesh --threads).
+# One file at a time, llama.cpp then meshnode, so that the two of a file see about the same load
+# (the machine is shared: the load average is printed beside each run).
 set -u -o pipefail
 T0=$SECONDS
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -28,44 +31,49 @@ O=${OUT:-/tmp/bench-cpu-$(date +%Y%m%d-%H%M%S)}
 P=${PROMPT:-128} G=${GENERATE:-32}
 mkdir -p "$O"
 log() { printf '[cpu %4ds] %s\n' $((SECONDS - T0)) "$*"; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
 if [ $# -gt 0 ]; then FILES=("$@"); else
   FILES=()
   for s in qwen05b-Q4_K_M qwen05b-Q8_0 llama1b-Q4_K_M qwen05b-f16 llama1b-Q8_0 llama1b-f16; do FILES+=("$GGUF_DIR/$s.gguf"); done
 fi
-log "out $O; $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+log "out $O; $(nproc) cores; load: $(load)"
 grep -m1 'model name' /proc/cpuinfo
 
-if [ "${SKIP_LLAMA:-0}" != 1 ]; then
-  for f in "${FILES[@]}"; do
-    [ -s "$f" ] || { log "missing $f"; continue; }
-    log "+ llama-bench $f (load $(cut -d' ' -f1 /proc/loadavg))"
-    /usr/bin/python3 - "$O/llama-rss.txt" timeout "${CASE_TIMEOUT:-900}" "$LLAMA_BIN/llama-bench" -m "$f" \
-      -p $P -n $G -d 0,$P -t "$THREADS" -r "$REPS" -o jsonl -oe md >>"$O/llama.jsonl" 2>"$O/llama-bench.err" <<'EOF'
+# Peak RSS of a child (llama-bench prints none).
+cat >"$O/rss.py" <<'EOF'
 import resource, subprocess, sys
 rc = subprocess.call(sys.argv[2:])
 with open(sys.argv[1], "a") as f:
     f.write("%s peak_rss_kib=%d\n" % (sys.argv[sys.argv.index("-m") + 1], resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
 sys.exit(rc)
 EOF
-    rc=$?
-    grep '^|' "$O/llama-bench.err" | grep -v '^| model\|^| ---'
-    [ $rc = 0 ] || { log "llama-bench exit $rc"; tail -5 "$O/llama-bench.err"; }
-  done
-fi
 
-if [ "${SKIP_MESH:-0}" != 1 ]; then
-  for f in "${FILES[@]}"; do
-    [ -s "$f" ] || continue
-    log "+ mesh-bench-generate $f --cpu (load $(cut -d' ' -f1 /proc/loadavg))"
-    timeout "${CASE_TIMEOUT:-900}" "$MESH" "$f" --cpu --prompt $P --generate $G --context $((P + G)) --runs "$REPS" \
-      --threads "$THREADS" \
-      >"$O/mesh.out" 2>"$O/mesh.err"
-    rc=$?
-    cat "$O/mesh.out"; tail -5 "$O/mesh.err"
-    [ $rc = 0 ] || log "mesh-bench-generate exit $rc$([ $rc = 124 ] && echo ' (timed out)')"
-    grep '^bench_generate ' "$O/mesh.out" >>"$O/mesh.txt"
-  done
-fi
+llama_one() {
+  local f=$1 rc
+  log "+ llama-bench $f (load $(load))"
+  /usr/bin/python3 "$O/rss.py" "$O/llama-rss.txt" timeout "${CASE_TIMEOUT:-900}" "$LLAMA_BIN/llama-bench" -m "$f" \
+    -p "$P" -n "$G" -d "0,$P" -t "$THREADS" -r "$REPS" -o jsonl -oe md >>"$O/llama.jsonl" 2>"$O/llama-bench.err"
+  rc=$?
+  grep '^|' "$O/llama-bench.err" | grep -v '^| model\|^| ---'
+  [ $rc = 0 ] || { log "llama-bench exit $rc"; tail -5 "$O/llama-bench.err"; }
+}
 
-log "done (load $(cut -d' ' -f1-3 /proc/loadavg)); table (also in $O/table.md):"
-/usr/bin/python3 "$HERE/bench_table.py" "$O" $P $G "${FILES[@]}" | tee "$O/table.md"
+mesh_one() {
+  local f=$1 rc
+  log "+ mesh-bench-generate $f --cpu (load $(load))"
+  timeout "${CASE_TIMEOUT:-900}" "$MESH" "$f" --cpu --prompt "$P" --generate "$G" --context $((P + G)) \
+    --runs "$REPS" --threads "$THREADS" >"$O/mesh.out" 2>"$O/mesh.err"
+  rc=$?
+  cat "$O/mesh.out"; tail -5 "$O/mesh.err"
+  [ $rc = 0 ] || log "mesh-bench-generate exit $rc$([ $rc = 124 ] && echo ' (timed out)')"
+  cat "$O/mesh.out" >>"$O/mesh.txt"
+}
+
+for f in "${FILES[@]}"; do
+  [ -s "$f" ] || { log "missing $f"; continue; }
+  [ "${SKIP_LLAMA:-0}" = 1 ] || llama_one "$f"
+  [ "${SKIP_MESH:-0}" = 1 ] || mesh_one "$f"
+done
+
+log "done (load $(load)); table (also in $O/table.md):"
+/usr/bin/python3 "$HERE/bench_table.py" "$O" "$P" "$G" "${FILES[@]}" | tee "$O/table.md"
