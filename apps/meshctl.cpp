@@ -77,8 +77,12 @@ std::atomic<bool> interrupted{false};
 
 /// meshctl generate: the text to standard output as it comes, the statistics to standard error.
 int generate(mesh::client& c, const std::string& model, const std::string& prompt, const mesh::generation_options& o) {
-  // Ctrl-C withdraws the request (at the next piece), so the node stops generating for nobody.
-  std::signal(SIGINT, [](int) { interrupted = true; });
+  // The first Ctrl-C withdraws the request at the next piece, so the node stops generating for
+  // nobody; a second one (no piece came meanwhile, e.g. during a long load) ends meshctl at once.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { interrupted = true; };
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
   auto r = c.generate(model, prompt, o, [](std::string_view piece, uint32_t) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
