@@ -90,7 +90,7 @@ int generate(mesh::client& c, const std::string& model, const std::string& promp
   });
   if (!r) {
     std::fflush(stdout);
-    std::cerr << "meshctl generate: " << r.error().message << "\n";
+    std::cerr << "meshctl: " << r.error().message << "\n";  // the node's messages name the command
     return 1;
   }
   // The text is exactly what the model generated; a terminal gets a line break after it.

@@ -104,10 +104,10 @@ TEST_CASE("meshctl generate streams the node's text, reports statistics and clea
   const auto missing = meshctl(state, "generate " + (tmp.path / "nope.gguf").string() + " hi");
   CHECK(missing.status != 0);
   CHECK(missing.out.empty());
-  CHECK(missing.err.find("meshctl generate: cannot open " + (tmp.path / "nope.gguf").string()) != std::string::npos);
+  CHECK(missing.err.find("meshctl: cannot open " + (tmp.path / "nope.gguf").string()) != std::string::npos);
   const auto cold = meshctl(state, "generate " + model.string() + " hi --temperature -1");
   CHECK(cold.status != 0);
-  CHECK(cold.err.find("temperature -1 is not a finite number >= 0") != std::string::npos);
+  CHECK(cold.err.find("meshctl: generate: temperature -1 is not a finite number >= 0") != std::string::npos);
   const auto none = meshctl(state, "generate " + model.string() + " hi --max-tokens 0");
   CHECK(none.status != 0);
   CHECK(none.err.find("max_tokens is 0") != std::string::npos);
