@@ -26,6 +26,7 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
       },
       [=](down_atom, node_id id, std::string why, bool orderly) {
         self->send(self->state.a.membership, down_atom::value, id, why, orderly);
+        self->send(self->state.a.generator, down_atom::value, id);  // its generations stop
       },
       [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {
         // Graphs inside are validated here, once, against this node's limits (wire/graph_payload.hpp).
@@ -44,6 +45,8 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         const caf::actor& owner = std::holds_alternative<msg::hello>(*m) || std::holds_alternative<msg::peer_exchange>(*m) ? a.membership
                                   : std::holds_alternative<msg::heartbeat>(*m)                                             ? a.health
                                   : std::holds_alternative<msg::status_request>(*m)                                        ? a.status
+                                  : std::holds_alternative<msg::generate_request>(*m) ||
+                                          std::holds_alternative<msg::generate_cancel>(*m)                                 ? a.generator
                                                                                                                            : a.jobs;
         self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
       },

@@ -12,6 +12,8 @@
 // jobs        the job coordinators and workers (job_engine) and training (train_engine); runs
 //             stages on the executor
 // status      answers status requests from the views of membership, health and jobs
+// generator   clients' generate requests: text generation from checkpoints on a thread of its
+//             own (generation_worker.hpp)
 // executor    owns the device; runs one stage (or training task) at a time
 // supervisor  starts them all; restarts the executor and status within a budget
 //
@@ -57,7 +59,7 @@ struct node_context {
 using context_ptr = std::shared_ptr<const node_context>;
 
 struct node_actors {
-  caf::actor bridge, membership, health, jobs, status;
+  caf::actor bridge, membership, health, jobs, status, generator;
 };
 using actors_ptr = std::shared_ptr<const node_actors>;
 
@@ -135,6 +137,7 @@ caf::actor spawn_membership(caf::local_actor& parent, context_ptr ctx);  ///< me
 caf::actor spawn_health(caf::local_actor& parent, context_ptr ctx);      ///< health_actor.cpp
 caf::actor spawn_jobs(caf::local_actor& parent, context_ptr ctx);        ///< jobs_actor.cpp
 caf::actor spawn_status(caf::local_actor& parent, context_ptr ctx);      ///< status_actor.cpp
+caf::actor spawn_generator(caf::local_actor& parent, context_ptr ctx);   ///< generator_actor.cpp
 
 /// supervisor_actor.cpp: the node's root actor. It installs the bridge in `bridge_slot` (under
 /// `bridge_mutex`) and replays `early` to it.

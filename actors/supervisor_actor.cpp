@@ -1,5 +1,5 @@
 // The supervisor: starts the node's children; restarts the executor and the status actor within a
-// budget; a crash of an actor that holds the node's state (bridge, membership, health, jobs)
+// budget; a crash of an actor that holds the node's state (bridge, membership, health, jobs, generator)
 // stops the node with a non-zero exit, for its own supervisor (systemd) to restart it whole.
 #include "actors/node_shell.hpp"
 
@@ -33,9 +33,10 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, cont
   st.a.health = spawn_health(*self, ctx);
   st.a.jobs = spawn_jobs(*self, ctx);
   st.a.status = spawn_status(*self, ctx);
+  st.a.generator = spawn_generator(*self, ctx);
   const auto wire_all = [=] {
     auto handles = std::make_shared<const node_actors>(self->state.a);
-    for (const auto& child : {handles->bridge, handles->membership, handles->health, handles->jobs, handles->status})
+    for (const auto& child : {handles->bridge, handles->membership, handles->health, handles->jobs, handles->status, handles->generator})
       self->send(child, wire_atom::value, handles);
   };
   wire_all();
@@ -54,7 +55,7 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, cont
   start_executor();
   const auto stop_all = [=](const caf::error& reason) {
     auto& s = self->state;
-    for (const auto& child : {s.a.bridge, s.a.membership, s.a.health, s.a.jobs, s.a.status, s.executor})
+    for (const auto& child : {s.a.bridge, s.a.membership, s.a.health, s.a.jobs, s.a.status, s.a.generator, s.executor})
       self->send_exit(child, caf::exit_reason::user_shutdown);
     self->quit(reason);
   };

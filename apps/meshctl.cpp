@@ -1,12 +1,17 @@
-// meshctl: shows the mesh as a node sees it.
+// meshctl: shows and steers the mesh as a node sees it.
 //
 //   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
 //   meshctl --json peers                     the same as JSON, for scripts
+//   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file.
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <thread>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -68,20 +73,88 @@ void print_status(const mesh::msg::status_reply& s) {
               s.node.to_string().c_str(), s.device.c_str(), s.gflops, s.uptime_s, healthy, suspect, dead, running, s.jobs.size());
 }
 
+std::atomic<bool> interrupted{false};
+
+/// meshctl generate: the text to standard output as it comes, the statistics to standard error.
+int generate(mesh::client& c, const std::string& model, const std::string& prompt, const mesh::generation_options& o) {
+  // The first Ctrl-C withdraws the request at the next piece, so the node stops generating for
+  // nobody; a second one (no piece came meanwhile, e.g. during a long load) ends meshctl at once.
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { interrupted = true; };
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  auto r = c.generate(model, prompt, o, [](std::string_view piece, uint32_t) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return !interrupted.load();
+  });
+  if (!r) {
+    std::fflush(stdout);
+    std::cerr << "meshctl: " << r.error().message << "\n";  // the node's messages name the command
+    return 1;
+  }
+  // The text is exactly what the model generated; a terminal gets a line break after it.
+  if (isatty(STDOUT_FILENO) && !r->text.empty() && r->text.back() != '\n') std::printf("\n");
+  std::fflush(stdout);
+  const auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  std::fprintf(stderr, "prompt: %u tokens in %.3f s, %.1f tokens/s\n", r->prompt_tokens, r->prompt_seconds,
+               rate(r->prompt_tokens, r->prompt_seconds));
+  std::fprintf(stderr, "generated: %u tokens in %.3f s, %.1f tokens/s (finish: %s)\n", r->tokens, r->generate_seconds,
+               rate(r->tokens, r->generate_seconds), to_string(r->finish));
+  if (r->first_piece_seconds >= 0)
+    std::fprintf(stderr, "time to first token: %.3f s", r->first_piece_seconds);
+  else
+    std::fprintf(stderr, "time to first token: - (no text)");
+  if (r->load_seconds > 0) std::fprintf(stderr, " (model loaded in %.3f s)", r->load_seconds);
+  std::fprintf(stderr, "\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"meshctl: show the mesh"};
+  CLI::App app{"meshctl: show and steer the mesh"};
   std::string node, state_dir = mesh::app::default_state_dir(), secret_file, command;
   bool json = false;
   int count = 0;
-  app.add_option("command", command, "peers, status, jobs or top")->required()->check(CLI::IsMember({"peers", "status", "jobs", "top"}));
+  app.add_option("command", command, "peers, status, jobs or top")->check(CLI::IsMember({"peers", "status", "jobs", "top"}));
+  std::string model, prompt;
+  mesh::generation_options gen;
+  int64_t max_tokens = gen.max_tokens;
+  auto* gen_cmd = app.add_subcommand("generate", "generate text from a checkpoint on the node, streamed to standard output "
+                                                 "(statistics to standard error)");
+  gen_cmd->fallthrough();
+  gen_cmd->add_option("model", model, "checkpoint path on the node: a GGUF file or a Hugging Face directory")->required();
+  gen_cmd->add_option("prompt", prompt, "the prompt text")->required();
+  gen_cmd->add_option("--max-tokens", max_tokens, "most tokens to generate (capped by the context left after the prompt)")
+      ->capture_default_str();
+  gen_cmd->add_option("--temperature", gen.sampling.temperature, "0: greedy")->capture_default_str();
+  gen_cmd->add_option("--top-k", gen.sampling.top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
+  gen_cmd->add_option("--top-p", gen.sampling.top_p, "keep the most likely tokens up to this probability (1: off)")->capture_default_str();
+  gen_cmd->add_option("--min-p", gen.sampling.min_p, "drop tokens below this fraction of the most likely (0: off)")->capture_default_str();
+  gen_cmd->add_option("--repeat-penalty", gen.sampling.repeat_penalty, "penalty for tokens already seen (1: off)")->capture_default_str();
+  gen_cmd->add_option("--seed", gen.sampling.seed, "sampling seed: the same seed gives the same text")->capture_default_str();
+  gen_cmd->add_option("--stop", gen.stop, "end before this text (repeatable)")->allow_extra_args(false);
+  gen_cmd->add_flag("--chat", gen.chat, "render the prompt as one user message with the checkpoint's chat template");
+  gen_cmd->add_option("--chat-template", gen.chat_template,
+                      "with --chat: this template family instead of the checkpoint's (chatml, qwen2.5, llama3, llama3.1, llama2, "
+                      "mistral, gemma)");
   app.add_option("--node", node, "NODEID@HOST:PORT of the node to ask")->envname("MESH_NODE");
   app.add_option("--state-dir", state_dir, "a local node's state directory (its endpoint file)")->envname("MESH_STATE_DIR");
   app.add_option("--secret-file", secret_file, "mesh secret file")->envname("MESH_SECRET_FILE");
   app.add_flag("--json", json, "print JSON");
   app.add_option("--count", count, "top: stop after this many refreshes (0 = until interrupted)");
   CLI11_PARSE(app, argc, argv);
+  const bool generating = gen_cmd->parsed();
+  if (!generating && command.empty()) {
+    std::cerr << "meshctl: say what to do: peers, status, jobs, top or generate (--help lists them)\n";
+    return 2;
+  }
+  if (generating && (max_tokens < 0 || max_tokens > UINT32_MAX)) {
+    std::cerr << "meshctl generate: --max-tokens " << max_tokens << " is out of range\n";
+    return 2;
+  }
+  gen.max_tokens = static_cast<uint32_t>(max_tokens);
 
   if (node.empty()) {
     std::ifstream f(state_dir + "/endpoint");
@@ -104,6 +177,7 @@ int main(int argc, char** argv) {
     std::cerr << "meshctl: " << c.error().message << "\n";
     return 1;
   }
+  if (generating) return generate(**c, model, prompt, gen);
   for (int round = 0;; ++round) {
     auto s = (*c)->status();
     if (!s) {

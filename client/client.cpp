@@ -27,6 +27,16 @@ class client_impl {
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
   std::map<uint64_t, std::function<void(const msg::train_checkpoint&)>> checkpoints;  // by training id
   std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
+  /// Generations in flight (client::generate), by request id.
+  struct generation_call {
+    generation_callback on_piece;
+    std::string text;
+    std::chrono::steady_clock::time_point sent;
+    double first_piece_seconds = -1;
+    bool withdrawn = false;  ///< on_piece said stop: the cancel was sent
+    std::promise<expected<msg::generate_done>> done;
+  };
+  std::map<uint64_t, std::shared_ptr<generation_call>> generations;
   /// Callbacks running now (they run without the lock), by request id, with the thread running
   /// each: withdraw() waits until none of its request runs, so that a caller who gave up may
   /// free what they capture.
@@ -60,6 +70,8 @@ class client_impl {
     }
     for (auto& [id, p] : statuses) p.set_value(make_error(error_code::network, why));
     statuses.clear();
+    for (auto& [id, g] : generations) g->done.set_value(make_error(error_code::network, why));
+    generations.clear();
   }
 
   /// Asks the node for its view of the mesh; the reply refreshes `others` (no one waits for it).
@@ -138,6 +150,7 @@ class client_impl {
     progress.erase(id);
     checkpoints.erase(id);
     job_progress.erase(id);
+    generations.erase(id);
     trainings.erase(id);  // nor is it resumed on another node if this one goes away
     training_data.erase(id);
     resuming.erase(id);
@@ -149,6 +162,44 @@ class client_impl {
       const auto [first, last] = calling.equal_range(id);
       return std::none_of(first, last, [&](const auto& kv) { return kv.second != me; });
     });
+  }
+
+  /// A piece of a generation: kept, and given to the caller's callback without the lock (listed
+  /// in `calling` meanwhile, as call_back does); a callback that says stop withdraws the request
+  /// at the node.
+  void on_piece(const msg::generate_piece& p) {
+    std::shared_ptr<generation_call> g;
+    std::multimap<uint64_t, std::thread::id>::iterator running;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      auto it = generations.find(p.request);
+      if (it == generations.end()) return;
+      g = it->second;
+      if (g->first_piece_seconds < 0)
+        g->first_piece_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - g->sent).count();
+      g->text += p.text;
+      if (!g->on_piece || g->withdrawn) return;
+      running = calling.emplace(p.request, std::this_thread::get_id());
+    }
+    bool more = true;
+    {
+      struct finished {
+        client_impl* self;
+        std::multimap<uint64_t, std::thread::id>::iterator running;
+        ~finished() {
+          std::lock_guard<std::mutex> lock(self->m);
+          self->calling.erase(running);
+          self->cv.notify_all();
+        }
+      } done{this, running};
+      more = g->on_piece(p.text, p.tokens);
+    }
+    if (more) return;
+    std::lock_guard<std::mutex> lock(m);
+    g->withdrawn = true;
+    if (up)
+      if (auto bytes = msg::encode_message(msg::generate_cancel{p.request}))
+        (void)ep->send(node, transport::channel::control, std::move(*bytes));
   }
 
   void on_message(std::vector<uint8_t> bytes) {
@@ -165,6 +216,18 @@ class client_impl {
     }
     if (auto* k = std::get_if<msg::train_checkpoint>(&*decoded)) {
       call_back(checkpoints, k->train, *k);
+      return;
+    }
+    if (auto* p = std::get_if<msg::generate_piece>(&*decoded)) {
+      on_piece(*p);
+      return;
+    }
+    if (auto* d = std::get_if<msg::generate_done>(&*decoded)) {
+      std::lock_guard<std::mutex> lock(m);
+      auto it = generations.find(d->request);
+      if (it == generations.end()) return;
+      it->second->done.set_value(std::move(*d));
+      generations.erase(it);
       return;
     }
     if (auto* p = std::get_if<msg::job_progress>(&*decoded)) {
@@ -460,6 +523,53 @@ expected<job_outcome> client::run(const graph& g, const tensor_map& inputs, cons
   if (!in_time)
     return make_error(error_code::timeout, "the job did not finish within " + std::to_string(timeout.count()) + " ms");
   return pending.done.get();
+}
+
+expected<generation_outcome> client::generate(const std::string& model, const std::string& prompt,
+                                              const generation_options& options, generation_callback on_piece) {
+  auto call = std::make_shared<client_impl::generation_call>();
+  call->on_piece = std::move(on_piece);
+  auto done = call->done.get_future();
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->m);
+    if (!impl_->up) return make_error(error_code::network, impl_->failure.empty() ? "not connected" : impl_->failure);
+    id = impl_->next_id++;
+    msg::generate_request r{id, model, prompt, options.chat, options.chat_template, options.sampling, options.stop, options.max_tokens};
+    auto bytes = msg::encode_message(r);
+    if (!bytes) return tl::unexpected(bytes.error());
+    call->sent = std::chrono::steady_clock::now();
+    impl_->generations[id] = call;
+    const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
+    if (auto ok = impl_->ep->send(impl_->node, ch, std::move(*bytes)); !ok) {
+      impl_->generations.erase(id);
+      return tl::unexpected(ok.error());
+    }
+  }
+  const bool in_time = done.wait_for(options.timeout) == std::future_status::ready;
+  if (!in_time) {
+    std::lock_guard<std::mutex> lock(impl_->m);
+    if (impl_->up)  // the node stops at its next token
+      if (auto bytes = msg::encode_message(msg::generate_cancel{id}))
+        (void)impl_->ep->send(impl_->node, transport::channel::control, std::move(*bytes));
+  }
+  impl_->withdraw(id);  // a callback running now finishes first; none runs after this
+  if (!in_time)
+    return make_error(error_code::timeout, "the generation did not finish within " + std::to_string(options.timeout.count()) +
+                                               " ms; it was withdrawn");
+  auto d = done.get();
+  if (!d) return tl::unexpected(d.error());
+  if (!d->ok) return make_error(d->code, d->error);
+  generation_outcome out;
+  out.text = std::move(call->text);
+  out.finish = d->finish;
+  out.prompt_tokens = d->prompt_tokens;
+  out.tokens = d->tokens;
+  out.load_seconds = d->load_seconds;
+  out.prompt_seconds = d->prompt_seconds;
+  out.generate_seconds = d->generate_seconds;
+  out.first_piece_seconds = call->first_piece_seconds;
+  return out;
 }
 
 expected<msg::status_reply> client::status(std::chrono::milliseconds timeout) {

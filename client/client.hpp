@@ -12,6 +12,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/node_id.hpp"
@@ -57,6 +58,38 @@ struct job_options {
   std::function<void(const job_progress_info&)> on_progress;
   std::chrono::milliseconds timeout = std::chrono::minutes(5);  ///< for run()
 };
+
+/// How to generate text through a node (client::generate).
+struct generation_options {
+  /// Render the prompt as one user message with the checkpoint's chat template.
+  bool chat = false;
+  /// With chat: a template family by name ("chatml", "llama3", ...); empty: the checkpoint's own.
+  std::string chat_template;
+  msg::sampling_params sampling;  ///< greedy by default (temperature 0)
+  std::vector<std::string> stop;  ///< generation ends before the first of these in the text
+  uint32_t max_tokens = 256;      ///< capped by the context left after the prompt (finish `context`)
+  /// For the whole request, loading the model included; past it the request is withdrawn.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
+
+/// A generation that ended (any finish reason; errors come back as errors).
+struct generation_outcome {
+  std::string text;  ///< every piece, joined
+  finish_reason finish = finish_reason::length;
+  uint32_t prompt_tokens = 0;
+  uint32_t tokens = 0;           ///< generated, an ending EOS included
+  double load_seconds = 0;       ///< the node loading the model for this request (0: it was loaded)
+  double prompt_seconds = 0;     ///< the node's prefill of the prompt
+  double generate_seconds = 0;   ///< the node's sampling and decoding after the prefill
+  /// From sending the request to the first piece of text, on this client's clock (the model's
+  /// loading and the prefill included); negative when no text came.
+  double first_piece_seconds = -1;
+};
+
+/// Receives each piece of generated text (whole UTF-8 characters) and the tokens generated so
+/// far, on a client thread; returning false withdraws the request (the node stops at its next
+/// token and the generation ends `cancelled`).
+using generation_callback = std::function<bool(std::string_view piece, uint32_t tokens)>;
 
 class client_impl;
 class client;
@@ -161,6 +194,13 @@ class client {
   pending_request start_training(const msg::train_spec& spec,
                                  std::function<void(const msg::train_progress&)> on_progress = {},
                                  std::function<void(const msg::train_checkpoint&)> on_checkpoint = {});
+  /// Generates text from `model`, a checkpoint path on the connected node (a GGUF file or a
+  /// Hugging Face directory), after `prompt`, streaming pieces to `on_piece` as they come. The node
+  /// loads the model on first use and keeps it for later requests. Errors (a missing file, a bad
+  /// option, a prompt past the context, the node busy) come back with the node's message. When
+  /// this returns, `on_piece` is neither running nor called again, so it may capture locals.
+  expected<generation_outcome> generate(const std::string& model, const std::string& prompt,
+                                        const generation_options& options = {}, generation_callback on_piece = {});
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.

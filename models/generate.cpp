@@ -105,6 +105,10 @@ expected<generation> generate(session& s, const tokenizer& tok, std::span<const 
     const int32_t next = smp->sample(*logits, history);
     out.tokens.push_back(next);
     history.push_back(next);
+    if (options.on_token && !options.on_token(static_cast<int64_t>(out.tokens.size()))) {
+      out.reason = stop_reason::callback;
+      break;
+    }
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
       out.reason = stop_reason::eos;
       break;

@@ -24,6 +24,12 @@ struct generate_options {
   std::vector<std::string> stop;
   /// End at the vocabulary's EOS or any of the config's eos ids (not emitted).
   bool stop_at_eos = true;
+  /// Called after each token is sampled with the number generated so far (that one included),
+  /// before its text is emitted; false ends generation (reason callback). Unlike the piece
+  /// callback it runs for every token, also one that adds no text yet (part of a UTF-8
+  /// character, a control token, text held back for a stop string): a node counts tokens and
+  /// notices a withdrawn request with it.
+  std::function<bool(int64_t tokens)> on_token;
 };
 
 enum class stop_reason { eos, stop_string, max_tokens, callback };

@@ -27,7 +27,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 12;
+inline constexpr uint16_t protocol_version = 13;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -404,12 +404,70 @@ struct train_checkpoint {
   bool operator==(const train_checkpoint&) const = default;
 };
 
+// ---- text generation through a node (actors/generation_worker.hpp, docs/models.md) ----
+
+/// How the next token is chosen (models/sampler.hpp gives the meaning and order of each step).
+struct sampling_params {
+  float temperature = 0.0f;     ///< <= 0 greedy; negative is refused
+  int32_t top_k = 0;            ///< 0: off
+  float top_p = 1.0f;           ///< 1: off
+  float min_p = 0.0f;           ///< 0: off
+  float repeat_penalty = 1.0f;  ///< 1: off
+  uint64_t seed = 0;
+  bool operator==(const sampling_params&) const = default;
+};
+
+/// Client -> node: generate text from a checkpoint on that node. Answered by generate_piece
+/// messages as text is decided, then one generate_done.
+struct generate_request {
+  uint64_t request = 0;     ///< chosen by the client, unique per client
+  std::string model;        ///< a checkpoint path on the node: a GGUF file or a Hugging Face directory
+  std::string prompt;
+  bool chat = false;        ///< render `prompt` as one user message with a chat template
+  std::string chat_template;  ///< with chat: a family name (models/chat_template.hpp); empty: the checkpoint's own
+  sampling_params sampling;
+  std::vector<std::string> stop;  ///< generation ends before the first of these in the text
+  uint32_t max_tokens = 256;
+  bool operator==(const generate_request&) const = default;
+};
+
+/// Node -> client: the next piece of generated text (whole UTF-8 characters).
+struct generate_piece {
+  uint64_t request = 0;
+  std::string text;
+  uint32_t tokens = 0;  ///< tokens generated so far (a piece may hold several, or a token none)
+  bool operator==(const generate_piece&) const = default;
+};
+
+/// Node -> client: the generation ended (ok) or failed (the error, nothing generated after it).
+struct generate_done {
+  uint64_t request = 0;
+  bool ok = false;
+  finish_reason finish = finish_reason::length;
+  uint32_t prompt_tokens = 0;
+  uint32_t tokens = 0;            ///< generated, an ending EOS included
+  double load_seconds = 0;        ///< loading the model for this request (0 when it was loaded)
+  double prompt_seconds = 0;      ///< prefill of the prompt
+  double generate_seconds = 0;    ///< sampling and decoding after the prefill
+  error_code code = error_code::internal;  ///< when !ok
+  std::string error;                       ///< when !ok: a sentence naming what was wrong
+  bool operator==(const generate_done&) const = default;
+};
+
+/// Client -> node: withdraw a generate_request (waiting or running); the node ends it with a
+/// generate_done of finish `cancelled`.
+struct generate_cancel {
+  uint64_t request = 0;
+  bool operator==(const generate_cancel&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
-                             stage_accepted, route_open, train_ready, ring_go>;
+                             stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
+                             generate_done, generate_cancel>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -594,6 +652,31 @@ void fields(F& f, train_resume& x) {
 template <class F>
 void fields(F& f, train_checkpoint& x) {
   f(x.train, x.step, x.state);
+}
+
+template <class F>
+void fields(F& f, sampling_params& x) {
+  f(x.temperature, x.top_k, x.top_p, x.min_p, x.repeat_penalty, x.seed);
+}
+
+template <class F>
+void fields(F& f, generate_request& x) {
+  f(x.request, x.model, x.prompt, x.chat, x.chat_template, x.sampling, x.stop, x.max_tokens);
+}
+
+template <class F>
+void fields(F& f, generate_piece& x) {
+  f(x.request, x.text, x.tokens);
+}
+
+template <class F>
+void fields(F& f, generate_done& x) {
+  f(x.request, x.ok, x.finish, x.prompt_tokens, x.tokens, x.load_seconds, x.prompt_seconds, x.generate_seconds, x.code, x.error);
+}
+
+template <class F>
+void fields(F& f, generate_cancel& x) {
+  f(x.request);
 }
 
 }  // namespace mesh::msg

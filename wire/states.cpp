@@ -70,4 +70,15 @@ const char* to_string(wire_format f) {
   return "?";
 }
 
+const char* to_string(finish_reason r) {
+  switch (r) {
+    case finish_reason::length: return "length";
+    case finish_reason::stop: return "stop";
+    case finish_reason::eos: return "eos";
+    case finish_reason::context: return "context";
+    case finish_reason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
 }  // namespace mesh

@@ -45,6 +45,14 @@ enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 constexpr uint8_t enum_limit(wire_format) { return 3; }
 const char* to_string(wire_format f);
 
+/// Why a generation through a node ended (msg::generate_done): `length` after max_tokens,
+/// `stop` at a stop string, `eos` at an end-of-sequence token, `context` when the session's
+/// context was full (max_tokens was more than the context left after the prompt), `cancelled`
+/// when the client withdrew the request or went away.
+enum class finish_reason : uint8_t { length = 0, stop = 1, eos = 2, context = 3, cancelled = 4 };
+constexpr uint8_t enum_limit(finish_reason) { return 5; }
+const char* to_string(finish_reason r);
+
 /// Error codes travel as their value (base/error.hpp lists them).
 constexpr uint8_t enum_limit(error_code) { return static_cast<uint8_t>(error_code_count); }
 

@@ -1,11 +1,13 @@
 // libFuzzer target for node messages: decode_message never crashes and bounds memory by the input;
-// whatever decodes is then handed to a job engine and a training engine as if a peer sent it
+// whatever decodes is then handed to a job engine and a training engine as if a peer sent it, and
+// a generate request to the checks a node runs before it touches a model
 // (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
 // training engine first gets a valid setup from that peer, so that steps (with their dataset
 // shards), pieces and resumes reach a live run.
 #include <cstdint>
 #include <vector>
 
+#include "actors/generate_request_check.hpp"
 #include "actors/job_engine.hpp"
 #include "wire/messages.hpp"
 #include "actors/train_engine.hpp"
@@ -46,8 +48,8 @@ mesh::msg::train_setup tiny_setup() {
 }
 
 /// Valid messages whose edits reach deep into the decoders and engines: a training step with a
-/// dataset shard, and a data-parallel job of a small graph (its strategy byte and graph are
-/// then mutated).
+/// dataset shard, a data-parallel job of a small graph (its strategy byte and graph are then
+/// mutated), and a generate request with every sampling option and stop strings.
 const std::vector<uint8_t>& seed_bytes(int which) {
   static const std::vector<uint8_t> step = [] {
     mesh::msg::train_step s{1, 2, 1, {peer, self}, {5, 7}, 0, false, false,
@@ -63,14 +65,18 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     mesh::msg::submit_job s{1, mesh::graph_payload(std::move(wg)), mesh::strategy::data_parallel};
     return *mesh::msg::encode_message(s);
   }();
-  return which == 0 ? step : job;
+  static const std::vector<uint8_t> generate = [] {
+    mesh::msg::generate_request r{7, "/m/tiny.gguf", "Once upon", true, "", {0.8f, 40, 0.95f, 0.05f, 1.1f, 3}, {"\n", "END"}, 32};
+    return *mesh::msg::encode_message(r);
+  }();
+  return which == 0 ? step : which == 1 ? job : generate;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] >= 0xfe) {  // edits of a valid message, to reach deep into the decoder
-    bytes = seed_bytes(data[0] == 0xff ? 0 : 1);
+  if (size > 0 && data[0] >= 0xfd) {  // edits of a valid message, to reach deep into the decoder
+    bytes = seed_bytes(data[0] == 0xff ? 0 : data[0] == 0xfe ? 1 : 2);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
   // Graphs inside are validated here, against small limits, as a node's bridge does.
@@ -79,6 +85,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_elements = int64_t{1} << 20;
   auto m = mesh::msg::decode_message(bytes.data(), bytes.size(), mesh::msg::default_decode_budget, &limits);
   if (!m) return 0;
+  if (auto* r = std::get_if<mesh::msg::generate_request>(&*m)) {
+    auto checked = mesh::generation::check_request(*r);
+    // What passes is within the limits the node relies on.
+    if (checked && (checked->max_tokens < 1 || r->model.empty() || r->prompt.empty() || !(checked->sampling.temperature >= 0)))
+      __builtin_trap();
+    if (checked) (void)mesh::generation::fit_context(static_cast<int64_t>(r->prompt.size()), checked->max_tokens, 64, r->model);
+    return 0;
+  }
   mesh::job_engine jobs(self, {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30});
   mesh::train_engine train(self);
   train.peer_up(peer);

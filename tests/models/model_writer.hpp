@@ -24,6 +24,7 @@ struct model_spec {
   double theta = 10000.0;
   double eps = 1e-5;
   uint32_t seed = 1;
+  std::string chat_template;  ///< GGUF: written as tokenizer.chat_template when not empty
 };
 
 /// One tensor in HF naming and layout ([out, in]; GPT-2's Conv1D [in, out]).
@@ -263,6 +264,7 @@ inline void write_gguf_model(const std::filesystem::path& path, const model_spec
     w.add_f32(a + ".rope.freq_base", static_cast<float>(s.theta));
   }
   add_gguf_vocabulary(w, s.vocab);
+  if (!s.chat_template.empty()) w.add_string("tokenizer.chat_template", s.chat_template);
   std::mt19937 rng(s.seed + 1000);
   auto tensors = model_tensors(s);
   if (s.arch == architecture::gpt2) {

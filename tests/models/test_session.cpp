@@ -182,6 +182,19 @@ TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[model
   auto cut = generate(*s, *tok, *prompt, o, [&](std::string_view) { return ++calls < 2; });
   REQUIRE(cut);
   CHECK(cut->reason == stop_reason::callback);
+
+  // on_token sees every token, counted from 1, and ends generation too.
+  s->reset();
+  std::vector<int64_t> counts;
+  o.on_token = [&](int64_t n) {
+    counts.push_back(n);
+    return n < 5;
+  };
+  auto counted = generate(*s, *tok, *prompt, o);
+  REQUIRE(counted);
+  CHECK(counted->reason == stop_reason::callback);
+  CHECK(counted->tokens.size() == 5);
+  CHECK(counts == std::vector<int64_t>{1, 2, 3, 4, 5});
 }
 
 TEST_CASE("weights reach the device as the checkpoint stores them: quantized blocks, f16, no f32 copy",

@@ -51,7 +51,12 @@ std::vector<message> samples() {
           train_resume{4, test::named("node-a"), {{"x", t}}},
           train_checkpoint{4, 20, {{"w", t}}},
           cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
-          train_ready{4, 7, 1}, ring_go{4, 7, 1}};
+          train_ready{4, 7, 1}, ring_go{4, 7, 1},
+          generate_request{11, "/models/tiny.gguf", "Once upon a time", true, "chatml", {0.8f, 40, 0.95f, 0.05f, 1.1f, 1234567890123ull}, {"\n\n", "END"}, 64},
+          generate_piece{11, "d\xc3\xa9j\xc3\xa0", 3},
+          generate_done{11, true, finish_reason::context, 5, 59, 0.25, 0.125, 1.5, error_code::internal, ""},
+          generate_done{12, false, finish_reason::length, 0, 0, 0, 0, 0, error_code::not_found, "cannot open /m/x.gguf: No such file or directory"},
+          generate_cancel{11}};
 }
 }  // namespace
 
@@ -148,6 +153,19 @@ TEST_CASE("an enum value out of range is refused by the decoder", "[wire][messag
   REQUIRE_FALSE(r);
   CHECK(r.error().code == error_code::decode_error);
   CHECK(r.error().message.find("status_reply: enum value 77 out of range") != std::string::npos);
+  // A finish reason past the last one (the last byte before the done message's error fields).
+  generate_done d{1, true, finish_reason::eos, 1, 2, 0, 0, 0, error_code::internal, ""};
+  auto done = *encode_message(d);
+  generate_done e = d;
+  e.finish = finish_reason::cancelled;
+  auto other_done = *encode_message(e);
+  size_t diff = 0;
+  while (diff < done.size() && done[diff] == other_done[diff]) ++diff;
+  REQUIRE(diff < done.size());
+  done[diff] = static_cast<uint8_t>(enum_limit(finish_reason{}));
+  auto rd = decode_message(done.data(), done.size());
+  REQUIRE_FALSE(rd);
+  CHECK(rd.error().message.find("generate_done: enum value 5 out of range") != std::string::npos);
   // A strategy of another build's numbering never reaches a job engine.
   auto job = *encode_message(submit_job{1, {}, strategy::pipeline});
   job.back() = 9;
