@@ -32,6 +32,8 @@ struct generation_request {
   /// Tokens to generate at most; none: up to the model's context.
   std::optional<int64_t> max_tokens;
   std::vector<std::string> stop;
+  /// Go on past the end-of-sequence token (only max_tokens, the context or a stop string end it).
+  bool ignore_eos = false;
 };
 
 /// Why a finished generation ended, in the API's terms.

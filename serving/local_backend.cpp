@@ -184,6 +184,7 @@ result<std::shared_ptr<request_handle>> local_backend::start(generation_request 
   j->options.sampling = request.sampling;
   j->options.max_tokens = max_tokens;
   j->options.stop = std::move(request.stop);
+  j->options.stop_at_eos = !request.ignore_eos;
   j->callbacks = std::move(callbacks);
   j->handle = std::make_shared<request_handle>();
   j->queued_at = clock_type::now();

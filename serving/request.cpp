@@ -185,7 +185,7 @@ result<api_request> parse(std::string_view body, uint64_t default_seed, const re
         g.prompt = v.get<std::string>();
       } else if (v.is_array() && v.size() == 1 && v[0].is_string()) {
         g.prompt = v[0].get<std::string>();
-      } else if (v.is_array() && v.size() > 1) {
+      } else if (v.is_array() && v.size() > 1 && v[0].is_string()) {
         return bad("prompt", "'prompt' holds several prompts: only one per request is supported");
       } else {
         return wrong_type("prompt", v, "a string or an array of one string (token arrays are not supported)");
@@ -231,6 +231,10 @@ result<api_request> parse(std::string_view body, uint64_t default_seed, const re
       // mapping one onto the other would silently change results.
       if (!is_zero_or_null(v))
         return bad(key, fmt::format("'{}' is not supported (use repetition_penalty); only 0 is accepted", key));
+    } else if (key == "ignore_eos") {  // vLLM's extension: generate exactly max_tokens (benchmarks)
+      if (v.is_null()) continue;
+      if (!v.is_boolean()) return wrong_type(key, v, "a boolean");
+      g.ignore_eos = v.get<bool>();
     } else if (key == "seed") {
       if (v.is_null()) continue;
       auto s = integer(v, key);
