@@ -51,9 +51,8 @@ class api_server {
   /// the threads are joined. Idempotent.
   void stop();
 
-  struct impl;
-
  private:
+  struct impl;
   explicit api_server(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
