@@ -23,7 +23,7 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
-  libpcre2-dev
+  libpcre2-dev libcpp-httplib-dev curl nodejs npm
   iproute2 nftables iptables conntrack python3
   python3-numpy python3-torch python3-sentencepiece python3-regex python3-jinja2
 )

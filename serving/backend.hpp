@@ -1,0 +1,99 @@
+#pragma once
+/// What the HTTP server asks of whatever generates text: a model by id, a prompt (or chat
+/// messages the backend renders with the model's own chat template), sampling options, stop
+/// strings and a token limit; pieces of text streamed back through a callback, then one final
+/// outcome. The server knows nothing about sessions, executors or nodes: local_backend runs
+/// models on this process's executor, and a mesh backend can forward to a node behind the same
+/// interface (no CAF or wire types here).
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/chat_template.hpp"
+#include "models/sampler.hpp"
+#include "serving/api_error.hpp"
+
+namespace mesh::serving {
+
+/// One generation, as the API asked for it.
+struct generation_request {
+  std::string model;
+  /// Chat: render `messages` with the model's chat template (and the assistant's turn opened);
+  /// otherwise `prompt` is the text to continue.
+  bool chat = false;
+  std::vector<models::chat_message> messages;
+  std::string prompt;
+  models::sampling_options sampling;
+  /// Tokens to generate at most; none: up to the model's context.
+  std::optional<int64_t> max_tokens;
+  std::vector<std::string> stop;
+  /// Go on past the end-of-sequence token (only max_tokens, the context or a stop string end it).
+  bool ignore_eos = false;
+};
+
+/// Why a finished generation ended, in the API's terms.
+enum class finish_reason {
+  stop,    ///< end of sequence or a stop string
+  length,  ///< max_tokens (or the context) reached
+};
+
+/// "stop", "length".
+const char* to_string(finish_reason r);
+
+struct generation_result {
+  finish_reason reason = finish_reason::stop;
+  std::string text;  ///< everything the pieces carried, joined
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  double queue_seconds = 0;     ///< from start() to the generation starting
+  double prompt_seconds = 0;    ///< prefill
+  double generate_seconds = 0;  ///< sampling and decoding after the prefill
+};
+
+using generation_outcome = result<generation_result>;
+
+/// Called from a backend thread. `on_piece` gets each piece of text as it is decided (whole
+/// UTF-8 characters); `on_done` is called exactly once, last: the result, or a failure (a
+/// cancelled request ends with failure_kind::cancelled).
+struct generation_callbacks {
+  std::function<void(std::string_view piece)> on_piece;
+  std::function<void(generation_outcome outcome)> on_done;
+};
+
+/// A started request. cancel() may be called from any thread, any number of times; the
+/// backend stops at the next token (or before starting, if still queued) and reports cancelled.
+class request_handle {
+ public:
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+};
+
+/// A model a backend serves.
+struct model_info {
+  std::string id;
+  int64_t context = 0;  ///< positions a request may use (prompt plus generated tokens)
+  int64_t created = 0;  ///< unix seconds when it was loaded
+  bool chat = false;    ///< whether it has a chat template (chat completions need one)
+};
+
+class generation_backend {
+ public:
+  virtual ~generation_backend() = default;
+
+  virtual std::vector<model_info> models() const = 0;
+
+  /// Checks and queues a request. What can be known at once fails here, with no callback called:
+  /// an unknown model, a prompt longer than the context, a conversation the chat template
+  /// refuses, a full queue. Otherwise the callbacks run later on a backend thread.
+  virtual result<std::shared_ptr<request_handle>> start(generation_request request, generation_callbacks callbacks) = 0;
+};
+
+}  // namespace mesh::serving
