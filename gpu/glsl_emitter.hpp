@@ -120,6 +120,11 @@ void inline_nodes(const graph& g, const plan& p, node_index root, node_index sto
 /// glsl_quant.cpp.
 std::string quant_decoders(const node& n, const std::string& b);
 
+/// `void <p>_chunk_at(uint o, uint sub, out float v[32])`: chunk `sub` (32 elements) of the block
+/// of dtype `t` at byte offset o, read through the functions <p>_u8, <p>_u16, <p>_u32 (even
+/// offsets) and <p>_f16 (quant_decoders defines them over a buffer).
+std::string quant_chunk_decoder(dtype t, const std::string& p);
+
 /// One storage buffer: binding b holds node `id`; binding 0 is the one written. A quantized
 /// node's buffer comes with its decoders (quant_decoders).
 std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes = 1);

@@ -3,7 +3,8 @@
 // allocation rounded up to 4 bytes) and read through functions named after its binding:
 //   <b>_dq(i)          element i of the tensor (flat index, any kernel's index arithmetic);
 //   <b>_chunk(r, c, v) elements [32c, 32c + 32) of row r into v[32], whole 32-bit words at a time
-//                      (the matrix-vector kernel: one block header per 32 values).
+//                      (the matrix-vector kernel: one block header per 32 values), through
+//   <b>_chunk_at(o, sub, v), the same for 32-element chunk `sub` of the block at byte offset o.
 // Every block size is even and every field sits at an even offset, so a 16-bit field never
 // straddles a word and a 32-bit read at an even offset spans at most two words.
 #include "gpu/glsl_emitter.hpp"
@@ -23,7 +24,78 @@ std::string readers(const std::string& b) {
   return s;
 }
 
+/// <p>_sm(o, j): the 6-bit scale and min of sub-block j (0..7) of a q4_k or q5_k block at o, from
+/// the 12 packed bytes at o + 4.
+std::string scale_min(const std::string& p) {
+  return "vec2 " + p + "_sm(uint o, uint j) {\n  uint q = o + 4u;\n  if (j < 4u) return vec2(float(" + p + "_u8(q + j) & 63u), float(" + p +
+         "_u8(q + j + 4u) & 63u));\n  return vec2(float((" + p + "_u8(q + j + 4u) & 15u) | ((" + p + "_u8(q + j - 4u) >> 6) << 4)), float((" + p +
+         "_u8(q + j + 4u) >> 4) | ((" + p + "_u8(q + j) >> 6) << 4)));\n}\n";
+}
+
+/// The chunk decoder of a 32-element block with f16 d at o, nibbles at o + qs (q4_0's order),
+/// 5th bits at o + qh (a 32-bit mask; qh 0: none) and f16 m at o + 2 when `with_min`:
+/// x = q * d + m (q4_1, q5_1), else (q - bias) * d (q5_0).
+std::string block32_decoder(const std::string& head, const std::string& p, int qh, int qs, bool with_min, int bias) {
+  auto value = [&](const std::string& q) {
+    return with_min ? "float(" + q + ") * d + m" : "(float(" + q + ") - " + std::to_string(bias) + ".0) * d";
+  };
+  std::string s = head + "  float d = " + p + "_f16(o)" + (with_min ? ", m = " + p + "_f16(o + 2u)" : "") + ";\n";
+  s += qh ? "  uint qh = " + p + "_u32(o + " + u(qh) + ");\n" : "  const uint qh = 0u;\n";
+  s += "  [[unroll]] for (uint w = 0u; w < 4u; ++w) {\n    uint q = " + p + "_u32(o + " + u(qs) + " + 4u * w);\n";
+  s += "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      uint j = 4u * w + e, x = (q >> (8u * e)) & 255u;\n";
+  s += "      v[j] = " + value("(x & 15u) | (((qh >> j) & 1u) << 4)") + ";\n";
+  s += "      v[j + 16u] = " + value("(x >> 4) | (((qh >> (j + 16u)) & 1u) << 4)") + ";\n    }\n  }\n}\n";
+  return s;
+}
+
 }  // namespace
+
+std::string quant_chunk_decoder(dtype t, const std::string& p) {
+  std::string s;
+  const std::string head = "void " + p + "_chunk_at(uint o, uint sub, out float v[32]) {\n";
+  switch (t) {
+    case dtype::q8_0:
+      s += head + "  float d = " + p + "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + p +
+           "_u32(o + 2u + 4u * w);\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float(int(q << (24u - 8u * e)) >> 24);\n  }\n}\n";
+      break;
+    case dtype::q4_0:
+      s += head + "  float d = " + p + "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 4u; ++w) {\n    uint q = " + p +
+           "_u32(o + 2u + 4u * w);\n" + "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      uint x = (q >> (8u * e)) & 255u;\n" +
+           "      v[4u * w + e] = (float(x & 15u) - 8.0) * d;\n      v[4u * w + e + 16u] = (float(x >> 4) - 8.0) * d;\n    }\n  }\n}\n";
+      break;
+    case dtype::q4_1: s += block32_decoder(head, p, 0, 4, true, 0); break;
+    case dtype::q5_0: s += block32_decoder(head, p, 2, 6, false, 16); break;
+    case dtype::q5_1: s += block32_decoder(head, p, 4, 8, true, 0); break;
+    case dtype::q4_k:
+      s += scale_min(p);
+      s += head + "  vec2 sm = " + p + "_sm(o, sub);\n  float d = " + p + "_f16(o) * sm.x, m = " + p +
+           "_f16(o + 2u) * sm.y;\n  uint shift = (sub & 1u) * 4u;\n" + "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + p +
+           "_u32(o + 16u + 32u * (sub / 2u) + 4u * w) >> shift;\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float((q >> (8u * e)) & 15u) - m;\n  }\n}\n";
+      break;
+    case dtype::q5_k:
+      // q4_k's nibbles at o + 48, and the 5th bits: bit `sub` of the 32 qh bytes at o + 16.
+      s += scale_min(p);
+      s += head + "  vec2 sm = " + p + "_sm(o, sub);\n  float d = " + p + "_f16(o) * sm.x, m = " + p +
+           "_f16(o + 2u) * sm.y;\n  uint shift = (sub & 1u) * 4u;\n" + "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + p +
+           "_u32(o + 48u + 32u * (sub / 2u) + 4u * w) >> shift, h = " + p + "_u32(o + 16u + 4u * w) >> sub;\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float(((q >> (8u * e)) & 15u) | (((h >> (8u * e)) & 1u) << 4)) - m;\n" +
+           "  }\n}\n";
+      break;
+    case dtype::q6_k:
+      s += head + "  uint h = sub / 4u, quad = sub % 4u, qlo = o + 64u * h + 32u * (quad & 1u), qho = o + 128u + 32u * h;\n" +
+           "  uint so = o + 192u + 8u * h + 2u * quad;\n  float d = " + p + "_f16(o + 208u);\n" + "  float d0 = d * float(int(" + p +
+           "_u8(so) << 24) >> 24), d1 = d * float(int(" + p + "_u8(so + 1u) << 24) >> 24);\n" +
+           "  uint lshift = quad < 2u ? 0u : 4u, hshift = 2u * quad;\n" + "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint ql = " + p +
+           "_u32(qlo + 4u * w) >> lshift, qh = " + p + "_u32(qho + 4u * w) >> hshift;\n" +
+           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      int q = int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e)) & 3u) << 4)) - 32;\n" +
+           "      v[4u * w + e] = (w < 4u ? d0 : d1) * float(q);\n    }\n  }\n}\n";
+      break;
+    default: break;
+  }
+  return s;
+}
 
 std::string quant_decoders(const node& n, const std::string& b) {
   const dtype t = n.type;
@@ -35,30 +107,35 @@ std::string quant_decoders(const node& n, const std::string& b) {
   switch (t) {
     case dtype::q8_0:
       s += "float " + b + "_dq(uint i) {\n" + locate + "  return " + b + "_f16(o) * float(int(" + b + "_u8(o + 2u + j) << 24) >> 24);\n}\n";
-      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + c * 34u;\n  float d = " + b +
-           "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + b + "_u32(o + 2u + 4u * w);\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float(int(q << (24u - 8u * e)) >> 24);\n  }\n}\n";
       break;
     case dtype::q4_0:
       s += "float " + b + "_dq(uint i) {\n" + locate + "  uint q = " + b + "_u8(o + 2u + (j & 15u));\n  q = j < 16u ? q & 15u : q >> 4;\n  return " +
            b + "_f16(o) * (float(q) - 8.0);\n}\n";
-      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + c * 18u;\n  float d = " + b +
-           "_f16(o);\n  [[unroll]] for (uint w = 0u; w < 4u; ++w) {\n    uint q = " + b + "_u32(o + 2u + 4u * w);\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      uint x = (q >> (8u * e)) & 255u;\n" +
-           "      v[4u * w + e] = (float(x & 15u) - 8.0) * d;\n      v[4u * w + e + 16u] = (float(x >> 4) - 8.0) * d;\n    }\n  }\n}\n";
       break;
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1: {
+      // The nibble of element j (q4_0's order), its 5th bit from the 32-bit mask, then the value.
+      const bool five = t != dtype::q4_1, with_min = t != dtype::q5_0;
+      const std::string qs = t == dtype::q4_1 ? "4u" : t == dtype::q5_0 ? "6u" : "8u", qh = t == dtype::q5_0 ? "2u" : "4u";
+      s += "float " + b + "_dq(uint i) {\n" + locate + "  uint q = " + b + "_u8(o + " + qs + " + (j & 15u));\n  q = j < 16u ? q & 15u : q >> 4;\n";
+      if (five) s += "  q |= ((" + b + "_u32(o + " + qh + ") >> j) & 1u) << 4;\n";
+      s += "  return " + (with_min ? "float(q) * " + b + "_f16(o) + " + b + "_f16(o + 2u)" : "(float(q) - 16.0) * " + b + "_f16(o)") +
+           ";\n}\n";
+      break;
+    }
     case dtype::q4_k:
-      // Scale and min of sub-block j (0..7) from the 12 packed bytes at o + 4.
-      s += "vec2 " + b + "_sm(uint o, uint j) {\n  uint p = o + 4u;\n  if (j < 4u) return vec2(float(" + b + "_u8(p + j) & 63u), float(" + b +
-           "_u8(p + j + 4u) & 63u));\n  return vec2(float((" + b + "_u8(p + j + 4u) & 15u) | ((" + b + "_u8(p + j - 4u) >> 6) << 4)), float((" + b +
-           "_u8(p + j + 4u) >> 4) | ((" + b + "_u8(p + j) >> 6) << 4)));\n}\n";
+      s += quant_chunk_decoder(t, b);  // defines <b>_sm, which _dq uses
       s += "float " + b + "_dq(uint i) {\n" + locate + "  uint sub = j / 32u;\n  uint q = " + b +
            "_u8(o + 16u + 32u * (sub / 2u) + j % 32u);\n  q = (sub & 1u) == 0u ? q & 15u : q >> 4;\n  vec2 sm = " + b +
            "_sm(o, sub);\n  return " + b + "_f16(o) * sm.x * float(q) - " + b + "_f16(o + 2u) * sm.y;\n}\n";
-      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + (c / 8u) * 144u, sub = c % 8u;\n  vec2 sm = " + b +
-           "_sm(o, sub);\n  float d = " + b + "_f16(o) * sm.x, m = " + b + "_f16(o + 2u) * sm.y;\n  uint shift = (sub & 1u) * 4u;\n" +
-           "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint q = " + b + ".v[(o + 16u + 32u * (sub / 2u)) / 4u + w] >> shift;\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) v[4u * w + e] = d * float((q >> (8u * e)) & 15u) - m;\n  }\n}\n";
+      break;
+    case dtype::q5_k:
+      s += quant_chunk_decoder(t, b);  // defines <b>_sm
+      s += "float " + b + "_dq(uint i) {\n" + locate + "  uint sub = j / 32u, l = j % 32u;\n  uint q = " + b +
+           "_u8(o + 48u + 32u * (sub / 2u) + l);\n  q = ((sub & 1u) == 0u ? q & 15u : q >> 4) | (((" + b +
+           "_u8(o + 16u + l) >> sub) & 1u) << 4);\n  vec2 sm = " + b + "_sm(o, sub);\n  return " + b + "_f16(o) * sm.x * float(q) - " + b +
+           "_f16(o + 2u) * sm.y;\n}\n";
       break;
     case dtype::q6_k:
       s += "float " + b + "_dq(uint i) {\n" + locate +
@@ -66,18 +143,13 @@ std::string quant_decoders(const node& n, const std::string& b) {
            "  uint lo = quad < 2u ? ql & 15u : ql >> 4;\n  uint hi = (" + b + "_u8(o + 128u + 32u * h + l) >> (2u * quad)) & 3u;\n" +
            "  int sc = int(" + b + "_u8(o + 192u + 8u * h + l / 16u + 2u * quad) << 24) >> 24;\n  return " + b +
            "_f16(o + 208u) * float(sc) * float(int(lo | (hi << 4)) - 32);\n}\n";
-      s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  uint o = r * " + u(rb) + " + (c / 8u) * 210u, sub = c % 8u;\n" +
-           "  uint h = sub / 4u, quad = sub % 4u, qlo = o + 64u * h + 32u * (quad & 1u), qho = o + 128u + 32u * h;\n" +
-           "  uint so = o + 192u + 8u * h + 2u * quad;\n  float d = " + b + "_f16(o + 208u);\n" +
-           "  float d0 = d * float(int(" + b + "_u8(so) << 24) >> 24), d1 = d * float(int(" + b + "_u8(so + 1u) << 24) >> 24);\n" +
-           "  uint lshift = quad < 2u ? 0u : 4u, hshift = 2u * quad;\n" +
-           "  [[unroll]] for (uint w = 0u; w < 8u; ++w) {\n    uint ql = " + b + "_u32(qlo + 4u * w) >> lshift, qh = " + b +
-           "_u32(qho + 4u * w) >> hshift;\n" +
-           "    [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n      int q = int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e)) & 3u) << 4)) - 32;\n" +
-           "      v[4u * w + e] = (w < 4u ? d0 : d1) * float(q);\n    }\n  }\n}\n";
       break;
-    default: break;
+    default: return s;
   }
+  if (t != dtype::q4_k && t != dtype::q5_k) s += quant_chunk_decoder(t, b);
+  const int64_t chunks_per_block = be / 32;
+  s += "void " + b + "_chunk(uint r, uint c, out float v[32]) {\n  " + b + "_chunk_at(r * " + u(rb) + " + (c / " + u(chunks_per_block) +
+       ") * " + u(bb) + ", c % " + u(chunks_per_block) + ", v);\n}\n";
   return s;
 }
 

@@ -180,7 +180,7 @@ expr select(const operand& cond, const operand& a, const operand& b);
 expr matmul(const expr& a, const expr& b, source_loc loc = source_loc::current());
 /// x [..., k] times w [n, k] transposed -> [..., n] in x's dtype, accumulated in f32: a Linear
 /// layer's weight as HF and GGUF store it. w may be f32, f16, bf16 or quantized (q8_0, q4_0,
-/// q4_k, q6_k), which the kernels dequantize as they read it.
+/// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k), which the kernels dequantize as they read it.
 expr linear(const expr& x, const expr& w, source_loc loc = source_loc::current());
 /// Writes `value` into the KV cache `cache` at [pos, pos + value.dims()[axis]) along `axis`
 /// (negative counts from the end); `pos` is an i32 scalar (e.g. an input). The result is the

@@ -15,6 +15,10 @@ const char* to_string(dtype t) {
     case dtype::q4_0: return "q4_0";
     case dtype::q4_k: return "q4_k";
     case dtype::q6_k: return "q6_k";
+    case dtype::q4_1: return "q4_1";
+    case dtype::q5_0: return "q5_0";
+    case dtype::q5_1: return "q5_1";
+    case dtype::q5_k: return "q5_k";
   }
   return "?";
 }
@@ -77,7 +81,11 @@ double round_to(dtype t, double x) {
     case dtype::q8_0:
     case dtype::q4_0:
     case dtype::q4_k:
-    case dtype::q6_k: return x;
+    case dtype::q6_k:
+    case dtype::q4_1:
+    case dtype::q5_0:
+    case dtype::q5_1:
+    case dtype::q5_k: return x;
   }
   return x;
 }

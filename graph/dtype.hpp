@@ -10,15 +10,18 @@ namespace mesh {
 
 /// The element types a graph can hold. Values are part of the wire format: never renumber.
 ///
-/// q8_0, q4_0, q4_k and q6_k are ggml's block quantizations, laid out exactly as ggml writes
-/// them (graph/quant.hpp): a tensor of these is rows of whole blocks along its last axis. They
+/// q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k are ggml's block quantizations, laid out
+/// exactly as ggml writes them (graph/quant.hpp): a tensor of these is rows of whole blocks along its last axis. They
 /// are storage only: a graph holds them in leaves (inputs, parameters) that `linear` reads as
 /// its weight, and nowhere else (validate() refuses other uses).
-enum class dtype : uint8_t { f32 = 0, f16 = 1, bf16 = 2, i32 = 3, q8_0 = 4, q4_0 = 5, q4_k = 6, q6_k = 7 };
+enum class dtype : uint8_t {
+  f32 = 0, f16 = 1, bf16 = 2, i32 = 3,
+  q8_0 = 4, q4_0 = 5, q4_k = 6, q6_k = 7, q4_1 = 8, q5_0 = 9, q5_1 = 10, q5_k = 11
+};
 
-inline constexpr int dtype_count = 8;
+inline constexpr int dtype_count = 12;
 
-/// True for the block-quantized dtypes (q8_0, q4_0, q4_k, q6_k).
+/// True for the block-quantized dtypes (every value from q8_0 on).
 inline constexpr bool is_quantized(dtype t) { return t >= dtype::q8_0; }
 
 /// Bytes per element of an element type (f32, f16, bf16, i32). A quantized dtype has no size
@@ -28,7 +31,7 @@ inline constexpr size_t size_of(dtype t) { return t == dtype::f16 || t == dtype:
 /// True for f32, f16 and bf16 (not for the quantized dtypes: they are not computed with).
 inline constexpr bool is_float(dtype t) { return t == dtype::f32 || t == dtype::f16 || t == dtype::bf16; }
 
-/// "f32", "f16", "bf16", "i32", "q8_0", "q4_0", "q4_k", "q6_k".
+/// "f32", "f16", "bf16", "i32", "q8_0", "q4_0", "q4_k", "q6_k", "q4_1", "q5_0", "q5_1", "q5_k".
 const char* to_string(dtype t);
 
 /// f32 -> IEEE half, round to nearest even (overflow becomes inf, NaN stays NaN).

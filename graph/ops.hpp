@@ -72,7 +72,8 @@ enum class op_kind : uint8_t {
   // Model inference.
   /// linear(x [..., k], w [n, k]) -> [..., n]: x times w transposed (HF Linear's and ggml's weight
   /// layout), f32 accumulation, result in x's (float) dtype. w may be f32, f16, bf16 or quantized
-  /// (q8_0, q4_0, q4_k, q6_k: dequantized inside the kernel; the only reader of quantized tensors).
+  /// (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: dequantized inside the kernel; the only
+  /// reader of quantized tensors).
   linear = 34,
   /// kv_write(cache [..., L, ...], value [..., t, ...], pos i32 []) -> cache with value written at
   /// [pos, pos + t) of attrs.axis. The cache must be a parameter read by nothing else, and the

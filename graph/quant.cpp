@@ -18,6 +18,10 @@ block_info info(dtype t) {
     case dtype::q4_0: return {32, 2 + 16};
     case dtype::q4_k: return {256, 2 + 2 + 12 + 128};
     case dtype::q6_k: return {256, 128 + 64 + 16 + 2};
+    case dtype::q4_1: return {32, 2 + 2 + 16};
+    case dtype::q5_0: return {32, 2 + 4 + 16};
+    case dtype::q5_1: return {32, 2 + 2 + 4 + 16};
+    case dtype::q5_k: return {256, 2 + 2 + 12 + 32 + 128};
     default: return {1, static_cast<int64_t>(size_of(t))};
   }
 }
@@ -28,6 +32,31 @@ void put16(uint8_t* p, uint16_t v) {
   p[1] = static_cast<uint8_t>(v >> 8);
 }
 float f16(const uint8_t* p) { return half_to_float(le16(p)); }
+uint32_t le32(const uint8_t* p) { return static_cast<uint32_t>(le16(p)) | static_cast<uint32_t>(le16(p + 2)) << 16; }
+
+// The unsigned 4- or 5-bit values of a 32-element block (q4_0's order: byte j holds element j in
+// its low nibble, j+16 in its high one); `qh`, when given, is a 4-byte little-endian mask whose
+// bit i is element i's 5th bit (q5_0, q5_1).
+void unpack32(const uint8_t* qs, const uint8_t* qh, int q[32]) {
+  const uint32_t h = qh ? le32(qh) : 0;
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0x0f) | static_cast<int>((h >> j) & 1) << 4;
+    q[j + 16] = (qs[j] >> 4) | static_cast<int>((h >> (j + 16)) & 1) << 4;
+  }
+}
+
+// The inverse of unpack32 for values < 16 (qh null) or < 32.
+void pack32(const int q[32], uint8_t* qs, uint8_t* qh) {
+  uint32_t h = 0;
+  for (int j = 0; j < 16; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 15) | (q[j + 16] & 15) << 4);
+    h |= static_cast<uint32_t>((q[j] >> 4) & 1) << j | static_cast<uint32_t>((q[j + 16] >> 4) & 1) << (j + 16);
+  }
+  if (qh) {
+    put16(qh, static_cast<uint16_t>(h));
+    put16(qh + 2, static_cast<uint16_t>(h >> 16));
+  }
+}
 
 void row_q8_0(const uint8_t* b, float* y, size_t blocks) {
   for (size_t i = 0; i < blocks; ++i, b += 34, y += 32) {
@@ -44,6 +73,26 @@ void row_q4_0(const uint8_t* b, float* y, size_t blocks) {
       y[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
       y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
     }
+  }
+}
+
+// q4_1 (bits 4, no qh) and q5_1 (bits 5): x = q * d + m.
+void row_offset32(const uint8_t* b, float* y, size_t blocks, int bits) {
+  const size_t bytes = bits == 4 ? 20 : 24;
+  for (size_t i = 0; i < blocks; ++i, b += bytes, y += 32) {
+    const float d = f16(b), m = f16(b + 2);
+    int q[32];
+    unpack32(b + (bits == 4 ? 4 : 8), bits == 4 ? nullptr : b + 4, q);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q[j]) * d + m;
+  }
+}
+
+void row_q5_0(const uint8_t* b, float* y, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, b += 22, y += 32) {
+    const float d = f16(b);
+    int q[32];
+    unpack32(b + 6, b + 2, q);
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(q[j] - 16) * d;
   }
 }
 
@@ -77,6 +126,29 @@ void row_q4_k(const uint8_t* b, float* y, size_t blocks) {
       for (int l = 0; l < 32; ++l) {
         out[l] = d_lo * static_cast<float>(q[l] & 0x0f) - min_lo;
         out[l + 32] = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
+      }
+    }
+  }
+}
+
+// q4_k plus a 5th bit per element: bit j of qh[l] for element l of sub-block j.
+void row_q5_k(const uint8_t* b, float* y, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, b += 176, y += 256) {
+    const float d = f16(b), dmin = f16(b + 2);
+    const uint8_t* scales = b + 4;
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + 48;
+    for (int g = 0; g < 4; ++g) {
+      int sc_lo, m_lo, sc_hi, m_hi;
+      q4_k_scale_min(2 * g, scales, sc_lo, m_lo);
+      q4_k_scale_min(2 * g + 1, scales, sc_hi, m_hi);
+      const float d_lo = d * static_cast<float>(sc_lo), min_lo = dmin * static_cast<float>(m_lo);
+      const float d_hi = d * static_cast<float>(sc_hi), min_hi = dmin * static_cast<float>(m_hi);
+      const uint8_t* q = qs + 32 * g;
+      float* out = y + 64 * g;
+      for (int l = 0; l < 32; ++l) {
+        out[l] = d_lo * static_cast<float>((q[l] & 0x0f) | ((qh[l] >> (2 * g)) & 1) << 4) - min_lo;
+        out[l + 32] = d_hi * static_cast<float>((q[l] >> 4) | ((qh[l] >> (2 * g + 1)) & 1) << 4) - min_hi;
       }
     }
   }
@@ -132,48 +204,104 @@ void quantize_q4_0(const float* x, uint8_t* b, size_t blocks) {
   }
 }
 
-void quantize_q4_k(const float* x, uint8_t* b, size_t blocks) {
-  for (size_t i = 0; i < blocks; ++i, x += 256, b += 144) {
-    float scale[8], min[8], max_scale = 0, max_min = 0;
-    for (int s = 0; s < 8; ++s) {
-      float lo = 0, hi = 0;  // the min is stored as a subtracted non-negative value: lo <= 0
-      for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * s + l]), hi = std::max(hi, x[32 * s + l]);
-      scale[s] = (hi - lo) / 15.0f;
-      min[s] = -lo;
-      max_scale = std::max(max_scale, scale[s]);
-      max_min = std::max(max_min, min[s]);
-    }
-    const uint16_t dh = float_to_half(max_scale / 63.0f), mh = float_to_half(max_min / 63.0f);
-    const float d = half_to_float(dh), dmin = half_to_float(mh);
-    int sc[8], m[8];
-    for (int s = 0; s < 8; ++s) {
-      sc[s] = d > 0 ? std::clamp(nearest(scale[s] / d), 0, 63) : 0;
-      m[s] = dmin > 0 ? std::clamp(nearest(min[s] / dmin), 0, 63) : 0;
-    }
+// q4_1 (bits 4) and q5_1 (bits 5): the block's minimum m and range / (2^bits - 1) as d.
+void quantize_offset32(const float* x, uint8_t* b, size_t blocks, int bits) {
+  const int top = (1 << bits) - 1;
+  const size_t bytes = bits == 4 ? 20 : 24;
+  for (size_t i = 0; i < blocks; ++i, x += 32, b += bytes) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+    const uint16_t dh = float_to_half((hi - lo) / static_cast<float>(top)), mh = float_to_half(lo);
+    const float d = half_to_float(dh), m = half_to_float(mh);  // rounded as stored, then used
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = d > 0 ? std::clamp(nearest((x[j] - m) / d), 0, top) : 0;
     put16(b, dh);
     put16(b + 2, mh);
-    uint8_t* p = b + 4;
-    std::memset(p, 0, 12);
-    for (int j = 0; j < 8; ++j) {
-      if (j < 4) {
-        p[j] = static_cast<uint8_t>(sc[j]);
-        p[j + 4] = static_cast<uint8_t>(m[j]);
-      } else {
-        p[j + 4] = static_cast<uint8_t>((sc[j] & 15) | (m[j] & 15) << 4);
-        p[j - 4] = static_cast<uint8_t>(p[j - 4] | (sc[j] >> 4) << 6);
-        p[j] = static_cast<uint8_t>(p[j] | (m[j] >> 4) << 6);
-      }
+    pack32(q, b + (bits == 4 ? 4 : 8), bits == 4 ? nullptr : b + 4);
+  }
+}
+
+void quantize_q5_0(const float* x, uint8_t* b, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, x += 32, b += 22) {
+    float amax = 0, max = 0;  // as q4_0: the largest magnitude maps to -16
+    for (int j = 0; j < 32; ++j)
+      if (std::abs(x[j]) > amax) amax = std::abs(x[j]), max = x[j];
+    const float d = max / -16.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    put16(b, float_to_half(d));
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = std::clamp(nearest(x[j] * id) + 16, 0, 31);
+    pack32(q, b + 6, b + 2);
+  }
+}
+
+// The header of a q4_k or q5_k block (levels 15 or 31): d, dmin and the 8 sub-blocks' 6-bit
+// scales and mins, packed as q4_k_scale_min reads them; the values come back in sc, m.
+void quantize_k_header(const float* x, int levels, uint8_t* b, int sc[8], int m[8], float& d, float& dmin) {
+  float scale[8], min[8], max_scale = 0, max_min = 0;
+  for (int s = 0; s < 8; ++s) {
+    float lo = 0, hi = 0;  // the min is stored as a subtracted non-negative value: lo <= 0
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * s + l]), hi = std::max(hi, x[32 * s + l]);
+    scale[s] = (hi - lo) / static_cast<float>(levels);
+    min[s] = -lo;
+    max_scale = std::max(max_scale, scale[s]);
+    max_min = std::max(max_min, min[s]);
+  }
+  const uint16_t dh = float_to_half(max_scale / 63.0f), mh = float_to_half(max_min / 63.0f);
+  d = half_to_float(dh), dmin = half_to_float(mh);
+  for (int s = 0; s < 8; ++s) {
+    sc[s] = d > 0 ? std::clamp(nearest(scale[s] / d), 0, 63) : 0;
+    m[s] = dmin > 0 ? std::clamp(nearest(min[s] / dmin), 0, 63) : 0;
+  }
+  put16(b, dh);
+  put16(b + 2, mh);
+  uint8_t* p = b + 4;
+  std::memset(p, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      p[j] = static_cast<uint8_t>(sc[j]);
+      p[j + 4] = static_cast<uint8_t>(m[j]);
+    } else {
+      p[j + 4] = static_cast<uint8_t>((sc[j] & 15) | (m[j] & 15) << 4);
+      p[j - 4] = static_cast<uint8_t>(p[j - 4] | (sc[j] >> 4) << 6);
+      p[j] = static_cast<uint8_t>(p[j] | (m[j] >> 4) << 6);
     }
+  }
+}
+
+// Element values 0..levels of a q4_k / q5_k block, sub-block by sub-block.
+void quantize_k_values(const float* x, int levels, const int sc[8], const int m[8], float d, float dmin, int q[256]) {
+  for (int s = 0; s < 8; ++s) {
+    const float ds = d * static_cast<float>(sc[s]), ms = dmin * static_cast<float>(m[s]);
+    for (int l = 0; l < 32; ++l) q[32 * s + l] = ds > 0 ? std::clamp(nearest((x[32 * s + l] + ms) / ds), 0, levels) : 0;
+  }
+}
+
+void quantize_q4_k(const float* x, uint8_t* b, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, x += 256, b += 144) {
+    int sc[8], m[8], q[256];
+    float d, dmin;
+    quantize_k_header(x, 15, b, sc, m, d, dmin);
+    quantize_k_values(x, 15, sc, m, d, dmin, q);
     uint8_t* qs = b + 16;
     for (int g = 0; g < 4; ++g)
+      for (int l = 0; l < 32; ++l) qs[32 * g + l] = static_cast<uint8_t>(q[64 * g + l] | q[64 * g + 32 + l] << 4);
+  }
+}
+
+void quantize_q5_k(const float* x, uint8_t* b, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, x += 256, b += 176) {
+    int sc[8], m[8], q[256];
+    float d, dmin;
+    quantize_k_header(x, 31, b, sc, m, d, dmin);
+    quantize_k_values(x, 31, sc, m, d, dmin, q);
+    uint8_t* qh = b + 16;
+    uint8_t* qs = b + 48;
+    std::memset(qh, 0, 32);
+    for (int g = 0; g < 4; ++g)
       for (int l = 0; l < 32; ++l) {
-        int q[2];
-        for (int h = 0; h < 2; ++h) {
-          const int s = 2 * g + h;
-          const float ds = d * static_cast<float>(sc[s]), ms = dmin * static_cast<float>(m[s]);
-          q[h] = ds > 0 ? std::clamp(nearest((x[32 * s + l] + ms) / ds), 0, 15) : 0;
-        }
-        qs[32 * g + l] = static_cast<uint8_t>(q[0] | q[1] << 4);
+        const int lo = q[64 * g + l], hi = q[64 * g + 32 + l];
+        qs[32 * g + l] = static_cast<uint8_t>((lo & 15) | (hi & 15) << 4);
+        qh[l] = static_cast<uint8_t>(qh[l] | (lo >> 4) << (2 * g) | (hi >> 4) << (2 * g + 1));
       }
   }
 }
@@ -277,6 +405,10 @@ expected<void> dequantize_row(dtype t, std::span<const uint8_t> src, std::span<f
     case dtype::q4_0: row_q4_0(s, y, blocks); break;
     case dtype::q4_k: row_q4_k(s, y, blocks); break;
     case dtype::q6_k: row_q6_k(s, y, blocks); break;
+    case dtype::q4_1: row_offset32(s, y, blocks, 4); break;
+    case dtype::q5_0: row_q5_0(s, y, blocks); break;
+    case dtype::q5_1: row_offset32(s, y, blocks, 5); break;
+    case dtype::q5_k: row_q5_k(s, y, blocks); break;
   }
   return {};
 }
@@ -322,6 +454,10 @@ expected<void> quantize_row(dtype t, std::span<const float> src, std::span<uint8
     case dtype::q4_0: quantize_q4_0(x, b, blocks); break;
     case dtype::q4_k: quantize_q4_k(x, b, blocks); break;
     case dtype::q6_k: quantize_q6_k(x, b, blocks); break;
+    case dtype::q4_1: quantize_offset32(x, b, blocks, 4); break;
+    case dtype::q5_0: quantize_q5_0(x, b, blocks); break;
+    case dtype::q5_1: quantize_offset32(x, b, blocks, 5); break;
+    case dtype::q5_k: quantize_q5_k(x, b, blocks); break;
   }
   return {};
 }

@@ -5,10 +5,10 @@
 /// the conversion that uploads it.
 ///
 /// Matrices keep their checkpoint type on the device: f16 and bf16 where the executor stores them,
-/// and the block-quantized GGUF types (q8_0, q4_0, q4_k, q6_k) always, read by the `linear` op,
-/// which decodes the blocks as it multiplies. Such a weight is uploaded straight from the mapped
-/// file (executor::set_parameter_view), with no host copy. Vectors (norms, biases) and float types
-/// the executor cannot store become f32 at load.
+/// and the block-quantized GGUF types (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k) always,
+/// read by the `linear` op, which decodes the blocks as it multiplies. Such a weight is uploaded
+/// straight from the mapped file (executor::set_parameter_view), with no host copy. Vectors
+/// (norms, biases) and float types the executor cannot store become f32 at load.
 #include <cstdint>
 #include <string>
 #include <string_view>

@@ -25,9 +25,16 @@ constexpr std::array<type_info, tensor_type_count> types = {{
     {tensor_type::q4_0, "Q4_0", 2},
     {tensor_type::q4_k, "Q4_K", 12},
     {tensor_type::q6_k, "Q6_K", 14},
+    {tensor_type::q4_1, "Q4_1", 3},
+    {tensor_type::q5_0, "Q5_0", 6},
+    {tensor_type::q5_1, "Q5_1", 7},
+    {tensor_type::q5_k, "Q5_K", 13},
 }};
 
 const type_info& info(tensor_type t) { return types[static_cast<size_t>(t)]; }
+
+// For error messages: every type above, in ggml's order.
+constexpr const char* supported = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 
 // ggml_type's numbers and names (ggml.h); 4 and 5 were Q4_2 and Q4_3, removed before GGUF, and
 // 31-33 were Q4_0 repackings that never appear in files.
@@ -49,6 +56,10 @@ dtype to_dtype(tensor_type t) {
     case tensor_type::q4_0: return dtype::q4_0;
     case tensor_type::q4_k: return dtype::q4_k;
     case tensor_type::q6_k: return dtype::q6_k;
+    case tensor_type::q4_1: return dtype::q4_1;
+    case tensor_type::q5_0: return dtype::q5_0;
+    case tensor_type::q5_1: return dtype::q5_1;
+    case tensor_type::q5_k: return dtype::q5_k;
   }
   return dtype::f32;
 }
@@ -83,7 +94,7 @@ expected<tensor_type> parse_tensor_type(std::string_view name) {
     if (same) return i.type;
   }
   return make_error(error_code::invalid_argument,
-                    "unknown tensor type \"" + std::string(name) + "\" (known: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
+                    "unknown tensor type \"" + std::string(name) + "\" (known: " + std::string(supported) + ")");
 }
 
 uint32_t gguf_type_number(tensor_type t) { return info(t).gguf; }
@@ -93,7 +104,7 @@ expected<tensor_type> tensor_type_from_gguf(uint32_t number) {
     if (i.gguf == number) return i.type;
   if (const char* name = ggml_type_name(number))
     return make_error(error_code::unsupported, std::string("tensor type ") + name + " (" + std::to_string(number) +
-                                                   ") is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)");
+                                                   ") is not supported (supported: " + supported + ")");
   return make_error(error_code::decode_error, "unknown tensor type number " + std::to_string(number));
 }
 

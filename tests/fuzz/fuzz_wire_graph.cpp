@@ -13,6 +13,8 @@ const std::vector<char>& seed_bytes() {
   static const std::vector<char> bytes = [] {
     mesh::wire_graph w{mesh::test::random_graph(3, 12), {}};
     w.tensors["t"] = mesh::tensor::from_values(mesh::dtype::bf16, {2, 2}, {1, 2, 3, 4});
+    // A block-quantized tensor whose dtype byte edits can turn into every other block type.
+    w.tensors["q"] = mesh::tensor::from_values(mesh::dtype::q5_0, {1, 32}, std::vector<double>(32, 0.5));
     return *mesh::encode(w);
   }();
   return bytes;

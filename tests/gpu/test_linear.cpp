@@ -17,7 +17,8 @@ using namespace mesh::gpu::test;
 
 namespace {
 
-constexpr dtype weight_types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
+constexpr dtype weight_types[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_1,
+                                   dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
 
 /// A Vulkan executor with the validation layer on; `variant` picks linear's matrix-vector kernel
 /// (kernel_variants::matvec). Each test destroys its own, while harness.hpp's keeps the driver
@@ -80,7 +81,10 @@ TEST_CASE("linear: every weight dtype on the matrix-vector path (m = 1, odd n, o
   auto vk = validated();
   for (dtype wt : weight_types) {
     const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;
-    for (const linear_case& c : {linear_case{{block}, 7}, linear_case{{1, 3 * block}, 5}, linear_case{{2, 2, 2 * block}, 9}})
+    // Q8_0, Q4_0 and Q5_0 rows of 1, 3 and 9 blocks (34, 18 or 22 bytes each) start at odd 16-bit
+    // offsets of their buffer, and a Q5_0 block's 32-bit qh straddles two words.
+    for (const linear_case& c : {linear_case{{block}, 7}, linear_case{{1, 3 * block}, 5}, linear_case{{2, 2, 2 * block}, 9},
+                                 linear_case{{1, 9 * block}, 3}})
       check_linear(*vk, wt, c, dtype::f32, 11);
   }
   // Float weights take any k.
@@ -102,7 +106,7 @@ TEST_CASE("linear: every weight dtype on the tiled path (many rows, batch dims)"
 
 TEST_CASE("linear: f16 and bf16 activations, and the shared-memory matrix-vector kernel") {
   auto vk = validated(), shared = validated("shared");
-  for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0})
+  for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0, dtype::q5_0})
     for (dtype xt : {dtype::f16, dtype::bf16}) check_linear(*vk, wt, {{2, 256}, 11}, xt, 31);
   for (dtype wt : weight_types) {
     const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;

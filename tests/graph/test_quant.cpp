@@ -16,7 +16,7 @@ using namespace mesh;
 
 namespace {
 
-constexpr dtype quantized[] = {dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k};
+constexpr dtype quantized[] = {dtype::q8_0, dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
 
 std::vector<double> random_values(size_t n, uint64_t seed, double scale = 1.0) {
   std::mt19937_64 rng(seed);
@@ -49,9 +49,25 @@ TEST_CASE("quantized dtypes: ggml's block sizes, byte counts and names", "[graph
   CHECK(block_bytes(dtype::q4_k) == 144);
   CHECK(block_elements(dtype::q6_k) == 256);
   CHECK(block_bytes(dtype::q6_k) == 210);
+  CHECK(block_elements(dtype::q4_1) == 32);
+  CHECK(block_bytes(dtype::q4_1) == 20);
+  CHECK(block_elements(dtype::q5_0) == 32);
+  CHECK(block_bytes(dtype::q5_0) == 22);
+  CHECK(block_elements(dtype::q5_1) == 32);
+  CHECK(block_bytes(dtype::q5_1) == 24);
+  CHECK(block_elements(dtype::q5_k) == 256);
+  CHECK(block_bytes(dtype::q5_k) == 176);
   CHECK(block_bytes(dtype::bf16) == 2);
   CHECK(static_cast<int>(dtype::q8_0) == 4);  // wire values
   CHECK(static_cast<int>(dtype::q6_k) == 7);
+  CHECK(static_cast<int>(dtype::q4_1) == 8);
+  CHECK(static_cast<int>(dtype::q5_0) == 9);
+  CHECK(static_cast<int>(dtype::q5_1) == 10);
+  CHECK(static_cast<int>(dtype::q5_k) == 11);
+  CHECK(dtype_count == 12);
+  CHECK(std::string(to_string(dtype::q5_0)) == "q5_0");
+  CHECK(std::string(to_string(dtype::q5_k)) == "q5_k");
+  for (dtype t : quantized) CHECK(is_quantized(t));
   CHECK(std::string(to_string(dtype::q4_k)) == "q4_k");
   CHECK(!is_float(dtype::q4_0));
   CHECK(is_quantized(dtype::q6_k));
@@ -62,6 +78,10 @@ TEST_CASE("quantized dtypes: ggml's block sizes, byte counts and names", "[graph
   CHECK(byte_size(dtype::q8_0, {2, 33}) == -1);  // not whole blocks
   CHECK(byte_size(dtype::q8_0, {}) == -1);       // no rows
   CHECK(*row_bytes(dtype::q6_k, 512) == 420);
+  CHECK(*row_bytes(dtype::q5_0, 896) == 28 * 22);  // Qwen2.5-0.5B's hidden size: not whole 256s
+  CHECK(byte_size(dtype::q5_0, {3, 96}) == 3 * 3 * 22);
+  CHECK(byte_size(dtype::q5_k, {2, 512}) == 2 * 2 * 176);
+  CHECK(byte_size(dtype::q5_k, {2, 896}) == -1);
   auto r = row_bytes(dtype::q4_0, 40);
   REQUIRE_FALSE(r);
   CHECK(r.error().message == "a row of 40 q4_0 elements is not a whole number of 32-element blocks");
@@ -93,7 +113,9 @@ TEST_CASE("quantized tensors: check() wants whole blocks and exact byte counts",
 TEST_CASE("the quantizer round-trips through the reference decoder within each format's precision", "[graph][quant]") {
   // Error bound relative to the largest magnitude: 8-bit ~1/127, 4-bit ~1/8 of a block's range;
   // the k-quants add the 6/8-bit rounding of their sub-block scales.
-  const std::pair<dtype, double> bounds[] = {{dtype::q8_0, 0.01}, {dtype::q4_0, 0.13}, {dtype::q4_k, 0.1}, {dtype::q6_k, 0.04}};
+  // q4_1/q5_1 spend their levels on the block's [min, max]; a 5th bit halves a 4-bit step.
+  const std::pair<dtype, double> bounds[] = {{dtype::q8_0, 0.01}, {dtype::q4_0, 0.13}, {dtype::q4_1, 0.1}, {dtype::q5_0, 0.07},
+                                             {dtype::q5_1, 0.05}, {dtype::q4_k, 0.1},  {dtype::q5_k, 0.05}, {dtype::q6_k, 0.04}};
   for (const auto& [t, bound] : bounds) {
     INFO(to_string(t));
     const auto values = random_values(3 * 512, 7, 2.0);

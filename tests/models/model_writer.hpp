@@ -171,10 +171,22 @@ inline bytes random_quantized(tensor_type t, int64_t rows, int64_t cols, double 
     switch (t) {
       case tensor_type::q8_0: put_f16(scale * u(rng) / 127); put_random(32); break;
       case tensor_type::q4_0: put_f16(scale * u(rng) / 8); put_random(16); break;
+      case tensor_type::q5_0: put_f16(scale * u(rng) / 16); put_random(4 + 16); break;
+      case tensor_type::q4_1:  // x = d * q + m: q < 16 spans [m, m + 15d], m about -scale
+      case tensor_type::q5_1:
+        put_f16(2 * scale * u(rng) / (t == tensor_type::q4_1 ? 15 : 31));
+        put_f16(-scale * u(rng));
+        put_random(t == tensor_type::q4_1 ? 16 : 4 + 16);
+        break;
       case tensor_type::q4_k:  // x = d*sc*q - dmin*m with q < 16, sc and m < 64
         put_f16(2 * scale * u(rng) / (63 * 15));
         put_f16(scale * u(rng) / 63);
         put_random(12 + 128);
+        break;
+      case tensor_type::q5_k:  // as q4_k with q < 32
+        put_f16(2 * scale * u(rng) / (63 * 31));
+        put_f16(scale * u(rng) / 63);
+        put_random(12 + 32 + 128);
         break;
       case tensor_type::q6_k: {  // x = d * scale * (q - 32), int8 scales kept within +-64
         put_random(128 + 64);

@@ -58,7 +58,8 @@ def read_safetensors(path):
 GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 # ggml type number: (name, elements per block, bytes per block)
 GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 8: ("Q8_0", 32, 34), 2: ("Q4_0", 32, 18),
-              12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+              3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 12: ("Q4_K", 256, 144),
+              13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 
 
 def read_gguf(path):
@@ -116,7 +117,8 @@ def read_gguf(path):
         elif tname == "BF16":
             a = (b.view("<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         else:
-            a = {"Q8_0": dq.q8_0, "Q4_0": dq.q4_0, "Q4_K": dq.q4_k, "Q6_K": dq.q6_k}[tname](b.copy()).astype(np.float64)
+            a = {"Q8_0": dq.q8_0, "Q4_0": dq.q4_0, "Q4_1": dq.q4_1, "Q5_0": dq.q5_0, "Q5_1": dq.q5_1, "Q4_K": dq.q4_k,
+                 "Q5_K": dq.q5_k, "Q6_K": dq.q6_k}[tname](b.copy()).astype(np.float64)
         # ne[0] is the fastest dimension: the row-major shape is ne reversed.
         tensors[name] = torch.from_numpy(a.reshape(list(reversed(ne))).copy())
     return meta, tensors

@@ -107,6 +107,41 @@ TEST_CASE("hand-made blocks decode as the format defines", "[models][dequantize]
       CHECK(y[static_cast<size_t>(j + 16)] == 2.0f * static_cast<float>(7 - j));
     }
   }
+  SECTION("Q4_1: unsigned nibbles times d plus the block's min m") {
+    bytes b(20, 0);
+    put_f16(b, 0, f32_to_f16(0.5f));
+    put_f16(b, 2, f32_to_f16(-3.0f));
+    for (int j = 0; j < 16; ++j) b[4 + static_cast<size_t>(j)] = static_cast<uint8_t>(j | (15 - j) << 4);
+    const auto y = decode(tensor_type::q4_1, b, 32);
+    for (int j = 0; j < 16; ++j) {
+      CHECK(y[static_cast<size_t>(j)] == 0.5f * static_cast<float>(j) - 3.0f);
+      CHECK(y[static_cast<size_t>(j + 16)] == 0.5f * static_cast<float>(15 - j) - 3.0f);
+    }
+  }
+  // Element e of a 5-bit block gets q = e ^ 21 (so both halves and every qh bit vary): low
+  // nibble in byte e % 16 (high half for e >= 16), 5th bit at bit e of the little-endian qh.
+  const auto five_bit = [](bytes& b, size_t qh, size_t qs) {
+    for (int e = 0; e < 32; ++e) {
+      const int q = e ^ 21;
+      b[qs + static_cast<size_t>(e % 16)] |= static_cast<uint8_t>((q & 15) << (e < 16 ? 0 : 4));
+      b[qh + static_cast<size_t>(e / 8)] |= static_cast<uint8_t>((q >> 4) << (e % 8));
+    }
+  };
+  SECTION("Q5_0: a 5th bit per element from the 32-bit qh, minus 16") {
+    bytes b(22, 0);
+    put_f16(b, 0, f32_to_f16(0.25f));
+    five_bit(b, 2, 6);
+    const auto y = decode(tensor_type::q5_0, b, 32);
+    for (int e = 0; e < 32; ++e) CHECK(y[static_cast<size_t>(e)] == 0.25f * static_cast<float>((e ^ 21) - 16));
+  }
+  SECTION("Q5_1: the 5-bit q times d plus m") {
+    bytes b(24, 0);
+    put_f16(b, 0, f32_to_f16(2.0f));
+    put_f16(b, 2, f32_to_f16(-1.5f));
+    five_bit(b, 4, 8);
+    const auto y = decode(tensor_type::q5_1, b, 32);
+    for (int e = 0; e < 32; ++e) CHECK(y[static_cast<size_t>(e)] == 2.0f * static_cast<float>(e ^ 21) - 1.5f);
+  }
   SECTION("Q4_K: packed 6-bit scales and mins, nibble groups of 64") {
     bytes b(144, 0);
     put_f16(b, 0, f32_to_f16(1.0f));   // d
@@ -130,6 +165,35 @@ TEST_CASE("hand-made blocks decode as the format defines", "[models][dequantize]
       const int sub = e / 32;                // 8 sub-blocks of 32
       const int q = sub % 2 == 0 ? 3 : 12;   // even sub-blocks are low nibbles
       CHECK(y[static_cast<size_t>(e)] == static_cast<float>(10 + sub) * static_cast<float>(q) - 0.5f * static_cast<float>(40 + sub));
+    }
+  }
+  SECTION("Q5_K: Q4_K's scales and nibbles, a 5th bit from bit `sub-block` of qh[l]") {
+    bytes b(176, 0);
+    put_f16(b, 0, f32_to_f16(0.5f));   // d
+    put_f16(b, 2, f32_to_f16(0.25f));  // dmin
+    uint8_t* s = b.data() + 4;
+    for (int j = 0; j < 8; ++j) {  // scale 20 + j, min 50 + j
+      const int sc = 20 + j, m = 50 + j;
+      if (j < 4) {
+        s[j] = static_cast<uint8_t>(sc);
+        s[j + 4] = static_cast<uint8_t>(m);
+      } else {
+        s[j + 4] = static_cast<uint8_t>((sc & 15) | (m & 15) << 4);
+        s[j - 4] |= static_cast<uint8_t>((sc >> 4) << 6);
+        s[j] |= static_cast<uint8_t>((m >> 4) << 6);
+      }
+    }
+    // Element l of sub-block j gets q = (l + 3 * j) % 32.
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const int q = (l + 3 * j) % 32;
+        b[16 + static_cast<size_t>(l)] |= static_cast<uint8_t>((q >> 4) << j);
+        b[48 + static_cast<size_t>(32 * (j / 2) + l)] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
+      }
+    const auto y = decode(tensor_type::q5_k, b, 256);
+    for (int e = 0; e < 256; ++e) {
+      const int j = e / 32, q = (e % 32 + 3 * j) % 32;
+      CHECK(y[static_cast<size_t>(e)] == 0.5f * static_cast<float>(20 + j) * static_cast<float>(q) - 0.25f * static_cast<float>(50 + j));
     }
   }
   SECTION("Q6_K: 4 low bits from ql, 2 high bits from qh, a scale per 16") {
@@ -166,7 +230,7 @@ TEST_CASE("dequantization matches the numpy reference with extreme scales", "[mo
     const auto t = static_cast<tensor_type>(ti);
     const int64_t n = block_elements(t) * 12;
     bytes src = random_bytes(static_cast<size_t>(*row_bytes(t, n)), seed++);
-    // Place each extreme scale in a block's scale fields (d, and dmin for Q4_K).
+    // Place each extreme scale in a block's scale fields (d, and dmin or m where the type has one).
     const size_t bb = static_cast<size_t>(block_bytes(t));
     for (size_t blk = 0; is_quantized(t) && blk < 12; ++blk) {
       const uint16_t d = extreme_scales[blk % extreme_scales.size()];
@@ -174,10 +238,16 @@ TEST_CASE("dequantization matches the numpy reference with extreme scales", "[mo
       uint8_t* p = src.data() + blk * bb;
       switch (t) {
         case tensor_type::q8_0:
-        case tensor_type::q4_0: put_f16(src, blk * bb, d); break;
+        case tensor_type::q4_0:
+        case tensor_type::q5_0: put_f16(src, blk * bb, d); break;
+        case tensor_type::q4_1:
+        case tensor_type::q5_1:  // dmin as m: a signed offset, infinities included
         case tensor_type::q4_k:
+        case tensor_type::q5_k:
           put_f16(src, blk * bb, d);
           put_f16(src, blk * bb + 2, dmin);
+          if (t == tensor_type::q5_k && blk == 1) std::memset(p + 4, 0xff, 12);  // every scale and min 63
+          if (t == tensor_type::q5_k && blk == 2) std::memset(p + 16, 0xff, 32);  // every 5th bit set
           break;
         case tensor_type::q6_k:
           put_f16(src, blk * bb + 208, d);

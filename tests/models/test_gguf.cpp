@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <tuple>
 
 #include "checkpoint_writer.hpp"
 #include "models/gguf.hpp"
@@ -138,6 +139,28 @@ TEST_CASE("GGUF tensors keep ne order and point at their bytes", "[models][gguf]
   CHECK(g->find_tensor("nope") == nullptr);
 }
 
+TEST_CASE("GGUF tensors of the 5-bit and offset types (Q4_K_M's fallbacks for rows not of 256)", "[models][gguf]") {
+  gguf_writer w;
+  w.add_tensor("q5_0", tensor_type::q5_0, {96, 3}, random_bytes(3 * 3 * 22, 1));  // 66-byte rows
+  w.add_tensor("q5_1", tensor_type::q5_1, {32}, random_bytes(24, 2));
+  w.add_tensor("q4_1", tensor_type::q4_1, {64, 1}, random_bytes(40, 3));
+  w.add_tensor("q5_k", tensor_type::q5_k, {256, 2}, random_bytes(352, 4));
+  const bytes b = w.build();
+  auto g = gguf_view::parse(b, src);
+  REQUIRE(g);
+  for (const auto& [name, type, size] : {std::tuple{"q5_0", tensor_type::q5_0, 198}, std::tuple{"q5_1", tensor_type::q5_1, 24},
+                                         std::tuple{"q4_1", tensor_type::q4_1, 40}, std::tuple{"q5_k", tensor_type::q5_k, 352}}) {
+    INFO(name);
+    const auto* t = g->find_tensor(name);
+    REQUIRE(t);
+    CHECK(t->type == type);
+    CHECK(t->data.size() == static_cast<size_t>(size));
+  }
+  gguf_writer bad;
+  bad.add_tensor("q5_k", tensor_type::q5_k, {96, 2}, random_bytes(352, 4));
+  CHECK(contains(parse_error(bad.build()).message, "a row of 96 Q5_K elements is not a whole number of 256-element blocks"));
+}
+
 TEST_CASE("GGUF version 2 and a custom alignment", "[models][gguf]") {
   auto w = sample();
   w.version = 2;
@@ -254,10 +277,10 @@ TEST_CASE("GGUF tensor errors name the tensor", "[models][gguf]") {
     w.tensors()[1].type = 99;
     auto e = parse_error(w.build());
     CHECK(e.message == "test.gguf: tensor \"b.q8_0\": unknown tensor type number 99");
-    w.tensors()[1].type = 13;  // Q5_K
+    w.tensors()[1].type = 11;  // Q3_K
     e = parse_error(w.build());
     CHECK(e.code == error_code::unsupported);
-    CHECK(contains(e.message, "test.gguf: tensor \"b.q8_0\": tensor type Q5_K (13) is not supported"));
+    CHECK(contains(e.message, "test.gguf: tensor \"b.q8_0\": tensor type Q3_K (11) is not supported"));
   }
   SECTION("more than four dimensions") {
     auto w = sample();

@@ -1,9 +1,10 @@
 // Every architecture against an independent reference: small random checkpoints of each (HF
-// directories in f32, f16 and bf16; GGUF files in F32, F16, Q8_0, Q4_0, Q4_K and Q6_K) run through
-// a session on the CPU executor (and on Vulkan/lavapipe for some), and ref_llm.py, written in
-// PyTorch from the published equations, computes the same in float64 from the same files. Checked:
-// the logits after every prompt token (one prefill batch), and 64 greedy tokens decoded one at a
-// time through the KV cache, each step's logits included. Skipped with a warning without torch.
+// directories in f32, f16 and bf16; GGUF files in F32, F16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and
+// Q6_K) run through a session on the CPU executor (and on Vulkan/lavapipe for some), and
+// ref_llm.py, written in PyTorch from the published equations, computes the same in float64 from
+// the same files. Checked: the logits after every prompt token (one prefill batch), and 64 greedy
+// tokens decoded one at a time through the KV cache, each step's logits included. Skipped with a
+// warning without torch.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -182,6 +183,15 @@ model_spec qwen2_spec() {
   return s;
 }
 
+// Rows of 96 elements: 3 blocks of 32, not a multiple of 256, as Qwen2.5-0.5B's 896 (28 blocks)
+// for which llama.cpp's Q4_K_M falls back to Q5_0. Q5_0 rows are then 66 bytes, so every other
+// row starts in the middle of a 32-bit word.
+model_spec narrow_qwen2_spec() {
+  model_spec s = qwen2_spec();
+  s.hidden = 96;
+  return s;
+}
+
 model_spec qwen3_spec() {
   model_spec s;
   s.arch = architecture::qwen3;
@@ -237,11 +247,17 @@ TEST_CASE("llama GGUF Q4_K (tied embeddings) matches the reference on the dequan
 TEST_CASE("llama GGUF Q6_K (tied embeddings) matches the reference on the dequantized weights", "[models][reference]") {
   check_gguf("llama", wide_llama_spec(), tensor_type::q6_k);
 }
+TEST_CASE("llama GGUF Q5_K (tied embeddings) matches the reference on the dequantized weights", "[models][reference]") {
+  check_gguf("llama", wide_llama_spec(), tensor_type::q5_k);
+}
 TEST_CASE("qwen2 (q/k/v biases) HF f32 matches the reference", "[models][reference]") {
   check_hf("qwen2", qwen2_spec(), "F32");
 }
 TEST_CASE("qwen2 GGUF Q8_0 matches the reference", "[models][reference]") {
   check_gguf("qwen2", qwen2_spec(), tensor_type::q8_0);
+}
+TEST_CASE("qwen2 GGUF Q5_0 with hidden 96 (rows not of 256) matches the reference", "[models][reference]") {
+  check_gguf("qwen2", narrow_qwen2_spec(), tensor_type::q5_0);
 }
 TEST_CASE("qwen3 (q/k norms, tied embeddings) HF bf16 matches the reference", "[models][reference]") {
   check_hf("qwen3", qwen3_spec(), "BF16");
@@ -264,4 +280,9 @@ TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q4_0 matches the reference", "
   model_spec s = qwen2_spec();
   s.layers = 1;
   check_gguf("qwen2", s, tensor_type::q4_0, backend::vulkan);
+}
+TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q5_0 with hidden 96 matches the reference", "[models][reference][gpu]") {
+  model_spec s = narrow_qwen2_spec();
+  s.layers = 1;
+  check_gguf("qwen2", s, tensor_type::q5_0, backend::vulkan);
 }

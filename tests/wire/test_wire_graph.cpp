@@ -121,6 +121,11 @@ wire_graph inference_sample() {
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01 * static_cast<double>(i) - 0.9;
   out.tensors["w"] = tensor::from_values(dtype::q4_0, {3, 64}, values);
   out.tensors["k6"] = tensor::from_values(dtype::q6_k, {1, 256}, std::vector<double>(256, 0.25));
+  // Every other block type travels as its bytes too (Q5_0 rows of 3 blocks: 66 bytes).
+  out.tensors["q41"] = tensor::from_values(dtype::q4_1, {1, 32}, std::vector<double>(values.begin(), values.begin() + 32));
+  out.tensors["q50"] = tensor::from_values(dtype::q5_0, {2, 96}, values);
+  out.tensors["q51"] = tensor::from_values(dtype::q5_1, {3, 64}, values);
+  out.tensors["k5"] = tensor::from_values(dtype::q5_k, {1, 256}, std::vector<double>(256, -0.5));
   return out;
 }
 }  // namespace
