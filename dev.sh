@@ -23,7 +23,7 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
-  libpcre2-dev libcpp-httplib-dev curl nodejs npm
+  libpcre2-dev libcpp-httplib-dev curl nodejs
   iproute2 nftables iptables conntrack python3
   python3-numpy python3-torch python3-sentencepiece python3-regex python3-jinja2
 )
@@ -35,6 +35,9 @@ deps() {
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
+  # npm: Debian's nodejs leaves it to the npm package, NodeSource's nodejs carries it (and then
+  # conflicts with Debian's npm): ask for the package only when the command is missing.
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
     local sudo=""
