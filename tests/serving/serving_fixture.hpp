@@ -32,6 +32,14 @@ inline models::test::model_spec tiny_spec() {
   return s;
 }
 
+/// The tiny model with a context long enough for a generation that outlasts any timeout the
+/// tests set (thousands of tokens), whatever the machine's speed.
+inline models::test::model_spec long_spec() {
+  models::test::model_spec s = tiny_spec();
+  s.context = 4096;
+  return s;
+}
+
 /// The model file, the backend serving it as "tiny" (chat template ChatML), the server.
 struct served_model {
   models::test::temp_dir dir;
@@ -40,9 +48,10 @@ struct served_model {
   std::unique_ptr<local_backend> backend;
   std::unique_ptr<api_server> server;
 
-  explicit served_model(server_options options = {}, size_t max_queued = 8) {
+  explicit served_model(server_options options = {}, size_t max_queued = 8,
+                        const models::test::model_spec& spec = tiny_spec()) {
     path = dir / "tiny.gguf";
-    models::test::write_gguf_model(path, tiny_spec(), models::tensor_type::f32);
+    models::test::write_gguf_model(path, spec, models::tensor_type::f32);
     executor = gpu::make_cpu_executor(1);
     local_model_options m;
     m.path = path;

@@ -182,7 +182,7 @@ TEST_CASE("curl: errors carry OpenAI's shape and status", "[serving][server]") {
 }
 
 TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancelled", "[serving][backend]") {
-  served_model served({}, /*max_queued=*/1);
+  served_model served({}, /*max_queued=*/1, long_spec());  // the running request outlasts the checks
   auto& backend = *served.backend;
   struct seen {
     std::promise<generation_outcome> done;
@@ -198,7 +198,7 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
                              [&s](generation_outcome o) { s.done.set_value(std::move(o)); }});
   };
   seen running, queued, extra;
-  auto a = start(running, 200);
+  auto a = start(running, 3000);
   REQUIRE(a);
   REQUIRE(eventually([&] { return running.pieces.load() > 0; }));  // running, not waiting
   auto b = start(queued, 5);
@@ -213,7 +213,7 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
   auto ra = running.done.get_future().get();
   REQUIRE_FALSE(ra);
   CHECK(ra.error().kind == failure_kind::cancelled);
-  CHECK(running.pieces.load() < 200);
+  CHECK(running.pieces.load() < 3000);
   auto rb = queued.done.get_future().get();
   REQUIRE_FALSE(rb);
   CHECK(rb.error().kind == failure_kind::cancelled);
@@ -241,7 +241,7 @@ TEST_CASE("a client that leaves during a stream cancels its generation, and the 
   server_options o;
   o.request_timeout = std::chrono::milliseconds(1500);
   o.keepalive_interval = std::chrono::milliseconds(200);
-  served_model served(o);
+  served_model served(o, 8, long_spec());  // generations of 3000 tokens outlast the timeout
 
   // A raw connection: send a streamed request, read the first bytes, close.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -251,7 +251,7 @@ TEST_CASE("a client that leaves during a stream cancels its generation, and the 
   addr.sin_port = htons(served.server->port());
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  const std::string body = R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true, "temperature": 0, "stream": true})";
+  const std::string body = R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true, "temperature": 0, "stream": true})";
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   REQUIRE(::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
@@ -269,7 +269,7 @@ TEST_CASE("a client that leaves during a stream cancels its generation, and the 
 
   // Not streamed, longer than the timeout: 504, and the generation is cancelled.
   auto slow = curl(served.dir.path(), served.url("/v1/completions"),
-                   R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true, "temperature": 0})");
+                   R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true, "temperature": 0})");
   CHECK(slow.status == 504);
   CHECK(json::parse(slow.body).at("error").at("code") == "timeout");
   REQUIRE(eventually([&] { return served.backend->stats().cancelled == 2; }, std::chrono::seconds(10)));
@@ -279,10 +279,10 @@ TEST_CASE("stop is graceful: new requests get 503, a stream in flight past the g
           "[serving][server]") {
   server_options o;
   o.stop_grace = std::chrono::milliseconds(1500);
-  served_model served(o);
+  served_model served(o, 8, long_spec());  // a generation of 3000 tokens outlasts the grace
   auto stream = std::async(std::launch::async, [&] {
     return curl(served.dir.path(), served.url("/v1/completions"),
-                R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": true, "temperature": 0, "stream": true})",
+                R"({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true, "temperature": 0, "stream": true})",
                 "-N");
   });
   // Let it reach the backend (a request still queued at stop() ends the same way).
