@@ -12,6 +12,7 @@
 
 #include "actors/generation_worker.hpp"
 #include "model_writer.hpp"
+#include "reference_generation.hpp"
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/generate.hpp"
 #include "models/session.hpp"
@@ -67,23 +68,6 @@ model_spec tiny() {
   return s;
 }
 
-/// models::generate in this process, as the worker should run it.
-models::generation reference(const std::filesystem::path& path, const std::string& prompt, const models::generate_options& o) {
-  auto ckpt = models::checkpoint::open(path);
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
-  auto s = models::session::create(*cpu, *ckpt);
-  REQUIRE(s);
-  auto vocab = models::load_tokenizer(*ckpt, s->config());
-  REQUIRE(vocab);
-  auto tok = models::tokenizer::create(vocab->vocab);
-  REQUIRE(tok);
-  auto ids = tok->encode(prompt);
-  REQUIRE(ids);
-  auto g = models::generate(*s, *tok, *ids, o);
-  REQUIRE(g);
-  return *g;
-}
 
 struct fixture {
   temp_dir dir;
@@ -118,7 +102,7 @@ TEST_CASE("the worker streams what models::generate makes, greedy and seeded, lo
   REQUIRE(d.ok);
   models::generate_options o;
   o.max_tokens = 12;
-  auto ref = reference(f.model, "hello there", o);
+  auto ref = reference_generation(f.model, "hello there", o);
   CHECK(f.got.text(1) == ref.text);
   CHECK(d.tokens == ref.tokens.size());
   CHECK(d.prompt_tokens == ref.prompt_tokens);
@@ -140,7 +124,7 @@ TEST_CASE("the worker streams what models::generate makes, greedy and seeded, lo
   REQUIRE(d2.ok);
   o.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repetition_penalty = 1.1f, .seed = 9};
   o.stop = {"zz"};
-  auto ref2 = reference(f.model, "hello there", o);
+  auto ref2 = reference_generation(f.model, "hello there", o);
   CHECK(f.got.text(2) == ref2.text);
   CHECK(d2.tokens == ref2.tokens.size());
   CHECK(d2.load_seconds == 0);  // the model stayed loaded

@@ -12,6 +12,7 @@
 
 #include "gpu/executor.hpp"
 #include "model_writer.hpp"
+#include "reference_generation.hpp"
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/generate.hpp"
 #include "models/session.hpp"
@@ -43,23 +44,6 @@ ctl_result meshctl(const std::filesystem::path& state, const std::string& args) 
   return r;
 }
 
-/// models::generate in this process on the CPU executor.
-models::generation reference(const std::filesystem::path& path, const std::string& prompt, const models::generate_options& o) {
-  auto ckpt = models::checkpoint::open(path);
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
-  auto s = models::session::create(*cpu, *ckpt);
-  REQUIRE(s);
-  auto vocab = models::load_tokenizer(*ckpt, s->config());
-  REQUIRE(vocab);
-  auto tok = models::tokenizer::create(vocab->vocab);
-  REQUIRE(tok);
-  auto ids = tok->encode(prompt);
-  REQUIRE(ids);
-  auto g = models::generate(*s, *tok, *ids, o);
-  REQUIRE(g);
-  return *g;
-}
 
 }  // namespace
 
@@ -77,7 +61,7 @@ TEST_CASE("meshctl generate streams the node's text, reports statistics and clea
   // Greedy.
   models::generate_options o;
   o.max_tokens = 12;
-  const auto greedy_ref = reference(model, "hello there", o);
+  const auto greedy_ref = models::test::reference_generation(model, "hello there", o);
   auto greedy = meshctl(state, "generate " + model.string() + " 'hello there' --max-tokens 12");
   INFO(greedy.err);
   REQUIRE(greedy.status == 0);
@@ -91,7 +75,7 @@ TEST_CASE("meshctl generate streams the node's text, reports statistics and clea
   o.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repetition_penalty = 1.1f, .seed = 9};
   o.stop = {"zz"};
   o.max_tokens = 16;
-  const auto sampled_ref = reference(model, "hello there", o);
+  const auto sampled_ref = models::test::reference_generation(model, "hello there", o);
   auto sampled = meshctl(state, "generate " + model.string() +
                                     " 'hello there' --max-tokens 16 --temperature 0.9 --top-k 40 --top-p 0.95 --min-p 0.05 "
                                     "--repeat-penalty 1.1 --seed 9 --stop zz");

@@ -1,0 +1,34 @@
+#pragma once
+// What models::generate gives in this process on the CPU executor (1 thread) for a checkpoint and
+// a prompt: the text a node or a server must reproduce.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "gpu/executor.hpp"
+#include "models/checkpoint_tokenizer.hpp"
+#include "models/generate.hpp"
+#include "models/session.hpp"
+
+namespace mesh::models::test {
+
+inline generation reference_generation(const std::filesystem::path& path, const std::string& prompt,
+                                       const generate_options& o) {
+  auto ckpt = checkpoint::open(path);
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto s = session::create(*cpu, *ckpt);
+  REQUIRE(s);
+  auto vocab = load_tokenizer(*ckpt, s->config());
+  REQUIRE(vocab);
+  auto tok = tokenizer::create(vocab->vocab);
+  REQUIRE(tok);
+  auto ids = tok->encode(prompt);
+  REQUIRE(ids);
+  auto g = generate(*s, *tok, *ids, o);
+  REQUIRE(g);
+  return *g;
+}
+
+}  // namespace mesh::models::test
