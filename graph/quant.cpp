@@ -109,11 +109,15 @@ void q4_k_scale_min(int j, const uint8_t* s, int& scale, int& min) {
   }
 }
 
-void row_q4_k(const uint8_t* b, float* y, size_t blocks) {
-  for (size_t i = 0; i < blocks; ++i, b += 144, y += 256) {
+// Q4_K, and Q5_K: Q4_K's layout with a 5th bit per element, bit j of qh[l] for element l of
+// sub-block j (its nibbles then start at 48).
+template <bool five>
+void row_q4_k_or_q5_k(const uint8_t* b, float* y, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i, b += five ? 176 : 144, y += 256) {
     const float d = f16(b), dmin = f16(b + 2);
     const uint8_t* scales = b + 4;
-    const uint8_t* qs = b + 16;
+    const uint8_t* qh = b + 16;
+    const uint8_t* qs = b + (five ? 48 : 16);
     for (int g = 0; g < 4; ++g) {
       int sc_lo, m_lo, sc_hi, m_hi;
       q4_k_scale_min(2 * g, scales, sc_lo, m_lo);
@@ -124,31 +128,13 @@ void row_q4_k(const uint8_t* b, float* y, size_t blocks) {
       const uint8_t* q = qs + 32 * g;
       float* out = y + 64 * g;
       for (int l = 0; l < 32; ++l) {
-        out[l] = d_lo * static_cast<float>(q[l] & 0x0f) - min_lo;
-        out[l + 32] = d_hi * static_cast<float>(q[l] >> 4) - min_hi;
-      }
-    }
-  }
-}
-
-// q4_k plus a 5th bit per element: bit j of qh[l] for element l of sub-block j.
-void row_q5_k(const uint8_t* b, float* y, size_t blocks) {
-  for (size_t i = 0; i < blocks; ++i, b += 176, y += 256) {
-    const float d = f16(b), dmin = f16(b + 2);
-    const uint8_t* scales = b + 4;
-    const uint8_t* qh = b + 16;
-    const uint8_t* qs = b + 48;
-    for (int g = 0; g < 4; ++g) {
-      int sc_lo, m_lo, sc_hi, m_hi;
-      q4_k_scale_min(2 * g, scales, sc_lo, m_lo);
-      q4_k_scale_min(2 * g + 1, scales, sc_hi, m_hi);
-      const float d_lo = d * static_cast<float>(sc_lo), min_lo = dmin * static_cast<float>(m_lo);
-      const float d_hi = d * static_cast<float>(sc_hi), min_hi = dmin * static_cast<float>(m_hi);
-      const uint8_t* q = qs + 32 * g;
-      float* out = y + 64 * g;
-      for (int l = 0; l < 32; ++l) {
-        out[l] = d_lo * static_cast<float>((q[l] & 0x0f) | ((qh[l] >> (2 * g)) & 1) << 4) - min_lo;
-        out[l + 32] = d_hi * static_cast<float>((q[l] >> 4) | ((qh[l] >> (2 * g + 1)) & 1) << 4) - min_hi;
+        int lo = q[l] & 0x0f, hi = q[l] >> 4;
+        if constexpr (five) {
+          lo |= ((qh[l] >> (2 * g)) & 1) << 4;
+          hi |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
+        }
+        out[l] = d_lo * static_cast<float>(lo) - min_lo;
+        out[l + 32] = d_hi * static_cast<float>(hi) - min_hi;
       }
     }
   }
@@ -403,12 +389,12 @@ expected<void> dequantize_row(dtype t, std::span<const uint8_t> src, std::span<f
       break;
     case dtype::q8_0: row_q8_0(s, y, blocks); break;
     case dtype::q4_0: row_q4_0(s, y, blocks); break;
-    case dtype::q4_k: row_q4_k(s, y, blocks); break;
+    case dtype::q4_k: row_q4_k_or_q5_k<false>(s, y, blocks); break;
     case dtype::q6_k: row_q6_k(s, y, blocks); break;
     case dtype::q4_1: row_offset32(s, y, blocks, 4); break;
     case dtype::q5_0: row_q5_0(s, y, blocks); break;
     case dtype::q5_1: row_offset32(s, y, blocks, 5); break;
-    case dtype::q5_k: row_q5_k(s, y, blocks); break;
+    case dtype::q5_k: row_q4_k_or_q5_k<true>(s, y, blocks); break;
   }
   return {};
 }
