@@ -84,11 +84,19 @@ struct model_info {
   bool chat = false;    ///< whether it has a chat template (chat completions need one)
 };
 
+/// Requests a backend holds now (metrics: queue depth).
+struct backend_queue {
+  int64_t running = 0;
+  int64_t waiting = 0;
+};
+
 class generation_backend {
  public:
   virtual ~generation_backend() = default;
 
   virtual std::vector<model_info> models() const = 0;
+
+  virtual backend_queue queue() const = 0;
 
   /// Checks and queues a request. What can be known at once fails here, with no callback called:
   /// an unknown model, a prompt longer than the context, a conversation the chat template

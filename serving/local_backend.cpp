@@ -126,6 +126,11 @@ std::vector<model_info> local_backend::models() const {
   return out;
 }
 
+backend_queue local_backend::queue() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {running_ ? 1 : 0, static_cast<int64_t>(queue_.size())};
+}
+
 local_backend_stats local_backend::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return stats_;
@@ -212,8 +217,11 @@ void local_backend::run() {
       j = std::move(queue_.front());
       queue_.pop_front();
       --j->m->queued;
+      running_ = true;
     }
     execute(*j);
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
   }
 }
 

@@ -51,6 +51,7 @@ class local_backend final : public generation_backend {
   ~local_backend() override;
 
   std::vector<model_info> models() const override;
+  backend_queue queue() const override;
   result<std::shared_ptr<request_handle>> start(generation_request request, generation_callbacks callbacks) override;
 
   local_backend_stats stats() const;
@@ -66,6 +67,7 @@ class local_backend final : public generation_backend {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<job>> queue_;
+  bool running_ = false;  ///< a job is executing (guarded by mutex_)
   std::atomic<bool> stopping_{false};  ///< set under mutex_ (the worker waits on it), read without
   local_backend_stats stats_;
   std::thread worker_;
