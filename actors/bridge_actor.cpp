@@ -46,7 +46,8 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
                                   : std::holds_alternative<msg::heartbeat>(*m)                                             ? a.health
                                   : std::holds_alternative<msg::status_request>(*m)                                        ? a.status
                                   : std::holds_alternative<msg::generate_request>(*m) ||
-                                          std::holds_alternative<msg::generate_cancel>(*m)                                 ? a.generator
+                                          std::holds_alternative<msg::generate_cancel>(*m) ||
+                                          std::holds_alternative<msg::models_request>(*m)                                  ? a.generator
                                                                                                                            : a.jobs;
         self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
       },

@@ -5,6 +5,7 @@
 #include "actors/node.hpp"
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <fcntl.h>
@@ -29,6 +30,8 @@
 #include "wire/messages.hpp"
 #include "gpu/executor.hpp"
 #include "graph/builder.hpp"
+#include "serving/access.hpp"
+#include "serving/server.hpp"
 #include "transport/endpoint.hpp"
 
 namespace mesh {
@@ -97,6 +100,21 @@ expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) 
 }  // namespace node_shell
 
 namespace {
+
+/// The HTTP API on `cfg.api_bind` over `models`. The default address falls back to a free port
+/// when its port is taken (several nodes on one machine); an address the user chose does not.
+expected<std::unique_ptr<serving::api_server>> start_api(const node_config& cfg, serving::local_backend& models) {
+  auto bind = serving::parse_bind_address(cfg.api_bind);
+  if (!bind) return make_error(bind.error().code, "--api-bind: " + bind.error().message);
+  serving::server_options o;
+  o.bind = *bind;
+  o.api_key = cfg.api_key;
+  auto s = serving::api_server::start(models, o);
+  if (s || cfg.api_bind_explicit) return s;
+  spdlog::info("HTTP API: {} ({}); taking a free port instead", cfg.api_bind, s.error().message);
+  o.bind.port = 0;
+  return serving::api_server::start(models, o);
+}
 
 /// A short micro-benchmark: matmul GFLOP/s and elementwise GB/s, best of a few runs, so plans
 /// use this device's real speed.
@@ -268,6 +286,46 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     if (!started) spdlog::warn("--peer: {}", started.error().message);
   }
 
+  // The model host: generation for meshctl and the HTTP API, each model on an executor of its
+  // own. Declared before the actor system, so it outlives the actors that use it, and after the
+  // endpoint, which its callbacks send through.
+  serving::local_backend_options host_options;
+  host_options.make_executor = [device = cfg.device] { return make_device(device); };
+  auto host = serving::local_backend::create(std::move(host_options));
+  if (!host) {
+    spdlog::critical("models: {}", host.error().message);
+    (*ep)->stop();
+    return 2;
+  }
+  for (const auto& path : cfg.models) {
+    serving::local_model_options o;
+    o.path = path;
+    spdlog::info("loading model {}", path);
+    (*host)->load_async(o, [path](expected<serving::model_info> m) {
+      if (m) spdlog::info("model {} loaded from {} ({} layers, context {})", m->id, path, m->layers, m->context);
+      else spdlog::error("model {} not loaded: {}", path, m.error().message);
+    });
+  }
+  std::unique_ptr<serving::api_server> api;
+  std::string api_url;
+  if (cfg.api_bind != "off") {
+    auto started = start_api(cfg, **host);
+    if (!started) {
+      spdlog::critical("HTTP API: {}", started.error().message);
+      (*ep)->stop();
+      return 2;
+    }
+    api = std::move(*started);
+    const auto& h = api->host();
+    api_url = fmt::format("http://{}:{}", h.find(':') != std::string::npos ? "[" + h + "]" : h, api->port());
+    spdlog::info("HTTP API, dashboard and metrics on {}", api_url);
+  }
+  const auto api_file = cfg.state_dir / "api";
+  {
+    std::ofstream f(api_file);
+    f << api_url << "\n";
+  }
+
   caf::actor_system_config sys_cfg;
   // The work-sharing scheduler: idle workers block on a condition variable instead of polling.
   // With CAF's default work-stealing scheduler an idle node used 25% of a core (its workers spin
@@ -282,6 +340,8 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->own = own;
   ctx->cfg = cfg;
   ctx->started = now_mono();
+  ctx->models = host->get();
+  ctx->api_url = api_url;
   auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, bridge_slot, early, first_device);
 
   int code = 0;
@@ -305,11 +365,13 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     std::lock_guard<std::mutex> lock(*bridge_mutex);
     *bridge_slot = caf::actor{};
   }
+  if (api) api->stop();  // its requests end before the host goes
   if (statics) statics->stop();
   if (mdns) mdns->stop();  // withdraw the announcement first, so peers see us leave
   (*ep)->stop();
   std::error_code removed;
   std::filesystem::remove(endpoint_file, removed);  // meshctl then says no node runs here
+  std::filesystem::remove(api_file, removed);
   return code;
 }
 

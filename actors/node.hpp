@@ -30,6 +30,16 @@ struct node_config {
   /// a fixed multiple of the message's size, wire/codec.hpp); the transport's per-peer receive
   /// budget has the same default.
   size_t decode_budget = size_t{4} << 30;
+
+  /// Checkpoints (GGUF files, Hugging Face directories) loaded at start, served under their file
+  /// names (docs/serving.md).
+  std::vector<std::string> models;
+  /// Where the OpenAI-compatible HTTP API, the dashboard and /metrics listen, HOST:PORT; "off":
+  /// nowhere. The default (loopback, 8080) moves to a free port when 8080 is taken; an address
+  /// given explicitly (api_bind_explicit) must be free or the node does not start.
+  std::string api_bind = "127.0.0.1:8080";
+  bool api_bind_explicit = false;
+  std::string api_key;  ///< bearer key the API asks for (--api-key-file); empty: none
 };
 
 /// Runs a node until `stop` becomes true (SIGINT/SIGTERM in meshnode) or its supervisor gives up.

@@ -34,6 +34,8 @@
 #include "actors/refusal_log.hpp"
 #include "actors/train_engine.hpp"
 #include "gpu/executor.hpp"
+#include "serving/local_backend.hpp"
+#include "serving/mesh_view.hpp"
 #include "transport/endpoint.hpp"
 #include "wire/messages.hpp"
 
@@ -47,6 +49,24 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::expected<mesh::train_work_re
 // Types that travel between the node's actors inside this process (never on the wire).
 namespace mesh::node_shell {
 
+/// The latest view of the mesh for the HTTP side (dashboard, metrics): the status actor
+/// refreshes it every second, HTTP threads read it without touching the actors.
+class mesh_board {
+ public:
+  void put(serving::mesh_snapshot s) {
+    std::lock_guard<std::mutex> lock(m_);
+    snap_ = std::move(s);
+  }
+  serving::mesh_snapshot get() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return snap_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  serving::mesh_snapshot snap_;
+};
+
 /// What every actor of the node needs to know about it; fixed for the node's lifetime.
 struct node_context {
   transport::endpoint* ep = nullptr;
@@ -55,6 +75,10 @@ struct node_context {
   node_config cfg;
   mono_time started{};
   std::shared_ptr<refusal_log> refusals = std::make_shared<refusal_log>();
+  /// The node's model host (generation for meshctl and the HTTP API); outlives the actors.
+  serving::local_backend* models = nullptr;
+  std::string api_url;  ///< where the HTTP API listens ("" without one)
+  std::shared_ptr<mesh_board> board = std::make_shared<mesh_board>();
 };
 using context_ptr = std::shared_ptr<const node_context>;
 

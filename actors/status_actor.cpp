@@ -49,9 +49,69 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
   return r;
 }
 
+/// What the dashboard and /metrics show: this node, its peers, the models it serves (all layers
+/// on this node), the trainings it knows.
+serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& members, const vitals_map& vitals,
+                                     const std::vector<msg::job_status>& jobs) {
+  serving::mesh_snapshot s;
+  s.uptime_s = std::chrono::duration<double>(now_mono() - ctx.started).count();
+  serving::node_view self;
+  self.id = ctx.self_id.to_string();
+  self.device = ctx.own.device_name + " (" + to_string(ctx.own.device) + ")";
+  self.health = "self";
+  self.self = true;
+  self.gflops = ctx.own.gflops;
+  self.memory_bytes = ctx.own.memory_bytes;
+  s.nodes.push_back(std::move(self));
+  for (const auto& [peer, hello] : members) {
+    if (hello.is_client) continue;
+    serving::node_view n;
+    n.id = peer.to_string();
+    n.device = hello.device_name + " (" + to_string(hello.device) + ")";
+    auto v = vitals.find(peer);
+    n.health = to_string(v != vitals.end() ? v->second.health : peer_health::unknown);
+    n.running_stages = v != vitals.end() ? v->second.running_stages : 0;
+    n.gflops = hello.gflops;
+    n.memory_bytes = hello.memory_bytes;
+    if (auto st = ctx.ep->stats(peer)) {
+      n.address = st->remote_address;
+      n.rtt_ms = std::chrono::duration<double, std::milli>(st->smoothed_rtt).count();
+      n.bytes_sent = st->bytes_sent;
+      n.bytes_received = st->bytes_received;
+      n.packets_lost = st->packets_lost;
+      n.relayed = st->relayed;
+    }
+    s.nodes.push_back(std::move(n));
+  }
+  if (ctx.models)
+    for (const auto& m : ctx.models->models())
+      s.models.push_back({m.id, m.path, m.context, m.layers, {{ctx.self_id.to_string(), 0, m.layers}}});
+  for (const auto& j : jobs)
+    if (j.kind == job_kind::training) s.trainings.push_back({j.job, to_string(j.state), j.step, j.steps, {}});
+  return s;
+}
+
+/// How often the board the HTTP side reads is refreshed.
+constexpr auto board_interval = std::chrono::seconds(1);
+
 caf::behavior status_actor(caf::stateful_actor<status_state>* self, context_ptr ctx) {
+  self->send(self, tick_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
+      [=](tick_atom) {
+        self->delayed_send(self, board_interval, tick_atom::value);
+        const auto& a = self->state.a;
+        if (!a.membership) return;  // not wired yet
+        const auto failed = [](caf::error& e) { spdlog::debug("mesh board: {}", caf::to_string(e)); };
+        constexpr auto timeout = std::chrono::seconds(2);
+        self->request(a.membership, timeout, view_atom::value).then([=](members_ptr members) {
+          self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) {
+            self->request(self->state.a.jobs, timeout, view_atom::value).then([=](std::shared_ptr<const std::vector<msg::job_status>> jobs) {
+              ctx->board->put(make_snapshot(*ctx, *members, *vitals, *jobs));
+            }, failed);
+          }, failed);
+        }, failed);
+      },
       [=](inbound_atom, node_id from, message_ptr m) {
         auto* rq = std::get_if<msg::status_request>(m.get());
         if (!rq) return;

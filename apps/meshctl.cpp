@@ -3,6 +3,7 @@
 //   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
 //   meshctl --json peers                     the same as JSON, for scripts
 //   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
+//   meshctl models [load PATH | unload ID]   the models the node serves (HTTP API, generate)
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file.
 #include <atomic>
 #include <csignal>
@@ -73,6 +74,24 @@ void print_status(const mesh::msg::status_reply& s) {
               s.node.to_string().c_str(), s.device.c_str(), s.gflops, s.uptime_s, healthy, suspect, dead, running, s.jobs.size());
 }
 
+void print_models(const mesh::msg::models_reply& r, const std::string& node) {
+  std::printf("%-24s %6s %8s %-5s %s\n", "MODEL", "LAYERS", "CONTEXT", "CHAT", "PATH");
+  for (const auto& m : r.models)
+    std::printf("%-24s %6u %8u %-5s %s%s\n", m.id.substr(0, 24).c_str(), m.layers, m.context, m.chat ? "yes" : "no", m.path.c_str(),
+                m.on_demand ? " (loaded for a request)" : "");
+  for (const auto& m : r.models)
+    std::printf("%s: layers 0-%u on %s\n", m.id.substr(0, 24).c_str(), m.layers ? m.layers - 1 : 0, node.c_str());
+  std::printf("HTTP API: %s\n", r.api_url.empty() ? "off" : (r.api_url + "/v1 (dashboard " + r.api_url + "/)").c_str());
+}
+
+nlohmann::json to_json(const mesh::msg::models_reply& r) {
+  nlohmann::json j{{"api_url", r.api_url}, {"models", nlohmann::json::array()}};
+  for (const auto& m : r.models)
+    j["models"].push_back({{"id", m.id}, {"path", m.path}, {"layers", m.layers}, {"context", m.context}, {"chat", m.chat},
+                           {"on_demand", m.on_demand}});
+  return j;
+}
+
 std::atomic<bool> interrupted{false};
 
 /// meshctl generate: the text to standard output as it comes, the statistics to standard error.
@@ -139,16 +158,34 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--chat-template", gen.chat_template,
                       "with --chat: this template family instead of the checkpoint's (chatml, qwen2.5, llama3, llama3.1, llama2, "
                       "mistral, gemma)");
+  std::vector<std::string> models_args;
+  mesh::msg::models_request models_req;
+  auto* models_cmd = app.add_subcommand("models", "the models the node serves: list (no arguments), load PATH, unload ID");
+  models_cmd->fallthrough();
+  models_cmd->add_option("action", models_args, "load PATH | unload ID")->expected(0, 2);
+  models_cmd->add_option("--chat-template", models_req.chat_template, "load: a chat template family instead of the checkpoint's");
+  models_cmd->add_option("--context", models_req.context, "load: positions per request (0: the model's, at most 4096)");
   app.add_option("--node", node, "NODEID@HOST:PORT of the node to ask")->envname("MESH_NODE");
   app.add_option("--state-dir", state_dir, "a local node's state directory (its endpoint file)")->envname("MESH_STATE_DIR");
   app.add_option("--secret-file", secret_file, "mesh secret file")->envname("MESH_SECRET_FILE");
   app.add_flag("--json", json, "print JSON");
   app.add_option("--count", count, "top: stop after this many refreshes (0 = until interrupted)");
   CLI11_PARSE(app, argc, argv);
-  const bool generating = gen_cmd->parsed();
-  if (!generating && command.empty()) {
-    std::cerr << "meshctl: say what to do: peers, status, jobs, top or generate (--help lists them)\n";
+  const bool generating = gen_cmd->parsed(), modelling = models_cmd->parsed();
+  if (!generating && !modelling && command.empty()) {
+    std::cerr << "meshctl: say what to do: peers, status, jobs, top, generate or models (--help lists them)\n";
     return 2;
+  }
+  if (modelling) {
+    const bool ok = models_args.empty() || (models_args.size() == 2 && (models_args[0] == "load" || models_args[0] == "unload"));
+    if (!ok) {
+      std::cerr << "meshctl models: say `meshctl models`, `meshctl models load PATH` or `meshctl models unload ID`\n";
+      return 2;
+    }
+    if (!models_args.empty()) {
+      models_req.action = models_args[0] == "load" ? mesh::models_action::load : mesh::models_action::unload;
+      models_req.target = models_args[1];
+    }
   }
   if (generating && (max_tokens < 0 || max_tokens > UINT32_MAX)) {
     std::cerr << "meshctl generate: --max-tokens " << max_tokens << " is out of range\n";
@@ -178,6 +215,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (generating) return generate(**c, model, prompt, gen);
+  if (modelling) {
+    // A load answers once the model is on the node's device: minutes for a large checkpoint.
+    const auto wait = models_req.action == mesh::models_action::load ? std::chrono::minutes(30) : std::chrono::minutes(1);
+    auto r = (*c)->models(models_req, std::chrono::duration_cast<std::chrono::milliseconds>(wait));
+    if (!r) {
+      std::cerr << "meshctl models: " << r.error().message << "\n";
+      return 1;
+    }
+    if (json) std::cout << to_json(*r).dump(2) << "\n";
+    else print_models(*r, (*c)->node().short_string());
+    return 0;
+  }
   for (int round = 0;; ++round) {
     auto s = (*c)->status();
     if (!s) {

@@ -19,6 +19,7 @@
 
 #include "actors/node.hpp"
 #include "app_settings.hpp"
+#include "serving/access.hpp"
 
 namespace {
 
@@ -34,7 +35,8 @@ int main(int argc, char** argv) {
   CLI::App app{"meshnode: a node of the peer-to-peer compute mesh"};
   std::string config_file, state_dir, secret_file, bind = "0.0.0.0", device = "auto", log_level = "info";
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
-  std::vector<std::string> peers;
+  std::vector<std::string> peers, models;
+  std::string api_bind = "127.0.0.1:8080", api_key_file;
   bool print_id = false;
   std::string mdns = "on";
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, with _)")->envname("MESH_CONFIG");
@@ -48,6 +50,9 @@ int main(int argc, char** argv) {
   auto* o_hb = app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval")->envname("MESH_HEARTBEAT_MS");
   auto* o_dead = app.add_option("--dead-after-ms", dead_after_ms, "silence after which a peer is dead")->envname("MESH_DEAD_AFTER_MS");
   auto* o_mdns = app.add_option("--mdns", mdns, "find peers on the LAN with mDNS: on or off")->envname("MESH_MDNS")->check(CLI::IsMember({"on", "off"}))->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  auto* o_model = app.add_option("--model", models, "checkpoint to serve: a GGUF file or a Hugging Face directory (repeatable)")->envname("MESH_MODELS")->delimiter(',');
+  auto* o_api = app.add_option("--api-bind", api_bind, "HOST:PORT of the OpenAI-compatible API, dashboard and metrics, or off (default 127.0.0.1:8080, another free port if taken)")->envname("MESH_API_BIND");
+  auto* o_key = app.add_option("--api-key-file", api_key_file, "file with the bearer key the HTTP API asks for (none: no key)")->envname("MESH_API_KEY_FILE");
   app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -85,6 +90,8 @@ int main(int argc, char** argv) {
     fill(o_log, "log_level", log_level);
     fill(o_hb, "heartbeat_ms", heartbeat_ms);
     fill(o_dead, "dead_after_ms", dead_after_ms);
+    fill(o_api, "api_bind", api_bind);
+    fill(o_key, "api_key_file", api_key_file);
     if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
       std::optional<std::string> v;
       if (auto b = m.value_exact<bool>()) v = *b ? "on" : "off";
@@ -92,7 +99,9 @@ int main(int argc, char** argv) {
       if (!v) complain("mdns", "true, false, \"on\" or \"off\"");
       else if (o_mdns->count() == 0) mdns = *v;
     }
-    if (auto node = t["peers"]) {
+    const auto fill_list = [&](CLI::Option* o, const char* key, std::vector<std::string>& value, const char* example) {
+      auto node = t[key];
+      if (!node) return;
       std::vector<std::string> listed;
       auto* arr = node.as_array();
       if (arr)
@@ -100,15 +109,19 @@ int main(int argc, char** argv) {
           if (auto str = p.value_exact<std::string>()) listed.push_back(*str);
           else arr = nullptr;
         }
-      if (!arr) complain("peers", "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
-      else if (o_peer->count() == 0) peers = std::move(listed);
-    }
-    const std::set<std::string> known = {"state_dir", "secret_file", "bind", "port", "device", "log_level",
-                                         "heartbeat_ms", "dead_after_ms", "mdns", "peers"};
+      if (!arr) complain(key, example);
+      else if (o->count() == 0) value = std::move(listed);
+    };
+    fill_list(o_peer, "peers", peers, "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
+    fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
+    const std::vector<std::string> known = {"state_dir", "secret_file", "bind", "port", "device", "log_level", "heartbeat_ms",
+                                            "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file"};
     for (const auto& [key, value] : t)
-      if (!known.count(std::string(key.str())) && bad.empty())
-        bad = "unknown setting '" + std::string(key.str()) +
-              "' (known: state_dir, secret_file, bind, port, device, log_level, heartbeat_ms, dead_after_ms, mdns, peers)";
+      if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
+        bad = "unknown setting '" + std::string(key.str()) + "' (known:";
+        for (size_t i = 0; i < known.size(); ++i) bad += (i ? ", " : " ") + known[i];
+        bad += ")";
+      }
     if (!bad.empty()) {
       std::cerr << "meshnode: " << config_file << ": " << bad << "\n";
       return 2;
@@ -148,6 +161,31 @@ int main(int argc, char** argv) {
       return 2;
     }
     cfg.peers.push_back(p);
+  }
+  for (const auto& m : models) {
+    std::error_code ec;
+    if (!std::filesystem::exists(m, ec)) {
+      std::cerr << "meshnode: --model " << m << ": no such file or directory\n";
+      return 2;
+    }
+    cfg.models.push_back(m);
+  }
+  if (api_bind != "off") {
+    if (auto b = mesh::serving::parse_bind_address(api_bind); !b) {
+      std::cerr << "meshnode: --api-bind: " << b.error().message << "\n";
+      return 2;
+    }
+  }
+  // Asked for by name (flag, environment or file): that address or no start. The default moves.
+  cfg.api_bind_explicit = api_bind != cfg.api_bind;
+  cfg.api_bind = api_bind;
+  if (!api_key_file.empty()) {
+    auto key = mesh::serving::read_key_file(api_key_file);
+    if (!key) {
+      std::cerr << "meshnode: --api-key-file: " << key.error().message << "\n";
+      return 2;
+    }
+    cfg.api_key = *key;
   }
   if (!secret_file.empty()) {
     auto s = mesh::app::read_secret(secret_file);

@@ -19,6 +19,7 @@ const char* to_string(error_code code) {
     case error_code::timeout: return "timeout";
     case error_code::internal: return "internal";
     case error_code::evicted: return "evicted";
+    case error_code::unavailable: return "unavailable";
   }
   return "unknown";
 }

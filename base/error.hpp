@@ -25,9 +25,10 @@ enum class error_code {
   timeout,           ///< something did not happen in time
   internal,          ///< a bug: please report it
   evicted,           ///< something cached on a peer is gone: send it again
+  unavailable,       ///< cannot take the work now (stopping, busy elsewhere): try again later
 };
 /// Codes travel on the wire as their value: append only, and keep this the count.
-inline constexpr int error_code_count = static_cast<int>(error_code::evicted) + 1;
+inline constexpr int error_code_count = static_cast<int>(error_code::unavailable) + 1;
 
 /// Short stable name of an error code, for logs and messages.
 const char* to_string(error_code code);

@@ -24,6 +24,7 @@ class client_impl {
   uint64_t next_id = 1;
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
+  std::map<uint64_t, std::promise<expected<msg::models_reply>>> model_calls;  ///< client::models()
   std::map<uint64_t, std::function<void(const msg::train_progress&)>> progress;  // by training id
   std::map<uint64_t, std::function<void(const msg::train_checkpoint&)>> checkpoints;  // by training id
   std::map<uint64_t, std::function<void(const job_progress_info&)>> job_progress;  // by job id
@@ -70,6 +71,8 @@ class client_impl {
     }
     for (auto& [id, p] : statuses) p.set_value(make_error(error_code::network, why));
     statuses.clear();
+    for (auto& [id, p] : model_calls) p.set_value(make_error(error_code::network, why));
+    model_calls.clear();
     for (auto& [id, g] : generations) g->done.set_value(make_error(error_code::network, why));
     generations.clear();
   }
@@ -263,6 +266,12 @@ class client_impl {
       job_progress.erase(r->job);
       trainings.erase(r->job);
       training_data.erase(r->job);
+    } else if (auto* mr = std::get_if<msg::models_reply>(&*decoded)) {
+      auto it = model_calls.find(mr->id);
+      if (it == model_calls.end()) return;
+      if (mr->ok) it->second.set_value(std::move(*mr));
+      else it->second.set_value(make_error(mr->code, mr->error));
+      model_calls.erase(it);
     } else if (auto* s = std::get_if<msg::status_reply>(&*decoded)) {
       others.clear();
       for (const auto& peer : s->peers) {
@@ -584,6 +593,26 @@ expected<msg::status_reply> client::status(std::chrono::milliseconds timeout) {
     f = impl_->statuses[id].get_future();
   }
   if (f.wait_for(timeout) != std::future_status::ready) return make_error(error_code::timeout, "no status reply in time");
+  return f.get();
+}
+
+expected<msg::models_reply> client::models(msg::models_request request, std::chrono::milliseconds timeout) {
+  std::future<expected<msg::models_reply>> f;
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->m);
+    if (!impl_->up) return make_error(error_code::network, impl_->failure.empty() ? "not connected" : impl_->failure);
+    id = request.id = impl_->next_id++;
+    auto bytes = msg::encode_message(request);
+    if (!bytes) return tl::unexpected(bytes.error());
+    if (auto ok = impl_->ep->send(impl_->node, transport::channel::control, std::move(*bytes)); !ok) return tl::unexpected(ok.error());
+    f = impl_->model_calls[id].get_future();
+  }
+  if (f.wait_for(timeout) != std::future_status::ready) {
+    std::lock_guard<std::mutex> lock(impl_->m);
+    impl_->model_calls.erase(id);
+    return make_error(error_code::timeout, "no answer from the node within " + std::to_string(timeout.count() / 1000) + " s");
+  }
   return f.get();
 }
 

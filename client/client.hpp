@@ -201,6 +201,11 @@ class client {
   /// this returns, `on_piece` is neither running nor called again, so it may capture locals.
   expected<generation_outcome> generate(const std::string& model, const std::string& prompt,
                                         const generation_options& options = {}, generation_callback on_piece = {});
+  /// The models the node serves (models_action::list), or loads one (load: `target` is a
+  /// checkpoint path on the node; the reply comes once it is loaded, so give a load minutes) or
+  /// unloads one (`target` is its id). The reply lists the models after the change and the
+  /// node's HTTP API address. The request's id is set here.
+  expected<msg::models_reply> models(msg::models_request request, std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The node's view of the mesh: peers with health and load, jobs.
   expected<msg::status_reply> status(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   /// The connected node's id.

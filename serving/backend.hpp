@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/chat_template.hpp"
+#include "models/generate.hpp"
 #include "models/sampler.hpp"
 #include "serving/api_error.hpp"
 
@@ -34,6 +35,14 @@ struct generation_request {
   std::vector<std::string> stop;
   /// Go on past the end-of-sequence token (only max_tokens, the context or a stop string end it).
   bool ignore_eos = false;
+  /// With chat: a chat template family by name ("chatml", "llama3", ...) instead of the model's.
+  std::string chat_template;
+  /// `model` may also be a checkpoint path: a loaded model of that path serves it, or the
+  /// backend loads it on demand (a node's own clients; never the HTTP API).
+  bool by_path = false;
+  /// A max_tokens past the context is shortened to the room left (the result says
+  /// context_capped) instead of refused.
+  bool cap_to_context = false;
 };
 
 /// Why a finished generation ended, in the API's terms.
@@ -53,6 +62,9 @@ struct generation_result {
   double queue_seconds = 0;     ///< from start() to the generation starting
   double prompt_seconds = 0;    ///< prefill
   double generate_seconds = 0;  ///< sampling and decoding after the prefill
+  double load_seconds = 0;      ///< loading the model on demand for this request (0: it was loaded)
+  models::stop_reason stop = models::stop_reason::max_tokens;  ///< how models::generate ended
+  bool context_capped = false;  ///< max_tokens was shortened to the context (cap_to_context)
 };
 
 using generation_outcome = result<generation_result>;
@@ -62,6 +74,9 @@ using generation_outcome = result<generation_result>;
 /// cancelled request ends with failure_kind::cancelled).
 struct generation_callbacks {
   std::function<void(std::string_view piece)> on_piece;
+  /// Optional: after each token is sampled, with the number generated so far (before its text,
+  /// if any, reaches on_piece).
+  std::function<void(int64_t tokens)> on_token;
   std::function<void(generation_outcome outcome)> on_done;
 };
 
@@ -82,6 +97,9 @@ struct model_info {
   int64_t context = 0;  ///< positions a request may use (prompt plus generated tokens)
   int64_t created = 0;  ///< unix seconds when it was loaded
   bool chat = false;    ///< whether it has a chat template (chat completions need one)
+  std::string path;     ///< the checkpoint it was loaded from
+  int64_t layers = 0;
+  bool on_demand = false;  ///< loaded for a request naming its path (unloaded when others are needed)
 };
 
 /// Requests a backend holds now (metrics: queue depth).

@@ -1,5 +1,6 @@
 #include "serving/local_backend.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -17,25 +18,35 @@ namespace mesh::serving {
 
 using clock_type = std::chrono::steady_clock;
 
+/// A loaded model. Members are destroyed in reverse order: the session before the checkpoint it
+/// reads and the executor it runs on.
 struct local_backend::model {
   model_info info;
-  // The session reads the checkpoint's mapping: both live here, the checkpoint at a fixed address.
+  std::string key;  ///< the checkpoint's path made absolute (by_path requests find it by this)
+  std::unique_ptr<gpu::executor> ex;
   std::unique_ptr<models::checkpoint> ckpt;
   std::optional<models::session> sess;
   std::optional<models::tokenizer> tok;
+  models::chat_tokens special;              ///< BOS/EOS text for chat templates named per request
+  std::optional<std::string> template_text; ///< the checkpoint's own template, if any
   std::optional<models::chat_template> tmpl;
   std::string no_template;  ///< why chat is refused when tmpl is empty
   size_t max_queued = 0;
-  size_t queued = 0;  ///< waiting, the running one not counted (guarded by mutex_)
+  size_t queued = 0;        ///< waiting, the running one not counted (guarded by mutex_)
+  uint64_t last_use = 0;    ///< guarded by mutex_
+  bool unloaded = false;    ///< guarded by mutex_: requests for it fail
 };
 
 struct local_backend::job {
-  model* m = nullptr;
+  generation_request request;  ///< kept for a model loaded on demand (prepared once loaded)
+  std::shared_ptr<model> m;    ///< null until a by_path model is loaded
   std::vector<int32_t> prompt;
   models::generate_options options;
+  bool context_capped = false;
   generation_callbacks callbacks;
   std::shared_ptr<request_handle> handle;
   clock_type::time_point queued_at;
+  std::atomic<bool> model_gone{false};  ///< its model was unloaded: end with no_capacity
 };
 
 namespace {
@@ -47,80 +58,197 @@ std::string default_id(const std::filesystem::path& path) {
   return p.filename().string();
 }
 
-std::string join_ids(const std::vector<model_info>& models) {
-  std::string s;
-  for (const auto& m : models) s += (s.empty() ? "" : ", ") + m.id;
-  return s.empty() ? "none" : s;
+/// A checkpoint path made absolute and free of "." and "..", so that two spellings of one
+/// checkpoint are one model (symbolic links are not resolved for a path that does not exist).
+std::string path_key(const std::filesystem::path& path) {
+  std::error_code ec;
+  auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path.string() : p.string();
 }
+
+double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+const char* const template_names = "chatml, llama3, llama3.1, llama2, mistral, gemma";
 
 }  // namespace
 
-expected<std::unique_ptr<local_backend>> local_backend::create(gpu::executor& ex, std::vector<local_model_options> models) {
-  std::unique_ptr<local_backend> b(new local_backend());
-  for (size_t i = 0; i < models.size(); ++i) {
-    const auto& o = models[i];
-    auto m = std::make_unique<model>();
-    m->info.id = o.id.empty() ? default_id(o.path) : o.id;
-    for (const auto& other : b->models_)
-      if (other->info.id == m->info.id)
-        return make_error(error_code::invalid_argument,
-                          fmt::format("{}: a model with the id '{}' is already loaded", o.path.string(), m->info.id));
-    auto ckpt = models::checkpoint::open(o.path);
-    if (!ckpt) return forward_error(ckpt);
-    m->ckpt = std::make_unique<models::checkpoint>(std::move(*ckpt));
-    models::session_options so;
-    so.context = o.context;
-    so.prefix = fmt::format("m{}.", i);  // sessions share the executor's parameter names
-    auto sess = models::session::create(ex, *m->ckpt, so);
-    if (!sess) return forward_error(sess);
-    m->sess.emplace(std::move(*sess));
-    auto vocab = models::load_tokenizer(*m->ckpt, m->sess->config());
-    if (!vocab) return forward_error(vocab);
-    auto tok = models::tokenizer::create(vocab->vocab);
-    if (!tok) return forward_error(tok);
-    m->tok.emplace(std::move(*tok));
-    models::chat_tokens special;
-    const auto& v = m->tok->vocab();
-    if (v.bos_id) special.bos = m->tok->piece(*v.bos_id);
-    if (v.eos_id) special.eos = m->tok->piece(*v.eos_id);
-    if (!o.chat_template.empty()) {
-      // A template named by the operator must exist: a typo is a load error, not a model that
-      // silently refuses chats.
-      auto t = models::chat_template_by_name(o.chat_template, special);
-      if (!t) return make_error(t.error().code, fmt::format("{}: {}", o.path.string(), t.error().message));
-      m->tmpl = std::move(*t);
-    } else if (vocab->chat_template) {
-      auto t = models::detect_chat_template(*vocab->chat_template, special);
-      if (t) m->tmpl = std::move(*t);
-      else m->no_template = t.error().message;
-    } else {
-      m->no_template = fmt::format("the checkpoint {} has no chat template: load it with a template name (one of chatml, "
-                                   "llama3, llama3.1, llama2, mistral, gemma), or use /v1/completions",
-                                   o.path.string());
-    }
-    m->info.context = m->sess->context();
-    m->info.created = static_cast<int64_t>(std::time(nullptr));
-    m->info.chat = m->tmpl.has_value();
-    m->max_queued = o.max_queued;
-    b->models_.push_back(std::move(m));
-  }
+local_backend::local_backend(local_backend_options options) : options_(std::move(options)) {}
+
+expected<std::unique_ptr<local_backend>> local_backend::create(local_backend_options options,
+                                                              std::vector<local_model_options> models) {
+  if (!options.make_executor) return make_error(error_code::invalid_argument, "local_backend: no executor factory");
+  std::unique_ptr<local_backend> b(new local_backend(std::move(options)));
+  for (const auto& o : models)
+    if (auto m = b->load(o); !m) return tl::unexpected(m.error());
   b->worker_ = std::thread([p = b.get()] { p->run(); });
+  b->loader_ = std::thread([p = b.get()] { p->run_loads(); });
   return b;
 }
 
 local_backend::~local_backend() {
-  std::deque<std::unique_ptr<job>> left;
+  std::deque<std::shared_ptr<job>> left;
+  std::deque<pending_load> loads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    if (running_) running_->handle->cancel();
   }
   wake_.notify_all();
+  load_wake_.notify_all();
   if (worker_.joinable()) worker_.join();
-  left.swap(queue_);  // the worker has exited: nothing else touches the queue
+  if (loader_.joinable()) loader_.join();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // both threads have exited: only for form
+    left.swap(queue_);
+    loads.swap(loads_);
+  }
   for (auto& j : left) j->callbacks.on_done(fail(failure_kind::no_capacity, "the server is stopping"));
+  for (auto& l : loads) l.done(make_error(error_code::unavailable, l.options.path.string() + ": not loaded: the node is stopping"));
+}
+
+expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const local_model_options& o) {
+  const auto in_path = [&](const error& e) { return make_error(e.code, fmt::format("{}: {}", o.path.string(), e.message)); };
+  auto m = std::make_shared<model>();
+  m->info.id = o.id.empty() ? default_id(o.path) : o.id;
+  m->info.path = o.path.string();
+  m->key = path_key(o.path);
+  auto ckpt = models::checkpoint::open(o.path);
+  if (!ckpt) return forward_error(ckpt);
+  m->ckpt = std::make_unique<models::checkpoint>(std::move(*ckpt));
+  auto ex = options_.make_executor();
+  if (!ex) return in_path(ex.error());
+  m->ex = std::move(*ex);
+  models::session_options so;
+  so.context = o.context;
+  auto sess = models::session::create(*m->ex, *m->ckpt, so);
+  if (!sess) return forward_error(sess);
+  m->sess.emplace(std::move(*sess));
+  auto vocab = models::load_tokenizer(*m->ckpt, m->sess->config());
+  if (!vocab) return forward_error(vocab);
+  m->template_text = vocab->chat_template;
+  auto tok = models::tokenizer::create(std::move(vocab->vocab));
+  if (!tok) return forward_error(tok);
+  m->tok.emplace(std::move(*tok));
+  const auto& v = m->tok->vocab();
+  if (v.bos_id) m->special.bos = m->tok->piece(*v.bos_id);
+  if (v.eos_id) m->special.eos = m->tok->piece(*v.eos_id);
+  if (!o.chat_template.empty()) {
+    // A template named by the operator must exist: a typo is a load error, not a model that
+    // silently refuses chats.
+    auto t = models::chat_template_by_name(o.chat_template, m->special);
+    if (!t) return in_path(t.error());
+    m->tmpl = std::move(*t);
+  } else if (m->template_text) {
+    auto t = models::detect_chat_template(*m->template_text, m->special);
+    if (t) m->tmpl = std::move(*t);
+    else m->no_template = t.error().message;
+  } else {
+    m->no_template = fmt::format("the checkpoint {} has no chat template: load it with a template name (one of {}), "
+                                 "or use /v1/completions",
+                                 o.path.string(), template_names);
+  }
+  m->info.context = m->sess->context();
+  m->info.layers = m->sess->config().n_layers;
+  m->info.created = static_cast<int64_t>(std::time(nullptr));
+  m->info.chat = m->tmpl.has_value();
+  m->max_queued = o.max_queued;
+  return m;
+}
+
+expected<model_info> local_backend::load(const local_model_options& o) {
+  const std::string id = o.id.empty() ? default_id(o.path) : o.id;
+  const auto taken = [&]() -> std::optional<error> {
+    for (const auto& x : models_)
+      if (x->info.id == id)
+        return error{error_code::invalid_argument, fmt::format("{}: a model with the id '{}' is already loaded", o.path.string(), id)};
+    return std::nullopt;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto e = taken()) return tl::unexpected(*e);
+  }
+  auto m = open_model(o);
+  if (!m) return tl::unexpected(m.error());
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (auto e = taken()) return tl::unexpected(*e);  // loaded meanwhile by another caller
+  ++stats_.loads;
+  models_.push_back(*m);
+  return (*m)->info;
+}
+
+void local_backend::load_async(local_model_options options, std::function<void(expected<model_info>)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      loads_.push_back({std::move(options), std::move(done)});
+      load_wake_.notify_one();
+      return;
+    }
+  }
+  done(make_error(error_code::unavailable, options.path.string() + ": not loaded: the node is stopping"));
+}
+
+void local_backend::run_loads() {
+  for (;;) {
+    pending_load l;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      load_wake_.wait(lock, [&] { return stopping_ || !loads_.empty(); });
+      if (stopping_) return;
+      l = std::move(loads_.front());
+      loads_.pop_front();
+    }
+    l.done(load(l.options));
+  }
+}
+
+expected<void> local_backend::unload(const std::string& id) {
+  std::shared_ptr<model> gone;
+  std::vector<std::shared_ptr<job>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find_if(models_.begin(), models_.end(), [&](const auto& m) { return m->info.id == id; });
+    if (it == models_.end())
+      return make_error(error_code::not_found, fmt::format("no model '{}' is loaded", id));
+    gone = std::move(*it);
+    models_.erase(it);
+    gone->unloaded = true;
+    for (auto q = queue_.begin(); q != queue_.end();) {
+      if ((*q)->m == gone) {
+        dropped.push_back(std::move(*q));
+        q = queue_.erase(q);
+      } else {
+        ++q;
+      }
+    }
+    gone->queued = 0;
+    if (running_ && running_->m == gone) {
+      running_->model_gone = true;
+      running_->handle->cancel();
+    }
+  }
+  for (auto& j : dropped) j->callbacks.on_done(fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", id)));
+  return {};  // `gone` is freed here, or by the running job when it ends
+}
+
+void local_backend::cancel(const std::shared_ptr<request_handle>& handle) {
+  handle->cancel();
+  std::shared_ptr<job> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = std::find_if(queue_.begin(), queue_.end(), [&](const auto& j) { return j->handle == handle; });
+    if (it == queue_.end()) return;
+    waiting = std::move(*it);
+    queue_.erase(it);
+    if (waiting->m) --waiting->m->queued;
+    else --path_queued_;
+    ++stats_.cancelled;
+  }
+  waiting->callbacks.on_done(fail(failure_kind::cancelled, "cancelled while queued"));
 }
 
 std::vector<model_info> local_backend::models() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   std::vector<model_info> out;
   for (const auto& m : models_) out.push_back(m->info);
   return out;
@@ -136,22 +264,41 @@ local_backend_stats local_backend::stats() const {
   return stats_;
 }
 
-result<std::shared_ptr<request_handle>> local_backend::start(generation_request request, generation_callbacks callbacks) {
-  model* m = nullptr;
-  for (const auto& x : models_)
-    if (x->info.id == request.model) m = x.get();
-  if (!m)
-    return fail(failure_kind::model_not_found,
-                fmt::format("The model '{}' does not exist (loaded: {})", request.model, join_ids(models())), "model");
+std::shared_ptr<local_backend::model> local_backend::find(const generation_request& r) const {
+  for (const auto& m : models_)
+    if (m->info.id == r.model) return m;
+  if (r.by_path) {
+    const std::string key = path_key(r.model);
+    for (const auto& m : models_)
+      if (m->key == key) return m;
+  }
+  return nullptr;
+}
 
-  // Rendering and encoding run here, on the caller's thread (the tokenizer is thread-safe), so
-  // that what is wrong with a request is known before it waits in the queue.
+result<void> local_backend::prepare(model& m, job& j) const {
+  auto& request = j.request;
+  // Rendering and encoding: what is wrong with a request is known before it waits in the queue
+  // (for a loaded model; one loaded on demand is checked once it is loaded).
   std::string text;
   models::encode_options eo;
   const char* input = request.chat ? "messages" : "prompt";
   if (request.chat) {
-    if (!m->tmpl) return fail(failure_kind::invalid_request, m->no_template, "messages");
-    auto rendered = m->tmpl->render(request.messages, /*add_generation_prompt=*/true);
+    std::optional<models::chat_template> named;
+    const models::chat_template* tmpl = m.tmpl ? &*m.tmpl : nullptr;
+    if (!request.chat_template.empty()) {
+      auto t = models::chat_template_by_name(request.chat_template, m.special);
+      if (!t) return fail(failure_kind::invalid_request, t.error().message, "chat_template");
+      named = std::move(*t);
+      tmpl = &*named;
+    }
+    if (!tmpl && request.by_path)  // a node's client (meshctl) names a template with a flag
+      return fail(failure_kind::invalid_request,
+                  fmt::format("{} has no chat template; name one with --chat-template NAME ({}), or send the prompt "
+                              "without --chat",
+                              request.model, template_names),
+                  "messages");
+    if (!tmpl) return fail(failure_kind::invalid_request, m.no_template, "messages");
+    auto rendered = tmpl->render(request.messages, /*add_generation_prompt=*/true);
     if (!rendered) return fail(failure_kind::invalid_request, rendered.error().message, "messages");
     text = std::move(*rendered);
     eo.add_special = false;  // the template writes BOS where it belongs
@@ -161,35 +308,54 @@ result<std::shared_ptr<request_handle>> local_backend::start(generation_request 
   // parse_special: the template's turn markers must become their control tokens. It also means
   // that control-token text inside a message becomes those tokens (as in llama.cpp's server).
   eo.parse_special = true;
-  auto ids = m->tok->encode(text, eo);
+  auto ids = m.tok->encode(text, eo);
   if (!ids)
     return fail(ids.error().code == error_code::limit_exceeded ? failure_kind::too_long : failure_kind::invalid_request,
                 ids.error().message, input);
   if (ids->empty()) return fail(failure_kind::invalid_request, "the prompt is empty", input);
-  const int64_t n = static_cast<int64_t>(ids->size()), context = m->info.context;
+  const int64_t n = static_cast<int64_t>(ids->size()), context = m.info.context;
   if (n >= context)
     return fail(failure_kind::too_long,
-                fmt::format("the prompt is {} tokens, but model '{}' has a context of {} positions", n, m->info.id, context),
+                fmt::format("the prompt is {} tokens, but model '{}' has a context of {} positions", n, m.info.id, context),
                 input);
   int64_t max_tokens = context - n;
   if (request.max_tokens) {
-    if (n + *request.max_tokens > context)
-      return fail(failure_kind::too_long,
-                  fmt::format("{} prompt tokens plus max_tokens {} pass the context of {} positions of model '{}'", n,
-                              *request.max_tokens, context, m->info.id),
-                  "max_tokens");
-    max_tokens = *request.max_tokens;
+    if (n + *request.max_tokens > context) {
+      if (!request.cap_to_context)
+        return fail(failure_kind::too_long,
+                    fmt::format("{} prompt tokens plus max_tokens {} pass the context of {} positions of model '{}'", n,
+                                *request.max_tokens, context, m.info.id),
+                    "max_tokens");
+      j.context_capped = true;
+    } else {
+      max_tokens = *request.max_tokens;
+    }
   }
   if (auto s = models::sampler::create(request.sampling); !s)
     return fail(failure_kind::invalid_request, s.error().message);
+  j.prompt = std::move(*ids);
+  j.options.sampling = request.sampling;
+  j.options.max_tokens = max_tokens;
+  j.options.stop = std::move(request.stop);
+  j.options.stop_at_eos = !request.ignore_eos;
+  return {};
+}
 
-  auto j = std::make_unique<job>();
-  j->m = m;
-  j->prompt = std::move(*ids);
-  j->options.sampling = request.sampling;
-  j->options.max_tokens = max_tokens;
-  j->options.stop = std::move(request.stop);
-  j->options.stop_at_eos = !request.ignore_eos;
+result<std::shared_ptr<request_handle>> local_backend::start(generation_request request, generation_callbacks callbacks) {
+  auto j = std::make_shared<job>();
+  j->request = std::move(request);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    j->m = find(j->request);
+  }
+  if (!j->m && !j->request.by_path) {
+    std::string ids;
+    for (const auto& m : models()) ids += (ids.empty() ? "" : ", ") + m.id;
+    return fail(failure_kind::model_not_found,
+                fmt::format("The model '{}' does not exist (loaded: {})", j->request.model, ids.empty() ? "none" : ids), "model");
+  }
+  if (j->m)
+    if (auto ok = prepare(*j->m, *j); !ok) return tl::unexpected(ok.error());
   j->callbacks = std::move(callbacks);
   j->handle = std::make_shared<request_handle>();
   j->queued_at = clock_type::now();
@@ -197,10 +363,18 @@ result<std::shared_ptr<request_handle>> local_backend::start(generation_request 
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return fail(failure_kind::no_capacity, "the server is stopping");
-    if (m->queued >= m->max_queued)
-      return fail(failure_kind::queue_full,
-                  fmt::format("model '{}' has {} requests waiting, its limit: retry later", m->info.id, m->queued));
-    ++m->queued;
+    if (j->m) {
+      if (j->m->unloaded) return fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", j->m->info.id));
+      if (j->m->queued >= j->m->max_queued)
+        return fail(failure_kind::queue_full,
+                    fmt::format("model '{}' has {} requests waiting, its limit: retry later", j->m->info.id, j->m->queued));
+      ++j->m->queued;
+    } else {
+      if (path_queued_ >= options_.max_path_queued)
+        return fail(failure_kind::queue_full,
+                    fmt::format("{} requests wait for models to load, the limit: retry later", path_queued_));
+      ++path_queued_;
+    }
     queue_.push_back(std::move(j));
   }
   wake_.notify_one();
@@ -209,24 +383,64 @@ result<std::shared_ptr<request_handle>> local_backend::start(generation_request 
 
 void local_backend::run() {
   for (;;) {
-    std::unique_ptr<job> j;
+    std::shared_ptr<job> j;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (stopping_) return;
       j = std::move(queue_.front());
       queue_.pop_front();
-      --j->m->queued;
-      running_ = true;
+      if (j->m) --j->m->queued;
+      else --path_queued_;
+      running_ = j;
     }
     execute(*j);
     std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
+    running_.reset();
   }
+}
+
+expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const std::string& path, double& load_seconds) {
+  load_seconds = 0;
+  const std::string key = path_key(path);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& m : models_)
+      if (m->key == key) return m;  // loaded while the request waited
+    // Room first: the model going out frees its device memory before the new one takes any.
+    for (;;) {
+      size_t on_demand = 0;
+      std::shared_ptr<model>* oldest = nullptr;
+      for (auto& m : models_)
+        if (m->info.on_demand) {
+          ++on_demand;
+          if (!oldest || m->last_use < (*oldest)->last_use) oldest = &m;
+        }
+      if (on_demand < std::max<size_t>(options_.max_path_models, 1) || !oldest) break;
+      // Nothing queued names it (requests for on-demand models hold no model until they run).
+      models_.erase(models_.begin() + (oldest - models_.data()));
+    }
+  }
+  const auto t0 = clock_type::now();
+  local_model_options o;
+  o.path = path;
+  o.id = key;
+  o.context = options_.path_context;
+  o.max_queued = options_.max_path_queued;
+  auto m = open_model(o);
+  if (!m) return m;
+  (*m)->info.on_demand = true;
+  load_seconds = seconds_since(t0);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++stats_.loads;
+  models_.push_back(*m);
+  return *m;
 }
 
 void local_backend::execute(job& j) {
   auto finish = [&](generation_outcome outcome) {
+    if (!outcome && outcome.error().kind == failure_kind::cancelled && j.model_gone)
+      outcome = fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", j.m->info.id));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (outcome) {
@@ -241,9 +455,32 @@ void local_backend::execute(job& j) {
     j.callbacks.on_done(std::move(outcome));
   };
   if (j.handle->cancelled()) return finish(fail(failure_kind::cancelled, "cancelled while queued"));
-  const double queue_seconds = std::chrono::duration<double>(clock_type::now() - j.queued_at).count();
+  double load_seconds = 0;
+  if (!j.m) {
+    auto m = path_model(j.request.model, load_seconds);
+    if (!m) {
+      // A checkpoint that is not there is an unknown model; one that does not load is a bad request.
+      const auto kind = m.error().code == error_code::not_found || m.error().code == error_code::io_error
+                            ? failure_kind::model_not_found
+                            : failure_kind::invalid_request;
+      return finish(fail(kind, m.error().message, "model"));
+    }
+    j.m = *m;
+    if (auto ok = prepare(*j.m, j); !ok) return finish(tl::unexpected(ok.error()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    j.m->last_use = ++uses_;
+  }
+  const double queue_seconds = seconds_since(j.queued_at) - load_seconds;
   model& m = *j.m;
   m.sess->reset();
+  // Checked at every token (not only when text comes out): a cancelled request stops within one
+  // decode step.
+  j.options.on_token = [&](int64_t n) {
+    if (j.callbacks.on_token) j.callbacks.on_token(n);
+    return !j.handle->cancelled() && !stopping_.load();
+  };
   auto g = models::generate(*m.sess, *m.tok, j.prompt, j.options, [&](std::string_view piece) {
     // Checked before and after handing the piece on: a client that went away while the piece
     // was written stops the next token, not one more.
@@ -258,10 +495,13 @@ void local_backend::execute(job& j) {
   if (g->reason == models::stop_reason::callback) return finish(fail(failure_kind::cancelled, "cancelled"));
   generation_result r;
   r.reason = g->reason == models::stop_reason::max_tokens ? finish_reason::length : finish_reason::stop;
+  r.stop = g->reason;
+  r.context_capped = j.context_capped;
   r.text = std::move(g->text);
   r.prompt_tokens = static_cast<int64_t>(j.prompt.size());
   r.completion_tokens = static_cast<int64_t>(g->tokens.size());
-  r.queue_seconds = queue_seconds;
+  r.queue_seconds = std::max(0.0, queue_seconds);
+  r.load_seconds = load_seconds;
   r.prompt_seconds = g->prompt_seconds;
   r.generate_seconds = g->generate_seconds;
   finish(std::move(r));

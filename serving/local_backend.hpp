@@ -1,15 +1,27 @@
 #pragma once
-/// Models loaded in this process, generating on one gpu::executor.
+/// The models this process serves: the one model host of a node, behind both the HTTP API
+/// (api_server) and the node's own clients (`meshctl generate`, client::generate through the
+/// generation worker).
 ///
-/// Each model is a checkpoint with its tokenizer, chat template and session. The executor takes
-/// one caller at a time, so one worker thread runs every request, one at a time, in arrival
-/// order; each model has a bounded queue (a request past it is refused with queue_full, which
-/// the server answers with 429). Cancellation is checked at every token and before a queued
-/// request starts.
+/// Each model is a checkpoint with its tokenizer, chat template and session on an executor of
+/// its own (made by the factory it is given): unloading a model drops its executor, which frees
+/// everything it put on the device, and a model never shares an executor with the node's jobs.
+/// Models come in two ways:
+///   - load() / load_async(): by the operator (`meshnode --model`, `meshctl models load`), under
+///     an id; they stay until unload();
+///   - on demand, when a request names a checkpoint path that is not loaded (by_path requests of
+///     `meshctl generate`): at most max_path_models are kept, the least recently used goes first.
+///
+/// One worker thread runs every generation, one at a time, in arrival order (the device is the
+/// bottleneck; several generations at once would only share it); each model has a bounded queue
+/// (a request past it is refused with queue_full, which the HTTP server answers with 429).
+/// Cancellation is checked at every token and before a queued request starts.
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,22 +45,53 @@ struct local_model_options {
   size_t max_queued = 8; ///< requests waiting beside the one running
 };
 
+struct local_backend_options {
+  using executor_factory = std::function<expected<std::unique_ptr<gpu::executor>>()>;
+  /// Makes each model's executor (required).
+  executor_factory make_executor;
+  /// Models loaded on demand for requests that name a checkpoint path: kept at most.
+  size_t max_path_models = 2;
+  /// Requests waiting for models loaded on demand, all such models together.
+  size_t max_path_queued = 8;
+  /// The session context of models loaded on demand (0: the model's, capped).
+  int64_t path_context = 0;
+};
+
 /// Counts since the backend started, for tests and metrics.
 struct local_backend_stats {
   int64_t completed = 0;  ///< finished with a result
   int64_t cancelled = 0;
   int64_t failed = 0;
   int64_t completion_tokens = 0;
+  int64_t loads = 0;      ///< models loaded (on demand ones included)
 };
 
 class local_backend final : public generation_backend {
  public:
-  /// Loads every model on `ex` (which must outlive the backend) and starts the worker. The first
-  /// model that fails to load is the error (naming its path), and nothing is served.
-  static expected<std::unique_ptr<local_backend>> create(gpu::executor& ex, std::vector<local_model_options> models);
+  /// Loads `models` (the first that fails is the error, naming its path, and nothing is served)
+  /// and starts the worker.
+  static expected<std::unique_ptr<local_backend>> create(local_backend_options options,
+                                                         std::vector<local_model_options> models = {});
 
-  /// Stops the worker: the request running is cancelled, queued ones fail with no_capacity.
+  /// Stops the worker and the loader: the request running is cancelled, queued ones fail with
+  /// no_capacity, pending loads fail.
   ~local_backend() override;
+
+  /// Loads a model on the caller's thread (generation goes on meanwhile). Errors name the path:
+  /// an id already in use, a checkpoint that does not open, a chat template name that does not
+  /// exist, a device that cannot hold it.
+  expected<model_info> load(const local_model_options& options);
+  /// load() on the backend's loader thread; `done` is called there (also with the error "the
+  /// backend is stopping" for a load still waiting when the backend goes away).
+  void load_async(local_model_options options, std::function<void(expected<model_info>)> done);
+  /// Unloads a model by id: its waiting requests fail (no_capacity), the running one is
+  /// cancelled; its device memory is freed once nothing uses it. An unknown id is not_found.
+  expected<void> unload(const std::string& id);
+
+  /// Cancels a request from start(): a waiting one ends at once (on_done with cancelled, on the
+  /// caller's thread), the running one at its next token. handle->cancel() alone does the same,
+  /// except that a waiting request ends only when its turn comes.
+  void cancel(const std::shared_ptr<request_handle>& handle);
 
   std::vector<model_info> models() const override;
   backend_queue queue() const override;
@@ -59,18 +102,37 @@ class local_backend final : public generation_backend {
  private:
   struct model;
   struct job;
-  local_backend() = default;
+  explicit local_backend(local_backend_options options);
+  expected<std::shared_ptr<model>> open_model(const local_model_options& o);
+  /// The loaded model a request names (its id, or with by_path its checkpoint path); null if none.
+  std::shared_ptr<model> find(const generation_request& r) const;
+  result<void> prepare(model& m, job& j) const;
   void run();
+  void run_loads();
   void execute(job& j);
+  /// The model at `path`, loaded on demand (evicting the least recently used such model).
+  expected<std::shared_ptr<model>> path_model(const std::string& path, double& load_seconds);
 
-  std::vector<std::unique_ptr<model>> models_;
+  local_backend_options options_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::unique_ptr<job>> queue_;
-  bool running_ = false;  ///< a job is executing (guarded by mutex_)
+  std::vector<std::shared_ptr<model>> models_;  ///< guarded by mutex_
+  std::deque<std::shared_ptr<job>> queue_;
+  std::shared_ptr<job> running_;  ///< guarded by mutex_
+  size_t path_queued_ = 0;        ///< queued requests for models not loaded yet
+  uint64_t uses_ = 0;             ///< a clock for least-recently-used eviction
   std::atomic<bool> stopping_{false};  ///< set under mutex_ (the worker waits on it), read without
   local_backend_stats stats_;
+
+  struct pending_load {
+    local_model_options options;
+    std::function<void(expected<model_info>)> done;
+  };
+  std::condition_variable load_wake_;
+  std::deque<pending_load> loads_;  ///< guarded by mutex_
+
   std::thread worker_;
+  std::thread loader_;
 };
 
 }  // namespace mesh::serving

@@ -12,7 +12,7 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "train_setup", "train_step", "allreduce_piece", "train_reduced", "train_state",
                                   "train_progress", "job_progress", "train_resume", "train_checkpoint",
                                   "cancel_stages", "stage_accepted", "route_open", "train_ready", "ring_go", "generate_request",
-                                  "generate_piece", "generate_done", "generate_cancel"};
+                                  "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)

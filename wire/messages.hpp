@@ -27,7 +27,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 13;
+inline constexpr uint16_t protocol_version = 14;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -461,13 +461,47 @@ struct generate_cancel {
   bool operator==(const generate_cancel&) const = default;
 };
 
+/// Client -> node: list the models the node serves (its model host, shared with its HTTP API),
+/// load a checkpoint (`target` is its path on the node) or unload one (`target` is its id).
+struct models_request {
+  uint64_t id = 0;
+  models_action action = models_action::list;
+  std::string target;
+  std::string chat_template;  ///< load: a chat template family name; empty: the checkpoint's own
+  uint32_t context = 0;       ///< load: session positions (0: the model's, capped)
+  bool operator==(const models_request&) const = default;
+};
+
+/// A model a node serves.
+struct model_entry {
+  std::string id;
+  std::string path;
+  uint32_t context = 0;
+  uint32_t layers = 0;
+  bool chat = false;       ///< has a chat template
+  bool on_demand = false;  ///< loaded for a request that named its path (may be unloaded for another)
+  bool operator==(const model_entry&) const = default;
+};
+
+/// Node -> client: the answer to a models_request (after a load: once it is loaded or failed):
+/// the node's models then, and where its HTTP API listens ("" when it has none).
+struct models_reply {
+  uint64_t id = 0;
+  bool ok = false;
+  error_code code = error_code::internal;  ///< when !ok
+  std::string error;                       ///< when !ok: a sentence naming what was wrong
+  std::vector<model_entry> models;
+  std::string api_url;
+  bool operator==(const models_reply&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
                              stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
-                             generate_done, generate_cancel>;
+                             generate_done, generate_cancel, models_request, models_reply>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -677,6 +711,21 @@ void fields(F& f, generate_done& x) {
 template <class F>
 void fields(F& f, generate_cancel& x) {
   f(x.request);
+}
+
+template <class F>
+void fields(F& f, models_request& x) {
+  f(x.id, x.action, x.target, x.chat_template, x.context);
+}
+
+template <class F>
+void fields(F& f, model_entry& x) {
+  f(x.id, x.path, x.context, x.layers, x.chat, x.on_demand);
+}
+
+template <class F>
+void fields(F& f, models_reply& x) {
+  f(x.id, x.ok, x.code, x.error, x.models, x.api_url);
 }
 
 }  // namespace mesh::msg

@@ -81,4 +81,13 @@ const char* to_string(finish_reason r) {
   return "?";
 }
 
+const char* to_string(models_action a) {
+  switch (a) {
+    case models_action::list: return "list";
+    case models_action::load: return "load";
+    case models_action::unload: return "unload";
+  }
+  return "?";
+}
+
 }  // namespace mesh

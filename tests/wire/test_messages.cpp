@@ -56,7 +56,11 @@ std::vector<message> samples() {
           generate_piece{11, "d\xc3\xa9j\xc3\xa0", 3},
           generate_done{11, true, finish_reason::context, 5, 59, 0.25, 0.125, 1.5, error_code::internal, ""},
           generate_done{12, false, finish_reason::length, 0, 0, 0, 0, 0, error_code::not_found, "cannot open /m/x.gguf: No such file or directory"},
-          generate_cancel{11}};
+          generate_cancel{11},
+          models_request{3, models_action::load, "/models/tiny.gguf", "chatml", 2048},
+          models_request{4, models_action::list, "", "", 0},
+          models_reply{3, true, error_code::internal, "", {{"tiny", "/models/tiny.gguf", 2048, 22, true, false}, {"/m/x.gguf", "/m/x.gguf", 64, 1, false, true}}, "http://127.0.0.1:8080"},
+          models_reply{4, false, error_code::not_found, "no model 'x' is loaded", {}, ""}};
 }
 }  // namespace
 
