@@ -16,6 +16,9 @@ cd "$(dirname "$0")"
 root=$(pwd)
 jobs=${MESH_JOBS:-$(nproc)}
 
+# chromium and prometheus: the dashboard and /metrics tests (headless Chromium, promtool, which
+# Debian ships only in the prometheus package; on a machine with systemd its install also starts
+# a Prometheus service on :9090: `systemctl disable --now prometheus` if that is unwanted).
 packages=(
   cmake ninja-build ccache g++ clang libclang-rt-14-dev pkg-config
   libexpected-dev catch2 libfmt-dev libspdlog-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
@@ -23,7 +26,7 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
-  libpcre2-dev libcpp-httplib-dev curl nodejs
+  libpcre2-dev libcpp-httplib-dev curl nodejs chromium prometheus
   iproute2 nftables iptables conntrack python3
   python3-numpy python3-torch python3-sentencepiece python3-regex python3-jinja2
 )

@@ -13,7 +13,10 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include "serving/dashboard.hpp"
+#include "serving/mesh_json.hpp"
 #include "serving/response.hpp"
+#include "serving/serving_stats.hpp"
 
 namespace mesh::serving {
 
@@ -28,7 +31,14 @@ struct exchange {
   std::condition_variable changed;
   std::deque<std::string> pieces;
   std::optional<generation_outcome> outcome;
+  /// When the last piece came (metrics: time to first token, gaps between pieces). Only the
+  /// backend's thread touches it, one callback at a time.
+  std::optional<clock_type::time_point> last_piece;
 };
+
+double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 void send_error(httplib::Response& res, const failure& f) {
   res.status = http_status(f.kind);
@@ -50,6 +60,10 @@ struct api_server::impl {
   std::condition_variable idle;
   std::set<std::shared_ptr<request_handle>> active;  ///< requests in flight, cancelled by stop()
   std::mt19937_64 seeds{std::random_device{}()};
+
+  const clock_type::time_point started = clock_type::now();
+  /// Shared with the backend's callbacks, which may run after the server is gone.
+  std::shared_ptr<serving_stats> stats = std::make_shared<serving_stats>(started);
 
   impl(generation_backend& b, server_options o) : backend(b), options(std::move(o)) {}
 
@@ -106,18 +120,25 @@ struct api_server::impl {
     response_meta meta{make_response_id(chat), static_cast<int64_t>(std::time(nullptr)), parsed->generation.model, chat};
     const bool stream = parsed->stream, include_usage = parsed->include_usage;
     const auto deadline = arrived + options.request_timeout;
+    const std::string route = route_label(req.path);
 
     auto ex = std::make_shared<exchange>();
     generation_callbacks cb;
-    if (stream)
-      cb.on_piece = [ex](std::string_view piece) {
-        {
-          std::lock_guard<std::mutex> lock(ex->mutex);
-          ex->pieces.emplace_back(piece);
-        }
-        ex->changed.notify_all();
-      };
-    cb.on_done = [ex](generation_outcome outcome) {
+    // Non-streamed requests get pieces too, for their timing only.
+    cb.on_piece = [ex, stats = stats, model = meta.model, arrived, stream](std::string_view piece) {
+      const auto now = clock_type::now();
+      if (ex->last_piece) stats->piece_gap(model, seconds_between(*ex->last_piece, now));
+      else stats->first_piece(model, seconds_between(arrived, now));
+      ex->last_piece = now;
+      if (!stream) return;
+      {
+        std::lock_guard<std::mutex> lock(ex->mutex);
+        ex->pieces.emplace_back(piece);
+      }
+      ex->changed.notify_all();
+    };
+    cb.on_done = [ex, stats = stats, model = meta.model](generation_outcome outcome) {
+      if (outcome) stats->generation_done(model, *outcome, clock_type::now());
       {
         std::lock_guard<std::mutex> lock(ex->mutex);
         ex->outcome = std::move(outcome);
@@ -128,6 +149,7 @@ struct api_server::impl {
     if (!started) return send_error(res, started.error());
     auto handle = *started;
     track(handle);
+    auto finished = [this, route, arrived] { stats->request_duration(route, seconds_between(arrived, clock_type::now())); };
 
     if (!stream) {
       std::unique_lock<std::mutex> lock(ex->mutex);
@@ -136,11 +158,13 @@ struct api_server::impl {
         lock.unlock();
         handle->cancel();
         untrack(handle);
+        finished();
         return send_error(res, {failure_kind::timeout, "the request did not finish in time and was cancelled", ""});
       }
       generation_outcome outcome = std::move(*ex->outcome);
       lock.unlock();
       untrack(handle);
+      finished();
       if (!outcome) return send_error(res, reported(outcome.error()));
       res.set_content(completion_json(meta, *outcome), "application/json");
       return;
@@ -191,9 +215,10 @@ struct api_server::impl {
             if (pieces.empty() && !write(": keep-alive\n\n")) return gone();
           }
         },
-        [this, handle](bool success) {
+        [this, handle, finished](bool success) {
           if (!success) handle->cancel();
           untrack(handle);
+          finished();
         });
   }
 
@@ -205,6 +230,46 @@ struct api_server::impl {
     for (const auto& m : models)
       if (m.id == id) return res.set_content(model_json(m), "application/json");
     send_error(res, {failure_kind::model_not_found, fmt::format("The model '{}' does not exist", id), "model"});
+  }
+
+  /// The mesh as the node sees it, or without a mesh this process's models.
+  mesh_snapshot snapshot() const {
+    if (options.snapshot) return options.snapshot();
+    mesh_snapshot s;
+    s.uptime_s = seconds_between(started, clock_type::now());
+    for (const auto& m : backend.models()) {
+      model_view v;
+      v.id = m.id;
+      v.context = m.context;
+      s.models.push_back(std::move(v));
+    }
+    return s;
+  }
+
+  void mesh_page(const httplib::Request& req, httplib::Response& res) {
+    if (!admit(req, res)) return;
+    const serving_view view{backend.models(), backend.queue(), stats->totals(), stats->series(clock_type::now())};
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(mesh_json(snapshot(), view), "application/json");
+  }
+
+  void metrics(const httplib::Request& req, httplib::Response& res) {
+    if (!admit(req, res)) return;
+    auto text = stats->prometheus(backend.queue(), snapshot());
+    if (!text) return send_error(res, {failure_kind::internal, text.error().to_string(), ""});
+    res.set_header("Cache-Control", "no-store");
+    res.set_content(*text, "text/plain; version=0.0.4; charset=utf-8");
+  }
+
+  /// The page needs no key (it asks for one when /api/mesh says 401) and may load nothing from
+  /// elsewhere: the policy allows its inline style and script and requests to this server only.
+  void dashboard(const httplib::Request&, httplib::Response& res) {
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                   "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+    res.set_header("Cache-Control", "no-cache");
+    const auto page = dashboard_html();
+    res.set_content(page.data(), page.size(), "text/html; charset=utf-8");
   }
 
   /// Statuses httplib sets by itself (no route, body too large, malformed request) get OpenAI's
@@ -235,6 +300,13 @@ expected<std::unique_ptr<api_server>> api_server::start(generation_backend& back
   http.Post("/v1/completions", [self](const httplib::Request& req, httplib::Response& res) { self->completion(req, res, false); });
   http.Get("/v1/models", [self](const httplib::Request& req, httplib::Response& res) { self->list_models(req, res); });
   http.Get(R"(/v1/models/(.+))", [self](const httplib::Request& req, httplib::Response& res) { self->list_models(req, res); });
+  http.Get("/", [self](const httplib::Request& req, httplib::Response& res) { self->dashboard(req, res); });
+  http.Get("/api/mesh", [self](const httplib::Request& req, httplib::Response& res) { self->mesh_page(req, res); });
+  http.Get("/metrics", [self](const httplib::Request& req, httplib::Response& res) { self->metrics(req, res); });
+  // Called after a response is written, a stream's last byte included: every request counts.
+  http.set_logger([self](const httplib::Request& req, const httplib::Response& res) {
+    self->stats->http_request(route_label(req.path), res.status);
+  });
   http.set_error_handler([self](const httplib::Request& req, httplib::Response& res) { self->error_page(req, res); });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_error(res, {failure_kind::internal, "the server failed while handling the request", ""});

@@ -1,7 +1,9 @@
 #pragma once
 /// The OpenAI-compatible HTTP API over a generation_backend (cpp-httplib):
 ///   POST /v1/chat/completions, POST /v1/completions (streamed as server-sent events or not),
-///   GET /v1/models, GET /v1/models/{id}.
+///   GET /v1/models, GET /v1/models/{id};
+/// and the node's own pages: GET / (the dashboard), GET /api/mesh (its JSON), GET /metrics
+/// (Prometheus text).
 /// Bound to loopback unless told otherwise; an optional bearer key; the body size, each model's
 /// queue (the backend's) and each request's time are bounded; a streamed request is cancelled
 /// when its client goes away. docs/serving.md has the details.
@@ -13,6 +15,7 @@
 #include "base/error.hpp"
 #include "serving/access.hpp"
 #include "serving/backend.hpp"
+#include "serving/mesh_view.hpp"
 #include "serving/request.hpp"
 
 namespace mesh::serving {
@@ -31,6 +34,9 @@ struct server_options {
   std::chrono::milliseconds stop_grace = std::chrono::seconds(5);
   size_t threads = 8;        ///< connections served at once
   request_limits limits;
+  /// What the dashboard and /metrics show of the mesh. Empty: no mesh, only this process's
+  /// serving figures (no nodes; the models are the backend's, without layers or stages).
+  snapshot_source snapshot;
 };
 
 class api_server {
