@@ -3,10 +3,12 @@
 # gpu::executor with the KV cache on the device, sampling and generation (docs/models.md).
 add_library(mesh_inference STATIC
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_tokenizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/layer_range.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/layers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/session.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sampler.cpp
   ${CMAKE_CURRENT_LIST_DIR}/generate.cpp)
 target_include_directories(mesh_inference PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)

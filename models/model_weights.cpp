@@ -7,6 +7,7 @@
 
 #include "graph/quant.hpp"
 #include "models/dequantize.hpp"
+#include "models/transformer.hpp"
 
 namespace mesh::models {
 
@@ -25,7 +26,7 @@ class planner {
     if (name.empty() || index_.count(name)) return {};
     auto t = ckpt_.require(name, expected_shape);
     if (!t) return forward_error(t);
-    weight w{"w." + name, *t, shape(expected_shape.begin(), expected_shape.end()), dtype::f32};
+    weight w{"w." + name, *t, shape(expected_shape.begin(), expected_shape.end()), dtype::f32, layer_};
     if (expected_shape.size() == 2) {
       const tensor_type type = (*t)->type;
       if ((type == tensor_type::f16 && options_.keep_f16) || (type == tensor_type::bf16 && options_.keep_bf16) ||
@@ -36,12 +37,15 @@ class planner {
     out_.push_back(std::move(w));
     return {};
   }
+  /// The layer the next tensors belong to (-1: none).
+  void set_layer(int64_t layer) { layer_ = layer; }
 
  private:
   const checkpoint& ckpt_;
   const weight_options& options_;
   std::vector<weight>& out_;
   std::unordered_map<std::string, size_t>& index_;
+  int64_t layer_ = -1;
 };
 
 #define MESH_NEED(name, ...)                                     \
@@ -51,8 +55,12 @@ class planner {
 
 }  // namespace
 
-expected<model_weights> model_weights::plan(const model_config& c, const checkpoint& ckpt, const weight_options& options) {
+expected<model_weights> model_weights::plan(const model_config& c, const checkpoint& ckpt, const weight_options& options,
+                                            const layer_range& layers) {
+  auto range = resolve_layers(layers, c.n_layers);
+  if (!range) return make_error(range.error().code, ckpt.path().string() + ": " + range.error().message);
   model_weights m;
+  m.layers_ = *range;
   planner p(ckpt, options, m.weights_, m.index_);
   const int64_t d = c.hidden_size, v = c.vocab_size, f = c.ffn_size;
   const int64_t qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
@@ -62,10 +70,13 @@ expected<model_weights> model_weights::plan(const model_config& c, const checkpo
   // A projection from `in` to `out` features as the file stores it.
   auto proj = [&](int64_t out, int64_t in) { return in_out ? dims_t{in, out} : dims_t{out, in}; };
 
-  MESH_NEED(top.token_embd, v, d);
-  if (gpt2) MESH_NEED(top.position_embd, c.max_context, d);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  if (range->takes_tokens()) {
+    MESH_NEED(top.token_embd, v, d);
+    if (gpt2) MESH_NEED(top.position_embd, c.max_context, d);
+  }
+  for (int64_t l = range->first; l < range->end; ++l) {
     const auto n = tensor_names(c, l);
+    p.set_layer(l);
     MESH_NEED(n.attn_norm, d);
     MESH_NEED(n.attn_norm_bias, d);
     if (gpt2) {
@@ -98,9 +109,12 @@ expected<model_weights> model_weights::plan(const model_config& c, const checkpo
     MESH_NEED(n.ffn_norm, d);
     MESH_NEED(n.ffn_norm_bias, d);
   }
-  MESH_NEED(top.output_norm, d);
-  MESH_NEED(top.output_norm_bias, d);
-  MESH_NEED(top.output, v, d);
+  p.set_layer(-1);
+  if (range->returns_logits(c.n_layers)) {
+    MESH_NEED(top.output_norm, d);
+    MESH_NEED(top.output_norm_bias, d);
+    MESH_NEED(top.output, v, d);  // tied: the embedding's name, planned once
+  }
 
   if (c.rope_freqs_tensor && !top.rope_freqs.empty()) {
     auto t = ckpt.require(top.rope_freqs, {c.rope_dims / 2});
@@ -127,6 +141,27 @@ int64_t model_weights::device_bytes() const {
   int64_t total = 0;
   for (const auto& w : weights_) total += byte_size(w.type, w.dims);
   return total;
+}
+
+expected<model_costs> plan_costs(const model_config& c, const checkpoint& ckpt, const weight_options& options,
+                                 int64_t context) {
+  auto whole = model_weights::plan(c, ckpt, options);
+  if (!whole) return forward_error(whole);
+  auto bytes = [&](const std::string& name) {
+    if (name.empty() || !whole->has(name)) return int64_t{0};
+    const weight& w = whole->at(name);
+    return byte_size(w.type, w.dims);
+  };
+  model_costs out;
+  out.layer_bytes.assign(static_cast<size_t>(c.n_layers), 0);
+  for (const auto& w : whole->all())
+    if (w.layer >= 0) out.layer_bytes[static_cast<size_t>(w.layer)] += byte_size(w.type, w.dims);
+  out.kv_bytes_per_layer = kv_cache_bytes(c, context);
+  const auto top = tensor_names(c);
+  out.first_bytes = bytes(top.token_embd) + bytes(top.position_embd);
+  out.last_bytes = bytes(top.output_norm) + bytes(top.output_norm_bias) + bytes(top.output);
+  out.shared_bytes = top.output == top.token_embd ? bytes(top.output) : 0;
+  return out;
 }
 
 bool stored_as_is(const weight& w) { return w.type == to_dtype(w.source->type); }

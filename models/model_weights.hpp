@@ -9,6 +9,11 @@
 /// read by the `linear` op, which decodes the blocks as it multiplies. Such a weight is uploaded
 /// straight from the mapped file (executor::set_parameter_view), with no host copy. Vectors
 /// (norms, biases) and float types the executor cannot store become f32 at load.
+///
+/// A pipeline stage plans only what its layers need (plan's layer_range): the embedding on the
+/// first stage, the final norm and the head on the last (a tied head is the embedding matrix,
+/// which the last stage then holds although it embeds nothing). plan_costs gives the bytes of
+/// each part, for sizing stages before anything is loaded.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,6 +25,7 @@
 #include "graph/shape.hpp"
 #include "graph/tensor.hpp"
 #include "models/checkpoint.hpp"
+#include "models/layer_range.hpp"
 #include "models/model_config.hpp"
 
 namespace mesh::models {
@@ -30,6 +36,7 @@ struct weight {
   const tensor_view* source;  ///< where its bytes lie (in the checkpoint's mapping)
   shape dims;                 ///< as stored: [out, in] for projections (HF GPT-2: [in, out])
   dtype type = dtype::f32;    ///< on the device
+  int64_t layer = -1;         ///< the layer it belongs to; -1: the embedding, final norm or head
 };
 
 /// What the device may store besides f32.
@@ -46,8 +53,10 @@ class model_weights {
   /// Finds every tensor the config's architecture needs and checks its shape; the first missing
   /// or misshapen one is the error (checkpoint::require's message: the file, the tensor, both
   /// shapes). Also checks that a GGUF rope_freqs tensor, when the config names one, is F32.
+  /// With `layers`, only the tensors of that stage (a range the model lacks is resolve_layers'
+  /// error).
   static expected<model_weights> plan(const model_config& config, const checkpoint& ckpt,
-                                      const weight_options& options = {});
+                                      const weight_options& options = {}, const layer_range& layers = {});
 
   /// The weight of that checkpoint tensor; it must have been planned (an assert).
   const weight& at(std::string_view tensor_name) const;
@@ -55,6 +64,8 @@ class model_weights {
   const std::vector<weight>& all() const { return weights_; }
   /// Bytes the parameters take on the device.
   int64_t device_bytes() const;
+  /// The layers planned for (resolved: end is the last one's successor).
+  const layer_range& layers() const { return layers_; }
 
   /// GGUF Llama 3: rope_freqs.weight's divisors (empty otherwise).
   const std::vector<float>& rope_freqs() const { return rope_freqs_; }
@@ -63,7 +74,13 @@ class model_weights {
   std::vector<weight> weights_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<float> rope_freqs_;
+  layer_range layers_;
 };
+
+/// What each part of the model takes on a device with `options` (model_costs), the KV cache for
+/// `context` positions: plans every tensor (errors as plan's) and loads nothing.
+expected<model_costs> plan_costs(const model_config& config, const checkpoint& ckpt, const weight_options& options,
+                                 int64_t context);
 
 /// True when the weight's device dtype is its checkpoint type: its bytes upload as they lie.
 bool stored_as_is(const weight& w);

@@ -43,7 +43,8 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
                       fmt::format("{}: a context of {} positions was asked for, but the model was trained for {}", s.source_,
                                   s.context_, model_context));
   const auto& info = ex.info();
-  auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage});
+  // Only the stage's tensors: the embedding on the first, the norm and head on the last.
+  auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage}, options.layers);
   if (!weights) return forward_error(weights);
   s.weights_ = std::make_unique<model_weights>(std::move(*weights));
   for (const auto& w : s.weights_->all()) {
@@ -70,7 +71,7 @@ expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool
   const auto key = std::make_tuple(batch, attended, all_logits);
   if (auto it = programs_.find(key); it != programs_.end()) return it->second;
   const auto t0 = clock::now();
-  auto g = build_step_graph(config_, *weights_, {batch, context_, attended, all_logits}, options_.prefix);
+  auto g = build_step_graph(config_, *weights_, {batch, context_, attended, all_logits, layers()}, options_.prefix);
   if (!g) return forward_error(g);
   auto id = ex_->load(*g);
   if (!id) return make_error(id.error().code, fmt::format("{}: loading the step graph ({} tokens, {} attended): {}",
@@ -81,8 +82,27 @@ expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool
   return *id;
 }
 
-expected<std::vector<float>> session::step(std::span<const int32_t> tokens, bool all_logits) {
-  const auto n = static_cast<int64_t>(tokens.size());
+int64_t session::kv_cache_bytes() const { return layers().size() * models::kv_cache_bytes(config_, context_); }
+
+expected<void> session::need_whole(const char* call) const {
+  if (layers().whole(config_.n_layers)) return {};
+  return make_error(error_code::invalid_argument,
+                    fmt::format("{}: {} needs the whole model; this session holds layers {} of {} (use forward)",
+                                source_, call, to_string(layers()), config_.n_layers));
+}
+
+expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std::span<const float> hidden,
+                                           bool all_logits) {
+  const int64_t d = config_.hidden_size;
+  if (takes_tokens() != hidden.empty())
+    return make_error(error_code::invalid_argument,
+                      fmt::format("{}: layers {} of {} take {}", source_, to_string(layers()), config_.n_layers,
+                                  takes_tokens() ? "tokens, not hidden rows" : "the previous stage's hidden rows, not tokens"));
+  if (hidden.size() % static_cast<size_t>(d) != 0)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("{}: {} hidden values are not whole rows of {}", source_, hidden.size(), d));
+  const auto n = takes_tokens() ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(hidden.size()) / d;
+  all_logits = all_logits && returns_logits();  // other stages return every row anyway
   if (n == 0) return make_error(error_code::invalid_argument, "session: no tokens to run");
   if (position_ + n > context_)
     return make_error(error_code::limit_exceeded,
@@ -94,29 +114,38 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, bool
       return make_error(error_code::invalid_argument,
                         fmt::format("{}: token {} is outside the vocabulary of {} tokens", source_, t, config_.vocab_size));
   const auto t0 = clock::now();
-  std::vector<float> logits;
+  std::vector<float> result;  // logits, or the hidden rows of a stage before the last
   for (int64_t done = 0; done < n;) {
     const int64_t count = std::min(n - done, options_.max_batch);
     const int64_t batch = count == 1 && !all_logits ? 1 : std::max(options_.min_batch, next_pow2(count));
     const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(position_ + count)));
     auto id = program(batch, attended, all_logits);
     if (!id) return forward_error(id);
-    std::vector<int32_t> padded(static_cast<size_t>(batch), 0);
-    std::copy(tokens.begin() + done, tokens.begin() + done + count, padded.begin());
     tensor_map inputs;
-    inputs.emplace("tokens", tensor::from_ints({batch}, padded));
+    if (takes_tokens()) {
+      std::vector<int32_t> padded(static_cast<size_t>(batch), 0);
+      std::copy(tokens.begin() + done, tokens.begin() + done + count, padded.begin());
+      inputs.emplace("tokens", tensor::from_ints({batch}, padded));
+    } else {  // padding rows are zeros: they change no real row
+      std::vector<float> padded(static_cast<size_t>(batch * d), 0.0f);
+      std::copy(hidden.begin() + done * d, hidden.begin() + (done + count) * d, padded.begin());
+      inputs.emplace("hidden", tensor::from_floats({batch, d}, padded));
+    }
     inputs.emplace("start", tensor::from_ints({1}, {static_cast<int32_t>(position_)}));
     inputs.emplace("count", tensor::from_ints({1}, {static_cast<int32_t>(count)}));
     auto out = ex_->run(*id, inputs);
     if (!out) return make_error(out.error().code, source_ + ": running a step: " + out.error().message);
     position_ += count;
     done += count;
-    auto values = out->at("logits").to_floats();
-    if (all_logits) {
+    if (!returns_logits()) {
+      auto values = out->at("hidden").to_floats();
+      result.insert(result.end(), values.begin(), values.begin() + count * d);  // the real rows
+    } else if (all_logits) {
+      auto values = out->at("logits").to_floats();
       values.resize(static_cast<size_t>(count * config_.vocab_size));  // drop the padding rows
-      logits.insert(logits.end(), values.begin(), values.end());
+      result.insert(result.end(), values.begin(), values.end());
     } else {
-      logits = std::move(values);
+      result = out->at("logits").to_floats();
     }
   }
   const double dt = seconds_since(t0);
@@ -127,19 +156,35 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, bool
     stats_.prefill_tokens += n;
     stats_.prefill_seconds += dt;
   }
-  return logits;
+  return result;
 }
 
-expected<std::vector<float>> session::prefill(std::span<const int32_t> tokens) { return step(tokens, false); }
+expected<std::vector<float>> session::prefill(std::span<const int32_t> tokens) {
+  if (auto ok = need_whole("prefill"); !ok) return forward_error(ok);
+  return step(tokens, {}, false);
+}
 
-expected<std::vector<float>> session::decode(int32_t token) { return step(std::span<const int32_t>(&token, 1), false); }
+expected<std::vector<float>> session::decode(int32_t token) {
+  if (auto ok = need_whole("decode"); !ok) return forward_error(ok);
+  return step(std::span<const int32_t>(&token, 1), {}, false);
+}
+
+expected<std::vector<float>> session::forward(std::span<const int32_t> tokens, bool all_logits) {
+  return step(tokens, {}, all_logits);
+}
+
+expected<std::vector<float>> session::forward(std::span<const float> hidden, bool all_logits) {
+  if (hidden.empty()) return make_error(error_code::invalid_argument, "session: no hidden rows to run");
+  return step({}, hidden, all_logits);
+}
 
 expected<std::vector<float>> session::prefill_all_logits(std::span<const int32_t> tokens) {
+  if (auto ok = need_whole("prefill_all_logits"); !ok) return forward_error(ok);
   if (static_cast<int64_t>(tokens.size()) > options_.max_batch)
     return make_error(error_code::invalid_argument,
                       fmt::format("session: {} tokens with every row's logits exceed one batch of {}", tokens.size(),
                                   options_.max_batch));
-  return step(tokens, true);
+  return step(tokens, {}, true);
 }
 
 }  // namespace mesh::models

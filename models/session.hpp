@@ -12,6 +12,19 @@
 /// tokens runs in a graph of max(min_batch, next power of two >= n) rows (longer prompts in
 /// chunks of max_batch), attending over the next power of two >= the positions filled (at least
 /// 64, at most the context). Each (batch, attended) pair is loaded once, on first use.
+///
+/// Pipeline stages: with session_options::layers a session holds only a range of the layers (and
+/// uploads only their weights; the KV cache exists for its layers only). forward() runs it:
+///
+///   auto a = session::create(ex_a, ckpt, {.layers = {0, 12}});   // embeds the tokens
+///   auto b = session::create(ex_b, ckpt, {.layers = {12, 24}});  // ends with the head
+///   auto h = a->forward(prompt);          // hidden rows [prompt.size(), hidden_size] f32
+///   auto logits = b->forward(*h);         // what a whole-model prefill(prompt) returns
+///
+/// What travels between stages is the residual stream of the real rows only, row-major f32
+/// [count, hidden_size] (no bucket padding: each stage pads its own batch, and padding rows never
+/// reach a real row's result). Every stage keeps its own position, advanced by the rows it ran,
+/// and the same reset(): a chain stays in step when each stage sees the same rows in order.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,6 +36,7 @@
 #include "base/error.hpp"
 #include "gpu/executor.hpp"
 #include "models/checkpoint.hpp"
+#include "models/layer_range.hpp"
 #include "models/model_config.hpp"
 #include "models/model_weights.hpp"
 
@@ -39,6 +53,9 @@ struct session_options {
   int64_t min_attended = 64;  ///< smallest attended-rows bucket
   /// Prepended to every parameter name, so that several sessions can share one executor.
   std::string prefix;
+  /// The layers this session holds: a pipeline stage (default: the whole model). A range the
+  /// model lacks is an error naming it and the model's layer count.
+  layer_range layers = {};
 };
 
 /// Time and counts of the session's work so far.
@@ -66,13 +83,25 @@ class session {
 
   /// Appends `tokens` at position() and returns the logits [vocab] after the last one. An empty
   /// batch, a token outside the vocabulary or a batch that would pass context() is an error that
-  /// says so (and changes nothing).
+  /// says so (and changes nothing). prefill, decode and prefill_all_logits need the whole model
+  /// (a stage session is an error that says to use forward).
   expected<std::vector<float>> prefill(std::span<const int32_t> tokens);
   /// Same as prefill of one token.
   expected<std::vector<float>> decode(int32_t token);
   /// Appends `tokens` and returns the logits after each of them, [tokens.size() * vocab] (tests
   /// and scoring; one batch, at most max_batch tokens).
   expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
+
+  /// Runs this session's layers over the next positions, from tokens (a stage that holds layer 0)
+  /// or from the previous stage's hidden rows (any other stage: count * hidden_size values, the
+  /// rows forward returned there). Returns, on the stage that holds the last layer, the logits as
+  /// prefill does ([vocab] of the last row, or [rows * vocab] with all_logits), and on any other
+  /// stage the hidden rows [rows, hidden_size] f32 for the next one. Batches longer than
+  /// max_batch run in chunks, as prefill's. Errors (changing nothing): the wrong kind of input for
+  /// the stage, values that are not whole rows, no rows, a token outside the vocabulary, rows
+  /// past the context. On the whole model, forward(tokens) is prefill(tokens).
+  expected<std::vector<float>> forward(std::span<const int32_t> tokens, bool all_logits = false);
+  expected<std::vector<float>> forward(std::span<const float> hidden, bool all_logits = false);
 
   /// Forgets the sequence (the cache's rows are overwritten as positions are filled again).
   void reset() { position_ = 0; }
@@ -81,10 +110,20 @@ class session {
   int64_t context() const { return context_; }
   const model_config& config() const { return config_; }
   const session_stats& stats() const { return stats_; }
+  /// The layers this session holds (resolved: [0, layers) for the whole model).
+  const layer_range& layers() const { return weights_->layers(); }
+  /// It embeds tokens (holds layer 0); otherwise it takes hidden rows.
+  bool takes_tokens() const { return layers().takes_tokens(); }
+  /// It returns logits (holds the last layer); otherwise hidden rows.
+  bool returns_logits() const { return layers().returns_logits(config_.n_layers); }
+  /// Device bytes of its weights (those uploaded) and of its layers' KV caches.
+  int64_t weight_bytes() const { return weights_->device_bytes(); }
+  int64_t kv_cache_bytes() const;
 
  private:
   session() = default;
-  expected<std::vector<float>> step(std::span<const int32_t> tokens, bool all_logits);
+  expected<std::vector<float>> step(std::span<const int32_t> tokens, std::span<const float> hidden, bool all_logits);
+  expected<void> need_whole(const char* call) const;
   expected<gpu::program_id> program(int64_t batch, int64_t attended, bool all_logits);
 
   gpu::executor* ex_ = nullptr;

@@ -98,6 +98,10 @@ std::string kv_cache_name(const std::string& prefix, int64_t layer, bool value) 
   return fmt::format("{}kv.{}.{}", prefix, layer, value ? 'v' : 'k');
 }
 
+int64_t kv_cache_bytes(const model_config& c, int64_t context) {
+  return 2 * context * c.n_kv_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
 expected<graph> build_step_graph(const model_config& c, const model_weights& w, const step_shape& s,
                                  const std::string& prefix) {
   if (s.tokens < 1 || s.context < 1 || s.attended < 1 || s.attended > s.context)
@@ -108,20 +112,28 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
     return make_error(error_code::invalid_argument,
                       fmt::format("step graph: GPT-2 has {} learned positions, fewer than the {} asked for",
                                   c.max_context, s.context));
+  auto range = resolve_layers(s.layers, c.n_layers);
+  if (!range) return make_error(range.error().code, "step graph: " + range.error().message);
   builder b;
   const context cx{b, c, w, prefix};
   const auto top = tensor_names(c);
+  const bool gpt2 = c.arch == architecture::gpt2;
   step_inputs in;
-  in.tokens = b.input("tokens", dtype::i32, {s.tokens});
+  // The first input is the tokens (the first stage) or the stream from the previous stage.
+  expr x;
+  if (range->takes_tokens()) in.tokens = b.input("tokens", dtype::i32, {s.tokens});
+  else x = b.input("hidden", dtype::f32, {s.tokens, c.hidden_size});
   in.start = b.input("start", dtype::i32, {1});
   in.count = b.input("count", dtype::i32, {1});
   // Padding rows may run past the cache: their positions are clamped (they write nothing).
   in.positions = minimum(nn::iota(b, s.tokens) + in.start, static_cast<double>(s.context - 1));
 
-  expr x = layers::embedding(cx.param(top.token_embd), in.tokens);
-  if (c.arch == architecture::gpt2) {
-    x = x + gather(cx.vec(top.position_embd), in.positions);
-    for (int64_t l = 0; l < c.n_layers; ++l) x = gpt2_layer(cx, s, in, l, x);
+  if (range->takes_tokens()) {
+    x = layers::embedding(cx.param(top.token_embd), in.tokens);
+    if (gpt2) x = x + gather(cx.vec(top.position_embd), in.positions);
+  }
+  if (gpt2) {
+    for (int64_t l = range->first; l < range->end; ++l) x = gpt2_layer(cx, s, in, l, x);
   } else {
     expr rope_cos, rope_sin;
     if (c.rope != rope_style::none) {
@@ -132,11 +144,15 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
       rope_cos = reshape(cos(angle), {s.tokens, 1, half});
       rope_sin = reshape(sin(angle), {s.tokens, 1, half});
     }
-    for (int64_t l = 0; l < c.n_layers; ++l) x = llama_layer(cx, s, in, rope_cos, rope_sin, l, x);
+    for (int64_t l = range->first; l < range->end; ++l) x = llama_layer(cx, s, in, rope_cos, rope_sin, l, x);
   }
-  if (!s.all_logits) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
-  x = cx.norm(x, top.output_norm, top.output_norm_bias);
-  b.output("logits", layers::linear(x, cx.param(top.output)));
+  if (range->returns_logits(c.n_layers)) {
+    if (!s.all_logits) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
+    x = cx.norm(x, top.output_norm, top.output_norm_bias);
+    b.output("logits", layers::linear(x, cx.param(top.output)));
+  } else {
+    b.output("hidden", x);  // every row: the next stage's batch has the same rows
+  }
   auto g = b.finish();
   if (!g) return make_error(error_code::internal, "step graph of " + std::string(to_string(c.arch)) + ": " + g.error().message);
   return g;

@@ -13,11 +13,20 @@
 ///
 /// Inputs: "tokens" i32 [tokens], "start" i32 [1], "count" i32 [1] (1 <= count <= tokens).
 /// Output: "logits" f32 [1, vocab] (the last real row), or [tokens, vocab] with all_logits.
+///
+/// A pipeline stage (step_shape::layers, a range [first, end) of the layers) builds the same
+/// graph restricted to its layers: a stage that does not hold layer 0 takes input "hidden" f32
+/// [tokens, hidden_size] (the residual stream entering layer `first`) instead of "tokens", and a
+/// stage that does not hold the last layer outputs "hidden" f32 [tokens, hidden_size] (every row,
+/// padding included: the stream leaving layer end - 1) instead of "logits". Only the embedding
+/// (GPT-2: with its learned positions) is on the first stage, only the final norm and the head on
+/// the last; every stage takes "start" and "count" and writes the KV cache of its own layers.
 #include <cstdint>
 #include <string>
 
 #include "base/error.hpp"
 #include "graph/graph.hpp"
+#include "models/layer_range.hpp"
 #include "models/model_config.hpp"
 #include "models/model_weights.hpp"
 
@@ -28,15 +37,20 @@ struct step_shape {
   int64_t tokens = 1;       ///< rows in the batch
   int64_t context = 0;      ///< rows of the KV cache (positions the session can hold)
   int64_t attended = 0;     ///< cache rows attention reads: at least start + count of every run
-  bool all_logits = false;  ///< logits of every row, not just the last real one
+  bool all_logits = false;  ///< logits of every row, not just the last real one (last stage)
+  layer_range layers = {};  ///< the stage's layers (default: the whole model)
 };
 
 /// The KV-cache parameter of a layer: "<prefix>kv.<layer>.k" or ".v".
 std::string kv_cache_name(const std::string& prefix, int64_t layer, bool value);
+/// Device bytes of one layer's KV cache (keys and values, f32) for `context` positions.
+int64_t kv_cache_bytes(const model_config& config, int64_t context);
 
 /// Builds the step graph. Parameter names are the weights' (`prefix` + "w." + tensor name) and
-/// the caches'. Errors: sizes out of range (attended beyond context, context beyond the model's
-/// positions for GPT-2), or a graph the builder refuses (a bug: internal).
+/// the caches'. `weights` must hold the tensors of the shape's layers (model_weights::plan of that
+/// range or of the whole model). Errors: sizes out of range (attended beyond context, context
+/// beyond the model's positions for GPT-2), a layer range the model does not have, or a graph the
+/// builder refuses (a bug: internal).
 expected<graph> build_step_graph(const model_config& config, const model_weights& weights, const step_shape& shape,
                                  const std::string& prefix = "");
 

@@ -1,6 +1,6 @@
 # Tests of mesh_inference: the GGUF tokenizer, weights, sampling and sessions (models_inference_tests),
 # and every architecture against ref_llm.py, an independent PyTorch reference (models_reference_tests;
-# a case warns and passes when python3 or torch is missing).
+# a case warns and passes when python3 or torch is missing), and pipeline stages (models_stage_tests).
 if(TARGET mesh_inference)
   find_package(nlohmann_json REQUIRED)
   mesh_add_test(models_inference_tests
@@ -10,4 +10,8 @@ if(TARGET mesh_inference)
     SOURCES test_reference_llm.cpp
     LIBS mesh_inference nlohmann_json::nlohmann_json)
   target_compile_definitions(models_reference_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+  # Pipeline stages: the planner's splits, and chains of stage sessions against the whole model.
+  mesh_add_test(models_stage_tests
+    SOURCES test_stage_plan.cpp test_stages.cpp
+    LIBS mesh_inference)
 endif()
