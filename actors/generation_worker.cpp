@@ -28,7 +28,7 @@ error_code code_of(serving::failure_kind k) {
   return error_code::internal;
 }
 
-error error_of(const serving::failure& f) { return {code_of(f.kind), "generate: " + f.message}; }
+error error_of(const serving::failure& f) { return {code_of(f.kind), f.message}; }
 
 /// The host's request for a wire request: the model by id or path, the prompt as one user turn
 /// when chat, and the numbers check_request already checked.

@@ -103,12 +103,14 @@ namespace {
 
 /// The HTTP API on `cfg.api_bind` over `models`. The default address falls back to a free port
 /// when its port is taken (several nodes on one machine); an address the user chose does not.
-expected<std::unique_ptr<serving::api_server>> start_api(const node_config& cfg, serving::local_backend& models) {
+expected<std::unique_ptr<serving::api_server>> start_api(const node_config& cfg, serving::local_backend& models,
+                                                        serving::snapshot_source snapshot) {
   auto bind = serving::parse_bind_address(cfg.api_bind);
   if (!bind) return make_error(bind.error().code, "--api-bind: " + bind.error().message);
   serving::server_options o;
   o.bind = *bind;
   o.api_key = cfg.api_key;
+  o.snapshot = std::move(snapshot);
   auto s = serving::api_server::start(models, o);
   if (s || cfg.api_bind_explicit) return s;
   spdlog::info("HTTP API: {} ({}); taking a free port instead", cfg.api_bind, s.error().message);
@@ -306,10 +308,12 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
       else spdlog::error("model {} not loaded: {}", path, m.error().message);
     });
   }
+  // The HTTP side reads the mesh from this board, which the status actor refreshes.
+  auto board = std::make_shared<mesh_board>();
   std::unique_ptr<serving::api_server> api;
   std::string api_url;
   if (cfg.api_bind != "off") {
-    auto started = start_api(cfg, **host);
+    auto started = start_api(cfg, **host, [board] { return board->get(); });
     if (!started) {
       spdlog::critical("HTTP API: {}", started.error().message);
       (*ep)->stop();
@@ -341,6 +345,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->cfg = cfg;
   ctx->started = now_mono();
   ctx->models = host->get();
+  ctx->board = board;
   ctx->api_url = api_url;
   auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, bridge_slot, early, first_device);
 

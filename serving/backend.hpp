@@ -74,10 +74,10 @@ using generation_outcome = result<generation_result>;
 /// cancelled request ends with failure_kind::cancelled).
 struct generation_callbacks {
   std::function<void(std::string_view piece)> on_piece;
+  std::function<void(generation_outcome outcome)> on_done;
   /// Optional: after each token is sampled, with the number generated so far (before its text,
   /// if any, reaches on_piece).
   std::function<void(int64_t tokens)> on_token;
-  std::function<void(generation_outcome outcome)> on_done;
 };
 
 /// A started request. cancel() may be called from any thread, any number of times; the

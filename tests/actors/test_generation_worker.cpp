@@ -69,16 +69,26 @@ model_spec tiny() {
 }
 
 
+/// The node's model host over CPU executors (counting them), with the worker over it.
+std::unique_ptr<serving::local_backend> make_host(int* executors_made, size_t max_path_queued = 8) {
+  serving::local_backend_options o;
+  o.make_executor = [executors_made]() -> expected<std::unique_ptr<gpu::executor>> {
+    if (executors_made) ++*executors_made;
+    return gpu::make_cpu_executor(1);
+  };
+  o.max_path_queued = max_path_queued;
+  auto h = serving::local_backend::create(std::move(o));
+  REQUIRE(h);
+  return std::move(*h);
+}
+
 struct fixture {
   temp_dir dir;
   std::filesystem::path model = dir / "m.gguf";
   collector got;
   int executors_made = 0;
-  generation::worker w{[this]() -> expected<std::unique_ptr<gpu::executor>> {
-                         ++executors_made;
-                         return gpu::make_cpu_executor(1);
-                       },
-                       [this](const node_id& to, const msg::message& m) { got(to, m); }};
+  std::unique_ptr<serving::local_backend> host = make_host(&executors_made);
+  generation::worker w{*host, [this](const node_id& to, const msg::message& m) { got(to, m); }};
   fixture() { write_gguf_model(model, tiny(), models::tensor_type::q8_0); }
   msg::generate_request request(uint64_t id, uint32_t max_tokens = 12) {
     msg::generate_request r;
@@ -138,7 +148,7 @@ TEST_CASE("the worker answers bad requests with what was wrong and keeps serving
   f.w.submit(client_a, missing);
   auto d = f.got.wait(1);
   CHECK_FALSE(d.ok);
-  CHECK(d.code == error_code::io_error);
+  CHECK(d.code == error_code::not_found);
   CHECK(d.error.find("cannot open " + missing.model) != std::string::npos);
 
   write_file(f.dir / "junk.gguf", "this is no checkpoint at all");
@@ -163,7 +173,7 @@ TEST_CASE("the worker answers bad requests with what was wrong and keeps serving
   f.w.submit(client_a, huge);
   auto h = f.got.wait(5);
   CHECK(h.code == error_code::limit_exceeded);
-  CHECK(h.error.find("leaves no room in the context of 64 positions") != std::string::npos);
+  CHECK(h.error.find("has a context of 64 positions") != std::string::npos);
 
   // More asked for than the context has left: generated up to the context, finish `context`.
   auto capped = f.request(6, 1000);
@@ -226,10 +236,8 @@ TEST_CASE("a full queue is refused with a message that says the node is busy", "
   temp_dir dir;
   write_gguf_model(dir / "m.gguf", tiny(), models::tensor_type::q8_0);
   collector got;
-  generation::worker_options o;
-  o.max_waiting = 1;
-  generation::worker w([] { return expected<std::unique_ptr<gpu::executor>>(gpu::make_cpu_executor(1)); },
-                       [&](const node_id& to, const msg::message& m) { got(to, m); }, o);
+  auto host = make_host(nullptr, 1);
+  generation::worker w(*host, [&](const node_id& to, const msg::message& m) { got(to, m); });
   msg::generate_request r;
   r.model = (dir / "m.gguf").string();
   r.prompt = "hi";
@@ -246,7 +254,7 @@ TEST_CASE("a full queue is refused with a message that says the node is busy", "
   auto third = got.wait(3);
   CHECK_FALSE(third.ok);
   CHECK(third.code == error_code::limit_exceeded);
-  CHECK(third.error.find("the node is busy (one generation running, 1 waiting)") != std::string::npos);
+  CHECK(third.error.find("has 1 requests waiting, its limit: retry later") != std::string::npos);
   w.cancel(client_a, 1);
   w.cancel(client_a, 2);
   CHECK(got.wait(1).ok);

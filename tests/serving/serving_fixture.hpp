@@ -40,11 +40,17 @@ inline models::test::model_spec long_spec() {
   return s;
 }
 
+/// A backend whose models each run on a CPU executor of one thread.
+inline local_backend_options cpu_backend_options() {
+  local_backend_options o;
+  o.make_executor = [] { return expected<std::unique_ptr<gpu::executor>>(gpu::make_cpu_executor(1)); };
+  return o;
+}
+
 /// The model file, the backend serving it as "tiny" (chat template ChatML), the server.
 struct served_model {
   models::test::temp_dir dir;
   std::filesystem::path path;
-  std::unique_ptr<gpu::executor> executor;
   std::unique_ptr<local_backend> backend;
   std::unique_ptr<api_server> server;
 
@@ -52,12 +58,11 @@ struct served_model {
                         const models::test::model_spec& spec = tiny_spec()) {
     path = dir / "tiny.gguf";
     models::test::write_gguf_model(path, spec, models::tensor_type::f32);
-    executor = gpu::make_cpu_executor(1);
     local_model_options m;
     m.path = path;
     m.chat_template = "chatml";
     m.max_queued = max_queued;
-    auto b = local_backend::create(*executor, {m});
+    auto b = local_backend::create(cpu_backend_options(), {m});
     REQUIRE(b);
     backend = std::move(*b);
     auto s = api_server::start(*backend, options);
