@@ -312,6 +312,14 @@ expected<std::unique_ptr<api_server>> api_server::start(generation_backend& back
     send_error(res, {failure_kind::internal, "the server failed while handling the request", ""});
   });
 
+  // cpp-httplib sets SO_REUSEPORT by default: a second server on a port in use would then bind
+  // without an error and the kernel would share the connections between the two (two nodes on
+  // one machine answering each other's clients). SO_REUSEADDR alone still allows a restart
+  // while old connections sit in TIME_WAIT.
+  http.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   const auto& bind = p->options.bind;
   int port = bind.port;
   if (bind.port == 0) port = http.bind_to_any_port(bind.host);
