@@ -2,7 +2,8 @@
 # meshnode developer script: one entry point for set-up, the demo and the tests.
 #
 #   ./dev.sh demo    install what is missing, build Release, run the demo (3 local meshnodes
-#                    train a small transformer; options after `demo` go to mesh-demo, see --help)
+#                    train a small transformer, then serve a model over HTTP; options after `demo`
+#                    go to mesh-demo, see --help; `./dev.sh demo --serve` serves until Ctrl-C)
 #   ./dev.sh test    install what is missing, build Debug (+ASan/UBSan), run every test via ctest,
 #                    build the libFuzzer targets with clang and run each briefly
 #   ./dev.sh build [Release|Debug]   just build

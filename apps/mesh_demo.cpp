@@ -4,9 +4,13 @@
 // held-out sums through pipelined inference, and stops the nodes.
 //
 //   mesh-demo [--nodes 3] [--steps 600] [--digits 2] [--device cpu] [--out demo-out] (--help: all options)
+//   mesh-demo --serve [--model PATH]   no training: serve a model over the HTTP API until Ctrl-C
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +23,7 @@
 
 #include "apps/addition_model.hpp"
 #include "apps/app_settings.hpp"
+#include "apps/demo_llm.hpp"
 #include "apps/local_mesh.hpp"
 #include "apps/svg_plot.hpp"
 #include "client/trainer.hpp"
@@ -62,6 +67,75 @@ std::string bar(double fraction, int width = 28) {
   return std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.');
 }
 
+std::atomic<bool> interrupted{false};
+extern "C" void on_interrupt(int) { interrupted = true; }
+
+/// Output of a shell command (standard output only), or an error.
+expected<std::string> capture(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (!p) return make_error(error_code::io_error, "cannot run " + command);
+  std::string out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = ::pclose(p);
+  if (status != 0) return make_error(error_code::io_error, "`" + command + "` failed (status " + std::to_string(status) + ")");
+  return out;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+/// The serving step: the first node loads `model` (or the demo's random chat model, written into
+/// `out`), then the demo asks its HTTP API with curl, the very line it prints for the user.
+/// With `keep`, the nodes go on serving until Ctrl-C (or `seconds`, when > 0).
+int serve(client& c, const std::string& out, std::string model, const char* step, bool keep, int seconds) {
+  if (model.empty()) {
+    model = std::filesystem::absolute(std::filesystem::path(out) / "chat-model").string();
+    if (auto ok = demo::write_random_chat_model(model); !ok) return fail(ok.error().message);
+    std::printf("%s serving: wrote a 4-layer Llama-architecture model with random weights to %s\n", step, model.c_str());
+    std::printf("   (its text is noise: `--model PATH` serves a real GGUF file or Hugging Face directory)\n");
+  } else {
+    model = std::filesystem::absolute(model).string();
+    std::printf("%s serving %s\n", step, model.c_str());
+  }
+  msg::models_request q;
+  q.action = models_action::load;
+  q.target = model;
+  auto r = c.models(q, std::chrono::minutes(30));
+  if (!r) return fail("the node could not load " + model + ": " + r.error().message);
+  if (r->api_url.empty()) return fail("the first node has no HTTP API");
+  std::string id;
+  for (const auto& m : r->models)
+    if (m.path == model) id = m.id;
+  std::printf("   loaded as \"%s\" on node %s\n", id.c_str(), c.node().short_string().c_str());
+  const std::string body = nlohmann::json{{"model", id},
+                                          {"messages", {{{"role", "user"}, {"content", "Hello, mesh!"}}}},
+                                          {"max_tokens", 24}}
+                               .dump();
+  const std::string line = "curl -s " + r->api_url + "/v1/chat/completions -H 'Content-Type: application/json' -d " + shell_quote(body);
+  auto answer = capture(line);
+  if (!answer) return fail("the HTTP API did not answer: " + answer.error().message);
+  const auto j = nlohmann::json::parse(*answer, nullptr, false);
+  if (j.is_discarded() || !j.contains("choices")) return fail("the HTTP API answered: " + *answer);
+  std::printf("   dashboard: %s/   metrics: %s/metrics\n   try it:\n   %s\n", r->api_url.c_str(), r->api_url.c_str(), line.c_str());
+  std::printf("   it answered (%lld tokens): %s\n", static_cast<long long>(j["usage"].value("completion_tokens", 0)),
+              j["choices"][0]["message"]["content"].dump().c_str());
+  if (!keep) return 0;
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  std::printf("   serving%s; Ctrl-C stops the nodes\n",
+              seconds > 0 ? (" for " + std::to_string(seconds) + " s").c_str() : "");
+  std::fflush(stdout);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!interrupted && (seconds <= 0 || std::chrono::steady_clock::now() < until))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return 0;
+}
+
 }  // namespace
 
 int run_demo(int argc, char** argv) {
@@ -72,7 +146,12 @@ int run_demo(int argc, char** argv) {
   int64_t batch = 64;
   double lr = 1e-2;
   std::string device = "cpu", out = "demo-out", method = "dp";
-  bool mdns = true;
+  bool mdns = true, serve_only = false;
+  std::string serve_model;
+  int serve_seconds = 0;
+  cli.add_flag("--serve", serve_only, "no training: load a model on the mesh and serve it over the HTTP API until Ctrl-C");
+  cli.add_option("--model", serve_model, "the checkpoint to serve (default: a small random-weight model the demo writes)");
+  cli.add_option("--serve-seconds", serve_seconds, "with --serve: stop after this many seconds (0: at Ctrl-C)")->check(CLI::Range(0, 86400));
   cli.add_option("--nodes", nodes, "meshnode processes to start")->check(CLI::Range(1, 16));
   cli.add_option("--steps", steps, "training steps")->check(CLI::Range(1, 1000000));
   cli.add_option("--digits", digits, "digits of each operand")->check(CLI::Range(1, 6));
@@ -112,6 +191,8 @@ int run_demo(int argc, char** argv) {
     std::filesystem::remove_all(dir, ignored);
     std::vector<std::string> args = {"--port", "0", "--device", device, "--secret-file", *secret_file, "--mdns",
                                      mdns ? "on" : "off", "--log-level", "info"};
+    // The first node serves the HTTP API (127.0.0.1:8080, or a free port when that is taken).
+    if (i > 0) args.insert(args.end(), {"--api-bind", "off"});
     if (!mdns && i > 0) args.insert(args.end(), {"--peer", first});
     procs.push_back(std::make_unique<app::node_process>(binary, dir, args));
     if (i == 0) {
@@ -137,6 +218,15 @@ int run_demo(int argc, char** argv) {
     return fail("only " + std::to_string(healthy + 1) + " of " + std::to_string(nodes) + " nodes found each other in 30 s; logs in " + out);
   const double found_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   std::printf("   %d nodes form a mesh after %.1f s\n", nodes, found_s);
+
+  if (serve_only) {
+    const int rc = serve(**c, out, serve_model, "2.", true, serve_seconds);
+    if (rc != 0) return rc;
+    c->reset();
+    for (auto& p : procs) p->stop();
+    std::printf("3. stopped the nodes. Logs: %s/node*/node.log\n", out.c_str());
+    return 0;
+  }
 
   // 2. The data and the model.
   demo::addition_task task;
@@ -210,11 +300,14 @@ int run_demo(int argc, char** argv) {
   const double share = demo::score(completed);
   std::printf("   score: %.1f%% of %zu held-out sums right\n", 100 * share, completed.size());
 
-  // 5. Done.
+  // 5. Serving: the OpenAI-compatible API of the first node, asked with curl.
   session->reset();
+  if (const int rc = serve(**c, out, serve_model, "5.", false, 0); rc != 0) return rc;
+
+  // 6. Done.
   c->reset();
   for (auto& p : procs) p->stop();
-  std::printf("5. stopped the nodes; %.0f s in all. Logs: %s/node*/node.log\n",
+  std::printf("6. stopped the nodes; %.0f s in all. Logs: %s/node*/node.log\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(), out.c_str());
   return 0;
 }

@@ -57,7 +57,27 @@ TEST_CASE("the demo trains across 3 meshnode processes, plots, checkpoints, infe
   std::smatch score;
   REQUIRE(std::regex_search(r.output, score, std::regex("score: ([0-9.]+)% of 256 held-out sums right")));
   CHECK(std::stod(score[1].str()) <= 100.0);
-  CHECK(r.output.find("5. stopped the nodes") != std::string::npos);
+  // The serving step: the first node's HTTP API answered the curl line the demo prints.
+  CHECK(r.output.find("5. serving: wrote a 4-layer Llama-architecture model") != std::string::npos);
+  CHECK(std::regex_search(r.output, std::regex("curl -s http://127\\.0\\.0\\.1:[0-9]+/v1/chat/completions")));
+  CHECK(r.output.find("it answered (24 tokens)") != std::string::npos);
+  CHECK(r.output.find("6. stopped the nodes") != std::string::npos);
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("mesh-demo --serve serves a model over the HTTP API and stops when told", "[apps][demo]") {
+  const auto out = std::filesystem::temp_directory_path() / ("mesh-demo-serve-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  auto r = mesh::test::run_command(std::string(MESH_DEMO_BIN) + " --serve --serve-seconds 1 --nodes 2 --no-mdns --out " +
+                                   out.string());
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("2 nodes form a mesh") != std::string::npos);
+  CHECK(r.output.find("dashboard: http://127.0.0.1:") != std::string::npos);
+  CHECK(r.output.find("it answered (24 tokens)") != std::string::npos);
+  CHECK(r.output.find("serving for 1 s") != std::string::npos);
+  CHECK(r.output.find("3. stopped the nodes") != std::string::npos);
+  CHECK(r.output.find("held-out") == std::string::npos);  // no training
   std::filesystem::remove_all(out);
 }
 
