@@ -153,6 +153,9 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         for (auto& j : self->state.trainer->jobs(now)) jobs.push_back(std::move(j));
         return std::make_shared<const std::vector<msg::job_status>>(std::move(jobs));
       },
+      [=](curves_atom) {
+        return std::make_shared<const loss_curves>(self->state.trainer->curves());
+      },
       [=](stop_atom) { self->quit(); },
   };
 }

@@ -103,6 +103,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::actors_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::members_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::vitals_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const std::vector<mesh::msg::job_status>>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const mesh::loss_curves>)
 
 namespace mesh::node_shell {
 
@@ -123,6 +124,7 @@ using load_atom = caf::atom_constant<caf::atom("load")>;
 using view_atom = caf::atom_constant<caf::atom("view")>;
 using greet_atom = caf::atom_constant<caf::atom("greet")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
+using curves_atom = caf::atom_constant<caf::atom("curves")>;  ///< jobs: the loss curves of its runs
 
 /// A decoded message from a peer, as the bridge hands it to the actor that owns it.
 using message_ptr = std::shared_ptr<msg::message>;

@@ -52,7 +52,8 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
 /// What the dashboard and /metrics show: this node, its peers, the models it serves (all layers
 /// on this node), the trainings it knows.
 serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& members, const vitals_map& vitals,
-                                     const std::vector<msg::job_status>& jobs) {
+                                     const std::vector<msg::job_status>& jobs,
+                                     const loss_curves& curves) {
   serving::mesh_snapshot s;
   s.uptime_s = std::chrono::duration<double>(now_mono() - ctx.started).count();
   serving::node_view self;
@@ -87,7 +88,10 @@ serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& 
     for (const auto& m : ctx.models->models())
       s.models.push_back({m.id, m.path, m.context, m.layers, {{ctx.self_id.to_string(), 0, m.layers}}});
   for (const auto& j : jobs)
-    if (j.kind == job_kind::training) s.trainings.push_back({j.job, to_string(j.state), j.step, j.steps, {}});
+    if (j.kind == job_kind::training) {
+      auto c = curves.find(j.job);
+      s.trainings.push_back({j.job, to_string(j.state), j.step, j.steps, c != curves.end() ? c->second : std::vector<double>{}});
+    }
   return s;
 }
 
@@ -107,7 +111,10 @@ caf::behavior status_actor(caf::stateful_actor<status_state>* self, context_ptr 
         self->request(a.membership, timeout, view_atom::value).then([=](members_ptr members) {
           self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) {
             self->request(self->state.a.jobs, timeout, view_atom::value).then([=](std::shared_ptr<const std::vector<msg::job_status>> jobs) {
-              ctx->board->put(make_snapshot(*ctx, *members, *vitals, *jobs));
+              using curves_ptr = std::shared_ptr<const loss_curves>;
+              self->request(self->state.a.jobs, timeout, curves_atom::value).then([=](curves_ptr curves) {
+                ctx->board->put(make_snapshot(*ctx, *members, *vitals, *jobs, *curves));
+              }, failed);
             }, failed);
           }, failed);
         }, failed);

@@ -217,6 +217,12 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   p.step = c.step;
   p.steps = s.steps;
   p.loss = c.loss;
+  c.losses.push_back(c.loss);
+  if (c.losses.size() > coord_run::max_loss_curve) {
+    size_t kept = 0;
+    for (size_t i = 0; i < c.losses.size(); i += 2) c.losses[kept++] = c.losses[i];
+    c.losses.resize(kept);
+  }
   p.samples_per_s = dt > 0 ? static_cast<double>(inner * s.micro_batches * s.micro_batch) / dt : 0;
   p.peers = static_cast<uint32_t>(c.ring.size());
   p.bytes_sent = c.bytes;
@@ -383,6 +389,12 @@ std::vector<msg::job_status> train_engine::jobs(clock::time_point now) const {
     s.seconds = c->state == job_state::running ? std::chrono::duration<double>(now - c->started).count() : c->seconds;
     out.push_back(s);
   }
+  return out;
+}
+
+loss_curves train_engine::curves() const {
+  loss_curves out;
+  for (const auto& [id, c] : coordinated_) out[c->client_train] = c->losses;
   return out;
 }
 

@@ -95,6 +95,9 @@ struct train_task {
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 
+/// Loss per step of training runs, by run id (the dashboard's curves).
+using loss_curves = std::map<uint64_t, std::vector<double>>;
+
 class train_engine {
  public:
   explicit train_engine(node_id self);
@@ -127,6 +130,8 @@ class train_engine {
 
   /// Runs this node coordinates, for status ("training" jobs).
   std::vector<msg::job_status> jobs(clock::time_point now) const;
+  /// The loss curve of each run this node coordinates, by the id jobs() reports.
+  loss_curves curves() const;
   size_t running() const { return coordinated_.size() + worker_.size(); }
 
  private:

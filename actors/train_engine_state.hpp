@@ -73,6 +73,10 @@ struct train_engine::coord_run {
   std::set<node_id> waiting;   ///< members whose reduction of this step is still to come
   std::set<node_id> unready;   ///< members that have not said train_ready for this step
   double loss = 0;
+  /// The loss of each step so far, for the dashboard; past max_loss_curve points every other one
+  /// is dropped (the curve keeps its shape at half the resolution).
+  std::vector<double> losses;
+  static constexpr size_t max_loss_curve = 2048;
   uint64_t bytes = 0;
   std::string prefix;
   job_state state = job_state::running;

@@ -229,6 +229,15 @@ TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", 
   }
   CHECK(three.progress.back().loss < three.progress.front().loss);
   CHECK(full_loss(s, parameters_only(state)) < full_loss(s, s.params) * 0.8);
+  // The coordinator keeps the loss of every step for the dashboard: the losses it reported.
+  size_t curves = 0;
+  for (const auto& [id, n] : three.nodes)
+    for (const auto& [run, losses] : n.engine->curves()) {
+      ++curves;
+      REQUIRE(losses.size() == three.progress.size());
+      for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == three.progress[i].loss);
+    }
+  CHECK(curves == 1);
 }
 
 TEST_CASE("data-parallel training on 3 nodes with AdamW or SGD with momentum equals the single-node reference",
