@@ -5,12 +5,14 @@ llama.cpp's llama-server): tokens/s, time to first token and inter-token latency
   python3 bench/serving/load.py --url http://127.0.0.1:8080 --model tiny --streams 1,4,16 \
       --requests 2 --prompt-words 100 --max-tokens 64 [--label meshnode] [--json out.jsonl]
 
-Each of N streams sends --requests requests one after another, each a streamed /v1/completions
+After --warmup untimed requests (default 1: the first request of a server may build its
+programs), each of N streams sends --requests requests one after another, each a streamed /v1/completions
 with `ignore_eos` (both servers honour it), so every request generates exactly --max-tokens
 tokens. Time to first token: from sending the request to the first text chunk. Inter-token
 latency: between consecutive text chunks (a chunk may carry several tokens when text is held
 back, e.g. a partial UTF-8 character). Throughput: all completion tokens over the wall time of
-the whole level. Standard library only.
+the whole level. Every prompt starts with its own number, so no server can reuse a cached
+prefix. Standard library only.
 """
 import argparse
 import http.client
@@ -63,11 +65,16 @@ def one_request(url, model, prompt, max_tokens, timeout):
 def run_level(args, streams, prompt):
     results, errors = [], []
     lock = threading.Lock()
+    counter = iter(range(1 << 30))
 
     def worker():
         for _ in range(args.requests):
             try:
-                r = one_request(args.url, args.model, prompt, args.max_tokens, args.timeout)
+                # A number first: no two prompts share a prefix, so a server's prompt cache
+                # (llama-server keeps each slot's last prompt) cannot skip the prefill.
+                with lock:
+                    n = next(counter)
+                r = one_request(args.url, args.model, f"{n} {prompt}", args.max_tokens, args.timeout)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 - reported below
@@ -106,11 +113,15 @@ def main():
     ap.add_argument("--prompt-words", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed requests first (a server's first request may build its programs)")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="append one JSON line per level to this file")
     args = ap.parse_args()
     words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing".split()
     prompt = " ".join(words[i % len(words)] for i in range(args.prompt_words))
+    for _ in range(args.warmup):
+        one_request(args.url, args.model, prompt, args.max_tokens, args.timeout)
     print(f"{'label':<12} {'streams':>7} {'reqs':>5} {'err':>4} {'tok/s':>9} {'per stream':>10} "
           f"{'TTFT p50':>9} {'TTFT p90':>9} {'ITL p50':>8} {'ITL p90':>8}")
     failed = False
