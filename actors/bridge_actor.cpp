@@ -47,7 +47,9 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
                                   : std::holds_alternative<msg::status_request>(*m)                                        ? a.status
                                   : std::holds_alternative<msg::generate_request>(*m) ||
                                           std::holds_alternative<msg::generate_cancel>(*m) ||
-                                          std::holds_alternative<msg::models_request>(*m)                                  ? a.generator
+                                          std::holds_alternative<msg::models_request>(*m) ||
+                                          std::holds_alternative<msg::stage_open>(*m) || std::holds_alternative<msg::stage_step>(*m) ||
+                                          std::holds_alternative<msg::stage_close>(*m) || std::holds_alternative<msg::stage_reply>(*m) ? a.generator
                                                                                                                            : a.jobs;
         self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
       },

@@ -2,9 +2,11 @@
 // (serving::local_backend, shared with the HTTP API) does the work on its own threads, so that a
 // long generation or a model load never holds up this node's messages (heartbeats, jobs,
 // status). Pieces, final messages and models replies go to the client from those threads (the
-// endpoint is thread-safe).
+// endpoint is thread-safe). Split models (docs/serving.md): the stages this node holds for peers
+// run on the stage host's thread; replies from stages on peers wake the host thread that waits.
 #include "actors/node_shell.hpp"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <memory>
@@ -13,12 +15,25 @@
 #include <variant>
 
 #include "actors/generation_worker.hpp"
+#include "actors/remote_stage.hpp"
+#include "actors/split_model.hpp"
+#include "actors/stage_host.hpp"
 
 namespace mesh::node_shell {
 namespace {
 
 struct generator_state {
   std::unique_ptr<generation::worker> worker;
+  /// Calls to the stages of this node's split models on peers (the host's threads wait on them).
+  std::shared_ptr<generation::stage_calls> calls;
+  /// The stages this node holds for its peers' split models.
+  std::unique_ptr<generation::stage_host> stages;
+  node_actors a;
+  ~generator_state() {
+    // The model host outlives the actors: its split models' links must not send through an
+    // endpoint that is stopping, nor wait for answers that will not be read.
+    if (calls) calls->close();
+  }
 };
 
 msg::models_reply models_of(const node_context& ctx, uint64_t id) {
@@ -27,8 +42,13 @@ msg::models_reply models_of(const node_context& ctx, uint64_t id) {
   r.ok = true;
   r.api_url = ctx.api_url;
   const auto u32 = [](int64_t n) { return static_cast<uint32_t>(std::clamp<int64_t>(n, 0, UINT32_MAX)); };
-  for (const auto& m : ctx.models->models())
-    r.models.push_back({m.id, m.path, u32(m.context), u32(m.layers), m.chat, m.on_demand});
+  for (const auto& m : ctx.models->models()) {
+    msg::model_entry e{m.id, m.path, u32(m.context), u32(m.layers), m.chat, m.on_demand, {}};
+    for (const auto& s : m.stages)
+      if (auto id = node_id::parse(s.node)) e.stages.push_back({*id, u32(s.first_layer), u32(s.end_layer)});
+    if (m.stages.empty()) e.stages.push_back({ctx.self_id, 0, u32(m.layers)});
+    r.models.push_back(std::move(e));
+  }
   return r;
 }
 
@@ -40,9 +60,25 @@ msg::models_reply failed_reply(uint64_t id, const error& e) {
   return r;
 }
 
+using generator_actor_ptr = caf::stateful_actor<generator_state>*;
+
+/// The candidates of a split: this node and its healthy peers (clients are none), as their
+/// hellos describe them.
+expected<std::vector<generation::split_candidate>> split_candidates(const node_context& ctx, const member_map& members,
+                                                                      const vitals_map& vitals, uint32_t n) {
+  std::vector<generation::split_candidate> peers;
+  for (const auto& [peer, hello] : members) {
+    auto v = vitals.find(peer);
+    if (hello.is_client || v == vitals.end() || v->second.health != peer_health::healthy) continue;
+    peers.push_back({peer, hello.memory_bytes, hello.mem_gbps});
+  }
+  return generation::pick_split_nodes({ctx.self_id, ctx.own.memory_bytes, ctx.own.mem_gbps}, std::move(peers), n);
+}
+
 /// A client's models_request: a list is answered at once; a load runs on the host's loader
-/// thread and is answered from there; an unload frees the model once its request ends.
-void serve_models(const context_ptr& ctx, const node_id& from, const msg::models_request& q) {
+/// thread and is answered from there; an unload frees the model once its request ends. A load
+/// with split > 1 first asks membership and health for the peers to plan over.
+void serve_models(generator_actor_ptr self, const context_ptr& ctx, const node_id& from, const msg::models_request& q) {
   const auto reply = [ctx, from](const msg::models_reply& r) {
     if (!try_send_peer(*ctx, from, r)) spdlog::debug("models: {} left; reply not sent", from.short_string());
   };
@@ -55,15 +91,32 @@ void serve_models(const context_ptr& ctx, const node_id& from, const msg::models
       o.path = q.target;
       o.chat_template = q.chat_template;
       o.context = q.context;
-      spdlog::info("{} asks to load {}", from.short_string(), q.target);
-      ctx->models->load_async(std::move(o), [ctx, reply, q](expected<serving::model_info> m) {
-        if (!m) {
-          spdlog::warn("model {} not loaded: {}", q.target, m.error().message);
-          return reply(failed_reply(q.id, m.error()));
-        }
-        spdlog::info("model {} loaded from {} ({} layers, context {})", m->id, m->path, m->layers, m->context);
-        reply(models_of(*ctx, q.id));
-      });
+      spdlog::info("{} asks to load {}{}", from.short_string(), q.target, q.split > 1 ? fmt::format(" split over {} nodes", q.split) : "");
+      const auto load = [ctx, reply, q](serving::local_model_options o) {
+        ctx->models->load_async(std::move(o), [ctx, reply, q](expected<serving::model_info> m) {
+          if (!m) {
+            spdlog::warn("model {} not loaded: {}", q.target, m.error().message);
+            return reply(failed_reply(q.id, m.error()));
+          }
+          spdlog::info("model {} loaded from {} ({} layers, context {}, {} stages)", m->id, m->path, m->layers, m->context,
+                       std::max<size_t>(m->stages.size(), 1));
+          reply(models_of(*ctx, q.id));
+        });
+      };
+      if (q.split <= 1) return load(std::move(o));
+      // A split plans over the peers healthy now, as membership and health see them.
+      constexpr auto timeout = std::chrono::seconds(2);
+      const auto view_failed = [reply, q](caf::error& e) {
+        reply(failed_reply(q.id, {error_code::unavailable, "models load --split: the node's view of its peers: " + caf::to_string(e)}));
+      };
+      self->request(self->state.a.membership, timeout, view_atom::value).then([=](members_ptr members) mutable {
+        self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) mutable {
+          auto nodes = split_candidates(*ctx, *members, *vitals, q.split);
+          if (!nodes) return reply(failed_reply(q.id, {nodes.error().code, q.target + ": " + nodes.error().message}));
+          o.split = generation::make_split_builder(self->state.calls, ctx->self_id, std::move(*nodes), q.target);
+          load(std::move(o));
+        }, view_failed);
+      }, view_failed);
       return;
     }
     case models_action::unload: {
@@ -79,10 +132,29 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
   self->state.worker = std::make_unique<generation::worker>(*ctx->models, [ctx](const node_id& to, const msg::message& m) {
     if (!try_send_peer(*ctx, to, m)) spdlog::debug("generate: {} left; {} not sent", to.short_string(), msg::kind_name(m));
   });
+  self->state.calls = std::make_shared<generation::stage_calls>(
+      [ctx](const node_id& to, const msg::message& m) { return try_send_peer(*ctx, to, m); });
+  generation::stage_host_options so;
+  so.make_executor = [device = ctx->cfg.device] { return make_device(device); };
+  so.self = ctx->self_id.short_string();
+  self->state.stages = std::make_unique<generation::stage_host>(so, [ctx](const node_id& to, const msg::message& m) {
+    if (!try_send_peer(*ctx, to, m)) spdlog::debug("stages: {} left; {} not sent", to.short_string(), msg::kind_name(m));
+  });
   return {
-      [=](wire_atom, actors_ptr) {},
+      [=](wire_atom, actors_ptr a) { self->state.a = *a; },
       [=](inbound_atom, node_id from, message_ptr m) {
         auto& w = *self->state.worker;
+        auto& stages = *self->state.stages;
+        if (auto* o = std::get_if<msg::stage_open>(m.get())) {
+          spdlog::info("{} opens stage {}: layers [{}, {}) of {}", from.short_string(), o->stage, o->first_layer, o->end_layer, o->path);
+          return stages.open(from, std::move(*o));
+        }
+        if (auto* s = std::get_if<msg::stage_step>(m.get())) return stages.step(from, std::move(*s));
+        if (auto* c = std::get_if<msg::stage_close>(m.get())) {
+          spdlog::info("{} closes stage {}", from.short_string(), c->stage);
+          return stages.close(from, *c);
+        }
+        if (auto* r = std::get_if<msg::stage_reply>(m.get())) return self->state.calls->deliver(from, *r);
         if (auto* r = std::get_if<msg::generate_request>(m.get())) {
           spdlog::info("generate request {} from {}: {} (max {} tokens)", r->request, from.short_string(), r->model, r->max_tokens);
           w.submit(from, std::move(*r));
@@ -90,11 +162,16 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
           spdlog::info("generate request {} from {} withdrawn", c->request, from.short_string());
           w.cancel(from, c->request);
         } else if (auto* q = std::get_if<msg::models_request>(m.get())) {
-          serve_models(ctx, from, *q);
+          serve_models(self, ctx, from, *q);
         }
       },
-      // The connection to a peer closed: its generations stop.
-      [=](down_atom, node_id id) { self->state.worker->client_gone(id); },
+      // The connection to a peer closed: its generations stop, the stages it held for this node's
+      // split models fail their calls (naming it), the stages this node held for it go.
+      [=](down_atom, node_id id) {
+        self->state.worker->client_gone(id);
+        self->state.calls->peer_gone(id);
+        self->state.stages->owner_gone(id);
+      },
   };
 }
 

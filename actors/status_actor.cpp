@@ -49,8 +49,8 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
   return r;
 }
 
-/// What the dashboard and /metrics show: this node, its peers, the models it serves (all layers
-/// on this node), the trainings it knows.
+/// What the dashboard and /metrics show: this node, its peers, the models it serves (where their
+/// layers run: all on this node, or a split model's stages), the trainings it knows.
 serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& members, const vitals_map& vitals,
                                      const std::vector<msg::job_status>& jobs,
                                      const loss_curves& curves) {
@@ -85,8 +85,12 @@ serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& 
     s.nodes.push_back(std::move(n));
   }
   if (ctx.models)
-    for (const auto& m : ctx.models->models())
-      s.models.push_back({m.id, m.path, m.context, m.layers, {{ctx.self_id.to_string(), 0, m.layers}}});
+    for (const auto& m : ctx.models->models()) {
+      serving::model_view v{m.id, m.path, m.context, m.layers, {}};
+      for (const auto& st : m.stages) v.stages.push_back({st.node, st.first_layer, st.end_layer});
+      if (v.stages.empty()) v.stages.push_back({ctx.self_id.to_string(), 0, m.layers});
+      s.models.push_back(std::move(v));
+    }
   for (const auto& j : jobs)
     if (j.kind == job_kind::training) {
       auto c = curves.find(j.job);

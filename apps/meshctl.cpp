@@ -3,7 +3,7 @@
 //   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
 //   meshctl --json peers                     the same as JSON, for scripts
 //   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
-//   meshctl models [load PATH | unload ID]   the models the node serves (HTTP API, generate)
+//   meshctl models [load PATH [--split N] | unload ID]   the models the node serves (HTTP API, generate)
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file.
 #include <atomic>
 #include <csignal>
@@ -79,16 +79,28 @@ void print_models(const mesh::msg::models_reply& r, const std::string& node) {
   for (const auto& m : r.models)
     std::printf("%-24s %6u %8u %-5s %s%s\n", m.id.substr(0, 24).c_str(), m.layers, m.context, m.chat ? "yes" : "no", m.path.c_str(),
                 m.on_demand ? " (loaded for a request)" : "");
-  for (const auto& m : r.models)
-    std::printf("%s: layers 0-%u on %s\n", m.id.substr(0, 24).c_str(), m.layers ? m.layers - 1 : 0, node.c_str());
+  // Where each model's layers run: one stage on this node, or a split model's stages in order.
+  for (const auto& m : r.models) {
+    std::string where;
+    for (const auto& s : m.stages)
+      where += (where.empty() ? "" : ", ") + std::string("layers ") + std::to_string(s.first_layer) + "-" +
+               std::to_string(s.end_layer ? s.end_layer - 1 : 0) + " on " + s.node.short_string() +
+               (s.node.short_string() == node ? " (this node)" : "");
+    if (m.stages.empty()) where = "layers 0-" + std::to_string(m.layers ? m.layers - 1 : 0) + " on " + node;
+    std::printf("%s: %s\n", m.id.substr(0, 24).c_str(), where.c_str());
+  }
   std::printf("HTTP API: %s\n", r.api_url.empty() ? "off" : (r.api_url + "/v1 (dashboard " + r.api_url + "/)").c_str());
 }
 
 nlohmann::json to_json(const mesh::msg::models_reply& r) {
   nlohmann::json j{{"api_url", r.api_url}, {"models", nlohmann::json::array()}};
-  for (const auto& m : r.models)
+  for (const auto& m : r.models) {
+    auto stages = nlohmann::json::array();
+    for (const auto& s : m.stages)
+      stages.push_back({{"node", s.node.to_string()}, {"first_layer", s.first_layer}, {"end_layer", s.end_layer}});
     j["models"].push_back({{"id", m.id}, {"path", m.path}, {"layers", m.layers}, {"context", m.context}, {"chat", m.chat},
-                           {"on_demand", m.on_demand}});
+                           {"on_demand", m.on_demand}, {"stages", stages}});
+  }
   return j;
 }
 
@@ -165,6 +177,9 @@ int main(int argc, char** argv) {
   models_cmd->add_option("action", models_args, "load PATH | unload ID")->expected(0, 2);
   models_cmd->add_option("--chat-template", models_req.chat_template, "load: a chat template family instead of the checkpoint's");
   models_cmd->add_option("--context", models_req.context, "load: positions per request (0: the model's, at most 4096)");
+  models_cmd->add_option("--split", models_req.split,
+                         "load: split the model's layers over N nodes (this one and N-1 healthy peers, each reading its "
+                         "own copy of PATH)");
   app.add_option("--node", node, "NODEID@HOST:PORT of the node to ask")->envname("MESH_NODE");
   app.add_option("--state-dir", state_dir, "a local node's state directory (its endpoint file)")->envname("MESH_STATE_DIR");
   app.add_option("--secret-file", secret_file, "mesh secret file")->envname("MESH_SECRET_FILE");
@@ -179,7 +194,7 @@ int main(int argc, char** argv) {
   if (modelling) {
     const bool ok = models_args.empty() || (models_args.size() == 2 && (models_args[0] == "load" || models_args[0] == "unload"));
     if (!ok) {
-      std::cerr << "meshctl models: say `meshctl models`, `meshctl models load PATH` or `meshctl models unload ID`\n";
+      std::cerr << "meshctl models: say `meshctl models`, `meshctl models load PATH [--split N]` or `meshctl models unload ID`\n";
       return 2;
     }
     if (!models_args.empty()) {

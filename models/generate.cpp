@@ -66,7 +66,7 @@ const char* to_string(stop_reason r) {
   return "?";
 }
 
-expected<generation> generate(session& s, const tokenizer& tok, std::span<const int32_t> prompt,
+expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span<const int32_t> prompt,
                               const generate_options& options, const piece_callback& on_piece) {
   auto smp = sampler::create(options.sampling);
   if (!smp) return forward_error(smp);

@@ -1,5 +1,5 @@
 #pragma once
-/// Text generation on a session: prefill the prompt, then sample and decode token by token,
+/// Text generation on a sequence model (a session, or a pipeline of stages over the mesh): prefill the prompt, then sample and decode token by token,
 /// streaming whole UTF-8 pieces to a callback, until an end-of-sequence token, a stop string or
 /// max_tokens.
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "base/error.hpp"
 #include "models/sampler.hpp"
+#include "models/sequence_model.hpp"
 #include "models/session.hpp"
 #include "models/tokenizer.hpp"
 
@@ -53,7 +54,7 @@ using piece_callback = std::function<bool(std::string_view piece)>;
 /// Generates after `prompt` (token ids, e.g. tokenizer::encode of a rendered chat), continuing
 /// from the session's position (reset() it first for a fresh sequence). A prompt plus max_tokens
 /// beyond the session's context is an error before anything runs; so are bad sampling options.
-expected<generation> generate(session& s, const tokenizer& tok, std::span<const int32_t> prompt,
+expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span<const int32_t> prompt,
                               const generate_options& options, const piece_callback& on_piece = {});
 
 }  // namespace mesh::models

@@ -39,6 +39,7 @@
 #include "models/layer_range.hpp"
 #include "models/model_config.hpp"
 #include "models/model_weights.hpp"
+#include "models/sequence_model.hpp"
 
 namespace mesh::models {
 
@@ -67,7 +68,7 @@ struct session_stats {
   int64_t programs = 0;         ///< step graphs loaded
 };
 
-class session {
+class session final : public sequence_model {
  public:
   /// Reads the config, plans the weights (an error names the file and a missing or misshapen
   /// tensor) and uploads them to `ex`, one tensor at a time: a weight the device stores as it is
@@ -85,9 +86,9 @@ class session {
   /// batch, a token outside the vocabulary or a batch that would pass context() is an error that
   /// says so (and changes nothing). prefill, decode and prefill_all_logits need the whole model
   /// (a stage session is an error that says to use forward).
-  expected<std::vector<float>> prefill(std::span<const int32_t> tokens);
+  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override;
   /// Same as prefill of one token.
-  expected<std::vector<float>> decode(int32_t token);
+  expected<std::vector<float>> decode(int32_t token) override;
   /// Appends `tokens` and returns the logits after each of them, [tokens.size() * vocab] (tests
   /// and scoring; one batch, at most max_batch tokens).
   expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
@@ -104,11 +105,11 @@ class session {
   expected<std::vector<float>> forward(std::span<const float> hidden, bool all_logits = false);
 
   /// Forgets the sequence (the cache's rows are overwritten as positions are filled again).
-  void reset() { position_ = 0; }
+  void reset() override { position_ = 0; }
   /// Positions filled so far.
-  int64_t position() const { return position_; }
-  int64_t context() const { return context_; }
-  const model_config& config() const { return config_; }
+  int64_t position() const override { return position_; }
+  int64_t context() const override { return context_; }
+  const model_config& config() const override { return config_; }
   const session_stats& stats() const { return stats_; }
   /// The layers this session holds (resolved: [0, layers) for the whole model).
   const layer_range& layers() const { return weights_->layers(); }

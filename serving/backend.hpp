@@ -91,6 +91,13 @@ class request_handle {
   std::atomic<bool> cancelled_{false};
 };
 
+/// Where a range of a model's layers runs (a model split over the mesh).
+struct model_stage_info {
+  std::string node;  ///< node id, hex
+  int64_t first_layer = 0;
+  int64_t end_layer = 0;  ///< one past the last
+};
+
 /// A model a backend serves.
 struct model_info {
   std::string id;
@@ -100,6 +107,8 @@ struct model_info {
   std::string path;     ///< the checkpoint it was loaded from
   int64_t layers = 0;
   bool on_demand = false;  ///< loaded for a request naming its path (unloaded when others are needed)
+  /// Split over the mesh: its stages in order; empty: every layer in this process.
+  std::vector<model_stage_info> stages;
 };
 
 /// Requests a backend holds now (metrics: queue depth).

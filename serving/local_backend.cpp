@@ -25,7 +25,7 @@ struct local_backend::model {
   std::string key;  ///< the checkpoint's path made absolute (by_path requests find it by this)
   std::unique_ptr<gpu::executor> ex;
   std::unique_ptr<models::checkpoint> ckpt;
-  std::optional<models::session> sess;
+  std::unique_ptr<models::sequence_model> seq;  ///< a whole-model session, or a split model's pipeline
   std::optional<models::tokenizer> tok;
   models::chat_tokens special;              ///< BOS/EOS text for chat templates named per request
   std::optional<std::string> template_text; ///< the checkpoint's own template, if any
@@ -118,12 +118,21 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   auto ex = options_.make_executor();
   if (!ex) return in_path(ex.error());
   m->ex = std::move(*ex);
-  models::session_options so;
-  so.context = o.context;
-  auto sess = models::session::create(*m->ex, *m->ckpt, so);
-  if (!sess) return forward_error(sess);
-  m->sess.emplace(std::move(*sess));
-  auto vocab = models::load_tokenizer(*m->ckpt, m->sess->config());
+  if (o.split) {
+    auto config = models::read_model_config(*m->ckpt);
+    if (!config) return forward_error(config);
+    auto p = o.split({*m->ckpt, *config, o.context, *m->ex});
+    if (!p) return in_path(p.error());
+    for (const auto& s : (*p)->stages()) m->info.stages.push_back({s.node, s.layers.first, s.layers.end});
+    m->seq = std::move(*p);
+  } else {
+    models::session_options so;
+    so.context = o.context;
+    auto sess = models::session::create(*m->ex, *m->ckpt, so);
+    if (!sess) return forward_error(sess);
+    m->seq = std::make_unique<models::session>(std::move(*sess));
+  }
+  auto vocab = models::load_tokenizer(*m->ckpt, m->seq->config());
   if (!vocab) return forward_error(vocab);
   m->template_text = vocab->chat_template;
   auto tok = models::tokenizer::create(std::move(vocab->vocab));
@@ -147,8 +156,8 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
                                  "or use /v1/completions",
                                  o.path.string(), template_names);
   }
-  m->info.context = m->sess->context();
-  m->info.layers = m->sess->config().n_layers;
+  m->info.context = m->seq->context();
+  m->info.layers = m->seq->config().n_layers;
   m->info.created = static_cast<int64_t>(std::time(nullptr));
   m->info.chat = m->tmpl.has_value();
   m->max_queued = o.max_queued;
@@ -474,14 +483,14 @@ void local_backend::execute(job& j) {
   }
   const double queue_seconds = seconds_since(j.queued_at) - load_seconds;
   model& m = *j.m;
-  m.sess->reset();
+  m.seq->reset();
   // Checked at every token (not only when text comes out): a cancelled request stops within one
   // decode step.
   j.options.on_token = [&](int64_t n) {
     if (j.callbacks.on_token) j.callbacks.on_token(n);
     return !j.handle->cancelled() && !stopping_.load();
   };
-  auto g = models::generate(*m.sess, *m.tok, j.prompt, j.options, [&](std::string_view piece) {
+  auto g = models::generate(*m.seq, *m.tok, j.prompt, j.options, [&](std::string_view piece) {
     // Checked before and after handing the piece on: a client that went away while the piece
     // was written stops the next token, not one more.
     if (j.handle->cancelled() || stopping_.load()) return false;
@@ -489,7 +498,11 @@ void local_backend::execute(job& j) {
     return !j.handle->cancelled();
   });
   if (!g) {
-    const auto kind = g.error().code == error_code::limit_exceeded ? failure_kind::too_long : failure_kind::internal;
+    // A split model's stage on a node that left is "unavailable": the service, not the request,
+    // is at fault (503), and the message names the node.
+    const auto kind = g.error().code == error_code::limit_exceeded ? failure_kind::too_long
+                      : g.error().code == error_code::unavailable  ? failure_kind::no_capacity
+                                                                   : failure_kind::internal;
     return finish(fail(kind, g.error().message));
   }
   if (g->reason == models::stop_reason::callback) return finish(fail(failure_kind::cancelled, "cancelled"));

@@ -30,9 +30,21 @@
 
 #include "base/error.hpp"
 #include "gpu/executor.hpp"
+#include "models/checkpoint.hpp"
+#include "models/model_config.hpp"
+#include "models/pipeline.hpp"
 #include "serving/backend.hpp"
 
 namespace mesh::serving {
+
+/// What a split model's stages are built from (local_model_options::split).
+struct split_input {
+  const models::checkpoint& ckpt;      ///< opened on this node; outlives the pipeline
+  const models::model_config& config;
+  int64_t context = 0;                 ///< positions asked for (0: the model's, capped)
+  gpu::executor& ex;                   ///< this model's executor, for the stage this node holds
+};
+using split_builder = std::function<expected<std::unique_ptr<models::pipeline>>(const split_input& in)>;
 
 struct local_model_options {
   std::filesystem::path path;  ///< a GGUF file or a Hugging Face directory
@@ -43,6 +55,10 @@ struct local_model_options {
   std::string chat_template;
   int64_t context = 0;   ///< session_options::context (0: the model's, capped)
   size_t max_queued = 8; ///< requests waiting beside the one running
+  /// Split over the mesh: builds the model's pipeline (stages here and on peers) instead of one
+  /// whole-model session; this node keeps the tokenizer, the chat template and the sampling.
+  /// It runs on the loading thread and may wait for peers.
+  split_builder split;
 };
 
 struct local_backend_options {

@@ -12,7 +12,8 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "train_setup", "train_step", "allreduce_piece", "train_reduced", "train_state",
                                   "train_progress", "job_progress", "train_resume", "train_checkpoint",
                                   "cancel_stages", "stage_accepted", "route_open", "train_ready", "ring_go", "generate_request",
-                                  "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply"};
+                                  "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply", "stage_open", "stage_step",
+                                  "stage_close", "stage_reply"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
@@ -40,6 +41,8 @@ expected<void> check(const message& m) {
       if (auto ok = check_tensors(shard.columns); !ok) return ok;
   if (auto* r = std::get_if<train_resume>(&m)) return check_tensors(r->dataset);
   if (auto* c = std::get_if<train_checkpoint>(&m)) return check_tensors(c->state);
+  if (auto* s = std::get_if<stage_step>(&m)) return s->input.check();
+  if (auto* r = std::get_if<stage_reply>(&m)) return r->output.check();
   return {};
 }
 

@@ -27,7 +27,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 14;
+inline constexpr uint16_t protocol_version = 15;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -469,7 +469,19 @@ struct models_request {
   std::string target;
   std::string chat_template;  ///< load: a chat template family name; empty: the checkpoint's own
   uint32_t context = 0;       ///< load: session positions (0: the model's, capped)
+  /// load: split the model over this many nodes (this one and its healthy peers with the most
+  /// device memory), each loading its layers from its own copy of `target`; 0 or 1: this node
+  /// holds it all (docs/serving.md, "Split over the mesh").
+  uint32_t split = 0;
   bool operator==(const models_request&) const = default;
+};
+
+/// Where a range of a served model's layers runs.
+struct model_stage {
+  node_id node;
+  uint32_t first_layer = 0;
+  uint32_t end_layer = 0;  ///< one past its last layer
+  bool operator==(const model_stage&) const = default;
 };
 
 /// A model a node serves.
@@ -480,6 +492,7 @@ struct model_entry {
   uint32_t layers = 0;
   bool chat = false;       ///< has a chat template
   bool on_demand = false;  ///< loaded for a request that named its path (may be unloaded for another)
+  std::vector<model_stage> stages;  ///< in order; one stage (this node, every layer) unless split
   bool operator==(const model_entry&) const = default;
 };
 
@@ -495,13 +508,57 @@ struct models_reply {
   bool operator==(const models_reply&) const = default;
 };
 
+// ---- a model split over the mesh (serving/split_model.hpp, docs/serving.md) ----
+
+/// Serving node -> peer: load layers [first_layer, end_layer) of the checkpoint at `path` (the
+/// peer's own copy) as a pipeline stage of `context` positions. Only its sender may step or close
+/// it. Answered by a stage_reply (empty output) once loaded or failed.
+struct stage_open {
+  uint64_t call = 0;   ///< echoed by the reply
+  uint64_t stage = 0;  ///< chosen by the sender, unique per sender
+  std::string path;
+  uint32_t first_layer = 0;
+  uint32_t end_layer = 0;
+  uint32_t context = 0;
+  bool operator==(const stage_open&) const = default;
+};
+
+/// Serving node -> peer: run the stage over positions [start, start + rows). `input` is i32
+/// token ids [rows] for a stage that holds layer 0, else f32 hidden rows [rows, hidden_size];
+/// start 0 begins a new sequence. Answered by a stage_reply: f32 hidden rows [rows, hidden_size],
+/// or from the last stage the logits [vocab] after the last row.
+struct stage_step {
+  uint64_t call = 0;
+  uint64_t stage = 0;
+  uint32_t start = 0;
+  tensor input{dtype::f32, {0}, {}};
+  bool operator==(const stage_step&) const = default;
+};
+
+/// Serving node -> peer: drop the stage (its device memory is freed). Not answered.
+struct stage_close {
+  uint64_t stage = 0;
+  bool operator==(const stage_close&) const = default;
+};
+
+/// Peer -> serving node: the outcome of a stage_open or stage_step.
+struct stage_reply {
+  uint64_t call = 0;
+  bool ok = false;
+  error_code code = error_code::internal;  ///< when !ok
+  std::string error;                       ///< when !ok: a sentence naming the node and what failed
+  tensor output{dtype::f32, {0}, {}};      ///< none (no rows) for an open or a failure
+  bool operator==(const stage_reply&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
                              open_training, train_setup, train_step, allreduce_piece, train_reduced, train_state,
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
                              stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
-                             generate_done, generate_cancel, models_request, models_reply>;
+                             generate_done, generate_cancel, models_request, models_reply, stage_open, stage_step,
+                             stage_close, stage_reply>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -715,17 +772,42 @@ void fields(F& f, generate_cancel& x) {
 
 template <class F>
 void fields(F& f, models_request& x) {
-  f(x.id, x.action, x.target, x.chat_template, x.context);
+  f(x.id, x.action, x.target, x.chat_template, x.context, x.split);
+}
+
+template <class F>
+void fields(F& f, model_stage& x) {
+  f(x.node, x.first_layer, x.end_layer);
 }
 
 template <class F>
 void fields(F& f, model_entry& x) {
-  f(x.id, x.path, x.context, x.layers, x.chat, x.on_demand);
+  f(x.id, x.path, x.context, x.layers, x.chat, x.on_demand, x.stages);
 }
 
 template <class F>
 void fields(F& f, models_reply& x) {
   f(x.id, x.ok, x.code, x.error, x.models, x.api_url);
+}
+
+template <class F>
+void fields(F& f, stage_open& x) {
+  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context);
+}
+
+template <class F>
+void fields(F& f, stage_step& x) {
+  f(x.call, x.stage, x.start, x.input);
+}
+
+template <class F>
+void fields(F& f, stage_close& x) {
+  f(x.stage);
+}
+
+template <class F>
+void fields(F& f, stage_reply& x) {
+  f(x.call, x.ok, x.code, x.error, x.output);
 }
 
 }  // namespace mesh::msg

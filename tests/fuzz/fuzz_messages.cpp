@@ -1,6 +1,6 @@
 // libFuzzer target for node messages: decode_message never crashes and bounds memory by the input;
 // whatever decodes is then handed to a job engine and a training engine as if a peer sent it, and
-// a generate request to the checks a node runs before it touches a model
+// a generate request or a stage message to the checks a node runs before it touches a model
 // (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
 // training engine first gets a valid setup from that peer, so that steps (with their dataset
 // shards), pieces and resumes reach a live run.
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/generate_request_check.hpp"
+#include "actors/stage_request_check.hpp"
 #include "actors/job_engine.hpp"
 #include "wire/messages.hpp"
 #include "actors/train_engine.hpp"
@@ -69,14 +70,18 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     mesh::msg::generate_request r{7, "/m/tiny.gguf", "Once upon", true, "", {0.8f, 40, 0.95f, 0.05f, 1.1f, 3}, {"\n", "END"}, 32};
     return *mesh::msg::encode_message(r);
   }();
-  return which == 0 ? step : which == 1 ? job : generate;
+  static const std::vector<uint8_t> stage = [] {
+    mesh::msg::stage_step s{3, 1, 2, mesh::tensor::from_floats({2, 4}, std::vector<float>(8, 0.5f))};
+    return *mesh::msg::encode_message(s);
+  }();
+  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : stage;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] >= 0xfd) {  // edits of a valid message, to reach deep into the decoder
-    bytes = seed_bytes(data[0] == 0xff ? 0 : data[0] == 0xfe ? 1 : 2);
+  if (size > 0 && data[0] >= 0xfc) {  // edits of a valid message, to reach deep into the decoder
+    bytes = seed_bytes(0xff - data[0]);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
   // Graphs inside are validated here, against small limits, as a node's bridge does.
@@ -91,6 +96,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (checked && (checked->max_tokens < 1 || r->model.empty() || r->prompt.empty() || !(checked->sampling.temperature >= 0)))
       __builtin_trap();
     if (checked) (void)mesh::generation::fit_context(static_cast<int64_t>(r->prompt.size()), checked->max_tokens, 64, r->model);
+    return 0;
+  }
+  // A split model's stage messages: the checks a stage host runs before it touches a file or the
+  // device; what passes is what local_stage::forward may be given.
+  if (auto* o = std::get_if<mesh::msg::stage_open>(&*m)) {
+    auto r = mesh::generation::check_open(*o);
+    if (r && (r->size() < 1 || o->path.empty() || o->context == 0)) __builtin_trap();
+    return 0;
+  }
+  if (auto* st = std::get_if<mesh::msg::stage_step>(&*m)) {
+    for (const bool tokens : {true, false}) {
+      auto in = mesh::generation::check_step(*st, tokens, 4, 64);
+      if (in && (tokens ? in->tokens.empty() || !in->hidden.empty() : in->hidden.empty() || in->hidden.size() % 4 != 0))
+        __builtin_trap();
+    }
     return 0;
   }
   mesh::job_engine jobs(self, {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30});

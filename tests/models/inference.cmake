@@ -10,8 +10,9 @@ if(TARGET mesh_inference)
     SOURCES test_reference_llm.cpp
     LIBS mesh_inference nlohmann_json::nlohmann_json)
   target_compile_definitions(models_reference_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
-  # Pipeline stages: the planner's splits, and chains of stage sessions against the whole model.
+  # Pipeline stages: the planner's splits, chains of stage sessions and the pipeline that drives
+  # them against the whole model.
   mesh_add_test(models_stage_tests
-    SOURCES test_stage_plan.cpp test_stages.cpp
+    SOURCES test_stage_plan.cpp test_stages.cpp test_pipeline.cpp
     LIBS mesh_inference)
 endif()

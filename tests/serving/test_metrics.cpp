@@ -230,7 +230,7 @@ TEST_CASE("serving stats: what /metrics says of requests, tokens, the queue and 
 
 TEST_CASE("mesh json: the snapshot and the serving figures the dashboard draws", "[serving][metrics]") {
   serving_view v;
-  v.models = {{"tiny", 256, 1700000000, true, "", 0, false}};
+  v.models = {{"tiny", 256, 1700000000, true, "", 0, false, {}}};
   v.queue = {1, 0};
   v.totals = {3, 10, 20};
   v.series.interval_s = 5;

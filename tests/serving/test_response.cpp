@@ -88,7 +88,7 @@ TEST_CASE("streamed chunks: role first, pieces, finish_reason, usage, [DONE]", "
 }
 
 TEST_CASE("the model list and ids", "[serving][response]") {
-  const std::vector<model_info> models = {{"tiny", 256, 100, true, "", 0, false}, {"other", 64, 200, false, "", 0, false}};
+  const std::vector<model_info> models = {{"tiny", 256, 100, true, "", 0, false, {}}, {"other", 64, 200, false, "", 0, false, {}}};
   const auto l = json::parse(models_json(models));
   CHECK(l.at("object") == "list");
   REQUIRE(l.at("data").size() == 2);

@@ -1,0 +1,129 @@
+#include "actors/remote_stage.hpp"
+
+#include <fmt/format.h>
+
+namespace mesh::generation {
+
+expected<msg::stage_reply> stage_calls::call(const node_id& to, msg::message m, std::chrono::milliseconds timeout) {
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (closed_) return make_error(error_code::unavailable, "the node is stopping");
+    id = next_call_++;
+    pending_[id].to = to;
+  }
+  if (auto* o = std::get_if<msg::stage_open>(&m)) o->call = id;
+  else if (auto* s = std::get_if<msg::stage_step>(&m)) s->call = id;
+  const auto forget = [&] {
+    std::lock_guard<std::mutex> lock(m_);
+    pending_.erase(id);
+  };
+  if (!send_(to, m)) {
+    forget();
+    return make_error(error_code::unavailable, fmt::format("node {} is not connected", to.short_string()));
+  }
+  std::unique_lock<std::mutex> lock(m_);
+  const bool done = answered_.wait_for(lock, timeout, [&] { return pending_.at(id).outcome.has_value(); });
+  expected<msg::stage_reply> outcome = make_error(error_code::unavailable, fmt::format("node {} did not answer {} within {} ms", to.short_string(),
+                                                                                      msg::kind_name(m), timeout.count()));
+  if (done) outcome = std::move(*pending_.at(id).outcome);
+  pending_.erase(id);
+  return outcome;
+}
+
+bool stage_calls::tell(const node_id& to, const msg::message& m) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (closed_) return false;
+  }
+  return send_(to, m);
+}
+
+void stage_calls::deliver(const node_id& from, const msg::stage_reply& r) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = pending_.find(r.call);
+    if (it == pending_.end() || it->second.to != from || it->second.outcome) return;
+    it->second.outcome = r;
+  }
+  answered_.notify_all();
+}
+
+void stage_calls::peer_gone(const node_id& peer) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& [id, p] : pending_)
+      if (p.to == peer && !p.outcome)
+        p.outcome = make_error(error_code::unavailable, fmt::format("node {} left the mesh (its connection closed)", peer.short_string()));
+  }
+  answered_.notify_all();
+}
+
+void stage_calls::close() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    closed_ = true;
+    for (auto& [id, p] : pending_)
+      if (!p.outcome) p.outcome = make_error(error_code::unavailable, "the node is stopping");
+  }
+  answered_.notify_all();
+}
+
+uint64_t stage_calls::next_stage() {
+  std::lock_guard<std::mutex> lock(m_);
+  return next_stage_++;
+}
+
+expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage_calls> calls, const node_id& peer, const std::string& path,
+                                                          const models::layer_range& layers, int64_t context, int64_t hidden_size,
+                                                          remote_stage_timeouts timeouts) {
+  std::unique_ptr<remote_stage> r(new remote_stage());
+  r->calls_ = std::move(calls);
+  r->peer_ = peer;
+  r->stage_ = r->calls_->next_stage();
+  r->hidden_size_ = hidden_size;
+  r->timeouts_ = timeouts;
+  msg::stage_open o;
+  o.stage = r->stage_;
+  o.path = path;
+  o.first_layer = static_cast<uint32_t>(layers.first);
+  o.end_layer = static_cast<uint32_t>(layers.end);
+  o.context = static_cast<uint32_t>(context);
+  auto reply = r->calls_->call(peer, o, timeouts.open);
+  if (!reply) {
+    r->calls_.reset();  // nothing to close
+    return tl::unexpected(reply.error());
+  }
+  if (!reply->ok) {
+    r->calls_.reset();
+    return make_error(reply->code, reply->error);
+  }
+  return r;
+}
+
+remote_stage::~remote_stage() {
+  if (calls_) calls_->tell(peer_, msg::stage_close{stage_});
+}
+
+expected<std::vector<float>> remote_stage::forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) {
+  msg::stage_step s;
+  s.stage = stage_;
+  s.start = static_cast<uint32_t>(start);
+  if (!tokens.empty()) {
+    s.input = tensor::from_ints({static_cast<int64_t>(tokens.size())}, std::vector<int32_t>(tokens.begin(), tokens.end()));
+  } else {
+    const auto n = static_cast<int64_t>(hidden.size());
+    if (hidden_size_ <= 0 || n % hidden_size_ != 0)
+      return make_error(error_code::invalid_argument, fmt::format("{} values are not whole rows of {}", n, hidden_size_));
+    s.input = tensor::from_floats({n / hidden_size_, hidden_size_}, std::vector<float>(hidden.begin(), hidden.end()));
+  }
+  auto reply = calls_->call(peer_, std::move(s), timeouts_.step);
+  if (!reply) return tl::unexpected(reply.error());
+  if (!reply->ok) return make_error(reply->code, reply->error);
+  if (reply->output.type != dtype::f32)
+    return make_error(error_code::decode_error, fmt::format("node {} answered a step with {} values, not f32", peer_.short_string(),
+                                                            to_string(reply->output.type)));
+  return reply->output.to_floats();
+}
+
+}  // namespace mesh::generation

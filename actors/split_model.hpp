@@ -1,0 +1,39 @@
+#pragma once
+/// Building a model split over the mesh on the serving node (docs/serving.md, "Split over the
+/// mesh"): the plan over this node and its peers (models/stage_plan.hpp), this node's stage as a
+/// session, the others opened on their nodes (remote_stage), all driven as one pipeline by the
+/// node's model host. No CAF here: the generator actor gathers the candidates from its views.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "actors/remote_stage.hpp"
+#include "base/node_id.hpp"
+#include "models/stage_plan.hpp"
+#include "serving/local_backend.hpp"
+
+namespace mesh::generation {
+
+/// A node that may hold a stage, as its hello describes it.
+struct split_candidate {
+  node_id id;
+  uint64_t memory_bytes = 0;  ///< its device memory (for now all of it counts as free)
+  double speed = 0;           ///< its measured memory bandwidth, GB/s: decoding is bound by it
+};
+
+/// The nodes to plan over for a split into `n`: `self` first (it holds the tokenizer, so the
+/// embedding stays with it when it gets layers), then the n - 1 peers with the most memory (ties:
+/// the lower id). Fewer peers than asked for is an invalid_argument error naming both counts.
+expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& self, std::vector<split_candidate> peers, size_t n);
+
+/// The split_builder for local_model_options: plans the checkpoint's stages over `nodes` (in
+/// that order; nodes[0] must be this node, `self`), makes this node's stage here and opens the
+/// others on their nodes from their copies of `path` (made absolute here). Errors name the path
+/// and the node: a plan that does not fit, a peer that lacks the file or could not load it, one
+/// that left. Stages opened before a failure are closed again.
+serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
+                                          std::vector<split_candidate> nodes, std::string path,
+                                          remote_stage_timeouts timeouts = {});
+
+}  // namespace mesh::generation

@@ -1,0 +1,160 @@
+#include "actors/stage_host.hpp"
+
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "models/checkpoint.hpp"
+#include "models/pipeline.hpp"
+#include "models/session.hpp"
+
+namespace mesh::generation {
+
+/// One stage: members go in reverse order, the session before the file it reads and the
+/// executor it runs on.
+struct stage_host::held {
+  std::unique_ptr<gpu::executor> ex;
+  std::unique_ptr<models::checkpoint> ckpt;
+  std::optional<models::local_stage> stage;
+};
+
+stage_host::stage_host(stage_host_options options, sender send) : options_(std::move(options)), send_(std::move(send)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+stage_host::~stage_host() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+  stages_.clear();  // the thread is gone: only for form
+}
+
+void stage_host::post(std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    work_.push_back(std::move(work));
+  }
+  wake_.notify_one();
+}
+
+void stage_host::run() {
+  for (;;) {
+    std::function<void()> w;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !work_.empty(); });
+      if (stopping_) return;
+      w = std::move(work_.front());
+      work_.pop_front();
+    }
+    w();
+  }
+}
+
+msg::stage_reply stage_host::failed(uint64_t call, const error& e) const {
+  msg::stage_reply r;
+  r.call = call;
+  r.code = e.code;
+  r.error = e.message;
+  return r;
+}
+
+void stage_host::open(const node_id& from, msg::stage_open m) {
+  post([this, from, m = std::move(m)] { send_(from, do_open(from, m)); });
+}
+
+void stage_host::step(const node_id& from, msg::stage_step m) {
+  post([this, from, m = std::move(m)] { send_(from, do_step(from, m)); });
+}
+
+void stage_host::close(const node_id& from, const msg::stage_close& m) {
+  post([this, k = key{from, m.stage}] {
+    std::unique_ptr<held> gone;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = stages_.find(k); it != stages_.end()) {
+      gone = std::move(it->second);
+      stages_.erase(it);
+    }
+  });
+}
+
+void stage_host::owner_gone(const node_id& owner) {
+  post([this, owner] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(stages_, [&](const auto& s) { return s.first.first == owner; });
+  });
+}
+
+size_t stage_host::stages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stages_.size();
+}
+
+msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open& m) {
+  const auto fail = [&](error_code code, const std::string& what) {
+    return failed(m.call, {code, fmt::format("node {}: {}", options_.self, what)});
+  };
+  auto range = check_open(m, options_.limits);
+  if (!range) return fail(range.error().code, range.error().message);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stages_.count({from, m.stage})) return fail(error_code::invalid_argument, fmt::format("stage {} of {} is already open", m.stage, from.short_string()));
+    if (stages_.size() >= options_.max_stages)
+      return fail(error_code::limit_exceeded, fmt::format("it holds {} stages for peers, its limit", stages_.size()));
+  }
+  // Each node reads its own copy of the file: a node without one says which path it lacks.
+  const std::string what = fmt::format("layers {} of {}", models::to_string(*range), m.path);
+  auto h = std::make_unique<held>();
+  auto ckpt = models::checkpoint::open(m.path);
+  if (!ckpt) return fail(ckpt.error().code, fmt::format("cannot load {}: {}", what, ckpt.error().message));
+  h->ckpt = std::make_unique<models::checkpoint>(std::move(*ckpt));
+  auto ex = options_.make_executor();
+  if (!ex) return fail(ex.error().code, fmt::format("cannot load {}: {}", what, ex.error().message));
+  h->ex = std::move(*ex);
+  models::session_options so;
+  so.context = m.context;
+  so.layers = *range;
+  auto s = models::session::create(*h->ex, *h->ckpt, so);
+  if (!s) return fail(s.error().code, fmt::format("cannot load {}: {}", what, s.error().message));
+  h->stage.emplace(std::move(*s));
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Checked again: the limit holds even if opens raced (they do not: one thread), and an owner
+  // that left meanwhile has its own close queued after this.
+  if (stages_.size() >= options_.max_stages)
+    return fail(error_code::limit_exceeded, fmt::format("it holds {} stages for peers, its limit", stages_.size()));
+  stages_.emplace(key{from, m.stage}, std::move(h));
+  msg::stage_reply r;
+  r.call = m.call;
+  r.ok = true;
+  return r;
+}
+
+msg::stage_reply stage_host::do_step(const node_id& from, const msg::stage_step& m) {
+  held* h = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Keyed by owner: a stage another node opened is not found, so only its owner steps it.
+    if (auto it = stages_.find({from, m.stage}); it != stages_.end()) h = it->second.get();
+  }
+  if (!h)
+    return failed(m.call, {error_code::not_found, fmt::format("node {} holds no stage {} of node {}", options_.self, m.stage,
+                                                              from.short_string())});
+  const auto& sess = h->stage->stage();
+  auto in = check_step(m, sess.takes_tokens(), sess.config().hidden_size, sess.context(), options_.limits);
+  if (!in) return failed(m.call, {in.error().code, fmt::format("node {}: {}", options_.self, in.error().message)});
+  auto out = h->stage->forward(m.start, in->tokens, in->hidden);
+  if (!out) return failed(m.call, {out.error().code, fmt::format("node {}: {}", options_.self, out.error().message)});
+  msg::stage_reply r;
+  r.call = m.call;
+  r.ok = true;
+  const auto n = static_cast<int64_t>(out->size());
+  const int64_t hidden = sess.config().hidden_size;
+  r.output = sess.returns_logits() ? tensor::from_floats({n}, *out) : tensor::from_floats({n / hidden, hidden}, *out);
+  return r;
+}
+
+}  // namespace mesh::generation

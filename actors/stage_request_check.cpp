@@ -1,0 +1,50 @@
+#include "actors/stage_request_check.hpp"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace mesh::generation {
+
+expected<models::layer_range> check_open(const msg::stage_open& o, const stage_limits& limits) {
+  const auto bad = [](std::string what) { return make_error(error_code::invalid_argument, "stage_open: " + what); };
+  if (o.path.empty() || o.path.size() > limits.max_path_bytes || o.path.find('\0') != std::string::npos)
+    return bad("the path is empty, too long or has a NUL byte");
+  if (o.end_layer <= o.first_layer) return bad(fmt::format("layers [{}, {}) are no layers", o.first_layer, o.end_layer));
+  if (o.context == 0 || o.context > limits.max_context)
+    return bad(fmt::format("a context of {} positions (1 to {})", o.context, limits.max_context));
+  return models::layer_range{o.first_layer, o.end_layer};
+}
+
+expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, int64_t hidden_size, int64_t context,
+                                 const stage_limits& limits) {
+  const auto bad = [](std::string what) { return make_error(error_code::invalid_argument, "stage_step: " + what); };
+  const auto& t = s.input;
+  stage_input in;
+  int64_t rows = 0;
+  if (takes_tokens) {
+    if (t.type != dtype::i32 || t.dims.size() != 1) return bad("the first stage takes token ids, i32 [rows]");
+    rows = t.dims[0];
+  } else {
+    if (t.type != dtype::f32 || t.dims.size() != 2 || t.dims[1] != hidden_size)
+      return bad(fmt::format("this stage takes hidden rows, f32 [rows, {}]", hidden_size));
+    rows = t.dims[0];
+  }
+  if (rows < 1 || rows > limits.max_rows) return bad(fmt::format("{} rows (1 to {})", rows, limits.max_rows));
+  if (static_cast<int64_t>(s.start) + rows > context)
+    return bad(fmt::format("{} rows at position {} pass the context of {} positions", rows, s.start, context));
+  // The decoder checked that the bytes match dtype and shape (tensor::check); checked again, as
+  // this copies them.
+  const auto values = static_cast<size_t>(takes_tokens ? rows : rows * hidden_size);
+  if (t.bytes.size() != values * 4) return bad(fmt::format("{} bytes for {} values", t.bytes.size(), values));
+  if (takes_tokens) {
+    in.tokens.resize(static_cast<size_t>(rows));
+    std::memcpy(in.tokens.data(), t.bytes.data(), in.tokens.size() * sizeof(int32_t));
+  } else {
+    in.hidden.resize(static_cast<size_t>(rows * hidden_size));
+    std::memcpy(in.hidden.data(), t.bytes.data(), in.hidden.size() * sizeof(float));
+  }
+  return in;
+}
+
+}  // namespace mesh::generation

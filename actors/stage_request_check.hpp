@@ -1,0 +1,36 @@
+#pragma once
+/// What a node checks in a peer's stage_open and stage_step before it touches a file or a device
+/// (a model split over the mesh, docs/serving.md). Pure: no files, no device; the message fuzzer
+/// runs it on every stage message it decodes.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "base/error.hpp"
+#include "models/layer_range.hpp"
+#include "wire/messages.hpp"
+
+namespace mesh::generation {
+
+struct stage_limits {
+  size_t max_path_bytes = 4096;         ///< PATH_MAX
+  uint32_t max_context = 1u << 20;      ///< positions a stage may be asked to hold
+  int64_t max_rows = int64_t{1} << 20;  ///< rows in one step
+};
+
+/// The layer range of an open, or an invalid_argument error naming what is wrong: an empty or
+/// over-long path or one with a NUL byte, an empty range, a context of 0 or past the limit.
+/// (Whether the model has those layers is known once its file is read.)
+expected<models::layer_range> check_open(const msg::stage_open& o, const stage_limits& limits = {});
+
+/// A step's input, as what local_stage::forward takes: token ids (i32 [rows]) for a stage that
+/// `takes_tokens`, else f32 hidden rows [rows, hidden_size]. Errors name the stage's layers and
+/// what came instead; no rows, more than max_rows, or a start past the context are errors too.
+struct stage_input {
+  std::vector<int32_t> tokens;
+  std::vector<float> hidden;
+};
+expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, int64_t hidden_size, int64_t context,
+                                 const stage_limits& limits = {});
+
+}  // namespace mesh::generation

@@ -1,0 +1,319 @@
+// A model split over a simulated mesh: the serving node's stage calls and each peer's stage host
+// exchange real encoded messages (encode_message / decode_message on every hop), so the wire, the
+// stage host's checks and the remote links run as between nodes, without sockets. The split
+// model, served through the model host, gives exactly the whole model's text; a peer without the
+// file, a stranger stepping someone's stage, a full host and a peer that dies are errors that
+// name the node.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/remote_stage.hpp"
+#include "actors/split_model.hpp"
+#include "actors/stage_host.hpp"
+#include "model_writer.hpp"
+#include "serving/local_backend.hpp"
+#include "test_ids.hpp"
+
+using namespace mesh;
+using namespace mesh::models::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// The message as the other node decodes it.
+expected<msg::message> carried(const msg::message& m) {
+  auto bytes = msg::encode_message(m);
+  if (!bytes) return tl::unexpected(bytes.error());
+  return msg::decode_message(bytes->data(), bytes->size());
+}
+
+std::function<expected<std::unique_ptr<gpu::executor>>()> cpu_executors() {
+  return [] { return expected<std::unique_ptr<gpu::executor>>(gpu::make_cpu_executor(1)); };
+}
+
+/// The serving node "srv" and peers with stage hosts; links can be cut (a node that died).
+struct sim_mesh {
+  const node_id srv = test::named("srv");
+  std::shared_ptr<generation::stage_calls> calls;
+  std::map<node_id, std::unique_ptr<generation::stage_host>> hosts;
+  std::mutex m;
+  std::set<node_id> cut;
+  std::atomic<int> undecodable{0};
+
+  explicit sim_mesh(const std::vector<node_id>& peers, size_t max_stages = 4) {
+    calls = std::make_shared<generation::stage_calls>([this](const node_id& to, const msg::message& out) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (cut.count(to)) return false;
+      }
+      auto in = carried(out);
+      if (!in) return ++undecodable, true;
+      auto& h = *hosts.at(to);
+      if (auto* o = std::get_if<msg::stage_open>(&*in)) h.open(srv, *o);
+      else if (auto* s = std::get_if<msg::stage_step>(&*in)) h.step(srv, *s);
+      else if (auto* c = std::get_if<msg::stage_close>(&*in)) h.close(srv, *c);
+      return true;
+    });
+    for (const auto& p : peers) {
+      generation::stage_host_options o;
+      o.make_executor = cpu_executors();
+      o.max_stages = max_stages;
+      o.self = p.short_string();
+      hosts[p] = std::make_unique<generation::stage_host>(o, [this, p](const node_id&, const msg::message& out) {
+        {
+          std::lock_guard<std::mutex> lock(m);
+          if (cut.count(p)) return;
+        }
+        auto in = carried(out);
+        if (!in) return void(++undecodable);
+        if (auto* r = std::get_if<msg::stage_reply>(&*in)) calls->deliver(p, *r);
+      });
+    }
+  }
+  void kill(const node_id& p) {
+    std::lock_guard<std::mutex> lock(m);
+    cut.insert(p);
+  }
+  size_t held(const node_id& p) { return hosts.at(p)->stages(); }
+};
+
+struct outcome_wait {
+  std::promise<serving::generation_outcome> done;
+  serving::generation_callbacks callbacks() {
+    serving::generation_callbacks cb;
+    cb.on_done = [this](serving::generation_outcome o) { done.set_value(std::move(o)); };
+    return cb;
+  }
+};
+
+serving::generation_outcome run(serving::local_backend& b, const std::string& model, uint64_t seed) {
+  serving::generation_request r;
+  r.model = model;
+  r.prompt = "one two three four five six";
+  r.max_tokens = 10;
+  r.ignore_eos = true;
+  if (seed) {
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = seed;
+  }
+  outcome_wait w;
+  auto f = w.done.get_future();
+  auto started = b.start(r, w.callbacks());
+  if (!started) return tl::unexpected(started.error());
+  return f.get();
+}
+
+model_spec four_layers() {
+  model_spec s;
+  s.layers = 4;
+  s.context = 256;
+  return s;
+}
+
+/// A lost message fails the test in a minute, not in the node's ten.
+const generation::remote_stage_timeouts short_waits{60s, 60s};
+
+bool eventually(const std::function<bool()>& f) {
+  for (int i = 0; i < 200; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a model split over three nodes serves the whole model's text, and unloading closes its stages", "[generation][split]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  write_gguf_model(path, four_layers(), models::tensor_type::q8_0);
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  sim_mesh mesh({p1, p2});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options whole;
+  whole.path = path;
+  whole.id = "whole";
+  REQUIRE((*b)->load(whole));
+  serving::local_model_options split = whole;
+  split.id = "split";
+  const uint64_t gb = 1'000'000'000;
+  split.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+                                               short_waits);
+  auto info = (*b)->load(split);
+  INFO((info ? std::string() : info.error().message));
+  REQUIRE(info);
+  REQUIRE(info->stages.size() == 3);
+  CHECK(info->stages[0].node == mesh.srv.to_string());
+  CHECK(info->stages[1].node == p1.to_string());
+  CHECK(info->stages[2].node == p2.to_string());
+  CHECK(info->stages[0].first_layer == 0);
+  CHECK(info->stages[2].end_layer == 4);
+  CHECK(info->stages[0].end_layer == info->stages[1].first_layer);
+  CHECK(info->context == 256);
+  CHECK(mesh.held(p1) == 1);
+  CHECK(mesh.held(p2) == 1);
+
+  for (const uint64_t seed : {uint64_t{0}, uint64_t{42}}) {
+    auto a = run(**b, "whole", seed);
+    auto s = run(**b, "split", seed);
+    REQUIRE(a);
+    INFO((s ? std::string() : s.error().message));
+    REQUIRE(s);
+    CHECK(s->text == a->text);
+    CHECK(s->completion_tokens == 10);
+  }
+  CHECK(mesh.undecodable == 0);
+
+  REQUIRE((*b)->unload("split"));
+  CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p2) == 0; }));
+}
+
+TEST_CASE("a split model whose stage node dies fails its next request with a message naming the node", "[generation][split]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  write_gguf_model(path, four_layers(), models::tensor_type::f32);
+  const node_id p1 = test::named("p1");
+  sim_mesh mesh({p1});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options o;
+  o.path = path;
+  o.id = "split";
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, 1 << 30, 5}, {p1, 1 << 30, 5}}, path.string(), short_waits);
+  REQUIRE((*b)->load(o));
+  REQUIRE(run(**b, "split", 0));
+  mesh.kill(p1);
+  auto r = run(**b, "split", 0);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind == serving::failure_kind::no_capacity);
+  CHECK(r.error().message.find("node " + p1.short_string() + " is not connected") != std::string::npos);
+  CHECK(r.error().message.find("stage 2 of 2") != std::string::npos);
+  // The host goes on: the next request fails the same way, nothing hangs.
+  CHECK_FALSE(run(**b, "split", 0));
+
+  // A call waiting for a node that leaves fails at once, naming it.
+  auto silent = std::make_shared<generation::stage_calls>([](const node_id&, const msg::message&) { return true; });
+  auto waiting = std::async(std::launch::async, [&] { return silent->call(p1, msg::stage_step{}, std::chrono::minutes(5)); });
+  std::this_thread::sleep_for(50ms);
+  silent->peer_gone(p1);
+  auto gone = waiting.get();
+  REQUIRE_FALSE(gone);
+  CHECK(gone.error().message == "node " + p1.short_string() + " left the mesh (its connection closed)");
+  auto late = silent->call(p1, msg::stage_step{}, 20ms);
+  REQUIRE_FALSE(late);
+  CHECK(late.error().message.find("did not answer stage_step") != std::string::npos);
+}
+
+TEST_CASE("a stage host loads from its own copy, serves only the stage's owner and bounds its stages", "[generation][split]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  write_gguf_model(path, four_layers(), models::tensor_type::f32);
+  const node_id a = test::named("a"), b = test::named("b");
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::pair<node_id, msg::stage_reply>> inbox;
+  generation::stage_host_options o;
+  o.make_executor = cpu_executors();
+  o.max_stages = 2;
+  o.self = "host1234";
+  generation::stage_host host(o, [&](const node_id& to, const msg::message& out) {
+    auto in = carried(out);
+    std::lock_guard<std::mutex> lock(m);
+    if (in && std::holds_alternative<msg::stage_reply>(*in)) inbox.emplace_back(to, std::get<msg::stage_reply>(*in));
+    cv.notify_all();
+  });
+  const auto reply = [&](uint64_t call) {
+    std::unique_lock<std::mutex> lock(m);
+    const bool got = cv.wait_for(lock, 60s, [&] {
+      return std::any_of(inbox.begin(), inbox.end(), [&](const auto& r) { return r.second.call == call; });
+    });
+    REQUIRE(got);
+    auto it = std::find_if(inbox.begin(), inbox.end(), [&](const auto& r) { return r.second.call == call; });
+    return *it;
+  };
+
+  host.open(a, {1, 5, path.string(), 0, 2, 64});
+  auto opened = reply(1);
+  CHECK(opened.first == a);
+  CHECK(opened.second.ok);
+  const auto tokens = tensor::from_ints({3}, {4, 5, 6});
+  host.step(a, {2, 5, 0, tokens});
+  auto stepped = reply(2);
+  REQUIRE(stepped.second.ok);
+  CHECK(stepped.second.output.dims == shape{3, 64});
+
+  // Another node naming the same stage finds none: only its owner steps or closes it.
+  host.step(b, {3, 5, 3, tokens});
+  auto stranger = reply(3);
+  CHECK(stranger.first == b);
+  CHECK_FALSE(stranger.second.ok);
+  CHECK(stranger.second.code == error_code::not_found);
+  CHECK(stranger.second.error == "node host1234 holds no stage 5 of node " + b.short_string());
+  host.close(b, {5});
+  host.step(a, {4, 5, 3, tensor::from_ints({1}, {7})});
+  CHECK(reply(4).second.ok);
+
+  // Wrong input for the stage; a step out of step.
+  host.step(a, {5, 5, 4, tensor::from_floats({1, 64}, std::vector<float>(64, 0.5f))});
+  auto wrong = reply(5);
+  CHECK_FALSE(wrong.second.ok);
+  CHECK(wrong.second.error == "node host1234: stage_step: the first stage takes token ids, i32 [rows]");
+  host.step(a, {6, 5, 9, tokens});
+  auto skipped = reply(6);
+  CHECK_FALSE(skipped.second.ok);
+  CHECK(skipped.second.error.find("a step at position 9, but the stage stands at 4") != std::string::npos);
+
+  // A path this node has no file at: the error names the node and the path.
+  const auto missing = (dir / "elsewhere.gguf").string();
+  host.open(a, {7, 6, missing, 2, 4, 64});
+  auto lacking = reply(7);
+  CHECK_FALSE(lacking.second.ok);
+  CHECK(lacking.second.error.rfind("node host1234: cannot load layers [2, 4) of " + missing + ": ", 0) == 0);
+  // Layers the model lacks.
+  host.open(a, {8, 6, path.string(), 2, 9, 64});
+  CHECK(reply(8).second.error.find("layers [2, 9) of a model with 4 layers") != std::string::npos);
+
+  // The bound: two stages held, a third is refused.
+  host.open(b, {9, 1, path.string(), 2, 4, 64});
+  CHECK(reply(9).second.ok);
+  host.open(b, {10, 2, path.string(), 2, 4, 64});
+  auto full = reply(10);
+  CHECK(full.second.code == error_code::limit_exceeded);
+  CHECK(full.second.error == "node host1234: it holds 2 stages for peers, its limit");
+  CHECK(host.stages() == 2);
+  // An owner that leaves loses its stages; the room is there again.
+  host.owner_gone(a);
+  host.open(b, {11, 2, path.string(), 2, 4, 64});
+  CHECK(reply(11).second.ok);
+  CHECK(host.stages() == 2);
+}
+
+TEST_CASE("a split picks this node first and the peers with the most memory", "[generation][split]") {
+  const generation::split_candidate self{test::named("s"), 100, 1};
+  std::vector<generation::split_candidate> peers{{test::named("x"), 50, 1}, {test::named("y"), 80, 1}, {test::named("w"), 80, 2}};
+  auto two = generation::pick_split_nodes(self, peers, 3);
+  REQUIRE(two);
+  REQUIRE(two->size() == 3);
+  CHECK((*two)[0].id == self.id);
+  CHECK((*two)[1].id == test::named("w"));  // 80 bytes, the lower id of the two
+  CHECK((*two)[2].id == test::named("y"));
+  auto many = generation::pick_split_nodes(self, peers, 5);
+  REQUIRE_FALSE(many);
+  CHECK(many.error().message == "a split over 5 nodes needs 4 healthy peers; this node has 3");
+  CHECK_FALSE(generation::pick_split_nodes(self, peers, 1));
+}
