@@ -14,24 +14,15 @@
 #include "node_harness.hpp"
 #include "run_command.hpp"
 #include "serving_fixture.hpp"
+#include "serving_harness.hpp"
 
 using namespace mesh;
 using nlohmann::json;
 using serving::test::curl;
+using mesh::test::api_url;
+using mesh::test::meshctl;
 
 namespace {
-
-/// The API's URL a node wrote to <state>/api, once it did (waits up to a minute).
-std::string api_url(const std::filesystem::path& state) {
-  for (int i = 0; i < 600; ++i) {
-    std::ifstream f(state / "api");
-    std::string line;
-    if (std::getline(f, line) && !line.empty()) return line;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  FAIL("no " << (state / "api") << " was written");
-  return {};
-}
 
 /// The ids /v1/models lists.
 std::vector<std::string> model_ids(const std::filesystem::path& scratch, const std::string& url) {
@@ -45,10 +36,6 @@ std::vector<std::string> model_ids(const std::filesystem::path& scratch, const s
 
 bool lists(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
-}
-
-mesh::test::command_result meshctl(const std::filesystem::path& state, const std::string& args) {
-  return mesh::test::run_command(std::string(MESHCTL_BIN) + " --state-dir " + state.string() + " " + args + " 2>&1");
 }
 
 }  // namespace

@@ -18,27 +18,15 @@
 #include "node_harness.hpp"
 #include "run_command.hpp"
 #include "serving_fixture.hpp"
+#include "serving_harness.hpp"
 
 using namespace mesh;
 using nlohmann::json;
 using serving::test::curl;
+using mesh::test::api_url;
+using mesh::test::meshctl;
 
 namespace {
-
-std::string api_url(const std::filesystem::path& state) {
-  for (int i = 0; i < 600; ++i) {
-    std::ifstream f(state / "api");
-    std::string line;
-    if (std::getline(f, line) && !line.empty()) return line;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  FAIL("no " << (state / "api") << " was written");
-  return {};
-}
-
-mesh::test::command_result meshctl(const std::filesystem::path& state, const std::string& args) {
-  return mesh::test::run_command(std::string(MESHCTL_BIN) + " --state-dir " + state.string() + " " + args + " 2>&1");
-}
 
 /// The completion's text, or the failed reply's status and body.
 std::pair<int, std::string> complete(const std::filesystem::path& scratch, const std::string& url, const std::string& model) {
