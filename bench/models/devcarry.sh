@@ -14,7 +14,6 @@
 #   ANCHORS (default /work/shared/anchors/llama_cpp).
 # Heavy steps run under nice; ccache gets CCACHE_BASEDIR of this checkout.
 set -euo pipefail
-root=$(pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 log() { printf '[devcarry] %s\n' "$*"; }
 [ -f CMakeLists.txt ] && [ -e .git ] || { log "run from a checkout's root"; exit 2; }
@@ -23,23 +22,10 @@ for d in .devcarry .gl; do
   git check-ignore -q "$d" || { log "$d is not ignored by git: add /$d/ to .gitignore or .git/info/exclude"; exit 2; }
 done
 
-# 1. mesh-bench-generate, Release.
-bin=build/release/bench/models/mesh-bench-generate
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
-  nice -n 10 cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-  nice -n 10 cmake --build build/release -j "${JOBS:-2}" --target mesh-bench-generate
-fi
-install -m 755 "$bin" .devcarry/mesh-bench-generate
-# Shared libraries beyond the C library, the Vulkan loader and libstdc++/libgcc (the GPU machine
-# has those; the binary links libstdc++ statically anyway): carried in .devcarry/lib.
-rm -rf .devcarry/lib && mkdir -p .devcarry/lib
-ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r name path; do
-  case $name in
-    libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|libvulkan.so.*|libstdc++.so.*|libgcc_s.so.*) ;;
-    *) cp -L "$path" ".devcarry/lib/$name"; log "carried $name" ;;
-  esac
-done
+# 1. mesh-bench-generate, Release, and the shared libraries it needs in .devcarry/lib.
+rm -rf .devcarry/lib
+source "$here/../carry_binary.sh"
+carry_binary mesh-bench-generate build/release/bench/models/mesh-bench-generate
 
 # 2. llama.cpp source, make_gguf.py, the scripts.
 if [ ! -s .devcarry/llama-src.tar.gz ]; then
