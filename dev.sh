@@ -94,20 +94,22 @@ run_tests() {
   # Leaks inside system libraries we do not own (Mesa's lavapipe, LLVM, Avahi) are listed there.
   [ -f "$root/tests/lsan.supp" ] && export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
   local rc=0
-  # Fuzzers and the Vulkan validation pass first, so that ctest's summary is the last thing printed.
+  # Fuzzers and the GPU tests (run once, under the Vulkan validation layers) first, so that the
+  # summary of the other tests is the last thing printed.
   run_fuzzers || rc=$?
   run_vulkan_validation || rc=$?
-  (cd build/test && ctest -j "$jobs" --output-on-failure --timeout 600) || rc=$?
+  (cd build/test && ctest -LE gpu -j "$jobs" --output-on-failure --timeout 600) || rc=$?
   [ $rc = 0 ] || log "FAILED (exit $rc): see the failures above"
   return $rc
 }
 
-# The GPU tests once more with VK_LAYER_KHRONOS_validation on: any validation message fails.
+# The GPU tests (ctest label gpu) with VK_LAYER_KHRONOS_validation on: a failed test or any
+# validation message fails. They run only here: the main ctest pass leaves them out.
 run_vulkan_validation() {
   local out=build/test/vulkan-validation.log
   log "gpu tests with Vulkan validation layers"
   # -V: passing tests' output too (validation messages do not fail a test by themselves).
-  (cd build/test && MESH_VK_VALIDATION=1 ctest -L gpu -j "$jobs" -V) >"$out" 2>&1 || {
+  (cd build/test && MESH_VK_VALIDATION=1 ctest -L gpu -j "$jobs" -V --timeout 600) >"$out" 2>&1 || {
     log "FAILED: gpu tests under validation (log: $out)"; tail -40 "$out"; return 1; }
   local n
   n=$(grep -c '\[vulkan validation\]' "$out" || true)

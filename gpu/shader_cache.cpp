@@ -48,8 +48,8 @@ bool read_spirv(const std::string& path, std::vector<uint32_t>& words) {
 
 }  // namespace
 
-shader_cache::shader_cache(std::string dir, std::string device_key)
-    : dir_(std::move(dir)), device_key_(std::move(device_key)), compiler_(shaderc_compiler_initialize()) {
+shader_cache::shader_cache(std::string dir, std::string device_key, bool optimize)
+    : dir_(std::move(dir)), device_key_(std::move(device_key)), optimize_(optimize), compiler_(shaderc_compiler_initialize()) {
   if (!dir_.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
@@ -75,7 +75,7 @@ void shader_cache::warm_up() {
 
 expected<std::vector<uint32_t>> shader_cache::get(const std::string& name, const std::string& glsl) {
   std::lock_guard lock(mutex_);
-  const uint64_t key = fnv1a(glsl, fnv1a(device_key_));
+  const uint64_t key = fnv1a(glsl, fnv1a(optimize_ ? "O" : "O0", fnv1a(device_key_)));
   if (auto it = memory_.find(key); it != memory_.end()) {
     ++counters_.memory_hits;
     return it->second;
@@ -106,7 +106,8 @@ expected<std::vector<uint32_t>> shader_cache::compile_locked(const std::string& 
   const auto t0 = std::chrono::steady_clock::now();
   shaderc_compile_options_t opts = shaderc_compile_options_initialize();
   shaderc_compile_options_set_target_env(opts, shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_1);
-  shaderc_compile_options_set_optimization_level(opts, shaderc_optimization_level_performance);
+  shaderc_compile_options_set_optimization_level(
+      opts, optimize_ ? shaderc_optimization_level_performance : shaderc_optimization_level_zero);
   shaderc_compilation_result_t r = shaderc_compile_into_spv(as_compiler(compiler_), glsl.data(), glsl.size(),
                                                              shaderc_compute_shader, name.c_str(), "main", opts);
   shaderc_compile_options_release(opts);

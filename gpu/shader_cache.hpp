@@ -34,7 +34,9 @@ struct compile_counters {
 class shader_cache {
  public:
   /// `dir` empty: memory only. `device_key` separates devices sharing a directory.
-  shader_cache(std::string dir, std::string device_key);
+  /// `optimize` false skips spirv-opt: for tests that only check that kernels compile (the
+  /// optimiser is most of shaderc's time on large tiled kernels). Executors always optimise.
+  shader_cache(std::string dir, std::string device_key, bool optimize = true);
   ~shader_cache();
   shader_cache(const shader_cache&) = delete;
   shader_cache& operator=(const shader_cache&) = delete;
@@ -52,6 +54,7 @@ class shader_cache {
   expected<std::vector<uint32_t>> compile_locked(const std::string& name, const std::string& glsl);
 
   std::string dir_, device_key_;
+  bool optimize_ = true;
   mutable std::mutex mutex_;
   std::map<uint64_t, std::vector<uint32_t>> memory_;
   compile_counters counters_;

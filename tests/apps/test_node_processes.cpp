@@ -444,7 +444,8 @@ TEST_CASE("a job given up on by the timeout of run() reports no progress after r
     std::atomic<int> after{0}, later_job{0};
   };
   auto n = std::make_shared<counts>();
-  const job j = mlp_job(512, 768);  // takes far longer than the timeout below
+  const job j = mlp_job(64, 128);  // takes far longer than the 1 ms timeout below, and its
+                                   // progress comes right after run() has given up
   job_options o;
   o.timeout = 1ms;
   o.on_progress = [n](const job_progress_info&) {

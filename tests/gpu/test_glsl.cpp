@@ -213,7 +213,9 @@ TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shap
   b.output("hragged", matmul(hr, hwl));
   const graph g = done(b);
   const auto p = gpu::lower(g);
-  gpu::shader_cache cache("", "test");
+  // Unoptimised: this checks that every variant's GLSL compiles (spirv-opt would take minutes
+  // on these unrolled kernels); the ops tests run the optimised kernels a device offers.
+  gpu::shader_cache cache("", "test", false);
   // swizzle: the tile rasterisation (kernel_variants::gemm_swizzle); 3 leaves ragged groups of
   // tile rows. Explicit coopmat shapes ("g...") apply to every problem, the small one included.
   struct variant { const char* gemm; const char* coop; bool coopmat; uint32_t swizzle = 8; };
