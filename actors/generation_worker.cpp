@@ -110,7 +110,9 @@ void worker::submit(const node_id& client, msg::generate_request r) {
   auto stream = std::make_shared<generation_stream>(r.request);
   serving::generation_callbacks cb;
   cb.on_token = [stream](int64_t n) { stream->token(n); };
-  cb.on_piece = [s = s_, stream, k](std::string_view piece) { s->tell(k, stream->piece(piece), false); };
+  cb.on_piece = [s = s_, stream, k](std::string_view piece, std::span<const serving::token_logprobs>) {
+    s->tell(k, stream->piece(piece), false);
+  };
   cb.on_done = [s = s_, k](serving::generation_outcome outcome) {
     if (outcome) s->tell(k, done_of(k.second, *outcome), true);
     else if (outcome.error().kind == serving::failure_kind::cancelled) s->tell(k, cancelled(k.second), true);

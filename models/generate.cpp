@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -54,6 +55,51 @@ class stop_filter {
   bool stopped_ = false;
 };
 
+// Hands each token's log-probabilities out with the piece its text starts in (generate.hpp says
+// the rule). Offsets are bytes of the decoder's output, of which the emitted text is a prefix.
+class logprob_queue {
+ public:
+  /// A token whose text is [start, end) of the decoder's output (start == end: none yet).
+  void add(token_logprob e, size_t start, size_t end) { pending_.push_back({std::move(e), start, end}); }
+
+  /// The decoder's last bytes, [from, to): they finish the waiting tokens that had no text.
+  void finish_text(size_t from, size_t to) {
+    for (auto& p : pending_)
+      if (p.start == from && p.end == from) p.end = to;
+  }
+
+  /// The entries that go out now that `text` has been emitted; `all`: every one left.
+  std::vector<token_logprob> release(const std::string& text, bool all) {
+    size_t n = 0;
+    for (size_t i = 0; i < pending_.size(); ++i)
+      if (all || (pending_[i].end > pending_[i].start && pending_[i].start < text.size())) n = i + 1;
+    std::vector<token_logprob> out;
+    for (size_t i = 0; i < n; ++i) {
+      token_logprob e = std::move(pending_[i].entry);
+      e.text_offset = code_points_before(text, std::min(pending_[i].start, text.size()));
+      out.push_back(std::move(e));
+    }
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+    return out;
+  }
+
+ private:
+  // Code points in text[0, byte): counted on from the last call (offsets only grow).
+  int64_t code_points_before(const std::string& text, size_t byte) {
+    for (; counted_bytes_ < byte; ++counted_bytes_)
+      if ((static_cast<unsigned char>(text[counted_bytes_]) & 0xC0) != 0x80) ++counted_points_;
+    return counted_points_;
+  }
+
+  struct waiting {
+    token_logprob entry;
+    size_t start = 0, end = 0;
+  };
+  std::vector<waiting> pending_;
+  size_t counted_bytes_ = 0;
+  int64_t counted_points_ = 0;
+};
+
 }  // namespace
 
 const char* to_string(stop_reason r) {
@@ -87,11 +133,24 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
   generation out;
   out.prompt_tokens = prompt_n;
   std::vector<int32_t> history(prompt.begin(), prompt.end());
+  if (options.logprobs > max_top_logprobs)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("generate: {} alternatives per token asked, at most {}", options.logprobs, max_top_logprobs));
   stream_decoder decoder(tok);
   stop_filter stops(options.stop);
-  auto emit = [&](const std::string& text) {
-    if (text.empty()) return true;
+  const bool want_logprobs = options.logprobs >= 0;
+  logprob_queue logprobs;
+  size_t decoded = 0;  // bytes the decoder has given out
+  // `last`: generation ended without a stop string, so every entry still waiting goes too.
+  auto emit = [&](const std::string& text, bool last) {
     out.text += text;
+    std::vector<token_logprob> entries;
+    if (want_logprobs) entries = logprobs.release(out.text, last);
+    if (text.empty() && entries.empty()) return true;
+    if (!entries.empty()) {
+      out.logprobs.insert(out.logprobs.end(), entries.begin(), entries.end());
+      if (options.on_logprobs) options.on_logprobs(std::move(entries));
+    }
     return on_piece ? on_piece(text) : true;
   };
 
@@ -103,6 +162,8 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
   out.reason = stop_reason::max_tokens;
   for (int64_t i = 0; i < options.max_tokens; ++i) {
     const int32_t next = smp->sample(*logits, history);
+    std::optional<token_logprob> entry;
+    if (want_logprobs) entry = token_log_probabilities(*logits, next, options.logprobs);
     out.tokens.push_back(next);
     history.push_back(next);
     if (options.on_token && !options.on_token(static_cast<int64_t>(out.tokens.size()))) {
@@ -115,8 +176,10 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
     }
     auto piece = decoder.push(next);
     if (!piece) return forward_error(piece);
+    if (entry) logprobs.add(std::move(*entry), decoded, decoded + piece->size());
+    decoded += piece->size();
     const std::string safe = stops.push(*piece);
-    if (!emit(safe)) {
+    if (!emit(safe, false)) {
       out.reason = stop_reason::callback;
       break;
     }
@@ -129,8 +192,11 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
     if (!logits) return forward_error(logits);
   }
   if (out.reason == stop_reason::max_tokens || out.reason == stop_reason::eos) {
-    const std::string rest = stops.push(decoder.finish());
-    emit(stops.stopped() ? rest : rest + stops.finish());
+    const std::string tail = decoder.finish();
+    logprobs.finish_text(decoded, decoded + tail.size());
+    decoded += tail.size();
+    const std::string rest = stops.push(tail);
+    emit(stops.stopped() ? rest : rest + stops.finish(), !stops.stopped());
     if (stops.stopped()) out.reason = stop_reason::stop_string;
   }
   out.generate_seconds = std::chrono::duration<double>(clock::now() - t0).count();

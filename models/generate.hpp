@@ -31,6 +31,15 @@ struct generate_options {
   /// character, a control token, text held back for a stop string): a node counts tokens and
   /// notices a withdrawn request with it.
   std::function<bool(int64_t tokens)> on_token;
+  /// >= 0: give each generated token's log-probability and this many alternatives (at most
+  /// max_top_logprobs); -1: none.
+  int32_t logprobs = -1;
+  /// With logprobs: called just before the piece callback with the tokens whose entries go out
+  /// with that piece. A token's entry goes with the piece its text starts in (a token with no
+  /// text of its own, such as the first part of a UTF-8 character, with the next that has);
+  /// tokens whose text a stop string cut, and an ending EOS, have none; at max_tokens any left
+  /// go out last, with a piece that may be empty.
+  std::function<void(std::vector<token_logprob> tokens)> on_logprobs;
 };
 
 enum class stop_reason { eos, stop_string, max_tokens, callback };
@@ -45,10 +54,12 @@ struct generation {
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0;      ///< prefill
   double generate_seconds = 0;    ///< sampling and decoding after the prefill
+  std::vector<token_logprob> logprobs;  ///< with options.logprobs >= 0: every entry given out
 };
 
 /// Called with each piece of text as it is decided (never a split UTF-8 character); return false
-/// to end generation (reason callback).
+/// to end generation (reason callback). Empty only for the last call of a generation whose last
+/// log-probabilities came with no text (generate_options::on_logprobs).
 using piece_callback = std::function<bool(std::string_view piece)>;
 
 /// Generates after `prompt` (token ids, e.g. tokenizer::encode of a rendered chat), continuing

@@ -24,6 +24,30 @@ expected<sampler> sampler::create(const sampling_options& o) {
   return sampler(o);
 }
 
+token_logprob token_log_probabilities(std::span<const float> logits, int32_t chosen, int32_t top) {
+  token_logprob out;
+  out.id = chosen;
+  if (logits.empty()) return out;
+  // log p_i = x_i - (max + log sum_j exp(x_j - max)): stable for any logit range.
+  const double peak = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (const float v : logits) sum += std::exp(static_cast<double>(v) - peak);
+  const double log_z = peak + std::log(sum);
+  const auto n = static_cast<int32_t>(logits.size());
+  const auto lp = [&](int32_t id) { return static_cast<double>(logits[static_cast<size_t>(id)]) - log_z; };
+  if (chosen >= 0 && chosen < n) out.logprob = lp(chosen);
+  const int32_t k = std::clamp(top, 0, std::min(max_top_logprobs, n));
+  if (k == 0) return out;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+    const float xa = logits[static_cast<size_t>(a)], xb = logits[static_cast<size_t>(b)];
+    return xa != xb ? xa > xb : a < b;
+  });
+  for (int32_t i = 0; i < k; ++i) out.top.emplace_back(ids[static_cast<size_t>(i)], lp(ids[static_cast<size_t>(i)]));
+  return out;
+}
+
 double sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "base/error.hpp"
 
@@ -29,6 +31,26 @@ struct sampling_options {
   float repetition_penalty = 1.0f;  ///< 1: off
   uint64_t seed = 0;
 };
+
+/// The most alternatives token_log_probabilities gives (OpenAI's limit for top_logprobs).
+inline constexpr int32_t max_top_logprobs = 20;
+
+/// A generated token's log-probability under the model: the log-softmax of the raw logits (before
+/// the repetition penalty, temperature and truncation that chose it), as OpenAI's and vLLM's
+/// `logprobs` report it.
+struct token_logprob {
+  int32_t id = 0;
+  double logprob = 0;
+  /// The most likely tokens at that step, highest first (the lower id first on a tie).
+  std::vector<std::pair<int32_t, double>> top;
+  /// Where the token's text starts in the generated text, in Unicode code points (set by
+  /// generate; 0 here).
+  int64_t text_offset = 0;
+};
+
+/// The log-softmax of `logits` at `chosen` (computed in double), and the `top` most likely
+/// tokens (clamped to [0, max_top_logprobs] and to the vocabulary).
+token_logprob token_log_probabilities(std::span<const float> logits, int32_t chosen, int32_t top);
 
 class sampler {
  public:

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,24 @@ struct generation_request {
   /// A max_tokens past the context is shortened to the room left (the result says
   /// context_capped) instead of refused.
   bool cap_to_context = false;
+  /// >= 0: each generated token's log-probability and this many alternatives (at most
+  /// models::max_top_logprobs); -1: none.
+  int32_t logprobs = -1;
+};
+
+/// A token as the API shows it: its bytes (possibly part of a UTF-8 character, which is why
+/// OpenAI's entries carry `bytes`) and its log-probability.
+struct token_choice {
+  std::string bytes;
+  double logprob = 0;
+};
+
+/// One generated token's log-probabilities (generation_request::logprobs >= 0); the rule for
+/// which piece an entry comes with is models::generate_options::on_logprobs's.
+struct token_logprobs {
+  token_choice token;
+  std::vector<token_choice> top;  ///< the most likely tokens at that step, highest first
+  int64_t text_offset = 0;        ///< where the token's text starts in the generated text, in code points
 };
 
 /// Why a finished generation ended, in the API's terms.
@@ -65,15 +84,17 @@ struct generation_result {
   double load_seconds = 0;      ///< loading the model on demand for this request (0: it was loaded)
   models::stop_reason stop = models::stop_reason::max_tokens;  ///< how models::generate ended
   bool context_capped = false;  ///< max_tokens was shortened to the context (cap_to_context)
+  std::vector<token_logprobs> logprobs;  ///< with request.logprobs >= 0
 };
 
 using generation_outcome = result<generation_result>;
 
 /// Called from a backend thread. `on_piece` gets each piece of text as it is decided (whole
-/// UTF-8 characters); `on_done` is called exactly once, last: the result, or a failure (a
-/// cancelled request ends with failure_kind::cancelled).
+/// UTF-8 characters) with the log-probabilities of the tokens it carries (when asked for; the
+/// last piece may then be empty); `on_done` is called exactly once, last: the result, or a
+/// failure (a cancelled request ends with failure_kind::cancelled).
 struct generation_callbacks {
-  std::function<void(std::string_view piece)> on_piece;
+  std::function<void(std::string_view piece, std::span<const token_logprobs> logprobs)> on_piece;
   std::function<void(generation_outcome outcome)> on_done;
   /// Optional: after each token is sampled, with the number generated so far (before its text,
   /// if any, reaches on_piece).

@@ -51,6 +51,15 @@ struct local_backend::job {
 
 namespace {
 
+// A token's entry as the API shows it: ids become the tokens' bytes.
+token_logprobs api_logprobs(const models::tokenizer& tok, const models::token_logprob& t) {
+  token_logprobs out;
+  out.token = {tok.piece(t.id), t.logprob};
+  out.text_offset = t.text_offset;
+  for (const auto& [id, lp] : t.top) out.top.push_back({tok.piece(id), lp});
+  return out;
+}
+
 std::string default_id(const std::filesystem::path& path) {
   std::filesystem::path p = path;
   if (p.filename().empty()) p = p.parent_path();  // "dir/"
@@ -347,6 +356,7 @@ result<void> local_backend::prepare(model& m, job& j) const {
   j.options.max_tokens = max_tokens;
   j.options.stop = std::move(request.stop);
   j.options.stop_at_eos = !request.ignore_eos;
+  j.options.logprobs = request.logprobs;
   return {};
 }
 
@@ -490,11 +500,19 @@ void local_backend::execute(job& j) {
     if (j.callbacks.on_token) j.callbacks.on_token(n);
     return !j.handle->cancelled() && !stopping_.load();
   };
+  // Log-probabilities come just before the piece they go with (generate.hpp).
+  std::vector<token_logprobs> entries, result_logprobs;
+  j.options.on_logprobs = [&](std::vector<models::token_logprob> tokens) {
+    for (const auto& t : tokens) entries.push_back(api_logprobs(*m.tok, t));
+  };
   auto g = models::generate(*m.seq, *m.tok, j.prompt, j.options, [&](std::string_view piece) {
     // Checked before and after handing the piece on: a client that went away while the piece
     // was written stops the next token, not one more.
     if (j.handle->cancelled() || stopping_.load()) return false;
-    if (j.callbacks.on_piece) j.callbacks.on_piece(piece);
+    if (j.callbacks.on_piece) j.callbacks.on_piece(piece, entries);
+    result_logprobs.insert(result_logprobs.end(), std::make_move_iterator(entries.begin()),
+                           std::make_move_iterator(entries.end()));
+    entries.clear();
     return !j.handle->cancelled();
   });
   if (!g) {
@@ -517,6 +535,7 @@ void local_backend::execute(job& j) {
   r.load_seconds = load_seconds;
   r.prompt_seconds = g->prompt_seconds;
   r.generate_seconds = g->generate_seconds;
+  r.logprobs = std::move(result_logprobs);
   finish(std::move(r));
 }
 

@@ -167,6 +167,8 @@ result<api_request> parse(std::string_view body, uint64_t default_seed, const re
   g.sampling.seed = default_seed;
   bool have_model = false, have_input = false;
   std::optional<int64_t> max_tokens, max_completion_tokens;
+  bool chat_logprobs = false;
+  std::optional<int32_t> top_logprobs;
   const json* stream_options = nullptr;
 
   for (const auto& [key, v] : doc.items()) {
@@ -257,13 +259,25 @@ result<api_request> parse(std::string_view body, uint64_t default_seed, const re
       if (v.is_null()) continue;
       if (!v.is_object()) return wrong_type(key, v, "an object");
       stream_options = &v;
-    } else if (key == "logprobs") {
-      // The generation API does not expose token probabilities: refuse rather than answer null.
-      const bool asked = kind == endpoint::chat ? (v.is_boolean() && v.get<bool>()) : !is_zero_or_null(v);
-      if (!(v.is_null() || v.is_boolean() || v.is_number())) return wrong_type(key, v, "a boolean");
-      if (asked) return bad(key, "'logprobs' is not supported: log-probabilities are not available");
+    } else if (key == "logprobs" && kind == endpoint::chat) {  // chat: a boolean, alternatives in top_logprobs
+      if (v.is_null()) continue;
+      if (!v.is_boolean()) return wrong_type(key, v, "a boolean");
+      chat_logprobs = v.get<bool>();
+    } else if (key == "logprobs") {  // text completions: the number of alternatives, 0 to 5 (OpenAI's range)
+      if (v.is_null()) continue;
+      auto n = integer(v, key);
+      if (!n) return tl::unexpected(n.error());
+      if (*n < 0 || *n > 5) return bad(key, fmt::format("'logprobs' must be between 0 and 5, not {}", *n));
+      g.logprobs = static_cast<int32_t>(*n);
+    } else if (key == "top_logprobs" && kind == endpoint::chat) {
+      if (v.is_null()) continue;
+      auto n = integer(v, key);
+      if (!n) return tl::unexpected(n.error());
+      if (*n < 0 || *n > models::max_top_logprobs)
+        return bad(key, fmt::format("'top_logprobs' must be between 0 and {}, not {}", models::max_top_logprobs, *n));
+      top_logprobs = static_cast<int32_t>(*n);
     } else if (key == "top_logprobs") {
-      if (!is_zero_or_null(v)) return bad(key, "'top_logprobs' is not supported: log-probabilities are not available");
+      if (!is_zero_or_null(v)) return bad(key, "text completions take 'logprobs': N, not 'top_logprobs'");
     } else if (key == "echo") {
       if (kind != endpoint::completion) return bad(key, fmt::format("unrecognized request argument '{}'", key));
       if (!v.is_null() && !v.is_boolean()) return wrong_type(key, v, "a boolean");
@@ -291,6 +305,8 @@ result<api_request> parse(std::string_view body, uint64_t default_seed, const re
       return bad(key, fmt::format("unrecognized request argument '{}'", key));
     }
   }
+  if (top_logprobs.value_or(0) > 0 && !chat_logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (chat_logprobs) g.logprobs = top_logprobs.value_or(0);
   if (!have_model) return bad("model", "'model' is required");
   if (!have_input) return kind == endpoint::chat ? bad("messages", "'messages' is required") : bad("prompt", "'prompt' is required");
   if (max_completion_tokens) g.max_tokens = max_completion_tokens;

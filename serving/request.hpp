@@ -1,7 +1,7 @@
 #pragma once
 /// Request bodies of the OpenAI-compatible API, decoded into typed requests: pure functions of
 /// the body's bytes, no I/O. Parameters that the backend can honour are mapped; parameters that
-/// would change the result but cannot be honoured (logprobs, n > 1, tools, penalties other than
+/// would change the result but cannot be honoured (n > 1, tools, penalties other than
 /// repetition_penalty, ...) are refused with a 400 naming the parameter, as is any parameter
 /// OpenAI does not define (OpenAI refuses those too); harmless ones (`user`, `metadata`,
 /// `store`, ...) are accepted and ignored. docs/serving.md lists them.

@@ -30,12 +30,52 @@ json chunk(const response_meta& meta, json choice, bool usage_null) {
   return c;
 }
 
-json chat_choice(json delta, json finish) {
-  return {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}};
+// A token's bytes as a JSON string: dump() replaces bytes that are not UTF-8 by U+FFFD.
+json token_bytes(const std::string& bytes) {
+  json b = json::array();
+  for (const char c : bytes) b.push_back(static_cast<unsigned char>(c));
+  return b;
 }
 
-json text_choice(std::string_view text, json finish) {
-  return {{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", std::move(finish)}};
+json chat_logprobs(std::span<const token_logprobs> entries) {
+  json content = json::array();
+  for (const auto& e : entries) {
+    json top = json::array();
+    for (const auto& t : e.top) top.push_back({{"token", t.bytes}, {"logprob", t.logprob}, {"bytes", token_bytes(t.bytes)}});
+    content.push_back({{"token", e.token.bytes},
+                       {"logprob", e.token.logprob},
+                       {"bytes", token_bytes(e.token.bytes)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+json text_logprobs(std::span<const token_logprobs> entries) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const auto& e : entries) {
+    tokens.push_back(e.token.bytes);
+    values.push_back(e.token.logprob);
+    json top = json::object();
+    // Keys are the tokens' text: two tokens that show the same text keep the likelier one.
+    for (const auto& t : e.top) top.emplace(t.bytes, t.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(e.text_offset);
+  }
+  return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json logprobs_of(const response_meta& meta, std::span<const token_logprobs> entries) {
+  if (!meta.logprobs) return nullptr;
+  return meta.chat ? chat_logprobs(entries) : text_logprobs(entries);
+}
+
+json chat_choice(json delta, json finish, json logprobs = nullptr) {
+  return {{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
+}
+
+json text_choice(std::string_view text, json finish, json logprobs = nullptr) {
+  return {{"index", 0}, {"text", text}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
 }
 
 }  // namespace
@@ -52,10 +92,10 @@ std::string completion_json(const response_meta& meta, const generation_result& 
   if (meta.chat) {
     choice = {{"index", 0},
               {"message", {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}}},
-              {"logprobs", nullptr},
+              {"logprobs", logprobs_of(meta, r.logprobs)},
               {"finish_reason", to_string(r.reason)}};
   } else {
-    choice = text_choice(r.text, to_string(r.reason));
+    choice = text_choice(r.text, to_string(r.reason), logprobs_of(meta, r.logprobs));
   }
   return dump({{"id", meta.id},
                {"object", meta.chat ? "chat.completion" : "text_completion"},
@@ -80,8 +120,13 @@ std::string first_chunk_json(const response_meta& meta, bool usage_null) {
   return dump(chunk(meta, chat_choice({{"role", "assistant"}, {"content", ""}}, nullptr), usage_null));
 }
 
-std::string piece_chunk_json(const response_meta& meta, std::string_view piece, bool usage_null) {
-  return dump(chunk(meta, meta.chat ? chat_choice({{"content", piece}}, nullptr) : text_choice(piece, nullptr), usage_null));
+std::string piece_chunk_json(const response_meta& meta, std::string_view piece, std::span<const token_logprobs> logprobs,
+                             bool usage_null) {
+  json lp = logprobs_of(meta, logprobs);
+  return dump(chunk(meta,
+                    meta.chat ? chat_choice({{"content", piece}}, nullptr, std::move(lp))
+                              : text_choice(piece, nullptr, std::move(lp)),
+                    usage_null));
 }
 
 std::string finish_chunk_json(const response_meta& meta, finish_reason reason, bool usage_null) {

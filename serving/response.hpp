@@ -4,6 +4,12 @@
 /// events, each `data: <json>\n\n`: a first chat chunk with the assistant's role, one chunk per
 /// piece of text, a last chunk with finish_reason, an optional usage chunk (empty choices), then
 /// `data: [DONE]\n\n`.
+///
+/// Log-probabilities, when asked for, take OpenAI's two shapes: chat choices carry
+/// `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
+/// "refusal": null}`; text completions carry `{"tokens", "token_logprobs", "top_logprobs":
+/// [{token: logprob}], "text_offset"}`. A token that is part of a UTF-8 character shows U+FFFD in
+/// "token" and its real bytes in "bytes".
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -21,6 +27,7 @@ struct response_meta {
   int64_t created = 0;   ///< unix seconds
   std::string model;
   bool chat = true;      ///< chat.completion(.chunk) or text_completion
+  bool logprobs = false;  ///< log-probabilities were asked for: choices carry them (else null)
 };
 
 /// A fresh id of the endpoint's form: "chatcmpl-" or "cmpl-" and 24 random hex digits.
@@ -37,8 +44,9 @@ std::string sse_done();
 /// Chat: the first chunk, `delta: {"role": "assistant", "content": ""}`. (Text completions have
 /// no such chunk.) `usage_null`: include_usage was asked, so every chunk carries "usage": null.
 std::string first_chunk_json(const response_meta& meta, bool usage_null);
-/// A chunk carrying a piece of text.
-std::string piece_chunk_json(const response_meta& meta, std::string_view piece, bool usage_null);
+/// A chunk carrying a piece of text, and the log-probabilities of the tokens it carries.
+std::string piece_chunk_json(const response_meta& meta, std::string_view piece, std::span<const token_logprobs> logprobs,
+                             bool usage_null);
 /// The chunk with finish_reason (empty delta / text).
 std::string finish_chunk_json(const response_meta& meta, finish_reason reason, bool usage_null);
 /// The usage chunk: empty choices, usage counts (only when include_usage was asked).

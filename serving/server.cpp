@@ -29,7 +29,11 @@ namespace {
 struct exchange {
   std::mutex mutex;
   std::condition_variable changed;
-  std::deque<std::string> pieces;
+  struct piece {
+    std::string text;
+    std::vector<token_logprobs> logprobs;
+  };
+  std::deque<piece> pieces;
   std::optional<generation_outcome> outcome;
   /// When the last piece came (metrics: time to first token, gaps between pieces). Only the
   /// backend's thread touches it, one callback at a time.
@@ -117,7 +121,8 @@ struct api_server::impl {
     auto parsed = chat ? parse_chat_request(req.body, fresh_seed(), options.limits)
                        : parse_completion_request(req.body, fresh_seed(), options.limits);
     if (!parsed) return send_error(res, parsed.error());
-    response_meta meta{make_response_id(chat), static_cast<int64_t>(std::time(nullptr)), parsed->generation.model, chat};
+    response_meta meta{make_response_id(chat), static_cast<int64_t>(std::time(nullptr)), parsed->generation.model, chat,
+                       parsed->generation.logprobs >= 0};
     const bool stream = parsed->stream, include_usage = parsed->include_usage;
     const auto deadline = arrived + options.request_timeout;
     const std::string route = route_label(req.path);
@@ -125,7 +130,8 @@ struct api_server::impl {
     auto ex = std::make_shared<exchange>();
     generation_callbacks cb;
     // Non-streamed requests get pieces too, for their timing only.
-    cb.on_piece = [ex, stats = stats, model = meta.model, arrived, stream](std::string_view piece) {
+    cb.on_piece = [ex, stats = stats, model = meta.model, arrived, stream](std::string_view piece,
+                                                                          std::span<const token_logprobs> logprobs) {
       const auto now = clock_type::now();
       if (ex->last_piece) stats->piece_gap(model, seconds_between(*ex->last_piece, now));
       else stats->first_piece(model, seconds_between(arrived, now));
@@ -133,7 +139,7 @@ struct api_server::impl {
       if (!stream) return;
       {
         std::lock_guard<std::mutex> lock(ex->mutex);
-        ex->pieces.emplace_back(piece);
+        ex->pieces.push_back({std::string(piece), {logprobs.begin(), logprobs.end()}});
       }
       ex->changed.notify_all();
     };
@@ -184,7 +190,7 @@ struct api_server::impl {
           };
           if (meta.chat && !write(sse_event(first_chunk_json(meta, include_usage)))) return gone();
           for (;;) {
-            std::deque<std::string> pieces;
+            std::deque<exchange::piece> pieces;
             std::optional<generation_outcome> outcome;
             {
               std::unique_lock<std::mutex> lock(ex->mutex);
@@ -194,7 +200,7 @@ struct api_server::impl {
               if (ex->outcome) outcome = std::move(ex->outcome);
             }
             for (const auto& p : pieces)
-              if (!write(sse_event(piece_chunk_json(meta, p, include_usage)))) return gone();
+              if (!write(sse_event(piece_chunk_json(meta, p.text, p.logprobs, include_usage)))) return gone();
             if (outcome) {
               if (*outcome) {
                 if (!write(sse_event(finish_chunk_json(meta, (*outcome)->reason, include_usage)))) return false;

@@ -36,8 +36,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       g.sampling.top_k < 0 || !(g.sampling.min_p >= 0 && g.sampling.min_p <= 1) || !(g.sampling.repetition_penalty > 0))
     __builtin_trap();
   if (r->include_usage && !r->stream) __builtin_trap();
-  const response_meta meta{"id", 1, g.model, chat};
-  for (const auto& m : g.messages)
-    if (nlohmann::json::parse(piece_chunk_json(meta, m.content, true), nullptr, false).is_discarded()) __builtin_trap();
+  const response_meta meta{"id", 1, g.model, chat, g.logprobs >= 0};
+  if (g.logprobs < -1 || g.logprobs > mesh::models::max_top_logprobs) __builtin_trap();
+  // Every piece of outside text, as a piece and as tokens' bytes (which need not be UTF-8), must
+  // render as valid JSON.
+  for (const auto& m : g.messages) {
+    const std::vector<token_logprobs> lp = {{{m.content, -1.0}, {{m.content, -2.0}, {g.model, -3.0}}, 0}};
+    if (nlohmann::json::parse(piece_chunk_json(meta, m.content, lp, true), nullptr, false).is_discarded()) __builtin_trap();
+  }
   return 0;
 }

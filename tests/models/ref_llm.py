@@ -14,6 +14,8 @@ usage: ref_llm.py JOBS.json
     "logits":  the logits after each prompt token ([len(tokens)][vocab])
     "greedy":  N tokens chosen greedily after the prompt (recomputing the whole sequence each time)
     "greedy_logits": the logits each greedy token was chosen from ([N][vocab])
+    "greedy_logprobs": log_softmax of those logits at each greedy token ([N])
+    "greedy_top": the 5 highest of that log_softmax, [[id, logprob], ...] ([N][5])
 """
 import json
 import math
@@ -324,12 +326,17 @@ def run(job):
     c = gguf_model(path) if os.path.isfile(path) else hf_model(path)
     tokens = list(job["tokens"])
     with torch.no_grad():
-        out = {"logits": forward(c, tokens).tolist(), "greedy": [], "greedy_logits": []}
+        out = {"logits": forward(c, tokens).tolist(), "greedy": [], "greedy_logits": [], "greedy_logprobs": [],
+               "greedy_top": []}
         for _ in range(job["generate"]):
             last = forward(c, tokens)[-1]
             nxt = int(torch.argmax(last))
             out["greedy"].append(nxt)
             out["greedy_logits"].append(last.tolist())
+            logprobs = torch.log_softmax(last, dim=-1)
+            out["greedy_logprobs"].append(float(logprobs[nxt]))
+            top = torch.topk(logprobs, min(5, logprobs.numel()))
+            out["greedy_top"].append([[int(i), float(v)] for v, i in zip(top.values, top.indices)])
             tokens.append(nxt)
     json.dump(out, open(job["out"], "w"))
 

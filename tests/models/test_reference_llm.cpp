@@ -18,6 +18,8 @@
 
 #include "gpu/executor.hpp"
 #include "model_writer.hpp"
+#include "models/checkpoint_tokenizer.hpp"
+#include "models/generate.hpp"
 #include "models/session.hpp"
 #include "run_command.hpp"
 
@@ -271,6 +273,50 @@ TEST_CASE("gpt2 (Conv1D layout, fused qkv, learned positions) HF f32 matches the
 TEST_CASE("gpt2 GGUF Q8_0 matches the reference", "[models][reference]") {
   check_gguf("gpt2", gpt2_spec(), tensor_type::q8_0);
 }
+TEST_CASE("generate's logprobs are the reference's log-softmax at each greedy token, with its top 5", "[models][reference]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", llama_spec(), tensor_type::f32);
+  const auto refs = reference(dir, {{"llama GGUF F32", dir / "m.gguf"}});
+  if (refs.empty()) return;
+  const json& ref = refs[0];
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(2);
+  auto s = session::create(*cpu, *ckpt, {});
+  REQUIRE(s);
+  auto vocab = load_tokenizer(*ckpt, s->config());
+  REQUIRE(vocab);
+  auto tok = tokenizer::create(vocab->vocab);
+  REQUIRE(tok);
+  generate_options o;
+  o.max_tokens = greedy_tokens;
+  o.stop_at_eos = false;
+  o.logprobs = 5;
+  auto g = generate(*s, *tok, prompt, o);
+  REQUIRE(g);
+  CHECK(g->tokens == ref["greedy"].get<std::vector<int32_t>>());
+  // At max_tokens every token's entry is given out, in order.
+  REQUIRE(g->logprobs.size() == static_cast<size_t>(greedy_tokens));
+  const auto want = ref["greedy_logprobs"].get<std::vector<double>>();
+  const auto want_top = ref["greedy_top"].get<std::vector<std::vector<std::pair<int32_t, double>>>>();
+  for (size_t i = 0; i < g->logprobs.size(); ++i) {
+    const auto& e = g->logprobs[i];
+    INFO("token " << i);
+    CHECK(e.id == g->tokens[i]);
+    CHECK(std::abs(e.logprob - want[i]) <= logit_tolerance * std::max(1.0, std::abs(want[i])));
+    REQUIRE(e.top.size() == 5);
+    for (size_t k = 0; k < 5; ++k) {
+      INFO("alternative " << k);
+      CHECK(std::abs(e.top[k].second - want_top[i][k].second) <= logit_tolerance * std::max(1.0, std::abs(want_top[i][k].second)));
+      // The same token, unless the reference's neighbours are too close to order in f32.
+      const bool clear = (k == 0 || want_top[i][k - 1].second - want_top[i][k].second > 1e-3) &&
+                         (k == 4 || want_top[i][k].second - want_top[i][k + 1].second > 1e-3);
+      if (clear) CHECK(e.top[k].first == want_top[i][k].first);
+    }
+    if (i > 0) CHECK(e.text_offset >= g->logprobs[i - 1].text_offset);
+  }
+}
+
 TEST_CASE("on Vulkan (lavapipe in CI): llama HF f16 matches the reference", "[models][reference][gpu]") {
   model_spec s = llama_spec();
   s.layers = 1;  // lavapipe under ASan: ~0.1 s a decode step per layer

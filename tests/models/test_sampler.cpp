@@ -85,6 +85,30 @@ TEST_CASE("the repetition penalty divides positive and multiplies negative logit
   CHECK(s.sample(negative, first) == 1);  // -1 * 2 = -2 < -1.5
 }
 
+TEST_CASE("log-probabilities: the log-softmax of the raw logits, the top ones highest first", "[models][sampler]") {
+  // Expected values: torch.log_softmax in float64 of the same logits.
+  auto t = token_log_probabilities(logits, 2, 3);
+  CHECK(t.id == 2);
+  CHECK(t.logprob == Approx(-1.5331733267730443).epsilon(1e-12));
+  REQUIRE(t.top.size() == 3);
+  CHECK(t.top[0].first == 1);  // 3.0 twice: the lower id first
+  CHECK(t.top[1].first == 4);
+  CHECK(t.top[2].first == 2);
+  CHECK(t.top[0].second == Approx(-1.0331733267730443).epsilon(1e-12));
+  CHECK(t.top[2].second == t.logprob);
+  CHECK(token_log_probabilities(logits, 3, 0).top.empty());
+  CHECK(token_log_probabilities(logits, 3, 0).logprob == Approx(-5.033173326773044).epsilon(1e-12));
+  CHECK(token_log_probabilities(logits, 0, 100).top.size() == logits.size());  // clamped to the vocabulary
+
+  // Large logits do not overflow.
+  const std::vector<float> big = {1000.0f, 999.0f, -1e30f};
+  auto b = token_log_probabilities(big, 1, 1);
+  CHECK(b.logprob == Approx(-1.3132616875182228).epsilon(1e-9));
+  CHECK(b.top[0].second == Approx(-0.31326168751822286).epsilon(1e-9));
+  std::vector<float> wide(100, 0.5f);
+  CHECK(token_log_probabilities(wide, 0, 50).top.size() == static_cast<size_t>(max_top_logprobs));
+}
+
 TEST_CASE("bad sampling options are errors", "[models][sampler]") {
   CHECK_FALSE(sampler::create({.temperature = NAN}));
   CHECK_FALSE(sampler::create({.top_k = -1}));

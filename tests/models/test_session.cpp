@@ -197,6 +197,81 @@ TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[model
   CHECK(counts == std::vector<int64_t>{1, 2, 3, 4, 5});
 }
 
+TEST_CASE("generate: each token's logprobs go out with the piece its text starts in, and a stop string cuts them",
+          "[models][session]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto s = session::create(*cpu, *ckpt);
+  REQUIRE(s);
+  auto vocab = load_tokenizer(*ckpt, s->config());
+  REQUIRE(vocab);
+  auto tok = tokenizer::create(vocab->vocab);
+  REQUIRE(tok);
+  auto prompt = tok->encode("hello there");
+  REQUIRE(prompt);
+  const auto code_points = [](std::string_view t) {
+    return static_cast<int64_t>(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+  };
+
+  generate_options o;
+  o.max_tokens = 40;
+  o.stop_at_eos = false;
+  o.logprobs = 3;
+  std::vector<token_logprob> waiting, streamed;
+  int64_t emitted = 0;  // code points before the current piece
+  o.on_logprobs = [&](std::vector<token_logprob> t) { waiting = std::move(t); };
+  auto g = generate(*s, *tok, *prompt, o, [&](std::string_view piece) {
+    for (const auto& e : waiting) {
+      CHECK(e.text_offset >= emitted);
+      CHECK(e.text_offset <= emitted + code_points(piece));
+    }
+    streamed.insert(streamed.end(), waiting.begin(), waiting.end());
+    waiting.clear();
+    emitted += code_points(piece);
+    return true;
+  });
+  REQUIRE(g);
+  CHECK(waiting.empty());
+  // Ended by max_tokens: one entry per token, in order, all of them streamed.
+  REQUIRE(g->logprobs.size() == g->tokens.size());
+  REQUIRE(streamed.size() == g->logprobs.size());
+  for (size_t i = 0; i < g->tokens.size(); ++i) {
+    INFO("token " << i);
+    const auto& e = g->logprobs[i];
+    CHECK(e.id == g->tokens[i]);
+    CHECK(streamed[i].id == e.id);
+    CHECK(e.logprob <= 0);
+    REQUIRE(e.top.size() == 3);
+    CHECK(e.top[0].first == e.id);  // greedy: the chosen token is the likeliest
+    CHECK(e.top[0].second == e.logprob);
+    CHECK(e.top[1].second <= e.top[0].second);
+    CHECK(e.top[2].second <= e.top[1].second);
+  }
+
+  // A stop string: the tokens whose text starts before it keep their entries; the text after it
+  // is never generated.
+  const std::string stop = g->text.substr(g->text.size() / 2, 3);
+  s->reset();
+  o.stop = {stop};
+  o.on_logprobs = {};
+  auto stopped = generate(*s, *tok, *prompt, o);
+  REQUIRE(stopped);
+  REQUIRE(stopped->reason == stop_reason::stop_string);
+  CHECK(stopped->logprobs.size() <= stopped->tokens.size());
+  CHECK_FALSE(stopped->logprobs.empty());
+  for (const auto& e : stopped->logprobs) CHECK(e.text_offset <= code_points(stopped->text));
+  for (size_t i = 0; i < stopped->logprobs.size(); ++i) CHECK(stopped->logprobs[i].id == g->tokens[i]);
+
+  s->reset();
+  o.logprobs = max_top_logprobs + 1;
+  auto refused = generate(*s, *tok, *prompt, o);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("at most 20") != std::string::npos);
+}
+
 TEST_CASE("weights reach the device as the checkpoint stores them: quantized blocks, f16, no f32 copy",
           "[models][session]") {
   temp_dir dir;

@@ -1,7 +1,9 @@
 // The official `openai` npm package under Node.js against the server: a non-streamed and a
-// streamed chat, and an unknown model, with the texts compared to models::generate in process.
+// streamed chat, an unknown model, and log-probabilities, with the texts compared to
+// models::generate in process.
 // The package is installed once into the build tree (npm install); when the npm registry cannot
 // be reached the test exits with 77, which ctest reports as skipped, with the reason printed.
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -42,7 +44,13 @@ async function main() {
   } catch (e) {
     missing = { status: e.status, code: e.code, isNotFound: e instanceof OpenAI.NotFoundError };
   }
-  console.log(JSON.stringify({ plain, streamed, finish, usage, role, chunks, missing }));
+  // Log-probabilities, non-streamed and streamed (each chunk carries its tokens' entries).
+  const scored = await client.chat.completions.create({ ...request, logprobs: true, top_logprobs: 2 });
+  const streamedLogprobs = [];
+  const scoredStream = await client.chat.completions.create({ ...request, logprobs: true, top_logprobs: 2, stream: true });
+  for await (const chunk of scoredStream)
+    if (chunk.choices.length && chunk.choices[0].logprobs) streamedLogprobs.push(...chunk.choices[0].logprobs.content);
+  console.log(JSON.stringify({ plain, streamed, finish, usage, role, chunks, missing, scored, streamedLogprobs }));
 }
 main().catch((e) => { console.error('client failed:', e); process.exit(1); });
 )JS";
@@ -83,6 +91,8 @@ TEST_CASE("the openai npm package: a non-streamed and a streamed chat", "[servin
   opts.max_tokens = 12;
   opts.sampling = {.temperature = 0.9f, .top_p = 0.95f, .seed = 7};
   const auto expected_chat = ref.chat({{"system", "you are terse"}, {"user", "hello there"}}, opts);
+  opts.logprobs = 2;
+  const auto expected_scored = ref.chat({{"system", "you are terse"}, {"user", "hello there"}}, opts);
 
   models::test::write_file(served.dir / "client.cjs", std::string(client_script));
   auto r = mesh::test::run_command("NODE_PATH='" + (package_dir / "node_modules").string() + "' node '" +
@@ -101,4 +111,18 @@ TEST_CASE("the openai npm package: a non-streamed and a streamed chat", "[servin
   CHECK(j.at("missing").at("status") == 404);
   CHECK(j.at("missing").at("code") == "model_not_found");
   CHECK(j.at("missing").at("isNotFound") == true);
+
+  // The same text with log-probabilities, which are models::generate's, streamed or not.
+  const auto& scored = j.at("scored").at("choices")[0];
+  CHECK(scored.at("message").at("content") == expected_chat.text);
+  const auto& content = scored.at("logprobs").at("content");
+  REQUIRE(content.size() == expected_scored.logprobs.size());
+  REQUIRE(j.at("streamedLogprobs").size() == content.size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    INFO("token " << i << ": " << content[i].dump());
+    CHECK(std::abs(content[i].at("logprob").get<double>() - expected_scored.logprobs[i].logprob) < 1e-6);
+    CHECK(content[i].at("top_logprobs").size() == 2);
+    CHECK(content[i].at("bytes").is_array());
+    CHECK(j.at("streamedLogprobs")[i] == content[i]);
+  }
 }

@@ -64,6 +64,28 @@ TEST_CASE("defaults: temperature 1, the given seed, no limit, no stream", "[serv
   CHECK_FALSE(r->generation.ignore_eos);
 }
 
+TEST_CASE("logprobs: chat takes a boolean and top_logprobs, completions a count", "[serving][request]") {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+  auto none = parse_chat_request(R"({"model": "m", )" + msgs + "}", 1);
+  REQUIRE(none);
+  CHECK(none->generation.logprobs == -1);
+  auto off = parse_chat_request(R"({"model": "m", "logprobs": false, "top_logprobs": 0, )" + msgs + "}", 1);
+  REQUIRE(off);
+  CHECK(off->generation.logprobs == -1);
+  auto chosen = parse_chat_request(R"({"model": "m", "logprobs": true, )" + msgs + "}", 1);
+  REQUIRE(chosen);
+  CHECK(chosen->generation.logprobs == 0);
+  auto top = parse_chat_request(R"({"model": "m", "top_logprobs": 20, "logprobs": true, )" + msgs + "}", 1);
+  REQUIRE(top);
+  CHECK(top->generation.logprobs == 20);
+  auto text = parse_completion_request(R"({"model": "m", "prompt": "x", "logprobs": 5})", 1);
+  REQUIRE(text);
+  CHECK(text->generation.logprobs == 5);
+  auto text_off = parse_completion_request(R"({"model": "m", "prompt": "x", "logprobs": null})", 1);
+  REQUIRE(text_off);
+  CHECK(text_off->generation.logprobs == -1);
+}
+
 TEST_CASE("bodies that are refused with a 400 naming the parameter", "[serving][request]") {
   struct row {
     bool chat;
@@ -111,8 +133,10 @@ TEST_CASE("bodies that are refused with a 400 naming the parameter", "[serving][
       {true, "{" + chat + R"(, "stream_options": {"include_usage": true}})", "stream_options", "only allowed"},
       {true, "{" + chat + R"(, "stream": true, "stream_options": {"include_usage": 1}})", "stream_options.include_usage",
        "boolean"},
-      {true, "{" + chat + R"(, "logprobs": true})", "logprobs", "not supported"},
-      {true, "{" + chat + R"(, "top_logprobs": 3})", "top_logprobs", "not supported"},
+      {true, "{" + chat + R"(, "logprobs": 1})", "logprobs", "must be a boolean"},
+      {true, "{" + chat + R"(, "top_logprobs": 3})", "top_logprobs", "needs 'logprobs': true"},
+      {true, "{" + chat + R"(, "logprobs": true, "top_logprobs": 21})", "top_logprobs", "between 0 and 20"},
+      {true, "{" + chat + R"(, "logprobs": true, "top_logprobs": 1.5})", "top_logprobs", "must be an integer"},
       {true, "{" + chat + R"(, "frequency_penalty": 0.5})", "frequency_penalty", "not supported"},
       {true, "{" + chat + R"(, "presence_penalty": -1})", "presence_penalty", "not supported"},
       {true, "{" + chat + R"(, "logit_bias": {"50256": -100}})", "logit_bias", "not supported"},
@@ -126,7 +150,9 @@ TEST_CASE("bodies that are refused with a 400 naming the parameter", "[serving][
       {false, R"({"model": "m", "prompt": ["a", "b"]})", "prompt", "several prompts"},
       {false, R"({"model": "m", "prompt": [1, 2, 3]})", "prompt", "token arrays are not supported"},
       {false, "{" + comp + R"(, "echo": true})", "echo", "not supported"},
-      {false, "{" + comp + R"(, "logprobs": 2})", "logprobs", "not supported"},
+      {false, "{" + comp + R"(, "logprobs": 6})", "logprobs", "between 0 and 5"},
+      {false, "{" + comp + R"(, "logprobs": true})", "logprobs", "must be an integer"},
+      {false, "{" + comp + R"(, "top_logprobs": 2})", "top_logprobs", "'logprobs': N"},
       {false, "{" + comp + R"(, "best_of": 3})", "best_of", "must be 1"},
       {false, "{" + comp + R"(, "suffix": "end"})", "suffix", "not supported"},
       {false, "{" + comp + R"(, "messages": []})", "messages", "unrecognized"},

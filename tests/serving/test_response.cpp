@@ -31,7 +31,7 @@ json event_json(const std::string& event) {
 }  // namespace
 
 TEST_CASE("non-streamed chat and text completions", "[serving][response]") {
-  const response_meta chat{"chatcmpl-1", 1700000000, "tiny", true};
+  const response_meta chat{"chatcmpl-1", 1700000000, "tiny", true, false};
   const auto c = json::parse(completion_json(chat, sample_result(finish_reason::stop)));
   CHECK(c.at("id") == "chatcmpl-1");
   CHECK(c.at("object") == "chat.completion");
@@ -46,7 +46,7 @@ TEST_CASE("non-streamed chat and text completions", "[serving][response]") {
   CHECK(choice.at("logprobs").is_null());
   CHECK(c.at("usage") == json{{"prompt_tokens", 11}, {"completion_tokens", 5}, {"total_tokens", 16}});
 
-  const response_meta text{"cmpl-2", 5, "tiny", false};
+  const response_meta text{"cmpl-2", 5, "tiny", false, false};
   const auto t = json::parse(completion_json(text, sample_result(finish_reason::length)));
   CHECK(t.at("object") == "text_completion");
   CHECK(t.at("choices")[0].at("text") == "Hello, \"world\"\n\xC3\xA9");
@@ -55,7 +55,7 @@ TEST_CASE("non-streamed chat and text completions", "[serving][response]") {
 }
 
 TEST_CASE("streamed chunks: role first, pieces, finish_reason, usage, [DONE]", "[serving][response]") {
-  const response_meta meta{"chatcmpl-9", 7, "tiny", true};
+  const response_meta meta{"chatcmpl-9", 7, "tiny", true, false};
   for (bool usage : {false, true}) {
     CAPTURE(usage);
     const auto first = event_json(sse_event(first_chunk_json(meta, usage)));
@@ -66,7 +66,7 @@ TEST_CASE("streamed chunks: role first, pieces, finish_reason, usage, [DONE]", "
     CHECK(first.contains("usage") == usage);
     if (usage) CHECK(first.at("usage").is_null());
 
-    const auto piece = event_json(sse_event(piece_chunk_json(meta, "a\nb", usage)));
+    const auto piece = event_json(sse_event(piece_chunk_json(meta, "a\nb", {}, usage)));
     CHECK(piece.at("choices")[0].at("delta") == json{{"content", "a\nb"}});
 
     const auto last = event_json(sse_event(finish_chunk_json(meta, finish_reason::length, usage)));
@@ -78,13 +78,46 @@ TEST_CASE("streamed chunks: role first, pieces, finish_reason, usage, [DONE]", "
   CHECK(u.at("usage").at("completion_tokens") == 5);
   CHECK(sse_done() == "data: [DONE]\n\n");
 
-  const response_meta text{"cmpl-3", 7, "tiny", false};
-  const auto tp = event_json(sse_event(piece_chunk_json(text, "xy", false)));
+  const response_meta text{"cmpl-3", 7, "tiny", false, false};
+  const auto tp = event_json(sse_event(piece_chunk_json(text, "xy", {}, false)));
   CHECK(tp.at("object") == "text_completion");
   CHECK(tp.at("choices")[0].at("text") == "xy");
   const auto tl = event_json(sse_event(finish_chunk_json(text, finish_reason::stop, false)));
   CHECK(tl.at("choices")[0].at("text") == "");
   CHECK(tl.at("choices")[0].at("finish_reason") == "stop");
+}
+
+TEST_CASE("logprobs in OpenAI's chat and text-completion shapes, streamed and not", "[serving][response]") {
+  // "\xC3" alone: the first byte of a two-byte character, as a byte-level token may be.
+  const std::vector<token_logprobs> lp = {{{"Hi", -0.25}, {{"Hi", -0.25}, {"Yo", -1.5}}, 0},
+                                          {{"\xC3", -2.0}, {{"\xC3", -2.0}, {"!", -2.5}}, 2}};
+  generation_result r = sample_result(finish_reason::stop);
+  r.logprobs = lp;
+  const response_meta chat{"chatcmpl-1", 5, "tiny", true, true};
+  const auto c = json::parse(completion_json(chat, r)).at("choices")[0].at("logprobs");
+  CHECK(c.at("refusal").is_null());
+  REQUIRE(c.at("content").size() == 2);
+  CHECK(c.at("content")[0] == json{{"token", "Hi"}, {"logprob", -0.25}, {"bytes", {72, 105}},
+                                   {"top_logprobs", {{{"token", "Hi"}, {"logprob", -0.25}, {"bytes", {72, 105}}},
+                                                     {{"token", "Yo"}, {"logprob", -1.5}, {"bytes", {89, 111}}}}}});
+  CHECK(c.at("content")[1].at("token") == "\xEF\xBF\xBD");  // U+FFFD in "token", the real byte in "bytes"
+  CHECK(c.at("content")[1].at("bytes") == json{0xC3});
+  const auto piece = event_json(sse_event(piece_chunk_json(chat, "Hi", std::span(lp).first(1), false)));
+  CHECK(piece.at("choices")[0].at("logprobs").at("content").size() == 1);
+  CHECK(piece.at("choices")[0].at("logprobs").at("content")[0].at("logprob") == -0.25);
+
+  const response_meta text{"cmpl-1", 5, "tiny", false, true};
+  const auto t = json::parse(completion_json(text, r)).at("choices")[0].at("logprobs");
+  CHECK(t.at("tokens") == json{"Hi", "\xEF\xBF\xBD"});
+  CHECK(t.at("token_logprobs") == json{-0.25, -2.0});
+  CHECK(t.at("top_logprobs")[0] == json{{"Hi", -0.25}, {"Yo", -1.5}});
+  CHECK(t.at("text_offset") == json{0, 2});
+  const auto tp = event_json(sse_event(piece_chunk_json(text, "", std::span(lp).last(1), false)));
+  CHECK(tp.at("choices")[0].at("logprobs").at("token_logprobs") == json{-2.0});
+
+  // Not asked for: null, as before.
+  const response_meta plain{"chatcmpl-2", 5, "tiny", true, false};
+  CHECK(json::parse(completion_json(plain, r)).at("choices")[0].at("logprobs").is_null());
 }
 
 TEST_CASE("the model list and ids", "[serving][response]") {

@@ -194,7 +194,7 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
     r.prompt = "Once upon a time";
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
-    return backend.start(r, {[&s](std::string_view) { ++s.pieces; },
+    return backend.start(r, {[&s](std::string_view, std::span<const token_logprobs>) { ++s.pieces; },
                              [&s](generation_outcome o) { s.done.set_value(std::move(o)); }, {}});
   };
   seen running, queued, extra;
