@@ -17,6 +17,7 @@
 #include "actors/generation_worker.hpp"
 #include "actors/remote_stage.hpp"
 #include "actors/split_model.hpp"
+#include "actors/split_roster.hpp"
 #include "actors/stage_host.hpp"
 
 namespace mesh::node_shell {
@@ -28,11 +29,15 @@ struct generator_state {
   std::shared_ptr<generation::stage_calls> calls;
   /// The stages this node holds for its peers' split models.
   std::unique_ptr<generation::stage_host> stages;
+  /// The peers this node's split models re-plan over, from membership (hellos) and the
+  /// connection's and health's departures.
+  std::shared_ptr<generation::split_roster> roster = std::make_shared<generation::split_roster>();
   node_actors a;
   ~generator_state() {
     // The model host outlives the actors: its split models' links must not send through an
-    // endpoint that is stopping, nor wait for answers that will not be read.
+    // endpoint that is stopping, nor wait for answers that will not be read, nor re-plan.
     if (calls) calls->close();
+    roster->close();
   }
 };
 
@@ -113,7 +118,9 @@ void serve_models(generator_actor_ptr self, const context_ptr& ctx, const node_i
         self->request(self->state.a.health, timeout, view_atom::value).then([=](vitals_ptr vitals) mutable {
           auto nodes = split_candidates(*ctx, *members, *vitals, q.split);
           if (!nodes) return reply(failed_reply(q.id, {nodes.error().code, q.target + ": " + nodes.error().message}));
-          o.split = generation::make_split_builder(self->state.calls, ctx->self_id, std::move(*nodes), q.target);
+          const std::string target = q.target;
+          o.split = generation::make_split_builder(self->state.calls, ctx->self_id, std::move(*nodes), q.target, {}, self->state.roster,
+                                                   [target](const std::string& line) { spdlog::info("split model {}: {}", target, line); });
           load(std::move(o));
         }, view_failed);
       }, view_failed);
@@ -171,6 +178,11 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
         self->state.worker->client_gone(id);
         self->state.calls->peer_gone(id);
         self->state.stages->owner_gone(id);
+        self->state.roster->left(id);  // split models holding a stage there re-plan
+      },
+      // A worker peer said hello (membership): split models may re-plan over it.
+      [=](up_atom, node_id id, message_ptr m) {
+        if (auto* h = std::get_if<msg::hello>(m.get()); h && !h->is_client) self->state.roster->joined({id, h->memory_bytes, h->mem_gbps});
       },
   };
 }

@@ -55,6 +55,7 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
           if (h->is_client) return;
           self->send(st.a.health, add_atom::value, from, h->incarnation);
           self->send(st.a.jobs, up_atom::value, from, m);
+          self->send(st.a.generator, up_atom::value, from, m);
           spdlog::info("peer {} joined: {} ({:.1f} GFLOP/s)", from.short_string(), h->device_name, h->gflops);
           send_peer_exchange(*ctx, st.peers, from);
         } else if (auto* px = std::get_if<msg::peer_exchange>(m.get())) {
@@ -111,6 +112,8 @@ caf::behavior membership_actor(caf::stateful_actor<membership_state>* self, cont
           self->send(st.a.health, remove_atom::value, id);
         }
         self->send(st.a.jobs, down_atom::value, id, why);
+        // Health's Dead comes here, not through the bridge: stage calls to it fail at once.
+        if (worker) self->send(st.a.generator, down_atom::value, id);
       },
       [=](view_atom) { return std::make_shared<const member_map>(self->state.peers); },
   };

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 
 #include <fmt/format.h>
 
+#include "actors/failover_pipeline.hpp"
 #include "models/model_weights.hpp"
 #include "models/session.hpp"
 
@@ -24,43 +26,61 @@ expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& s
 }
 
 serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
-                                          std::vector<split_candidate> nodes, std::string path, remote_stage_timeouts timeouts) {
+                                          std::vector<split_candidate> nodes, std::string path, remote_stage_timeouts timeouts,
+                                          std::shared_ptr<split_roster> roster, std::function<void(const std::string&)> log) {
   std::error_code ec;
   auto absolute = std::filesystem::absolute(path, ec);
   if (!ec) path = absolute.lexically_normal().string();
-  return [calls, self, nodes, path, timeouts](const serving::split_input& in) -> expected<std::unique_ptr<models::pipeline>> {
+  return [calls, self, nodes, path, timeouts, roster, log](const serving::split_input& in) -> expected<std::unique_ptr<serving::split_sequence>> {
     const int64_t context = in.context > 0 ? in.context : std::min(in.config.max_context, models::session_options::default_context_cap);
     if (context > in.config.max_context)
       return make_error(error_code::invalid_argument, fmt::format("a context of {} positions was asked for, but the model was trained for {}",
                                                                   context, in.config.max_context));
     auto costs = models::plan_costs(in.config, in.ckpt, {}, context);
     if (!costs) return tl::unexpected(costs.error());
-    std::vector<models::stage_node> candidates;
-    for (const auto& n : nodes)
-      candidates.push_back({n.id.to_string(), static_cast<int64_t>(std::min<uint64_t>(n.memory_bytes, INT64_MAX)), std::max(n.speed, 1e-3)});
-    auto plan = models::plan_stages(*costs, candidates);
-    if (!plan) return tl::unexpected(plan.error());
-    std::vector<models::pipeline_stage> stages;
-    for (const auto& a : *plan) {
-      if (a.node == self.to_string()) {
-        models::session_options so;
-        so.context = context;
-        so.layers = a.layers;
-        auto s = models::session::create(in.ex, in.ckpt, so);
-        if (!s) return tl::unexpected(s.error());
-        stages.push_back({a.node, a.layers, models::local_stage::make(std::move(*s))});
-        continue;
+    if (nodes.empty() || nodes.front().id != self)
+      return make_error(error_code::invalid_argument, "a split's nodes must begin with this node");
+    // The checkpoint and the executor belong to the model, which outlives its pipeline.
+    const models::checkpoint* ckpt = &in.ckpt;
+    gpu::executor* ex = &in.ex;
+    const models::model_config config = in.config;
+    failover_options fo;
+    fo.open = [=, costs = *costs](const std::vector<split_candidate>& over, std::mutex& device) -> expected<std::unique_ptr<models::pipeline>> {
+      std::vector<models::stage_node> candidates;
+      for (const auto& n : over)
+        candidates.push_back({n.id.to_string(), static_cast<int64_t>(std::min<uint64_t>(n.memory_bytes, INT64_MAX)), std::max(n.speed, 1e-3)});
+      auto plan = models::plan_stages(costs, candidates);
+      if (!plan) return tl::unexpected(plan.error());
+      std::vector<models::pipeline_stage> stages;
+      for (const auto& a : *plan) {
+        if (a.node == self.to_string()) {
+          models::session_options so;
+          so.context = context;
+          so.layers = a.layers;
+          std::lock_guard<std::mutex> lock(device);  // the executor serves the running pipeline too
+          auto s = models::session::create(*ex, *ckpt, so);
+          if (!s) return tl::unexpected(s.error());
+          stages.push_back({a.node, a.layers, models::local_stage::make(std::move(*s))});
+          continue;
+        }
+        auto peer = node_id::parse(a.node);
+        if (!peer) return tl::unexpected(peer.error());
+        // On failure the stages opened so far go out of scope here, which closes them on their nodes.
+        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts);
+        if (!r)
+          return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
+                                                        models::to_string(a.layers), peer->short_string(), r.error().message));
+        stages.push_back({a.node, a.layers, std::move(*r)});
       }
-      auto peer = node_id::parse(a.node);
-      if (!peer) return tl::unexpected(peer.error());
-      // On failure the stages opened so far go out of scope here, which closes them on their nodes.
-      auto r = remote_stage::open(calls, *peer, path, a.layers, context, in.config.hidden_size, timeouts);
-      if (!r)
-        return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
-                                                      models::to_string(a.layers), peer->short_string(), r.error().message));
-      stages.push_back({a.node, a.layers, std::move(*r)});
-    }
-    return models::pipeline::create(in.config, context, std::move(stages));
+      return models::pipeline::create(config, context, std::move(stages));
+    };
+    fo.self = nodes.front();
+    fo.nodes = nodes;
+    fo.roster = roster;
+    fo.log = log;
+    auto f = failover_pipeline::create(std::move(fo), config, context);
+    if (!f) return tl::unexpected(f.error());
+    return std::unique_ptr<serving::split_sequence>(std::move(*f));
   };
 }
 

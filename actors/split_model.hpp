@@ -4,23 +4,19 @@
 /// session, the others opened on their nodes (remote_stage), all driven as one pipeline by the
 /// node's model host. No CAF here: the generator actor gathers the candidates from its views.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/remote_stage.hpp"
+#include "actors/split_replan.hpp"
+#include "actors/split_roster.hpp"
 #include "base/node_id.hpp"
 #include "models/stage_plan.hpp"
 #include "serving/local_backend.hpp"
 
 namespace mesh::generation {
-
-/// A node that may hold a stage, as its hello describes it.
-struct split_candidate {
-  node_id id;
-  uint64_t memory_bytes = 0;  ///< its device memory (for now all of it counts as free)
-  double speed = 0;           ///< its measured memory bandwidth, GB/s: decoding is bound by it
-};
 
 /// The nodes to plan over for a split into `n`: `self` first (it holds the tokenizer, so the
 /// embedding stays with it when it gets layers), then the n - 1 peers with the most memory (ties:
@@ -32,8 +28,14 @@ expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& s
 /// others on their nodes from their copies of `path` (made absolute here). Errors name the path
 /// and the node: a plan that does not fit, a peer that lacks the file or could not load it, one
 /// that left. Stages opened before a failure are closed again.
+///
+/// The model it builds is a failover_pipeline: a lost stage node re-plans over the nodes left
+/// (`roster`'s live peers; without one, the peers of `nodes` not lost yet) and the requests in
+/// flight go on; a node that joins widens a plan narrower than `nodes` (only with a roster).
+/// `log` gets a line per re-plan.
 serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
                                           std::vector<split_candidate> nodes, std::string path,
-                                          remote_stage_timeouts timeouts = {});
+                                          remote_stage_timeouts timeouts = {}, std::shared_ptr<split_roster> roster = nullptr,
+                                          std::function<void(const std::string&)> log = {});
 
 }  // namespace mesh::generation

@@ -48,9 +48,11 @@ expected<std::vector<float>> pipeline::prefill(std::span<const int32_t> tokens) 
     return make_error(error_code::limit_exceeded,
                       fmt::format("pipeline: {} more tokens after {} would pass the context of {} positions", n, position_, context_));
   expected<std::vector<float>> out;
+  failed_stage_.reset();
   for (size_t i = 0; i < stages_.size(); ++i) {
     auto& s = stages_[i];
     out = i == 0 ? s.link->forward(position_, tokens, {}) : s.link->forward(position_, {}, std::span<const float>(*out));
+    if (!out) failed_stage_ = i;
     if (!out)
       return make_error(out.error().code, fmt::format("stage {} of {} (layers {} on node {}): {}", i + 1, stages_.size(),
                                                       to_string(s.layers), s.node, out.error().message));
@@ -58,6 +60,7 @@ expected<std::vector<float>> pipeline::prefill(std::span<const int32_t> tokens) 
     // next stage or the sampler as a misshapen tensor.
     const bool last = i + 1 == stages_.size();
     const auto want = static_cast<size_t>(last ? config_.vocab_size : n * config_.hidden_size);
+    if (out->size() != want) failed_stage_ = i;
     if (out->size() != want)
       return make_error(error_code::internal, fmt::format("stage {} of {} (layers {} on node {}) returned {} values, not {}", i + 1,
                                                           stages_.size(), to_string(s.layers), s.node, out->size(), want));

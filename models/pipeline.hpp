@@ -79,6 +79,9 @@ class pipeline final : public sequence_model {
   int64_t context() const override { return context_; }
   const model_config& config() const override { return config_; }
   const std::vector<pipeline_stage>& stages() const { return stages_; }
+  /// The index of the stage whose failure ended the last step, if it ended so (a wrong amount
+  /// of values returned counts too); none after a step that succeeded.
+  std::optional<size_t> failed_stage() const { return failed_stage_; }
 
  private:
   pipeline() = default;
@@ -86,6 +89,7 @@ class pipeline final : public sequence_model {
   int64_t context_ = 0;
   int64_t position_ = 0;
   std::vector<pipeline_stage> stages_;
+  std::optional<size_t> failed_stage_;
 };
 
 }  // namespace mesh::models

@@ -26,6 +26,7 @@ struct local_backend::model {
   std::unique_ptr<gpu::executor> ex;
   std::unique_ptr<models::checkpoint> ckpt;
   std::unique_ptr<models::sequence_model> seq;  ///< a whole-model session, or a split model's pipeline
+  split_sequence* split = nullptr;              ///< seq, when split: its stages change on re-plans
   std::optional<models::tokenizer> tok;
   models::chat_tokens special;              ///< BOS/EOS text for chat templates named per request
   std::optional<std::string> template_text; ///< the checkpoint's own template, if any
@@ -132,7 +133,8 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
     if (!config) return forward_error(config);
     auto p = o.split({*m->ckpt, *config, o.context, *m->ex});
     if (!p) return in_path(p.error());
-    for (const auto& s : (*p)->stages()) m->info.stages.push_back({s.node, s.layers.first, s.layers.end});
+    m->split = p->get();
+    m->info.stages = m->split->stages();
     m->seq = std::move(*p);
   } else {
     models::session_options so;
@@ -268,7 +270,10 @@ void local_backend::cancel(const std::shared_ptr<request_handle>& handle) {
 std::vector<model_info> local_backend::models() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<model_info> out;
-  for (const auto& m : models_) out.push_back(m->info);
+  for (const auto& m : models_) {
+    out.push_back(m->info);
+    if (m->split) out.back().stages = m->split->stages();
+  }
   return out;
 }
 

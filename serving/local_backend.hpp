@@ -44,7 +44,14 @@ struct split_input {
   int64_t context = 0;                 ///< positions asked for (0: the model's, capped)
   gpu::executor& ex;                   ///< this model's executor, for the stage this node holds
 };
-using split_builder = std::function<expected<std::unique_ptr<models::pipeline>>(const split_input& in)>;
+/// A split model as the host drives it: a sequence whose stages may move while it serves (a
+/// stage node that is lost, a node that joins: actors/failover_pipeline.hpp).
+class split_sequence : public models::sequence_model {
+ public:
+  /// Its stages now, in order. Thread-safe: listings read it while the worker steps.
+  virtual std::vector<model_stage_info> stages() const = 0;
+};
+using split_builder = std::function<expected<std::unique_ptr<split_sequence>>(const split_input& in)>;
 
 struct local_model_options {
   std::filesystem::path path;  ///< a GGUF file or a Hugging Face directory

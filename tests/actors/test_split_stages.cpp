@@ -19,6 +19,7 @@
 
 #include "actors/remote_stage.hpp"
 #include "actors/split_model.hpp"
+#include "actors/split_roster.hpp"
 #include "actors/stage_host.hpp"
 #include "model_writer.hpp"
 #include "serving/local_backend.hpp"
@@ -124,7 +125,7 @@ model_spec four_layers() {
 const generation::remote_stage_timeouts short_waits{60s, 60s};
 
 bool eventually(const std::function<bool()>& f) {
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 3000; ++i) {  // 30 s: a bound for slow sanitizer runs, not a wait
     if (f()) return true;
     std::this_thread::sleep_for(10ms);
   }
@@ -181,7 +182,86 @@ TEST_CASE("a model split over three nodes serves the whole model's text, and unl
   CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p2) == 0; }));
 }
 
-TEST_CASE("a split model whose stage node dies fails its next request with a message naming the node", "[generation][split]") {
+/// A greedy (seed 0) or seeded generation of `tokens` tokens; `at_token` runs after each token.
+serving::generation_outcome run_long(serving::local_backend& b, const std::string& model, int64_t tokens,
+                                     std::function<void(int64_t)> at_token = {}) {
+  serving::generation_request r;
+  r.model = model;
+  r.prompt = "one two three four five six";
+  r.max_tokens = tokens;
+  r.ignore_eos = true;
+  outcome_wait w;
+  auto cb = w.callbacks();
+  cb.on_token = std::move(at_token);
+  auto f = w.done.get_future();
+  auto started = b.start(r, cb);
+  if (!started) return tl::unexpected(started.error());
+  return f.get();
+}
+
+TEST_CASE("a stage node that dies mid-generation moves its layers to the survivors and the text is unchanged", "[generation][split][failover]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  model_spec spec = four_layers();
+  spec.layers = 6;
+  write_gguf_model(path, spec, models::tensor_type::q8_0);
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  sim_mesh mesh({p1, p2});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options whole;
+  whole.path = path;
+  whole.id = "whole";
+  REQUIRE((*b)->load(whole));
+  serving::local_model_options o = whole;
+  o.id = "split";
+  const uint64_t gb = 1'000'000'000;
+  std::vector<std::string> log;
+  std::mutex log_m;
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+                                           short_waits, nullptr, [&](const std::string& line) {
+                                             std::lock_guard<std::mutex> lock(log_m);
+                                             log.push_back(line);
+                                           });
+  auto info = (*b)->load(o);
+  REQUIRE(info);
+  REQUIRE(info->stages.size() == 3);
+
+  auto undisturbed = run_long(**b, "whole", 40);
+  REQUIRE(undisturbed);
+  auto split_too = run_long(**b, "split", 40);
+  REQUIRE(split_too);
+  REQUIRE(split_too->text == undisturbed->text);
+
+  // p2 (the last stage) goes away after the 12th token: the request goes on over srv and p1.
+  auto r = run_long(**b, "split", 40, [&](int64_t n) {
+    if (n == 12) mesh.kill(p2);
+  });
+  INFO((r ? std::string() : r.error().message));
+  for (const auto& l : log) INFO(l);
+  REQUIRE(r);
+  CHECK(r->text == undisturbed->text);
+  CHECK(r->completion_tokens == 40);
+  auto now = (*b)->models();
+  const auto it = std::find_if(now.begin(), now.end(), [](const auto& m) { return m.id == "split"; });
+  REQUIRE(it != now.end());
+  REQUIRE(it->stages.size() == 2);
+  CHECK(it->stages[0].node == mesh.srv.to_string());
+  CHECK(it->stages[1].node == p1.to_string());
+  CHECK(it->stages[0].first_layer == 0);
+  CHECK(it->stages[1].end_layer == 6);
+  // p1 holds the new stage only: the old one was closed.
+  CHECK(eventually([&] { return mesh.held(p1) == 1; }));
+  // And the next request runs on the new plan from its start.
+  auto again = run_long(**b, "split", 40);
+  REQUIRE(again);
+  CHECK(again->text == undisturbed->text);
+  CHECK(mesh.undecodable == 0);
+}
+
+TEST_CASE("a stage node that dies when no plan fits the nodes left fails the request saying why", "[generation][split][failover]") {
   temp_dir dir;
   const auto path = dir / "m.gguf";
   write_gguf_model(path, four_layers(), models::tensor_type::f32);
@@ -194,17 +274,29 @@ TEST_CASE("a split model whose stage node dies fails its next request with a mes
   serving::local_model_options o;
   o.path = path;
   o.id = "split";
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, 1 << 30, 5}, {p1, 1 << 30, 5}}, path.string(), short_waits);
-  REQUIRE((*b)->load(o));
+  // This node has room for nothing: p1 holds every layer, and once it is gone nothing fits.
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, 1, 5}, {p1, 1 << 30, 5}}, path.string(), short_waits);
+  auto info = (*b)->load(o);
+  REQUIRE(info);
+  REQUIRE(info->stages.size() == 1);
+  CHECK(info->stages[0].node == p1.to_string());
   REQUIRE(run(**b, "split", 0));
   mesh.kill(p1);
   auto r = run(**b, "split", 0);
   REQUIRE_FALSE(r);
   CHECK(r.error().kind == serving::failure_kind::no_capacity);
+  INFO(r.error().message);
   CHECK(r.error().message.find("node " + p1.short_string() + " is not connected") != std::string::npos);
-  CHECK(r.error().message.find("stage 2 of 2") != std::string::npos);
-  // The host goes on: the next request fails the same way, nothing hangs.
-  CHECK_FALSE(run(**b, "split", 0));
+  CHECK(r.error().message.find("stage 1 of 1") != std::string::npos);
+  CHECK(r.error().message.find("no re-plan over the nodes left: stage plan: the model needs") != std::string::npos);
+  CHECK(r.error().message.find("the 1 nodes have 1 B free") != std::string::npos);
+  // The host goes on: the next request fails the same way, nothing hangs; the listing shows no stages.
+  auto next = run(**b, "split", 0);
+  REQUIRE_FALSE(next);
+  CHECK(next.error().message.find("no re-plan over the nodes left") != std::string::npos);
+  auto now = (*b)->models();
+  REQUIRE(now.size() == 1);
+  CHECK(now[0].stages.empty());
 
   // A call waiting for a node that leaves fails at once, naming it.
   auto silent = std::make_shared<generation::stage_calls>([](const node_id&, const msg::message&) { return true; });
@@ -217,6 +309,65 @@ TEST_CASE("a split model whose stage node dies fails its next request with a mes
   auto late = silent->call(p1, msg::stage_step{}, 20ms);
   REQUIRE_FALSE(late);
   CHECK(late.error().message.find("did not answer stage_step") != std::string::npos);
+}
+
+TEST_CASE("with a roster, a departure re-plans at once and a node that joins widens the plan while a request runs", "[generation][split][failover]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  model_spec spec = four_layers();
+  spec.layers = 6;
+  write_gguf_model(path, spec, models::tensor_type::q8_0);
+  const node_id p1 = test::named("p1"), p2 = test::named("p2"), p3 = test::named("p3");
+  sim_mesh mesh({p1, p2, p3});
+  const uint64_t gb = 1'000'000'000;
+  auto roster = std::make_shared<generation::split_roster>();
+  roster->joined({p1, gb, 10});
+  roster->joined({p2, gb, 10});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options whole;
+  whole.path = path;
+  whole.id = "whole";
+  REQUIRE((*b)->load(whole));
+  serving::local_model_options o = whole;
+  o.id = "split";
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+                                           short_waits, roster);
+  REQUIRE((*b)->load(o));
+  const auto stage_nodes = [&] {
+    std::vector<std::string> out;
+    for (const auto& m : (*b)->models())
+      if (m.id == "split")
+        for (const auto& st : m.stages) out.push_back(st.node);
+    return out;
+  };
+  REQUIRE(stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string(), p2.to_string()});
+  auto undisturbed = run_long(**b, "whole", 40);
+  REQUIRE(undisturbed);
+
+  // p2 leaves while nothing runs: the plan moves without waiting for a request.
+  mesh.kill(p2);
+  roster->left(p2);
+  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string()}; }));
+
+  // p3 joins while a generation runs: the plan widens to three nodes again; the text is the same.
+  std::atomic<bool> told{false};
+  auto r = run_long(**b, "split", 40, [&](int64_t n) {
+    if (n == 5 && !told.exchange(true)) roster->joined({p3, gb, 10});
+  });
+  INFO((r ? std::string() : r.error().message));
+  REQUIRE(r);
+  CHECK(r->text == undisturbed->text);
+  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string(), p3.to_string()}; }));
+  auto again = run_long(**b, "split", 40);
+  REQUIRE(again);
+  CHECK(again->text == undisturbed->text);
+  CHECK(eventually([&] { return mesh.held(p3) == 1 && mesh.held(p1) == 1; }));
+  REQUIRE((*b)->unload("split"));
+  CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p3) == 0; }));
+  roster->close();
 }
 
 TEST_CASE("a stage host loads from its own copy, serves only the stage's owner and bounds its stages", "[generation][split]") {

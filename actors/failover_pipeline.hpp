@@ -1,0 +1,92 @@
+#pragma once
+/// A split model that outlives its stage nodes (docs/serving.md, "Split over the mesh"): it
+/// drives a models::pipeline and, when a stage's node is lost, plans the layers again over the
+/// nodes left (each loading its new range from its own copy of the checkpoint), prefills the new
+/// stages with the sequence so far (the prompt and the tokens generated) and runs the step that
+/// failed, so that generate() sees one slow step instead of an error. When a node joins a model
+/// that runs on fewer nodes than it asked for, the new plan is built beside the old one while
+/// the old one serves, and takes over between two steps. No CAF: the roster
+/// (actors/split_roster.hpp) brings the health view's news; when and over whom to re-plan is
+/// decided by actors/split_replan.hpp.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/split_replan.hpp"
+#include "actors/split_roster.hpp"
+#include "models/pipeline.hpp"
+#include "serving/local_backend.hpp"
+
+namespace mesh::generation {
+
+struct failover_options {
+  /// Plans the model over `nodes` (in that order) and opens its stages. Called with nothing
+  /// locked; it must hold `device` while it uses this node's executor (the running pipeline's
+  /// local stage uses it under the same lock).
+  std::function<expected<std::unique_ptr<models::pipeline>>(const std::vector<split_candidate>& nodes, std::mutex& device)> open;
+  split_candidate self;
+  /// The nodes of the first plan (self first); its size is the width the split asked for.
+  std::vector<split_candidate> nodes;
+  /// The peers alive now (null: the first plan's peers, less those lost since).
+  std::shared_ptr<split_roster> roster;
+  /// Re-plans one step may go through before its error is the request's (each loses a node).
+  int max_replans_per_step = 4;
+  /// One line per re-plan and per failed one (the node's log).
+  std::function<void(const std::string&)> log;
+};
+
+class failover_pipeline final : public serving::split_sequence {
+ public:
+  /// The first plan over `o.nodes`; its errors are open's (naming the node and the path).
+  static expected<std::unique_ptr<failover_pipeline>> create(failover_options o, const models::model_config& config, int64_t context);
+  ~failover_pipeline() override;
+
+  /// Runs the step; a lost stage node re-plans (at most max_replans_per_step times) and the
+  /// step runs again on the new stages after they are prefilled with the sequence so far.
+  /// A loss with no plan over the nodes left is an unavailable error saying both: what was lost
+  /// and why nothing fits.
+  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override;
+  expected<std::vector<float>> decode(int32_t token) override;
+  void reset() override;
+  int64_t position() const override;
+  int64_t context() const override { return context_; }
+  const models::model_config& config() const override { return config_; }
+  std::vector<serving::model_stage_info> stages() const override;
+
+  /// Re-plans now if a stage node is gone or the model can widen (the roster's thread calls it
+  /// on each change; tests call it directly). Requests go on meanwhile; see the class comment.
+  void maintain();
+  /// Re-plans completed since creation (for tests and logs).
+  int64_t replans() const;
+
+ private:
+  failover_pipeline() = default;
+  void on_roster(const roster_event& e);
+  std::vector<split_candidate> live() const;
+  /// Under plan_m_: re-plans if replan_needed says so; the error says why no plan was made.
+  expected<void> replan_if_needed();
+  void install(std::unique_ptr<models::pipeline> p, std::vector<node_id> over);
+  void say(const std::string& line) const;
+
+  failover_options o_;
+  models::model_config config_;
+  int64_t context_ = 0;
+  uint64_t subscription_ = 0;
+
+  std::mutex plan_m_;  ///< one re-plan at a time; taken before step_m_, never after
+  std::mutex step_m_;  ///< a step, the swap of current_, and this node's executor
+  std::unique_ptr<models::pipeline> current_;  ///< null after a loss until re-planned
+  std::vector<int32_t> history_;               ///< the sequence so far (step_m_)
+
+  mutable std::mutex view_m_;  ///< what listings and decisions read: a leaf lock
+  std::vector<node_id> planned_over_, in_stages_;
+  std::vector<serving::model_stage_info> stage_info_;
+  std::set<node_id> excluded_;  ///< gone, failed a call, or refused a stage since they last joined
+  int64_t replans_ = 0;
+};
+
+}  // namespace mesh::generation
