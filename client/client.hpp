@@ -8,6 +8,7 @@
 /// plan work onto it. Every call returns errors as values with a message a person can act on.
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
@@ -25,6 +26,9 @@ namespace mesh {
 
 struct client_options {
   std::vector<uint8_t> mesh_secret;  ///< must match the mesh's; empty = the open LAN mesh
+  /// The mesh id find_node looks for in mDNS; empty = derived from mesh_secret (transport::mesh_id_of).
+  /// options_for_local_node() fills both from the node's state directory.
+  std::string mesh_id;
   std::chrono::milliseconds connect_timeout{5000};
   /// No packet from the node for this long: it is gone (keep-alives are sent at a quarter of
   /// it). A training then continues on another node of the mesh (see client::train).
@@ -125,6 +129,13 @@ class pending_request {
   std::shared_ptr<client_impl> impl_;
   uint64_t id_ = 0;
 };
+
+/// Options for a client on the machine of a node whose state directory is `state_dir`: the mesh
+/// credential that node keeps there (<state_dir>/mesh.token, written when the node created or
+/// joined its mesh), or the open mesh's when it keeps none (a node started --open or
+/// --secret-file; for the latter, set mesh_secret from the file). Refuses a token file that
+/// others may read, or one that does not decode.
+expected<client_options> options_for_local_node(const std::filesystem::path& state_dir);
 
 /// Looks for a node of the mesh of `options.mesh_secret` (same mesh id and protocol version) on
 /// the LAN by mDNS (`_meshnode._udp` through avahi-daemon), browsing without announcing, and
