@@ -42,13 +42,14 @@ job mlp_job(int64_t batch = 32, int64_t width = 64) {
   return j;
 }
 
-/// A bare transport endpoint of this protocol version on loopback, dialing the node at `endpoint`
+/// A bare transport endpoint of this protocol version and of the test mesh on loopback, dialing the node at `endpoint`
 /// ("ID@HOST:PORT", whose id is `node`): a peer whose every message the test writes itself.
 expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::string& endpoint, const node_id& node,
                                                                 transport::handlers h) {
   transport::endpoint_config cfg;
   cfg.bind = "127.0.0.1";
   cfg.protocol_version = msg::protocol_version;
+  cfg.mesh_secret = test_credential().secret;  // a member of the test mesh, so admission lets it in
   auto ep = transport::endpoint::start(cfg, std::move(h));
   if (ep) (*ep)->dial(node, {endpoint.substr(endpoint.find('@') + 1)});
   return ep;
