@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
                    credential->credential.mesh_id, (cfg.state_dir / mesh::transport::credential_file_name).string());
       break;
     case source::join:
-      spdlog::info("joined mesh {}; the token is kept in {}: later starts need no --join", credential->credential.mesh_id,
+      spdlog::info("mesh {} from the --join token, kept in {}: later starts need no --join", credential->credential.mesh_id,
                    (cfg.state_dir / mesh::transport::credential_file_name).string());
       break;
     case source::stored: spdlog::info("mesh {} (token in the state directory)", credential->credential.mesh_id); break;
