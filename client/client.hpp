@@ -26,13 +26,15 @@ namespace mesh {
 
 struct client_options {
   std::vector<uint8_t> mesh_secret;  ///< must match the mesh's; empty = the open LAN mesh
-  /// The mesh id find_node looks for in mDNS; empty = derived from mesh_secret (transport::mesh_id_of).
-  /// options_for_local_node() fills both from the node's state directory.
-  std::string mesh_id;
   std::chrono::milliseconds connect_timeout{5000};
   /// No packet from the node for this long: it is gone (keep-alives are sent at a quarter of
   /// it). A training then continues on another node of the mesh (see client::train).
   std::chrono::milliseconds idle_timeout{5000};
+  /// The mesh id find_node looks for in mDNS; empty = derived from mesh_secret (transport::mesh_id_of).
+  /// options_for_local_node() fills both from the node's state directory. Last and with a
+  /// default initializer, so that a designated initializer that stops before it
+  /// (`{.mesh_secret = s, .connect_timeout = t}`) need not name it (-Wmissing-field-initializers).
+  std::string mesh_id{};
 };
 
 /// A finished job.

@@ -41,6 +41,8 @@ class node_process {
  public:
   node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}, bool join_test_mesh = true) : dir_(dir) {
     std::filesystem::create_directories(dir_);
+    // meshnode refuses a state directory others may write to (a umask of 002 would make one).
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     std::filesystem::remove(dir_ / "endpoint");
     std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--device", "cpu",
                                      "--log-level", "info", "--mdns", "off"};

@@ -96,10 +96,10 @@ TEST_CASE("strangers without the token become no member and the mesh keeps worki
     raws.push_back(std::move(*ep));
   }
   // 3. A client without the token, and one with a token of another mesh.
-  auto open_client = client::connect(mesh3.ea, {.mesh_secret = {}, .mesh_id = {}, .connect_timeout = 3s});
+  auto open_client = client::connect(mesh3.ea, {.mesh_secret = {}, .connect_timeout = 3s, .idle_timeout = 5s, .mesh_id = {}});
   CHECK_FALSE(open_client);
   const auto other = transport::new_mesh_credential();
-  auto other_client = client::connect(mesh3.eb, {.mesh_secret = other.secret, .mesh_id = other.mesh_id, .connect_timeout = 3s});
+  auto other_client = client::connect(mesh3.eb, {.mesh_secret = other.secret, .connect_timeout = 3s, .idle_timeout = 5s, .mesh_id = other.mesh_id});
   CHECK_FALSE(other_client);
 
   // Time for every dial (and the stranger's redials) to be tried and refused.
