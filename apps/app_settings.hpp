@@ -41,7 +41,7 @@ inline expected<std::vector<uint8_t>> read_secret(const std::string& path) {
   return make_error(error_code::invalid_argument, "secret file " + path + " must hold 32 bytes or 64 hex characters");
 }
 
-/// The credential a node starts with, and one line for the log saying where it came from.
+/// The credential a node starts with, and where it came from (for the start-up log line).
 struct node_credential {
   transport::mesh_credential credential;
   transport::credential_source source = transport::credential_source::create;
