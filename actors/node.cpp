@@ -266,7 +266,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
       default: break;
     }
   };
-  const discovery::announcement ann{self_id.to_string(), transport::mesh_id_of(cfg.mesh_secret), msg::protocol_version, (*ep)->port(),
+  const discovery::announcement ann{self_id.to_string(), cfg.mesh_id.empty() ? transport::mesh_id_of(cfg.mesh_secret) : cfg.mesh_id, msg::protocol_version, (*ep)->port(),
                                     own.device_name.substr(0, 60)};
   std::unique_ptr<discovery::backend> mdns, statics;
   if (cfg.mdns) {

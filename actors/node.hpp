@@ -15,6 +15,7 @@ namespace mesh {
 struct node_config {
   std::filesystem::path state_dir;     ///< identity (node.key) and the endpoint file live here
   std::vector<uint8_t> mesh_secret;    ///< empty = the open LAN mesh
+  std::string mesh_id;                 ///< published in mDNS; empty = mesh_id_of(mesh_secret)
   std::string bind = "0.0.0.0";
   uint16_t port = 0;                   ///< 0 = any free port (written to <state_dir>/endpoint)
   std::vector<std::string> peers;      ///< static peers, "nodeid@host:port"

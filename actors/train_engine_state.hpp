@@ -26,14 +26,16 @@ inline uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) 
 
 /// Parameters of run `id` coordinated by `coordinator` carry this prefix on every device, so that
 /// runs sharing a device never mix state. Workers derive it too (to undo it for a takeover).
+/// The coordinator's whole id, never its 8-digit short form: a peer can grind a key whose short
+/// form matches another coordinator's and so name (and overwrite) that run's tensors.
 inline std::string run_prefix(const node_id& coordinator, uint64_t id) {
-  return "tr." + coordinator.short_string() + "." + std::to_string(id) + ".";
+  return "tr." + coordinator.to_string() + "." + std::to_string(id) + ".";
 }
 
 /// The prefix of the same run's gradient accumulators on a worker's device (accumulating() in
 /// train_worker.cpp).
 inline std::string accumulator_prefix(const node_id& coordinator, uint64_t id) {
-  return "acc." + coordinator.short_string() + "." + std::to_string(id) + ".";
+  return "acc." + coordinator.to_string() + "." + std::to_string(id) + ".";
 }
 
 inline bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "transport/credential_store.hpp"
+#include "transport/state_dir.hpp"
 
 namespace mesh::app {
 
@@ -37,6 +39,53 @@ inline expected<std::vector<uint8_t>> read_secret(const std::string& path) {
     return out;
   }
   return make_error(error_code::invalid_argument, "secret file " + path + " must hold 32 bytes or 64 hex characters");
+}
+
+/// The credential a node starts with, and where it came from (for the start-up log line).
+struct node_credential {
+  transport::mesh_credential credential;
+  transport::credential_source source = transport::credential_source::create;
+};
+
+/// Chooses and, where needed, keeps the credential of a node whose state directory is
+/// `state_dir`: --open, --secret-file, --join TOKEN (kept for later starts), the token kept by an
+/// earlier start, or a new mesh (its token kept). Prepares the state directory first.
+inline expected<node_credential> resolve_node_credential(const std::string& state_dir, bool open, const std::string& secret_file,
+                                                         const std::string& join_token) {
+  if (auto ok = transport::prepare_state_dir(state_dir); !ok) return tl::unexpected(ok.error());
+  auto stored = transport::load_stored_credential(state_dir);
+  // An unreadable or damaged stored token matters only when it would be used: an explicit
+  // --join replaces it, --open and --secret-file ignore it.
+  const bool explicit_choice = open || !secret_file.empty() || !join_token.empty();
+  if (!stored && !explicit_choice) return tl::unexpected(stored.error());
+  const bool has_stored = stored && stored->has_value();
+  auto source = transport::choose_credential_source({open, !secret_file.empty(), !join_token.empty(), has_stored});
+  if (!source) return tl::unexpected(source.error());
+  node_credential out;
+  out.source = *source;
+  switch (*source) {
+    case transport::credential_source::open: out.credential = transport::open_credential(); break;
+    case transport::credential_source::secret_file: {
+      auto s = read_secret(secret_file);
+      if (!s) return tl::unexpected(s.error());
+      out.credential = transport::credential_from_secret(std::move(*s));
+      break;
+    }
+    case transport::credential_source::join: {
+      auto c = transport::decode_join_token(join_token);
+      if (!c) return make_error(c.error().code, "--join: " + c.error().message);
+      if (auto kept = transport::store_credential(state_dir, *c); !kept) return tl::unexpected(kept.error());
+      out.credential = std::move(*c);
+      break;
+    }
+    case transport::credential_source::stored: out.credential = std::move(**stored); break;
+    case transport::credential_source::create: {
+      out.credential = transport::new_mesh_credential();
+      if (auto kept = transport::store_credential(state_dir, out.credential); !kept) return tl::unexpected(kept.error());
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace mesh::app

@@ -23,6 +23,8 @@ class node_process {
   node_process(const std::string& binary, const std::filesystem::path& state_dir, std::vector<std::string> args)
       : dir_(state_dir) {
     std::filesystem::create_directories(dir_);
+    // meshnode refuses a state directory others may write to (a umask of 002 would make one).
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     std::filesystem::remove(dir_ / "endpoint");
     args.insert(args.begin(), {binary, "--state-dir", dir_.string()});
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered

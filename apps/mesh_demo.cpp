@@ -39,27 +39,6 @@ int fail(const std::string& what) {
   return 1;
 }
 
-/// A fresh random mesh secret in a file only we can read: the demo's nodes form their own
-/// mesh, separate from any other meshnode on the LAN.
-expected<std::string> write_secret(const std::filesystem::path& dir) {
-  std::random_device rd;
-  std::string hex;
-  for (int i = 0; i < 32; ++i) {
-    char b[3];
-    std::snprintf(b, sizeof b, "%02x", rd() & 0xff);
-    hex += b;
-  }
-  const auto path = (dir / "mesh.secret").string();
-  std::filesystem::remove(path);
-  {
-    std::ofstream f(path);
-    f << hex << "\n";
-    if (!f) return make_error(error_code::io_error, "cannot write " + path);
-  }
-  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
-  return path;
-}
-
 bool avahi_running() { return std::system("avahi-daemon --check >/dev/null 2>&1") == 0; }
 
 std::string bar(double fraction, int width = 28) {
@@ -168,10 +147,6 @@ int run_demo(int argc, char** argv) {
 
   const auto t_start = std::chrono::steady_clock::now();
   std::filesystem::create_directories(out);
-  auto secret_file = write_secret(out);
-  if (!secret_file) return fail(secret_file.error().message);
-  auto secret = app::read_secret(*secret_file);
-  if (!secret) return fail(secret.error().message);
   if (mdns && !avahi_running()) {
     std::printf("avahi-daemon is not running: the nodes use static peers instead of mDNS.\n");
     mdns = false;
@@ -182,28 +157,36 @@ int run_demo(int argc, char** argv) {
   std::printf("1. starting %d meshnode processes (%s device; peers found by %s)\n", nodes, device.c_str(),
               mdns ? "mDNS" : "static --peer");
   std::vector<std::unique_ptr<app::node_process>> procs;
-  std::string first;
+  std::string first, token;
+  client_options member;
   for (int i = 0; i < nodes; ++i) {
     // Each run starts its nodes with fresh state (identity, logs): the demo's nodes are its own,
     // and an identity left by an earlier run (perhaps copied with other permissions) is not reused.
     const auto dir = std::filesystem::path(out) / ("node" + std::to_string(i + 1));
     std::error_code ignored;
     std::filesystem::remove_all(dir, ignored);
-    std::vector<std::string> args = {"--port", "0", "--device", device, "--secret-file", *secret_file, "--mdns",
+    // The first node creates a new mesh (its fresh state directory holds no token); the others
+    // join it with the token it keeps, as `meshctl invite` would print it. The demo's nodes thus
+    // form their own mesh, apart from any other meshnode on the LAN.
+    std::vector<std::string> args = {"--port", "0", "--device", device, "--mdns",
                                      mdns ? "on" : "off", "--log-level", "info"};
     // The first node serves the HTTP API (127.0.0.1:8080, or a free port when that is taken).
-    if (i > 0) args.insert(args.end(), {"--api-bind", "off"});
+    if (i > 0) args.insert(args.end(), {"--api-bind", "off", "--join", token});
     if (!mdns && i > 0) args.insert(args.end(), {"--peer", first});
     procs.push_back(std::make_unique<app::node_process>(binary, dir, args));
     if (i == 0) {
       auto ep = procs[0]->endpoint();
       if (!ep) return fail(ep.error().message);
       first = *ep;
+      auto local = options_for_local_node(dir);
+      if (!local || local->mesh_secret.empty()) return fail("the first node kept no mesh token in " + dir.string());
+      member = *local;
+      token = transport::encode_join_token({member.mesh_id, member.mesh_secret});
     }
   }
   for (auto& p : procs)
     if (auto ep = p->endpoint(); !ep) return fail(ep.error().message);
-  auto c = client::connect(first, {*secret});
+  auto c = client::connect(first, member);
   if (!c) return fail("cannot connect to the first node: " + c.error().message);
   // Wait until the first node sees every other one as healthy.
   size_t healthy = 0;

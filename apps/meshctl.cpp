@@ -1,10 +1,12 @@
 // meshctl: shows and steers the mesh as a node sees it.
 //
 //   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
+//   meshctl invite                           the join token of the local node's mesh (meshnode --join TOKEN)
 //   meshctl --json peers                     the same as JSON, for scripts
 //   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
 //   meshctl models [load PATH [--split N] | unload ID]   the models the node serves (HTTP API, generate)
-// The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file.
+// The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file; the mesh
+// credential is --secret-file, or the token the local node keeps in <state-dir>/mesh.token.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -19,6 +21,7 @@
 
 #include "app_settings.hpp"
 #include "client/client.hpp"
+#include "transport/join_token.hpp"
 
 namespace {
 
@@ -148,7 +151,8 @@ int main(int argc, char** argv) {
   std::string node, state_dir = mesh::app::default_state_dir(), secret_file, command;
   bool json = false;
   int count = 0;
-  app.add_option("command", command, "peers, status, jobs or top")->check(CLI::IsMember({"peers", "status", "jobs", "top"}));
+  app.add_option("command", command, "peers, status, jobs, top, or invite (print the join token of the local node's mesh)")
+      ->check(CLI::IsMember({"peers", "status", "jobs", "top", "invite"}));
   std::string model, prompt;
   mesh::generation_options gen;
   int64_t max_tokens = gen.max_tokens;
@@ -188,7 +192,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const bool generating = gen_cmd->parsed(), modelling = models_cmd->parsed();
   if (!generating && !modelling && command.empty()) {
-    std::cerr << "meshctl: say what to do: peers, status, jobs, top, generate or models (--help lists them)\n";
+    std::cerr << "meshctl: say what to do: peers, status, jobs, top, invite, generate or models (--help lists them)\n";
     return 2;
   }
   if (modelling) {
@@ -208,13 +212,7 @@ int main(int argc, char** argv) {
   }
   gen.max_tokens = static_cast<uint32_t>(max_tokens);
 
-  if (node.empty()) {
-    std::ifstream f(state_dir + "/endpoint");
-    if (!std::getline(f, node)) {
-      std::cerr << "meshctl: no --node given and no running node found in " << state_dir << " (start meshnode first)\n";
-      return 2;
-    }
-  }
+  // The credential: the secret file, else the token the local node keeps beside its endpoint.
   mesh::client_options opts;
   if (!secret_file.empty()) {
     auto secret = mesh::app::read_secret(secret_file);
@@ -222,7 +220,35 @@ int main(int argc, char** argv) {
       std::cerr << "meshctl: " << secret.error().message << "\n";
       return 2;
     }
-    opts.mesh_secret = *secret;
+    auto credential = mesh::transport::credential_from_secret(std::move(*secret));
+    opts.mesh_secret = credential.secret;
+    opts.mesh_id = credential.mesh_id;
+  } else {
+    auto local = mesh::options_for_local_node(state_dir);
+    if (!local) {
+      std::cerr << "meshctl: " << local.error().message << "\n";
+      return 2;
+    }
+    opts = std::move(*local);
+  }
+  if (command == "invite") {
+    // Needs no running node: the token is the credential itself. Only the token goes to
+    // standard output, so that `meshnode --join "$(meshctl invite)"` works.
+    if (opts.mesh_secret.empty()) {
+      std::cerr << "meshctl: no mesh credential in " << state_dir
+                << " (start meshnode there first: it creates a mesh; a node started --open needs no token)\n";
+      return 2;
+    }
+    std::cout << mesh::transport::encode_join_token({opts.mesh_id, opts.mesh_secret}) << "\n";
+    std::cerr << "join another machine with: meshnode --join TOKEN (the token is the mesh secret: pass it privately)\n";
+    return 0;
+  }
+  if (node.empty()) {
+    std::ifstream f(state_dir + "/endpoint");
+    if (!std::getline(f, node)) {
+      std::cerr << "meshctl: no --node given and no running node found in " << state_dir << " (start meshnode first)\n";
+      return 2;
+    }
   }
   auto c = mesh::client::connect(node, opts);
   if (!c) {

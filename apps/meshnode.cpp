@@ -37,11 +37,16 @@ int main(int argc, char** argv) {
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
   std::vector<std::string> peers, models;
   std::string api_bind = "127.0.0.1:8080", api_key_file;
-  bool print_id = false;
+  bool print_id = false, open_mesh = false;
+  std::string join_token;
   std::string mdns = "on";
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, with _)")->envname("MESH_CONFIG");
   auto* o_state = app.add_option("--state-dir", state_dir, "identity and state directory")->envname("MESH_STATE_DIR");
-  auto* o_secret = app.add_option("--secret-file", secret_file, "mesh secret (32 bytes or 64 hex chars); none = open LAN mesh")->envname("MESH_SECRET_FILE");
+  auto* o_secret = app.add_option("--secret-file", secret_file, "mesh secret (32 bytes or 64 hex chars) naming the mesh; by default the node "
+                                  "uses the token kept in its state directory, or creates a new mesh")->envname("MESH_SECRET_FILE");
+  auto* o_join = app.add_option("--join", join_token, "join the mesh of this token (`meshctl invite` on a member prints it); kept in the "
+                                "state directory, so later starts need no flag")->envname("MESH_JOIN");
+  auto* o_open = app.add_flag("--open", open_mesh, "an open mesh: no credential, any host that reaches this node becomes a member")->envname("MESH_OPEN");
   auto* o_bind = app.add_option("--bind", bind, "address to listen on")->envname("MESH_BIND");
   auto* o_port = app.add_option("--port", port, "UDP port (0 = any free port)")->envname("MESH_PORT");
   auto* o_peer = app.add_option("--peer", peers, "static peer NODEID@HOST:PORT (repeatable)")->envname("MESH_PEERS")->delimiter(',');
@@ -84,6 +89,14 @@ int main(int argc, char** argv) {
     };
     fill(o_state, "state_dir", state_dir);
     fill(o_secret, "secret_file", secret_file);
+    fill(o_join, "join", join_token);
+    if (auto m = t["open"]) {
+      if (auto b = m.value_exact<bool>()) {
+        if (o_open->count() == 0) open_mesh = *b;
+      } else {
+        complain("open", "true or false");
+      }
+    }
     fill(o_bind, "bind", bind);
     fill(o_port, "port", port);
     fill(o_device, "device", device);
@@ -114,7 +127,7 @@ int main(int argc, char** argv) {
     };
     fill_list(o_peer, "peers", peers, "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
     fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
-    const std::vector<std::string> known = {"state_dir", "secret_file", "bind", "port", "device", "log_level", "heartbeat_ms",
+    const std::vector<std::string> known = {"state_dir", "secret_file", "join", "open", "bind", "port", "device", "log_level", "heartbeat_ms",
                                             "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file"};
     for (const auto& [key, value] : t)
       if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
@@ -187,17 +200,7 @@ int main(int argc, char** argv) {
     }
     cfg.api_key = *key;
   }
-  if (!secret_file.empty()) {
-    auto s = mesh::app::read_secret(secret_file);
-    if (!s) {
-      std::cerr << "meshnode: " << s.error().message << "\n";
-      return 2;
-    }
-    cfg.mesh_secret = *s;
-  }
   if (print_id) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.state_dir, ec);
     auto id = mesh::node_identity_string(cfg.state_dir);
     if (!id) {
       std::cerr << "meshnode: " << id.error().message << "\n";
@@ -206,6 +209,31 @@ int main(int argc, char** argv) {
     std::cout << *id << "\n";
     return 0;
   }
+  // Membership needs a credential unless the user chose an open mesh by name.
+  auto credential = mesh::app::resolve_node_credential(cfg.state_dir.string(), open_mesh, secret_file, join_token);
+  if (!credential) {
+    std::cerr << "meshnode: " << credential.error().message << "\n";
+    return 2;
+  }
+  using source = mesh::transport::credential_source;
+  switch (credential->source) {
+    case source::open:
+      spdlog::warn("open mesh (--open): any host that reaches this node becomes a member, is sent work and data, and can "
+                   "poison results");
+      break;
+    case source::create:
+      spdlog::info("created a new mesh (id {}); its secret is in {}: `meshctl invite` prints the token other nodes join with",
+                   credential->credential.mesh_id, (cfg.state_dir / mesh::transport::credential_file_name).string());
+      break;
+    case source::join:
+      spdlog::info("mesh {} from the --join token, kept in {}: later starts need no --join", credential->credential.mesh_id,
+                   (cfg.state_dir / mesh::transport::credential_file_name).string());
+      break;
+    case source::stored: spdlog::info("mesh {} (token in the state directory)", credential->credential.mesh_id); break;
+    case source::secret_file: spdlog::info("mesh {} (secret from {})", credential->credential.mesh_id, secret_file); break;
+  }
+  cfg.mesh_secret = credential->credential.secret;
+  cfg.mesh_id = credential->credential.mesh_id;
   std::signal(SIGINT, on_stop);
   std::signal(SIGTERM, on_stop);
   std::signal(SIGUSR1, on_usr1);  // simulated device loss: exercises the executor's restart path

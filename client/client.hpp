@@ -8,6 +8,7 @@
 /// plan work onto it. Every call returns errors as values with a message a person can act on.
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
@@ -29,6 +30,11 @@ struct client_options {
   /// No packet from the node for this long: it is gone (keep-alives are sent at a quarter of
   /// it). A training then continues on another node of the mesh (see client::train).
   std::chrono::milliseconds idle_timeout{5000};
+  /// The mesh id find_node looks for in mDNS; empty = derived from mesh_secret (transport::mesh_id_of).
+  /// options_for_local_node() fills both from the node's state directory. Last and with a
+  /// default initializer, so that a designated initializer that stops before it
+  /// (`{.mesh_secret = s, .connect_timeout = t}`) need not name it (-Wmissing-field-initializers).
+  std::string mesh_id{};
 };
 
 /// A finished job.
@@ -125,6 +131,13 @@ class pending_request {
   std::shared_ptr<client_impl> impl_;
   uint64_t id_ = 0;
 };
+
+/// Options for a client on the machine of a node whose state directory is `state_dir`: the mesh
+/// credential that node keeps there (<state_dir>/mesh.token, written when the node created or
+/// joined its mesh), or the open mesh's when it keeps none (a node started --open or
+/// --secret-file; for the latter, set mesh_secret from the file). Refuses a token file that
+/// others may read, or one that does not decode.
+expected<client_options> options_for_local_node(const std::filesystem::path& state_dir);
 
 /// Looks for a node of the mesh of `options.mesh_secret` (same mesh id and protocol version) on
 /// the LAN by mDNS (`_meshnode._udp` through avahi-daemon), browsing without announcing, and

@@ -8,6 +8,7 @@
 
 #include "client/client.hpp"
 #include "discovery/backend.hpp"
+#include "transport/credential_store.hpp"
 #include "transport/mesh_id.hpp"
 
 namespace mesh {
@@ -27,6 +28,17 @@ std::optional<std::string> endpoint_of(const discovery::peer_info& p) {
 
 }  // namespace
 
+expected<client_options> options_for_local_node(const std::filesystem::path& state_dir) {
+  auto stored = transport::load_stored_credential(state_dir);
+  if (!stored) return tl::unexpected(stored.error());
+  client_options o;
+  if (*stored) {
+    o.mesh_secret = (*stored)->secret;
+    o.mesh_id = (*stored)->mesh_id;
+  }
+  return o;
+}
+
 expected<std::string> find_node(const client_options& options, std::chrono::milliseconds timeout) {
   struct shared {
     std::mutex m;
@@ -41,7 +53,7 @@ expected<std::string> find_node(const client_options& options, std::chrono::mill
   auto backend = discovery::make_avahi_backend(mo);
   // Only mesh id and protocol version matter when browsing: they decide who is a member.
   discovery::announcement self;
-  self.mesh_id = transport::mesh_id_of(options.mesh_secret);
+  self.mesh_id = options.mesh_id.empty() ? transport::mesh_id_of(options.mesh_secret) : options.mesh_id;
   self.protocol_version = msg::protocol_version;
   auto started = backend->start(self, [st](discovery::event e) {
     std::lock_guard<std::mutex> lock(st->m);

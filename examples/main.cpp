@@ -2,12 +2,15 @@
 // checked against the local reference evaluator; then an MLP trained on a generated dataset
 // (two interleaved half-moons) across every worker of the mesh with mesh::trainer.
 //
-//   mesh_example [NODEID@HOST:PORT | mdns] [--secret-file FILE]
-// Without an address (or with "mdns") it looks for a node of the mesh on the LAN by mDNS.
+//   mesh_example [NODEID@HOST:PORT | mdns] [--state-dir DIR | --secret-file FILE]
+// Without an address (or with "mdns") it looks for a node of the mesh on the LAN by mDNS. The
+// mesh credential is the one the node on this machine keeps in its state directory (DIR, else
+// $MESH_STATE_DIR, else ~/.local/state/meshnode), or the secret file the mesh was started with.
 // Exit status: 0 when the mesh's result matches the reference and the MLP learned, 1 otherwise.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -30,10 +33,17 @@ int fail(const std::string& what) {
 
 int main(int argc, char** argv) {
   std::string node;  // empty: find one by mDNS
+  std::string state_dir;
+  if (const char* env = std::getenv("MESH_STATE_DIR")) state_dir = env;
+  else if (const char* home = std::getenv("HOME")) state_dir = std::string(home) + "/.local/state/meshnode";
   mesh::client_options options;
+  bool secret_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--secret-file" && i + 1 < argc) {
+    if (arg == "--state-dir" && i + 1 < argc) {
+      state_dir = argv[++i];
+    } else if (arg == "--secret-file" && i + 1 < argc) {
+      secret_given = true;
       // The raw 32 bytes (meshnode also accepts 64 hex digits; this example keeps it simple).
       std::ifstream f(argv[++i], std::ios::binary);
       options.mesh_secret.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
@@ -56,6 +66,11 @@ int main(int argc, char** argv) {
   const mesh::tensor_map params{{"W", mesh::tensor::from_floats({3, 2}, {0.5f, -1, 0.25f, 2, -0.75f, 0.1f})},
                                 {"b", mesh::tensor::from_floats({2}, {0.1f, -0.2f})}};
 
+  if (!secret_given && !state_dir.empty()) {
+    auto local = mesh::options_for_local_node(state_dir);
+    if (!local) return fail(local.error().message);
+    options = std::move(*local);
+  }
   auto c = mesh::client::connect(node, options);
   if (!c) return fail(c.error().message);
   std::printf("connected to node %s\n", (*c)->node().short_string().c_str());

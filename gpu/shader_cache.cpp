@@ -1,6 +1,7 @@
 #include "gpu/shader_cache.hpp"
 
 #include <shaderc/shaderc.h>
+#include <sodium.h>
 
 #include <chrono>
 #include <cstdio>
@@ -36,13 +37,17 @@ std::string hex(uint64_t v) {
   return b;
 }
 
-bool read_spirv(const std::string& path, std::vector<uint32_t>& words) {
+/// Reads an entry written by get(): the content digest, then SPIR-V. False unless the digest is
+/// `want` (another kernel whose 64-bit key collides, a torn or planted file) and the SPIR-V
+/// looks whole.
+bool read_entry(const std::string& path, const shader_digest& want, std::vector<uint32_t>& words) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return false;
   std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 20 || bytes.size() % 4 != 0) return false;
-  words.resize(bytes.size() / 4);
-  std::memcpy(words.data(), bytes.data(), bytes.size());
+  if (bytes.size() < want.size() + 20 || (bytes.size() - want.size()) % 4 != 0) return false;
+  if (sodium_memcmp(bytes.data(), want.data(), want.size()) != 0) return false;
+  words.resize((bytes.size() - want.size()) / 4);
+  std::memcpy(words.data(), bytes.data() + want.size(), bytes.size() - want.size());
   return words[0] == 0x07230203u;
 }
 
@@ -50,6 +55,7 @@ bool read_spirv(const std::string& path, std::vector<uint32_t>& words) {
 
 shader_cache::shader_cache(std::string dir, std::string device_key, bool optimize)
     : dir_(std::move(dir)), device_key_(std::move(device_key)), optimize_(optimize), compiler_(shaderc_compiler_initialize()) {
+  if (sodium_init() < 0) dir_.clear();  // no digests: no disk entries (memory entries still match on content)
   if (!dir_.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(dir_, ec);
@@ -73,26 +79,47 @@ void shader_cache::warm_up() {
   });
 }
 
+shader_digest shader_cache::digest(const std::string& glsl) const {
+  // Everything the key hashes, with lengths, so that no two inputs run together.
+  shader_digest d{};
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, d.size());
+  const auto add = [&](std::string_view part) {
+    const uint64_t n = part.size();
+    crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(&n), sizeof n);
+    crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(part.data()), part.size());
+  };
+  add(device_key_);
+  add(optimize_ ? "O" : "O0");
+  add(glsl);
+  crypto_generichash_final(&st, d.data(), d.size());
+  return d;
+}
+
 expected<std::vector<uint32_t>> shader_cache::get(const std::string& name, const std::string& glsl) {
   std::lock_guard lock(mutex_);
+  // The 64-bit key only finds the slot (and names the file); a hit counts only when the
+  // content digest matches too, so a colliding kernel is never handed another's SPIR-V.
   const uint64_t key = fnv1a(glsl, fnv1a(optimize_ ? "O" : "O0", fnv1a(device_key_)));
-  if (auto it = memory_.find(key); it != memory_.end()) {
+  const shader_digest want = digest(glsl);
+  if (auto it = memory_.find(key); it != memory_.end() && it->second.digest == want) {
     ++counters_.memory_hits;
-    return it->second;
+    return it->second.words;
   }
   const std::string path = dir_.empty() ? "" : dir_ + "/" + hex(key) + ".spv";
   std::vector<uint32_t> words;
-  if (!path.empty() && read_spirv(path, words)) {
+  if (!path.empty() && read_entry(path, want, words)) {
     ++counters_.disk_hits;
-    memory_[key] = words;
+    memory_[key] = {want, words};
     return words;
   }
   auto compiled = compile_locked(name, glsl);
   if (!compiled) return compiled;
-  memory_[key] = *compiled;
+  memory_[key] = {want, *compiled};
   if (!path.empty()) {
     const std::string tmp = path + ".tmp" + std::to_string(reinterpret_cast<uintptr_t>(this));
     std::ofstream f(tmp, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(want.data()), static_cast<std::streamsize>(want.size()));
     f.write(reinterpret_cast<const char*>(compiled->data()), static_cast<std::streamsize>(compiled->size() * 4));
     f.close();
     std::error_code ec;

@@ -2,8 +2,12 @@
 /// GLSL -> SPIR-V through shaderc, behind a two-level cache (memory, then disk).
 ///
 /// The key is a hash of the kernel source and of the device (name + driver version), so a cache
-/// directory can be shared by devices and survives driver updates safely. Entries on disk are
-/// written atomically (temp file + rename) and checked (SPIR-V magic) when read back.
+/// directory can be shared by devices and survives driver updates safely. The 64-bit key only
+/// finds an entry: beside the SPIR-V each entry keeps a 256-bit BLAKE2b digest of what it was
+/// compiled from (device key, optimize flag, source), and a hit counts only when it matches, so
+/// a colliding or planted entry is recompiled, never run. Entries on disk (digest, then SPIR-V)
+/// are written atomically (temp file + rename) and checked (digest, SPIR-V magic) when read back.
+#include <array>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -31,6 +35,9 @@ struct compile_counters {
   double compile_ms = 0;     ///< time spent in shaderc
 };
 
+/// BLAKE2b-256 of what a cache entry was compiled from.
+using shader_digest = std::array<uint8_t, 32>;
+
 class shader_cache {
  public:
   /// `dir` empty: memory only. `device_key` separates devices sharing a directory.
@@ -52,11 +59,17 @@ class shader_cache {
 
  private:
   expected<std::vector<uint32_t>> compile_locked(const std::string& name, const std::string& glsl);
+  shader_digest digest(const std::string& glsl) const;
+
+  struct entry {
+    shader_digest digest{};
+    std::vector<uint32_t> words;
+  };
 
   std::string dir_, device_key_;
   bool optimize_ = true;
   mutable std::mutex mutex_;
-  std::map<uint64_t, std::vector<uint32_t>> memory_;
+  std::map<uint64_t, entry> memory_;
   compile_counters counters_;
   void* compiler_ = nullptr;  // shaderc_compiler_t, kept out of this header
   std::thread warm_;

@@ -1,5 +1,7 @@
 #include "graph/safetensors.hpp"
 
+#include "base/durable_file.hpp"
+
 #include <cstring>
 #include <fstream>
 
@@ -237,17 +239,9 @@ expected<checkpoint> decode_safetensors(const uint8_t* data, size_t size) {
 
 expected<void> save_safetensors(const std::filesystem::path& path, const checkpoint& c) {
   const auto bytes = encode_safetensors(c);
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return make_error(error_code::io_error, "cannot write " + tmp);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    if (!f) return make_error(error_code::io_error, "writing " + tmp + " failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return make_error(error_code::io_error, "cannot rename " + tmp + " to " + path.string() + ": " + ec.message());
-  return {};
+  // Temp file, fsync, rename, fsync the directory: a crash or power cut leaves the previous
+  // checkpoint or this one, never a torn file under the checkpoint's name.
+  return write_file_durably(path, std::span<const char>(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 expected<checkpoint> load_safetensors(const std::filesystem::path& path) {

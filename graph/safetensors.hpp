@@ -26,7 +26,8 @@ struct checkpoint {
 std::vector<uint8_t> encode_safetensors(const checkpoint& c);
 expected<checkpoint> decode_safetensors(const uint8_t* data, size_t size);
 
-/// Writes atomically (a temporary file renamed over `path`), so a crash never leaves half a file.
+/// Writes durably (temporary file, fsync, rename over `path`, fsync of the directory): after a
+/// crash or power cut `path` holds the old checkpoint or the new one, never half a file.
 expected<void> save_safetensors(const std::filesystem::path& path, const checkpoint& c);
 expected<checkpoint> load_safetensors(const std::filesystem::path& path);
 

@@ -1,4 +1,6 @@
 #include "transport/identity.hpp"
+#include "transport/state_dir.hpp"
+#include "base/durable_file.hpp"
 
 #include <fcntl.h>
 #include <sodium.h>
@@ -107,7 +109,7 @@ expected<void> write_key_file(const std::filesystem::path& path, const identity&
     ::unlink(tmp.c_str());
     return make_error(error_code::io_error, "cannot rename key file into " + path.string() + ": " + errno_text());
   }
-  return {};
+  return sync_directory(path.parent_path());  // the rename itself must survive a power cut
 }
 
 }  // namespace
@@ -140,16 +142,7 @@ std::array<uint8_t, 64> identity::secret_key() const {
 
 expected<identity> identity::load_or_create(const std::filesystem::path& state_dir) {
   if (!sodium_ready()) return make_error(error_code::internal, "libsodium failed to initialise");
-  std::error_code ec;
-  if (!std::filesystem::exists(state_dir, ec)) {
-    std::filesystem::create_directories(state_dir, ec);
-    if (ec)
-      return make_error(error_code::io_error,
-                        "cannot create state directory " + state_dir.string() + ": " + ec.message());
-    ::chmod(state_dir.c_str(), 0700);
-  } else if (!std::filesystem::is_directory(state_dir, ec)) {
-    return make_error(error_code::invalid_argument, "state directory " + state_dir.string() + " is not a directory");
-  }
+  if (auto ok = prepare_state_dir(state_dir); !ok) return tl::unexpected(ok.error());
   const auto path = state_dir / identity_file_name;
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) return read_key_file(path);

@@ -14,19 +14,43 @@
 #include <vector>
 
 #include "client/client.hpp"
+#include "transport/join_token.hpp"
 
 namespace mesh::test {
 
-/// One meshnode child process with its own state directory under a temporary folder.
+/// The mesh every node of this test process joins (a new one per process, so that concurrent
+/// tests never form one mesh by accident).
+inline const transport::mesh_credential& test_credential() {
+  static const transport::mesh_credential c = transport::new_mesh_credential();
+  return c;
+}
+/// The join token of test_credential().
+inline std::string test_token() { return transport::encode_join_token(test_credential()); }
+/// Client options of a member of the test mesh.
+inline client_options member_options() {
+  client_options o;
+  o.mesh_secret = test_credential().secret;
+  o.mesh_id = test_credential().mesh_id;
+  return o;
+}
+
+/// One meshnode child process with its own state directory under a temporary folder. Unless
+/// `extra` names a credential (--join, --secret-file, --open) or `join_test_mesh` is false, the
+/// node joins the test mesh (--join test_token()).
 class node_process {
  public:
-  node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}) : dir_(dir) {
+  node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}, bool join_test_mesh = true) : dir_(dir) {
     std::filesystem::create_directories(dir_);
+    // meshnode refuses a state directory others may write to (a umask of 002 would make one).
+    std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     std::filesystem::remove(dir_ / "endpoint");
     std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--device", "cpu",
                                      "--log-level", "info", "--mdns", "off"};
     if (std::find(extra.begin(), extra.end(), "--port") == extra.end()) args.insert(args.end(), {"--port", "0"});
     args.insert(args.end(), extra.begin(), extra.end());
+    const auto names = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
+    if (join_test_mesh && !names("--join") && !names("--secret-file") && !names("--open"))
+      args.insert(args.end(), {"--join", test_token()});
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
     pid_ = fork();
     if (pid_ == 0) {

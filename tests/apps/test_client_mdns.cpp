@@ -77,6 +77,45 @@ TEST_CASE("a client finds a meshnode by mDNS and runs a job on it", "[apps][mdns
   CHECK(none.error().message.find("another mesh") != std::string::npos);
 }
 
+TEST_CASE("nodes that joined with one token find each other by mDNS and ignore another mesh", "[apps][mdns][membership]") {
+  if (auto why = discovery::lab::reason_unavailable()) {
+    WARN("skipped: " << *why);
+    return;
+  }
+  discovery::lab::host daemon("joinmdns");
+  REQUIRE(daemon.start_daemon());
+  ::setenv("DBUS_SYSTEM_BUS_ADDRESS", daemon.bus_address().c_str(), 1);  // inherited by the nodes
+
+  temp_dir tmp;
+  // a and b join the test mesh (--join test_token()) and are told about nobody: mDNS alone must
+  // bring them together. The stranger creates a mesh of its own and announces it on the same LAN.
+  node_process a(tmp.path / "a", {"--mdns", "on"}), b(tmp.path / "b", {"--mdns", "on"});
+  node_process stranger(tmp.path / "s", {"--mdns", "on"}, false);
+  const std::string ea = a.endpoint(), eb = b.endpoint(), es = stranger.endpoint();
+
+  // The token's mesh id is what the members announce: a client with the token finds one by it.
+  auto options = member_options();
+  auto found = find_node(options, 20s);
+  INFO("a:\n" << a.log() << "\nb:\n" << b.log());
+  REQUIRE(found);
+  CHECK((node_id_of(*found) == node_id_of(ea) || node_id_of(*found) == node_id_of(eb)));
+  auto c = client::connect(ea, options);
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 1));
+  auto st = (*c)->status();
+  REQUIRE(st);
+  REQUIRE(st->peers.size() == 1);
+  CHECK(st->peers[0].node.to_string() == node_id_of(eb));
+  // The stranger saw the members and left them alone, and they it: it has no peer.
+  auto sopts = options_for_local_node(tmp.path / "s");
+  REQUIRE(sopts);
+  auto sc = client::connect(es, *sopts);
+  REQUIRE(sc);
+  auto sst = (*sc)->status();
+  REQUIRE(sst);
+  CHECK(sst->peers.empty());
+}
+
 TEST_CASE("find_node without avahi-daemon fails after the timeout and says what to do", "[apps][mdns]") {
   // A bus nobody listens on: the discovery backend reports the daemon unreachable.
   ::setenv("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent/meshnode-test-bus", 1);

@@ -100,7 +100,7 @@ TEST_CASE("meshctl generate streams the node's text, reports statistics and clea
   CHECK(chat.err.find("has no chat template") != std::string::npos);
 
   // The client API: pieces with token counts, and a callback that withdraws the request.
-  auto c = client::connect(endpoint);
+  auto c = client::connect(endpoint, test::member_options());
   REQUIRE(c);
   generation_options go;
   go.max_tokens = 12;

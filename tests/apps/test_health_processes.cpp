@@ -32,7 +32,7 @@ TEST_CASE("10% loss raises no false Dead, a stall is Suspect, then Healthy again
   node_process b(tmp.path / "b", {"--peer", a_id + "@127.0.0.1:" + std::to_string(proxy.port())});
   const std::string eb = b.endpoint();
   const std::string b_id = node_id_of(eb);
-  auto c = client::connect(ea);
+  auto c = client::connect(ea, member_options());
   REQUIRE(c);
   std::string state;
   for (int i = 0; i < 300 && state != "healthy"; ++i) {

@@ -114,7 +114,7 @@ TEST_CASE("a --peer that starts later, or restarts, is reached without restartin
   a_id.output.pop_back();  // the newline
   const std::string port = std::to_string(free_udp_port());
   node_process b(tmp.path / "b", {"--peer", a_id.output + "@127.0.0.1:" + port});
-  auto cb = client::connect(b.endpoint());
+  auto cb = client::connect(b.endpoint(), member_options());
   REQUIRE(cb);
   std::this_thread::sleep_for(3s);  // b's first dial has nobody to reach
   {

@@ -42,13 +42,14 @@ job mlp_job(int64_t batch = 32, int64_t width = 64) {
   return j;
 }
 
-/// A bare transport endpoint of this protocol version on loopback, dialing the node at `endpoint`
+/// A bare transport endpoint of this protocol version and of the test mesh on loopback, dialing the node at `endpoint`
 /// ("ID@HOST:PORT", whose id is `node`): a peer whose every message the test writes itself.
 expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::string& endpoint, const node_id& node,
                                                                 transport::handlers h) {
   transport::endpoint_config cfg;
   cfg.bind = "127.0.0.1";
   cfg.protocol_version = msg::protocol_version;
+  cfg.mesh_secret = test_credential().secret;  // a member of the test mesh, so admission lets it in
   auto ep = transport::endpoint::start(cfg, std::move(h));
   if (ep) (*ep)->dial(node, {endpoint.substr(endpoint.find('@') + 1)});
   return ep;
@@ -58,7 +59,7 @@ expected<std::unique_ptr<transport::endpoint>> dial_as_raw_peer(const std::strin
 
 TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[apps][node]") {
   three_nodes mesh3;
-  auto cl = client::connect(mesh3.ea);
+  auto cl = client::connect(mesh3.ea, member_options());
   REQUIRE(cl);
   REQUIRE(wait_for_peers(**cl, 2));
   const job j = mlp_job();
@@ -75,7 +76,7 @@ TEST_CASE("a job split over 3 meshnode processes equals the local reference", "[
 
 TEST_CASE("data-parallel, tensor-parallel and automatic jobs over 3 processes, with progress", "[apps][node]") {
   three_nodes mesh3;
-  auto cl = client::connect(mesh3.ea);
+  auto cl = client::connect(mesh3.ea, member_options());
   REQUIRE(cl);
   REQUIRE(wait_for_peers(**cl, 2));
   const job j = mlp_job(48, 64);
@@ -114,7 +115,7 @@ TEST_CASE("data-parallel, tensor-parallel and automatic jobs over 3 processes, w
 
 TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivors", "[apps][node]") {
   three_nodes mesh3;
-  auto cl = client::connect(mesh3.ea);
+  auto cl = client::connect(mesh3.ea, member_options());
   REQUIRE(cl);
   REQUIRE(wait_for_peers(**cl, 2));
   // Stages big enough to take a while, so that c dies while computing its stage; a must notice
@@ -147,7 +148,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
 
 TEST_CASE("a malformed or oversized graph gets a clear error and every node keeps running", "[apps][node]") {
   three_nodes mesh3;
-  auto cl = client::connect(mesh3.eb);
+  auto cl = client::connect(mesh3.eb, member_options());
   REQUIRE(cl);
   REQUIRE(wait_for_peers(**cl, 2));
   job bad = mlp_job();
@@ -211,7 +212,7 @@ TEST_CASE("the supervisor restarts a crashed executor, and gives up after too ma
   temp_dir tmp;
   node_process a(tmp.path / "a");
   const std::string ea = a.endpoint();
-  auto cl = client::connect(ea);
+  auto cl = client::connect(ea, member_options());
   REQUIRE(cl);
   a.signal(SIGUSR1);  // simulated device loss
   std::this_thread::sleep_for(500ms);
@@ -230,7 +231,7 @@ TEST_CASE("the supervisor restarts a crashed executor, and gives up after too ma
 
 TEST_CASE("an inference session across 3 nodes serves overlapping calls", "[apps][node]") {
   three_nodes mesh3;
-  auto cl = client::connect(mesh3.ec);
+  auto cl = client::connect(mesh3.ec, member_options());
   REQUIRE(cl);
   REQUIRE(wait_for_peers(**cl, 2));
   const job j = mlp_job(8, 128);
@@ -298,7 +299,7 @@ TEST_CASE("peer exchange: nodes that know only one peer find the whole mesh", "[
   b.endpoint();
   node_process c(tmp.path / "c", {"--peer", ea});  // c is told only about a
   const std::string ec = c.endpoint();
-  auto cl = client::connect(ec);
+  auto cl = client::connect(ec, member_options());
   REQUIRE(cl);
   INFO(c.log());
   CHECK(wait_for_peers(**cl, 2, std::chrono::seconds(20)));  // a, and b learned from a
@@ -407,7 +408,7 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   const std::vector<uint8_t> garbage = {msg::protocol_version & 0xff, msg::protocol_version >> 8, 2, 0xff, 0xff};
   REQUIRE((*ep)->send(*node, transport::channel::control, garbage));
 
-  auto cl = client::connect(ea);
+  auto cl = client::connect(ea, member_options());
   REQUIRE(cl);
   std::optional<msg::peer_status> seen;
   for (int i = 0; i < 100; ++i) {
@@ -437,7 +438,7 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
 TEST_CASE("a job given up on by the timeout of run() reports no progress after run returns", "[apps][node]") {
   temp_dir dir;
   node_process solo(dir.path / "solo");
-  auto cl = client::connect(solo.endpoint());
+  auto cl = client::connect(solo.endpoint(), member_options());
   REQUIRE(cl);
   struct counts {
     std::atomic<bool> returned{false};

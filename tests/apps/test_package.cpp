@@ -44,7 +44,7 @@ TEST_CASE("the installed package builds examples, which runs a job on a meshnode
   // The libraries may carry sanitizers (MESH_SANITIZE): the same leak suppressions as the tests.
   const char* lsan = std::getenv("LSAN_OPTIONS");
   const std::string env = lsan ? "" : "LSAN_OPTIONS=suppressions=" + std::string(MESH_SOURCE_DIR) + "/tests/lsan.supp ";
-  const auto r = step("run the example", env + quoted(example / "mesh_example") + " " + ep);
+  const auto r = step("run the example", env + quoted(example / "mesh_example") + " " + ep + " --state-dir " + quoted(tmp.path / "n"));
   CHECK(r.output.find("ok\n") != std::string::npos);
   INFO("node log:\n" << node.log());
 }

@@ -63,7 +63,7 @@ double max_difference(const tensor_map& a, const tensor_map& b) {
 tensor_map single_node_state(const problem& p, uint64_t steps) {
   temp_dir dir;
   node_process solo(dir.path / "solo");
-  auto c = client::connect(solo.endpoint());
+  auto c = client::connect(solo.endpoint(), member_options());
   REQUIRE(c);
   auto r = trainer(**c, p.model, p.params, p.data, options(steps)).fit();
   REQUIRE(r);
@@ -77,7 +77,7 @@ TEST_CASE("data-parallel training over 3 meshnode processes equals a single node
   const auto reference = single_node_state(p, 20);
 
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);
+  auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   std::vector<train_progress_info> seen;
@@ -103,7 +103,7 @@ TEST_CASE("a peer killed with SIGKILL mid-training: the run completes with every
           "[apps][train]") {
   const auto p = moons();
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);
+  auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   bool killed = false;
@@ -130,7 +130,7 @@ TEST_CASE("checkpoint save -> load -> resume continues the same loss curve, also
   const auto p = moons();
   temp_dir dir;
   node_process node(dir.path / "n");
-  auto c = client::connect(node.endpoint());
+  auto c = client::connect(node.endpoint(), member_options());
   REQUIRE(c);
   // The straight run also saves a checkpoint every 8 steps from its callback, as a user would.
   auto straight_options = options(24);
@@ -181,7 +181,7 @@ TEST_CASE("a peer restarted mid-training rejoins with the current parameters", "
   const auto reference = single_node_state(p, 400);
 
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);
+  auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   enum { before, killed, restarted } phase = before;
@@ -217,7 +217,7 @@ TEST_CASE("the coordinating node killed with SIGKILL mid-training: a survivor ta
   const auto reference = single_node_state(p, 60);
 
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);  // node a coordinates the run
+  auto c = client::connect(mesh.ea, member_options());  // node a coordinates the run
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   bool killed = false;
@@ -248,7 +248,7 @@ TEST_CASE("the coordinator and the first node the client tries both killed: the 
   const auto reference = single_node_state(p, 60);
 
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);
+  auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   // The client tries the other nodes in the order of their ids (the status report's order):
@@ -276,7 +276,7 @@ TEST_CASE("the coordinator and the first node the client tries both killed: the 
 TEST_CASE("a node that lost the run refuses the takeover and the client tries the next one", "[apps][train]") {
   const auto p = moons();
   three_nodes mesh;
-  auto c = client::connect(mesh.ea);
+  auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
   const auto port_of = [](const std::string& endpoint) { return endpoint.substr(endpoint.rfind(':') + 1); };
@@ -312,7 +312,7 @@ TEST_CASE("a training given up on by its timeout calls back nothing after fit re
   const auto p = moons();
   temp_dir dir;
   node_process solo(dir.path / "solo");
-  auto c = client::connect(solo.endpoint());
+  auto c = client::connect(solo.endpoint(), member_options());
   REQUIRE(c);
   struct counts {
     std::atomic<bool> returned{false};

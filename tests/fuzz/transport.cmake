@@ -5,3 +5,6 @@ mesh_add_fuzzer(fuzz_transport_frames SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_t
 # flow control but sends anything else it likes.
 mesh_add_fuzzer(fuzz_bulk_receiver SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_bulk_receiver.cpp
                 LIBS mesh_transport)
+# transport: the join token a person pastes after `meshnode --join` (outside input).
+mesh_add_fuzzer(fuzz_join_token SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_join_token.cpp
+                LIBS mesh_transport)

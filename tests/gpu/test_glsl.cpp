@@ -168,6 +168,36 @@ TEST_CASE("shader cache: memory hit, then disk hit from a fresh cache") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("shader cache: an entry of other content under the same key is recompiled, not used") {
+  // The file name is a 64-bit FNV key; an entry planted (or colliding) under kernel A's name
+  // but compiled from B must not be handed out for A.
+  const std::string base = "/tmp/mesh-gpu-cache-collide-" + std::to_string(::getpid());
+  const std::string a = "#version 450\nlayout(local_size_x = 1) in;\nvoid main() {}\n";
+  const std::string b = "#version 450\nlayout(local_size_x = 2) in;\nvoid main() {}\n";
+  const auto only_file = [](const std::string& dir) {
+    std::filesystem::path found;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) found = e.path();
+    return found;
+  };
+  std::vector<uint32_t> words_a;
+  {
+    gpu::shader_cache ca(base + "/a", "dev"), cb(base + "/b", "dev");
+    words_a = *ca.get("k", a);
+    REQUIRE(cb.get("k", b).has_value());
+  }
+  const auto file_a = only_file(base + "/a");
+  std::filesystem::copy_file(only_file(base + "/b"), file_a, std::filesystem::copy_options::overwrite_existing);
+  {
+    gpu::shader_cache c(base + "/a", "dev");
+    auto got = c.get("k", a);
+    REQUIRE(got.has_value());
+    CHECK(*got == words_a);
+    CHECK(c.counters().disk_hits == 0);
+    CHECK(c.counters().compiles == 1);
+  }
+  std::filesystem::remove_all(base);
+}
+
 TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices offering it)") {
   builder b;
   auto x = b.input("x", dtype::f16, {70, 48});
