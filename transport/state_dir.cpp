@@ -1,9 +1,14 @@
 #include "transport/state_dir.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace mesh::transport {
 
@@ -31,6 +36,30 @@ expected<void> prepare_state_dir(const std::filesystem::path& dir) {
                                                         " may be written by other users, who could replace the node's key or mesh "
                                                         "secret: chmod 700 " + name);
   return {};
+}
+
+expected<std::shared_ptr<state_dir_lock>> state_dir_lock::take(const std::filesystem::path& dir) {
+  const auto path = dir / "lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return make_error(error_code::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    std::ifstream f(path);
+    std::string pid;
+    std::getline(f, pid);
+    return make_error(error_code::invalid_argument, "another meshnode" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+                                                        " is running with state dir " + dir.string() +
+                                                        "; give this one its own --state-dir");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0 && ::write(fd, pid.data(), pid.size()) < 0) {
+    // the pid is only for the message above; the lock holds without it
+  }
+  return std::shared_ptr<state_dir_lock>(new state_dir_lock(dir, fd));
+}
+
+state_dir_lock::~state_dir_lock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace mesh::transport

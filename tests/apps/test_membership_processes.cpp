@@ -2,6 +2,8 @@
 // by strangers without the mesh's token, a node joining with `--join TOKEN` and restarting
 // without it, and start-up errors for bad credentials.
 #include <atomic>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 
@@ -160,6 +162,20 @@ TEST_CASE("a node joins with --join TOKEN and restarts without the flag", "[apps
   const std::string eb2 = b->endpoint();
   CHECK(node_id_of(eb2) == node_id_of(eb));
   CHECK(b->log().find("token in the state directory") != std::string::npos);
+  // A --join aimed at the state directory of the running b is refused before it writes there:
+  // b keeps its token.
+  const auto token_of_b = [&] {
+    std::ifstream f(tmp.path / "b" / transport::credential_file_name);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string kept = token_of_b();
+  REQUIRE_FALSE(kept.empty());
+  const auto clash = run_command(std::string(MESHNODE_BIN) + " --device cpu --mdns off --port 0 --state-dir " +
+                                 (tmp.path / "b").string() + " --join " + test_token());
+  INFO(clash.output);
+  CHECK(clash.status == 2);
+  CHECK(clash.output.find("another meshnode") != std::string::npos);
+  CHECK(token_of_b() == kept);  // test_token() is another mesh than a's
   const auto until = std::chrono::steady_clock::now() + 30s;
   bool back = false;
   while (!back && std::chrono::steady_clock::now() < until) {
