@@ -33,6 +33,7 @@
 #include "serving/access.hpp"
 #include "serving/server.hpp"
 #include "transport/endpoint.hpp"
+#include "transport/state_dir.hpp"
 
 namespace mesh {
 
@@ -48,40 +49,6 @@ std::string local_address_of(const std::string& bind) {
   if (bind.find(':') != std::string::npos && bind.front() != '[') return "[" + bind + "]";
   return bind;
 }
-
-/// An exclusive lock on `<state dir>/lock` for as long as the node runs (flock: released by the
-/// kernel when the process ends, even by SIGKILL, so a crashed node never blocks its restart).
-class state_dir_lock {
- public:
-  static expected<state_dir_lock> take(const std::filesystem::path& dir) {
-    const auto path = dir / "lock";
-    state_dir_lock l;
-    l.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (l.fd_ < 0) return make_error(error_code::io_error, "cannot open " + path.string() + ": " + std::strerror(errno));
-    if (::flock(l.fd_, LOCK_EX | LOCK_NB) != 0) {
-      std::ifstream f(path);
-      std::string pid;
-      std::getline(f, pid);
-      return make_error(error_code::invalid_argument, "another meshnode" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
-                                                          " is running with state dir " + dir.string() +
-                                                          "; give this one its own --state-dir");
-    }
-    const std::string pid = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(l.fd_, 0) == 0 && ::write(l.fd_, pid.data(), pid.size()) < 0) {
-      // the pid is only for the message above; the lock holds without it
-    }
-    return l;
-  }
-  state_dir_lock(state_dir_lock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  state_dir_lock& operator=(state_dir_lock&&) = delete;
-  ~state_dir_lock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  state_dir_lock() = default;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -170,10 +137,14 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   // One node per state directory: two would share one identity (peers would see one node id at
   // two addresses) and overwrite each other's endpoint file. The lock goes with the process,
   // however it ends.
-  auto lock = state_dir_lock::take(cfg.state_dir);
-  if (!lock) {
-    spdlog::critical("{}", lock.error().message);
-    return 2;
+  std::shared_ptr<transport::state_dir_lock> lock = cfg.state_lock;
+  if (!lock || lock->dir() != cfg.state_dir) {
+    auto taken = transport::state_dir_lock::take(cfg.state_dir);
+    if (!taken) {
+      spdlog::critical("{}", taken.error().message);
+      return 2;
+    }
+    lock = std::move(*taken);
   }
   // Measure the device before joining, so the first hello carries real speeds.
   msg::hello own;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,8 +13,15 @@
 
 namespace mesh {
 
+namespace transport {
+class state_dir_lock;
+}
+
 struct node_config {
   std::filesystem::path state_dir;     ///< identity (node.key) and the endpoint file live here
+  /// The lock on state_dir when the caller took it already (meshnode does, before it writes the
+  /// mesh token there); none: run_node takes it.
+  std::shared_ptr<transport::state_dir_lock> state_lock;
   std::vector<uint8_t> mesh_secret;    ///< empty = the open LAN mesh
   std::string mesh_id;                 ///< published in mDNS; empty = mesh_id_of(mesh_secret)
   std::string bind = "0.0.0.0";

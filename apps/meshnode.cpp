@@ -20,6 +20,7 @@
 #include "actors/node.hpp"
 #include "app_settings.hpp"
 #include "serving/access.hpp"
+#include "transport/state_dir.hpp"
 
 namespace {
 
@@ -209,6 +210,18 @@ int main(int argc, char** argv) {
     std::cout << *id << "\n";
     return 0;
   }
+  // The state directory's lock before the credential: a --join aimed by mistake at the state
+  // directory of a running node must not replace that node's mesh token.
+  if (auto ok = mesh::transport::prepare_state_dir(cfg.state_dir); !ok) {
+    std::cerr << "meshnode: " << ok.error().message << "\n";
+    return 2;
+  }
+  auto lock = mesh::transport::state_dir_lock::take(cfg.state_dir);
+  if (!lock) {
+    std::cerr << "meshnode: " << lock.error().message << "\n";
+    return 2;
+  }
+  cfg.state_lock = *lock;
   // Membership needs a credential unless the user chose an open mesh by name.
   auto credential = mesh::app::resolve_node_credential(cfg.state_dir.string(), open_mesh, secret_file, join_token);
   if (!credential) {
