@@ -293,16 +293,29 @@ expected<std::unique_ptr<connection>> connection::make_client(connection_owner& 
 expected<std::unique_ptr<connection>> connection::make_server(connection_owner& owner, const endpoint_config& cfg,
                                                               const tls_context& tls, const socket_address& local,
                                                               const socket_address& remote, const ngtcp2_pkt_hd& hd,
-                                                              uint64_t ts) {
+                                                              const ngtcp2_cid* retry_odcid, uint64_t ts) {
   std::unique_ptr<connection> c(new connection(owner, cfg, true, remote));
   c->local_ = local;
   ngtcp2_cid scid{};
   random_cid(&scid, cid_len);
   ngtcp2_settings settings;
   fill_settings(settings, c->max_udp_payload_, cfg, ts);
+  // An inbound attempt holds a half-open slot: TLS and the admission proof together get
+  // accept_timeout from this first validated Initial (a stranger's slot frees up quickly).
+  const uint64_t accept_ns = static_cast<uint64_t>(cfg.accept_timeout.count()) * ns_per_ms;
+  settings.handshake_timeout = std::min<uint64_t>(settings.handshake_timeout, accept_ns);
+  c->admission_deadline_ = ts + accept_ns;
   ngtcp2_transport_params params;
   fill_params(params, cfg);
-  params.original_dcid = hd.dcid;
+  if (retry_odcid) {
+    // After a Retry the client addresses us by the Retry's connection id (hd.dcid) and both
+    // sides authenticate the exchange through these two transport parameters (RFC 9000 §7.3).
+    params.original_dcid = *retry_odcid;
+    params.retry_scid = hd.dcid;
+    params.retry_scid_present = 1;
+  } else {
+    params.original_dcid = hd.dcid;
+  }
   auto path = make_path(c->local_, c->remote_);
   auto cb = callbacks(true);
   int rv = ngtcp2_conn_server_new(&c->conn_, &hd.scid, &scid, &path, hd.version, &cb, &settings, &params, nullptr,
@@ -356,8 +369,9 @@ void connection::on_handshake_completed() {
   if (cfg_.send_admission_proof) push_control(std::move(*f), {});
   state_ = state::admitting;
   // A peer that finished TLS but never proves itself must not hold the connection (and what it
-  // sent) for ever: it gets as long as a handshake.
-  admission_deadline_ = last_read_ts_ + static_cast<uint64_t>(cfg_.handshake_timeout.count()) * ns_per_ms;
+  // sent) for ever: a dialed peer gets as long as a handshake, an inbound one what is left of
+  // accept_timeout (set when it arrived).
+  if (!inbound_) admission_deadline_ = last_read_ts_ + static_cast<uint64_t>(cfg_.handshake_timeout.count()) * ns_per_ms;
   if (!early_control_.empty()) {
     auto early = std::move(early_control_);
     early_control_.clear();
@@ -532,9 +546,16 @@ void connection::on_timer(uint64_t ts) {
     return;
   }
   if (state_ == state::closed) return;
+  if (inbound_ && state_ == state::handshaking && ts >= admission_deadline_) {
+    accept_timed_out_ = true;
+    set_end(state::closed, "handshake not finished within accept_timeout (" + std::to_string(cfg_.accept_timeout.count()) + " ms)");
+    return;
+  }
   if (state_ == state::admitting && ts >= admission_deadline_) {
+    accept_timed_out_ = inbound_;
     close(close_code::admission_refused,
-          "no admission proof from the peer within " + std::to_string(cfg_.handshake_timeout.count()) + " ms");
+          "no admission proof from the peer within " +
+              std::to_string((inbound_ ? cfg_.accept_timeout : cfg_.handshake_timeout).count()) + " ms");
     return;
   }
   int rv = ngtcp2_conn_handle_expiry(conn_, ts);
@@ -543,6 +564,7 @@ void connection::on_timer(uint64_t ts) {
     set_end(state::closed, "idle timeout: no packet from the peer for " + std::to_string(cfg_.idle_timeout.count()) +
                                " ms");
   } else if (rv == NGTCP2_ERR_HANDSHAKE_TIMEOUT) {
+    accept_timed_out_ = inbound_;
     set_end(state::closed, "handshake timed out after " + std::to_string(cfg_.handshake_timeout.count()) + " ms");
   } else {
     pending_close_ = {close_code::protocol_violation, "QUIC error: " + liberr_text(rv)};
@@ -554,7 +576,8 @@ uint64_t connection::expiry() const {
   if (state_ == state::closed) return UINT64_MAX;
   if (state_ == state::closing || state_ == state::draining) return close_deadline_;
   if (pending_close_) return 0;
-  return std::min(ngtcp2_conn_get_expiry(conn_), state_ == state::admitting ? admission_deadline_ : UINT64_MAX);
+  const bool deadline = state_ == state::admitting || (inbound_ && state_ == state::handshaking);
+  return std::min(ngtcp2_conn_get_expiry(conn_), deadline ? admission_deadline_ : UINT64_MAX);
 }
 
 peer_stats connection::stats() const {

@@ -72,7 +72,7 @@ class connection {
   static expected<std::unique_ptr<connection>> make_server(connection_owner& owner, const endpoint_config& cfg,
                                                            const tls_context& tls, const socket_address& local,
                                                            const socket_address& remote, const ngtcp2_pkt_hd& hd,
-                                                           uint64_t ts);
+                                                           const ngtcp2_cid* retry_odcid, uint64_t ts);
   ~connection();
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
@@ -99,6 +99,10 @@ class connection {
   }
   /// Closes with an application error and a reason the peer will log; takes effect at the next write.
   void close(close_code code, std::string reason);
+  /// Drops the connection at once, sending nothing (an inbound attempt evicted while half-open).
+  void abandon(std::string reason) { set_end(state::closed, std::move(reason)); }
+  /// An inbound connection that was not admitted within endpoint_config::accept_timeout.
+  bool accept_timed_out() const { return accept_timed_out_; }
 
   state current_state() const { return state_; }
   /// Closing, draining or closed: it carries nothing more.
@@ -230,7 +234,8 @@ class connection {
   /// Gives the stream credit bulk_rx_ granted to waiting messages back to the peer.
   void apply_bulk_grants();
   uint64_t held_bytes_ = 0;  // bulk payload bytes that arrived before admission
-  uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then
+  uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then (inbound: TLS too)
+  bool accept_timed_out_ = false;
   uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted
   uint64_t last_read_ts_ = 0;                 // of the latest packet read
   /// Peer-opened streams whose credit was given back (once each): see credit_remote_stream().

@@ -143,6 +143,10 @@ void connection::send_close_packet(const send_fn& send, uint64_t ts) {
     ngtcp2_connection_close_error_set_application_error(&ccerr, static_cast<uint64_t>(code), rp, phrase.size());
   set_end(state::closing, reason, !tls_alert_close_ && transport_close_liberr_ == 0 && is_orderly(static_cast<uint64_t>(code)));
   close_deadline_ = ts + 3 * ngtcp2_conn_get_pto(conn_);
+  // An inbound connection that was never admitted (a stranger, a refused or timed-out attempt)
+  // keeps no closing state: its close packet goes out once and the connection is freed at the
+  // next timer pass, so refused attempts cannot pile up in the table while they linger.
+  if (inbound_ && !peer_proof_ok_) close_deadline_ = ts;
   close_packet_.resize(std::max<size_t>(max_udp_payload_, 1452));
   ngtcp2_path_storage ps;
   ngtcp2_path_storage_zero(&ps);

@@ -72,8 +72,16 @@ struct peer_stats {
 struct endpoint_counters {
   size_t connections = 0;         ///< in any state
   size_t half_open = 0;           ///< inbound connections in handshake or awaiting the admission proof
-  uint64_t initials_shed = 0;     ///< Initials dropped by the half-open / connection bound
+  uint64_t initials_shed = 0;     ///< validated Initials refused: the sum of the four refused_* bounds below
   uint64_t packets_dropped = 0;   ///< datagrams that matched no connection and were no Initial
+  uint64_t retries_sent = 0;      ///< Initials without a token answered by a Retry (no state kept)
+  uint64_t refused_invalid_token = 0;  ///< Initials whose token was forged, expired or for another address
+  uint64_t refused_source_full = 0;    ///< the source already held max_half_open_per_source
+  uint64_t refused_source_rate = 0;    ///< the source opened connections faster than its rate allows
+  uint64_t refused_global_full = 0;    ///< max_half_open reached and the source was the largest holder
+  uint64_t refused_table_full = 0;     ///< max_connections reached
+  uint64_t evicted = 0;           ///< half-open connections dropped to make room for another source
+  uint64_t accept_timeouts = 0;   ///< inbound connections not admitted within accept_timeout
 };
 
 /// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),
@@ -109,6 +117,21 @@ struct endpoint_config {
   std::chrono::milliseconds keep_alive{5000};          ///< send a PING after this much quiet
   std::chrono::milliseconds handshake_timeout{5000};   ///< dial attempt gives up after this
   size_t max_half_open = 64;       ///< inbound connections in handshake or admission, more Initials are dropped; the same bound applies to dials under way (dial() beyond it fails at once)
+  /// Admission before state (docs/security.md, "Handshake floods"). An inbound connection must
+  /// finish TLS and prove the mesh secret within this time from its first validated Initial,
+  /// or it is dropped (a dial's own limit is handshake_timeout).
+  std::chrono::milliseconds accept_timeout{2000};
+  /// Half-open inbound connections one source (IPv4 address, IPv6 /64) may hold at once.
+  size_t max_half_open_per_source = 8;
+  /// New inbound connections one source may open: a bucket of this burst refilled at this
+  /// rate per second (0 = no rate bound).
+  double source_rate_per_s = 20;
+  double source_burst = 20;
+  /// An Initial without a valid token gets a Retry (address validation) when at least this many
+  /// connections are half-open; 0 = always, which costs one round trip per inbound connection.
+  size_t retry_above_half_open = 0;
+  /// How long a Retry token stays valid (the client echoes it one round trip later).
+  std::chrono::milliseconds retry_token_lifetime{3000};
   size_t max_connections = 1024;   ///< all connections, any state
   int socket_buffer_bytes = 8 << 20;
   size_t max_udp_payload = 1452;   ///< to peers on other hosts; above 1452 only where every path allows it

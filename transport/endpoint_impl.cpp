@@ -9,12 +9,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include <sodium.h>
+
 namespace mesh::transport {
 
 expected<void> endpoint_impl::init() {
   auto s = udp_socket::open(cfg_.bind, cfg_.port, cfg_.socket_buffer_bytes);
   if (!s) return tl::unexpected(s.error());
   sock_ = std::move(*s);
+  randombytes_buf(retry_secret_.data(), retry_secret_.size());
   auto t = tls_context::create(cfg_.id);
   if (!t) return tl::unexpected(t.error());
   tls_ = std::move(*t);
@@ -137,21 +140,60 @@ void endpoint_impl::dispatch(const socket_address& from, const uint8_t* data, si
     return;
   }
   if (stopping_) return;
-  ngtcp2_pkt_hd hd{};
-  if (ngtcp2_accept(&hd, data, len) != 0) {  // not a valid Initial: stateless drop
+  accept_initial(from, data, len, ts);
+}
+
+void endpoint_impl::accept_initial(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts) {
+  const uint64_t lifetime_ns = static_cast<uint64_t>(cfg_.retry_token_lifetime.count()) * 1'000'000u;
+  initial_check check = check_initial({data, len}, from, retry_secret_, lifetime_ns, ts);
+  using kind = initial_check::kind;
+  if (check.what == kind::not_initial) {  // not a valid Initial: stateless drop
     ++packets_dropped_;
     return;
   }
-  if (half_open() >= cfg_.max_half_open || conns_.size() >= cfg_.max_connections) {
-    ++initials_shed_;  // shed load statelessly: the client retransmits, or gives up
+  if (check.what == kind::invalid_token) {
+    gate_.on_invalid_token();
+    log_limited("dropped an Initial from " + from.to_string() + ": its Retry token is invalid or expired");
     return;
   }
-  auto c = connection::make_server(*this, cfg_, *tls_, sock_.local(), from, hd, ts);
+  const source_key src = source_key::of(from);
+  const bool validated = check.what == kind::valid_token;
+  if (validated && conns_.size() >= cfg_.max_connections) {
+    gate_.on_table_full();
+    log_limited("refused a connection from " + from.to_string() + ": " + std::to_string(conns_.size()) +
+                " connections (max_connections)");
+    return;
+  }
+  auto v = gate_.on_initial(src, validated, ts);
+  if (v.what == inbound_gate::decision::retry) {
+    // Address validation: the client must echo this token from the same address before it
+    // gets any state here (RFC 9000 §8.1). A Retry is smaller than the Initial: no amplification.
+    const size_t n = write_retry(retry_buf_, check.hd, from, retry_secret_, ts);
+    if (n > 0 && send_bytes(from, retry_buf_.data(), n, n)) ++retries_sent_;
+    return;
+  }
+  if (v.what == inbound_gate::decision::refuse) {
+    // Dropped statelessly: the client retransmits, or gives up.
+    log_limited("refused a connection from " + from.to_string() + " (" + std::to_string(gate_.half_open_from(src)) +
+                " half-open from that source, " + std::to_string(half_open()) + " in all; counted in the endpoint's refused_* counters)");
+    return;
+  }
+  if (v.evict) {
+    for (auto& c : conns_) {
+      if (handle_of(c.get()) != *v.evict) continue;
+      c->abandon("dropped while half-open to make room for another source (" + std::to_string(half_open() + 1) +
+                 " half-open connections, max_half_open " + std::to_string(cfg_.max_half_open) + ")");
+      break;
+    }
+  }
+  auto c = connection::make_server(*this, cfg_, *tls_, sock_.local(), from, check.hd,
+                                   validated ? &check.odcid : nullptr, ts);
   if (!c) {
     log("cannot accept a connection from " + from.to_string() + ": " + c.error().message);
     return;
   }
   connection* raw = c->get();
+  gate_.opened(src, handle_of(raw), ts);
   conns_.push_back(std::move(*c));
   raw->read(sock_.local(), from, data, len, ts);
 }
@@ -173,6 +215,7 @@ void endpoint_impl::read_socket(uint64_t ts) {
 }
 
 void endpoint_impl::on_admitted(connection& c) {
+  if (c.inbound()) gate_.settled(handle_of(&c));
   const node_id id = *c.peer();
   auto it = by_peer_.find(id);
   if (it != by_peer_.end() && it->second != &c) {
@@ -308,6 +351,8 @@ void endpoint_impl::reap() {
     connection* c = it->get();
     if (c->ended() && !c->end_reported) {
       c->end_reported = true;
+      if (c->inbound()) gate_.settled(handle_of(c));
+      if (c->accept_timed_out()) ++accept_timeouts_;
       bool quiet = quiet_.count(c) > 0;
       if (quiet && c->peer()) release(*c->peer(), c->outstanding_bytes());  // lost with the duplicate
       if (c->up_reported && c->peer_closed_as_duplicate() && has_other_attempt(*c->peer(), c)) {
@@ -343,8 +388,10 @@ void endpoint_impl::reap() {
           if (relay == id) orphans.push_back(peer);
         for (auto& p : orphans) relay_peer_down(p, "the relay " + id.short_string() + " went away");
       } else if (!quiet) {
-        log("connection " + std::string(c->inbound() ? "from " : "to ") + c->remote().to_string() +
-            " failed: " + c->end_reason());
+        const std::string line = "connection " + std::string(c->inbound() ? "from " : "to ") + c->remote().to_string() +
+                                 " failed: " + c->end_reason();
+        if (c->inbound()) log_limited(line);  // a stranger can make these at line rate
+        else log(line);
         auto target = dial_targets_.find(c);
         std::optional<node_id> about = c->peer();
         if (!about && target != dial_targets_.end()) about = target->second;

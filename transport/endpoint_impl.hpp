@@ -16,6 +16,8 @@
 
 #include "transport/connection.hpp"
 #include "transport/endpoint.hpp"
+#include "transport/inbound_gate.hpp"
+#include "transport/retry.hpp"
 #include "transport/traversal.hpp"
 #include "transport/udp_socket.hpp"
 
@@ -46,7 +48,11 @@ inline constexpr size_t short_header_cid_len = 18;
 /// immutable after init() or guarded by its mutex.
 class endpoint_impl final : public connection_owner {
  public:
-  endpoint_impl(endpoint_config cfg, handlers h) : cfg_(std::move(cfg)), h_(std::move(h)) {}
+  endpoint_impl(endpoint_config cfg, handlers h)
+      : cfg_(std::move(cfg)),
+        h_(std::move(h)),
+        gate_(inbound_limits{cfg_.max_half_open, cfg_.max_half_open_per_source, cfg_.source_rate_per_s,
+                             cfg_.source_burst, cfg_.retry_above_half_open}) {}
   ~endpoint_impl() override { stop(); close_fds(); }
 
   expected<void> init();
@@ -95,7 +101,22 @@ class endpoint_impl final : public connection_owner {
   socket_address pending_to_;
   size_t pending_segment_ = 0;
   bool blocked_ = false;
-  uint64_t initials_shed_ = 0, packets_dropped_ = 0;
+  uint64_t packets_dropped_ = 0;
+  // Admission before state (inbound_gate.hpp, retry.hpp).
+  inbound_gate gate_;
+  retry_secret retry_secret_{};
+  uint64_t retries_sent_ = 0, accept_timeouts_ = 0;
+  log_limiter refusal_log_{1'000'000'000};  // refused and failed inbound attempts: a line a second
+  std::array<uint8_t, 256> retry_buf_{};
+  /// Logs an event a stranger can cause at line rate, at most one line a second.
+  void log_limited(const std::string& line) {
+    uint64_t suppressed = 0;
+    if (!refusal_log_.allow(now_ns(), suppressed)) return;
+    log(suppressed ? line + " (" + std::to_string(suppressed) + " similar lines suppressed)" : line);
+  }
+  static uint64_t handle_of(const connection* c) { return reinterpret_cast<uintptr_t>(c); }
+  /// Stateless handling of a datagram that matched no connection (the inbound gate).
+  void accept_initial(const socket_address& from, const uint8_t* data, size_t len, uint64_t ts);
   bool need_write_ = false;  // a connection was made outside the read/write pass: write before sleeping
   static constexpr size_t rx_slot_size = 65536, rx_slots = 8;  // one recvmmsg: 8 receives of up to 64 KiB
   std::vector<uint8_t> rx_buf_ = std::vector<uint8_t>(rx_slot_size * rx_slots);
@@ -149,14 +170,7 @@ class endpoint_impl final : public connection_owner {
   /// A relayed peer is down (the relay went away, or this side closed it: `orderly`).
   void relay_peer_down(const node_id& peer, const std::string& why, bool orderly = false);
   void send_punch_packets(const socket_address& to);
-  size_t half_open() const {
-    size_t n = 0;
-    for (auto& c : conns_)
-      if (c->inbound() && (c->current_state() == connection::state::handshaking ||
-                           c->current_state() == connection::state::admitting))
-        ++n;
-    return n;
-  }
+  size_t half_open() const { return gate_.half_open(); }
   /// Another live connection attempt to `id` besides `c` (for the duplicate hand-over).
   bool has_other_attempt(const node_id& id, const connection* c) const {
     for (auto& other : conns_) {
@@ -167,7 +181,19 @@ class endpoint_impl final : public connection_owner {
     return false;
   }
   void publish_counters() {
-    endpoint_counters k{conns_.size(), half_open(), initials_shed_, packets_dropped_};
+    const inbound_refusals& r = gate_.refusals();
+    endpoint_counters k{conns_.size(),
+                        half_open(),
+                        r.source_full + r.source_rate + r.global_full + r.table_full,
+                        packets_dropped_,
+                        retries_sent_,
+                        r.invalid_token,
+                        r.source_full,
+                        r.source_rate,
+                        r.global_full,
+                        r.table_full,
+                        gate_.evicted(),
+                        accept_timeouts_};
     std::lock_guard lock(view_mu_);
     counters_ = k;
   }

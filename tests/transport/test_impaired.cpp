@@ -99,7 +99,8 @@ TEST_CASE("a connection survives the client's address changing", "[transport][en
 TEST_CASE("inbound half-open handshakes are bounded", "[transport][endpoint][limits]") {
   endpoint_config server_cfg;
   server_cfg.max_half_open = 2;
-  server_cfg.handshake_timeout = 2000ms;
+  server_cfg.retry_above_half_open = 1000;  // no Retry: blind clients get state, the bound sheds them
+  server_cfg.accept_timeout = 2000ms;
   node server(server_cfg);
   // Three clients whose handshakes can never finish: the server's replies vanish.
   std::vector<std::unique_ptr<impairment_proxy>> holes;
@@ -112,19 +113,51 @@ TEST_CASE("inbound half-open handshakes are bounded", "[transport][endpoint][lim
     stuck.back()->ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(holes.back()->port())});
   }
   bool shed = false;
-  for (int i = 0; i < 200 && !shed; ++i) {
+  for (int i = 0; i < 300 && !shed; ++i) {
     std::this_thread::sleep_for(10ms);
     auto k = server.ep->counters();
     shed = k.initials_shed > 0 && k.half_open == 2;
   }
   CHECK(shed);
   CHECK(server.ep->counters().half_open <= 2);
-  // Once the stuck handshakes time out, a real client gets in (its Initial is retransmitted).
+  CHECK(server.ep->counters().refused_global_full > 0);
+  // Once the stuck handshakes time out (accept_timeout), a real client gets in (its Initial is
+  // retransmitted).
   endpoint_config client_cfg;
   client_cfg.handshake_timeout = 10000ms;
   node client(client_cfg);
   client.ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(server.ep->port())});
   REQUIRE(client.log.wait([&] { return !client.log.up.empty(); }, 15s));
+  CHECK(server.ep->counters().accept_timeouts >= 2);
+  stuck.clear();
+  holes.clear();
+}
+
+TEST_CASE("with Retry, clients that cannot receive get no state at all", "[transport][endpoint][limits]") {
+  endpoint_config server_cfg;
+  server_cfg.max_half_open = 2;  // Retry is demanded always (the default)
+  node server(server_cfg);
+  std::vector<std::unique_ptr<impairment_proxy>> holes;
+  std::vector<std::unique_ptr<node>> stuck;
+  for (int i = 0; i < 3; ++i) {
+    holes.push_back(std::make_unique<impairment_proxy>(server.ep->port(), 0.0, 0ms, true));
+    stuck.push_back(std::make_unique<node>());
+    stuck.back()->ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(holes.back()->port())});
+  }
+  bool retried = false;
+  for (int i = 0; i < 300 && !retried; ++i) {
+    std::this_thread::sleep_for(10ms);
+    retried = server.ep->counters().retries_sent >= 3;
+  }
+  CHECK(retried);
+  CHECK(server.ep->counters().half_open == 0);
+  CHECK(server.ep->counters().connections == 0);
+  // A real client passes the Retry at once: the blind ones hold nothing.
+  node client;
+  const auto t0 = std::chrono::steady_clock::now();
+  client.ep->dial(server.ep->id(), {"127.0.0.1:" + std::to_string(server.ep->port())});
+  REQUIRE(client.log.wait([&] { return !client.log.up.empty(); }, 5s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
   stuck.clear();
   holes.clear();
 }
