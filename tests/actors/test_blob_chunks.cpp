@@ -105,7 +105,7 @@ namespace {
 
 /// A serving node (offers) and a stage node (fetcher) on one link: gets go through the wire
 /// codec to a thread that answers them in order, as the serving node's actor does.
-struct link {
+struct fetch_link {
   node_id srv = test::named("srv"), peer = test::named("peer");
   blob_offers offers{"srv"};
   std::mutex m;
@@ -137,7 +137,7 @@ struct link {
       fetcher->deliver(srv, std::get<msg::blob_chunk>(over_the_wire(c)));
     }
   }};
-  ~link() {
+  ~fetch_link() {
     {
       std::lock_guard<std::mutex> lock(m);
       stop = true;
@@ -157,7 +157,7 @@ TEST_CASE("a file is fetched in chunks into the store, verified, and not fetched
     std::ofstream f(file, std::ios::binary);
     f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
   }
-  link l;
+  fetch_link l;
   auto offer = l.offers.offer(file.string());
   REQUIRE(offer);
   CHECK(offer->id == hash_bytes(data));
@@ -188,7 +188,7 @@ TEST_CASE("a fetch with a corrupted chunk fails naming the blob and leaves nothi
     std::ofstream f(file, std::ios::binary);
     f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
   }
-  link l;
+  fetch_link l;
   l.tamper = [](msg::blob_chunk& c) {
     if (c.offset == chunk_bytes && !c.bytes.empty()) c.bytes[17] ^= 0x40;  // flipped in transit
   };
