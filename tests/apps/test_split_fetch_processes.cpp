@@ -73,7 +73,8 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
     auto m = curl(tmp.path, url + "/api/mesh", "");
     REQUIRE(m.status == 200);
     healthy = 0;
-    for (const auto& n : json::parse(m.body).at("nodes")) healthy += n.at("health") == "healthy";
+    const auto mesh_json = json::parse(m.body);
+    for (const auto& n : mesh_json.at("nodes")) healthy += n.at("health") == "healthy";
     if (healthy < 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   REQUIRE(healthy == 2);
@@ -86,7 +87,8 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
   auto listed = meshctl(sa, "--json models");
   REQUIRE(listed.status == 0);
   std::vector<std::pair<std::filesystem::path, mesh::test::node_process*>> stage_nodes;
-  for (const auto& m : json::parse(listed.output).at("models"))
+  const auto models_json = json::parse(listed.output);  // kept: the loop walks into it
+  for (const auto& m : models_json.at("models"))
     if (m.at("id") == "split")
       for (const auto& s : m.at("stages")) {
         if (s.at("node") == mesh::test::node_id_of(eb)) stage_nodes.emplace_back(tmp.path / "b", &b);
