@@ -2,10 +2,12 @@
 // (docs/serving.md, "Split over the mesh"): the stage nodes, which see an empty directory where
 // the file lies (a mount namespace each), fetch it from the serving node into their blob
 // caches; the text is the whole model's; a second load of the model takes it from the caches
-// (no transfer).
+// (no transfer). A stage node killed: the re-plan goes on over the survivors; a node that joins
+// without the file fetches it when the plan widens to it.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -32,6 +34,26 @@ std::pair<int, std::string> complete(const std::filesystem::path& scratch, const
                 R"({"model": ")" + model + R"(", "prompt": "one two three four", "max_tokens": 8, "temperature": 0, "ignore_eos": true})");
   if (r.status != 200) return {r.status, r.body};
   return {200, json::parse(r.body).at("choices").at(0).at("text").get<std::string>()};
+}
+
+/// The nodes of model `id`'s stages as `meshctl --json models` lists them, in order.
+std::vector<std::string> stage_nodes_of(const std::filesystem::path& state, const std::string& id) {
+  std::vector<std::string> out;
+  auto listed = meshctl(state, "--json models");
+  if (listed.status != 0) return out;
+  const auto models_json = json::parse(listed.output);
+  for (const auto& m : models_json.at("models"))
+    if (m.at("id") == id)
+      for (const auto& s : m.at("stages")) out.push_back(s.at("node"));
+  return out;
+}
+
+bool poll_until(const std::function<bool()>& f, int seconds = 90) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return f();
 }
 
 size_t count_of(const std::string& text, const std::string& what) {
@@ -121,4 +143,28 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
   auto got_again = complete(tmp.path, url, "split");
   REQUIRE(got_again.first == 200);
   CHECK(got_again.second == expected_text.second);
+
+  // Failover: the last stage's node dies; the model is planned again over this node and the
+  // other peer (which loads its new range from its cache). Then a newcomer without the file
+  // joins: the plan widens to it, and it fetches the file.
+  const std::string ida = mesh::test::node_id_of(ea), idb = mesh::test::node_id_of(eb), idc = mesh::test::node_id_of(ec);
+  const auto before = stage_nodes_of(sa, "split");
+  REQUIRE(before.size() == 3);
+  const bool c_dies = before.back() == idc;
+  const std::string survivor = c_dies ? idb : idc;
+  (c_dies ? c : b).kill(SIGKILL);
+  CHECK(poll_until([&] { return stage_nodes_of(sa, "split") == std::vector<std::string>{ida, survivor}; }));
+  auto after_loss = complete(tmp.path, url, "split");
+  REQUIRE(after_loss.first == 200);
+  CHECK(after_loss.second == expected_text.second);
+
+  mesh::test::node_process d(tmp.path / "d", {"--peer", ea, "--api-bind", "off"}, true, {served});
+  const std::string idd = mesh::test::node_id_of(d.endpoint());
+  INFO(d.log());
+  CHECK(poll_until([&] { return stage_nodes_of(sa, "split") == std::vector<std::string>{ida, survivor, idd}; }));
+  CHECK(std::filesystem::file_size(tmp.path / "d" / "blobs" / digest) == std::filesystem::file_size(split));
+  CHECK(count_of(d.log(), "fetched blob " + digest) == 1);
+  auto widened = complete(tmp.path, url, "split");
+  REQUIRE(widened.first == 200);
+  CHECK(widened.second == expected_text.second);
 }
