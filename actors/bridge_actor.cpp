@@ -49,7 +49,8 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
                                           std::holds_alternative<msg::generate_cancel>(*m) ||
                                           std::holds_alternative<msg::models_request>(*m) ||
                                           std::holds_alternative<msg::stage_open>(*m) || std::holds_alternative<msg::stage_step>(*m) ||
-                                          std::holds_alternative<msg::stage_close>(*m) || std::holds_alternative<msg::stage_reply>(*m) ? a.generator
+                                          std::holds_alternative<msg::stage_close>(*m) || std::holds_alternative<msg::stage_reply>(*m) ||
+                                          std::holds_alternative<msg::blob_get>(*m) || std::holds_alternative<msg::blob_chunk>(*m) ? a.generator
                                                                                                                            : a.jobs;
         self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
       },

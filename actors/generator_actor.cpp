@@ -14,6 +14,7 @@
 #include <utility>
 #include <variant>
 
+#include "actors/blob_transfer.hpp"
 #include "actors/generation_worker.hpp"
 #include "actors/remote_stage.hpp"
 #include "actors/split_model.hpp"
@@ -29,6 +30,10 @@ struct generator_state {
   std::shared_ptr<generation::stage_calls> calls;
   /// The stages this node holds for its peers' split models.
   std::unique_ptr<generation::stage_host> stages;
+  /// This node's checkpoint files offered to the stage nodes of its split models (blob_get).
+  std::shared_ptr<blobs::blob_offers> offers;
+  /// Fetches of files this node's stages need and lacks (the stage host's thread waits on them).
+  std::shared_ptr<blobs::blob_fetcher> fetcher;
   /// The peers this node's split models re-plan over, from membership (hellos) and the
   /// connection's and health's departures.
   std::shared_ptr<generation::split_roster> roster = std::make_shared<generation::split_roster>();
@@ -37,6 +42,7 @@ struct generator_state {
     // The model host outlives the actors: its split models' links must not send through an
     // endpoint that is stopping, nor wait for answers that will not be read, nor re-plan.
     if (calls) calls->close();
+    if (fetcher) fetcher->close();
     roster->close();
   }
 };
@@ -120,7 +126,8 @@ void serve_models(generator_actor_ptr self, const context_ptr& ctx, const node_i
           if (!nodes) return reply(failed_reply(q.id, {nodes.error().code, q.target + ": " + nodes.error().message}));
           const std::string target = q.target;
           o.split = generation::make_split_builder(self->state.calls, ctx->self_id, std::move(*nodes), q.target, {}, self->state.roster,
-                                                   [target](const std::string& line) { spdlog::info("split model {}: {}", target, line); });
+                                                   [target](const std::string& line) { spdlog::info("split model {}: {}", target, line); },
+                                                   self->state.offers);
           load(std::move(o));
         }, view_failed);
       }, view_failed);
@@ -141,9 +148,16 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
   });
   self->state.calls = std::make_shared<generation::stage_calls>(
       [ctx](const node_id& to, const msg::message& m) { return try_send_peer(*ctx, to, m); });
+  self->state.offers = std::make_shared<blobs::blob_offers>(ctx->self_id.short_string());
+  self->state.fetcher = std::make_shared<blobs::blob_fetcher>([ctx](const node_id& to, const msg::message& m) { return try_send_peer(*ctx, to, m); });
   generation::stage_host_options so;
   so.make_executor = [device = ctx->cfg.device] { return make_device(device); };
   so.self = ctx->self_id.short_string();
+  // Without a cache (its directory cannot be made), stages need their own copies, as before.
+  if (auto b = blobs::blob_store::open(ctx->cfg.state_dir / "blobs", ctx->cfg.blob_cache_bytes)) so.blobs = *b;
+  else spdlog::warn("no blob cache: {}; split-model stages need their own copy of the file", b.error().message);
+  so.fetcher = self->state.fetcher;
+  so.log = [](const std::string& line) { spdlog::info("stages: {}", line); };
   self->state.stages = std::make_unique<generation::stage_host>(so, [ctx](const node_id& to, const msg::message& m) {
     if (!try_send_peer(*ctx, to, m)) spdlog::debug("stages: {} left; {} not sent", to.short_string(), msg::kind_name(m));
   });
@@ -162,6 +176,13 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
           return stages.close(from, *c);
         }
         if (auto* r = std::get_if<msg::stage_reply>(m.get())) return self->state.calls->deliver(from, *r);
+        // A chunk of at most 4 MiB read and hashed here (about a millisecond): the next message
+        // waits that long, and the peer paces its gets (blob_fetcher::window).
+        if (auto* g = std::get_if<msg::blob_get>(m.get())) {
+          if (!try_send_peer(*ctx, from, self->state.offers->serve(*g))) spdlog::debug("blobs: {} left; chunk not sent", from.short_string());
+          return;
+        }
+        if (auto* c = std::get_if<msg::blob_chunk>(m.get())) return self->state.fetcher->deliver(from, std::move(*c));
         if (auto* r = std::get_if<msg::generate_request>(m.get())) {
           spdlog::info("generate request {} from {}: {} (max {} tokens)", r->request, from.short_string(), r->model, r->max_tokens);
           w.submit(from, std::move(*r));
@@ -177,6 +198,7 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
       [=](down_atom, node_id id) {
         self->state.worker->client_gone(id);
         self->state.calls->peer_gone(id);
+        self->state.fetcher->peer_gone(id);
         self->state.stages->owner_gone(id);
         self->state.roster->left(id);  // split models holding a stage there re-plan
       },

@@ -49,6 +49,9 @@ struct node_config {
   std::string api_bind = "127.0.0.1:8080";
   bool api_bind_explicit = false;
   std::string api_key;  ///< bearer key the API asks for (--api-key-file); empty: none
+  /// Bound of the blob cache, <state_dir>/blobs: checkpoint files fetched from peers for the
+  /// stages this node holds (docs/serving.md); least recently used evicted past it.
+  uint64_t blob_cache_bytes = uint64_t{32} << 30;
 };
 
 /// Runs a node until `stop` becomes true (SIGINT/SIGTERM in meshnode) or its supervisor gives up.

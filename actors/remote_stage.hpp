@@ -6,6 +6,7 @@
 /// A call blocks its caller until the peer answers, the peer leaves, or a timeout passes, so
 /// calls run on the model host's threads (its worker steps the pipeline, its loader opens
 /// stages), never on an actor's.
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -72,10 +73,12 @@ class remote_stage final : public models::stage_link {
  public:
   /// Asks `peer` to load `layers` of its copy of `path` with `context` positions (of a model
   /// whose hidden rows have `hidden_size` values); the peer's error (no such file there, no room)
-  /// comes back naming it.
+  /// comes back naming it. A `blob` (the file's digest and size, non-zero) offers the file for
+  /// fetching: a peer without its own copy fetches it from this node into its blob cache.
   static expected<std::unique_ptr<remote_stage>> open(std::shared_ptr<stage_calls> calls, const node_id& peer, const std::string& path,
                                                       const models::layer_range& layers, int64_t context, int64_t hidden_size,
-                                                      remote_stage_timeouts timeouts = {});
+                                                      remote_stage_timeouts timeouts = {}, const std::array<uint8_t, 32>& blob = {},
+                                                      uint64_t blob_size = 0);
   ~remote_stage() override;
   expected<std::vector<float>> forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) override;
 

@@ -27,11 +27,12 @@ expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& s
 
 serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
                                           std::vector<split_candidate> nodes, std::string path, remote_stage_timeouts timeouts,
-                                          std::shared_ptr<split_roster> roster, std::function<void(const std::string&)> log) {
+                                          std::shared_ptr<split_roster> roster, std::function<void(const std::string&)> log,
+                                          std::shared_ptr<blobs::blob_offers> offers) {
   std::error_code ec;
   auto absolute = std::filesystem::absolute(path, ec);
   if (!ec) path = absolute.lexically_normal().string();
-  return [calls, self, nodes, path, timeouts, roster, log](const serving::split_input& in) -> expected<std::unique_ptr<serving::split_sequence>> {
+  return [calls, self, nodes, path, timeouts, roster, log, offers](const serving::split_input& in) -> expected<std::unique_ptr<serving::split_sequence>> {
     const int64_t context = in.context > 0 ? in.context : std::min(in.config.max_context, models::session_options::default_context_cap);
     if (context > in.config.max_context)
       return make_error(error_code::invalid_argument, fmt::format("a context of {} positions was asked for, but the model was trained for {}",
@@ -44,6 +45,13 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
     const models::checkpoint* ckpt = &in.ckpt;
     gpu::executor* ex = &in.ex;
     const models::model_config config = in.config;
+    // Offered once per load; the re-plans of failover use the same digest (a file changed
+    // meanwhile fails the fetch's check instead of feeding a stage other weights).
+    blobs::offered blob;
+    if (offers) {
+      if (auto o = offers->offer(path)) blob = *o;
+      else if (log) log("not offered to peers: " + o.error().message);
+    }
     failover_options fo;
     fo.open = [=, costs = *costs](const std::vector<split_candidate>& over, std::mutex& device) -> expected<std::unique_ptr<models::pipeline>> {
       std::vector<models::stage_node> candidates;
@@ -66,7 +74,7 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
         auto peer = node_id::parse(a.node);
         if (!peer) return tl::unexpected(peer.error());
         // On failure the stages opened so far go out of scope here, which closes them on their nodes.
-        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts);
+        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, blob.id, blob.size);
         if (!r)
           return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
                                                         models::to_string(a.layers), peer->short_string(), r.error().message));

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/blob_transfer.hpp"
 #include "actors/remote_stage.hpp"
 #include "actors/split_replan.hpp"
 #include "actors/split_roster.hpp"
@@ -33,9 +34,14 @@ expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& s
 /// (`roster`'s live peers; without one, the peers of `nodes` not lost yet) and the requests in
 /// flight go on; a node that joins widens a plan narrower than `nodes` (only with a roster).
 /// `log` gets a line per re-plan.
+///
+/// With `offers`, the file (a single-file checkpoint) is offered to the stage nodes by its
+/// digest: one without its own copy fetches it from this node into its blob cache, at load and
+/// at every re-plan. Without (or for a directory checkpoint), every stage node needs its own copy.
 serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
                                           std::vector<split_candidate> nodes, std::string path,
                                           remote_stage_timeouts timeouts = {}, std::shared_ptr<split_roster> roster = nullptr,
-                                          std::function<void(const std::string&)> log = {});
+                                          std::function<void(const std::string&)> log = {},
+                                          std::shared_ptr<blobs::blob_offers> offers = nullptr);
 
 }  // namespace mesh::generation

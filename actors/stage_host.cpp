@@ -1,5 +1,6 @@
 #include "actors/stage_host.hpp"
 
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@ namespace mesh::generation {
 /// One stage: members go in reverse order, the session before the file it reads and the
 /// executor it runs on.
 struct stage_host::held {
+  blobs::blob_store::pin blob;  ///< the cached file the checkpoint maps, if it is one
   std::unique_ptr<gpu::executor> ex;
   std::unique_ptr<models::checkpoint> ckpt;
   std::optional<models::local_stage> stage;
@@ -106,10 +108,14 @@ msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open&
     if (stages_.size() >= options_.max_stages)
       return fail(error_code::limit_exceeded, fmt::format("it holds {} stages for peers, its limit", stages_.size()));
   }
-  // Each node reads its own copy of the file: a node without one says which path it lacks.
+  // A node reads its own copy of the file; without one, the cached or fetched blob the opener
+  // offered; without an offer, it says which path it lacks.
   const std::string what = fmt::format("layers {} of {}", models::to_string(*range), m.path);
   auto h = std::make_unique<held>();
-  auto ckpt = models::checkpoint::open(m.path);
+  auto file = checkpoint_file(from, m);
+  if (!file) return fail(file.error().code, fmt::format("cannot load {}: {}", what, file.error().message));
+  h->blob = std::move(file->in_use);
+  auto ckpt = models::checkpoint::open(file->path);
   if (!ckpt) return fail(ckpt.error().code, fmt::format("cannot load {}: {}", what, ckpt.error().message));
   h->ckpt = std::make_unique<models::checkpoint>(std::move(*ckpt));
   auto ex = options_.make_executor();
@@ -131,6 +137,27 @@ msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open&
   r.call = m.call;
   r.ok = true;
   return r;
+}
+
+expected<blobs::blob_store::held> stage_host::checkpoint_file(const node_id& from, const msg::stage_open& m) {
+  std::error_code ec;
+  if (std::filesystem::exists(m.path, ec) || blobs::is_zero(m.blob) || !options_.blobs || !options_.fetcher)
+    return blobs::blob_store::held{m.path, nullptr};
+  const auto name = blobs::to_hex(m.blob);
+  const auto say = [&](const std::string& line) {
+    if (options_.log) options_.log(line);
+  };
+  auto cached = options_.blobs->get(m.blob);
+  if (cached) {
+    say(fmt::format("{}: blob {} from the cache (no transfer)", m.path, name));
+    return cached;
+  }
+  if (cached.error().code != error_code::not_found) say(cached.error().message);  // corrupt: dropped, fetched again
+  say(fmt::format("{}: no copy here; fetching blob {} ({} bytes) from {}", m.path, name, m.blob_size, from.short_string()));
+  auto got = options_.fetcher->fetch(from, {m.blob, m.blob_size}, *options_.blobs);
+  if (!got) return tl::unexpected(got.error());
+  say(fmt::format("{}: fetched blob {} ({} bytes) from {}", m.path, name, *got, from.short_string()));
+  return options_.blobs->get(m.blob);
 }
 
 msg::stage_reply stage_host::do_step(const node_id& from, const msg::stage_step& m) {

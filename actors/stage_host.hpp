@@ -18,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "actors/blob_transfer.hpp"
 #include "actors/stage_request_check.hpp"
 #include "base/node_id.hpp"
 #include "gpu/executor.hpp"
@@ -31,6 +32,14 @@ struct stage_host_options {
   size_t max_stages = 4;
   std::string self;  ///< this node's name in error messages (its short id)
   stage_limits limits;
+  /// The blob cache (<state-dir>/blobs) and the fetches into it: a stage whose checkpoint this
+  /// node lacks at the path, when the opener offered the file (stage_open::blob), is loaded
+  /// from the cache, fetched from the opener first when not there. Without both, a missing
+  /// file fails the open.
+  std::shared_ptr<blobs::blob_store> blobs;
+  std::shared_ptr<blobs::blob_fetcher> fetcher;
+  /// A line per fetch or cache hit (the node logs it).
+  std::function<void(const std::string&)> log;
 };
 
 class stage_host {
@@ -61,6 +70,9 @@ class stage_host {
   msg::stage_reply do_open(const node_id& from, const msg::stage_open& m);
   msg::stage_reply do_step(const node_id& from, const msg::stage_step& m);
   msg::stage_reply failed(uint64_t call, const error& e) const;
+  /// The file to load for `m`: its own path when this node has it, else the cached blob
+  /// (fetched from `from` when not cached), pinned while the stage lives.
+  expected<blobs::blob_store::held> checkpoint_file(const node_id& from, const msg::stage_open& m);
 
   stage_host_options options_;
   sender send_;

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   CLI::App app{"meshnode: a node of the peer-to-peer compute mesh"};
   std::string config_file, state_dir, secret_file, bind = "0.0.0.0", device = "auto", log_level = "info";
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
+  int64_t blob_cache_bytes = int64_t{32} << 30;
   std::vector<std::string> peers, models;
   std::string api_bind = "127.0.0.1:8080", api_key_file;
   bool print_id = false, open_mesh = false;
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
   auto* o_model = app.add_option("--model", models, "checkpoint to serve: a GGUF file or a Hugging Face directory (repeatable)")->envname("MESH_MODELS")->delimiter(',');
   auto* o_api = app.add_option("--api-bind", api_bind, "HOST:PORT of the OpenAI-compatible API, dashboard and metrics, or off (default 127.0.0.1:8080, another free port if taken)")->envname("MESH_API_BIND");
   auto* o_key = app.add_option("--api-key-file", api_key_file, "file with the bearer key the HTTP API asks for (none: no key)")->envname("MESH_API_KEY_FILE");
+  auto* o_blobs = app.add_option("--blob-cache-bytes", blob_cache_bytes, "bound of the cache of checkpoint files fetched from peers "
+                                 "(<state-dir>/blobs), least recently used evicted first (default 32 GiB)")->envname("MESH_BLOB_CACHE_BYTES");
   app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -82,7 +85,7 @@ int main(int argc, char** argv) {
       const auto node = t[key];
       if (!node) return;
       auto v = node.template value_exact<std::conditional_t<std::is_same_v<T, int>, int64_t, T>>();
-      if (!v) return complain(key, std::is_same_v<T, int> ? "an integer" : "a string");
+      if (!v) return complain(key, std::is_integral_v<T> ? "an integer" : "a string");
       if constexpr (std::is_same_v<T, int>) {
         if (*v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max()) return complain(key, "a smaller integer");
       }
@@ -104,6 +107,7 @@ int main(int argc, char** argv) {
     fill(o_log, "log_level", log_level);
     fill(o_hb, "heartbeat_ms", heartbeat_ms);
     fill(o_dead, "dead_after_ms", dead_after_ms);
+    fill(o_blobs, "blob_cache_bytes", blob_cache_bytes);
     fill(o_api, "api_bind", api_bind);
     fill(o_key, "api_key_file", api_key_file);
     if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
@@ -129,7 +133,7 @@ int main(int argc, char** argv) {
     fill_list(o_peer, "peers", peers, "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
     fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
     const std::vector<std::string> known = {"state_dir", "secret_file", "join", "open", "bind", "port", "device", "log_level", "heartbeat_ms",
-                                            "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file"};
+                                            "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file", "blob_cache_bytes"};
     for (const auto& [key, value] : t)
       if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
         bad = "unknown setting '" + std::string(key.str()) + "' (known:";
@@ -163,6 +167,11 @@ int main(int argc, char** argv) {
     std::cerr << "meshnode: --dead-after-ms must exceed two heartbeat intervals\n";
     return 2;
   }
+  if (blob_cache_bytes <= 0) {
+    std::cerr << "meshnode: --blob-cache-bytes must be positive\n";
+    return 2;
+  }
+  cfg.blob_cache_bytes = static_cast<uint64_t>(blob_cache_bytes);
   cfg.port = static_cast<uint16_t>(port);
   cfg.bind = bind;
   cfg.device = device;

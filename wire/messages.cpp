@@ -13,7 +13,7 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "train_progress", "job_progress", "train_resume", "train_checkpoint",
                                   "cancel_stages", "stage_accepted", "route_open", "train_ready", "ring_go", "generate_request",
                                   "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply", "stage_open", "stage_step",
-                                  "stage_close", "stage_reply"};
+                                  "stage_close", "stage_reply", "blob_get", "blob_chunk"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)

@@ -8,6 +8,7 @@
 /// Graphs travel inside as graph_payload (wire/graph_payload.hpp): WireGraph bytes on the wire,
 /// decoded and validated against the receiver's graph_limits while the message is decoded, so
 /// engines receive checked graphs (or the error to answer with), never bytes.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,7 +28,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 15;
+inline constexpr uint16_t protocol_version = 16;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -520,6 +521,10 @@ struct stage_open {
   uint32_t first_layer = 0;
   uint32_t end_layer = 0;
   uint32_t context = 0;
+  /// The checkpoint file's BLAKE2b-256 digest, when the sender offers it for fetching (blob_get)
+  /// to a peer without its own copy at `path`; all zero: not offered (a directory checkpoint).
+  std::array<uint8_t, 32> blob{};
+  uint64_t blob_size = 0;  ///< the offered file's size in bytes
   bool operator==(const stage_open&) const = default;
 };
 
@@ -551,6 +556,31 @@ struct stage_reply {
   bool operator==(const stage_reply&) const = default;
 };
 
+// ---- checkpoint files fetched by a stage node that lacks them (docs/serving.md) ----
+
+/// Stage node -> serving node: send bytes [offset, offset + length) of the file whose digest the
+/// serving node offered in a stage_open. Answered by a blob_chunk.
+struct blob_get {
+  uint64_t call = 0;  ///< echoed by the reply
+  std::array<uint8_t, 32> blob{};
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  bool operator==(const blob_get&) const = default;
+};
+
+/// Serving node -> stage node: the bytes asked for (fewer only at the end of the file) and their
+/// BLAKE2b-256 digest, or why not.
+struct blob_chunk {
+  uint64_t call = 0;
+  bool ok = false;
+  error_code code = error_code::internal;  ///< when !ok
+  std::string error;                       ///< when !ok: a sentence naming the node and the blob
+  uint64_t offset = 0;
+  std::array<uint8_t, 32> digest{};
+  std::vector<uint8_t> bytes;
+  bool operator==(const blob_chunk&) const = default;
+};
+
 /// Any message, as decoded.
 using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage, activation, stage_done,
                              status_request, status_reply, open_session, infer, close_session, peer_exchange,
@@ -558,7 +588,7 @@ using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
                              stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
                              generate_done, generate_cancel, models_request, models_reply, stage_open, stage_step,
-                             stage_close, stage_reply>;
+                             stage_close, stage_reply, blob_get, blob_chunk>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);
@@ -792,7 +822,7 @@ void fields(F& f, models_reply& x) {
 
 template <class F>
 void fields(F& f, stage_open& x) {
-  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context);
+  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.blob, x.blob_size);
 }
 
 template <class F>
@@ -808,6 +838,16 @@ void fields(F& f, stage_close& x) {
 template <class F>
 void fields(F& f, stage_reply& x) {
   f(x.call, x.ok, x.code, x.error, x.output);
+}
+
+template <class F>
+void fields(F& f, blob_get& x) {
+  f(x.call, x.blob, x.offset, x.length);
+}
+
+template <class F>
+void fields(F& f, blob_chunk& x) {
+  f(x.call, x.ok, x.code, x.error, x.offset, x.digest, x.bytes);
 }
 
 }  // namespace mesh::msg

@@ -8,6 +8,8 @@
 #include <memory>
 #include <fstream>
 #include <string>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -34,12 +36,27 @@ inline client_options member_options() {
   return o;
 }
 
+/// Whether this process may give a child a mount namespace of its own (root, or CAP_SYS_ADMIN):
+/// what node_process's `hidden` needs.
+inline bool can_hide_directories() {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) _exit(unshare(CLONE_NEWNS) == 0 && mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 ? 0 : 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 /// One meshnode child process with its own state directory under a temporary folder. Unless
 /// `extra` names a credential (--join, --secret-file, --open) or `join_test_mesh` is false, the
-/// node joins the test mesh (--join test_token()).
+/// node joins the test mesh (--join test_token()). The directories in `hidden` look empty to it
+/// (an empty tmpfs over each, in a mount namespace of its own; see can_hide_directories()): a
+/// node on the same machine that lacks the files another node has.
 class node_process {
  public:
-  node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}, bool join_test_mesh = true) : dir_(dir) {
+  node_process(const std::filesystem::path& dir, std::vector<std::string> extra = {}, bool join_test_mesh = true,
+               std::vector<std::filesystem::path> hidden = {})
+      : dir_(dir) {
     std::filesystem::create_directories(dir_);
     // meshnode refuses a state directory others may write to (a umask of 002 would make one).
     std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
@@ -58,6 +75,15 @@ class node_process {
       FILE* f = std::freopen(log.c_str(), "a", stdout);
       (void)f;
       dup2(1, 2);
+      if (!hidden.empty() && (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)) {
+        std::perror("node_process: cannot make a mount namespace");
+        _exit(126);
+      }
+      for (const auto& h : hidden)
+        if (mount("tmpfs", h.c_str(), "tmpfs", 0, "size=1m") != 0) {
+          std::perror(("node_process: cannot hide " + h.string()).c_str());
+          _exit(126);
+        }
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

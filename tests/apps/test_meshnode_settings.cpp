@@ -49,6 +49,7 @@ TEST_CASE("meshnode refuses bad settings with a message that names them", "[apps
       {"--peer " + id + "@127.0.0.1:99999", "port must be 1-65535"},
       {"--peer 127.0.0.1:7420", "must be NODEID@HOST:PORT"},
       {"--heartbeat-ms 2000000000", "--dead-after-ms must exceed"},  // 2 x heartbeat overflowed an int
+      {"--blob-cache-bytes 0", "--blob-cache-bytes must be positive"},
   };
   for (const auto& c : cases) {
     INFO(c.args);
@@ -67,6 +68,7 @@ TEST_CASE("meshnode refuses bad settings with a message that names them", "[apps
       {"peers = \"" + id + "@127.0.0.1:1\"\n", "'peers' must be an array of strings"},
       {"state-dir = \"/tmp/x\"\n", "unknown setting 'state-dir'"},
       {"heartbeat_ms = 99999999999\n", "'heartbeat_ms' must be a smaller integer"},
+      {"blob_cache_bytes = \"32G\"\n", "'blob_cache_bytes' must be an integer"},
   };
   for (const auto& c : files) {
     INFO(c.args);

@@ -3,10 +3,12 @@
 // a generate request or a stage message to the checks a node runs before it touches a model
 // (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
 // training engine first gets a valid setup from that peer, so that steps (with their dataset
-// shards), pieces and resumes reach a live run.
+// shards), pieces and resumes reach a live run. The chunks of a checkpoint file fetched between
+// nodes (blob_get, blob_chunk) go to their checks and to a fetch's assembly.
 #include <cstdint>
 #include <vector>
 
+#include "actors/blob_chunks.hpp"
 #include "actors/generate_request_check.hpp"
 #include "actors/stage_request_check.hpp"
 #include "actors/job_engine.hpp"
@@ -74,13 +76,18 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     mesh::msg::stage_step s{3, 1, 2, mesh::tensor::from_floats({2, 4}, std::vector<float>(8, 0.5f))};
     return *mesh::msg::encode_message(s);
   }();
-  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : stage;
+  static const std::vector<uint8_t> chunk = [] {
+    std::vector<uint8_t> bytes(64, 7);
+    mesh::msg::blob_chunk c{5, true, mesh::error_code::internal, "", 0, mesh::blobs::hash_bytes(bytes), bytes};
+    return *mesh::msg::encode_message(c);
+  }();
+  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : chunk;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] >= 0xfc) {  // edits of a valid message, to reach deep into the decoder
+  if (size > 0 && data[0] >= 0xfb) {  // edits of a valid message, to reach deep into the decoder
     bytes = seed_bytes(0xff - data[0]);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
@@ -110,6 +117,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto in = mesh::generation::check_step(*st, tokens, 4, 64);
       if (in && (tokens ? in->tokens.empty() || !in->hidden.empty() : in->hidden.empty() || in->hidden.size() % 4 != 0))
         __builtin_trap();
+    }
+    return 0;
+  }
+  // A checkpoint file's chunks: what the serving node answers and what a fetch accepts.
+  if (auto* g = std::get_if<mesh::msg::blob_get>(&*m)) {
+    const uint64_t file_size = uint64_t{1} << 33;
+    if (mesh::blobs::check_get(*g, file_size) &&
+        (g->length == 0 || g->length > mesh::blobs::max_chunk_bytes || g->offset + g->length > file_size))
+      __builtin_trap();
+    return 0;
+  }
+  if (auto* c = std::get_if<mesh::msg::blob_chunk>(&*m)) {
+    if (!mesh::blobs::check_chunk(*c) || !c->ok) return 0;
+    if (c->bytes.empty() || c->bytes.size() > mesh::blobs::max_chunk_bytes) __builtin_trap();
+    mesh::blobs::assembly a(c->digest, 64);
+    // Accepted only at offset 0, within the 64 bytes, with its digest; then whole only when
+    // the content hashes to the announced digest (here the chunk's own).
+    if (a.accept(c->offset, c->bytes, c->digest)) {
+      if (c->offset != 0 || c->bytes.size() > 64 || mesh::blobs::hash_bytes(c->bytes) != c->digest) __builtin_trap();
+      if (a.complete() && !a.finish()) __builtin_trap();
     }
     return 0;
   }

@@ -62,12 +62,16 @@ std::vector<message> samples() {
           models_reply{3, true, error_code::internal, "", {{"tiny", "/models/tiny.gguf", 2048, 22, true, false, {{test::named("node-a"), 0, 22}}}, {"/m/x.gguf", "/m/x.gguf", 64, 1, false, true, {}}}, "http://127.0.0.1:8080"},
           models_reply{5, true, error_code::internal, "", {{"big", "/m/big.gguf", 512, 6, false, false, {{test::named("node-a"), 0, 2}, {test::named("node-b"), 2, 5}, {test::named("node-c"), 5, 6}}}}, ""},
           models_reply{4, false, error_code::not_found, "no model 'x' is loaded", {}, ""},
-          stage_open{21, 3, "/models/big.gguf", 2, 5, 4096},
+          stage_open{21, 3, "/models/big.gguf", 2, 5, 4096, {}, 0},
+          stage_open{24, 4, "/models/big.gguf", 0, 2, 512, {1, 2, 3, 250, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255}, 5000000000ull},
           stage_step{22, 3, 17, tensor::from_floats({2, 3}, {0.5f, -1.0f, 2.0f, 0.0f, 1e-30f, -7.25f})},
           stage_step{23, 4, 0, tensor::from_ints({3}, {1, 299, 7})},
           stage_close{3},
           stage_reply{22, true, error_code::internal, "", tensor::from_floats({4}, {1.0f, 2.0f, 3.0f, 4.0f})},
-          stage_reply{21, false, error_code::not_found, "node 1a2b3c4d has no file /models/big.gguf", tensor::zeros(dtype::f32, {0})}};
+          stage_reply{21, false, error_code::not_found, "node 1a2b3c4d has no file /models/big.gguf", tensor::zeros(dtype::f32, {0})},
+          blob_get{31, {9, 8, 7}, uint64_t{3} << 32, 1u << 20},
+          blob_chunk{31, true, error_code::internal, "", uint64_t{3} << 32, {4, 5, 6}, {0, 1, 2, 255, 128}},
+          blob_chunk{32, false, error_code::not_found, "node 1a2b3c4d: offers no blob 0909", 0, {}, {}}};
 }
 }  // namespace
 

@@ -1,0 +1,213 @@
+#include "actors/blob_transfer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace mesh::blobs {
+
+expected<offered> blob_offers::offer(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return make_error(error_code::invalid_argument, fmt::format("{} is a directory: only single-file checkpoints are offered to peers", path));
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return make_error(error_code::io_error, fmt::format("cannot offer {}: {}", path, ec.message()));
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = by_path_.find(path); it != by_path_.end() && it->second.size == size && it->second.mtime == mtime)
+      return offered{it->second.id, size};
+  }
+  // Hashed outside the lock: a large file takes seconds, and peers' gets for other files go on.
+  auto d = hash_file(path);
+  if (!d) return tl::unexpected(d.error());
+  std::lock_guard<std::mutex> lock(mutex_);
+  file f{path, size, mtime, *d};
+  by_path_[path] = f;
+  by_digest_[*d] = f;
+  return offered{*d, size};
+}
+
+uint64_t blob_offers::served_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return served_;
+}
+
+msg::blob_chunk blob_offers::serve(const msg::blob_get& g) const {
+  msg::blob_chunk c;
+  c.call = g.call;
+  c.offset = g.offset;
+  const auto fail = [&](error_code code, std::string what) {
+    c.code = code;
+    c.error = fmt::format("node {}: {}", self_, what);
+    return c;
+  };
+  file f;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = by_digest_.find(g.blob);
+    if (it == by_digest_.end()) return fail(error_code::not_found, fmt::format("offers no blob {}", to_hex(g.blob)));
+    f = it->second;
+  }
+  if (auto ok = check_get(g, f.size); !ok) return fail(ok.error().code, ok.error().message);
+  const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(error_code::io_error, fmt::format("cannot read {}: {}", f.path, std::strerror(errno)));
+  c.bytes.resize(g.length);
+  size_t got = 0;
+  while (got < g.length) {
+    const ssize_t n = ::pread(fd, c.bytes.data() + got, g.length - got, static_cast<off_t>(g.offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  // A file cut short since it was offered: the peer would fail on the whole digest anyway.
+  if (got != g.length) {
+    c.bytes.clear();
+    return fail(error_code::io_error, fmt::format("{} changed since it was offered (a read at {} came short)", f.path, g.offset));
+  }
+  c.digest = hash_bytes(c.bytes);
+  c.ok = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  served_ += got;
+  return c;
+}
+
+uint64_t blob_fetcher::fetched_bytes() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return fetched_;
+}
+
+void blob_fetcher::deliver(const node_id& from, msg::blob_chunk c) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = pending_.find(c.call);
+    if (it == pending_.end() || it->second.to != from) return;  // late, or not from the node asked
+    it->second.reply = std::move(c);
+  }
+  answered_.notify_all();
+}
+
+void blob_fetcher::peer_gone(const node_id& peer) {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    for (auto& [call, p] : pending_)
+      if (p.to == peer) p.gone = true;
+  }
+  answered_.notify_all();
+}
+
+void blob_fetcher::close() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    closed_ = true;
+  }
+  answered_.notify_all();
+}
+
+void blob_fetcher::forget(uint64_t call) {
+  std::lock_guard<std::mutex> lock(m_);
+  pending_.erase(call);
+}
+
+expected<msg::blob_chunk> blob_fetcher::await(uint64_t call) {
+  std::unique_lock<std::mutex> lock(m_);
+  auto& p = pending_.at(call);
+  const node_id to = p.to;
+  const bool done = answered_.wait_for(lock, chunk_timeout_, [&] { return closed_ || p.gone || p.reply.has_value(); });
+  auto reply = std::move(p.reply);
+  const bool gone = p.gone, closed = closed_;
+  pending_.erase(call);
+  if (reply) return std::move(*reply);
+  if (closed) return make_error(error_code::unavailable, "the node is stopping");
+  if (gone) return make_error(error_code::unavailable, fmt::format("node {} left", to.short_string()));
+  (void)done;
+  return make_error(error_code::timeout, fmt::format("node {} sent no chunk within {} ms", to.short_string(), chunk_timeout_.count()));
+}
+
+expected<uint64_t> blob_fetcher::fetch(const node_id& from, const offered& want, blob_store& store) {
+  const std::string what = fmt::format("blob {} ({} bytes) from node {}", to_hex(want.id), want.size, from.short_string());
+  const auto fail = [&](const error& e) { return make_error(e.code, fmt::format("fetching {}: {}", what, e.message)); };
+  auto part = store.stage(want.id, want.size);
+  if (!part) return fail(part.error());
+  const int fd = ::open(part->c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    store.discard(want.id);
+    return fail({error_code::io_error, fmt::format("cannot open {}: {}", part->string(), std::strerror(errno))});
+  }
+  const auto chunks = plan_chunks(want.size);
+  std::deque<uint64_t> calls;  // in the order sent: the peer answers in that order
+  size_t next = 0;
+  const auto send_more = [&]() -> expected<void> {
+    while (next < chunks.size() && calls.size() < window) {
+      msg::blob_get g;
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        if (closed_) return make_error(error_code::unavailable, "the node is stopping");
+        g.call = next_call_++;
+        pending_[g.call] = pending{from, std::nullopt, false};
+      }
+      g.blob = want.id;
+      g.offset = chunks[next].offset;
+      g.length = static_cast<uint32_t>(chunks[next].length);
+      if (!send_(from, g)) {
+        forget(g.call);
+        return make_error(error_code::unavailable, fmt::format("node {} is not connected", from.short_string()));
+      }
+      calls.push_back(g.call);
+      ++next;
+    }
+    return {};
+  };
+  assembly whole(want.id, want.size);
+  expected<void> outcome;
+  while (outcome) {
+    outcome = send_more();
+    if (!outcome || calls.empty()) break;
+    auto c = await(calls.front());
+    calls.pop_front();
+    if (!c) {
+      outcome = tl::unexpected(c.error());
+      break;
+    }
+    if (!c->ok) {
+      outcome = make_error(c->code, c->error);
+      break;
+    }
+    if (auto ok = check_chunk(*c); !ok) {
+      outcome = ok;
+      break;
+    }
+    outcome = whole.accept(c->offset, c->bytes, c->digest);
+    if (!outcome) break;
+    size_t put = 0;
+    while (put < c->bytes.size()) {
+      const ssize_t n = ::pwrite(fd, c->bytes.data() + put, c->bytes.size() - put, static_cast<off_t>(c->offset + put));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        outcome = make_error(error_code::io_error, fmt::format("cannot write {}: {}", part->string(), std::strerror(errno)));
+        break;
+      }
+      put += static_cast<size_t>(n);
+    }
+    if (outcome) {
+      std::lock_guard<std::mutex> lock(m_);
+      fetched_ += c->bytes.size();
+    }
+  }
+  for (uint64_t call : calls) forget(call);  // answers still coming are ignored
+  ::close(fd);
+  if (outcome) outcome = whole.finish();
+  if (outcome) outcome = store.commit(want.id);
+  else store.discard(want.id);
+  if (!outcome) return fail(outcome.error());
+  return want.size;
+}
+
+}  // namespace mesh::blobs

@@ -1,0 +1,170 @@
+// A model split over three real meshnode processes where only the serving node has the file
+// (docs/serving.md, "Split over the mesh"): the stage nodes, which see an empty directory where
+// the file lies (a mount namespace each), fetch it from the serving node into their blob
+// caches; the text is the whole model's; a second load of the model takes it from the caches
+// (no transfer). A stage node killed: the re-plan goes on over the survivors; a node that joins
+// without the file fetches it when the plan widens to it.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/blob_digest.hpp"
+#include "model_writer.hpp"
+#include "node_harness.hpp"
+#include "run_command.hpp"
+#include "serving_fixture.hpp"
+#include "serving_harness.hpp"
+
+using namespace mesh;
+using nlohmann::json;
+using serving::test::curl;
+using mesh::test::api_url;
+using mesh::test::meshctl;
+
+namespace {
+
+std::pair<int, std::string> complete(const std::filesystem::path& scratch, const std::string& url, const std::string& model) {
+  auto r = curl(scratch, url + "/v1/completions",
+                R"({"model": ")" + model + R"(", "prompt": "one two three four", "max_tokens": 8, "temperature": 0, "ignore_eos": true})");
+  if (r.status != 200) return {r.status, r.body};
+  return {200, json::parse(r.body).at("choices").at(0).at("text").get<std::string>()};
+}
+
+/// The nodes of model `id`'s stages as `meshctl --json models` lists them, in order.
+std::vector<std::string> stage_nodes_of(const std::filesystem::path& state, const std::string& id) {
+  std::vector<std::string> out;
+  auto listed = meshctl(state, "--json models");
+  if (listed.status != 0) return out;
+  const auto models_json = json::parse(listed.output);
+  for (const auto& m : models_json.at("models"))
+    if (m.at("id") == id)
+      for (const auto& s : m.at("stages")) out.push_back(s.at("node"));
+  return out;
+}
+
+bool poll_until(const std::function<bool()>& f, int seconds = 90) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return f();
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("stage nodes without the file fetch it from the serving node into their blob caches",
+          "[apps][serving][split][blobs]") {
+  if (!mesh::test::can_hide_directories()) {
+    WARN("skipped: hiding the model from the stage nodes needs a mount namespace (root or CAP_SYS_ADMIN)");
+    return;
+  }
+  mesh::test::temp_dir tmp;
+  models::test::model_spec spec;
+  spec.layers = 6;
+  spec.context = 256;
+  const auto served = tmp.path / "served";  // empty to the stage nodes
+  std::filesystem::create_directories(served);
+  const auto whole = served / "whole.gguf", split = served / "split.gguf";
+  models::test::write_gguf_model(whole, spec, models::tensor_type::q8_0);
+  std::filesystem::copy_file(whole, split);
+  const auto digest = blobs::to_hex(blobs::hash_file(split).value());
+  const auto sa = tmp.path / "a";
+  mesh::test::node_process a(sa, {"--model", whole.string(), "--api-bind", "127.0.0.1:0"});
+  const auto ea = a.endpoint();
+  mesh::test::node_process b(tmp.path / "b", {"--peer", ea, "--api-bind", "off"}, true, {served});
+  const auto eb = b.endpoint();
+  mesh::test::node_process c(tmp.path / "c", {"--peer", ea, "--api-bind", "off"}, true, {served});
+  const auto ec = c.endpoint();
+  const std::string url = api_url(sa);
+  INFO(a.log());
+
+  int healthy = 0;
+  for (int i = 0; i < 300 && healthy < 2; ++i) {
+    auto m = curl(tmp.path, url + "/api/mesh", "");
+    REQUIRE(m.status == 200);
+    healthy = 0;
+    const auto mesh_json = json::parse(m.body);
+    for (const auto& n : mesh_json.at("nodes")) healthy += n.at("health") == "healthy";
+    if (healthy < 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  REQUIRE(healthy == 2);
+
+  auto loaded = meshctl(sa, "models load " + split.string() + " --split 3");
+  INFO(loaded.output << "\nb:\n" << b.log() << "\nc:\n" << c.log());
+  REQUIRE(loaded.status == 0);
+
+  // The stage nodes other than the serving node, by their state directories.
+  auto listed = meshctl(sa, "--json models");
+  REQUIRE(listed.status == 0);
+  std::vector<std::pair<std::filesystem::path, mesh::test::node_process*>> stage_nodes;
+  const auto models_json = json::parse(listed.output);  // kept: the loop walks into it
+  for (const auto& m : models_json.at("models"))
+    if (m.at("id") == "split")
+      for (const auto& s : m.at("stages")) {
+        if (s.at("node") == mesh::test::node_id_of(eb)) stage_nodes.emplace_back(tmp.path / "b", &b);
+        if (s.at("node") == mesh::test::node_id_of(ec)) stage_nodes.emplace_back(tmp.path / "c", &c);
+      }
+  REQUIRE_FALSE(stage_nodes.empty());
+  for (const auto& [dir, node] : stage_nodes) {
+    INFO(dir);
+    CHECK(std::filesystem::file_size(dir / "blobs" / digest) == std::filesystem::file_size(split));
+    CHECK(count_of(node->log(), "fetched blob " + digest) == 1);
+  }
+
+  auto expected_text = complete(tmp.path, url, "whole");
+  REQUIRE(expected_text.first == 200);
+  auto got = complete(tmp.path, url, "split");
+  INFO(got.second);
+  REQUIRE(got.first == 200);
+  CHECK(got.second == expected_text.second);
+
+  // Loaded again: every stage node takes the file from its cache; nothing is fetched.
+  REQUIRE(meshctl(sa, "models unload split").status == 0);
+  auto again = meshctl(sa, "models load " + split.string() + " --split 3");
+  INFO(again.output);
+  REQUIRE(again.status == 0);
+  for (const auto& [dir, node] : stage_nodes) {
+    INFO(dir << "\n" << node->log());
+    CHECK(count_of(node->log(), "fetched blob " + digest) == 1);
+    CHECK(count_of(node->log(), "blob " + digest + " from the cache (no transfer)") >= 1);
+  }
+  auto got_again = complete(tmp.path, url, "split");
+  REQUIRE(got_again.first == 200);
+  CHECK(got_again.second == expected_text.second);
+
+  // Failover: the last stage's node dies; the model is planned again over this node and the
+  // other peer (which loads its new range from its cache). Then a newcomer without the file
+  // joins: the plan widens to it, and it fetches the file.
+  const std::string ida = mesh::test::node_id_of(ea), idb = mesh::test::node_id_of(eb), idc = mesh::test::node_id_of(ec);
+  const auto before = stage_nodes_of(sa, "split");
+  REQUIRE(before.size() == 3);
+  const bool c_dies = before.back() == idc;
+  const std::string survivor = c_dies ? idb : idc;
+  (c_dies ? c : b).kill(SIGKILL);
+  CHECK(poll_until([&] { return stage_nodes_of(sa, "split") == std::vector<std::string>{ida, survivor}; }));
+  auto after_loss = complete(tmp.path, url, "split");
+  REQUIRE(after_loss.first == 200);
+  CHECK(after_loss.second == expected_text.second);
+
+  mesh::test::node_process d(tmp.path / "d", {"--peer", ea, "--api-bind", "off"}, true, {served});
+  const std::string idd = mesh::test::node_id_of(d.endpoint());
+  INFO(d.log());
+  CHECK(poll_until([&] { return stage_nodes_of(sa, "split") == std::vector<std::string>{ida, survivor, idd}; }));
+  CHECK(std::filesystem::file_size(tmp.path / "d" / "blobs" / digest) == std::filesystem::file_size(split));
+  CHECK(count_of(d.log(), "fetched blob " + digest) == 1);
+  auto widened = complete(tmp.path, url, "split");
+  REQUIRE(widened.first == 200);
+  CHECK(widened.second == expected_text.second);
+}
