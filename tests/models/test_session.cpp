@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,35 @@ model_spec tiny() {
   s.context = 64;
   return s;
 }
+
+// The tiny model (Q8_0 GGUF) ready to generate: a session on a one-thread CPU executor, its
+// tokenizer, and "hello there" encoded.
+struct generating_tiny {
+  temp_dir dir;
+  std::unique_ptr<gpu::executor> cpu = gpu::make_cpu_executor(1);
+  std::optional<checkpoint> ckpt;
+  std::optional<session> s;
+  std::optional<tokenizer> tok;
+  std::optional<std::vector<int32_t>> prompt;
+
+  generating_tiny() {
+    write_gguf_model(dir / "m.gguf", tiny(), tensor_type::q8_0);
+    auto c = checkpoint::open(dir / "m.gguf");
+    REQUIRE(c);
+    ckpt.emplace(std::move(*c));
+    auto made = session::create(*cpu, *ckpt);
+    REQUIRE(made);
+    s.emplace(std::move(*made));
+    auto vocab = load_tokenizer(*ckpt, s->config());
+    REQUIRE(vocab);
+    auto t = tokenizer::create(vocab->vocab);
+    REQUIRE(t);
+    tok.emplace(std::move(*t));
+    auto ids = tok->encode("hello there");
+    REQUIRE(ids);
+    prompt.emplace(std::move(*ids));
+  }
+};
 
 }  // namespace
 
@@ -125,19 +156,10 @@ TEST_CASE("a prompt in several batches gives the logits of one batch", "[models]
 }
 
 TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
-  temp_dir dir;
-  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::q8_0);
-  auto ckpt = checkpoint::open(dir / "m.gguf");
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
-  auto s = session::create(*cpu, *ckpt);
-  REQUIRE(s);
-  auto vocab = load_tokenizer(*ckpt, s->config());
-  REQUIRE(vocab);
-  auto tok = tokenizer::create(vocab->vocab);
-  REQUIRE(tok);
-  auto prompt = tok->encode("hello there");
-  REQUIRE(prompt);
+  generating_tiny m;
+  auto& s = m.s;
+  auto& tok = m.tok;
+  auto& prompt = m.prompt;
 
   generate_options o;
   o.max_tokens = 20;
@@ -199,19 +221,10 @@ TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[model
 
 TEST_CASE("generate: each token's logprobs go out with the piece its text starts in, and a stop string cuts them",
           "[models][session]") {
-  temp_dir dir;
-  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::q8_0);
-  auto ckpt = checkpoint::open(dir / "m.gguf");
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
-  auto s = session::create(*cpu, *ckpt);
-  REQUIRE(s);
-  auto vocab = load_tokenizer(*ckpt, s->config());
-  REQUIRE(vocab);
-  auto tok = tokenizer::create(vocab->vocab);
-  REQUIRE(tok);
-  auto prompt = tok->encode("hello there");
-  REQUIRE(prompt);
+  generating_tiny m;
+  auto& s = m.s;
+  auto& tok = m.tok;
+  auto& prompt = m.prompt;
   const auto code_points = [](std::string_view t) {
     return static_cast<int64_t>(std::count_if(t.begin(), t.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
   };
