@@ -125,6 +125,25 @@ std::string quant_decoders(const node& n, const std::string& b);
 /// offsets) and <p>_f16 (quant_decoders defines them over a buffer).
 std::string quant_chunk_decoder(dtype t, const std::string& p);
 
+/// What the coalesced matrix-vector kernel needs of a quantized dtype: in each step of a row the
+/// 32 lanes of a subgroup read adjacent 32-bit words of the row's quants (so that one load
+/// instruction of the subgroup touches one or two cache lines, and so do its loads of x), and
+/// each lane decodes its word into `per_lane` values (4 or 8) through
+///   `void <p>_lane(uint r, uint s, uint lane, out float v[8])`  (row r, step s);
+/// v[0..3] are elements `first` .. first + 3 of the row, v[4..7] (when per_lane is 8) elements
+/// first + second .. first + second + 3. A step covers `step` elements; a lane takes part only
+/// where `valid` holds (the last step of a row of 32-element blocks may be partial). `first` and
+/// `valid` are GLSL expressions of s and lane. Empty glsl: the dtype has no lane decoder.
+struct lane_decoder {
+  std::string glsl;
+  int per_lane = 8;
+  int64_t step = 256;
+  std::string first;
+  int64_t second = 0;
+  std::string valid = "true";
+};
+lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k);
+
 /// One storage buffer: binding b holds node `id`; binding 0 is the one written. A quantized
 /// node's buffer comes with its decoders (quant_decoders).
 std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size_t writes = 1);

@@ -12,6 +12,7 @@
 // - more rows (prefill): the tiled f32-math matmul kernels (glsl_matmul.cpp) with the weight read
 //   transposed through its decoder, element by element into the shared tiles.
 #include <algorithm>
+#include <cctype>
 
 #include "graph/quant.hpp"
 #include "gpu/glsl_emitter.hpp"
@@ -19,6 +20,22 @@
 
 namespace mesh::gpu::detail {
 namespace {
+
+/// A lane decoder's expression of (s, lane) in terms of the kernel's virtual lane `vl`.
+std::string replace_lane(const std::string& expr) {
+  std::string out;
+  for (size_t i = 0; i < expr.size();) {
+    const bool word_start = i == 0 || !(std::isalnum(static_cast<unsigned char>(expr[i - 1])) || expr[i - 1] == '_');
+    if (word_start && expr.compare(i, 4, "lane") == 0 &&
+        (i + 4 == expr.size() || !(std::isalnum(static_cast<unsigned char>(expr[i + 4])) || expr[i + 4] == '_'))) {
+      out += "vl";
+      i += 4;
+    } else {
+      out += expr[i++];
+    }
+  }
+  return out;
+}
 
 kernel_source matvec(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
@@ -36,12 +53,21 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
 
   emitter e(g, q, false);
   e.bind(k.root);
-  const std::string lx = loader(e, "load_x", x);
+  // The coalesced kernel for the quantized dtypes that have a lane decoder (on subgroups), with x
+  // read 4 floats at a time when it is an f32 buffer of its own.
+  const bool lanes = quant && sg && caps.variants.matvec != "chunk" && !quant_lane_decoder(wt, "b", kd).glsl.empty();
+  const bool x_buffer = lanes && q.materialised[x] && g[x].type == dtype::f32 && kd % 4 == 0;
+  const int x_binding = x_buffer ? e.bind(x) : -1;
+  const std::string lx = x_buffer ? "" : loader(e, "load_x", x);
   const int w_binding = quant || wide ? e.bind(w) : -1;
   const std::string wb = quant || wide ? "b" + std::to_string(w_binding) : "";
   const std::string lw = quant || wide ? "" : loader(e, "load_w", w);
   std::string store;
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[mi]"); });
+  // An epilogue that reads x itself (element by element) keeps x's buffer of floats.
+  const std::string xb = "b" + std::to_string(x_binding);
+  const bool x_vec4 = x_buffer && store.find(xb + ".v[") == std::string::npos;
+  const lane_decoder ld = lanes ? quant_lane_decoder(wt, wb, kd) : lane_decoder{};
 
   const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
   std::string src = sg ? "" : "shared float red[64];\n";
@@ -61,7 +87,15 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     }
     src += "}\n";
   }
-  src += lx + lw + "void main() {\n";
+  src += lx + lw;
+  if (lanes) {
+    src += ld.glsl;
+    src += "vec4 x4(uint i) { return " +
+           (x_vec4 ? xb + ".v[i >> 2];" : x_buffer ? "vec4(" + xb + ".v[i], " + xb + ".v[i + 1u], " + xb + ".v[i + 2u], " + xb + ".v[i + 3u]);"
+                                                   : "vec4(load_x(i), load_x(i + 1u), load_x(i + 2u), load_x(i + 3u));") +
+           " }\n";
+  }
+  src += "void main() {\n";
   if (sg) {
     // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
     src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
@@ -72,7 +106,18 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
   }
   src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
-  if (quant || wide) {
+  if (lanes) {
+    // Virtual lanes of 32 per step, so that any subgroup size covers the steps (32 and 64 lanes
+    // stay coalesced: a subgroup of 64 runs two steps side by side).
+    const int64_t steps = (kd + ld.step - 1) / ld.step;
+    src += "    for (uint t = lane; t < " + u(steps * 32) + "; t += lanes) {\n      const uint s = t / 32u, vl = t % 32u;\n";
+    src += "      const uint e0 = " + replace_lane(ld.first) + ";\n";
+    src += "      if (" + replace_lane(ld.valid) + ") {\n        float v[8];\n        " + wb + "_lane(row, s, vl, v);\n";
+    src += "        " + mloop + "{\n          acc[mi] += dot(vec4(v[0], v[1], v[2], v[3]), x4(mi * " + u(kd) + " + e0));\n";
+    if (ld.per_lane == 8)
+      src += "          acc[mi] += dot(vec4(v[4], v[5], v[6], v[7]), x4(mi * " + u(kd) + " + e0 + " + u(ld.second) + "));\n";
+    src += "        }\n      }\n    }\n";
+  } else if (quant || wide) {
     const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
     src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +
            decode + "(row, c, v);\n";
@@ -94,7 +139,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   src += "  }\n}\n";
 
   kernel_source s;
-  s.name = std::string(sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
+  s.name = std::string(lanes ? "lmvc" : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size : 1;
   s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};
@@ -102,7 +147,8 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
   std::string decls;
   for (size_t b = 0; b < s.bindings.size(); ++b)
-    decls += wide && static_cast<int>(b) == w_binding ? "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" +
+    decls += static_cast<int>(b) == x_binding ? buffer_decl(g, x, b, x_vec4) :
+             wide && static_cast<int>(b) == w_binding ? "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" +
                                           std::to_string(b) + " { uvec4 v[]; } " + wb + ";\n"
                                     : buffer_decl(g, s.bindings[b], b, false);
   s.glsl = header(g, s.bindings, sg, local) + decls + prelude + src;

@@ -97,6 +97,72 @@ std::string quant_chunk_decoder(dtype t, const std::string& p) {
   return s;
 }
 
+lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
+  const auto rb = row_bytes(t, k);
+  if (!rb || k <= 0) return {};
+  const std::string row = "r * " + u(*rb);
+  const int64_t blocks = k / block_elements(t);
+  lane_decoder d;
+  const std::string head = "void " + p + "_lane(uint r, uint s, uint lane, out float v[8]) {\n";
+  switch (t) {
+    case dtype::q8_0:
+      // A step is 4 blocks (128 elements): lane l reads word l % 8 of block 4s + l / 8.
+      d.per_lane = 4;
+      d.step = 128;
+      d.first = "128u * s + 4u * lane";
+      d.valid = "4u * s + lane / 8u < " + u(blocks);
+      d.glsl = head + "  uint o = " + row + " + (4u * s + lane / 8u) * 34u;\n  float d = " + p + "_f16(o);\n  uint q = " + p +
+               "_u32(o + 2u + 4u * (lane % 8u));\n" +
+               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) v[e] = d * float(int(q << (24u - 8u * e)) >> 24);\n" +
+               "  [[unroll]] for (uint e = 4u; e < 8u; ++e) v[e] = 0.0;\n}\n";
+      return d;
+    case dtype::q4_0:
+    case dtype::q5_0: {
+      // A step is 8 blocks: lane l reads word l % 4 of block 8s + l / 4's nibbles, its low halves
+      // elements 4w .. 4w + 3 of the block, its high halves 16 more.
+      const bool five = t == dtype::q5_0;
+      const int64_t bb = block_bytes(t);
+      d.first = "256u * s + 32u * (lane / 4u) + 4u * (lane % 4u)";
+      d.second = 16;
+      d.valid = "8u * s + lane / 4u < " + u(blocks);
+      d.glsl = head + "  uint o = " + row + " + (8u * s + lane / 4u) * " + u(bb) + ", w = lane % 4u;\n  float d = " + p + "_f16(o);\n";
+      d.glsl += five ? "  uint qh = " + p + "_u32(o + 2u), q = " + p + "_u32(o + 6u + 4u * w);\n" : "  const uint qh = 0u;\n  uint q = " + p + "_u32(o + 2u + 4u * w);\n";
+      d.glsl += "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    uint j = 4u * w + e, x = (q >> (8u * e)) & 255u;\n";
+      const std::string bias = five ? "16.0" : "8.0";
+      d.glsl += "    v[e] = (float((x & 15u) | (((qh >> j) & 1u) << 4)) - " + bias + ") * d;\n";
+      d.glsl += "    v[e + 4u] = (float((x >> 4) | (((qh >> (j + 16u)) & 1u) << 4)) - " + bias + ") * d;\n  }\n}\n";
+      return d;
+    }
+    case dtype::q4_k:
+      // A step is one block: lane l reads word l % 8 of 32-byte group g = l / 8 of the nibbles,
+      // whose low halves are elements 4w .. 4w + 3 of sub-block 2g, high halves of 2g + 1.
+      d.first = "256u * s + 64u * (lane / 8u) + 4u * (lane % 8u)";
+      d.second = 32;
+      // (<p>_sm comes with the buffer's decoders.)
+      d.glsl = head + "  uint o = " + row + " + s * 144u, g = lane / 8u;\n  vec2 dm = vec2(" + p + "_f16(o), " + p +
+               "_f16(o + 2u));\n  vec2 a = " + p + "_sm(o, 2u * g) * dm, b = " + p + "_sm(o, 2u * g + 1u) * dm;\n  uint q = " + p +
+               "_u32(o + 16u + 32u * g + 4u * (lane % 8u));\n" +
+               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    v[e] = a.x * float((q >> (8u * e)) & 15u) - a.y;\n" +
+               "    v[e + 4u] = b.x * float((q >> (8u * e + 4u)) & 15u) - b.y;\n  }\n}\n";
+      return d;
+    case dtype::q6_k:
+      // A step is one block. Lane l reads word l % 16 of half h = l / 16's 64 low-bit bytes: byte
+      // b0 + i holds element l0 + i of quarter qa (low nibble) and of quarter qa + 2 (high), where
+      // qa = b0 / 32, l0 = b0 % 32; their top 2 bits are in the half's qh bytes l0 ..
+      d.first = "256u * s + 128u * (lane / 16u) + 4u * (lane % 16u)";  // 128h + 32qa + l0
+      d.second = 64;
+      d.glsl = head + "  uint o = " + row + " + s * 210u, h = lane / 16u, b0 = 4u * (lane % 16u), qa = b0 / 32u, l0 = b0 % 32u;\n" +
+               "  float d = " + p + "_f16(o + 208u);\n  uint sc = o + 192u + 8u * h + l0 / 16u;\n" + "  float d0 = d * float(int(" + p +
+               "_u8(sc + 2u * qa) << 24) >> 24), d1 = d * float(int(" + p + "_u8(sc + 2u * qa + 4u) << 24) >> 24);\n" + "  uint ql = " + p +
+               "_u32(o + 64u * h + b0), qh = " + p + "_u32(o + 128u + 32u * h + l0);\n" +
+               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n" +
+               "    v[e] = d0 * float(int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e + 2u * qa)) & 3u) << 4)) - 32);\n" +
+               "    v[e + 4u] = d1 * float(int(((ql >> (8u * e + 4u)) & 15u) | (((qh >> (8u * e + 2u * qa + 4u)) & 3u) << 4)) - 32);\n  }\n}\n";
+      return d;
+    default: return {};
+  }
+}
+
 std::string quant_decoders(const node& n, const std::string& b) {
   const dtype t = n.type;
   const int64_t k = n.dims.back(), rb = *row_bytes(t, k), be = block_elements(t), bb = block_bytes(t);

@@ -24,8 +24,10 @@ struct kernel_variants {
   /// the H100 beyond run-to-run noise.
   uint32_t gemm_swizzle = 0;
   /// linear's matrix-vector kernel (few rows of x): "" sums each weight row's partials with
-  /// subgroupAdd where the device has subgroup arithmetic (`lmv`), "shared" always through a
-  /// shared-memory tree in a 64-thread workgroup (`lmvs`, what devices without it run).
+  /// subgroupAdd where the device has subgroup arithmetic (`lmv`; for q8_0, q4_0, q5_0, q4_k and
+  /// q6_k weights `lmvc`, whose lanes read adjacent words of the row), "chunk" keeps `lmv` (a
+  /// lane per 32-element chunk) for those too, "shared" always sums through a shared-memory tree
+  /// in a 64-thread workgroup (`lmvs`, what devices without subgroup arithmetic run).
   std::string matvec;
 };
 

@@ -2,7 +2,7 @@
 //
 //   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions] [--gemm]
 //                  [--reference-gemm GFLOPS]
-//                  [--variants VAR=v1,v2,...]...
+//                  [--variants VAR=v1,v2,...]... [--matvec V1,V2,...]
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
 // odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
@@ -44,6 +44,7 @@
 #include "graph/evaluate.hpp"
 #include "graph/nn.hpp"
 #include "graph/optim.hpp"
+#include "graph/quant.hpp"
 #include "graph/simplify.hpp"
 #include "gpu/executor.hpp"
 
@@ -456,6 +457,7 @@ std::function<void(gpu::executor&)> check_rows(const std::string& p, bool layer_
 bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::string& value) {
   if (var == "MESH_GEMM") o.variants.gemm = value;
   else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
+  else if (var == "MESH_MATVEC") o.variants.matvec = value;
   else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));
   else if ((var == "MESH_SPLIT_REDUCE" || var == "MESH_FUSE_ROWS") && (value == "0" || value == "1"))
     (var == "MESH_SPLIT_REDUCE" ? o.split_reductions : o.fuse_rows) = value[0] - '0';
@@ -473,6 +475,104 @@ std::unique_ptr<gpu::executor> executor_with(const char* var, const char* value)
   auto ex = gpu::make_vulkan_executor(o);
   if (!ex) return nullptr;
   return std::move(*ex);
+}
+
+/// "a,b,c" as {"a", "b", "c"}.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    out.push_back(list.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+/// --matvec: the decode matrix-vector kernel (`lmv`) on the projection shapes of Llama-3.2-1B
+/// (x [m, k] f32 times w [n, k] transposed) for each weight dtype, once per MESH_MATVEC value in
+/// `variants` ("" is the default kernel). Each result is checked on 64 sampled outputs against a
+/// double-precision dot product with the weight decoded by graph/quant.hpp's reference, then
+/// timed; the figure is the weight's bytes over the kernel's time (the kernel is bound by them).
+void time_matvecs(const std::vector<std::string>& variants, bool quick) {
+  struct shape_case {
+    int64_t m, n, k;
+  };
+  const std::vector<shape_case> cases =
+      quick ? std::vector<shape_case>{{1, 256, 512}, {4, 128, 512}}
+            : std::vector<shape_case>{{1, 2048, 2048}, {1, 8192, 2048}, {1, 2048, 8192}, {1, 128256, 2048}, {4, 8192, 2048}};
+  int tag = 0;
+  for (const auto& variant : variants) {
+    auto vex = executor_with("MESH_MATVEC", variant == "default" ? "" : variant.c_str());
+    if (!vex) continue;
+    for (dtype wt : {dtype::f16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
+      for (const auto& c : cases) {
+        const std::string p = "mv" + std::to_string(tag++) + ".";
+        builder b;
+        auto x = b.parameter(p + "x", dtype::f32, {c.m, c.k});
+        auto w = b.parameter(p + "w", wt, {c.n, c.k});
+        b.update(b.parameter(p + "y", dtype::f32, {c.m, c.n}), linear(x, w));
+        const graph g = finish(b);
+        uint64_t state = 99 + static_cast<uint64_t>(tag);
+        auto draw = [&] {
+          state = state * 6364136223846793005ull + 1442695040888963407ull;
+          return static_cast<double>(static_cast<int64_t>(state >> 40) % 2001 - 1000) / 1000.0;
+        };
+        std::vector<double> xv(static_cast<size_t>(c.m * c.k)), wv(static_cast<size_t>(c.n * c.k));
+        for (auto& v : xv) v = draw();
+        for (auto& v : wv) v = draw();
+        tensor_map params{{p + "x", tensor::from_values(dtype::f32, {c.m, c.k}, xv)},
+                          {p + "w", tensor::from_values(wt, {c.n, c.k}, wv)},
+                          {p + "y", tensor::zeros(dtype::f32, {c.m, c.n})}};
+        const tensor wq = params.at(p + "w");
+        if (auto ok = vex->set_parameters(params); !ok) {
+          std::fprintf(stderr, "set_parameters: %s\n", ok.error().to_string().c_str());
+          std::exit(1);
+        }
+        auto id = vex->load(g);
+        if (!id) {
+          std::fprintf(stderr, "load: %s\n", id.error().to_string().c_str());
+          std::exit(1);
+        }
+        warm_up(*vex, *id);
+        std::vector<double> times;
+        std::string name;
+        for (int i = 0; i <= reps; ++i) {
+          const double ms = run_ms(*vex, *id);
+          if (ms < 0) std::exit(1);
+          if (i > 0) times.push_back(ms);
+          if (!vex->stats().kernels.empty()) name = vex->stats().kernels[0].name;
+        }
+        std::sort(times.begin(), times.end());
+        result r;
+        r.ms = times[times.size() / 2];
+        r.kernels = 1;
+        r.variant = name.substr(0, name.rfind('_'));
+        // The check: sampled outputs against a dot product with the reference decoder's row.
+        auto got = vex->get_parameters({p + "y"});
+        double worst = got ? 0 : 1e9;
+        const int64_t rb = *row_bytes(wt, c.k);
+        std::vector<float> row_values(static_cast<size_t>(c.k));
+        for (int t = 0; got && t < 64; ++t) {
+          const int64_t j = static_cast<int64_t>((static_cast<uint64_t>(t) * 2654435761u) % static_cast<uint64_t>(c.n)), i = t % c.m;
+          auto bytes = std::span<const uint8_t>(wq.bytes).subspan(static_cast<size_t>(j * rb), static_cast<size_t>(rb));
+          if (!dequantize_row(wt, bytes, row_values)) return;
+          double want = 0, scale = 0;
+          for (int64_t e = 0; e < c.k; ++e) {
+            want += row_values[static_cast<size_t>(e)] * xv[static_cast<size_t>(i * c.k + e)];
+            scale += std::abs(row_values[static_cast<size_t>(e)] * xv[static_cast<size_t>(i * c.k + e)]);
+          }
+          worst = std::max(worst, std::abs(got->at(p + "y").at(i * c.n + j) - want) / std::max(scale, 1e-6));
+        }
+        if (worst > 1e-4) {
+          std::printf("CHECK FAILED: matvec %s %s, worst relative error %.3g\n", to_string(wt), variant.c_str(), worst);
+          ++failures;
+        }
+        const std::string what = std::string("matvec ") + to_string(wt) + (variant == "default" ? "" : " MESH_MATVEC=" + variant);
+        const std::string size = std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k);
+        row(what.c_str(), size, r, static_cast<double>(wq.bytes.size()), "GB/s");
+        vex->unload(*id);
+      }
+  }
 }
 
 /// --variants VAR=v1,v2,...: for each value, a new executor with VAR=value, its matmuls checked
@@ -566,6 +666,7 @@ int main(int argc, char** argv) {
   // judges the step's matmuls against themselves: a faster GEMM would barely move the ratio).
   double reference_gemm = 0;
   std::vector<std::string> variant_lists;  // --variants VAR=v1,v2,...
+  std::vector<std::string> matvec_variants;  // --matvec V1,V2,... ("default" is the default kernel)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
@@ -575,6 +676,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-step")) step = false;
     else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
     else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
+    else if (!std::strcmp(argv[i], "--matvec") && i + 1 < argc) matvec_variants = split_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_lists.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--reference-gemm") && i + 1 < argc) reference_gemm = std::atof(argv[++i]);
   }
@@ -645,6 +747,12 @@ int main(int argc, char** argv) {
 
   if (!variant_lists.empty()) {
     for (const auto& list : variant_lists) time_variants(list, quick);
+    if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
+    std::filesystem::remove_all(cache);
+    return failures ? 2 : 0;
+  }
+  if (!matvec_variants.empty()) {
+    time_matvecs(matvec_variants, quick);
     if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
     std::filesystem::remove_all(cache);
     return failures ? 2 : 0;

@@ -104,16 +104,19 @@ TEST_CASE("linear: every weight dtype on the tiled path (many rows, batch dims)"
   CHECK(vk->stats().validation_errors == 0);
 }
 
-TEST_CASE("linear: f16 and bf16 activations, and the shared-memory matrix-vector kernel") {
-  auto vk = validated(), shared = validated("shared");
-  for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0, dtype::q5_0})
+TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk matrix-vector kernels") {
+  auto vk = validated(), shared = validated("shared"), chunk = validated("chunk");
+  for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0, dtype::q5_0, dtype::q6_k})
     for (dtype xt : {dtype::f16, dtype::bf16}) check_linear(*vk, wt, {{2, 256}, 11}, xt, 31);
   for (dtype wt : weight_types) {
     const int64_t block = block_elements(wt) > 1 ? block_elements(wt) : 32;
     check_linear(*shared, wt, {{3, 2 * block}, 13}, dtype::f32, 32, false);
+    // "chunk": a lane per 32-element chunk, what dtypes without a lane decoder always get.
+    check_linear(*chunk, wt, {{3, 2 * block}, 13}, dtype::f32, 33, false);
   }
   CHECK(vk->stats().validation_errors == 0);
   CHECK(shared->stats().validation_errors == 0);
+  CHECK(chunk->stats().validation_errors == 0);
 }
 
 TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by rows") {
@@ -138,9 +141,14 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   auto prefill = emit(g, p, p.kernels[1], caps);
   REQUIRE(decode);
   REQUIRE(prefill);
-  CHECK(decode->name == "lmv_q4_k_" + std::to_string(p.kernels[0].root));
+  CHECK(decode->name == "lmvc_q4_k_" + std::to_string(p.kernels[0].root));
   CHECK(decode->glsl.find("subgroupAdd") != std::string::npos);
-  CHECK(decode->glsl.find("b2_chunk(row, c, v)") != std::string::npos);
+  CHECK(decode->glsl.find("b2_lane(row, s, vl, v)") != std::string::npos);
+  caps.variants.matvec = "chunk";
+  auto chunk = emit(g, p, p.kernels[0], caps);
+  REQUIRE(chunk);
+  CHECK(chunk->name == "lmv_q4_k_" + std::to_string(p.kernels[0].root));
+  CHECK(chunk->glsl.find("b2_chunk(row, c, v)") != std::string::npos);
   CHECK(prefill->name.rfind("mmw64x64", 0) == 0);
   caps.variants.matvec = "shared";
   auto shared = emit(g, p, p.kernels[0], caps);
