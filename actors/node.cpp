@@ -58,6 +58,9 @@ expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) 
   if (choice == "cpu") return gpu::make_cpu_executor();
   gpu::vulkan_options o;
   if (choice != "auto" && choice != "vulkan") o.device = choice;
+  // Nothing in the node reads per-kernel GPU times, and the timestamps between kernels cost a
+  // decode step 10-15% on the H100 (docs/models.md).
+  o.kernel_timestamps = false;
   auto v = gpu::make_vulkan_executor(o);
   if (v || choice != "auto") return v;
   spdlog::warn("no Vulkan device ({}); using the CPU executor", v.error().message);

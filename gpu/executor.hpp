@@ -110,6 +110,9 @@ struct vulkan_options {
   /// -1 chooses (rows of 32 or more on GPUs, 256 or more on CPU devices such as lavapipe, where
   /// short rows ran slower fused), 0 off, 1 every row length.
   int fuse_rows = -1;
+  /// GPU timestamps around every kernel (stats().kernels[].last_ms and total_ms). Off, the
+  /// command buffers hold no queries: kernels keep their names and byte counts, their times stay 0.
+  bool kernel_timestamps = true;
   /// Kernel variants other than the defaults, for comparing kernels (the benchmark).
   kernel_variants variants;
 };

@@ -21,6 +21,14 @@
 namespace mesh::gpu::detail {
 namespace {
 
+/// Steps the coalesced kernel decodes per pass: kernel_variants::matvec "lanes1", "lanes2" or
+/// "lanes4" (for comparing them), else the default.
+int matvec_unroll(const std::string& variant) {
+  if (variant == "lanes1") return 1;
+  if (variant == "lanes4") return 4;
+  return 2;
+}
+
 /// A lane decoder's expression of (s, lane) in terms of the kernel's virtual lane `vl`.
 std::string replace_lane(const std::string& expr) {
   std::string out;
@@ -56,7 +64,9 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   // The coalesced kernel for the quantized dtypes that have a lane decoder (on subgroups), with x
   // read 4 floats at a time when it is an f32 buffer of its own.
   const bool lanes = quant && sg && caps.variants.matvec != "chunk" && !quant_lane_decoder(wt, "b", kd).glsl.empty();
-  const bool x_buffer = lanes && q.materialised[x] && g[x].type == dtype::f32 && kd % 4 == 0;
+  // A float weight read as uvec4s, by the same passes of `unroll` chunks (not with "chunk").
+  const bool wide_passes = wide && sg && caps.variants.matvec != "chunk";
+  const bool x_buffer = (lanes || wide_passes) && q.materialised[x] && g[x].type == dtype::f32 && kd % 4 == 0;
   const int x_binding = x_buffer ? e.bind(x) : -1;
   const std::string lx = x_buffer ? "" : loader(e, "load_x", x);
   const int w_binding = quant || wide ? e.bind(w) : -1;
@@ -88,7 +98,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "}\n";
   }
   src += lx + lw;
-  if (lanes) {
+  if (lanes || wide_passes) {
     src += ld.glsl;
     src += "vec4 x4(uint i) { return " +
            (x_vec4 ? xb + ".v[i >> 2];" : x_buffer ? "vec4(" + xb + ".v[i], " + xb + ".v[i + 1u], " + xb + ".v[i + 2u], " + xb + ".v[i + 3u]);"
@@ -108,15 +118,33 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
   if (lanes) {
     // Virtual lanes of 32 per step, so that any subgroup size covers the steps (32 and 64 lanes
-    // stay coalesced: a subgroup of 64 runs two steps side by side).
-    const int64_t steps = (kd + ld.step - 1) / ld.step;
-    src += "    for (uint t = lane; t < " + u(steps * 32) + "; t += lanes) {\n      const uint s = t / 32u, vl = t % 32u;\n";
-    src += "      const uint e0 = " + replace_lane(ld.first) + ";\n";
-    src += "      if (" + replace_lane(ld.valid) + ") {\n        float v[8];\n        " + wb + "_lane(row, s, vl, v);\n";
-    src += "        " + mloop + "{\n          acc[mi] += dot(vec4(v[0], v[1], v[2], v[3]), x4(mi * " + u(kd) + " + e0));\n";
+    // stay coalesced: a subgroup of 64 runs two steps side by side). Each pass decodes `unroll`
+    // steps before it multiplies, so that their loads are in flight together: a lane past the
+    // row's end or the last block decodes the step's first word instead (always in the row) and
+    // keeps none of it.
+    const int64_t total = (kd + ld.step - 1) / ld.step * 32;
+    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total);
+    src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
+    src += "      float v[" + U + "][8];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
+    src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
+    src += "        keep[j] = t0 + j * lanes < " + T + " && (" + replace_lane(ld.valid) + ");\n        if (!keep[j]) vl = 0u;\n";
+    src += "        e0[j] = " + replace_lane(ld.first) + ";\n        " + wb + "_lane(row, s, vl, v[j]);\n      }\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
+    src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(mi * " + u(kd) + " + e0[j]));\n";
     if (ld.per_lane == 8)
-      src += "          acc[mi] += dot(vec4(v[4], v[5], v[6], v[7]), x4(mi * " + u(kd) + " + e0 + " + u(ld.second) + "));\n";
-    src += "        }\n      }\n    }\n";
+      src += "          acc[mi] += dot(vec4(v[j][4], v[j][5], v[j][6], v[j][7]), x4(mi * " + u(kd) + " + e0[j] + " + u(ld.second) + "));\n";
+    src += "        }\n    }\n";
+  } else if (wide_passes) {
+    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", C = u(kd / 8);
+    src += "    for (uint c0 = lane; c0 < " + C + "; c0 += lanes * " + U + ") {\n";
+    src += "      float v[" + U + "][8];\n      uint cc[" + U + "];\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n        cc[j] = min(c0 + j * lanes, " + C + " - 1u);\n";
+    src += "        w_chunk(row, cc[j], v[j]);\n      }\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (c0 + j * lanes < " + C + ") " + mloop + "{\n";
+    src += "          uint base = mi * " + u(kd) + " + cc[j] * 8u;\n";
+    src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(base)) + dot(vec4(v[j][4], v[j][5], v[j][6], v[j][7]), x4(base + 4u));\n";
+    src += "        }\n    }\n";
   } else if (quant || wide) {
     const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
     src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +

@@ -135,15 +135,23 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
     }
     case dtype::q4_k:
       // A step is one block: lane l reads word l % 8 of 32-byte group g = l / 8 of the nibbles,
-      // whose low halves are elements 4w .. 4w + 3 of sub-block 2g, high halves of 2g + 1.
+      // whose low halves are elements 4w .. 4w + 3 of sub-block 2g, high halves of 2g + 1. The
+      // header (d and dmin, then 12 bytes of 6-bit scales and mins) is read as 4 words, the same
+      // for every lane of the step, and its two sub-blocks' scale and min are picked out without
+      // branches: for sub-block j, bytes j & 3 of words w0, w1, w2 (a0, a1, a2) give
+      // j < 4: scale a0 & 63, min a1 & 63; else scale (a2 & 15) | (a0 >> 6) << 4, min
+      // (a2 >> 4) | (a1 >> 6) << 4.
       d.first = "256u * s + 64u * (lane / 8u) + 4u * (lane % 8u)";
       d.second = 32;
-      // (<p>_sm comes with the buffer's decoders.)
-      d.glsl = head + "  uint o = " + row + " + s * 144u, g = lane / 8u;\n  vec2 dm = vec2(" + p + "_f16(o), " + p +
-               "_f16(o + 2u));\n  vec2 a = " + p + "_sm(o, 2u * g) * dm, b = " + p + "_sm(o, 2u * g + 1u) * dm;\n  uint q = " + p +
-               "_u32(o + 16u + 32u * g + 4u * (lane % 8u));\n" +
-               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    v[e] = a.x * float((q >> (8u * e)) & 15u) - a.y;\n" +
-               "    v[e + 4u] = b.x * float((q >> (8u * e + 4u)) & 15u) - b.y;\n  }\n}\n";
+      d.glsl = "vec2 " + p + "_lane_sm(uvec3 w, uint j) {\n  uint sh = 8u * (j & 3u);\n  uvec3 a = (w >> sh) & 255u;\n" +
+               "  return j < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
+               "                : vec2(float((a.z & 15u) | ((a.x >> 6) << 4)), float((a.z >> 4) | ((a.y >> 6) << 4)));\n}\n";
+      d.glsl += head + "  uint o = " + row + " + s * 144u, g = lane / 8u;\n  vec2 dm = unpackHalf2x16(" + p + "_u32(o));\n" +
+                "  uvec3 w = uvec3(" + p + "_u32(o + 4u), " + p + "_u32(o + 8u), " + p + "_u32(o + 12u));\n" +
+                "  vec2 a = " + p + "_lane_sm(w, 2u * g) * dm, b = " + p + "_lane_sm(w, 2u * g + 1u) * dm;\n  uint q = " + p +
+                "_u32(o + 16u + 32u * g + 4u * (lane % 8u));\n" +
+                "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    v[e] = a.x * float((q >> (8u * e)) & 15u) - a.y;\n" +
+                "    v[e + 4u] = b.x * float((q >> (8u * e + 4u)) & 15u) - b.y;\n  }\n}\n";
       return d;
     case dtype::q6_k:
       // A step is one block. Lane l reads word l % 16 of half h = l / 16's 64 low-bit bytes: byte

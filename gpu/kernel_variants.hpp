@@ -25,9 +25,11 @@ struct kernel_variants {
   uint32_t gemm_swizzle = 0;
   /// linear's matrix-vector kernel (few rows of x): "" sums each weight row's partials with
   /// subgroupAdd where the device has subgroup arithmetic (`lmv`; for q8_0, q4_0, q5_0, q4_k and
-  /// q6_k weights `lmvc`, whose lanes read adjacent words of the row), "chunk" keeps `lmv` (a
-  /// lane per 32-element chunk) for those too, "shared" always sums through a shared-memory tree
-  /// in a 64-thread workgroup (`lmvs`, what devices without subgroup arithmetic run).
+  /// q6_k weights `lmvc`, whose lanes read adjacent words of the row; both decode 2 steps of a
+  /// row before multiplying, "lanes1" and "lanes4" 1 or 4), "chunk" keeps `lmv` as it reads one
+  /// chunk at a time (a lane per 32-element chunk for those dtypes too, x element by element),
+  /// "shared" always sums through a shared-memory tree in a 64-thread workgroup (`lmvs`, what
+  /// devices without subgroup arithmetic run).
   std::string matvec;
 };
 

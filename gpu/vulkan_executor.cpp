@@ -95,7 +95,8 @@ class vulkan_executor final : public executor {
                      &budget_used_, o.memory_limit),
         host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0),
         split_(split_options_for(*d_, o)),
-        fuse_rows_from_(fuse_rows_from(*d_, o)) {
+        fuse_rows_from_(fuse_rows_from(*d_, o)),
+        timestamps_(d_->timestamps && o.kernel_timestamps) {
     cache_.warm_up();
   }
 
@@ -562,7 +563,7 @@ class vulkan_executor final : public executor {
     }
     for (size_t i = 0; i < pr.kernels.size(); ++i)
       if (element_count(g[pr.p.kernels[i].root].dims) > 0) pr.timed.push_back(static_cast<int>(i));
-    if (d_->timestamps && !pr.timed.empty()) {
+    if (timestamps_ && !pr.timed.empty()) {
       auto qi = vk_struct<VkQueryPoolCreateInfo>(VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO);
       qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
       qi.queryCount = static_cast<uint32_t>(pr.timed.size() + 1);
@@ -712,6 +713,7 @@ class vulkan_executor final : public executor {
   memory_pool device_pool_, host_pool_;
   split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)
   int64_t fuse_rows_from_;  ///< kernels over rows this long or longer are fused (read at creation)
+  bool timestamps_;  ///< GPU timestamps around kernels: the device has them and the options want them
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;

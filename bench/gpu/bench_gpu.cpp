@@ -16,6 +16,10 @@
 // value in the order given (repeat a value to see clock drift), checked entry by entry (every
 // check shape), then its f16 (MESH_COOPMAT) or fp32 GEMMs at 2048 and 4096 timed.
 //
+// --matvec V1,V2,... keeps only the decode matrix-vector kernels: for each MESH_MATVEC value
+// ("default" is the default kernel) a new executor, then f16, q8_0, q4_k and q6_k weights on the
+// Llama-3.2-1B projection shapes, each checked on 64 outputs, timed in weight GB/s.
+//
 // Kernel choices by name, in --variants lists and in the environment (MESH_GEMM=wide
 // mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT and MESH_GEMM_SWIZZLE
 // set gpu::kernel_variants (gemm, coopmat, gemm_swizzle), MESH_SPLIT_REDUCE and MESH_FUSE_ROWS

@@ -8,7 +8,9 @@
 // loading their programs: a warm-up run of the same shapes comes first and is not timed; then
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
-// core). MESH_MATVEC=shared picks the shared-memory matrix-vector kernel (kernel_variants::matvec).
+// core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec);
+// GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
+// MESH_TIMESTAMPS=0 or 1 overrides that.
 // The last line is machine-readable, key=value pairs:
 //   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
 //   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N file=PATH
@@ -100,6 +102,10 @@ int main(int argc, char** argv) {
     // MESH_MATVEC (kernel_variants::matvec, e.g. "shared") compares matrix-vector kernels.
     gpu::vulkan_options vo;
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
+    // GPU timestamps around the kernels only for --kernels (a node runs without them);
+    // MESH_TIMESTAMPS=0 or 1 overrides (what they cost a decode step).
+    vo.kernel_timestamps = kernels;
+    if (const char* ts = std::getenv("MESH_TIMESTAMPS")) vo.kernel_timestamps = std::string(ts) != "0";
     auto vk = gpu::make_vulkan_executor(vo);
     if (!vk) {
       std::fprintf(stderr, "%s\n", vk.error().message.c_str());

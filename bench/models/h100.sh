@@ -12,7 +12,8 @@
 #   default /tmp/ll: build, files in m/), MESH_RUNS (timed runs
 #   of mesh-bench-generate, default 3), LLAMA_REPS (llama-bench -r, default 5), SKIP_LLAMA=1
 #   (meshnode only, e.g. a second run: no CUDA build, a CPU-only llama-quantize for the quantized
-#   files, about 2 minutes before meshnode starts), SKIP_MESH=1, MESH_KERNELS=0 (no --kernels).
+#   files, about 2 minutes before meshnode starts), SKIP_MESH=1, MESH_KERNELS=1 (--kernels: the kernel
+#   list of a decode step, timed with GPU timestamps, which slow a step by 10-15%).
 # Steps: Vulkan loader; llama.cpp CUDA build (sm_90, ~2.5 min) in the background while make_gguf.py
 # writes the F16 files; llama-quantize to Q8_0 and Q4_K_M; llama-bench per file (-p 512 -n 128
 # -d 0,512 -ngl 99); mesh-bench-generate per file, smallest first. Every step has a timeout and
@@ -162,7 +163,7 @@ if [ "${SKIP_MESH:-0}" != 1 ]; then
   usage=$("$MESH" 2>&1)
   opts=""
   grep -q -- --runs <<<"$usage" && opts="$opts --runs ${MESH_RUNS:-3}"
-  grep -q -- --kernels <<<"$usage" && [ "${MESH_KERNELS:-1}" = 1 ] && opts="$opts --kernels"
+  grep -q -- --kernels <<<"$usage" && [ "${MESH_KERNELS:-0}" = 1 ] && opts="$opts --kernels"
   n=0; for f in $FILES; do [ -s "$f" ] && n=$((n + 1)); done
   for f in $FILES; do
     [ -s "$f" ] || continue

@@ -145,7 +145,7 @@ bool poll_until(const std::function<bool()>& f, int seconds = 60) {
   return f();
 }
 
-const char* const long_body = R"({"model": "split", "prompt": "one two three four", "max_tokens": 120, "temperature": 0, "ignore_eos": true)";
+const char* const long_body = R"({"model": "split", "prompt": "one two three four", "max_tokens": 64, "temperature": 0, "ignore_eos": true)";
 
 /// A streamed completion run by curl on a thread of its own, written to `out` as it comes.
 struct background_stream {
@@ -224,7 +224,7 @@ TEST_CASE("a stage node killed mid-stream moves its layers to the survivors, and
   REQUIRE(reference.status == 200);
   const std::string expected_text = json::parse(reference.body).at("choices").at(0).at("text");
   auto whole_ref = curl(tmp.path, url + "/v1/completions",
-                        R"({"model": "whole", "prompt": "one two three four", "max_tokens": 120, "temperature": 0, "ignore_eos": true})");
+                        R"({"model": "whole", "prompt": "one two three four", "max_tokens": 64, "temperature": 0, "ignore_eos": true})");
   REQUIRE(whole_ref.status == 200);
   CHECK(json::parse(whole_ref.body).at("choices").at(0).at("text") == expected_text);
 

@@ -143,7 +143,7 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   REQUIRE(prefill);
   CHECK(decode->name == "lmvc_q4_k_" + std::to_string(p.kernels[0].root));
   CHECK(decode->glsl.find("subgroupAdd") != std::string::npos);
-  CHECK(decode->glsl.find("b2_lane(row, s, vl, v)") != std::string::npos);
+  CHECK(decode->glsl.find("b2_lane(row, s, vl, v[j])") != std::string::npos);
   caps.variants.matvec = "chunk";
   auto chunk = emit(g, p, p.kernels[0], caps);
   REQUIRE(chunk);
@@ -175,6 +175,8 @@ TEST_CASE("linear: a float weight in a buffer is read as uvec4 chunks when its r
       const bool wide = k % 8 == 0;
       CHECK((s->name == "lmv_" + std::string(to_string(wt)) + "_" + std::to_string(p.kernels[0].root)) == wide);
       CHECK((s->glsl.find("uvec4 v[]") != std::string::npos) == wide);
+      // x, an f32 buffer of its own, is read 4 floats at a time beside the uvec4 chunks.
+      CHECK((s->glsl.find("{ vec4 v[]") != std::string::npos) == wide);
     }
 }
 
