@@ -8,9 +8,10 @@
 #                    build the libFuzzer targets with clang and run each briefly
 #   ./dev.sh build [Release|Debug]   just build
 #   ./dev.sh deps    just install the Debian packages
-#   ./dev.sh fuzz    only the fuzzers, for longer runs: MESH_FUZZ_SECONDS=600 ./dev.sh fuzz
+#   ./dev.sh fuzz    only the fuzzers, the long run: 10 minutes each, two at a time
+#                    (MESH_FUZZ_SECONDS overrides)
 #
-# Environment: MESH_JOBS (parallel jobs, default nproc), MESH_FUZZ_SECONDS (default 10),
+# Environment: MESH_JOBS (parallel jobs, default nproc), MESH_FUZZ_SECONDS (default 5 in `test`),
 # MESH_SANITIZE (ON/OFF for the test build, default ON).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -125,7 +126,7 @@ run_vulkan_validation() {
 }
 
 run_fuzzers() {
-  local secs=${MESH_FUZZ_SECONDS:-10}
+  local secs=${MESH_FUZZ_SECONDS:-5}
   # Only the fuzzers and the header check: the rest of the tree is built (and tested) by the
   # test build. Every library here is instrumented (see MESH_FUZZ in CMakeLists.txt).
   CC=clang CXX=clang++ cmake -S "$root" -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESH_FUZZ=ON -DMESH_BENCH=OFF \
@@ -180,6 +181,6 @@ case $cmd in
   build) deps; build "build/$(echo "${1:-Release}" | tr A-Z a-z)" "${1:-Release}" ;;
   test) deps; run_tests ;;
   demo) deps; run_demo "$@" ;;
-  fuzz) deps; run_fuzzers ;;
+  fuzz) deps; MESH_FUZZ_SECONDS=${MESH_FUZZ_SECONDS:-600} run_fuzzers ;;
   *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

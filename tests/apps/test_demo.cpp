@@ -22,6 +22,17 @@
 
 using mesh::test::run_command;
 
+namespace {
+
+/// N of the demo's "it answered (N tokens)" line, or -1 without one.
+int answered_tokens(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex("it answered \\(([0-9]+) tokens\\)"))) return -1;
+  return std::stoi(m[1].str());
+}
+
+}  // namespace
+
 TEST_CASE("the demo trains across 3 meshnode processes, plots, checkpoints, infers and stops them",
           "[apps][demo]") {
   const auto out = std::filesystem::temp_directory_path() / ("mesh-demo-test-" + std::to_string(::getpid()));
@@ -60,7 +71,10 @@ TEST_CASE("the demo trains across 3 meshnode processes, plots, checkpoints, infe
   // The serving step: the first node's HTTP API answered the curl line the demo prints.
   CHECK(r.output.find("5. serving: wrote a 4-layer Llama-architecture model") != std::string::npos);
   CHECK(std::regex_search(r.output, std::regex("curl -s http://127\\.0\\.0\\.1:[0-9]+/v1/chat/completions")));
-  CHECK(r.output.find("it answered (24 tokens)") != std::string::npos);
+  // Random weights: the answer may reach an end-of-text token before its 24 (the demo's model
+  // is written anew each run), so any answer of 1 to 24 tokens is one.
+  CHECK(answered_tokens(r.output) >= 1);
+  CHECK(answered_tokens(r.output) <= 24);
   CHECK(r.output.find("6. stopped the nodes") != std::string::npos);
   std::filesystem::remove_all(out);
 }
@@ -74,7 +88,8 @@ TEST_CASE("mesh-demo --serve serves a model over the HTTP API and stops when tol
   CHECK(r.status == 0);
   CHECK(r.output.find("2 nodes form a mesh") != std::string::npos);
   CHECK(r.output.find("dashboard: http://127.0.0.1:") != std::string::npos);
-  CHECK(r.output.find("it answered (24 tokens)") != std::string::npos);
+  CHECK(answered_tokens(r.output) >= 1);
+  CHECK(answered_tokens(r.output) <= 24);
   CHECK(r.output.find("serving for 1 s") != std::string::npos);
   CHECK(r.output.find("3. stopped the nodes") != std::string::npos);
   CHECK(r.output.find("held-out") == std::string::npos);  // no training
