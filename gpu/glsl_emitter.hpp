@@ -133,7 +133,8 @@ std::string quant_chunk_decoder(dtype t, const std::string& p);
 /// v[0..3] are elements `first` .. first + 3 of the row, v[4..7] (when per_lane is 8) elements
 /// first + second .. first + second + 3. A step covers `step` elements; a lane takes part only
 /// where `valid` holds (the last step of a row of 32-element blocks may be partial). `first` and
-/// `valid` are GLSL expressions of s and lane. Empty glsl: the dtype has no lane decoder.
+/// `valid` are GLSL expressions of the step s and the kernel's lane vl (0..31). Empty glsl: the
+/// dtype has no lane decoder.
 struct lane_decoder {
   std::string glsl;
   int per_lane = 8;

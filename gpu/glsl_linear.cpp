@@ -12,7 +12,6 @@
 // - more rows (prefill): the tiled f32-math matmul kernels (glsl_matmul.cpp) with the weight read
 //   transposed through its decoder, element by element into the shared tiles.
 #include <algorithm>
-#include <cctype>
 
 #include "graph/quant.hpp"
 #include "gpu/glsl_emitter.hpp"
@@ -27,22 +26,6 @@ int matvec_unroll(const std::string& variant) {
   if (variant == "lanes1") return 1;
   if (variant == "lanes4") return 4;
   return 2;
-}
-
-/// A lane decoder's expression of (s, lane) in terms of the kernel's virtual lane `vl`.
-std::string replace_lane(const std::string& expr) {
-  std::string out;
-  for (size_t i = 0; i < expr.size();) {
-    const bool word_start = i == 0 || !(std::isalnum(static_cast<unsigned char>(expr[i - 1])) || expr[i - 1] == '_');
-    if (word_start && expr.compare(i, 4, "lane") == 0 &&
-        (i + 4 == expr.size() || !(std::isalnum(static_cast<unsigned char>(expr[i + 4])) || expr[i + 4] == '_'))) {
-      out += "vl";
-      i += 4;
-    } else {
-      out += expr[i++];
-    }
-  }
-  return out;
 }
 
 kernel_source matvec(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
@@ -128,8 +111,8 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "      float v[" + U + "][8];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
     src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
-    src += "        keep[j] = t0 + j * lanes < " + T + " && (" + replace_lane(ld.valid) + ");\n        if (!keep[j]) vl = 0u;\n";
-    src += "        e0[j] = " + replace_lane(ld.first) + ";\n        " + wb + "_lane(row, s, vl, v[j]);\n      }\n";
+    src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
+    src += "        e0[j] = " + ld.first + ";\n        " + wb + "_lane(row, s, vl, v[j]);\n      }\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
     src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(mi * " + u(kd) + " + e0[j]));\n";
     if (ld.per_lane == 8)

@@ -109,8 +109,8 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       // A step is 4 blocks (128 elements): lane l reads word l % 8 of block 4s + l / 8.
       d.per_lane = 4;
       d.step = 128;
-      d.first = "128u * s + 4u * lane";
-      d.valid = "4u * s + lane / 8u < " + u(blocks);
+      d.first = "128u * s + 4u * vl";
+      d.valid = "4u * s + vl / 8u < " + u(blocks);
       d.glsl = head + "  uint o = " + row + " + (4u * s + lane / 8u) * 34u;\n  float d = " + p + "_f16(o);\n  uint q = " + p +
                "_u32(o + 2u + 4u * (lane % 8u));\n" +
                "  [[unroll]] for (uint e = 0u; e < 4u; ++e) v[e] = d * float(int(q << (24u - 8u * e)) >> 24);\n" +
@@ -122,9 +122,9 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       // elements 4w .. 4w + 3 of the block, its high halves 16 more.
       const bool five = t == dtype::q5_0;
       const int64_t bb = block_bytes(t);
-      d.first = "256u * s + 32u * (lane / 4u) + 4u * (lane % 4u)";
+      d.first = "256u * s + 32u * (vl / 4u) + 4u * (vl % 4u)";
       d.second = 16;
-      d.valid = "8u * s + lane / 4u < " + u(blocks);
+      d.valid = "8u * s + vl / 4u < " + u(blocks);
       d.glsl = head + "  uint o = " + row + " + (8u * s + lane / 4u) * " + u(bb) + ", w = lane % 4u;\n  float d = " + p + "_f16(o);\n";
       d.glsl += five ? "  uint qh = " + p + "_u32(o + 2u), q = " + p + "_u32(o + 6u + 4u * w);\n" : "  const uint qh = 0u;\n  uint q = " + p + "_u32(o + 2u + 4u * w);\n";
       d.glsl += "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    uint j = 4u * w + e, x = (q >> (8u * e)) & 255u;\n";
@@ -141,7 +141,7 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       // branches: for sub-block j, bytes j & 3 of words w0, w1, w2 (a0, a1, a2) give
       // j < 4: scale a0 & 63, min a1 & 63; else scale (a2 & 15) | (a0 >> 6) << 4, min
       // (a2 >> 4) | (a1 >> 6) << 4.
-      d.first = "256u * s + 64u * (lane / 8u) + 4u * (lane % 8u)";
+      d.first = "256u * s + 64u * (vl / 8u) + 4u * (vl % 8u)";
       d.second = 32;
       d.glsl = "vec2 " + p + "_lane_sm(uvec3 w, uint j) {\n  uint sh = 8u * (j & 3u);\n  uvec3 a = (w >> sh) & 255u;\n" +
                "  return j < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
@@ -157,7 +157,7 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       // A step is one block. Lane l reads word l % 16 of half h = l / 16's 64 low-bit bytes: byte
       // b0 + i holds element l0 + i of quarter qa (low nibble) and of quarter qa + 2 (high), where
       // qa = b0 / 32, l0 = b0 % 32; their top 2 bits are in the half's qh bytes l0 ..
-      d.first = "256u * s + 128u * (lane / 16u) + 4u * (lane % 16u)";  // 128h + 32qa + l0
+      d.first = "256u * s + 128u * (vl / 16u) + 4u * (vl % 16u)";  // 128h + 32qa + l0
       d.second = 64;
       d.glsl = head + "  uint o = " + row + " + s * 210u, h = lane / 16u, b0 = 4u * (lane % 16u), qa = b0 / 32u, l0 = b0 % 32u;\n" +
                "  float d = " + p + "_f16(o + 208u);\n  uint sc = o + 192u + 8u * h + l0 / 16u;\n" + "  float d0 = d * float(int(" + p +

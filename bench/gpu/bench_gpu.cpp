@@ -587,10 +587,7 @@ void time_variants(const std::string& list, bool quick) {
   const std::string var = list.substr(0, eq);
   const dtype t = var == "MESH_COOPMAT" ? dtype::f16 : dtype::f32;
   const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
-  for (size_t at = eq + 1; at <= list.size();) {
-    const size_t end = std::min(list.find(',', at), list.size());
-    const std::string value = list.substr(at, end - at);
-    at = end + 1;
+  for (const std::string& value : split_list(list.substr(eq + 1))) {
     auto vex = executor_with(var.c_str(), value.c_str());
     if (!vex) continue;
     const std::string tag = var + "=" + value;
