@@ -23,7 +23,7 @@ class client_impl {
   /// This client's throw-away key pair: the endpoint's identity, and the key it signs takeover
   /// grants with (wire/takeover_grant.hpp), which nodes check against its id.
   transport::identity key = transport::identity::generate();
-  node_id node;
+  node_id node;  ///< the node this client talks to: messages from any other peer are dropped
   uint64_t next_id = 1;
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
@@ -352,7 +352,16 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
       p->try_next_node("the coordinating node was lost and no other node of the run could be reached (last: " + p->failure + ")");
     p->cv.notify_all();
   };
-  h.on_message = [p](const node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
+  h.on_message = [p](const node_id& from, transport::channel, std::vector<uint8_t> bytes) {
+    {
+      // Results, progress and status replies are believed only from the node the requests went
+      // to: any member can dial a client, and a status reply from it would name the nodes a
+      // training's dataset goes to on failover.
+      std::lock_guard<std::mutex> lock(p->m);
+      if (from != p->node) return;
+    }
+    p->on_message(std::move(bytes));
+  };
   transport::endpoint_config ec;
   ec.id = p->key;
   ec.mesh_secret = options.mesh_secret;
