@@ -122,7 +122,7 @@ std::vector<outbound> job_engine::on_message(const node_id& from, const msg::mes
   }
   if (auto* c = std::get_if<msg::cancel_stages>(&m)) return on_cancel_stages(from, *c);
   if (auto* r = std::get_if<msg::run_stage>(&m)) return on_run_stage(from, *r);
-  if (auto* a = std::get_if<msg::activation>(&m)) return on_activation(*a);
+  if (auto* a = std::get_if<msg::activation>(&m)) return on_activation(from, *a);
   if (auto* a = std::get_if<msg::stage_accepted>(&m)) return on_stage_accepted(from, *a);
   if (auto* o = std::get_if<msg::route_open>(&m)) return on_route_open(from, *o);
   if (auto* d = std::get_if<msg::stage_done>(&m)) return on_stage_done(from, *d);
@@ -258,8 +258,13 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::
     r.attempt = j.attempt;
     r.stage = static_cast<uint32_t>(s);
     r.coordinator = self_;
-    for (const auto& t : pl.transfers)
+    // Who sends each value this stage awaits: the node of the stage producing it (the worker
+    // refuses an activation from any other node).
+    std::map<std::string, node_id> producers;
+    for (const auto& t : pl.transfers) {
       if (t.from_stage == static_cast<int>(s)) r.routes.push_back({cut_name(t.value), j.stage_nodes[static_cast<size_t>(t.to_stage)], static_cast<uint32_t>(t.to_stage)});
+      if (t.to_stage == static_cast<int>(s)) producers[cut_name(t.value)] = j.stage_nodes[static_cast<size_t>(t.from_stage)];
+    }
     const graph* frag = nullptr;
     graph one_shot;
     if (sess) {
@@ -275,7 +280,7 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::
     const tensor_map& bound = j.stage_tensors.empty() ? j.tensors : j.stage_tensors;
     for (const auto& n : frag->nodes) {
       if (n.op != op_kind::input && n.op != op_kind::parameter) continue;
-      if (is_cut(n.attrs.name)) r.awaited.push_back(n.attrs.name);
+      if (is_cut(n.attrs.name)) r.awaited.push_back({n.attrs.name, producers[n.attrs.name]});
       else if (sess && n.op == op_kind::input) r.inputs.push_back({n.attrs.name, j.tensors.at(n.attrs.name)});
       else if (!sess) w.tensors[n.attrs.name] = bound.at(n.attrs.name);
     }
@@ -574,9 +579,10 @@ std::vector<outbound> job_engine::on_run_stage(const node_id& from, const msg::r
   if (r.cache) ws.task.resident_key = resident_key_of(r.coordinator, r.cache, r.stage);
   for (const auto& t : r.inputs) ws.task.inputs[t.name] = t.value;
   for (const auto& a : r.awaited) {
-    const node_index leaf = ws.task.g->find_leaf(a);
-    if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail(error_code::invalid_argument, "awaited value \"" + a + "\" is not an input of the fragment");
-    ws.awaited.insert(a);
+    const node_index leaf = ws.task.g->find_leaf(a.name);
+    if (leaf < 0 || (*ws.task.g)[leaf].op != op_kind::input) return fail(error_code::invalid_argument, "awaited value \"" + a.name + "\" is not an input of the fragment");
+    if (a.from.empty()) return fail(error_code::invalid_argument, "awaited value \"" + a.name + "\" names no node that sends it");
+    ws.awaited[a.name] = a.from;
   }
   const stage_key k{r.coordinator, r.job, r.attempt, r.stage};
   if (waiting_.count(k)) return out;
@@ -635,15 +641,25 @@ void job_engine::forget_fragments(const std::function<bool(const cache_key&)>& w
   }
 }
 
-std::vector<outbound> job_engine::on_activation(const msg::activation& a) {
+std::vector<outbound> job_engine::on_activation(const node_id& from, const msg::activation& a) {
   // The stage is here (its producer waited for route_open): a value for no waiting stage
   // belongs to a cancelled attempt, or is a duplicate or a value the stage does not take.
   const stage_key k{a.coordinator, a.job, a.attempt, a.stage};
   auto it = waiting_.find(k);
-  if (it != waiting_.end() && it->second.awaited.erase(a.value.name)) {
-    it->second.task.inputs[a.value.name] = a.value.value;
-    promote_ready(k);
+  if (it == waiting_.end()) return {};
+  auto value = it->second.awaited.find(a.value.name);
+  if (value == it->second.awaited.end()) return {};
+  // Only the node of the stage producing the value may send it: any member could otherwise
+  // feed another's stage its own numbers first (the real value would then be the duplicate).
+  if (value->second != from) {
+    refused_.push_back({from, "activation", "value \"" + a.value.name + "\" for stage " + std::to_string(a.stage) + " of job " +
+                                                std::to_string(a.job) + " (coordinator " + a.coordinator.short_string() + ") comes from node " +
+                                                value->second.short_string() + ", not from this sender"});
+    return {};
   }
+  it->second.task.inputs[a.value.name] = a.value.value;
+  it->second.awaited.erase(value);
+  promote_ready(k);
   return {};
 }
 

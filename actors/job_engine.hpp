@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/refused_message.hpp"
 #include "wire/messages.hpp"
 #include "graph/cost.hpp"
 #include "graph/evaluate.hpp"
@@ -83,6 +84,9 @@ class job_engine {
   std::vector<std::string> take_forgotten() { return std::exchange(forgotten_, {}); }
   /// The executor's result for a task from take_ready().
   std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs, clock::time_point now);
+  /// Messages refused since the last call for their sender's lack of authority (an activation
+  /// from a node that does not run the stage producing it); the shell logs and counts them.
+  std::vector<refused_message> take_refused() { return std::exchange(refused_, {}); }
 
   /// Jobs this node coordinates, for status.
   std::vector<msg::job_status> jobs(clock::time_point now) const;
@@ -130,7 +134,7 @@ class job_engine {
   };
   struct waiting_stage {
     stage_task task;
-    std::set<std::string> awaited;
+    std::map<std::string, node_id> awaited;  ///< cut values still to come, each from the node producing it
   };
   using stage_key = std::tuple<node_id, uint64_t, uint32_t, uint32_t>;  // coordinator, job, attempt, stage
 
@@ -155,7 +159,7 @@ class job_engine {
   uint64_t new_job(const node_id& client, uint64_t client_job, std::shared_ptr<const graph> g, tensor_map tensors,
                    uint64_t session);
   std::vector<outbound> on_run_stage(const node_id& from, const msg::run_stage& r);
-  std::vector<outbound> on_activation(const msg::activation& a);
+  std::vector<outbound> on_activation(const node_id& from, const msg::activation& a);
   std::vector<outbound> on_stage_accepted(const node_id& from, const msg::stage_accepted& a);
   std::vector<outbound> on_route_open(const node_id& from, const msg::route_open& o);
   std::vector<outbound> on_stage_done(const node_id& from, const msg::stage_done& d);
@@ -214,6 +218,7 @@ class job_engine {
   std::vector<outbound> send_open_routes(std::map<stage_key, stage_outbox>::iterator it);
   std::deque<stage_task> ready_;
   size_t executing_ = 0;
+  std::vector<refused_message> refused_;
 };
 
 }  // namespace mesh

@@ -63,6 +63,18 @@ void dispatch(jobs_actor_t* self, const node_context& ctx, std::vector<outbound>
   for (auto& o : out) send_to(self, ctx, o.to, o.m);
 }
 
+/// What the engines refused for their senders' lack of authority (a forged setup, activation or
+/// piece): logged, and counted against the sender as the bridge counts undecodable messages
+/// (`meshctl peers` shows both). The node goes on.
+void report_refused(jobs_actor_t* self, const node_context& ctx) {
+  auto refused = self->state.engine->take_refused();
+  for (auto& r : self->state.trainer->take_refused()) refused.push_back(std::move(r));
+  for (const auto& r : refused) {
+    spdlog::warn("refused {} from {}: {}", r.kind, r.from.short_string(), r.why);
+    ctx.refusals->record(r.from, r.kind + ": " + r.why);
+  }
+}
+
 /// Hands ready stages to the executor and tells health our load (heartbeats carry it).
 void run_ready(jobs_actor_t* self) {
   auto& st = self->state;
@@ -123,6 +135,7 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
       [=](inbound_atom, node_id from, message_ptr m) {
         dispatch(self, *ctx, self->state.engine->on_message(from, *m, std::chrono::steady_clock::now()));
         dispatch(self, *ctx, self->state.trainer->on_message(from, *m, std::chrono::steady_clock::now()));
+        report_refused(self, *ctx);
         run_ready(self);
       },
       [=](up_atom, node_id id, message_ptr m) {

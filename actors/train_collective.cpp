@@ -63,7 +63,14 @@ std::vector<outbound> train_engine::start_round(worker_run& w) {
 std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& from, const allreduce_message& m) {
   if (w.rank < 0 || w.ring.empty()) return {};
   const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
-  if (from != prev) return {};  // only our predecessor in the ring may send us pieces
+  if (from != prev) {
+    // Only our predecessor in the ring sends pieces of this round (an earlier round's pieces
+    // were dropped by their round id): anyone else would add numbers of its own to the sum.
+    note_refusal(from, "allreduce_piece", "training " + std::to_string(w.train) + " (coordinator " + w.coordinator.short_string() +
+                                              "), round " + std::to_string(m.round) + ": the sender is not this node's ring predecessor " +
+                                              prev.short_string());
+    return {};
+  }
   auto fwd = w.round->on_message(m);
   if (!fwd) return {};  // a duplicate or malformed piece: ring_allreduce says why; dropping it is safe
   auto out = forward(w, std::move(*fwd));

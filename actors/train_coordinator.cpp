@@ -52,7 +52,15 @@ void assign_slots(std::map<uint32_t, node_id>& owner, const std::vector<node_id>
 }
 }  // namespace
 
-std::vector<outbound> train_engine::open(const node_id& client, const msg::open_training& o, uint32_t generation) {
+namespace {
+/// Whether `n` is in the ring of the current attempt of `c` (a coord_run).
+template <class Run>
+bool in_ring(const Run& c, const node_id& n) {
+  return std::find(c.ring.begin(), c.ring.end(), n) != c.ring.end();
+}
+}  // namespace
+
+std::vector<outbound> train_engine::open(const node_id& client, const msg::open_training& o, const msg::takeover_grant& takeover) {
   const auto refuse = [&](error_code code, const std::string& why) {
     msg::job_result r;
     r.job = o.train;
@@ -68,7 +76,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   auto c = std::make_unique<coord_run>();
   c->client = client;
   c->client_train = o.train;
-  c->generation = generation;
+  c->takeover = takeover;
   c->spec = o.spec;
   c->step = o.spec.start_step;
   c->commit = o.spec.start_step;
@@ -91,7 +99,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   c->members.push_back(self_);
   for (const auto& p : peers_) c->members.push_back(p);
   std::sort(c->members.begin(), c->members.end());
-  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train, generation}});
+  for (const auto& m : c->members) out.push_back({m, msg::train_setup{id, c->spec, client, o.train, takeover}});
   auto& run = *c;
   coordinated_[id] = std::move(c);
   auto more = issue_step(id, run);
@@ -173,8 +181,14 @@ std::vector<outbound> train_engine::on_reduced(const node_id& from, const msg::t
   if (c.state == job_state::running && !r.ok && from == self_ && r.step == c.step && r.attempt == c.attempt &&
       (c.ph == coord_run::phase::finishing || c.ph == coord_run::phase::syncing))
     return fail_run(r.train, c, r.code, "the coordinating node could not report the training state: " + r.error);
+  if (c.state == job_state::running && r.step == c.step && r.attempt == c.attempt && from != self_ && !in_ring(c, from)) {
+    // This attempt's answers come from its ring only: a node outside it would otherwise fail
+    // the step for a member (dropping it) or decide it with a loss of its own.
+    note_refusal(from, "train_reduced", "step " + std::to_string(r.step) + " of training " + std::to_string(r.train) + ": the sender is not in the step's ring");
+    return {};
+  }
   if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
-    return {};  // stale (an earlier attempt) or not ours
+    return {};  // stale (an earlier attempt) or answered already
   if (!r.ok) {
     // The worker lost its state (device restart) or failed the step: redo the step without it,
     // and set it up again at the next boundary unless it keeps failing.
@@ -195,9 +209,13 @@ std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::tra
   auto it = coordinated_.find(r.train);
   if (it == coordinated_.end()) return {};
   coord_run& c = *it->second;
+  if (c.state == job_state::running && r.step == c.step && r.attempt == c.attempt && !in_ring(c, from)) {
+    note_refusal(from, "train_ready", "step " + std::to_string(r.step) + " of training " + std::to_string(r.train) + ": the sender is not in the step's ring");
+    return {};
+  }
   if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.unready.erase(from) ||
       !c.unready.empty())
-    return {};  // stale, not a member, or members still to come
+    return {};  // stale, or members still to come
   // Every member has its round: the pieces may flow.
   std::vector<outbound> out;
   for (const auto& m : c.ring) out.push_back({m, msg::ring_go{r.train, c.step, c.attempt}});
@@ -272,7 +290,13 @@ std::vector<named_tensor> client_names(const std::string& prefix, const std::vec
 
 std::vector<outbound> train_engine::on_state(const node_id& from, const msg::train_state& s) {
   auto it = coordinated_.find(s.train);
-  if (it == coordinated_.end() || from != self_) return {};
+  if (it == coordinated_.end()) return {};
+  if (from != self_) {
+    // The coordinator's own worker reports the state (the result, a checkpoint, what newcomers
+    // start from); a state from anyone else would become the client's result.
+    note_refusal(from, "train_state", "training " + std::to_string(s.train) + ": only this node's own worker reports its state");
+    return {};
+  }
   coord_run& c = *it->second;
   if (c.state != job_state::running || s.step != c.step) return {};
   std::vector<outbound> out;
@@ -301,7 +325,7 @@ std::vector<outbound> train_engine::on_state(const node_id& from, const msg::tra
   c.spec.start_step = c.step;
   for (const auto& n : c.newcomers) {
     if (!peers_.count(n)) continue;
-    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train, c.generation}});
+    out.push_back({n, msg::train_setup{s.train, c.spec, c.client, c.client_train, c.takeover}});
     c.members.push_back(n);
     c.shards_sent.erase(n);
   }

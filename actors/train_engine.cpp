@@ -185,6 +185,10 @@ std::map<train_engine::worker_key, std::shared_ptr<train_engine::worker_run>>::i
   return worker_.erase(it);
 }
 
+void train_engine::note_refusal(const node_id& from, const char* kind, std::string why) {
+  refused_messages_.push_back({from, kind, std::move(why)});
+}
+
 void train_engine::executor_restarted() {
   for (auto& [k, w] : worker_) w->broken = w->device_lost = true;
 }

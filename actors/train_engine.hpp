@@ -35,6 +35,13 @@
 /// may report it twice. Other survivors' orphans are dropped when the new setup reaches them.
 /// A coordinator that only lost its client keeps training for client_grace; a takeover
 /// elsewhere (its setup reaching this node) stops the old run.
+///
+/// Authority: a worker's part of a run is keyed by its coordinator, so only that node may step
+/// it or end it; all-reduce pieces are taken from the ring predecessor only, step answers only
+/// from the step's ring members, the state only from this node's own worker. A takeover, which
+/// ends the run everywhere else, needs the client's signed grant (wire/takeover_grant.hpp),
+/// checked by the node taking over (train_resume) and by every node its setups reach. What is
+/// refused for want of authority is collected for the shell to log and count (take_refused).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -43,9 +50,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/job_engine.hpp"
+#include "actors/refused_message.hpp"
 #include "wire/messages.hpp"
 #include "actors/ring_allreduce.hpp"
 #include "actors/train_data.hpp"
@@ -128,6 +137,10 @@ class train_engine {
   std::vector<train_task> take_ready();
   std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now);
 
+  /// Messages refused since the last call for their sender's lack of authority (a forged
+  /// takeover, a piece or step answer from outside the ring); the shell logs and counts them.
+  std::vector<refused_message> take_refused() { return std::exchange(refused_messages_, {}); }
+
   /// Runs this node coordinates, for status ("training" jobs).
   std::vector<msg::job_status> jobs(clock::time_point now) const;
   /// The loss curve of each run this node coordinates, by the id jobs() reports.
@@ -139,9 +152,9 @@ class train_engine {
   struct worker_run;
   using worker_key = std::pair<node_id, uint64_t>;  // coordinator, train
 
-  /// Opens a run this node coordinates: a client's (generation 0), or one taken over from a dead
-  /// coordinator (take_over: one more than the run had there).
-  std::vector<outbound> open(const node_id& client, const msg::open_training& o, uint32_t generation = 0);
+  /// Opens a run this node coordinates: a client's (no grant, generation 0), or one taken over
+  /// from a dead coordinator (take_over: with the client's grant, which its setups carry).
+  std::vector<outbound> open(const node_id& client, const msg::open_training& o, const msg::takeover_grant& takeover = {});
   std::vector<outbound> on_setup(const node_id& from, const msg::train_setup& s);
   std::vector<outbound> on_step(const node_id& from, const msg::train_step& s);
   /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.
@@ -167,6 +180,8 @@ class train_engine {
   std::vector<outbound> on_go(const node_id& from, const msg::ring_go& g);
   /// Worker: starts the round once both the contribution and the go are here.
   std::vector<outbound> start_round(worker_run& w);
+  /// Records a message refused for its sender's lack of authority (take_refused).
+  void note_refusal(const node_id& from, const char* kind, std::string why);
   /// Queues a task that frees an ended run's programs and parameters on the executor.
   void retire(const std::shared_ptr<worker_run>& w);
   /// Ends a worker run: retire() and forget it. Returns the next entry.
@@ -182,6 +197,7 @@ class train_engine {
   /// refusal, so the coordinator redoes the step without this node instead of waiting for ever.
   std::map<worker_key, error> refused_;
   std::vector<train_task> ready_;
+  std::vector<refused_message> refused_messages_;
 };
 
 }  // namespace mesh

@@ -56,7 +56,9 @@ graph_payload rename_parameters(const graph_payload& p, const std::string& from,
 struct train_engine::coord_run {
   node_id client;
   uint64_t client_train = 0;
-  uint32_t generation = 0;  ///< takeovers the run went through (train_setup::generation)
+  /// The client's grant this node coordinates under (generation 0: the client opened the run
+  /// here); every setup it sends carries it.
+  msg::takeover_grant takeover;
   msg::train_spec spec;  ///< renamed; `state` is refreshed when newcomers are set up; no dataset rows
   tensor_map data;       ///< the whole dataset: the coordinator hands out its shards
   shard_plan plan;
@@ -92,8 +94,9 @@ struct train_engine::worker_run {
   uint64_t train = 0;
   node_id client;          ///< who opened the run: the only one that may resume it
   uint64_t client_train = 0;
-  uint32_t generation = 0;  ///< of the setup (train_setup::generation)
+  uint32_t generation = 0;  ///< of the setup's takeover grant (0: none)
   msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
+  msg::takeover_grant takeover;  ///< from train_resume, checked: this node takes the run over with it
   bool orphaned = false;       ///< the coordinator died; kept for a train_resume
   train_method method = train_method::data_parallel;
   uint64_t steps = 0;

@@ -24,15 +24,26 @@ std::vector<outbound> train_engine::on_resume(const node_id& client, const msg::
                r.coordinator.short_string() + " (it was not a member, its device was restarted, or the run ended)";
     return {{client, no}};
   }
-  if (r.dataset.empty()) {
+  const auto refuse = [&](const std::string& why) {
     msg::job_result no;
     no.job = r.train;
     no.code = error_code::invalid_argument;
-    no.error = "train_resume carries no dataset (the new coordinator hands out the shards)";
-    return {{client, no}};
+    no.error = why;
+    return std::vector<outbound>{{client, no}};
+  };
+  if (r.dataset.empty()) return refuse("train_resume carries no dataset (the new coordinator hands out the shards)");
+  // The grant travels on in this node's setups, where every worker checks it before it ends the
+  // run's earlier generations: checked here too, so that a bad one fails the resume at once.
+  if (auto ok = msg::check_takeover(r.takeover, client, r.train, self_); !ok) {
+    note_refusal(client, "train_resume", "training " + std::to_string(r.train) + ": " + ok.error().message);
+    return refuse("train_resume refused: " + ok.error().message);
   }
+  if (r.takeover.generation <= w->generation)
+    return refuse("train_resume refused: its takeover grant is of generation " + std::to_string(r.takeover.generation) + ", and node " +
+                  self_.short_string() + " holds the run at generation " + std::to_string(w->generation) + " already");
   orphan(*w);
   w->resume_dataset = r.dataset;
+  w->takeover = r.takeover;
   train_task t;
   t.coordinator = w->coordinator;
   t.train = w->train;
@@ -90,7 +101,7 @@ std::vector<outbound> train_engine::take_over(const train_task& t, expected<trai
     done.workers = {self_};
     return {{w->client, std::move(done)}};
   }
-  return open(w->client, msg::open_training{w->client_train, std::move(spec)}, w->generation + 1);
+  return open(w->client, msg::open_training{w->client_train, std::move(spec)}, w->takeover);
 }
 
 }  // namespace mesh

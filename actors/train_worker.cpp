@@ -111,14 +111,25 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
     refused_[key] = why;
     return std::vector<outbound>{};
   };
+  const uint32_t generation = s.takeover.generation;
+  // A takeover ends the run everywhere else, so it must be the client's word, not the sender's:
+  // any member can name another member's client and run in a setup. Without the client's grant
+  // for the sender, a setup may only start a run of the sender's own.
+  if (generation > 0) {
+    if (auto ok = msg::check_takeover(s.takeover, s.client, s.client_train, from); !ok) {
+      note_refusal(from, "train_setup", "training " + std::to_string(s.train) + " (run " + std::to_string(s.client_train) + " of client " +
+                                            s.client.short_string() + "): " + ok.error().message);
+      return refuse_setup({ok.error().code, "setup refused: " + ok.error().message});
+    }
+  }
   // A coordinator that was taken over (it only lost its client, and a member took the run over
   // at a higher generation) may still set nodes up: its setups must not stop the new run.
   if (!s.client.empty()) {
     for (const auto& [k, run] : worker_)
-      if (k != key && run->client == s.client && run->client_train == s.client_train && run->generation > s.generation)
+      if (k != key && run->client == s.client && run->client_train == s.client_train && run->generation > generation)
         return refuse_setup({error_code::invalid_argument, "setup refused: node " + k.first.short_string() + " took this run over"});
     for (const auto& [rid, c] : coordinated_)
-      if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train && c->generation > s.generation)
+      if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train && c->takeover.generation > generation)
         return refuse_setup({error_code::invalid_argument, "setup refused: this node took this run over"});
   }
   auto graphs = check_train_spec(s.spec, false);
@@ -129,18 +140,20 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
   w->train = s.train;
   w->client = s.client;
   w->client_train = s.client_train;
-  w->generation = s.generation;
+  w->generation = generation;
   w->shell = spec_shell(s.spec);
-  // The run resumed under a new coordinator: what this node kept of it before is stale now,
-  // and if this node was coordinating it (the client was only cut off from us), ours stops.
+  // The run resumed under a new coordinator (its grant checked above): what this node kept of
+  // its earlier generations is stale now, and if this node was coordinating it (the client was
+  // only cut off from us), ours stops.
   std::vector<outbound> out;
-  if (!s.client.empty()) {
+  if (generation > 0) {
     for (auto it = worker_.begin(); it != worker_.end();)
-      it = it->first != key && it->second->client == s.client && it->second->client_train == s.client_train ? end_run(it)
-                                                                                                          : std::next(it);
+      it = it->first != key && it->second->client == s.client && it->second->client_train == s.client_train && it->second->generation < generation
+               ? end_run(it)
+               : std::next(it);
     if (from != self_)
       for (auto& [rid, c] : coordinated_)
-        if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train) {
+        if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train && c->takeover.generation < generation) {
           auto more = fail_run(rid, *c, error_code::internal, "");
           out.insert(out.end(), more.begin() + 1, more.end());  // the client is with the new coordinator
           c->state = job_state::moved;  // to the node `from`

@@ -20,7 +20,10 @@ class client_impl {
   bool up = false;
   std::string failure;  // why the connection failed or went down
   std::unique_ptr<transport::endpoint> ep;
-  node_id node;
+  /// This client's throw-away key pair: the endpoint's identity, and the key it signs takeover
+  /// grants with (wire/takeover_grant.hpp), which nodes check against its id.
+  transport::identity key = transport::identity::generate();
+  node_id node;  ///< the node this client talks to: messages from any other peer are dropped
   uint64_t next_id = 1;
   std::map<uint64_t, std::promise<expected<job_outcome>>> jobs;
   std::map<uint64_t, std::promise<expected<msg::status_reply>>> statuses;
@@ -44,7 +47,13 @@ class client_impl {
   std::multimap<uint64_t, std::thread::id> calling;
 
   // Coordinator failover (train_engine.hpp): trainings outlive the node that coordinates them.
-  std::map<uint64_t, node_id> trainings;  ///< open trainings: id -> coordinating node
+  struct training {
+    node_id coordinator;
+    /// Takeover grants made for the run so far: the next one's generation is one more, so it
+    /// supersedes every earlier coordinator of the run.
+    uint32_t grants = 0;
+  };
+  std::map<uint64_t, training> trainings;  ///< open trainings by id
   /// Their datasets: workers hold only shards, a node taking a run over needs it all again.
   std::map<uint64_t, std::vector<msg::named_tensor>> training_data;
   /// Other nodes of the mesh as the last status reply listed them: where to resume.
@@ -105,8 +114,11 @@ class client_impl {
     failing_over = false;
     std::vector<msg::message> out{msg::hello{}};
     std::get<msg::hello>(out[0]).is_client = true;
-    for (const auto& [train, coordinator] : trainings) {
-      out.push_back(msg::train_resume{train, coordinator, training_data[train]});
+    for (auto& [train, t] : trainings) {
+      // The client's signed word that `node` coordinates the run from now on: nodes end the
+      // run's earlier generations for nothing less.
+      const auto grant = msg::sign_takeover(key.secret_key(), train, ++t.grants, node);
+      out.push_back(msg::train_resume{train, t.coordinator, training_data[train], grant});
       resuming.insert(train);
     }
     for (const auto& m : out)
@@ -211,7 +223,7 @@ class client_impl {
     if (auto* p = std::get_if<msg::train_progress>(&*decoded)) {
       {
         std::lock_guard<std::mutex> lock(m);
-        if (resuming.erase(p->train) && trainings.count(p->train)) trainings[p->train] = node;  // taken over
+        if (resuming.erase(p->train) && trainings.count(p->train)) trainings[p->train].coordinator = node;  // taken over
         if (++progress_seen % 16 == 0) refresh_others();  // members come and go during a run
       }
       call_back(progress, p->train, *p);
@@ -340,8 +352,18 @@ expected<std::unique_ptr<client>> client::connect(const std::string& node_or_mdn
       p->try_next_node("the coordinating node was lost and no other node of the run could be reached (last: " + p->failure + ")");
     p->cv.notify_all();
   };
-  h.on_message = [p](const node_id&, transport::channel, std::vector<uint8_t> bytes) { p->on_message(std::move(bytes)); };
+  h.on_message = [p](const node_id& from, transport::channel, std::vector<uint8_t> bytes) {
+    {
+      // Results, progress and status replies are believed only from the node the requests went
+      // to: any member can dial a client, and a status reply from it would name the nodes a
+      // training's dataset goes to on failover.
+      std::lock_guard<std::mutex> lock(p->m);
+      if (from != p->node) return;
+    }
+    p->on_message(std::move(bytes));
+  };
   transport::endpoint_config ec;
+  ec.id = p->key;
   ec.mesh_secret = options.mesh_secret;
   ec.bind = "0.0.0.0";
   ec.protocol_version = msg::protocol_version;
@@ -484,7 +506,7 @@ sent_request send_training(client_impl& impl, const msg::train_spec& spec,
     m.train = id;
     if (on_progress) impl.progress[id] = std::move(on_progress);
     if (on_checkpoint) impl.checkpoints[id] = std::move(on_checkpoint);
-    impl.trainings[id] = impl.node;
+    impl.trainings[id] = {impl.node, 0};
     impl.training_data[id] = spec.dataset;
     impl.refresh_others();  // who could take over if this node dies
   });

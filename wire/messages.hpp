@@ -22,13 +22,14 @@
 #include "wire/graph_codec.hpp"
 #include "wire/graph_payload.hpp"
 #include "wire/states.hpp"
+#include "wire/takeover_grant.hpp"
 
 namespace mesh::msg {
 
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 16;
+inline constexpr uint16_t protocol_version = 17;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -103,6 +104,14 @@ struct route {
   bool operator==(const route&) const = default;
 };
 
+/// A value crossing a cut that a stage waits for, and the node that sends it: the node of the
+/// stage that produces it. An activation from any other node is refused.
+struct awaited_value {
+  std::string name;  ///< cut name, e.g. "cut.12"
+  node_id from;
+  bool operator==(const awaited_value&) const = default;
+};
+
 /// Coordinator -> worker: run one stage of a job (the fragment, with its parameters and any job
 /// inputs it reads), waiting for `awaited` activations from other stages. For inference
 /// sessions, `cache` names a fragment the worker keeps (parameters resident on its device): the
@@ -113,7 +122,7 @@ struct run_stage {
   uint32_t stage = 0;
   node_id coordinator;
   graph_payload fragment;  ///< with its parameters and inputs; empty for a cached session fragment
-  std::vector<std::string> awaited;  ///< cut names that arrive as activations
+  std::vector<awaited_value> awaited;  ///< values that arrive as activations, and from where
   std::vector<route> routes;
   uint64_t cache = 0;                ///< 0: one-shot; else the cached fragment's key
   std::vector<named_tensor> inputs;  ///< job inputs of this stage, when not inside `fragment`
@@ -293,9 +302,12 @@ struct train_setup {
   train_spec spec;
   node_id client;             ///< the client that opened the run (may ask a worker to take it over)
   uint64_t client_train = 0;  ///< the client's id of the run
-  /// Takeovers the run went through (0: as the client opened it). A worker holding the run at a
-  /// higher generation refuses this setup: it comes from a coordinator that was taken over.
-  uint32_t generation = 0;
+  /// The client's grant for the sender to coordinate the run (wire/takeover_grant.hpp);
+  /// generation 0 (no grant) for the run as the client opened it. Its generation counts the
+  /// takeovers: a worker holding the run at a higher generation refuses this setup (it comes
+  /// from a coordinator that was taken over), and only a setup whose grant the receiver checked
+  /// ends the run's lower generations.
+  takeover_grant takeover;
   bool operator==(const train_setup&) const = default;
 };
 
@@ -393,6 +405,9 @@ struct train_resume {
   node_id coordinator;      ///< the node that coordinated it
   /// The run's dataset again: workers hold only their shards, the new coordinator needs it all.
   std::vector<named_tensor> dataset;
+  /// The client's signed grant for the receiver to coordinate the run from now on; it travels
+  /// on in the new coordinator's setups.
+  takeover_grant takeover;
   bool operator==(const train_resume&) const = default;
 };
 
@@ -641,6 +656,11 @@ void fields(F& f, route& x) {
 }
 
 template <class F>
+void fields(F& f, awaited_value& x) {
+  f(x.name, x.from);
+}
+
+template <class F>
 void fields(F& f, run_stage& x) {
   f(x.job, x.attempt, x.stage, x.coordinator, x.fragment, x.awaited, x.routes, x.cache, x.inputs);
 }
@@ -732,7 +752,7 @@ void fields(F& f, open_training& x) {
 
 template <class F>
 void fields(F& f, train_setup& x) {
-  f(x.train, x.spec, x.client, x.client_train, x.generation);
+  f(x.train, x.spec, x.client, x.client_train, x.takeover);
 }
 
 template <class F>
@@ -767,7 +787,7 @@ void fields(F& f, train_progress& x) {
 
 template <class F>
 void fields(F& f, train_resume& x) {
-  f(x.train, x.coordinator, x.dataset);
+  f(x.train, x.coordinator, x.dataset, x.takeover);
 }
 
 template <class F>

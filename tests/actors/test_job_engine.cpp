@@ -33,6 +33,9 @@ struct mesh_sim {
   std::vector<msg::job_progress> progress;
   int delivered = 0;
   int fragments_sent = 0;  // run_stage messages that carried a fragment
+  /// Called after each message a node handled (tests play a malicious member here).
+  std::function<void(mesh_sim&, const std::string& to, const msg::message&)> after_delivery;
+  std::vector<refused_message> refused;  // what the nodes refused for the sender's lack of authority
 
   /// Stages for which this returns true fail on their node instead of running.
   std::function<bool(const stage_task&)> fail_task;
@@ -89,6 +92,7 @@ struct mesh_sim {
       REQUIRE(m);
       auto& e = nodes.at(to);
       post(to, e.on_message(test::named(from), *m, now));
+      for (auto& r : e.take_refused()) refused.push_back(std::move(r));
       for (auto& t : e.take_ready()) {
         if (!t.resident_key.empty() && forgotten_set.count(t.resident_key)) ++resident_after_forget;
         if (fail_task && fail_task(t)) post(to, e.on_executed(t, make_error(error_code::device, "simulated failure"), now));
@@ -98,6 +102,7 @@ struct mesh_sim {
         forgotten.push_back(k);
         forgotten_set.insert(k);
       }
+      if (after_delivery) after_delivery(*this, to, *m);
     }
   }
 
@@ -531,4 +536,78 @@ TEST_CASE("a restarted coordinator's jobs run on workers that knew its earlier l
   REQUIRE(sim.results.size() == 2);
   INFO(sim.results[1].error);
   CHECK(sim.results[1].ok);
+}
+
+TEST_CASE("an activation from a node that does not run the producing stage is refused", "[actors][jobs][security]") {
+  // A member that is no producer of a stage's input sends the stage its own numbers as soon as
+  // the stage is set up, before the real value can come: before activations were checked against
+  // the producing stage's node, its value was taken and the real one dropped as a duplicate.
+  const auto m = mlp_job();
+  mesh_sim sim;
+  // One global order: the forged values (sent right after each stage is set up) arrive before
+  // the coordinator can open the route for the real ones.
+  sim.net.set_shuffle(false);
+  int forged = 0;
+  sim.after_delivery = [&](mesh_sim& t, const std::string& to, const msg::message& msg) {
+    const auto* rs = std::get_if<msg::run_stage>(&msg);
+    if (!rs || rs->awaited.empty() || rs->fragment.empty()) return;
+    auto frag = rs->fragment.get("the fragment");
+    REQUIRE(frag);
+    for (const auto& a : rs->awaited) {
+      const auto& leaf = (*frag)->g[(*frag)->g.find_leaf(a.name)];
+      tensor bogus = tensor::zeros(leaf.type, leaf.dims);
+      std::fill(bogus.bytes.begin(), bogus.bytes.end(), uint8_t{0x3f});  // plausible floats, wrong ones
+      t.send("m", {{to, msg::activation{rs->coordinator, rs->job, rs->attempt, rs->stage, {a.name, bogus}}}});
+      ++forged;
+    }
+  };
+  sim.send("cli", {{"a", submission(m, 1)}});
+  sim.run();
+  REQUIRE(forged > 0);
+  REQUIRE(sim.results.size() == 1);
+  check_outputs(sim.results[0], m);
+  CHECK(sim.refused.size() == static_cast<size_t>(forged));
+  for (const auto& r : sim.refused) {
+    CHECK(r.from == test::named("m"));
+    CHECK(r.kind == "activation");
+    CHECK_THAT(r.why, Catch::Contains("not from this sender"));
+  }
+}
+
+TEST_CASE("a stage waits for each awaited value from the node the coordinator named", "[actors][jobs][security]") {
+  // One worker, driven directly: node p produces "cut.1" for stage 1 of coordinator c's job 5.
+  builder b;
+  auto x = b.input("cut.1", dtype::f32, {2});
+  b.output("y", x * 2.0);
+  const node_id c = test::named("c"), p = test::named("p"), intruder = test::named("m");
+  job_engine w(test::named("w"), {"w", 1e-6, 1e3, 1e3, int64_t{1} << 30});
+  msg::run_stage r{5, 1, 1, c, graph_payload(wire_graph{*b.finish(), {}}), {{"cut.1", p}}, {}, 0, {}};
+  auto out = w.on_message(c, r, {});
+  REQUIRE(out.size() == 1);
+  CHECK(std::holds_alternative<msg::stage_accepted>(out[0].m));
+  const tensor real = tensor::from_values(dtype::f32, {2}, {1, 2}), fake = tensor::from_values(dtype::f32, {2}, {100, 200});
+  CHECK(w.on_message(intruder, msg::activation{c, 5, 1, 1, {"cut.1", fake}}, {}).empty());
+  CHECK(w.take_ready().empty());
+  auto refused = w.take_refused();
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].from == intruder);
+  CHECK_THAT(refused[0].why, Catch::Contains("\"cut.1\" for stage 1 of job 5"));
+  // The coordinator itself is no producer either.
+  CHECK(w.on_message(c, msg::activation{c, 5, 1, 1, {"cut.1", fake}}, {}).empty());
+  CHECK(w.take_refused().size() == 1);
+  CHECK(w.on_message(p, msg::activation{c, 5, 1, 1, {"cut.1", real}}, {}).empty());
+  auto ready = w.take_ready();
+  REQUIRE(ready.size() == 1);
+  CHECK(ready[0].inputs.at("cut.1") == real);
+  CHECK(w.take_refused().empty());
+  // A run_stage that names no sender for a value is refused at once, to its coordinator.
+  msg::run_stage nameless = r;
+  nameless.job = 6;
+  nameless.awaited[0].from = {};
+  out = w.on_message(c, nameless, {});
+  REQUIRE(out.size() == 1);
+  const auto* done = std::get_if<msg::stage_done>(&out[0].m);
+  REQUIRE(done);
+  CHECK_FALSE(done->ok);
+  CHECK_THAT(done->error, Catch::Contains("names no node that sends it"));
 }

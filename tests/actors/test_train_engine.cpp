@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -18,10 +19,26 @@
 #include "gpu/executor.hpp"
 #include "graph/datasets.hpp"
 #include "graph/nn.hpp"
+#include "transport/identity.hpp"
 
 using namespace mesh;
 
 namespace {
+
+/// The client signs takeover grants (wire/takeover_grant.hpp) with its key, and nodes check them
+/// against its id: unlike the nodes' (test::named), its id is a real Ed25519 public key.
+const transport::identity& client_key() {
+  static const transport::identity k = transport::identity::from_seed({7, 7, 7});
+  return k;
+}
+node_id client_id() { return client_key().id(); }
+
+/// The client's train_resume asking `node` to take run `train` (coordinated by `old`) over, with
+/// its grant of `generation`.
+msg::train_resume resume(uint64_t train, const std::string& old, const std::string& node, std::vector<named_tensor> dataset,
+                         uint32_t generation = 1) {
+  return {train, test::named(old), std::move(dataset), msg::sign_takeover(client_key().secret_key(), train, generation, test::named(node))};
+}
 
 struct model_setup {
   graph model;
@@ -44,7 +61,7 @@ model_setup two_moons_mlp() {
   return s;
 }
 
-/// Nodes "node-a".. with CPU executors and a client "client" on the simulated network
+/// Nodes "node-a".. with CPU executors and a client "client" (client_id()) on the simulated network
 /// (tests/common/sim_network.hpp): messages are delivered one at a time, in the order posted, or
 /// with `net.set_shuffle(true)` each sender-receiver pair in order and pairs interleaved at random.
 struct train_sim {
@@ -66,6 +83,8 @@ struct train_sim {
   std::vector<msg::train_checkpoint> checkpoints;  // what the client received
   /// Called after each delivered message (tests kill or add nodes here).
   std::function<void(train_sim&)> on_tick;
+  /// What the nodes refused for the sender's lack of authority, with the refusing node's name.
+  std::vector<std::pair<std::string, refused_message>> refused;
 
   explicit train_sim(int n) {
     for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
@@ -86,8 +105,15 @@ struct train_sim {
     for (auto& [other, o] : nodes) post(other, o.engine->peer_dead(test::named(id), now));
   }
 
+  /// A node's name on the simulated network, and back.
+  static node_id id_of(const std::string& name) { return name == "client" ? client_id() : test::named(name); }
+  static std::string name_of(const node_id& id) { return id == client_id() ? "client" : test::name_of(id); }
+
   void post(const std::string& from, std::vector<outbound> out) {
-    net.post_all(from, std::move(out));
+    for (auto& o : out) {
+      const std::string to = name_of(o.to);
+      net.post(from, to, std::move(o));
+    }
   }
   /// What a test sends: to a node by name.
   struct named_out {
@@ -95,7 +121,7 @@ struct train_sim {
     msg::message m;
   };
   void send(const std::string& from, std::vector<named_out> out) {
-    for (auto& o : out) net.post(from, o.to, outbound{test::named(o.to), std::move(o.m)});
+    for (auto& o : out) net.post(from, o.to, outbound{id_of(o.to), std::move(o.m)});
   }
 
   void run_tasks(const std::string& id) {
@@ -131,7 +157,8 @@ struct train_sim {
       const auto own = limits.find(to);
       auto m = msg::decode_message(bytes->data(), bytes->size(), msg::default_decode_budget, own == limits.end() ? nullptr : &own->second);
       REQUIRE(m);
-      post(to, it->second.engine->on_message(test::named(from), *m, now));
+      post(to, it->second.engine->on_message(id_of(from), *m, now));
+      for (auto& r : it->second.engine->take_refused()) refused.emplace_back(to, std::move(r));
       run_tasks(to);
       if (on_tick) on_tick(*this);
     }
@@ -187,6 +214,17 @@ msg::train_spec spec_for(const model_setup& s, train_options o) {
   auto spec = make_train_spec(s.model, s.params, s.data, s.micro_batch, o);
   REQUIRE(spec);
   return *spec;
+}
+
+/// A client's spec as a coordinator sends it in a setup: the dataset's columns without rows.
+msg::train_spec setup_spec(msg::train_spec spec) {
+  spec.dataset_rows = static_cast<uint64_t>(spec.dataset.at(0).value.dims.at(0));
+  for (auto& c : spec.dataset) {
+    shape none = c.value.dims;
+    none[0] = 0;
+    c.value = tensor::zeros(c.value.type, none);
+  }
+  return spec;
 }
 
 train_options dp_options(uint64_t steps = 24) {
@@ -341,7 +379,7 @@ TEST_CASE("the coordinator dying mid-run: a survivor takes over on the client's 
     sim.on_tick = [&](train_sim& t) {
       if (!t.dead.count("node-a") && t.progress.size() == (diloco ? 2u : 7u)) {
         t.kill("node-a");
-        t.send("client", {{"node-c", msg::train_resume{1, "node-a", spec.dataset}}});
+        t.send("client", {{"node-c", resume(1, "node-a", "node-c", spec.dataset)}});
       }
     };
     const auto r = sim.train(spec);
@@ -379,8 +417,8 @@ TEST_CASE("a client cut off from a live coordinator resumes elsewhere and the ol
       cut = true;
       // node-a still runs, but its connection to the client is gone: the client thinks it dead
       // and asks node-b, whose worker run of node-a's run is still live.
-      t.post("node-a", t.nodes.at("node-a").engine->peer_dead(test::named("client"), t.now));
-      t.send("client", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
+      t.post("node-a", t.nodes.at("node-a").engine->peer_dead(client_id(), t.now));
+      t.send("client", {{"node-b", resume(1, "node-a", "node-b", spec.dataset)}});
     }
   };
   sim.send("client", {{"node-a", msg::open_training{1, spec}}});
@@ -406,7 +444,7 @@ TEST_CASE("a run whose client is gone ends after the grace time", "[actors][trai
     if (!lost && t.progress.size() == 3) {
       lost = true;
       auto& a = *t.nodes.at("node-a").engine;
-      t.post("node-a", a.peer_dead(test::named("client"), t.now));
+      t.post("node-a", a.peer_dead(client_id(), t.now));
       CHECK(a.tick(t.now + std::chrono::seconds(1)).empty());  // still within the grace time: training goes on
       t.post("node-a", a.tick(t.now + train_engine::client_grace + std::chrono::seconds(1)));
     }
@@ -429,9 +467,9 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
     if (!asked && t.progress.size() == 3) {
       asked = true;
       // Not the client that opened the run: refused, and the run goes on.
-      t.post("node-c", {{"node-b", msg::train_resume{1, "node-a", spec.dataset}}});
+      t.post("node-c", {{"node-b", resume(1, "node-a", "node-b", spec.dataset)}});
       // A run that never existed.
-      t.send("client", {{"node-b", msg::train_resume{7, "node-a", spec.dataset}}});
+      t.send("client", {{"node-b", resume(7, "node-a", "node-b", spec.dataset)}});
     }
   };
   sim.send("client", {{"node-a", msg::open_training{1, spec}}});
@@ -444,7 +482,7 @@ TEST_CASE("train_resume to a node without the run, or from another client, is re
   REQUIRE(r.ok);
   CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
   train_sim lone(1);
-  lone.send("client", {{"node-a", msg::train_resume{3, "node-x", spec.dataset}}});
+  lone.send("client", {{"node-a", resume(3, "node-x", "node-a", spec.dataset)}});
   lone.run();
   REQUIRE(lone.results.size() == 1);
   CHECK_FALSE(lone.results[0].ok);
@@ -733,7 +771,7 @@ TEST_CASE("a coordinator that loses its client keeps training through the grace 
   sim.on_tick = [&](train_sim& t) {
     if (!lost && t.progress.size() == 3) {
       lost = true;
-      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead(test::named("client"), t.now));
+      for (auto& [id, nd] : t.nodes) t.post(id, nd.engine->peer_dead(client_id(), t.now));
     }
   };
   sim.send("client", {{"node-a", msg::open_training{1, spec_for(s, dp_options(20))}}});
@@ -787,20 +825,14 @@ TEST_CASE("a setup from a coordinator that was taken over does not stop the run 
   // setup must not end node-b's run on node-c, whatever order the two coordinators' messages
   // arrive in.
   const auto s = two_moons_mlp();
-  auto spec = spec_for(s, dp_options(4));
-  spec.dataset_rows = static_cast<uint64_t>(spec.dataset.at(0).value.dims.at(0));  // as a coordinator sends it:
-  for (auto& c : spec.dataset) {                                                  // columns without rows
-    shape none = c.value.dims;
-    none[0] = 0;
-    c.value = tensor::zeros(c.value.type, none);
-  }
-  const node_id a = test::named("node-a"), b = test::named("node-b"), c = test::named("node-c"), client = test::named("client");
+  const auto spec = setup_spec(spec_for(s, dp_options(4)));
+  const node_id a = test::named("node-a"), b = test::named("node-b"), c = test::named("node-c"), client = client_id();
   for (const bool taken_over_first : {true, false}) {
     INFO("the takeover's setup arrives " << (taken_over_first ? "first" : "second"));
     train_engine w(c);
     w.peer_up(a);
     w.peer_up(b);
-    const msg::train_setup stale{3, spec, client, 1, 0}, fresh{7, spec, client, 1, 1};
+    const msg::train_setup stale{3, spec, client, 1, {}}, fresh{7, spec, client, 1, msg::sign_takeover(client_key().secret_key(), 1, 1, b)};
     (void)w.on_message(taken_over_first ? b : a, taken_over_first ? msg::message(fresh) : msg::message(stale), {});
     (void)w.on_message(taken_over_first ? a : b, taken_over_first ? msg::message(stale) : msg::message(fresh), {});
     CHECK(w.running() == 1);  // node-b's run only
@@ -819,4 +851,150 @@ TEST_CASE("a setup from a coordinator that was taken over does not stop the run 
     out = w.on_message(b, step, {});
     for (const auto& o : out) CHECK_FALSE(std::holds_alternative<msg::train_reduced>(o.m));  // node-b's run takes the step
   }
+}
+
+TEST_CASE("a forged takeover setup from another member is refused and the honest run finishes", "[actors][train][security]") {
+  // node-m, a member like any other, names the client's run in setups of its own at ever higher
+  // generations. Before takeovers needed the client's grant, the first of them ended the run on
+  // every worker and marked the coordinator's run moved: the client never got a result.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(12));
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  REQUIRE(reference.ok);
+  train_sim sim(3);
+  sim.net.set_shuffle(true);
+  const node_id m = test::named("node-m");
+  const auto forged = setup_spec(spec);
+  std::array<uint8_t, 32> other_seed{};
+  other_seed.fill(9);
+  const auto other_key = transport::identity::from_seed(other_seed);
+  const std::vector<msg::takeover_grant> grants = {
+      {5, m, {}},                                                            // a made-up signature
+      msg::sign_takeover(client_key().secret_key(), 1, 6, test::named("node-b")),  // the client's, for another node
+      msg::sign_takeover(other_key.secret_key(), 1, 7, m),                   // signed by another key than the client's
+      msg::sign_takeover(client_key().secret_key(), 2, 8, m),                // the client's, for another of its runs
+  };
+  bool sent = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (sent || t.progress.size() != 3) return;
+    sent = true;
+    for (const char* to : {"node-a", "node-b", "node-c"}) {
+      std::vector<train_sim::named_out> out;
+      for (size_t i = 0; i < grants.size(); ++i) out.push_back({to, msg::train_setup{100 + i, forged, client_id(), 1, grants[i]}});
+      // No grant at all: a run of node-m's own, which ends nothing.
+      out.push_back({to, msg::train_setup{200, forged, client_id(), 1, {}}});
+      t.send("node-m", std::move(out));
+    }
+  };
+  const auto r = sim.train(spec);
+  REQUIRE(sent);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(r.workers.size() == 3);
+  const auto jobs = sim.nodes.at("node-a").engine->jobs(sim.now);
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].state == job_state::done);  // finished, not "moved" to node-m
+  // Each forged grant refused and counted on every node, naming why.
+  std::map<std::string, int> refused_setups;
+  for (const auto& [node, why] : sim.refused) {
+    CHECK(why.from == m);
+    CHECK(why.kind == "train_setup");
+    const bool named = why.why.find("not signed by the run's client") != std::string::npos || why.why.find("grant is for node") != std::string::npos;
+    CHECK(named);
+    ++refused_setups[node];
+  }
+  for (const char* node : {"node-a", "node-b", "node-c"}) CHECK(refused_setups[node] == 4);
+  // The setup without a grant started node-m's own run there, and only that.
+  CHECK(sim.nodes.at("node-b").engine->running() == 1);
+  CHECK(sim.nodes.at("node-c").engine->running() == 1);
+}
+
+TEST_CASE("a train_resume whose grant is not for this node, or was altered, is refused and the run goes on", "[actors][train][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(12));
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  bool asked = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (asked || t.progress.size() != 3) return;
+    asked = true;
+    auto altered = resume(1, "node-a", "node-b", spec.dataset);
+    altered.takeover.generation = 4;  // raised after the client signed 1
+    t.send("client", {{"node-b", resume(1, "node-a", "node-c", spec.dataset)}, {"node-b", altered}});
+  };
+  sim.send("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.run();
+  REQUIRE(asked);
+  REQUIRE(sim.results.size() == 3);
+  int refusals = 0;
+  for (const auto& r : sim.results) {
+    if (r.ok) {
+      CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+      CHECK(r.workers.size() == 3);  // node-b stayed in node-a's run
+      continue;
+    }
+    ++refusals;
+    CHECK_THAT(r.error, Catch::Contains("train_resume refused"));
+  }
+  CHECK(refusals == 2);
+  CHECK(sim.refused.size() == 2);
+  for (const auto& [node, why] : sim.refused) CHECK((node == "node-b" && why.from == client_id() && why.kind == "train_resume"));
+}
+
+TEST_CASE("all-reduce pieces, step answers and states from outside the ring are refused and counted", "[actors][train][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(12));
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  sim.net.set_shuffle(true);
+  const auto refusals_of = [&](const std::string& kind) {
+    return std::count_if(sim.refused.begin(), sim.refused.end(), [&](const auto& r) { return r.second.kind == kind; });
+  };
+  int forged = 0;
+  // node-m copies what is in flight, poisoned, and sends it from itself to the same receiver:
+  // a piece full of NaNs, a failure for a step a member computed, a ready for the step, and a
+  // state for the coordinator's result; again until each kind was refused once (a copy that
+  // arrives after its round or step is merely stale).
+  sim.on_tick = [&](train_sim& t) {
+    if (forged > 2000) return;
+    std::vector<train_sim::named_out> out;
+    t.net.for_each([&](const std::string& from, const std::string& to, const outbound& o) {
+      if (from == "node-m" || to == "client") return;
+      if (auto* p = std::get_if<msg::allreduce_piece>(&o.m); p && refusals_of("allreduce_piece") == 0) {
+        auto bad = *p;
+        std::fill(bad.payload.begin(), bad.payload.end(), uint8_t{0xff});
+        out.push_back({to, bad});
+      }
+      if (auto* r = std::get_if<msg::train_reduced>(&o.m); r && r->ok && refusals_of("train_reduced") == 0) {
+        auto bad = *r;
+        bad.ok = false;
+        bad.error = "forged";
+        out.push_back({to, bad});
+      }
+      if (auto* r = std::get_if<msg::train_ready>(&o.m); r && refusals_of("train_ready") == 0) out.push_back({to, *r});
+    });
+    if (refusals_of("train_state") == 0 && t.progress.size() >= 2)
+      out.push_back({"node-a", msg::train_state{1, t.progress.back().step, {{"opt.adam.t", tensor::scalar(1e9, dtype::f32)}}}});
+    forged += static_cast<int>(out.size());
+    t.send("node-m", std::move(out));
+  };
+  sim.send("client", {{"node-a", msg::open_training{1, spec}}});
+  sim.run();
+  REQUIRE(sim.results.size() == 1);
+  const auto& r = sim.results[0];
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 12.0);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(r.workers.size() == 3);  // no member was dropped for a forged failure
+  for (const char* kind : {"allreduce_piece", "train_reduced", "train_ready", "train_state"}) {
+    INFO(kind);
+    CHECK(refusals_of(kind) >= 1);
+  }
+  for (const auto& [node, why] : sim.refused) CHECK(why.from == test::named("node-m"));
 }

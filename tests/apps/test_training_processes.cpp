@@ -3,18 +3,21 @@
 // the coordinating node killed the same way leaves the run to a survivor (coordinator failover;
 // also when the first node the client tries is dead too), a peer restarted mid-run rejoins and
 // the run still ends where a 1-node run does,
-// a checkpoint saved, loaded and resumed continues the same loss curve, and a training given up
-// on by its timeout calls none of fit()'s callbacks after fit() returned.
+// a checkpoint saved, loaded and resumed continues the same loss curve, a training given up
+// on by its timeout calls none of fit()'s callbacks after fit() returned, and a member forging a
+// takeover of the run is refused while the run finishes.
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "client/trainer.hpp"
 #include "graph/datasets.hpp"
 #include "graph/nn.hpp"
 #include "graph/safetensors.hpp"
 #include "node_harness.hpp"
+#include "transport/endpoint.hpp"
 
 using namespace mesh;
 using namespace mesh::test;
@@ -343,4 +346,100 @@ TEST_CASE("a training given up on by its timeout calls back nothing after fit re
   CHECK(n->checkpoints_after == 0);
   // The client is still usable.
   CHECK((*c)->status());
+}
+
+TEST_CASE("a member forging a takeover of a 3-node run is refused and the run finishes", "[apps][train][security]") {
+  // The malicious member: a bare endpoint with the mesh's credential that speaks the protocol. It
+  // learns the run's client and id from a status report, as any member can, and sends every node
+  // a valid setup of that run at a higher generation, with a grant it made up. Before takeovers
+  // needed the client's signed grant, that ended the run on every worker and marked the
+  // coordinator's run moved: fit() waited out its timeout.
+  const auto p = moons();
+  three_nodes mesh;
+  auto c = client::connect(mesh.ea, member_options());
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+
+  std::atomic<int> ups{0};
+  transport::handlers h;
+  h.on_peer_up = [&](const node_id&, const transport::peer_info&) { ++ups; };
+  transport::endpoint_config cfg;
+  cfg.bind = "127.0.0.1";
+  cfg.protocol_version = msg::protocol_version;
+  cfg.mesh_secret = test_credential().secret;
+  auto evil = transport::endpoint::start(cfg, h);
+  REQUIRE(evil);
+  std::vector<node_id> nodes;
+  for (const auto* e : {&mesh.ea, &mesh.eb, &mesh.ec}) {
+    auto id = node_id::parse(node_id_of(*e));
+    REQUIRE(id);
+    nodes.push_back(*id);
+    (*evil)->dial(*id, {e->substr(e->find('@') + 1)});
+  }
+  for (int i = 0; i < 100 && ups < 3; ++i) std::this_thread::sleep_for(100ms);
+  REQUIRE(ups == 3);
+  // No Catch2 assertion inside: the attacker's thread uses it too.
+  std::atomic<int> unsent{0};
+  const auto send = [&](const node_id& to, const msg::message& m) {
+    auto bytes = msg::encode_message(m);
+    if (!bytes) {
+      ++unsent;
+      return;
+    }
+    const auto ch = bytes->size() > msg::max_control_message ? transport::channel::bulk : transport::channel::control;
+    if (!(*evil)->send(to, ch, std::move(*bytes))) ++unsent;
+  };
+  msg::hello hi;
+  hi.is_client = true;  // so that no node plans work onto it
+  for (const auto& n : nodes) send(n, hi);
+
+  // A setup any node would take: the run's own graphs and state, the dataset's columns without rows.
+  auto spec = make_train_spec(p.model, p.params, p.data, 16, options(60));
+  REQUIRE(spec);
+  spec->dataset_rows = static_cast<uint64_t>(spec->dataset.at(0).value.dims.at(0));
+  for (auto& column : spec->dataset) {
+    shape none = column.value.dims;
+    none[0] = 0;
+    column.value = tensor::zeros(column.value.type, none);
+  }
+  std::atomic<bool> started{false};
+  std::atomic<int> forged{0};
+  std::thread attacker([&] {
+    for (int i = 0; i < 600 && !started; ++i) std::this_thread::sleep_for(50ms);
+    auto spy = client::connect(mesh.ea, member_options());
+    if (!spy) return;
+    auto status = (*spy)->status();
+    if (!status) return;
+    for (const auto& j : status->jobs) {
+      if (j.kind != job_kind::training || j.state != job_state::running) continue;
+      msg::train_setup forged_setup{999, *spec, j.client, j.job, {1, (*evil)->id(), {}}};
+      for (const auto& n : nodes) send(n, forged_setup);
+      ++forged;
+    }
+  });
+  auto r = trainer(**c, p.model, p.params, p.data, options(60)).fit([&](const train_progress_info& i) {
+    if (i.step >= 2) started = true;
+  });
+  attacker.join();
+  INFO((r ? "" : r.error().message));
+  REQUIRE(forged == 1);
+  CHECK(unsent == 0);
+  REQUIRE(r);
+  CHECK(r->state.at("opt.adam.t").at(0) == 60.0);
+  CHECK(r->step == 60);
+  CHECK(r->losses.size() == 60);
+  CHECK(r->workers.size() == 3);
+  // Every node refused the setup, logged why, and went on.
+  const std::string line = "refused train_setup from " + (*evil)->id().short_string();
+  for (auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) {
+    bool logged = false;
+    for (int i = 0; i < 50 && !logged; ++i) {
+      logged = n->log().find(line) != std::string::npos;
+      if (!logged) std::this_thread::sleep_for(100ms);
+    }
+    INFO(n->log());
+    CHECK(logged);
+    CHECK(n->running());
+  }
+  (*evil)->stop();
 }

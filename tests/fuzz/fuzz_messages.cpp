@@ -47,12 +47,13 @@ mesh::msg::train_setup tiny_setup() {
   spec.apply = mesh::graph_payload(mesh::wire_graph{*a.finish(), {}});
   spec.state = {{"w", mesh::tensor::zeros(mesh::dtype::f32, {1, 1})}};
   spec.dataset = {{"x", mesh::tensor::zeros(mesh::dtype::f32, {0, 1})}};  // rows come as shards
-  return {1, spec, named("client-c"), 1};
+  return {1, spec, named("client-c"), 1, {}};
 }
 
 /// Valid messages whose edits reach deep into the decoders and engines: a training step with a
 /// dataset shard, a data-parallel job of a small graph (its strategy byte and graph are then
-/// mutated), and a generate request with every sampling option and stop strings.
+/// mutated), a generate request with every sampling option and stop strings, a stage step, a
+/// checkpoint chunk, and a takeover setup (its grant then reaches the signature check).
 const std::vector<uint8_t>& seed_bytes(int which) {
   static const std::vector<uint8_t> step = [] {
     mesh::msg::train_step s{1, 2, 1, {peer, self}, {5, 7}, 0, false, false,
@@ -81,13 +82,19 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     mesh::msg::blob_chunk c{5, true, mesh::error_code::internal, "", 0, mesh::blobs::hash_bytes(bytes), bytes};
     return *mesh::msg::encode_message(c);
   }();
-  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : chunk;
+  static const std::vector<uint8_t> takeover = [] {
+    auto s = tiny_setup();
+    s.train = 2;
+    s.takeover = {3, peer, {}};
+    return *mesh::msg::encode_message(s);
+  }();
+  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : which == 4 ? chunk : takeover;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] >= 0xfb) {  // edits of a valid message, to reach deep into the decoder
+  if (size > 0 && data[0] >= 0xfa) {  // edits of a valid message, to reach deep into the decoder
     bytes = seed_bytes(0xff - data[0]);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }

@@ -25,13 +25,21 @@ graph_payload small_graph(bool with_tensor = true) {
   return graph_payload(std::move(g));
 }
 
+/// 64 bytes of a signature's shape (the codec carries them as they are; test_takeover_grant.cpp
+/// checks real ones).
+signature grant_signature() {
+  signature s{};
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint8_t>(i * 7 + 1);
+  return s;
+}
+
 std::vector<message> samples() {
   const tensor t = tensor::from_values(dtype::f16, {2, 2}, {1, 2, 3, 4});
   return {hello{7, "llvmpipe", device_kind::cpu, 12.5, 3.25, 1 << 30, false},
           heartbeat{7, 42, 3},
           submit_job{9, small_graph(), strategy::automatic},
           job_result{9, false, "no capacity", {{"y", t}}, 2, {test::named("ab"), test::named("cd")}, strategy::data_parallel, 5'000'000'123, error_code::limit_exceeded},
-          run_stage{1, 2, 3, test::named("coord"), small_graph(), {"cut.4"}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
+          run_stage{1, 2, 3, test::named("coord"), small_graph(), {{"cut.4", test::named("node-a")}}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
           activation{test::named("coord"), 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}, error_code::device},
           status_request{5},
@@ -41,14 +49,14 @@ std::vector<message> samples() {
           close_session{3},
           peer_exchange{{'M', 'P', 'X', 1, 0, 0}},
           open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, small_graph(false), small_graph(false), small_graph(false), small_graph(false), {{"w", t}}, {{"x", t}}, 0, 10}},
-          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, small_graph(false), small_graph(false), {}, {}, {}, {}}, test::named("client-c"), 4},
+          train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, small_graph(false), small_graph(false), {}, {}, {}, {}}, test::named("client-c"), 4, {3, test::named("node-d"), grant_signature()}},
           train_step{5, 3, 2, {test::named("node-a"), test::named("node-b")}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
           allreduce_piece{5, test::named("node-a"), 77, 2, 1, {1, 2, 3, 4}},
           train_reduced{5, 3, 2, false, "step failed", 0.75, 4096, error_code::device},
           train_state{5, 4, {{"w", t}}},
           train_progress{4, 4, 30, 0.5, 1234.5, 3, 8192},
           job_progress{9, 2, 3, 5, test::named("node-b")},
-          train_resume{4, test::named("node-a"), {{"x", t}}},
+          train_resume{4, test::named("node-a"), {{"x", t}}, {2, test::named("node-b"), grant_signature()}},
           train_checkpoint{4, 20, {{"w", t}}},
           cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
           train_ready{4, 7, 1}, ring_go{4, 7, 1},
@@ -188,9 +196,9 @@ TEST_CASE("an enum value out of range is refused by the decoder", "[wire][messag
 }
 
 TEST_CASE("decoding is bounded by a multiple of the message size and by the receiver's budget", "[wire][messages]") {
-  // Many empty names: 4 bytes each on the wire, 32 bytes each (a std::string) in memory.
-  run_stage r;
-  r.awaited.assign(200000, "");
+  // Many empty stop strings: 4 bytes each on the wire, 32 bytes each (a std::string) in memory.
+  generate_request r;
+  r.stop.assign(200000, "");
   auto bytes = *encode_message(r);
   // Within the fixed multiple of its size: decodes.
   REQUIRE(decode_message(bytes.data(), bytes.size()));
