@@ -267,6 +267,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   // endpoint, which its callbacks send through.
   serving::local_backend_options host_options;
   host_options.make_executor = [device = cfg.device] { return make_device(device); };
+  host_options.parallel = cfg.parallel;
   auto host = serving::local_backend::create(std::move(host_options));
   if (!host) {
     spdlog::critical("models: {}", host.error().message);

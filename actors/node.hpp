@@ -52,6 +52,8 @@ struct node_config {
   /// Bound of the blob cache, <state_dir>/blobs: checkpoint files fetched from peers for the
   /// stages this node holds (docs/serving.md); least recently used evicted past it.
   uint64_t blob_cache_bytes = uint64_t{32} << 30;
+  /// Requests each served model runs at once (local_backend_options::parallel).
+  int64_t parallel = 4;
 };
 
 /// Runs a node until `stop` becomes true (SIGINT/SIGTERM in meshnode) or its supervisor gives up.

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   std::string config_file, state_dir, secret_file, bind = "0.0.0.0", device = "auto", log_level = "info";
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
   int64_t blob_cache_bytes = int64_t{32} << 30;
+  int parallel = 4;
   std::vector<std::string> peers, models;
   std::string api_bind = "127.0.0.1:8080", api_key_file;
   bool print_id = false, open_mesh = false;
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
   auto* o_key = app.add_option("--api-key-file", api_key_file, "file with the bearer key the HTTP API asks for (none: no key)")->envname("MESH_API_KEY_FILE");
   auto* o_blobs = app.add_option("--blob-cache-bytes", blob_cache_bytes, "bound of the cache of checkpoint files fetched from peers "
                                  "(<state-dir>/blobs), least recently used evicted first (default 32 GiB)")->envname("MESH_BLOB_CACHE_BYTES");
+  auto* o_parallel = app.add_option("--parallel", parallel, "requests each model runs at once, their decode steps batched together "
+                                    "(each holds a KV cache of the model's context; default 4)")->envname("MESH_PARALLEL");
   app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
     fill(o_hb, "heartbeat_ms", heartbeat_ms);
     fill(o_dead, "dead_after_ms", dead_after_ms);
     fill(o_blobs, "blob_cache_bytes", blob_cache_bytes);
+    fill(o_parallel, "parallel", parallel);
     fill(o_api, "api_bind", api_bind);
     fill(o_key, "api_key_file", api_key_file);
     if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
@@ -133,7 +137,8 @@ int main(int argc, char** argv) {
     fill_list(o_peer, "peers", peers, "an array of strings, e.g. peers = [\"NODEID@HOST:PORT\"]");
     fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
     const std::vector<std::string> known = {"state_dir", "secret_file", "join", "open", "bind", "port", "device", "log_level", "heartbeat_ms",
-                                            "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file", "blob_cache_bytes"};
+                                            "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file", "blob_cache_bytes",
+                                            "parallel"};
     for (const auto& [key, value] : t)
       if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
         bad = "unknown setting '" + std::string(key.str()) + "' (known:";
@@ -172,6 +177,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.blob_cache_bytes = static_cast<uint64_t>(blob_cache_bytes);
+  if (parallel < 1 || parallel > 256) {
+    std::cerr << "meshnode: --parallel must be 1..256\n";
+    return 2;
+  }
+  cfg.parallel = parallel;
   cfg.port = static_cast<uint16_t>(port);
   cfg.bind = bind;
   cfg.device = device;

@@ -518,18 +518,20 @@ class cpu_executor final : public executor {
   }
 
   /// Calls f(cache index, value index) for each element of kv_write `n`'s value that lands inside
-  /// the cache (rows past either end are dropped, as on the GPU).
+  /// the cache (rows past either end, and a per-row position < 0, are dropped, as on the GPU).
   template <class F>
   static void for_each_slice_element(const graph& g, const node& n, const std::vector<value>& v, F f) {
     const shape& vd = g[n.inputs[1]].dims;
     const auto ax = static_cast<size_t>(n.attrs.axis);
     int64_t inner = 1;
     for (size_t a = ax + 1; a < vd.size(); ++a) inner *= vd[a];
-    const int64_t len = vd[ax], cache_len = n.dims[ax], pos = v[n.inputs[2]].i[0];
+    const int64_t len = vd[ax], cache_len = n.dims[ax];
+    const std::vector<int32_t>& pos = v[n.inputs[2]].i;
+    const bool per_row = !g[n.inputs[2]].dims.empty();  // row r goes to pos[r], else to pos[0] + r
     const int64_t outer = len != 0 && inner != 0 ? element_count(vd) / (len * inner) : 0;
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t r = 0; r < len; ++r) {
-        const int64_t t = pos + r;
+        const int64_t t = per_row ? pos[static_cast<size_t>(r)] : pos[0] + r;
         if (t < 0 || t >= cache_len) continue;
         for (int64_t c = 0; c < inner; ++c) f((o * cache_len + t) * inner + c, (o * len + r) * inner + c);
       }

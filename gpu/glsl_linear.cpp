@@ -188,20 +188,29 @@ kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const dev
   // slice and reads nothing else of it.
   emitter e(g, p, false);
   e.bind(k.root);
+  // A scalar pos puts row r at pos + r; a vector (one entry per row) puts it at pos[r].
+  const bool per_row = !g[pos].dims.empty();
   std::string body;
+  if (!per_row)
+    e.scoped([&] {
+      const std::string at = e.value(pos, "0u");
+      body += e.body;
+      e.body.clear();
+      body += "  const int pos = " + at + ";\n";
+    });
+  std::string inner_body = "    uint row = (i / " + u(inner) + ") % " + u(std::max<int64_t>(len, 1)) +
+                           ", outer = i / " + u(inner * std::max<int64_t>(len, 1)) + ";\n";
   e.scoped([&] {
-    const std::string at = e.value(pos, "0u");
-    body += e.body;
-    e.body.clear();
-    body += "  const int pos = " + at + ";\n";
-  });
-  std::string inner_body;
-  e.scoped([&] {
+    if (per_row) {
+      const std::string at = e.value(pos, "row");
+      inner_body += e.body + "    int t = " + at + ";\n";
+      e.body.clear();
+    } else {
+      inner_body += "    int t = int(row) + pos;\n";
+    }
     const std::string v = e.value(value, "i");
-    inner_body = e.body;
+    inner_body += e.body;
     e.body.clear();
-    inner_body += "    uint row = (i / " + u(inner) + ") % " + u(std::max<int64_t>(len, 1)) + ", outer = i / " + u(inner * std::max<int64_t>(len, 1)) +
-                  ";\n    int t = int(row) + pos;\n";
     inner_body += "    if (t >= 0 && t < " + std::to_string(cache_len) + ") {\n      uint dst = (outer * " + u(cache_len) + " + uint(t)) * " +
                   u(inner) + " + i % " + u(inner) + ";\n  " + e.store(k.root, "dst", v) + "    }\n";
   });

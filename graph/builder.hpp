@@ -183,7 +183,9 @@ expr matmul(const expr& a, const expr& b, source_loc loc = source_loc::current()
 /// q4_1, q5_0, q5_1, q4_k, q5_k, q6_k), which the kernels dequantize as they read it.
 expr linear(const expr& x, const expr& w, source_loc loc = source_loc::current());
 /// Writes `value` into the KV cache `cache` at [pos, pos + value.dims()[axis]) along `axis`
-/// (negative counts from the end); `pos` is an i32 scalar (e.g. an input). The result is the
+/// (negative counts from the end); `pos` is an i32 scalar (e.g. an input), or an i32 vector of
+/// value.dims()[axis] entries that puts row r at pos[r] (a negative entry writes nothing: rows of
+/// several sequences, each to its own place, with idle rows skipped). The result is the
 /// whole updated cache, for attention in the same graph to read. The cache must be a parameter
 /// that nothing else reads, and the graph must update it with this result (`b.update(cache,
 /// kv_write(...))`): executors then write only the slice, in place. A slice that does not fit is

@@ -241,17 +241,26 @@ expected<values> compute(const graph& g, node_index id, const std::vector<const 
       out = *in[0];
       const shape& vd = *in_dims[1];
       const auto ax = static_cast<size_t>(n.attrs.axis);
-      const auto pos = static_cast<int64_t>((*in[2])[0]);
-      if (pos < 0 || pos + vd[ax] > n.dims[ax]) {
-        if (indices == index_check::strict && element_count(vd) > 0)
-          return make_error(error_code::invalid_argument,
-                            "kv_write (node " + std::to_string(id) + "): position " + std::to_string(pos) + " + " +
-                                std::to_string(vd[ax]) + " rows does not fit the " + std::to_string(n.dims[ax]) +
-                                " rows of the cache along axis " + std::to_string(ax));
-      }
+      // Where row r of the value goes: pos + r (a scalar pos), or pos[r] (a vector; negative: nowhere).
+      const bool per_row = !in_dims[2]->empty();
+      const auto row_at = [&](int64_t r) {
+        return per_row ? static_cast<int64_t>((*in[2])[static_cast<size_t>(r)]) : static_cast<int64_t>((*in[2])[0]) + r;
+      };
+      if (indices == index_check::strict && element_count(vd) > 0)
+        for (int64_t r = 0; r < vd[ax]; ++r) {
+          const int64_t t = row_at(r);
+          if (t >= n.dims[ax] || (t < 0 && !per_row))
+            return make_error(error_code::invalid_argument,
+                              "kv_write (node " + std::to_string(id) + "): " +
+                                  (per_row ? "row " + std::to_string(r) + " to position " + std::to_string(t)
+                                           : "position " + std::to_string(row_at(0)) + " + " + std::to_string(vd[ax]) +
+                                                 " rows") +
+                                  " does not fit the " + std::to_string(n.dims[ax]) + " rows of the cache along axis " +
+                                  std::to_string(ax));
+        }
       for (int64_t i = 0; i < element_count(vd); ++i) {
         auto idx = unravel(i, vd);
-        idx[ax] += pos;
+        idx[ax] = row_at(idx[ax]);
         if (idx[ax] < 0 || idx[ax] >= n.dims[ax]) continue;  // dropped, as on a device
         out[ravel(idx, n.dims)] = (*in[1])[i];
       }

@@ -272,13 +272,16 @@ expected<value_type> infer(const node& n, const std::vector<value_type>& in) {
       if (is_quantized(cache.type) || cache.type != value.type)
         return type_error(n, std::string("cache and value must share a dtype, got ") + to_string(cache.type) + " and " +
                                  to_string(value.type));
-      if (pos.type != dtype::i32 || !pos.dims.empty())
-        return type_error(n, std::string("pos must be an i32 scalar, got ") + to_string(pos.type) + to_string(pos.dims));
       const int64_t ax = n.attrs.axis;
       if (ax < 0 || ax >= static_cast<int64_t>(cache.dims.size()))
         return attr_error(n, "axis " + std::to_string(ax) + " out of range for " + to_string(cache.dims));
       if (value.dims.size() != cache.dims.size())
         return shape_error(n, "value " + to_string(value.dims) + " and cache " + to_string(cache.dims) + " differ in rank");
+      const bool scalar = pos.dims.empty();
+      if (pos.type != dtype::i32 || (!scalar && (pos.dims.size() != 1 || pos.dims[0] != value.dims[static_cast<size_t>(ax)])))
+        return type_error(n, std::string("pos must be an i32 scalar or one i32 per row of the value (") +
+                                 std::to_string(value.dims[static_cast<size_t>(ax)]) + "), got " + to_string(pos.type) +
+                                 to_string(pos.dims));
       for (size_t i = 0; i < cache.dims.size(); ++i)
         if (static_cast<int64_t>(i) == ax ? value.dims[i] > cache.dims[i] : value.dims[i] != cache.dims[i])
           return shape_error(n, "value " + to_string(value.dims) + " does not fit cache " + to_string(cache.dims) +

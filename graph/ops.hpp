@@ -75,9 +75,11 @@ enum class op_kind : uint8_t {
   /// (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: dequantized inside the kernel; the only
   /// reader of quantized tensors).
   linear = 34,
-  /// kv_write(cache [..., L, ...], value [..., t, ...], pos i32 []) -> cache with value written at
-  /// [pos, pos + t) of attrs.axis. The cache must be a parameter read by nothing else, and the
-  /// graph must update that parameter with this node: executors write the slice in place.
+  /// kv_write(cache [..., L, ...], value [..., t, ...], pos i32 [] or [t]) -> cache with value
+  /// written along attrs.axis: at [pos, pos + t) for a scalar pos, row r at pos[r] for a vector
+  /// (a negative entry writes nothing: a batch's idle row). The cache must be a parameter read by
+  /// nothing else, and the graph must update that parameter with this node: executors write the
+  /// rows in place.
   kv_write = 35,
 };
 

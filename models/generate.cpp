@@ -112,95 +112,137 @@ const char* to_string(stop_reason r) {
   return "?";
 }
 
-expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span<const int32_t> prompt,
-                              const generate_options& options, const piece_callback& on_piece) {
-  auto smp = sampler::create(options.sampling);
-  if (!smp) return forward_error(smp);
-  if (prompt.empty()) return make_error(error_code::invalid_argument, "generate: the prompt is empty");
-  if (options.max_tokens < 0)
-    return make_error(error_code::invalid_argument, fmt::format("generate: max_tokens {} is negative", options.max_tokens));
-  const auto prompt_n = static_cast<int64_t>(prompt.size());
-  if (s.position() + prompt_n + options.max_tokens > s.context())
-    return make_error(error_code::limit_exceeded,
-                      fmt::format("generate: {} prompt tokens after {} plus up to {} generated would pass the context of "
-                                  "{} positions",
-                                  prompt_n, s.position(), options.max_tokens, s.context()));
-  std::vector<int32_t> eos;
-  if (options.stop_at_eos) {
-    if (tok.vocab().eos_id) eos.push_back(*tok.vocab().eos_id);
-    for (const int64_t e : s.config().eos_token_ids) eos.push_back(static_cast<int32_t>(e));
-  }
-  generation out;
-  out.prompt_tokens = prompt_n;
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
-  if (options.logprobs > max_top_logprobs)
-    return make_error(error_code::invalid_argument,
-                      fmt::format("generate: {} alternatives per token asked, at most {}", options.logprobs, max_top_logprobs));
-  stream_decoder decoder(tok);
-  stop_filter stops(options.stop);
-  const bool want_logprobs = options.logprobs >= 0;
+struct generation_run::state {
+  state(const tokenizer& t, generate_options o, piece_callback p, sampler sm)
+      : options(std::move(o)), on_piece(std::move(p)), smp(std::move(sm)), decoder(t), stops(options.stop) {}
+
+  generate_options options;
+  piece_callback on_piece;
+  sampler smp;
+  std::vector<int32_t> eos, history;
+  stream_decoder decoder;
+  stop_filter stops;  // reads options.stop: `state` lives on the heap and never moves
   logprob_queue logprobs;
   size_t decoded = 0;  // bytes the decoder has given out
+  generation out;
+  clock::time_point t0 = clock::now();
+  bool ended = false;
+
   // `last`: generation ended without a stop string, so every entry still waiting goes too.
-  auto emit = [&](const std::string& text, bool last) {
+  bool emit(const std::string& text, bool last) {
     out.text += text;
     std::vector<token_logprob> entries;
-    if (want_logprobs) entries = logprobs.release(out.text, last);
+    if (options.logprobs >= 0) entries = logprobs.release(out.text, last);
     if (text.empty() && entries.empty()) return true;
     if (!entries.empty()) {
       out.logprobs.insert(out.logprobs.end(), entries.begin(), entries.end());
       if (options.on_logprobs) options.on_logprobs(std::move(entries));
     }
     return on_piece ? on_piece(text) : true;
-  };
+  }
+};
 
-  auto t0 = clock::now();
+generation_run::generation_run(std::unique_ptr<state> s) : s_(std::move(s)) {}
+generation_run::generation_run(generation_run&&) noexcept = default;
+generation_run& generation_run::operator=(generation_run&&) noexcept = default;
+generation_run::~generation_run() = default;
+
+expected<generation_run> generation_run::start(const tokenizer& tok, const model_config& config,
+                                               std::span<const int32_t> prompt, int64_t position, int64_t context,
+                                               const generate_options& options, piece_callback on_piece) {
+  auto smp = sampler::create(options.sampling);
+  if (!smp) return forward_error(smp);
+  if (prompt.empty()) return make_error(error_code::invalid_argument, "generate: the prompt is empty");
+  if (options.max_tokens < 0)
+    return make_error(error_code::invalid_argument, fmt::format("generate: max_tokens {} is negative", options.max_tokens));
+  const auto prompt_n = static_cast<int64_t>(prompt.size());
+  if (position + prompt_n + options.max_tokens > context)
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("generate: {} prompt tokens after {} plus up to {} generated would pass the context of "
+                                  "{} positions",
+                                  prompt_n, position, options.max_tokens, context));
+  if (options.logprobs > max_top_logprobs)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("generate: {} alternatives per token asked, at most {}", options.logprobs, max_top_logprobs));
+  auto s = std::make_unique<state>(tok, options, std::move(on_piece), std::move(*smp));
+  if (options.stop_at_eos) {
+    if (tok.vocab().eos_id) s->eos.push_back(*tok.vocab().eos_id);
+    for (const int64_t e : config.eos_token_ids) s->eos.push_back(static_cast<int32_t>(e));
+  }
+  s->out.prompt_tokens = prompt_n;
+  s->out.reason = stop_reason::max_tokens;
+  s->history.assign(prompt.begin(), prompt.end());
+  return generation_run(std::move(s));
+}
+
+void generation_run::prompt_done(double seconds) {
+  s_->out.prompt_seconds = seconds;
+  s_->t0 = clock::now();
+}
+
+expected<std::optional<int32_t>> generation_run::next(std::span<const float> logits) {
+  state& s = *s_;
+  generation& out = s.out;
+  const auto end = [&](stop_reason r) -> std::optional<int32_t> {
+    out.reason = r;
+    s.ended = true;
+    return std::nullopt;
+  };
+  if (s.ended || static_cast<int64_t>(out.tokens.size()) >= s.options.max_tokens) return end(out.reason);
+  const int32_t next = s.smp.sample(logits, s.history);
+  std::optional<token_logprob> entry;
+  if (s.options.logprobs >= 0) entry = token_log_probabilities(logits, next, s.options.logprobs);
+  out.tokens.push_back(next);
+  s.history.push_back(next);
+  if (s.options.on_token && !s.options.on_token(static_cast<int64_t>(out.tokens.size())))
+    return end(stop_reason::callback);
+  if (std::find(s.eos.begin(), s.eos.end(), next) != s.eos.end()) return end(stop_reason::eos);
+  auto piece = s.decoder.push(next);
+  if (!piece) {
+    s.ended = true;
+    return forward_error(piece);
+  }
+  if (entry) s.logprobs.add(std::move(*entry), s.decoded, s.decoded + piece->size());
+  s.decoded += piece->size();
+  const std::string safe = s.stops.push(*piece);
+  if (!s.emit(safe, false)) return end(stop_reason::callback);
+  if (s.stops.stopped()) return end(stop_reason::stop_string);
+  // The last token needs no logits after it.
+  if (static_cast<int64_t>(out.tokens.size()) == s.options.max_tokens) return end(stop_reason::max_tokens);
+  return next;
+}
+
+generation generation_run::finish() {
+  state& s = *s_;
+  generation& out = s.out;
+  if (out.reason == stop_reason::max_tokens || out.reason == stop_reason::eos) {
+    const std::string tail = s.decoder.finish();
+    s.logprobs.finish_text(s.decoded, s.decoded + tail.size());
+    s.decoded += tail.size();
+    const std::string rest = s.stops.push(tail);
+    s.emit(s.stops.stopped() ? rest : rest + s.stops.finish(), !s.stops.stopped());
+    if (s.stops.stopped()) out.reason = stop_reason::stop_string;
+  }
+  out.generate_seconds = std::chrono::duration<double>(clock::now() - s.t0).count();
+  return std::move(out);
+}
+
+expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span<const int32_t> prompt,
+                              const generate_options& options, const piece_callback& on_piece) {
+  auto run = generation_run::start(tok, s.config(), prompt, s.position(), s.context(), options, on_piece);
+  if (!run) return forward_error(run);
+  const auto t0 = clock::now();
   auto logits = s.prefill(prompt);
   if (!logits) return forward_error(logits);
-  out.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  t0 = clock::now();
-  out.reason = stop_reason::max_tokens;
-  for (int64_t i = 0; i < options.max_tokens; ++i) {
-    const int32_t next = smp->sample(*logits, history);
-    std::optional<token_logprob> entry;
-    if (want_logprobs) entry = token_log_probabilities(*logits, next, options.logprobs);
-    out.tokens.push_back(next);
-    history.push_back(next);
-    if (options.on_token && !options.on_token(static_cast<int64_t>(out.tokens.size()))) {
-      out.reason = stop_reason::callback;
-      break;
-    }
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) {
-      out.reason = stop_reason::eos;
-      break;
-    }
-    auto piece = decoder.push(next);
-    if (!piece) return forward_error(piece);
-    if (entry) logprobs.add(std::move(*entry), decoded, decoded + piece->size());
-    decoded += piece->size();
-    const std::string safe = stops.push(*piece);
-    if (!emit(safe, false)) {
-      out.reason = stop_reason::callback;
-      break;
-    }
-    if (stops.stopped()) {
-      out.reason = stop_reason::stop_string;
-      break;
-    }
-    if (i + 1 == options.max_tokens) break;  // the last token needs no logits after it
-    logits = s.decode(next);
+  run->prompt_done(std::chrono::duration<double>(clock::now() - t0).count());
+  for (;;) {
+    auto next = run->next(*logits);
+    if (!next) return forward_error(next);
+    if (!*next) break;
+    logits = s.decode(**next);
     if (!logits) return forward_error(logits);
   }
-  if (out.reason == stop_reason::max_tokens || out.reason == stop_reason::eos) {
-    const std::string tail = decoder.finish();
-    logprobs.finish_text(decoded, decoded + tail.size());
-    decoded += tail.size();
-    const std::string rest = stops.push(tail);
-    emit(stops.stopped() ? rest : rest + stops.finish(), !stops.stopped());
-    if (stops.stopped()) out.reason = stop_reason::stop_string;
-  }
-  out.generate_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  return out;
+  return run->finish();
 }
 
 }  // namespace mesh::models

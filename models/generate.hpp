@@ -4,6 +4,8 @@
 /// max_tokens.
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,5 +69,42 @@ using piece_callback = std::function<bool(std::string_view piece)>;
 /// beyond the session's context is an error before anything runs; so are bad sampling options.
 expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span<const int32_t> prompt,
                               const generate_options& options, const piece_callback& on_piece = {});
+
+/// One generation as steps, for a caller that runs the model itself (a server that batches the
+/// decode steps of several requests). generate() is this with a sequence model:
+///
+///   auto run = generation_run::start(tok, config, prompt, position, context, options, on_piece);
+///   auto logits = model.prefill(prompt);          // timed by the caller: run->prompt_done(seconds)
+///   while (auto next = run->next(*logits)) {      // samples, emits text
+///     if (!*next) break;                          // ended: run->finish()
+///     logits = model.decode(**next);
+///   }
+class generation_run {
+ public:
+  /// Checks the options (sampling, max_tokens, logprobs) and that `position` + the prompt + max_tokens
+  /// fit `context`; errors as generate()'s. `tok` must outlive the run.
+  static expected<generation_run> start(const tokenizer& tok, const model_config& config,
+                                        std::span<const int32_t> prompt, int64_t position, int64_t context,
+                                        const generate_options& options, piece_callback on_piece = {});
+  generation_run(generation_run&&) noexcept;
+  generation_run& operator=(generation_run&&) noexcept;
+  ~generation_run();
+
+  /// Records the prefill's time (generation::prompt_seconds); the generation time counts from here.
+  void prompt_done(double seconds);
+  /// Takes the logits after the last token the model was given, samples the next token, emits
+  /// its text (callbacks run here) and returns the token to give the model next, or nullopt when
+  /// the generation has ended (then finish()). An error (a token the tokenizer cannot decode)
+  /// ends it too.
+  expected<std::optional<int32_t>> next(std::span<const float> logits);
+  /// Ends the generation (emitting what was held back when it ended by EOS or max_tokens) and
+  /// returns it. Call once, after next() returned nullopt.
+  generation finish();
+
+ private:
+  struct state;
+  explicit generation_run(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
+};
 
 }  // namespace mesh::models

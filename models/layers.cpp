@@ -70,10 +70,16 @@ expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_st
   return dims == head_dim ? out : concat({out, slice_axis(x, 2, dims, head_dim)}, 2);
 }
 
-expr write_cache(const expr& cache, const expr& rows, const expr& start) {
-  const expr written = kv_write(cache, rows, reshape(start, {}), 0);
+expr write_cache(const expr& cache, const expr& rows, const expr& dest) {
+  const expr written = kv_write(cache, rows, dest, 0);
   cache.owner()->update(cache, written);
   return written;
+}
+
+expr slot_rows(const expr& cache, const expr& slot, int64_t slots, int64_t context, int64_t attended) {
+  const int64_t width = cache.dims()[1];
+  const expr first = slice_axis(reshape(cache, {slots, context, width}), 1, 0, attended);  // [slots, attended, width]
+  return reshape(gather(reshape(first, {slots, attended * width}), slot), {attended, width});
 }
 
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
@@ -119,6 +125,44 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
     out = sum(matmul(ps, vs), {1});  // [kv, parts, rows, d] -> [kv, rows, d]
   }
   return reshape(permute(reshape(out, {kv_heads, group, l, head_dim}), {2, 0, 1, 3}), {l, heads * head_dim});
+}
+
+expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions,
+                       int64_t kv_heads, int64_t context, int64_t attended, int64_t window) {
+  builder& b = *q.owner();
+  const shape qs = q.dims();
+  const int64_t n = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
+  const int64_t slots = k_cache.dims()[0] / context;
+  const expr qg = reshape(q, {n, kv_heads, group, head_dim});
+  auto heads_of = [&](const expr& cache) {  // the first n slots' first `attended` rows: [n, kv, t, d]
+    const expr first = slice_axis(slice_axis(reshape(cache, {slots, context, kv_heads, head_dim}), 0, 0, n), 1, 0, attended);
+    return permute(first, {0, 2, 1, 3});
+  };
+  const expr k = heads_of(k_cache), v = heads_of(v_cache);
+  const expr scores = matmul(qg, transpose(k)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));  // [n, kv, group, t]
+  const expr t = reshape(nn::iota(b, attended), {1, 1, 1, attended});
+  const expr pos = reshape(positions, {n, 1, 1, 1});
+  expr visible = compare(t, pos, compare_kind::le);
+  if (window > 0) visible = visible * compare(t, pos - static_cast<double>(window), compare_kind::gt);
+  const expr probs = nn::softmax(select(visible, scores, -1e30), -1);
+  // As in attention(): the long loop over the attended rows is split into slices that run as a
+  // batch and are added up, so that more workgroups share it.
+  int64_t parts = 1;
+  for (int64_t p : {16, 8, 4, 2})
+    if (attended % p == 0 && attended / p >= 32) {
+      parts = p;
+      break;
+    }
+  expr out;  // [n, kv, group, d]
+  if (parts == 1) {
+    out = matmul(probs, v);
+  } else {
+    const int64_t slice = attended / parts;
+    const expr ps = permute(reshape(probs, {n, kv_heads, group, parts, slice}), {0, 1, 3, 2, 4});  // [n, kv, parts, group, slice]
+    const expr vs = reshape(v, {n, kv_heads, parts, slice, head_dim});
+    out = sum(matmul(ps, vs), {2});
+  }
+  return reshape(out, {n, heads * head_dim});
 }
 
 }  // namespace mesh::models::layers

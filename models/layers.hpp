@@ -31,12 +31,15 @@ std::vector<double> rope_frequencies(const model_config& c, const std::vector<fl
 /// cos and sin are [rows, 1, dims/2].
 expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_style style);
 
-/// Writes `rows` [l, width] into the cache parameter [n, width] at rows start .. start+l-1
-/// (start: i32 [1]), as the graph's update of that parameter, and returns the updated cache for
-/// attention to read. All l rows are written, padding included: a session's padding rows lie past
-/// its last real position, which nothing reads before a later step overwrites it; rows past the
-/// cache's end are dropped.
-expr write_cache(const expr& cache, const expr& rows, const expr& start);
+/// Writes `rows` [l, width] into the cache parameter [n, width], row i at cache row dest[i]
+/// (dest: i32 [l]; a negative entry writes nothing), as the graph's update of that parameter, and
+/// returns the updated cache for attention to read.
+expr write_cache(const expr& cache, const expr& rows, const expr& dest);
+
+/// The first `attended` rows of one sequence's cache in a cache of `slots` sequences of `context`
+/// rows each ([slots * context, width], slot s at rows s * context ...), picked by `slot` (i32
+/// [1], a runtime value): [attended, width].
+expr slot_rows(const expr& cache, const expr& slot, int64_t slots, int64_t context, int64_t attended);
 
 /// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
 /// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees
@@ -44,5 +47,13 @@ expr write_cache(const expr& cache, const expr& rows, const expr& start);
 /// key/value head h / (heads / kv_heads), as HF's repeat_kv does. Result [l, heads * head_dim].
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
                int64_t attended, int64_t window);
+
+/// A decode step of b sequences, one query row each: row i of q [b, heads, head_dim] is the next
+/// token of the sequence in slot i of the caches k, v [slots * context, kv_heads * head_dim]
+/// (slots >= b) and sees that slot's rows t <= positions[i] (i32 [b]; and t > positions[i] -
+/// window when window > 0), of its first `attended`. Otherwise as attention(). Result
+/// [b, heads * head_dim].
+expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions,
+                       int64_t kv_heads, int64_t context, int64_t attended, int64_t window);
 
 }  // namespace mesh::models::layers

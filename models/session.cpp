@@ -36,6 +36,10 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
     return make_error(error_code::invalid_argument,
                       fmt::format("session: batch sizes {}..{} and attended rows {} do not make sense", options.min_batch,
                                   options.max_batch, options.min_attended));
+  if (options.slots < 1 || options.slots > session_options::max_slots)
+    return make_error(error_code::invalid_argument, fmt::format("session: {} slots asked for; 1 to {} are possible",
+                                                                options.slots, session_options::max_slots));
+  s.positions_.assign(static_cast<size_t>(options.slots), 0);
   const int64_t model_context = s.config_.max_context;
   s.context_ = options.context > 0 ? options.context : std::min(model_context, session_options::default_context_cap);
   if (s.context_ > model_context)
@@ -67,11 +71,12 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
   return s;
 }
 
-expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool all_logits) {
-  const auto key = std::make_tuple(batch, attended, all_logits);
+expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool all_logits, bool batched) {
+  const auto key = std::make_tuple(batch, attended, all_logits, batched);
   if (auto it = programs_.find(key); it != programs_.end()) return it->second;
   const auto t0 = clock::now();
-  auto g = build_step_graph(config_, *weights_, {batch, context_, attended, all_logits, layers()}, options_.prefix);
+  auto g = build_step_graph(config_, *weights_, {batch, context_, attended, all_logits, layers(), slots(), batched},
+                            options_.prefix);
   if (!g) return forward_error(g);
   auto id = ex_->load(*g);
   if (!id) return make_error(id.error().code, fmt::format("{}: loading the step graph ({} tokens, {} attended): {}",
@@ -82,7 +87,21 @@ expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool
   return *id;
 }
 
-int64_t session::kv_cache_bytes() const { return layers().size() * models::kv_cache_bytes(config_, context_); }
+int64_t session::kv_cache_bytes() const {
+  return slots() * layers().size() * models::kv_cache_bytes(config_, context_);
+}
+
+expected<void> session::check_slot(int64_t slot) const {
+  if (slot >= 0 && slot < slots()) return {};
+  return make_error(error_code::invalid_argument,
+                    fmt::format("{}: slot {} does not exist (the session holds {})", source_, slot, slots()));
+}
+
+expected<void> session::check_token(int32_t t) const {
+  if (t >= 0 && t < config_.vocab_size) return {};
+  return make_error(error_code::invalid_argument,
+                    fmt::format("{}: token {} is outside the vocabulary of {} tokens", source_, t, config_.vocab_size));
+}
 
 expected<void> session::need_whole(const char* call) const {
   if (layers().whole(config_.n_layers)) return {};
@@ -91,8 +110,10 @@ expected<void> session::need_whole(const char* call) const {
                                 source_, call, to_string(layers()), config_.n_layers));
 }
 
-expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std::span<const float> hidden,
+expected<std::vector<float>> session::step(int64_t slot, std::span<const int32_t> tokens, std::span<const float> hidden,
                                            bool all_logits) {
+  if (auto ok = check_slot(slot); !ok) return forward_error(ok);
+  int64_t& position = positions_[static_cast<size_t>(slot)];
   const int64_t d = config_.hidden_size;
   if (takes_tokens() != hidden.empty())
     return make_error(error_code::invalid_argument,
@@ -104,21 +125,19 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std:
   const auto n = takes_tokens() ? static_cast<int64_t>(tokens.size()) : static_cast<int64_t>(hidden.size()) / d;
   all_logits = all_logits && returns_logits();  // other stages return every row anyway
   if (n == 0) return make_error(error_code::invalid_argument, "session: no tokens to run");
-  if (position_ + n > context_)
+  if (position + n > context_)
     return make_error(error_code::limit_exceeded,
                       fmt::format("{}: {} more tokens after {} would pass the context of {} positions (the model was "
                                   "trained for {})",
-                                  source_, n, position_, context_, config_.max_context));
+                                  source_, n, position, context_, config_.max_context));
   for (const int32_t t : tokens)
-    if (t < 0 || t >= config_.vocab_size)
-      return make_error(error_code::invalid_argument,
-                        fmt::format("{}: token {} is outside the vocabulary of {} tokens", source_, t, config_.vocab_size));
+    if (auto ok = check_token(t); !ok) return forward_error(ok);
   const auto t0 = clock::now();
   std::vector<float> result;  // logits, or the hidden rows of a stage before the last
   for (int64_t done = 0; done < n;) {
     const int64_t count = std::min(n - done, options_.max_batch);
     const int64_t batch = count == 1 && !all_logits ? 1 : std::max(options_.min_batch, next_pow2(count));
-    const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(position_ + count)));
+    const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(position + count)));
     auto id = program(batch, attended, all_logits);
     if (!id) return forward_error(id);
     tensor_map inputs;
@@ -131,11 +150,12 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std:
       std::copy(hidden.begin() + done * d, hidden.begin() + (done + count) * d, padded.begin());
       inputs.emplace("hidden", tensor::from_floats({batch, d}, padded));
     }
-    inputs.emplace("start", tensor::from_ints({1}, {static_cast<int32_t>(position_)}));
+    inputs.emplace("start", tensor::from_ints({1}, {static_cast<int32_t>(position)}));
     inputs.emplace("count", tensor::from_ints({1}, {static_cast<int32_t>(count)}));
+    if (slots() > 1) inputs.emplace("slot", tensor::from_ints({1}, {static_cast<int32_t>(slot)}));
     auto out = ex_->run(*id, inputs);
     if (!out) return make_error(out.error().code, source_ + ": running a step: " + out.error().message);
-    position_ += count;
+    position += count;
     done += count;
     if (!returns_logits()) {
       auto values = out->at("hidden").to_floats();
@@ -151,6 +171,7 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std:
   const double dt = seconds_since(t0);
   if (n == 1 && !all_logits) {
     stats_.decode_tokens += 1;
+    stats_.decode_steps += 1;
     stats_.decode_seconds += dt;
   } else {
     stats_.prefill_tokens += n;
@@ -161,21 +182,21 @@ expected<std::vector<float>> session::step(std::span<const int32_t> tokens, std:
 
 expected<std::vector<float>> session::prefill(std::span<const int32_t> tokens) {
   if (auto ok = need_whole("prefill"); !ok) return forward_error(ok);
-  return step(tokens, {}, false);
+  return step(0, tokens, {}, false);
 }
 
 expected<std::vector<float>> session::decode(int32_t token) {
   if (auto ok = need_whole("decode"); !ok) return forward_error(ok);
-  return step(std::span<const int32_t>(&token, 1), {}, false);
+  return step(0, std::span<const int32_t>(&token, 1), {}, false);
 }
 
 expected<std::vector<float>> session::forward(std::span<const int32_t> tokens, bool all_logits) {
-  return step(tokens, {}, all_logits);
+  return step(0, tokens, {}, all_logits);
 }
 
 expected<std::vector<float>> session::forward(std::span<const float> hidden, bool all_logits) {
   if (hidden.empty()) return make_error(error_code::invalid_argument, "session: no hidden rows to run");
-  return step({}, hidden, all_logits);
+  return step(0, {}, hidden, all_logits);
 }
 
 expected<std::vector<float>> session::prefill_all_logits(std::span<const int32_t> tokens) {
@@ -184,7 +205,72 @@ expected<std::vector<float>> session::prefill_all_logits(std::span<const int32_t
     return make_error(error_code::invalid_argument,
                       fmt::format("session: {} tokens with every row's logits exceed one batch of {}", tokens.size(),
                                   options_.max_batch));
-  return step(tokens, {}, true);
+  return step(0, tokens, {}, true);
+}
+
+expected<std::vector<float>> session::prefill(int64_t slot, std::span<const int32_t> tokens) {
+  if (auto ok = need_whole("prefill"); !ok) return forward_error(ok);
+  return step(slot, tokens, {}, false);
+}
+
+expected<std::vector<std::vector<float>>> session::decode(std::span<const slot_token> batch) {
+  if (auto ok = need_whole("decode"); !ok) return forward_error(ok);
+  if (batch.empty()) return make_error(error_code::invalid_argument, "session: an empty decode batch");
+  if (slots() == 1) {  // one sequence: the plain decode step
+    if (auto ok = check_slot(batch[0].slot); !ok) return forward_error(ok);
+    if (batch.size() > 1)
+      return make_error(error_code::invalid_argument,
+                        fmt::format("{}: slot 0 named {} times in one decode batch", source_, batch.size()));
+    auto logits = decode(batch[0].token);
+    if (!logits) return forward_error(logits);
+    return std::vector<std::vector<float>>{std::move(*logits)};
+  }
+  // Rows are slots: row i is slot i's next token, so the step has as many rows as the highest
+  // slot named needs (in buckets of powers of two); rows of slots not in the batch are idle.
+  int64_t highest = 0, longest = 0;
+  std::vector<bool> named(static_cast<size_t>(slots()), false);
+  for (const auto& e : batch) {
+    if (auto ok = check_slot(e.slot); !ok) return forward_error(ok);
+    if (named[static_cast<size_t>(e.slot)])
+      return make_error(error_code::invalid_argument,
+                        fmt::format("{}: slot {} named twice in one decode batch", source_, e.slot));
+    named[static_cast<size_t>(e.slot)] = true;
+    if (auto ok = check_token(e.token); !ok) return forward_error(ok);
+    const int64_t pos = positions_[static_cast<size_t>(e.slot)];
+    if (pos + 1 > context_)
+      return make_error(error_code::limit_exceeded,
+                        fmt::format("{}: the sequence in slot {} is at the context of {} positions", source_, e.slot, context_));
+    highest = std::max(highest, e.slot);
+    longest = std::max(longest, pos + 1);
+  }
+  const int64_t rows = std::min(slots(), next_pow2(highest + 1));
+  const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(longest)));
+  auto id = program(rows, attended, true, true);
+  if (!id) return forward_error(id);
+  const auto t0 = clock::now();
+  std::vector<int32_t> tokens(static_cast<size_t>(rows), 0), positions(static_cast<size_t>(rows), -1);
+  for (const auto& e : batch) {
+    tokens[static_cast<size_t>(e.slot)] = e.token;
+    positions[static_cast<size_t>(e.slot)] = static_cast<int32_t>(positions_[static_cast<size_t>(e.slot)]);
+  }
+  tensor_map inputs;
+  inputs.emplace("tokens", tensor::from_ints({rows}, tokens));
+  inputs.emplace("positions", tensor::from_ints({rows}, positions));
+  auto out = ex_->run(*id, inputs);
+  if (!out) return make_error(out.error().code, source_ + ": running a batched decode step: " + out.error().message);
+  const auto logits = out->at("logits").to_floats();
+  const auto vocab = static_cast<size_t>(config_.vocab_size);
+  std::vector<std::vector<float>> result;
+  result.reserve(batch.size());
+  for (const auto& e : batch) {
+    const auto at = logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(e.slot) * vocab);
+    result.emplace_back(at, at + static_cast<std::ptrdiff_t>(vocab));
+    ++positions_[static_cast<size_t>(e.slot)];
+  }
+  stats_.decode_tokens += static_cast<int64_t>(batch.size());
+  stats_.decode_steps += 1;
+  stats_.decode_seconds += seconds_since(t0);
+  return result;
 }
 
 }  // namespace mesh::models

@@ -21,6 +21,17 @@
 ///   auto h = a->forward(prompt);          // hidden rows [prompt.size(), hidden_size] f32
 ///   auto logits = b->forward(*h);         // what a whole-model prefill(prompt) returns
 ///
+/// Several sequences at once (session_options::slots; a server's continuous batching): each slot
+/// holds a sequence with a KV cache of its own of context() rows. prefill(slot, tokens) appends to
+/// one of them; decode(batch) appends one token to each of several in a single step, whose cost
+/// on a GPU is close to one sequence's (the weights are read once for every row):
+///
+///   auto s = session::create(*ex, *ckpt, {.slots = 4});
+///   auto a = s->prefill(0, prompt_a), b = s->prefill(1, prompt_b);
+///   auto next = s->decode({{0, token_a}, {1, token_b}});      // logits after each, in order
+///
+/// The single-sequence calls (prefill(tokens), decode(token), reset(), position()) are slot 0's.
+///
 /// What travels between stages is the residual stream of the real rows only, row-major f32
 /// [count, hidden_size] (no bucket padding: each stage pads its own batch, and padding rows never
 /// reach a real row's result). Every stage keeps its own position, advanced by the rows it ran,
@@ -57,11 +68,23 @@ struct session_options {
   /// The layers this session holds: a pipeline stage (default: the whole model). A range the
   /// model lacks is an error naming it and the model's layer count.
   layer_range layers = {};
+  /// Sequences held at once, each with a KV cache of `context` rows (device memory grows with
+  /// it). 1 to max_slots.
+  int64_t slots = 1;
+  static constexpr int64_t max_slots = 256;
+};
+
+/// The next token of the sequence in `slot` (session::decode of a batch).
+struct slot_token {
+  int64_t slot = 0;
+  int32_t token = 0;
 };
 
 /// Time and counts of the session's work so far.
 struct session_stats {
-  int64_t prefill_tokens = 0, decode_tokens = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;  ///< tokens decoded (a batched step counts each of its sequences)
+  int64_t decode_steps = 0;   ///< decode steps run (a batched step is one)
   double prefill_seconds = 0, decode_seconds = 0;
   double load_seconds = 0;      ///< uploading the weights
   double compile_seconds = 0;   ///< building and loading step graphs
@@ -104,10 +127,23 @@ class session final : public sequence_model {
   expected<std::vector<float>> forward(std::span<const int32_t> tokens, bool all_logits = false);
   expected<std::vector<float>> forward(std::span<const float> hidden, bool all_logits = false);
 
+  /// Appends `tokens` to the sequence in `slot`, returns the logits [vocab] after the last one.
+  /// Errors as prefill(tokens), and a slot outside [0, slots()).
+  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens);
+  /// Appends each entry's token to its slot's sequence in one step; returns the logits [vocab]
+  /// after each, in the batch's order. Errors (changing nothing): an empty batch, a slot outside
+  /// [0, slots()) or named twice, a token outside the vocabulary, a sequence at its context.
+  expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch);
+  /// Forgets the sequence in `slot` (0 <= slot < slots()).
+  void reset(int64_t slot) { positions_.at(static_cast<size_t>(slot)) = 0; }
+  /// Positions filled in `slot` (0 <= slot < slots()).
+  int64_t position(int64_t slot) const { return positions_.at(static_cast<size_t>(slot)); }
+  int64_t slots() const { return static_cast<int64_t>(positions_.size()); }
+
   /// Forgets the sequence (the cache's rows are overwritten as positions are filled again).
-  void reset() override { position_ = 0; }
+  void reset() override { positions_[0] = 0; }
   /// Positions filled so far.
-  int64_t position() const override { return position_; }
+  int64_t position() const override { return positions_[0]; }
   int64_t context() const override { return context_; }
   const model_config& config() const override { return config_; }
   const session_stats& stats() const { return stats_; }
@@ -117,15 +153,20 @@ class session final : public sequence_model {
   bool takes_tokens() const { return layers().takes_tokens(); }
   /// It returns logits (holds the last layer); otherwise hidden rows.
   bool returns_logits() const { return layers().returns_logits(config_.n_layers); }
-  /// Device bytes of its weights (those uploaded) and of its layers' KV caches.
+  /// Device bytes of its weights (those uploaded) and of its layers' KV caches (every slot's).
   int64_t weight_bytes() const { return weights_->device_bytes(); }
   int64_t kv_cache_bytes() const;
 
  private:
   session() = default;
-  expected<std::vector<float>> step(std::span<const int32_t> tokens, std::span<const float> hidden, bool all_logits);
+  expected<std::vector<float>> step(int64_t slot, std::span<const int32_t> tokens, std::span<const float> hidden,
+                                    bool all_logits);
   expected<void> need_whole(const char* call) const;
-  expected<gpu::program_id> program(int64_t batch, int64_t attended, bool all_logits);
+  expected<void> check_slot(int64_t slot) const;
+  expected<void> check_token(int32_t token) const;
+  /// The step graph of `batch` rows attending over `attended` rows (batched: a decode step of
+  /// several slots), loaded on first use.
+  expected<gpu::program_id> program(int64_t batch, int64_t attended, bool all_logits, bool batched = false);
 
   gpu::executor* ex_ = nullptr;
   model_config config_;
@@ -133,8 +174,8 @@ class session final : public sequence_model {
   session_options options_;
   std::string source_;
   int64_t context_ = 0;
-  int64_t position_ = 0;
-  std::map<std::tuple<int64_t, int64_t, bool>, gpu::program_id> programs_;
+  std::vector<int64_t> positions_ = {0};  ///< per slot
+  std::map<std::tuple<int64_t, int64_t, bool, bool>, gpu::program_id> programs_;
   session_stats stats_;
 };
 

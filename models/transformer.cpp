@@ -41,19 +41,26 @@ struct context {
 };
 
 struct step_inputs {
-  expr tokens, start, count, positions;  // positions: i32 [l], clamped into the cache
+  expr tokens, start, count;
+  expr positions;  // i32 [l]: each row's position, clamped into the cache
+  expr dest;       // i32 [l]: the cache row each row's keys and values go to (-1: none)
+  expr slot;       // i32 [1]: the sequence of an unbatched step (several slots only)
 };
 
 // Attention of one layer given its q [l, heads, d], k and v [l, kv_heads * d]: writes the cache,
 // attends, returns [l, heads * d].
 expr cached_attention(const context& cx, const step_shape& s, const step_inputs& in, int64_t layer, const expr& q,
                       const expr& k, const expr& v) {
-  const int64_t width = cx.c.n_kv_heads * cx.c.head_dim;
-  const expr k_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, false), dtype::f32, {s.context, width});
-  const expr v_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, true), dtype::f32, {s.context, width});
-  const expr k_new = layers::write_cache(k_cache, k, in.start);
-  const expr v_new = layers::write_cache(v_cache, v, in.start);
-  return layers::attention(q, k_new, v_new, in.positions, cx.c.n_kv_heads, s.attended, cx.c.sliding_window);
+  const int64_t width = cx.c.n_kv_heads * cx.c.head_dim, rows = s.slots * s.context;
+  const expr k_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, false), dtype::f32, {rows, width});
+  const expr v_cache = cx.b.parameter(kv_cache_name(cx.prefix, layer, true), dtype::f32, {rows, width});
+  const expr k_new = layers::write_cache(k_cache, k, in.dest);
+  const expr v_new = layers::write_cache(v_cache, v, in.dest);
+  const int64_t kv = cx.c.n_kv_heads, window = cx.c.sliding_window;
+  if (s.batched) return layers::batched_attention(q, k_new, v_new, in.positions, kv, s.context, s.attended, window);
+  if (s.slots == 1) return layers::attention(q, k_new, v_new, in.positions, kv, s.attended, window);
+  const auto rows_of = [&](const expr& cache) { return layers::slot_rows(cache, in.slot, s.slots, s.context, s.attended); };
+  return layers::attention(q, rows_of(k_new), rows_of(v_new), in.positions, kv, s.attended, window);
 }
 
 expr llama_layer(const context& cx, const step_shape& s, const step_inputs& in, const expr& rope_cos,
@@ -104,10 +111,11 @@ int64_t kv_cache_bytes(const model_config& c, int64_t context) {
 
 expected<graph> build_step_graph(const model_config& c, const model_weights& w, const step_shape& s,
                                  const std::string& prefix) {
-  if (s.tokens < 1 || s.context < 1 || s.attended < 1 || s.attended > s.context)
+  if (s.tokens < 1 || s.context < 1 || s.attended < 1 || s.attended > s.context || s.slots < 1 ||
+      (s.batched && s.tokens > s.slots))
     return make_error(error_code::invalid_argument,
-                      fmt::format("step graph: {} tokens, {} attended rows of a {}-row cache do not fit", s.tokens,
-                                  s.attended, s.context));
+                      fmt::format("step graph: {} tokens, {} attended rows of a {}-row cache of {} slots do not fit",
+                                  s.tokens, s.attended, s.context, s.slots));
   if (c.arch == architecture::gpt2 && s.context > c.max_context)
     return make_error(error_code::invalid_argument,
                       fmt::format("step graph: GPT-2 has {} learned positions, fewer than the {} asked for",
@@ -123,10 +131,24 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
   expr x;
   if (range->takes_tokens()) in.tokens = b.input("tokens", dtype::i32, {s.tokens});
   else x = b.input("hidden", dtype::f32, {s.tokens, c.hidden_size});
-  in.start = b.input("start", dtype::i32, {1});
-  in.count = b.input("count", dtype::i32, {1});
-  // Padding rows may run past the cache: their positions are clamped (they write nothing).
-  in.positions = minimum(nn::iota(b, s.tokens) + in.start, static_cast<double>(s.context - 1));
+  const expr row = nn::iota(b, s.tokens);
+  if (s.batched) {
+    // Row i is slot i's next token; an idle row (position -1) attends to position 0 and writes nothing.
+    const expr given = b.input("positions", dtype::i32, {s.tokens});
+    in.positions = maximum(given, 0.0);
+    in.dest = select(compare(given, 0.0, compare_kind::ge), row * static_cast<double>(s.context) + given, -1.0);
+  } else {
+    in.start = b.input("start", dtype::i32, {1});
+    in.count = b.input("count", dtype::i32, {1});
+    // Padding rows may run past the cache: their positions are clamped, and they write nothing.
+    in.positions = minimum(row + in.start, static_cast<double>(s.context - 1));
+    expr first_row = in.start;  // the cache row of the step's first position
+    if (s.slots > 1) {
+      in.slot = b.input("slot", dtype::i32, {1});
+      first_row = first_row + in.slot * static_cast<double>(s.context);
+    }
+    in.dest = select(compare(row, in.count, compare_kind::lt), row + first_row, -1.0);
+  }
 
   if (range->takes_tokens()) {
     x = layers::embedding(cx.param(top.token_embd), in.tokens);
@@ -147,7 +169,7 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
     for (int64_t l = range->first; l < range->end; ++l) x = llama_layer(cx, s, in, rope_cos, rope_sin, l, x);
   }
   if (range->returns_logits(c.n_layers)) {
-    if (!s.all_logits) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
+    if (!s.all_logits && !s.batched) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
     x = cx.norm(x, top.output_norm, top.output_norm_bias);
     b.output("logits", layers::linear(x, cx.param(top.output)));
   } else {

@@ -11,8 +11,14 @@
 /// sizes. The KV cache is two parameters per layer (kv_cache_name), [context, kv_heads * head_dim]
 /// f32, updated by the graph: they stay on the device between steps like the weights.
 ///
-/// Inputs: "tokens" i32 [tokens], "start" i32 [1], "count" i32 [1] (1 <= count <= tokens).
+/// Inputs: "tokens" i32 [tokens], "start" i32 [1], "count" i32 [1] (1 <= count <= tokens), and
+/// with several slots "slot" i32 [1] (the sequence the rows belong to).
 /// Output: "logits" f32 [1, vocab] (the last real row), or [tokens, vocab] with all_logits.
+///
+/// A batched step (step_shape::batched: continuous batching of decode steps) takes "tokens" i32
+/// [tokens] and "positions" i32 [tokens] instead: row i is the next token of the sequence in
+/// slot i at position positions[i], and a row whose position is -1 is idle (it writes nothing and
+/// its logits mean nothing). Output: "logits" f32 [tokens, vocab].
 ///
 /// A pipeline stage (step_shape::layers, a range [first, end) of the layers) builds the same
 /// graph restricted to its layers: a stage that does not hold layer 0 takes input "hidden" f32
@@ -35,10 +41,16 @@ namespace mesh::models {
 /// The sizes of one step graph.
 struct step_shape {
   int64_t tokens = 1;       ///< rows in the batch
-  int64_t context = 0;      ///< rows of the KV cache (positions the session can hold)
+  int64_t context = 0;      ///< KV-cache rows of one sequence (positions a sequence can hold)
   int64_t attended = 0;     ///< cache rows attention reads: at least start + count of every run
   bool all_logits = false;  ///< logits of every row, not just the last real one (last stage)
   layer_range layers = {};  ///< the stage's layers (default: the whole model)
+  /// Sequences the KV cache holds, each in a slot of `context` rows (the cache parameters are
+  /// [slots * context, width]).
+  int64_t slots = 1;
+  /// A decode step of several sequences: row i is the next token of the sequence in slot i
+  /// (tokens <= slots), at its own position; logits of every row.
+  bool batched = false;
 };
 
 /// The KV-cache parameter of a layer: "<prefix>kv.<layer>.k" or ".v".

@@ -27,6 +27,8 @@ struct local_backend::model {
   std::unique_ptr<models::checkpoint> ckpt;
   std::unique_ptr<models::sequence_model> seq;  ///< a whole-model session, or a split model's pipeline
   split_sequence* split = nullptr;              ///< seq, when split: its stages change on re-plans
+  models::session* batch = nullptr;             ///< seq, when a whole-model session: its slots
+  std::vector<bool> slot_busy;                  ///< one per sequence it holds (guarded by mutex_)
   std::optional<models::tokenizer> tok;
   models::chat_tokens special;              ///< BOS/EOS text for chat templates named per request
   std::optional<std::string> template_text; ///< the checkpoint's own template, if any
@@ -48,6 +50,12 @@ struct local_backend::job {
   std::shared_ptr<request_handle> handle;
   clock_type::time_point queued_at;
   std::atomic<bool> model_gone{false};  ///< its model was unloaded: end with no_capacity
+  // Once admitted (worker thread only, but slot under mutex_):
+  int64_t slot = -1;                    ///< the model's sequence it holds
+  std::optional<models::generation_run> run;
+  int32_t next = 0;                     ///< the token to decode in the next step
+  double load_seconds = 0, queue_seconds = 0;
+  std::vector<token_logprobs> entries, result_logprobs;  ///< waiting for their piece; given out
 };
 
 namespace {
@@ -101,7 +109,7 @@ local_backend::~local_backend() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
-    if (running_) running_->handle->cancel();
+    for (auto& j : active_) j->handle->cancel();
   }
   wake_.notify_all();
   load_wake_.notify_all();
@@ -139,10 +147,14 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   } else {
     models::session_options so;
     so.context = o.context;
+    so.slots = o.parallel > 0 ? o.parallel : options_.parallel;
     auto sess = models::session::create(*m->ex, *m->ckpt, so);
     if (!sess) return forward_error(sess);
-    m->seq = std::make_unique<models::session>(std::move(*sess));
+    auto owned = std::make_unique<models::session>(std::move(*sess));
+    m->batch = owned.get();
+    m->seq = std::move(owned);
   }
+  m->slot_busy.assign(static_cast<size_t>(m->batch ? m->batch->slots() : 1), false);
   auto vocab = models::load_tokenizer(*m->ckpt, m->seq->config());
   if (!vocab) return forward_error(vocab);
   m->template_text = vocab->chat_template;
@@ -242,10 +254,11 @@ expected<void> local_backend::unload(const std::string& id) {
       }
     }
     gone->queued = 0;
-    if (running_ && running_->m == gone) {
-      running_->model_gone = true;
-      running_->handle->cancel();
-    }
+    for (auto& j : active_)
+      if (j->m == gone) {
+        j->model_gone = true;
+        j->handle->cancel();
+      }
   }
   for (auto& j : dropped) j->callbacks.on_done(fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", id)));
   return {};  // `gone` is freed here, or by the running job when it ends
@@ -279,7 +292,7 @@ std::vector<model_info> local_backend::models() const {
 
 backend_queue local_backend::queue() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {running_ ? 1 : 0, static_cast<int64_t>(queue_.size())};
+  return {static_cast<int64_t>(active_.size()), static_cast<int64_t>(queue_.size())};
 }
 
 local_backend_stats local_backend::stats() const {
@@ -407,21 +420,56 @@ result<std::shared_ptr<request_handle>> local_backend::start(generation_request 
 
 void local_backend::run() {
   for (;;) {
-    std::shared_ptr<job> j;
+    std::vector<std::shared_ptr<job>> admitted, active;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
-      j = std::move(queue_.front());
-      queue_.pop_front();
-      if (j->m) --j->m->queued;
-      else --path_queued_;
-      running_ = j;
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active_.empty(); });
+      if (stopping_ && active_.empty()) return;
+      if (!stopping_) admitted = admit();
     }
-    execute(*j);
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_.reset();
+    for (const auto& j : admitted) begin(j);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      active = active_;
+    }
+    // One decode step per model, for all of its requests together (in admission order).
+    while (!active.empty()) {
+      const std::shared_ptr<model> m = active.front()->m;
+      std::vector<std::shared_ptr<job>> of_m;
+      std::erase_if(active, [&](const auto& j) {
+        if (j->m != m) return false;
+        of_m.push_back(j);
+        return true;
+      });
+      step(m, of_m);
+    }
   }
+}
+
+std::vector<std::shared_ptr<local_backend::job>> local_backend::admit() {
+  std::vector<std::shared_ptr<job>> admitted;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    job& j = **it;
+    if (!j.m) {
+      // A model loaded on demand: loading it holds the worker, and evicting another such model
+      // must not pull one out from under a running request, so it starts only when nothing runs.
+      if (!active_.empty() || !admitted.empty()) break;
+      --path_queued_;
+    } else {
+      auto free = std::find(j.m->slot_busy.begin(), j.m->slot_busy.end(), false);
+      if (free == j.m->slot_busy.end()) {  // its model is full: later requests for others may start
+        ++it;
+        continue;
+      }
+      *free = true;
+      j.slot = free - j.m->slot_busy.begin();
+      --j.m->queued;
+    }
+    admitted.push_back(*it);
+    active_.push_back(*it);
+    it = queue_.erase(it);
+  }
+  return admitted;
 }
 
 expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const std::string& path, double& load_seconds) {
@@ -461,87 +509,153 @@ expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const 
   return *m;
 }
 
-void local_backend::execute(job& j) {
-  auto finish = [&](generation_outcome outcome) {
-    if (!outcome && outcome.error().kind == failure_kind::cancelled && j.model_gone)
-      outcome = fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", j.m->info.id));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (outcome) {
-        ++stats_.completed;
-        stats_.completion_tokens += outcome->completion_tokens;
-      } else if (outcome.error().kind == failure_kind::cancelled) {
-        ++stats_.cancelled;
-      } else {
-        ++stats_.failed;
-      }
+void local_backend::complete(const std::shared_ptr<job>& jp, generation_outcome outcome) {
+  job& j = *jp;
+  if (!outcome && outcome.error().kind == failure_kind::cancelled && j.model_gone)
+    outcome = fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", j.m->info.id));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (j.m && j.slot >= 0) j.m->slot_busy[static_cast<size_t>(j.slot)] = false;
+    std::erase(active_, jp);
+    if (outcome) {
+      ++stats_.completed;
+      stats_.completion_tokens += outcome->completion_tokens;
+    } else if (outcome.error().kind == failure_kind::cancelled) {
+      ++stats_.cancelled;
+    } else {
+      ++stats_.failed;
     }
-    j.callbacks.on_done(std::move(outcome));
-  };
-  if (j.handle->cancelled()) return finish(fail(failure_kind::cancelled, "cancelled while queued"));
-  double load_seconds = 0;
+  }
+  j.run.reset();
+  j.callbacks.on_done(std::move(outcome));
+}
+
+namespace {
+
+/// What a model's error means to a client: a context overrun is too long; a split model's stage
+/// on a node that left is "unavailable": the service, not the request, is at fault (503), and the
+/// message names the node.
+failure_kind kind_of(const error& e) {
+  return e.code == error_code::limit_exceeded ? failure_kind::too_long
+         : e.code == error_code::unavailable  ? failure_kind::no_capacity
+                                              : failure_kind::internal;
+}
+
+}  // namespace
+
+void local_backend::begin(const std::shared_ptr<job>& jp) {
+  job& j = *jp;
+  if (j.handle->cancelled()) return complete(jp, fail(failure_kind::cancelled, "cancelled while queued"));
   if (!j.m) {
-    auto m = path_model(j.request.model, load_seconds);
+    auto m = path_model(j.request.model, j.load_seconds);
     if (!m) {
       // A checkpoint that is not there is an unknown model; one that does not load is a bad request.
       const auto kind = m.error().code == error_code::not_found || m.error().code == error_code::io_error
                             ? failure_kind::model_not_found
                             : failure_kind::invalid_request;
-      return finish(fail(kind, m.error().message, "model"));
+      return complete(jp, fail(kind, m.error().message, "model"));
     }
-    j.m = *m;
-    if (auto ok = prepare(*j.m, j); !ok) return finish(tl::unexpected(ok.error()));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);  // nothing else runs (admit()): slot 0 is free
+      j.m = *m;
+      j.slot = 0;
+      j.m->slot_busy[0] = true;
+    }
+    if (auto ok = prepare(*j.m, j); !ok) return complete(jp, tl::unexpected(ok.error()));
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     j.m->last_use = ++uses_;
   }
-  const double queue_seconds = seconds_since(j.queued_at) - load_seconds;
+  j.queue_seconds = std::max(0.0, seconds_since(j.queued_at) - j.load_seconds);
   model& m = *j.m;
-  m.seq->reset();
   // Checked at every token (not only when text comes out): a cancelled request stops within one
   // decode step.
-  j.options.on_token = [&](int64_t n) {
+  j.options.on_token = [&j, this](int64_t n) {
     if (j.callbacks.on_token) j.callbacks.on_token(n);
     return !j.handle->cancelled() && !stopping_.load();
   };
   // Log-probabilities come just before the piece they go with (generate.hpp).
-  std::vector<token_logprobs> entries, result_logprobs;
-  j.options.on_logprobs = [&](std::vector<models::token_logprob> tokens) {
-    for (const auto& t : tokens) entries.push_back(api_logprobs(*m.tok, t));
+  j.options.on_logprobs = [&j, &m](std::vector<models::token_logprob> tokens) {
+    for (const auto& t : tokens) j.entries.push_back(api_logprobs(*m.tok, t));
   };
-  auto g = models::generate(*m.seq, *m.tok, j.prompt, j.options, [&](std::string_view piece) {
+  const auto on_piece = [&j, this](std::string_view piece) {
     // Checked before and after handing the piece on: a client that went away while the piece
     // was written stops the next token, not one more.
     if (j.handle->cancelled() || stopping_.load()) return false;
-    if (j.callbacks.on_piece) j.callbacks.on_piece(piece, entries);
-    result_logprobs.insert(result_logprobs.end(), std::make_move_iterator(entries.begin()),
-                           std::make_move_iterator(entries.end()));
-    entries.clear();
+    if (j.callbacks.on_piece) j.callbacks.on_piece(piece, j.entries);
+    j.result_logprobs.insert(j.result_logprobs.end(), std::make_move_iterator(j.entries.begin()),
+                             std::make_move_iterator(j.entries.end()));
+    j.entries.clear();
     return !j.handle->cancelled();
-  });
-  if (!g) {
-    // A split model's stage on a node that left is "unavailable": the service, not the request,
-    // is at fault (503), and the message names the node.
-    const auto kind = g.error().code == error_code::limit_exceeded ? failure_kind::too_long
-                      : g.error().code == error_code::unavailable  ? failure_kind::no_capacity
-                                                                   : failure_kind::internal;
-    return finish(fail(kind, g.error().message));
+  };
+  auto run = models::generation_run::start(*m.tok, m.seq->config(), j.prompt, 0, m.seq->context(), j.options, on_piece);
+  if (!run) return complete(jp, fail(kind_of(run.error()), run.error().message));
+  j.run.emplace(std::move(*run));
+  const auto t0 = clock_type::now();
+  expected<std::vector<float>> logits;
+  if (m.batch) {
+    m.batch->reset(j.slot);
+    logits = m.batch->prefill(j.slot, j.prompt);
+  } else {
+    m.seq->reset();
+    logits = m.seq->prefill(j.prompt);
   }
-  if (g->reason == models::stop_reason::callback) return finish(fail(failure_kind::cancelled, "cancelled"));
+  if (!logits) return complete(jp, fail(kind_of(logits.error()), logits.error().message));
+  j.run->prompt_done(seconds_since(t0));
+  advance(jp, *logits);
+}
+
+void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& jobs) {
+  std::vector<std::vector<float>> logits;
+  error failed;
+  if (m->batch) {
+    std::vector<models::slot_token> batch;
+    for (const auto& j : jobs) batch.push_back({j->slot, j->next});
+    auto out = m->batch->decode(batch);
+    if (out) logits = std::move(*out);
+    else failed = out.error();
+  } else {  // one sequence: one request at a time
+    auto out = m->seq->decode(jobs.front()->next);
+    if (out) logits.push_back(std::move(*out));
+    else failed = out.error();
+  }
+  if (logits.empty()) {
+    for (const auto& j : jobs) complete(j, fail(kind_of(failed), failed.message));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++stats_.decode_steps;
+    stats_.decoded_tokens += static_cast<int64_t>(logits.size());
+    stats_.widest_step = std::max(stats_.widest_step, static_cast<int64_t>(logits.size()));
+  }
+  for (size_t i = 0; i < logits.size(); ++i) advance(jobs[i], logits[i]);
+}
+
+void local_backend::advance(const std::shared_ptr<job>& jp, std::span<const float> logits) {
+  job& j = *jp;
+  auto next = j.run->next(logits);
+  if (!next) return complete(jp, fail(failure_kind::internal, next.error().message));
+  if (*next) {
+    j.next = **next;
+    return;  // decoded in the next step
+  }
+  models::generation g = j.run->finish();
+  if (g.reason == models::stop_reason::callback) return complete(jp, fail(failure_kind::cancelled, "cancelled"));
   generation_result r;
-  r.reason = g->reason == models::stop_reason::max_tokens ? finish_reason::length : finish_reason::stop;
-  r.stop = g->reason;
+  r.reason = g.reason == models::stop_reason::max_tokens ? finish_reason::length : finish_reason::stop;
+  r.stop = g.reason;
   r.context_capped = j.context_capped;
-  r.text = std::move(g->text);
+  r.text = std::move(g.text);
   r.prompt_tokens = static_cast<int64_t>(j.prompt.size());
-  r.completion_tokens = static_cast<int64_t>(g->tokens.size());
-  r.queue_seconds = std::max(0.0, queue_seconds);
-  r.load_seconds = load_seconds;
-  r.prompt_seconds = g->prompt_seconds;
-  r.generate_seconds = g->generate_seconds;
-  r.logprobs = std::move(result_logprobs);
-  finish(std::move(r));
+  r.completion_tokens = static_cast<int64_t>(g.tokens.size());
+  r.queue_seconds = j.queue_seconds;
+  r.load_seconds = j.load_seconds;
+  r.prompt_seconds = g.prompt_seconds;
+  r.generate_seconds = g.generate_seconds;
+  r.logprobs = std::move(j.result_logprobs);
+  complete(jp, std::move(r));
 }
 
 }  // namespace mesh::serving

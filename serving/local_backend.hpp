@@ -12,10 +12,15 @@
 ///   - on demand, when a request names a checkpoint path that is not loaded (by_path requests of
 ///     `meshctl generate`): at most max_path_models are kept, the least recently used goes first.
 ///
-/// One worker thread runs every generation, one at a time, in arrival order (the device is the
-/// bottleneck; several generations at once would only share it); each model has a bounded queue
-/// (a request past it is refused with queue_full, which the HTTP server answers with 429).
-/// Cancellation is checked at every token and before a queued request starts.
+/// One worker thread runs every generation with continuous batching: a model holds up to
+/// `parallel` sequences at once (slots of its session, each with a KV cache of the model's
+/// context), and each round of the worker admits waiting requests into free slots (prefilling
+/// their prompts), then runs one decode step per model for all its running requests together
+/// (on a GPU a step of several rows costs little more than one: the weights are read once).
+/// A request that ends frees its slot for the next at once; requests are admitted in arrival
+/// order. A split model holds one sequence. Each model has a bounded queue (a request past it is
+/// refused with queue_full, which the HTTP server answers with 429). Cancellation is checked at
+/// every token and before a queued request starts.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -24,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,11 +67,14 @@ struct local_model_options {
   /// empty: recognised from the checkpoint's own template.
   std::string chat_template;
   int64_t context = 0;   ///< session_options::context (0: the model's, capped)
-  size_t max_queued = 8; ///< requests waiting beside the one running
+  size_t max_queued = 8; ///< requests waiting beside those running
   /// Split over the mesh: builds the model's pipeline (stages here and on peers) instead of one
   /// whole-model session; this node keeps the tokenizer, the chat template and the sampling.
   /// It runs on the loading thread and may wait for peers.
   split_builder split;
+  /// Requests it runs at once (session slots, each a KV cache of `context` rows); 0: the
+  /// backend's `parallel`. A split model runs one.
+  int64_t parallel = 0;
 };
 
 struct local_backend_options {
@@ -78,6 +87,8 @@ struct local_backend_options {
   size_t max_path_queued = 8;
   /// The session context of models loaded on demand (0: the model's, capped).
   int64_t path_context = 0;
+  /// Requests a model runs at once unless its options say otherwise (models loaded on demand too).
+  int64_t parallel = 4;
 };
 
 /// Counts since the backend started, for tests and metrics.
@@ -87,6 +98,9 @@ struct local_backend_stats {
   int64_t failed = 0;
   int64_t completion_tokens = 0;
   int64_t loads = 0;      ///< models loaded (on demand ones included)
+  int64_t decode_steps = 0;   ///< decode steps run, each for one or more requests
+  int64_t decoded_tokens = 0; ///< tokens those steps decoded
+  int64_t widest_step = 0;    ///< the most requests one decode step served
 };
 
 class local_backend final : public generation_backend {
@@ -132,7 +146,17 @@ class local_backend final : public generation_backend {
   result<void> prepare(model& m, job& j) const;
   void run();
   void run_loads();
-  void execute(job& j);
+  /// Moves waiting requests whose models have a free slot into active_ (under mutex_).
+  std::vector<std::shared_ptr<job>> admit();
+  /// Starts an admitted request: loads its model if needed, prefills its prompt, samples its
+  /// first token. Ends it (complete) when that is all it needs or something fails.
+  void begin(const std::shared_ptr<job>& j);
+  /// One decode step of every active request of model `m`.
+  void step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& jobs);
+  /// Hands the logits after a request's last token to its generation; ends it when it is done.
+  void advance(const std::shared_ptr<job>& j, std::span<const float> logits);
+  /// Ends a request: frees its slot, counts it and calls on_done.
+  void complete(const std::shared_ptr<job>& j, generation_outcome outcome);
   /// The model at `path`, loaded on demand (evicting the least recently used such model).
   expected<std::shared_ptr<model>> path_model(const std::string& path, double& load_seconds);
 
@@ -141,7 +165,7 @@ class local_backend final : public generation_backend {
   std::condition_variable wake_;
   std::vector<std::shared_ptr<model>> models_;  ///< guarded by mutex_
   std::deque<std::shared_ptr<job>> queue_;
-  std::shared_ptr<job> running_;  ///< guarded by mutex_
+  std::vector<std::shared_ptr<job>> active_;  ///< admitted, not ended: guarded by mutex_
   size_t path_queued_ = 0;        ///< queued requests for models not loaded yet
   uint64_t uses_ = 0;             ///< a clock for least-recently-used eviction
   std::atomic<bool> stopping_{false};  ///< set under mutex_ (the worker waits on it), read without

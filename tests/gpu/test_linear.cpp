@@ -211,6 +211,31 @@ TEST_CASE("kv_write: the slice lands in the resident cache, attention reads it i
   CHECK(vk->stats().validation_errors == 0);
 }
 
+TEST_CASE("kv_write with a position per row: rows land in their places, negative ones nowhere") {
+  auto vk = validated();
+  builder b;
+  auto cache = b.parameter("kv.rows", dtype::f32, {2, 8, 4});  // [heads, slots x positions, head dim]
+  auto v = b.input("v", dtype::f32, {2, 3, 4});
+  auto rows = b.input("rows", dtype::i32, {3});
+  auto kv = kv_write(cache, v * 1.0, rows + 0.0, 1);  // positions computed in the graph, as a step's are
+  b.update(cache, kv);
+  b.output("total", sum(kv, {2}));
+  const graph g = finish(b);
+  for (executor* ex : {vk.get(), &cpu()}) {
+    INFO(ex->info().name);
+    tensor_map params{{"kv.rows", random_tensor(dtype::f32, {2, 8, 4}, 61)}};
+    for (const auto& r : std::vector<std::vector<int32_t>>{{0, 5, 2}, {7, -1, 3}, {-1, -1, 8}}) {
+      INFO("rows " << r[0] << " " << r[1] << " " << r[2]);
+      const tensor_map inputs{{"v", random_tensor(dtype::f32, {2, 3, 4}, 62 + static_cast<uint64_t>(r[0] + 1))},
+                              {"rows", tensor::from_ints({3}, r)}};
+      const reference ref = reference_run(g, inputs, params);
+      check_on(*ex, g, inputs, params, ref);
+      params = ref.params;
+    }
+  }
+  CHECK(vk->stats().validation_errors == 0);
+}
+
 TEST_CASE("kv_write: the plan writes the slice into the parameter's own buffer") {
   builder b;
   auto cache = b.parameter("cache", dtype::f32, {8, 4});

@@ -280,6 +280,31 @@ TEST_CASE("kv_write writes the value at a runtime position and is the cache's up
   CHECK(lenient->params.at("cache").at(4 * 3) == static_cast<float>(vv[0]));
 }
 
+TEST_CASE("kv_write with a position per row puts each row in its place and skips negative ones", "[graph][kv_write]") {
+  builder b;
+  auto cache = b.parameter("cache", dtype::f32, {6, 2});  // two sequences of 3 rows: a batch's slots
+  auto v = b.input("v", dtype::f32, {3, 2});
+  auto rows = b.input("rows", dtype::i32, {3});
+  b.update(cache, kv_write(cache, v, rows, 0));
+  const graph g = finished(b);
+  CHECK(validation_error(g).empty());
+  const tensor c0 = tensor::from_floats({6, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  const tensor vt = tensor::from_floats({3, 2}, {-1, -2, -3, -4, -5, -6});
+  auto out = evaluate(g, {{"v", vt}, {"rows", tensor::from_ints({3}, {4, -1, 1})}}, {{"cache", c0}});
+  REQUIRE(out);
+  // Row 0 to cache row 4, row 1 nowhere, row 2 to cache row 1.
+  CHECK(out->params.at("cache").to_doubles() == std::vector<double>{0, 1, -5, -6, 4, 5, 6, 7, -1, -2, 10, 11});
+  auto strict = evaluate(g, {{"v", vt}, {"rows", tensor::from_ints({3}, {0, 6, 1})}}, {{"cache", c0}});
+  REQUIRE_FALSE(strict);
+  CHECK(strict.error().message.find("kv_write (node 3): row 1 to position 6 does not fit the 6 rows") == 0);
+  builder bad;  // one position per row, no more, no less
+  auto bc = bad.parameter("cache", dtype::f32, {6, 2});
+  kv_write(bc, bad.input("v", dtype::f32, {3, 2}), bad.input("rows", dtype::i32, {2}), 0);
+  auto e = bad.finish();
+  REQUIRE_FALSE(e);
+  CHECK(e.error().message.find("pos must be an i32 scalar or one i32 per row of the value (3)") != std::string::npos);
+}
+
 TEST_CASE("kv_write's cache is a parameter that nothing else reads, updated with it", "[graph][kv_write][validate]") {
   {
     builder b;  // no update

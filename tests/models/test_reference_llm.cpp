@@ -52,6 +52,7 @@ std::string python_with_torch(std::string& why) {
 struct model_case {
   std::string label;
   std::filesystem::path path;
+  bool batched = false;  ///< also decode it in slots of one session, batched (compare_batched)
 };
 
 const std::vector<int32_t> prompt = {256, 17, 104, 101, 108, 108, 111, 33, 290, 3, 77};
@@ -134,6 +135,67 @@ double compare(gpu::executor& ex, const model_case& c, const json& ref) {
   return worst;
 }
 
+// Continuous batching against the same reference: one session of 3 slots, in which slot 1 holds
+// another sequence (the prompt reversed, fed a token each step) while slots 0 and 2 decode the
+// prompt greedily, slot 2 starting 3 steps after slot 0. Every decode step is one batch of the
+// slots that have a token, at different positions. A row that read another slot's cache, the
+// wrong position or the wrong cache rows would leave the reference.
+void compare_batched(gpu::executor& ex, const model_case& c, const json& ref) {
+  INFO(c.label << ", batched in 3 slots");
+  auto ckpt = checkpoint::open(c.path);
+  REQUIRE(ckpt);
+  session_options o;
+  o.slots = 3;
+  o.prefix = "batched.";  // beside compare()'s session on the same executor
+  auto s = session::create(ex, *ckpt, o);
+  INFO((s ? std::string() : s.error().message));
+  REQUIRE(s);
+  const auto ref_greedy_logits = ref["greedy_logits"].get<std::vector<std::vector<double>>>();
+  const auto ref_greedy = ref["greedy"].get<std::vector<int32_t>>();
+  std::vector<int32_t> other(prompt.rbegin(), prompt.rend());
+  REQUIRE(s->prefill(1, other));
+  struct follower {
+    int64_t slot;
+    std::vector<float> logits;
+    std::vector<int32_t> greedy;
+  };
+  std::vector<follower> followers = {{0, {}, {}}, {2, {}, {}}};
+  auto first = s->prefill(0, prompt);
+  REQUIRE(first);
+  followers[0].logits = std::move(*first);
+  double worst = 0;
+  for (int round = 0; followers[1].greedy.size() < static_cast<size_t>(greedy_tokens); ++round) {
+    if (round == 3) {
+      auto l = s->prefill(2, prompt);
+      REQUIRE(l);
+      followers[1].logits = std::move(*l);
+    }
+    std::vector<slot_token> batch;
+    std::vector<follower*> fed;
+    for (auto& f : followers) {
+      if (f.logits.empty() || f.greedy.size() == static_cast<size_t>(greedy_tokens)) continue;
+      worst = std::max(worst, row_error(f.logits.data(), ref_greedy_logits[f.greedy.size()]));
+      const auto next = static_cast<int32_t>(std::max_element(f.logits.begin(), f.logits.end()) - f.logits.begin());
+      f.greedy.push_back(next);
+      if (f.greedy.size() == static_cast<size_t>(greedy_tokens)) continue;
+      batch.push_back({f.slot, next});
+      fed.push_back(&f);
+    }
+    if (s->position(1) < s->context()) batch.push_back({1, static_cast<int32_t>(round % 50)});
+    if (batch.empty()) break;
+    auto out = s->decode(batch);
+    INFO((out ? std::string() : out.error().message));
+    REQUIRE(out);
+    REQUIRE(out->size() == batch.size());
+    for (size_t i = 0; i < fed.size(); ++i) fed[i]->logits = std::move((*out)[i]);
+  }
+  CHECK(followers[0].greedy == ref_greedy);
+  CHECK(followers[1].greedy == ref_greedy);
+  INFO("largest logit error " << worst);
+  CHECK(worst <= logit_tolerance);
+  CHECK(s->stats().decode_steps < s->stats().decode_tokens);  // steps served several slots
+}
+
 enum class backend { cpu, vulkan };
 
 void run_cases(const temp_dir& dir, const std::vector<model_case>& cases, backend where = backend::cpu) {
@@ -143,6 +205,7 @@ void run_cases(const temp_dir& dir, const std::vector<model_case>& cases, backen
     for (size_t i = 0; i < cases.size(); ++i) {
       auto cpu = gpu::make_cpu_executor(2);  // one executor per model: sessions name their parameters alike
       compare(*cpu, cases[i], refs[i]);
+      if (cases[i].batched) compare_batched(*cpu, cases[i], refs[i]);
     }
     return;
   }
@@ -155,7 +218,11 @@ void run_cases(const temp_dir& dir, const std::vector<model_case>& cases, backen
     WARN("no Vulkan device: " << vk->error().message);
     return;
   }
-  for (size_t i = 0; i < cases.size(); ++i) compare(***vk, {cases[i].label + " on " + (**vk)->info().name, cases[i].path}, refs[i]);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const model_case on_vk{cases[i].label + " on " + (**vk)->info().name, cases[i].path, cases[i].batched};
+    compare(***vk, on_vk, refs[i]);
+    if (on_vk.batched) compare_batched(***vk, on_vk, refs[i]);
+  }
 }
 
 model_spec llama_spec() {
@@ -211,23 +278,25 @@ model_spec gpt2_spec() {
   return s;
 }
 
-void check_hf(const std::string& label, const model_spec& s, const std::string& dtype, backend where = backend::cpu) {
+void check_hf(const std::string& label, const model_spec& s, const std::string& dtype, backend where = backend::cpu,
+              bool batched = false) {
   temp_dir dir;
   write_hf_model(dir / "hf", s, dtype);
-  run_cases(dir, {{label + " HF " + dtype, dir / "hf"}}, where);
+  run_cases(dir, {{label + " HF " + dtype, dir / "hf", batched}}, where);
 }
 
-void check_gguf(const std::string& label, const model_spec& s, tensor_type t, backend where = backend::cpu) {
+void check_gguf(const std::string& label, const model_spec& s, tensor_type t, backend where = backend::cpu,
+                bool batched = false) {
   temp_dir dir;
   write_gguf_model(dir / "m.gguf", s, t);
-  run_cases(dir, {{label + " GGUF " + to_string(t), dir / "m.gguf"}}, where);
+  run_cases(dir, {{label + " GGUF " + to_string(t), dir / "m.gguf", batched}}, where);
 }
 
 }  // namespace
 
 // One checkpoint per test case, so that each stays a few seconds under ASan.
-TEST_CASE("llama (GQA, Llama 3 rope scaling) HF f32 matches the reference", "[models][reference]") {
-  check_hf("llama", llama_spec(), "F32");
+TEST_CASE("llama (GQA, Llama 3 rope scaling) HF f32 matches the reference, alone and batched in slots", "[models][reference]") {
+  check_hf("llama", llama_spec(), "F32", backend::cpu, /*batched=*/true);
 }
 TEST_CASE("llama HF f16 matches the reference", "[models][reference]") { check_hf("llama", llama_spec(), "F16"); }
 TEST_CASE("llama HF bf16 matches the reference", "[models][reference]") { check_hf("llama", llama_spec(), "BF16"); }
@@ -255,8 +324,8 @@ TEST_CASE("llama GGUF Q5_K (tied embeddings) matches the reference on the dequan
 TEST_CASE("qwen2 (q/k/v biases) HF f32 matches the reference", "[models][reference]") {
   check_hf("qwen2", qwen2_spec(), "F32");
 }
-TEST_CASE("qwen2 GGUF Q8_0 matches the reference", "[models][reference]") {
-  check_gguf("qwen2", qwen2_spec(), tensor_type::q8_0);
+TEST_CASE("qwen2 GGUF Q8_0 matches the reference, alone and batched in slots", "[models][reference]") {
+  check_gguf("qwen2", qwen2_spec(), tensor_type::q8_0, backend::cpu, /*batched=*/true);
 }
 TEST_CASE("qwen2 GGUF Q5_0 with hidden 96 (rows not of 256) matches the reference", "[models][reference]") {
   check_gguf("qwen2", narrow_qwen2_spec(), tensor_type::q5_0);
@@ -267,8 +336,9 @@ TEST_CASE("qwen3 (q/k norms, tied embeddings) HF bf16 matches the reference", "[
 TEST_CASE("qwen3 GGUF F16 matches the reference", "[models][reference]") {
   check_gguf("qwen3", qwen3_spec(), tensor_type::f16);
 }
-TEST_CASE("gpt2 (Conv1D layout, fused qkv, learned positions) HF f32 matches the reference", "[models][reference]") {
-  check_hf("gpt2", gpt2_spec(), "F32");
+TEST_CASE("gpt2 (Conv1D layout, fused qkv, learned positions) HF f32 matches the reference, alone and batched in slots",
+          "[models][reference]") {
+  check_hf("gpt2", gpt2_spec(), "F32", backend::cpu, /*batched=*/true);
 }
 TEST_CASE("gpt2 GGUF Q8_0 matches the reference", "[models][reference]") {
   check_gguf("gpt2", gpt2_spec(), tensor_type::q8_0);
@@ -317,15 +387,15 @@ TEST_CASE("generate's logprobs are the reference's log-softmax at each greedy to
   }
 }
 
-TEST_CASE("on Vulkan (lavapipe in CI): llama HF f16 matches the reference", "[models][reference][gpu]") {
+TEST_CASE("on Vulkan (lavapipe in CI): llama HF f16 matches the reference, alone and batched in slots", "[models][reference][gpu]") {
   model_spec s = llama_spec();
   s.layers = 1;  // lavapipe under ASan: ~0.1 s a decode step per layer
-  check_hf("llama", s, "F16", backend::vulkan);
+  check_hf("llama", s, "F16", backend::vulkan, /*batched=*/true);
 }
-TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q4_0 matches the reference", "[models][reference][gpu]") {
+TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q4_0 matches the reference, alone and batched in slots", "[models][reference][gpu]") {
   model_spec s = qwen2_spec();
   s.layers = 1;
-  check_gguf("qwen2", s, tensor_type::q4_0, backend::vulkan);
+  check_gguf("qwen2", s, tensor_type::q4_0, backend::vulkan, /*batched=*/true);
 }
 TEST_CASE("on Vulkan (lavapipe in CI): qwen2 GGUF Q5_0 with hidden 96 matches the reference", "[models][reference][gpu]") {
   model_spec s = narrow_qwen2_spec();

@@ -155,6 +155,47 @@ TEST_CASE("a prompt in several batches gives the logits of one batch", "[models]
   CHECK(one->stats().programs == programs);
 }
 
+TEST_CASE("slots: a decode batch's errors name what is wrong and change nothing", "[models][session]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", tiny(), tensor_type::f16);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  session_options o;
+  o.slots = 3;
+  auto s = session::create(*cpu, *ckpt, o);
+  REQUIRE(s);
+  CHECK(s->slots() == 3);
+  const std::vector<int32_t> prompt = {5, 6, 7};
+  REQUIRE(s->prefill(0, prompt));
+  REQUIRE(s->prefill(2, prompt));
+  const auto refused = [&](std::vector<slot_token> batch, const std::string& says) {
+    auto r = s->decode(batch);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().message, Catch::Contains(says));
+    CHECK(s->position(0) == 3);
+    CHECK(s->position(1) == 0);
+    CHECK(s->position(2) == 3);
+  };
+  refused({}, "an empty decode batch");
+  refused({{3, 1}}, "slot 3 does not exist (the session holds 3)");
+  refused({{0, 1}, {0, 2}}, "slot 0 named twice");
+  refused({{0, 1}, {2, 100000}}, "token 100000 is outside the vocabulary");
+  CHECK_THAT(s->prefill(-1, prompt).error().message, Catch::Contains("slot -1 does not exist"));
+  // A sequence at its context is refused, the others in its slots go on.
+  std::vector<int32_t> full(static_cast<size_t>(s->context() - 3), 9);
+  REQUIRE(s->prefill(2, full));
+  auto r = s->decode(std::vector<slot_token>{{0, 1}, {2, 1}});
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("slot 2 is at the context of 64 positions"));
+  auto ok = s->decode(std::vector<slot_token>{{0, 1}});
+  REQUIRE(ok);
+  CHECK(ok->size() == 1);
+  CHECK(s->position(0) == 4);
+  o.slots = 0;
+  CHECK_THAT(session::create(*cpu, *ckpt, o).error().message, Catch::Contains("0 slots asked for"));
+}
+
 TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
   generating_tiny m;
   auto& s = m.s;

@@ -54,14 +54,16 @@ struct served_model {
   std::unique_ptr<local_backend> backend;
   std::unique_ptr<api_server> server;
 
+  /// `parallel`: requests the model runs at once (0: the backend's default).
   explicit served_model(server_options options = {}, size_t max_queued = 8,
-                        const models::test::model_spec& spec = tiny_spec()) {
+                        const models::test::model_spec& spec = tiny_spec(), int64_t parallel = 0) {
     path = dir / "tiny.gguf";
     models::test::write_gguf_model(path, spec, models::tensor_type::f32);
     local_model_options m;
     m.path = path;
     m.chat_template = "chatml";
     m.max_queued = max_queued;
+    m.parallel = parallel;
     auto b = local_backend::create(cpu_backend_options(), {m});
     REQUIRE(b);
     backend = std::move(*b);

@@ -182,7 +182,8 @@ TEST_CASE("curl: errors carry OpenAI's shape and status", "[serving][server]") {
 }
 
 TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancelled", "[serving][backend]") {
-  served_model served({}, /*max_queued=*/1, long_spec());  // the running request outlasts the checks
+  // One request at a time, so that the second waits; the running one outlasts the checks.
+  served_model served({}, /*max_queued=*/1, long_spec(), /*parallel=*/1);
   auto& backend = *served.backend;
   struct seen {
     std::promise<generation_outcome> done;
@@ -234,6 +235,55 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
   auto typo = local_backend::create(cpu_backend_options(), {{served.path, "t", "chatmlx", 0, 1, {}}});
   REQUIRE_FALSE(typo);
   CHECK_THAT(typo.error().message, Catch::Contains("chatmlx"));
+}
+
+TEST_CASE("local_backend: requests running together share decode steps and give the text each gives alone",
+          "[serving][backend]") {
+  served_model served({}, 8, long_spec());  // the backend's default: 4 requests at once
+  auto& backend = *served.backend;
+  struct seen {
+    std::promise<generation_outcome> done;
+    std::atomic<int> pieces{0};
+  };
+  auto start = [&](seen& s, const std::string& prompt, int64_t max_tokens, uint64_t seed) {
+    generation_request r;
+    r.model = "tiny";
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    r.sampling = {.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = seed};
+    return backend.start(r, {[&s](std::string_view, std::span<const token_logprobs>) { ++s.pieces; },
+                             [&s](generation_outcome o) { s.done.set_value(std::move(o)); }, {}});
+  };
+  // A long request runs; two more join it while it does.
+  seen running, b, c;
+  auto a = start(running, "Once upon a time", 3000, 1);
+  REQUIRE(a);
+  REQUIRE(eventually([&] { return running.pieces.load() > 0; }));
+  REQUIRE(start(b, "hello there", 24, 7));
+  REQUIRE(start(c, "a b c d e f g h", 40, 8));
+  auto rb = b.done.get_future().get();
+  auto rc = c.done.get_future().get();
+  REQUIRE(rb);
+  REQUIRE(rc);
+  CHECK(running.pieces.load() > 0);
+  const auto stats = backend.stats();
+  CHECK(stats.widest_step >= 2);  // steps served several requests
+  CHECK(stats.decoded_tokens > stats.decode_steps);
+  (*a)->cancel();
+  CHECK_FALSE(running.done.get_future().get());
+
+  // Each text is what models::generate gives for that request alone, with the same seed.
+  reference_model ref(served.path);
+  models::generate_options o;
+  o.stop_at_eos = false;
+  o.sampling = {.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 7};
+  o.max_tokens = 24;
+  CHECK(rb->text == ref.complete("hello there", o).text);
+  o.sampling.seed = 8;
+  o.max_tokens = 40;
+  CHECK(rc->text == ref.complete("a b c d e f g h", o).text);
+  CHECK(rc->completion_tokens == 40);
 }
 
 TEST_CASE("a client that leaves during a stream cancels its generation, and the timeout answers 504",
