@@ -65,7 +65,9 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
       return at_node(id, n, {error_code::limit_exceeded, "shape " + to_string(n.dims) + " is negative or exceeds " +
                                                              std::to_string(limits.max_elements) + " elements"});
     // A quantized shape that does not hold whole blocks is infer()'s error; count it as f32 here.
-    const int64_t bytes = byte_size(n.type, n.dims);
+    // A kv_write's result is its cache parameter's memory (written in place, check_kv_writes),
+    // which the parameter already counts.
+    const int64_t bytes = n.op == op_kind::kv_write ? 0 : byte_size(n.type, n.dims);
     total_bytes += bytes >= 0 ? bytes : count * 4;
     if (total_bytes > limits.max_total_bytes)
       return at_node(id, n, {error_code::limit_exceeded, "graph needs more than " + std::to_string(limits.max_total_bytes) + " bytes"});

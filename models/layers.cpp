@@ -76,10 +76,10 @@ expr write_cache(const expr& cache, const expr& rows, const expr& dest) {
   return written;
 }
 
-expr slot_rows(const expr& cache, const expr& slot, int64_t slots, int64_t context, int64_t attended) {
-  const int64_t width = cache.dims()[1];
-  const expr first = slice_axis(reshape(cache, {slots, context, width}), 1, 0, attended);  // [slots, attended, width]
-  return reshape(gather(reshape(first, {slots, attended * width}), slot), {attended, width});
+expr slot_rows(const expr& cache, const expr& slot, int64_t context, int64_t attended) {
+  // Rows by index (a gather the kernels read through, as they do slices): no node of the whole
+  // cache's size besides the cache itself.
+  return gather(cache, nn::iota(*cache.owner(), attended) + slot * static_cast<double>(context));
 }
 
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
@@ -132,11 +132,12 @@ expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, 
   builder& b = *q.owner();
   const shape qs = q.dims();
   const int64_t n = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
-  const int64_t slots = k_cache.dims()[0] / context;
   const expr qg = reshape(q, {n, kv_heads, group, head_dim});
-  auto heads_of = [&](const expr& cache) {  // the first n slots' first `attended` rows: [n, kv, t, d]
-    const expr first = slice_axis(slice_axis(reshape(cache, {slots, context, kv_heads, head_dim}), 0, 0, n), 1, 0, attended);
-    return permute(first, {0, 2, 1, 3});
+  // Cache rows i * context + t of the first n slots, read by index (a gather the kernels read
+  // through, as they do slices: no node of the whole cache's size).
+  const expr rows = reshape(nn::iota(b, n) * static_cast<double>(context), {n, 1}) + reshape(nn::iota(b, attended), {1, attended});
+  auto heads_of = [&](const expr& cache) {  // [n, kv, t, d]
+    return permute(reshape(gather(cache, rows), {n, attended, kv_heads, head_dim}), {0, 2, 1, 3});
   };
   const expr k = heads_of(k_cache), v = heads_of(v_cache);
   const expr scores = matmul(qg, transpose(k)) * (1.0 / std::sqrt(static_cast<double>(head_dim)));  // [n, kv, group, t]

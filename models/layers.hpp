@@ -36,10 +36,10 @@ expr rope(const expr& x, const expr& cos, const expr& sin, int64_t dims, rope_st
 /// returns the updated cache for attention to read.
 expr write_cache(const expr& cache, const expr& rows, const expr& dest);
 
-/// The first `attended` rows of one sequence's cache in a cache of `slots` sequences of `context`
+/// The first `attended` rows of one sequence's cache in a cache of several sequences of `context`
 /// rows each ([slots * context, width], slot s at rows s * context ...), picked by `slot` (i32
 /// [1], a runtime value): [attended, width].
-expr slot_rows(const expr& cache, const expr& slot, int64_t slots, int64_t context, int64_t attended);
+expr slot_rows(const expr& cache, const expr& slot, int64_t context, int64_t attended);
 
 /// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
 /// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees

@@ -23,8 +23,8 @@
 ///
 /// Several sequences at once (session_options::slots; a server's continuous batching): each slot
 /// holds a sequence with a KV cache of its own of context() rows. prefill(slot, tokens) appends to
-/// one of them; decode(batch) appends one token to each of several in a single step, whose cost
-/// on a GPU is close to one sequence's (the weights are read once for every row):
+/// one of them; decode(batch) appends one token to each of several in a single step (one graph
+/// run, which reads the weights once for every row):
 ///
 ///   auto s = session::create(*ex, *ckpt, {.slots = 4});
 ///   auto a = s->prefill(0, prompt_a), b = s->prefill(1, prompt_b);

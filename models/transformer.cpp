@@ -59,7 +59,7 @@ expr cached_attention(const context& cx, const step_shape& s, const step_inputs&
   const int64_t kv = cx.c.n_kv_heads, window = cx.c.sliding_window;
   if (s.batched) return layers::batched_attention(q, k_new, v_new, in.positions, kv, s.context, s.attended, window);
   if (s.slots == 1) return layers::attention(q, k_new, v_new, in.positions, kv, s.attended, window);
-  const auto rows_of = [&](const expr& cache) { return layers::slot_rows(cache, in.slot, s.slots, s.context, s.attended); };
+  const auto rows_of = [&](const expr& cache) { return layers::slot_rows(cache, in.slot, s.context, s.attended); };
   return layers::attention(q, rows_of(k_new), rows_of(v_new), in.positions, kv, s.attended, window);
 }
 

@@ -16,8 +16,7 @@
 /// `parallel` sequences at once (slots of its session, each with a KV cache of the model's
 /// context), and each round of the worker admits waiting requests into free slots (prefilling
 /// their prompts), then runs one decode step per model for all its running requests together
-/// (on a GPU a step of several rows costs little more than one: the weights are read once).
-/// A request that ends frees its slot for the next at once; requests are admitted in arrival
+/// (one graph run: the weights are read once per step, not once per request). A request that ends frees its slot for the next at once; requests are admitted in arrival
 /// order. A split model holds one sequence. Each model has a bounded queue (a request past it is
 /// refused with queue_full, which the HTTP server answers with 429). Cancellation is checked at
 /// every token and before a queued request starts.

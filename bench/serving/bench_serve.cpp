@@ -25,18 +25,19 @@ extern "C" void on_signal(int) { stop = 1; }
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s CHECKPOINT [--cpu] [--port N] [--context N] [--id ID]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CHECKPOINT [--cpu] [--port N] [--context N] [--parallel N] [--id ID]\n", argv[0]);
     return 2;
   }
   bool cpu = false;
   int port = 0;
-  int64_t context = 0;
+  int64_t context = 0, parallel = 4;
   std::string id;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--cpu") cpu = true;
     else if (a == "--port" && i + 1 < argc) port = std::atoi(argv[++i]);
     else if (a == "--context" && i + 1 < argc) context = std::atoll(argv[++i]);
+    else if (a == "--parallel" && i + 1 < argc) parallel = std::atoll(argv[++i]);
     else if (a == "--id" && i + 1 < argc) id = argv[++i];
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   m.path = argv[1];
   m.id = id;
   m.context = context;
+  m.parallel = parallel;  // requests decoded together (continuous batching)
   m.max_queued = 64;  // the load generator's streams all wait: none is refused
   auto backend = serving::local_backend::create(o, {m});
   if (!backend) {

@@ -9,9 +9,9 @@
 #   make_gguf.py; .gl/: the Vulkan loader packages (shared/PLATFORM.md).
 # Environment: H100_BUDGET (seconds, default 570), H100_WORK (default /tmp/ls), STREAMS (default
 #   1,4,16), REQUESTS (per stream, default 2), MAX_TOKENS (128), PROMPT_WORDS (100), SHAPE (llama1b),
-#   QUANT (Q4_K_M), NP (llama-server slots, default 16).
+#   QUANT (Q4_K_M), NP (slots of both servers, default 16).
 # llama-server runs with -np NP slots (its continuous batching) and -c NP*2048; mesh-bench-serve
-# with a context of 2048 and one generation at a time (meshnode does not batch requests yet).
+# with --parallel NP (its continuous batching) and a context of 2048 per slot.
 # Results: $OUT (default $H100_WORK/out): serving.log, results.jsonl, llama-server.log, mesh.log.
 set -u -o pipefail
 T0=$SECONDS
@@ -87,7 +87,7 @@ if [ -x "$LB/llama-server" ] && [ -s "$F" ]; then
   kill $LS; wait $LS 2>/dev/null
 fi
 if [ -s "$F" ]; then
-  "$D/mesh-bench-serve" "$F" --port 8091 --context 2048 --id "$SHAPE-$QUANT" >"$O/mesh.log" 2>&1 &
+  "$D/mesh-bench-serve" "$F" --port 8091 --context 2048 --parallel "$NP" --id "$SHAPE-$QUANT" >"$O/mesh.log" 2>&1 &
   MS=$!
   if wait_http http://127.0.0.1:8091/v1/models 180 $MS; then
     log "mesh-bench-serve up: $(head -1 "$O/mesh.log")"

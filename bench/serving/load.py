@@ -46,6 +46,8 @@ def one_request(url, model, prompt, max_tokens, timeout):
         if payload == "[DONE]":
             break
         event = json.loads(payload)
+        if event.get("error"):  # an error after the stream began: the request failed
+            raise RuntimeError(f"error event: {event['error'].get('message', '')[:300]}")
         if event.get("usage"):
             tokens = event["usage"].get("completion_tokens", tokens)
         for choice in event.get("choices", []):

@@ -269,7 +269,7 @@ TEST_CASE("stages: a range the model lacks is an error naming it and the layer c
   REQUIRE(config);
   auto weights = model_weights::plan(*config, *ckpt);
   REQUIRE(weights);
-  auto g = build_step_graph(*config, *weights, {1, 64, 64, false, {1, 4}});
+  auto g = build_step_graph(*config, *weights, {1, 64, 64, false, {1, 4}, 1, false});
   REQUIRE_FALSE(g);
   CHECK(g.error().message == "step graph: layers [1, 4) of a model with 3 layers: it runs past the last layer");
 }
