@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   int port = 7420, heartbeat_ms = 250, dead_after_ms = 2500;
   int64_t blob_cache_bytes = int64_t{32} << 30;
   int parallel = 4;
+  double max_job_gflop = 10000;
+  int64_t max_job_bytes = int64_t{16} << 30;
   std::vector<std::string> peers, models;
   std::string api_bind = "127.0.0.1:8080", api_key_file;
   bool print_id = false, open_mesh = false;
@@ -65,6 +67,10 @@ int main(int argc, char** argv) {
                                  "(<state-dir>/blobs), least recently used evicted first (default 32 GiB)")->envname("MESH_BLOB_CACHE_BYTES");
   auto* o_parallel = app.add_option("--parallel", parallel, "requests each model runs at once, their decode steps batched together "
                                     "(each holds a KV cache of the model's context; default 4)")->envname("MESH_PARALLEL");
+  auto* o_gflop = app.add_option("--max-job-gflop", max_job_gflop, "compute budget of one graph run a peer or client sends "
+                                 "(GFLOP as the cost model counts them; default 10000)")->envname("MESH_MAX_JOB_GFLOP");
+  auto* o_jbytes = app.add_option("--max-job-bytes", max_job_bytes, "memory budget of one graph run a peer or client sends "
+                                  "(all its values together; default 16 GiB)")->envname("MESH_MAX_JOB_BYTES");
   app.add_flag("--print-id", print_id, "create the identity if needed, print the node id and exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -87,8 +93,12 @@ int main(int argc, char** argv) {
       using T = std::decay_t<decltype(value)>;
       const auto node = t[key];
       if (!node) return;
-      auto v = node.template value_exact<std::conditional_t<std::is_same_v<T, int>, int64_t, T>>();
-      if (!v) return complain(key, std::is_integral_v<T> ? "an integer" : "a string");
+      // A number setting takes an integer too (TOML writes 10000, not 10000.0).
+      auto v = [&] {
+        if constexpr (std::is_same_v<T, double>) return node.template value<double>();
+        else return node.template value_exact<std::conditional_t<std::is_same_v<T, int>, int64_t, T>>();
+      }();
+      if (!v) return complain(key, std::is_same_v<T, double> ? "a number" : std::is_integral_v<T> ? "an integer" : "a string");
       if constexpr (std::is_same_v<T, int>) {
         if (*v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max()) return complain(key, "a smaller integer");
       }
@@ -112,6 +122,8 @@ int main(int argc, char** argv) {
     fill(o_dead, "dead_after_ms", dead_after_ms);
     fill(o_blobs, "blob_cache_bytes", blob_cache_bytes);
     fill(o_parallel, "parallel", parallel);
+    fill(o_gflop, "max_job_gflop", max_job_gflop);
+    fill(o_jbytes, "max_job_bytes", max_job_bytes);
     fill(o_api, "api_bind", api_bind);
     fill(o_key, "api_key_file", api_key_file);
     if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
@@ -138,7 +150,7 @@ int main(int argc, char** argv) {
     fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
     const std::vector<std::string> known = {"state_dir", "secret_file", "join", "open", "bind", "port", "device", "log_level", "heartbeat_ms",
                                             "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file", "blob_cache_bytes",
-                                            "parallel"};
+                                            "parallel", "max_job_gflop", "max_job_bytes"};
     for (const auto& [key, value] : t)
       if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
         bad = "unknown setting '" + std::string(key.str()) + "' (known:";
@@ -182,6 +194,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.parallel = parallel;
+  if (!(max_job_gflop > 0) || max_job_bytes <= 0) {
+    std::cerr << "meshnode: --max-job-gflop and --max-job-bytes must be positive\n";
+    return 2;
+  }
+  cfg.limits.max_flops = max_job_gflop * 1e9;
+  cfg.limits.max_total_bytes = max_job_bytes;
   cfg.port = static_cast<uint16_t>(port);
   cfg.bind = bind;
   cfg.device = device;

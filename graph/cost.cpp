@@ -37,7 +37,11 @@ double node_flops(const graph& g, node_index id) {
       return 2.0 * out * static_cast<double>(a.back());
     }
     case op_family::reduce: return static_cast<double>(element_count(g[n.inputs[0]].dims));
-    case op_family::gather: return out;
+    // gather copies its result's elements; scatter_add zeroes its result and adds every update
+    // into it, so its work follows the updates (which may far outnumber the result's elements).
+    case op_family::gather:
+      if (n.op == op_kind::scatter_add) return out + static_cast<double>(element_count(g[n.inputs[1]].dims));
+      return out;
     case op_family::linear: return 2.0 * out * static_cast<double>(g[n.inputs[0]].dims.back());
     case op_family::kv_write: return 0;
   }

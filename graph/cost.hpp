@@ -25,8 +25,10 @@ struct device_profile {
 /// at 1e-9 too.
 double usable_rate(double r);
 
-/// Floating-point operations of one node (matmul: 2mkn per batch; elementwise: one per element
-/// or a few for transcendental ops; reductions: one per input element; movement: zero).
+/// Floating-point operations of one node (matmul and linear: 2mkn per batch; elementwise: one per
+/// element or a few for transcendental ops; reductions: one per input element; gather: one per
+/// result element; scatter_add: one per result element and one per update; movement and leaves,
+/// splatted constants included: zero, their memory is what validate() bounds).
 double node_flops(const graph& g, node_index id);
 
 /// Bytes a node reads and writes (inputs' results and its own).

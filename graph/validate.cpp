@@ -4,11 +4,19 @@
 #include <set>
 #include <string>
 
+#include "graph/cost.hpp"
 #include "graph/infer.hpp"
 #include "graph/quant.hpp"
 
 namespace mesh {
 namespace {
+
+std::string fmt_gflop(double flops) {
+  std::string s = std::to_string(flops / 1e9);
+  s.erase(s.find_last_not_of('0') + 1);  // "10000.000000" -> "10000."
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
 
 tl::unexpected<error> at_node(node_index id, const node& n, error e) {
   e.message = "node %" + std::to_string(id) + " (" + std::string(to_string(n.op)) + "): " + e.message;
@@ -48,6 +56,7 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
     return make_error(error_code::limit_exceeded, "graph has " + std::to_string(g.nodes.size()) +
                                                       " nodes, the limit is " + std::to_string(limits.max_nodes));
   int64_t total_bytes = 0, constant_values = 0;
+  double total_flops = 0;
   std::set<std::string> leaf_names;
   std::vector<value_type> types;
   types.reserve(g.nodes.size());
@@ -91,6 +100,10 @@ expected<void> validate(const graph& g, const graph_limits& limits) {
       return at_node(id, n, {error_code::shape_mismatch, "declared " + std::string(to_string(n.type)) + to_string(n.dims) +
                                                              " but inputs give " + to_string(t->type) + to_string(t->dims)});
     types.push_back(*t);
+    total_flops += node_flops(g, id);  // the node's and its inputs' shapes are checked by now
+    if (!(total_flops <= limits.max_flops))
+      return at_node(id, n, {error_code::limit_exceeded, "graph needs more than " + fmt_gflop(limits.max_flops) +
+                                                             " GFLOP, the compute budget of one job"});
   }
   std::set<std::string> output_names;
   for (const auto& o : g.outputs) {

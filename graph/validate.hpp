@@ -16,6 +16,9 @@ struct graph_limits {
   int64_t max_nodes = 1 << 20;
   int64_t max_elements = int64_t{1} << 31;        ///< per tensor
   int64_t max_total_bytes = int64_t{16} << 30;    ///< all node results together
+  /// Floating-point operations of one run of the graph, as graph/cost.hpp counts them (a job's
+  /// compute budget: a small message of splatted constants can otherwise ask for hours).
+  double max_flops = 1e15;
   int64_t max_constant_values = int64_t{1} << 24;  ///< literal values carried in the graph
   int64_t max_inputs_per_node = 4096;              ///< concat fan-in
 };
@@ -25,7 +28,8 @@ struct graph_limits {
 /// non-empty and unique; outputs and updates refer to valid nodes (updates: a parameter and a value
 /// of its dtype and shape, each parameter at most once); quantized dtypes only in leaves read by
 /// linear or a cast, never returned or updated; a kv_write's cache a parameter that nothing else
-/// reads, updated with the kv_write (it is written in place). The error names the node and the rule.
+/// reads, updated with the kv_write (it is written in place). The error names the node and the rule
+/// (for a budget, the node at which the graph passed it).
 expected<void> validate(const graph& g, const graph_limits& limits = {});
 
 }  // namespace mesh

@@ -50,6 +50,8 @@ TEST_CASE("meshnode refuses bad settings with a message that names them", "[apps
       {"--peer 127.0.0.1:7420", "must be NODEID@HOST:PORT"},
       {"--heartbeat-ms 2000000000", "--dead-after-ms must exceed"},  // 2 x heartbeat overflowed an int
       {"--blob-cache-bytes 0", "--blob-cache-bytes must be positive"},
+      {"--parallel 0", "--parallel must be 1..256"},
+      {"--max-job-gflop 0", "--max-job-gflop and --max-job-bytes must be positive"},
   };
   for (const auto& c : cases) {
     INFO(c.args);
@@ -69,6 +71,8 @@ TEST_CASE("meshnode refuses bad settings with a message that names them", "[apps
       {"state-dir = \"/tmp/x\"\n", "unknown setting 'state-dir'"},
       {"heartbeat_ms = 99999999999\n", "'heartbeat_ms' must be a smaller integer"},
       {"blob_cache_bytes = \"32G\"\n", "'blob_cache_bytes' must be an integer"},
+      {"max_job_gflop = \"lots\"\n", "'max_job_gflop' must be a number"},
+      {"parallel = 300\n", "--parallel must be 1..256"},
   };
   for (const auto& c : files) {
     INFO(c.args);

@@ -146,7 +146,7 @@ TEST_CASE("a node killed with SIGKILL mid-job: the job completes on the survivor
   CHECK((victim == node_id_of(mesh3.eb) ? mesh3.c : mesh3.b)->running());  // the survivor
 }
 
-TEST_CASE("a malformed or oversized graph gets a clear error and every node keeps running", "[apps][node]") {
+TEST_CASE("a malformed, oversized or too costly graph gets a clear error and every node keeps running", "[apps][node]") {
   three_nodes mesh3;
   auto cl = client::connect(mesh3.eb, member_options());
   REQUIRE(cl);
@@ -176,6 +176,17 @@ TEST_CASE("a malformed or oversized graph gets a clear error and every node keep
   REQUIRE_FALSE(h);
   INFO(h.error().message);
   CHECK(h.error().message.find("the graph was rejected") != std::string::npos);
+  // A FLOP bomb: two 20,000 x 20,000 splats multiplied, a few bytes that ask for 1.6e13 FLOP,
+  // past the node's compute budget (--max-job-gflop, 10,000 by default).
+  builder fb;
+  fb.output("y", matmul(fb.fill(1.0, dtype::f32, {20000, 20000}), fb.fill(2.0, dtype::f32, {20000, 20000})));
+  auto bomb = fb.finish();
+  REQUIRE(bomb);
+  auto f = (*cl)->run(*bomb, {}, {}, 30s);
+  REQUIRE_FALSE(f);
+  INFO(f.error().message);
+  CHECK(f.error().message.find("the graph was rejected") != std::string::npos);
+  CHECK(f.error().message.find("more than 10000 GFLOP") != std::string::npos);
   const job j = mlp_job();
   auto ok = (*cl)->run(j.g, j.inputs, j.params, 60s);
   if (!ok) FAIL("a valid job after the bad ones failed: " << ok.error().message);

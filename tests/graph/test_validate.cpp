@@ -147,3 +147,37 @@ TEST_CASE("validate rejects bad outputs, updates and names", "[graph][validate]"
   c.nodes[0].attrs.values = {1, 2};  // 2 values for 6 elements
   require_rejected(c, error_code::invalid_graph, "2 values");
 }
+
+TEST_CASE("a FLOP bomb of splatted constants is refused before it runs", "[graph][validate][budget]") {
+  // Two 20,000 x 20,000 splats (a few bytes in a message, 1.6 GB each as values) multiplied:
+  // 1.6e13 FLOP, hours on a CPU.
+  builder b;
+  auto a = b.fill(1.0, dtype::f32, {20000, 20000});
+  auto c = b.fill(2.0, dtype::f32, {20000, 20000});
+  b.output("y", matmul(a, c));
+  auto g = b.finish();
+  REQUIRE(g);  // the builder's own checks use the default budget, which this is within
+  graph_limits node;
+  node.max_flops = 1e13;  // meshnode's default --max-job-gflop
+  auto r = validate(*g, node);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::limit_exceeded);
+  CHECK_THAT(r.error().message, Catch::Contains("node %2"));
+  CHECK_THAT(r.error().message, Catch::Contains("more than 10000 GFLOP"));
+  node.max_flops = 2e13;
+  CHECK(validate(*g, node));
+}
+
+TEST_CASE("scatter_add costs one FLOP per update, however small its result", "[graph][cost]") {
+  builder b;
+  auto idx = b.input("idx", dtype::i32, {100000});
+  auto upd = b.input("upd", dtype::f32, {100000, 64});
+  b.output("y", scatter_add(idx, upd, {2, 64}));
+  auto g = b.finish();
+  REQUIRE(g);
+  graph_limits tight;
+  tight.max_flops = 1e6;  // the result has 128 elements; the updates 6.4 million
+  auto r = validate(*g, tight);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("GFLOP"));
+}
