@@ -1,6 +1,7 @@
 // The health actor: heartbeats out to every peer and in from them (each carries the sender's
 // running stages), phi-accrual suspicion (health_monitor); a peer declared Dead is disconnected
-// and reported to membership.
+// and reported to membership. It runs detached (a thread of its own) and takes heartbeat
+// datagrams straight from the endpoint (node.cpp), so neither waits behind other work.
 #include "actors/node_shell.hpp"
 
 #include <spdlog/spdlog.h>
@@ -26,6 +27,11 @@ void log_transition(const health_transition& tr) {
   spdlog::info("peer {}: {} -> {}", tr.peer.short_string(), to_string(tr.from), to_string(tr.to));
 }
 
+void on_heartbeat(caf::stateful_actor<health_state>* self, const node_id& from, const msg::heartbeat& hb) {
+  self->state.load[from] = hb.running_stages;
+  for (auto& tr : self->state.monitor->on_heartbeat(from, hb.incarnation, now_mono())) log_transition(tr);
+}
+
 caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr ctx) {
   health_config hc;
   hc.heartbeat_interval = ctx->cfg.heartbeat;
@@ -42,11 +48,20 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
         self->state.load.erase(id);
       },
       [=](load_atom, uint32_t running) { self->state.own_load = running; },
-      [=](inbound_atom, node_id from, message_ptr m) {
-        auto* hb = std::get_if<msg::heartbeat>(m.get());
-        if (!hb) return;
-        self->state.load[from] = hb->running_stages;
-        for (auto& tr : self->state.monitor->on_heartbeat(from, hb->incarnation, now_mono())) log_transition(tr);
+      [=](inbound_atom, node_id from, message_ptr m) {  // a heartbeat the bridge decoded
+        if (auto* hb = std::get_if<msg::heartbeat>(m.get())) on_heartbeat(self, from, *hb);
+      },
+      [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {  // a datagram, straight from the endpoint
+        auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget, &ctx->cfg.limits);
+        std::string why;
+        if (!m) why = m.error().to_string();
+        else if (!std::holds_alternative<msg::heartbeat>(*m)) why = "a message other than a heartbeat came as a datagram";
+        if (!why.empty()) {
+          spdlog::warn("refused a datagram from {}: {}", from.short_string(), why);
+          ctx->refusals->record(from, why);
+          return;
+        }
+        on_heartbeat(self, from, std::get<msg::heartbeat>(*m));
       },
       [=](tick_atom) {
         auto& st = self->state;
@@ -77,7 +92,9 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
 }  // namespace
 
 caf::actor spawn_health(caf::local_actor& parent, context_ptr ctx) {
-  return parent.spawn<caf::monitored>(health_actor, std::move(ctx));
+  // Detached: a thread of its own, so that its heartbeats and its checks keep their time while
+  // the two scheduler threads decode large messages or run other actors' work.
+  return parent.spawn<caf::monitored + caf::detached>(health_actor, std::move(ctx));
 }
 
 }  // namespace mesh::node_shell

@@ -173,12 +173,12 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   // Events that arrive before the bridge exists (a peer may dial as soon as the port is bound)
   // wait in `early` and are replayed when the supervisor installs the bridge.
   auto bridge_mutex = std::make_shared<std::mutex>();
-  auto bridge_slot = std::make_shared<caf::actor>();
+  auto slots = std::make_shared<node_shell::inbound_slots>();
   auto early = std::make_shared<std::vector<std::function<void(const caf::actor&)>>>();
   // Arguments are moved into the message: an inbound bulk message is not copied on the I/O thread.
-  const auto post = [bridge_mutex, bridge_slot, early](auto... xs) {
+  const auto post = [bridge_mutex, slots, early](auto... xs) {
     std::lock_guard<std::mutex> lock(*bridge_mutex);
-    if (*bridge_slot) caf::anon_send(*bridge_slot, std::move(xs)...);
+    if (slots->bridge) caf::anon_send(slots->bridge, std::move(xs)...);
     else early->push_back([... xs = std::move(xs)](const caf::actor& bridge) { caf::anon_send(bridge, xs...); });
   };
   transport::handlers h;
@@ -186,8 +186,13 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   h.on_peer_down = [post](const node_id& id, const transport::peer_down& why) {
     post(down_atom::value, id, why.reason, why.orderly);
   };
-  h.on_message = [post](const node_id& id, transport::channel, std::vector<uint8_t> bytes) {
-    post(inbound_atom::value, id, std::move(bytes));
+  h.on_message = [post, bridge_mutex, slots](const node_id& id, transport::channel ch, std::vector<uint8_t> bytes) {
+    if (ch != transport::channel::heartbeat) return post(inbound_atom::value, id, std::move(bytes));
+    // A heartbeat datagram (at most a QUIC packet) goes to the health actor, which runs on a
+    // thread of its own: it never waits behind a large message the bridge is decoding, nor for
+    // a scheduler thread. One that comes before the health actor exists is dropped (they may be lost).
+    std::lock_guard<std::mutex> lock(*bridge_mutex);
+    if (slots->health) caf::anon_send(slots->health, inbound_atom::value, id, std::move(bytes));
   };
   h.on_connect_failed = [](const std::optional<node_id>& id, const std::string& addr, const std::string& why) {
     spdlog::warn("connection {} {} refused: {}", id ? id->short_string() : "?", addr, why);
@@ -322,7 +327,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->models = host->get();
   ctx->board = board;
   ctx->api_url = api_url;
-  auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, bridge_slot, early, first_device);
+  auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, slots, early, first_device);
 
   int code = 0;
   caf::scoped_actor waiter{sys};
@@ -343,7 +348,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   }
   {
     std::lock_guard<std::mutex> lock(*bridge_mutex);
-    *bridge_slot = caf::actor{};
+    *slots = {};
   }
   if (api) api->stop();  // its requests end before the host goes
   if (statics) statics->stop();

@@ -165,9 +165,17 @@ caf::actor spawn_jobs(caf::local_actor& parent, context_ptr ctx);        ///< jo
 caf::actor spawn_status(caf::local_actor& parent, context_ptr ctx);      ///< status_actor.cpp
 caf::actor spawn_generator(caf::local_actor& parent, context_ptr ctx);   ///< generator_actor.cpp
 
-/// supervisor_actor.cpp: the node's root actor. It installs the bridge in `bridge_slot` (under
-/// `bridge_mutex`) and replays `early` to it.
+/// Where the endpoint's I/O thread posts its events (under the bridge mutex): every event to the
+/// bridge, except heartbeat datagrams, which go straight to the health actor, so that they never
+/// wait in the bridge's mailbox behind the decoding of a large message.
+struct inbound_slots {
+  caf::actor bridge;
+  caf::actor health;
+};
+
+/// supervisor_actor.cpp: the node's root actor. It installs the bridge and the health actor in
+/// `slots` (under `bridge_mutex`) and replays `early` to the bridge.
 caf::actor spawn_supervisor(caf::actor_system& sys, context_ptr ctx, std::shared_ptr<std::mutex> bridge_mutex,
-                            std::shared_ptr<caf::actor> bridge_slot, early_events early, device_slot first_device);
+                            std::shared_ptr<inbound_slots> slots, early_events early, device_slot first_device);
 
 }  // namespace mesh::node_shell

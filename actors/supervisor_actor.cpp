@@ -24,7 +24,7 @@ struct supervisor_state {
 };
 
 caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, context_ptr ctx, std::shared_ptr<std::mutex> bridge_mutex,
-                               std::shared_ptr<caf::actor> bridge_slot, early_events early, device_slot first_device) {
+                               std::shared_ptr<inbound_slots> slots, early_events early, device_slot first_device) {
   auto& st = self->state;
   const auto& cfg = ctx->cfg;
   st.budget = std::make_unique<restart_budget>(cfg.max_restarts, cfg.restart_window);
@@ -41,9 +41,11 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, cont
   };
   wire_all();
   {
-    // Endpoint events go to the bridge from now on; those that came early are replayed first.
+    // Endpoint events go to the bridge (heartbeats to health) from now on; those that came early
+    // are replayed first.
     std::lock_guard<std::mutex> lock(*bridge_mutex);
-    *bridge_slot = st.a.bridge;
+    slots->bridge = st.a.bridge;
+    slots->health = st.a.health;
     for (auto& replay : *early) replay(st.a.bridge);
     early->clear();
   }
@@ -96,8 +98,8 @@ caf::behavior supervisor_actor(caf::stateful_actor<supervisor_state>* self, cont
 }  // namespace
 
 caf::actor spawn_supervisor(caf::actor_system& sys, context_ptr ctx, std::shared_ptr<std::mutex> bridge_mutex,
-                            std::shared_ptr<caf::actor> bridge_slot, early_events early, device_slot first_device) {
-  return sys.spawn(supervisor_actor, std::move(ctx), std::move(bridge_mutex), std::move(bridge_slot), std::move(early),
+                            std::shared_ptr<inbound_slots> slots, early_events early, device_slot first_device) {
+  return sys.spawn(supervisor_actor, std::move(ctx), std::move(bridge_mutex), std::move(slots), std::move(early),
                    std::move(first_device));
 }
 
