@@ -35,6 +35,7 @@ struct local_backend::model {
   std::optional<models::chat_template> tmpl;
   std::string no_template;  ///< why chat is refused when tmpl is empty
   size_t max_queued = 0;
+  int64_t prefill_chunk = 0;
   size_t queued = 0;        ///< waiting, the running one not counted (guarded by mutex_)
   uint64_t last_use = 0;    ///< guarded by mutex_
   bool unloaded = false;    ///< guarded by mutex_: requests for it fail
@@ -54,7 +55,9 @@ struct local_backend::job {
   int64_t slot = -1;                    ///< the model's sequence it holds
   std::optional<models::generation_run> run;
   int32_t next = 0;                     ///< the token to decode in the next step
-  double load_seconds = 0, queue_seconds = 0;
+  size_t prefilled = 0;                 ///< prompt tokens read so far
+  int64_t chunk = 0;                    ///< prompt tokens read per round
+  double load_seconds = 0, queue_seconds = 0, prompt_seconds = 0;
   std::vector<token_logprobs> entries, result_logprobs;  ///< waiting for their piece; given out
 };
 
@@ -184,6 +187,7 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   m->info.created = static_cast<int64_t>(std::time(nullptr));
   m->info.chat = m->tmpl.has_value();
   m->max_queued = o.max_queued;
+  m->prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : std::max<int64_t>(options_.prefill_chunk, 1);
   return m;
 }
 
@@ -592,21 +596,35 @@ void local_backend::begin(const std::shared_ptr<job>& jp) {
   auto run = models::generation_run::start(*m.tok, m.seq->config(), j.prompt, 0, m.seq->context(), j.options, on_piece);
   if (!run) return complete(jp, fail(kind_of(run.error()), run.error().message));
   j.run.emplace(std::move(*run));
+  if (m.batch) m.batch->reset(j.slot);
+  else m.seq->reset();
+  j.chunk = m.prefill_chunk;
+}
+
+void local_backend::prefill(const std::shared_ptr<job>& jp) {
+  job& j = *jp;
+  model& m = *j.m;
+  // Cancellation is seen between chunks too: a long prompt of a client that left stops early.
+  if (j.handle->cancelled() || stopping_.load()) return complete(jp, fail(failure_kind::cancelled, "cancelled"));
+  const size_t n = std::min(static_cast<size_t>(j.chunk), j.prompt.size() - j.prefilled);
+  const std::span<const int32_t> chunk(j.prompt.data() + j.prefilled, n);
   const auto t0 = clock_type::now();
-  expected<std::vector<float>> logits;
-  if (m.batch) {
-    m.batch->reset(j.slot);
-    logits = m.batch->prefill(j.slot, j.prompt);
-  } else {
-    m.seq->reset();
-    logits = m.seq->prefill(j.prompt);
-  }
+  auto logits = m.batch ? m.batch->prefill(j.slot, chunk) : m.seq->prefill(chunk);
   if (!logits) return complete(jp, fail(kind_of(logits.error()), logits.error().message));
-  j.run->prompt_done(seconds_since(t0));
+  j.prompt_seconds += seconds_since(t0);
+  j.prefilled += n;
+  if (j.prefilled < j.prompt.size()) return;  // the next chunk in the next round
+  j.run->prompt_done(j.prompt_seconds);
   advance(jp, *logits);
 }
 
-void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& jobs) {
+void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& all) {
+  std::vector<std::shared_ptr<job>> jobs;  // those past their prompts, with a token to decode
+  for (const auto& j : all) {
+    if (j->prefilled < j->prompt.size()) prefill(j);  // may end it, or take it past its prompt
+    else jobs.push_back(j);
+  }
+  if (jobs.empty()) return;
   std::vector<std::vector<float>> logits;
   error failed;
   if (m->batch) {

@@ -14,9 +14,11 @@
 ///
 /// One worker thread runs every generation with continuous batching: a model holds up to
 /// `parallel` sequences at once (slots of its session, each with a KV cache of the model's
-/// context), and each round of the worker admits waiting requests into free slots (prefilling
-/// their prompts), then runs one decode step per model for all its running requests together
-/// (one graph run: the weights are read once per step, not once per request). A request that ends frees its slot for the next at once; requests are admitted in arrival
+/// context), and each round of the worker admits waiting requests into free slots, prefills one
+/// chunk of each prompt still being read (`prefill_chunk` tokens, so that a long prompt delays the
+/// running requests by one chunk per round, not by its whole length), then runs one decode step per
+/// model for all its requests past their prompts together (one graph run: the weights are read
+/// once per step, not once per request). A request that ends frees its slot for the next at once; requests are admitted in arrival
 /// order. A split model holds one sequence. Each model has a bounded queue (a request past it is
 /// refused with queue_full, which the HTTP server answers with 429). Cancellation is checked at
 /// every token and before a queued request starts.
@@ -74,6 +76,8 @@ struct local_model_options {
   /// Requests it runs at once (session slots, each a KV cache of `context` rows); 0: the
   /// backend's `parallel`. A split model runs one.
   int64_t parallel = 0;
+  /// Prompt tokens read per worker round for one request (0: the backend's `prefill_chunk`).
+  int64_t prefill_chunk = 0;
 };
 
 struct local_backend_options {
@@ -88,6 +92,8 @@ struct local_backend_options {
   int64_t path_context = 0;
   /// Requests a model runs at once unless its options say otherwise (models loaded on demand too).
   int64_t parallel = 4;
+  /// Prompt tokens a request reads per round unless its model's options say otherwise.
+  int64_t prefill_chunk = 512;
 };
 
 /// Counts since the backend started, for tests and metrics.
@@ -147,10 +153,13 @@ class local_backend final : public generation_backend {
   void run_loads();
   /// Moves waiting requests whose models have a free slot into active_ (under mutex_).
   std::vector<std::shared_ptr<job>> admit();
-  /// Starts an admitted request: loads its model if needed, prefills its prompt, samples its
-  /// first token. Ends it (complete) when that is all it needs or something fails.
+  /// Starts an admitted request: loads its model if needed and sets up its generation. Ends it
+  /// (complete) when something fails.
   void begin(const std::shared_ptr<job>& j);
-  /// One decode step of every active request of model `m`.
+  /// Reads the next chunk of a request's prompt; after the last, samples its first token.
+  void prefill(const std::shared_ptr<job>& j);
+  /// One round for model `m`: a prompt chunk for each of its requests still reading one, then one
+  /// decode step for all those past their prompts.
   void step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& jobs);
   /// Hands the logits after a request's last token to its generation; ends it when it is done.
   void advance(const std::shared_ptr<job>& j, std::span<const float> logits);

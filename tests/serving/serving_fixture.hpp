@@ -54,9 +54,11 @@ struct served_model {
   std::unique_ptr<local_backend> backend;
   std::unique_ptr<api_server> server;
 
-  /// `parallel`: requests the model runs at once (0: the backend's default).
+  /// `parallel`: requests the model runs at once; `prefill_chunk`: prompt tokens a request reads
+  /// per round (0: the backend's defaults).
   explicit served_model(server_options options = {}, size_t max_queued = 8,
-                        const models::test::model_spec& spec = tiny_spec(), int64_t parallel = 0) {
+                        const models::test::model_spec& spec = tiny_spec(), int64_t parallel = 0,
+                        int64_t prefill_chunk = 0) {
     path = dir / "tiny.gguf";
     models::test::write_gguf_model(path, spec, models::tensor_type::f32);
     local_model_options m;
@@ -64,6 +66,7 @@ struct served_model {
     m.chat_template = "chatml";
     m.max_queued = max_queued;
     m.parallel = parallel;
+    m.prefill_chunk = prefill_chunk;
     auto b = local_backend::create(cpu_backend_options(), {m});
     REQUIRE(b);
     backend = std::move(*b);

@@ -286,6 +286,48 @@ TEST_CASE("local_backend: requests running together share decode steps and give 
   CHECK(rc->completion_tokens == 40);
 }
 
+TEST_CASE("local_backend: a long prompt is read in chunks between the running requests' decode steps",
+          "[serving][backend]") {
+  served_model served({}, 8, long_spec(), /*parallel=*/4, /*prefill_chunk=*/16);
+  auto& backend = *served.backend;
+  std::atomic<int64_t> a_tokens{0};
+  std::promise<generation_outcome> a_done, b_done;
+  generation_request a;
+  a.model = "tiny";
+  a.prompt = "Once upon a time";
+  a.max_tokens = 3000;
+  a.ignore_eos = true;
+  auto ha = backend.start(a, {{}, [&](generation_outcome o) { a_done.set_value(std::move(o)); },
+                              [&](int64_t n) { a_tokens = n; }});
+  REQUIRE(ha);
+  REQUIRE(eventually([&] { return a_tokens.load() > 0; }));
+  // B's prompt is several chunks long; A decodes a token each round while B reads one chunk.
+  std::string words;
+  for (int i = 0; i < 60; ++i) words += "w" + std::to_string(i) + " ";
+  generation_request b;
+  b.model = "tiny";
+  b.prompt = words;
+  b.max_tokens = 2;
+  std::atomic<int64_t> a_at_first{-1};
+  const int64_t a_at_start = a_tokens.load();  // A's count only grows from here
+  auto hb = backend.start(b, {{}, [&](generation_outcome o) { b_done.set_value(std::move(o)); },
+                              [&](int64_t n) {
+                                if (n == 1) a_at_first = a_tokens.load();
+                              }});
+  REQUIRE(hb);
+  auto rb = b_done.get_future().get();
+  REQUIRE(rb);
+  const int64_t chunks = (rb->prompt_tokens + 15) / 16;
+  INFO("B's prompt: " << rb->prompt_tokens << " tokens, " << chunks << " chunks; A's tokens meanwhile: "
+                      << a_at_first.load() - a_at_start);
+  REQUIRE(chunks >= 4);
+  // Each round in which B read a chunk but its last ended with A's decode step; in the round of
+  // its last chunk B's first token comes before A's step.
+  CHECK(a_at_first.load() - a_at_start >= chunks - 1);
+  (*ha)->cancel();
+  CHECK_FALSE(a_done.get_future().get());
+}
+
 TEST_CASE("a client that leaves during a stream cancels its generation, and the timeout answers 504",
           "[serving][server]") {
   server_options o;
