@@ -436,7 +436,8 @@ void local_backend::run() {
       std::lock_guard<std::mutex> lock(mutex_);
       active = active_;
     }
-    // One decode step per model, for all of its requests together (in admission order).
+    // One round per model: a prompt chunk for each request still reading one, then one decode
+    // step for all the others together (in admission order).
     while (!active.empty()) {
       const std::shared_ptr<model> m = active.front()->m;
       std::vector<std::shared_ptr<job>> of_m;
