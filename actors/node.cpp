@@ -226,7 +226,8 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     using k = discovery::event;
     switch (e.k) {
       case k::peer_found:
-      case k::peer_updated: {
+      case k::peer_updated:
+      case k::peer_still_announced: {  // dialing a connected peer is a no-op
         auto id = node_id::parse(e.peer.node_id);
         if (!id) return;
         auto addrs = reachable(*epp, e.peer.addresses, e.peer.port);

@@ -50,6 +50,8 @@ class avahi_backend final : public backend {
     const AvahiPoll* api = avahi_threaded_poll_get(poll_);
     retry_ = api->timeout_new(api, nullptr, &avahi_backend::on_retry, this);  // disarmed
     re_resolve_ = api->timeout_new(api, nullptr, &avahi_backend::on_re_resolve, this);
+    remind_ = api->timeout_new(api, nullptr, &avahi_backend::on_remind, this);
+    arm_reminder();
     connect();
     if (avahi_threaded_poll_start(poll_) < 0) {
       teardown_client();
@@ -69,6 +71,7 @@ class avahi_backend final : public backend {
     poll_ = nullptr;
     retry_ = nullptr;
     re_resolve_ = nullptr;
+    remind_ = nullptr;
   }
 
  private:
@@ -331,6 +334,19 @@ class avahi_backend final : public backend {
 
   static constexpr std::chrono::milliseconds re_resolve_after{2000};
 
+  void arm_reminder() {
+    if (!remind_ || options_.remind_every.count() <= 0) return;
+    timeval tv;
+    avahi_threaded_poll_get(poll_)->timeout_update(
+        remind_, avahi_elapse_time(&tv, static_cast<unsigned>(options_.remind_every.count()), 0));
+  }
+
+  static void on_remind(AvahiTimeout*, void* self) {
+    auto* b = static_cast<avahi_backend*>(self);
+    for (auto& p : b->state_->members()) b->emit({event::peer_still_announced, std::move(p), ""});
+    b->arm_reminder();
+  }
+
   mdns_options options_;
   backoff backoff_;
   announcement self_;
@@ -346,6 +362,7 @@ class avahi_backend final : public backend {
   std::map<std::string, AvahiServiceResolver*> resolvers_;
   std::map<std::string, instance_ref> unresolved_;  // resolution failed; retried on re_resolve_
   AvahiTimeout* re_resolve_ = nullptr;
+  AvahiTimeout* remind_ = nullptr;  // reports the members again (remind_every)
   AvahiClient* client_for_lookups_ = nullptr;  // the client the browser belongs to
   bool announced_ = false;  // our service is added to group_ and committed
   bool up_ = false;

@@ -42,6 +42,10 @@ struct mdns_options {
   /// nodes must not find (and dial) it. `self` then needs only node_id (may be empty), mesh_id and
   /// protocol_version, which classify what is found. Avahi backend only.
   bool announce = true;
+  /// How often every member still announced is reported again (peer_still_announced): mDNS says
+  /// nothing new while a record stands, so without it a member lost to a partition that healed
+  /// would never be dialed again. 0: never.
+  std::chrono::milliseconds remind_every{5000};
 };
 
 /// Avahi native client API with AvahiThreadedPoll (Linux).

@@ -381,6 +381,8 @@ class dnssd_backend final : public backend {
 
   void run() {
     connect();
+    const bool reminding = options_.remind_every.count() > 0;
+    auto remind_at = clock_type::now() + options_.remind_every;
     while (!stopping_) {
       std::vector<pollfd> fds{{wake_[0], POLLIN, 0}};
       std::vector<DNSServiceRef> refs{nullptr};
@@ -392,6 +394,11 @@ class dnssd_backend final : public backend {
       if (retry_at_) {
         timeout = static_cast<int>(std::max<long long>(
             0, std::chrono::duration_cast<std::chrono::milliseconds>(*retry_at_ - clock_type::now()).count()));
+      }
+      if (reminding) {
+        const auto until = static_cast<int>(std::max<long long>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(remind_at - clock_type::now()).count()));
+        timeout = timeout < 0 ? until : std::min(timeout, until);
       }
       if (::poll(fds.data(), fds.size(), timeout) < 0) continue;  // EINTR
       for (std::size_t i = 1; i < fds.size() && !teardown_; ++i) {
@@ -412,6 +419,10 @@ class dnssd_backend final : public backend {
       }
       expire_lookups();
       if (retry_at_ && clock_type::now() >= *retry_at_) connect();
+      if (reminding && clock_type::now() >= remind_at) {
+        for (auto& p : state_->members()) emit({event::peer_still_announced, std::move(p), ""});
+        remind_at = clock_type::now() + options_.remind_every;
+      }
     }
     // Deallocating the registration withdraws the announcement (peers see us leave).
     while (!instances_.empty()) drop_instance(instances_.begin()->first);

@@ -12,6 +12,7 @@ const char* to_string(event::kind k) {
     case event::peer_hint: return "peer_hint";
     case event::backend_down: return "backend_down";
     case event::backend_up: return "backend_up";
+    case event::peer_still_announced: return "peer_still_announced";
   }
   return "unknown";
 }

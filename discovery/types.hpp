@@ -41,6 +41,9 @@ struct event {
     peer_hint,      ///< a static address to dial; node id unknown until the handshake
     backend_down,   ///< the backend lost its daemon/service; it retries with back-off
     backend_up,     ///< the backend is (again) announcing and browsing
+    /// A member is still announced (every mdns_options::remind_every): a consumer that lost its
+    /// connection to it (a partition, a peer declared Dead) dials it again.
+    peer_still_announced,
   };
   kind k = peer_found;
   peer_info peer;

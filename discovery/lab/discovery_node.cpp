@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   if (argc > 5) options.service_name = argv[5];
   options.retry_initial = std::chrono::milliseconds(100);
   options.retry_max = std::chrono::milliseconds(1000);
+  options.remind_every = std::chrono::milliseconds(1000);
   auto node = kind == "dnssd" ? make_dnssd_backend(options) : make_avahi_backend(options);
   announcement self{argv[2], argv[3], 1, static_cast<uint16_t>(std::stoi(argv[4])), "test node"};
   std::mutex out;

@@ -19,7 +19,8 @@ namespace {
 
 event::kind parse_kind(const std::string& s) {
   for (auto k : {event::peer_found, event::peer_updated, event::peer_lost, event::foreign_peer,
-                 event::peer_rejected, event::peer_hint, event::backend_down, event::backend_up}) {
+                 event::peer_rejected, event::peer_hint, event::backend_down, event::backend_up,
+                 event::peer_still_announced}) {
     if (s == to_string(k)) return k;
   }
   return event::peer_rejected;

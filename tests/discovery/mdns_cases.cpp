@@ -45,6 +45,10 @@ void two_announcers_find_each_other(const std::string& kind) {
   REQUIRE(nb.log().wait_for(event::peer_found, a.node_id, found_within, &found));
   CHECK(found.peer.port == 4001);
   CHECK(na.log().seen(event::backend_up));
+  // While b stays announced, a hears of it again every second (the lab's remind_every), so a
+  // node that lost its connection to b dials it again.
+  REQUIRE(na.log().wait_for(event::peer_still_announced, b.node_id, 5s, &found));
+  CHECK(found.peer.port == 4002);
   nb.stop();
   CHECK(na.log().wait_for(event::peer_lost, b.node_id, lost_within));
 }
