@@ -26,7 +26,7 @@ class planner {
     if (name.empty() || index_.count(name)) return {};
     auto t = ckpt_.require(name, expected_shape);
     if (!t) return forward_error(t);
-    weight w{"w." + name, *t, shape(expected_shape.begin(), expected_shape.end()), dtype::f32, layer_};
+    weight w{"w." + name, {*t}, shape(expected_shape.begin(), expected_shape.end()), dtype::f32, layer_};
     if (expected_shape.size() == 2) {
       const tensor_type type = (*t)->type;
       if ((type == tensor_type::f16 && options_.keep_f16) || (type == tensor_type::bf16 && options_.keep_bf16) ||
@@ -47,6 +47,50 @@ class planner {
   std::unordered_map<std::string, size_t>& index_;
   int64_t layer_ = -1;
 };
+
+/// Stacks runs of neighbours in `names` (each run: two or more planned projections of one input
+/// with the same device dtype, input width and checkpoint type) into one weight. The stack takes
+/// the first member's place; `weights` is compacted and `index` points every member at it.
+void stack_projections(std::vector<weight>& weights, std::unordered_map<std::string, size_t>& index,
+                       const std::vector<std::vector<std::string>>& groups) {
+  std::vector<bool> gone(weights.size(), false);
+  auto fits = [&](const weight& a, const weight& b) {
+    return a.dims.size() == 2 && b.dims.size() == 2 && a.dims[1] == b.dims[1] && a.type == b.type &&
+           a.sources.front()->type == b.sources.front()->type && a.layer == b.layer;
+  };
+  for (const auto& names : groups) {
+    size_t i = 0;
+    while (i < names.size()) {
+      auto at = [&](size_t k) -> weight& { return weights[index.at(names[k])]; };
+      if (names[i].empty() || !index.count(names[i])) {
+        ++i;
+        continue;
+      }
+      size_t end = i + 1;
+      while (end < names.size() && !names[end].empty() && index.count(names[end]) && fits(at(i), at(end))) ++end;
+      if (end - i >= 2) {
+        weight& head = at(i);
+        for (size_t k = i + 1; k < end; ++k) {
+          weight& member = at(k);
+          head.param += "+" + names[k];
+          head.sources.push_back(member.sources.front());
+          head.dims[0] += member.dims[0];
+          gone[index.at(names[k])] = true;
+          index[names[k]] = index.at(names[i]);
+        }
+      }
+      i = end;
+    }
+  }
+  std::vector<size_t> moved(weights.size());
+  std::vector<weight> kept;
+  for (size_t k = 0; k < weights.size(); ++k) {
+    moved[k] = kept.size();
+    if (!gone[k]) kept.push_back(std::move(weights[k]));
+  }
+  for (auto& [name, k] : index) k = moved[k];
+  weights = std::move(kept);
+}
 
 #define MESH_NEED(name, ...)                                     \
   do {                                                           \
@@ -110,6 +154,15 @@ expected<model_weights> model_weights::plan(const model_config& c, const checkpo
     MESH_NEED(n.ffn_norm_bias, d);
   }
   p.set_layer(-1);
+  if (options.fuse_projections && !gpt2) {
+    std::vector<std::vector<std::string>> groups;
+    for (int64_t l = range->first; l < range->end; ++l) {
+      const auto n = tensor_names(c, l);
+      groups.push_back({n.q, n.k, n.v});
+      groups.push_back({n.gate, n.up});
+    }
+    stack_projections(m.weights_, m.index_, groups);
+  }
   if (range->returns_logits(c.n_layers)) {
     MESH_NEED(top.output_norm, d);
     MESH_NEED(top.output_norm_bias, d);
@@ -135,6 +188,18 @@ const weight& model_weights::at(std::string_view tensor_name) const {
   const auto it = index_.find(std::string(tensor_name));
   assert(it != index_.end());
   return weights_[it->second];
+}
+
+row_span model_weights::rows_of(std::string_view tensor_name) const {
+  const weight& w = at(tensor_name);
+  row_span r;
+  for (const tensor_view* src : w.sources) {
+    r.count = src->shape.empty() ? 1 : src->shape.front();
+    if (src->name == tensor_name) return r;
+    r.first += r.count;
+  }
+  assert(w.sources.size() == 1);  // a tensor planned under another name (never: names are the files')
+  return {0, w.dims.empty() ? 1 : w.dims[0]};
 }
 
 int64_t model_weights::device_bytes() const {
@@ -164,36 +229,46 @@ expected<model_costs> plan_costs(const model_config& c, const checkpoint& ckpt, 
   return out;
 }
 
-bool stored_as_is(const weight& w) { return w.type == to_dtype(w.source->type); }
+namespace {
+
+bool source_as_is(const weight& w) { return w.type == to_dtype(w.sources.front()->type); }
+
+}  // namespace
+
+bool stored_as_is(const weight& w) { return w.sources.size() == 1 && source_as_is(w); }
 
 mesh::tensor_view device_view(const weight& w) {
   assert(stored_as_is(w));
-  return mesh::tensor_view{w.type, w.dims, w.source->data};
+  return mesh::tensor_view{w.type, w.dims, w.sources.front()->data};
 }
 
 expected<tensor> load_weight(const weight& w) {
-  const tensor_view& src = *w.source;
   tensor out;
   out.type = w.type;
   out.dims = w.dims;
-  const int64_t n = element_count(w.dims);
-  if (stored_as_is(w)) {
-    out.bytes.assign(src.data.begin(), src.data.end());
+  if (source_as_is(w)) {  // the bytes as they lie, a fused weight's one source after the other
+    for (const tensor_view* src : w.sources) out.bytes.insert(out.bytes.end(), src->data.begin(), src->data.end());
+    if (static_cast<int64_t>(out.bytes.size()) != byte_size(w.type, w.dims))
+      return make_error(error_code::internal, "load_weight: " + w.param + ": its sources do not add up to its shape");
     return out;
   }
   if (w.type != dtype::f32)
     return make_error(error_code::internal, "load_weight: " + w.param + " cannot become " + to_string(w.type));
-  // Rows are the innermost dimension (ggml's ne[0]): quantized blocks never cross them.
-  const int64_t row = src.shape.empty() ? 1 : src.shape.back();
-  const int64_t rows = row == 0 ? 0 : n / row;
-  auto rb = row_bytes(src.type, row);
-  if (!rb) return forward_error(rb);
-  out.bytes.resize(static_cast<size_t>(n) * sizeof(float));
+  out.bytes.resize(static_cast<size_t>(element_count(w.dims)) * sizeof(float));
   auto* dst = reinterpret_cast<float*>(out.bytes.data());
-  for (int64_t r = 0; r < rows; ++r) {
-    auto ok = dequantize_row(src.type, src.data.subspan(static_cast<size_t>(r * *rb), static_cast<size_t>(*rb)),
-                             std::span<float>(dst + r * row, static_cast<size_t>(row)));
-    if (!ok) return make_error(ok.error().code, "tensor " + quote_name(src.name) + ": " + ok.error().message);
+  for (const tensor_view* src : w.sources) {
+    // Rows are the innermost dimension (ggml's ne[0]): quantized blocks never cross them.
+    const int64_t n = src->elements();
+    const int64_t row = src->shape.empty() ? 1 : src->shape.back();
+    const int64_t rows = row == 0 ? 0 : n / row;
+    auto rb = row_bytes(src->type, row);
+    if (!rb) return forward_error(rb);
+    for (int64_t r = 0; r < rows; ++r) {
+      auto ok = dequantize_row(src->type, src->data.subspan(static_cast<size_t>(r * *rb), static_cast<size_t>(*rb)),
+                               std::span<float>(dst + r * row, static_cast<size_t>(row)));
+      if (!ok) return make_error(ok.error().code, "tensor " + quote_name(src->name) + ": " + ok.error().message);
+    }
+    dst += n;
   }
   return out;
 }

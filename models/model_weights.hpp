@@ -30,13 +30,19 @@
 
 namespace mesh::models {
 
-/// One checkpoint tensor as a graph parameter.
+/// One checkpoint tensor as a graph parameter, or several projections of the same input stacked
+/// along their output rows (a fused weight: one matrix-vector product instead of several).
 struct weight {
-  std::string param;          ///< the parameter's name in the graph: "w." + the tensor's name
-  const tensor_view* source;  ///< where its bytes lie (in the checkpoint's mapping)
-  shape dims;                 ///< as stored: [out, in] for projections (HF GPT-2: [in, out])
-  dtype type = dtype::f32;    ///< on the device
-  int64_t layer = -1;         ///< the layer it belongs to; -1: the embedding, final norm or head
+  std::string param;  ///< the parameter's name in the graph: "w." + the tensor's name (fused: the names joined by '+')
+  std::vector<const tensor_view*> sources;  ///< where its bytes lie (in the checkpoint's mapping), rows stacked in this order
+  shape dims;                               ///< as stored: [out, in] for projections (HF GPT-2: [in, out])
+  dtype type = dtype::f32;                  ///< on the device
+  int64_t layer = -1;  ///< the layer it belongs to; -1: the embedding, final norm or head
+};
+
+/// Rows [first, first + count) of a weight.
+struct row_span {
+  int64_t first = 0, count = 0;
 };
 
 /// What the device may store besides f32.
@@ -44,6 +50,10 @@ struct weight_options {
   bool keep_f16 = true;   ///< f16 matrices stay f16 (the executor has 16-bit storage)
   bool keep_bf16 = true;  ///< bf16 matrices stay bf16
   bool keep_quantized = true;  ///< quantized matrices stay quantized (else dequantized to f32)
+  /// Stack each layer's q, k and v projections, and its gate and up projections, into one weight
+  /// where they share a device dtype (Llama-family models; GPT-2 files hold q, k and v stacked
+  /// already). A decode step then runs one matrix-vector product where it ran two or three.
+  bool fuse_projections = true;
 };
 
 /// The weights of one model, keyed by checkpoint tensor name. Refers into the checkpoint: keep it
@@ -58,8 +68,11 @@ class model_weights {
   static expected<model_weights> plan(const model_config& config, const checkpoint& ckpt,
                                       const weight_options& options = {}, const layer_range& layers = {});
 
-  /// The weight of that checkpoint tensor; it must have been planned (an assert).
+  /// The weight of that checkpoint tensor; it must have been planned (an assert). A fused
+  /// tensor's weight is the stack it is part of: rows_of says which of its rows are the tensor's.
   const weight& at(std::string_view tensor_name) const;
+  /// The rows of at(tensor_name) that hold that tensor (all of them unless it is fused).
+  row_span rows_of(std::string_view tensor_name) const;
   bool has(std::string_view tensor_name) const { return index_.count(std::string(tensor_name)) > 0; }
   const std::vector<weight>& all() const { return weights_; }
   /// Bytes the parameters take on the device.
@@ -82,14 +95,15 @@ class model_weights {
 expected<model_costs> plan_costs(const model_config& config, const checkpoint& ckpt, const weight_options& options,
                                  int64_t context);
 
-/// True when the weight's device dtype is its checkpoint type: its bytes upload as they lie.
+/// True when the weight is one checkpoint tensor whose device dtype is its checkpoint type: its
+/// bytes upload as they lie, straight from the mapping.
 bool stored_as_is(const weight& w);
 
 /// The graph tensor_view of a weight stored as it is (stored_as_is): the checkpoint's bytes.
 mesh::tensor_view device_view(const weight& w);
 
 /// The host tensor a weight uploads when it is not stored as it is: each row widened or
-/// dequantized to f32 (a copy of the bytes for a weight that is).
+/// dequantized to f32, or a fused weight's sources' bytes one after the other.
 expected<tensor> load_weight(const weight& w);
 
 }  // namespace mesh::models

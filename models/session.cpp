@@ -48,7 +48,8 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
                                   s.context_, model_context));
   const auto& info = ex.info();
   // Only the stage's tensors: the embedding on the first, the norm and head on the last.
-  auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage}, options.layers);
+  auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage, true, options.fuse_projections},
+                                     options.layers);
   if (!weights) return forward_error(weights);
   s.weights_ = std::make_unique<model_weights>(std::move(*weights));
   for (const auto& w : s.weights_->all()) {
@@ -65,7 +66,7 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
     }
     if (!ok) return make_error(ok.error().code, fmt::format("{}: uploading {}: {}", s.source_, w.param, ok.error().message));
     // The device holds its own copy now: the file's pages need not stay in this process's memory.
-    advise_range(w.source->data, access_hint::dont_need);
+    for (const auto* src : w.sources) advise_range(src->data, access_hint::dont_need);
   }
   s.stats_.load_seconds = seconds_since(t0);
   return s;

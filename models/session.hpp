@@ -72,6 +72,9 @@ struct session_options {
   /// it). 1 to max_slots.
   int64_t slots = 1;
   static constexpr int64_t max_slots = 256;
+  /// Each layer's q, k, v projections and its gate and up projections as one weight each
+  /// (weight_options::fuse_projections); off only to measure what fusing gains.
+  bool fuse_projections = true;
 };
 
 /// The next token of the sequence in `slot` (session::decode of a batch).

@@ -1,5 +1,6 @@
 #include "models/transformer.hpp"
 
+#include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -16,14 +17,19 @@ struct context {
   const model_config& c;
   const model_weights& w;
   const std::string& prefix;
-  /// Parameters made so far: tied embeddings read one tensor in two roles.
+  /// Parameters made so far, by parameter name: tied embeddings read one tensor in two roles, and
+  /// the projections of a fused weight read one parameter.
   mutable std::unordered_map<std::string, expr> params = {};
+  /// Products of a fused weight made so far, by parameter name and input node: q, k and v (or
+  /// gate and up) take their rows of one product.
+  mutable std::map<std::pair<std::string, node_index>, expr> stacked = {};
 
-  /// The parameter of a checkpoint tensor (its dtype and shape as planned).
+  /// The parameter of a checkpoint tensor (its dtype and shape as planned; a fused tensor's is
+  /// the whole stack).
   expr param(const std::string& tensor_name) const {
-    if (auto it = params.find(tensor_name); it != params.end()) return it->second;
     const weight& x = w.at(tensor_name);
-    return params[tensor_name] = b.parameter(prefix + x.param, x.type, x.dims);
+    if (auto it = params.find(x.param); it != params.end()) return it->second;
+    return params[x.param] = b.parameter(prefix + x.param, x.type, x.dims);
   }
   /// A vector parameter (norm weights, biases) as f32.
   expr vec(const std::string& tensor_name) const {
@@ -31,7 +37,17 @@ struct context {
     return p.type() == dtype::f32 ? p : cast(p, dtype::f32);
   }
   expr proj(const expr& x, const std::string& weight_name, const std::string& bias_name = {}) const {
-    expr y = layers::linear(x, param(weight_name), c.weights_in_out);
+    const weight& wt = w.at(weight_name);
+    expr y;
+    if (wt.sources.size() == 1) {
+      y = layers::linear(x, param(weight_name), c.weights_in_out);
+    } else {  // a fused weight: this tensor's columns of the stack's product ([rows, out] for 2-D x)
+      auto key = std::make_pair(wt.param, x.id());
+      auto it = stacked.find(key);
+      if (it == stacked.end()) it = stacked.emplace(key, layers::linear(x, param(weight_name), false)).first;
+      const row_span r = w.rows_of(weight_name);
+      y = slice_axis(it->second, -1, r.first, r.first + r.count);
+    }
     return bias_name.empty() ? y : y + vec(bias_name);
   }
   expr norm(const expr& x, const std::string& weight_name, const std::string& bias_name) const {

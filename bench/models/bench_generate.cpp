@@ -1,5 +1,5 @@
 // mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] [--runs N]
-//                     [--kernels]
+//                     [--kernels] [--unfused]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
@@ -8,12 +8,14 @@
 // loading their programs: a warm-up run of the same shapes comes first and is not timed; then
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
-// core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec);
+// core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec),
+// MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`);
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
-// MESH_TIMESTAMPS=0 or 1 overrides that.
+// MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
+// (session_options::fuse_projections off: one matrix-vector product per q, k, v, gate and up).
 // The last line is machine-readable, key=value pairs:
 //   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
-//   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N file=PATH
+//   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N fused=0|1 file=PATH
 // (the device name has its spaces replaced by '_'; PATH is last and may hold spaces).
 // Generation starts after the prompt (positions prompt .. prompt+generate-1), like llama-bench's
 // tg test at depth `prompt` (`-d`), not its default tg at an empty cache.
@@ -50,7 +52,7 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 int usage() {
   std::fprintf(stderr,
                "usage: mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] "
-               "[--runs N] [--kernels]\n");
+               "[--runs N] [--kernels] [--unfused]\n");
   return 2;
 }
 
@@ -74,7 +76,7 @@ mean_sd summarize(const std::vector<double>& v) {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
-  bool cpu = false, kernels = false;
+  bool cpu = false, kernels = false, unfused = false;
   int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
     else if (a == "--runs") runs = next();
     else if (a == "--threads") threads = next();
     else if (a == "--kernels") kernels = true;
+    else if (a == "--unfused") unfused = true;
     else return usage();
   }
   if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0) return usage();
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
     // MESH_MATVEC (kernel_variants::matvec, e.g. "shared") compares matrix-vector kernels.
     gpu::vulkan_options vo;
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
+    if (const char* gm = std::getenv("MESH_GEMM")) vo.variants.gemm = gm;  // e.g. noskinny
     // GPU timestamps around the kernels only for --kernels (a node runs without them);
     // MESH_TIMESTAMPS=0 or 1 overrides (what they cost a decode step).
     vo.kernel_timestamps = kernels;
@@ -115,6 +119,7 @@ int main(int argc, char** argv) {
   }
   session_options options;
   options.context = context;
+  options.fuse_projections = !unfused;
   auto s = session::create(*ex, *ckpt, options);
   if (!s) {
     std::fprintf(stderr, "%s\n", s.error().message.c_str());
@@ -188,9 +193,9 @@ int main(int argc, char** argv) {
   std::replace(device.begin(), device.end(), ' ', '_');
   std::printf("bench_generate device=%s prompt=%lld prompt_tps=%.2f prompt_tps_sd=%.2f generate=%lld gen_tps=%.2f "
               "gen_tps_sd=%.2f peak_rss_mib=%.1f file_mib=%.1f load_s=%.3f compile_s=%.3f programs=%lld context=%lld "
-              "file=%s\n",
+              "fused=%d file=%s\n",
               device.c_str(), static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(gen_n), gt.mean,
               gt.sd, rss_mib, file_mib, st.load_seconds, st.compile_seconds, static_cast<long long>(st.programs),
-              static_cast<long long>(s->context()), path.c_str());
+              static_cast<long long>(s->context()), unfused ? 0 : 1, path.c_str());
   return 0;
 }

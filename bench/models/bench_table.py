@@ -4,6 +4,7 @@ the same GGUF files, for bench/models/h100.sh and cpu.sh. Standard library only.
 
 usage: bench_table.py DIR PROMPT GENERATE FILE...
   DIR/llama.jsonl  llama-bench's jsonl lines (any number of runs; matched by model_filename)
+  DIR/llama-vk.jsonl  the same from llama.cpp's Vulkan build (a second table when present)
   DIR/llama-rss.txt  lines "FILE peak_rss_kib=N" (llama-bench's peak resident memory)
   DIR/mesh.txt     mesh-bench-generate's "bench_generate ... file=PATH" lines
 Prints a markdown table, one row per FILE in the order given; a missing figure is "-" (a run that
@@ -21,14 +22,11 @@ def read_lines(path):
         return []
 
 
-def main():
-    if len(sys.argv) < 5:
-        print(__doc__, file=sys.stderr)
-        return 2
-    d, prompt, gen, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    key = lambda p: os.path.realpath(p)
-    llama = {}  # (file, test) -> (avg_ts, stddev_ts); test: pp, tg, tgd (tg at depth = prompt)
-    for line in read_lines(os.path.join(d, "llama.jsonl")):
+def read_llama(path, prompt, gen):
+    """(file, test) -> (avg_ts, stddev_ts) from llama-bench's jsonl lines; test: pp, tg, tgd (tg at
+    depth = prompt)."""
+    llama = {}
+    for line in read_lines(path):
         line = line.strip()
         if not line.startswith("{"):
             continue
@@ -36,7 +34,7 @@ def main():
             r = json.loads(line)
         except ValueError:
             continue
-        f = key(r.get("model_filename", ""))
+        f = os.path.realpath(r.get("model_filename", ""))
         n_p, n_g, depth = r.get("n_prompt", 0), r.get("n_gen", 0), r.get("n_depth", 0)
         if n_p == prompt and n_g == 0 and depth == 0:
             llama[(f, "pp")] = (r["avg_ts"], r["stddev_ts"])
@@ -44,6 +42,17 @@ def main():
             llama[(f, "tg")] = (r["avg_ts"], r["stddev_ts"])
         elif n_p == 0 and n_g == gen and depth == prompt:
             llama[(f, "tgd")] = (r["avg_ts"], r["stddev_ts"])
+    return llama
+
+
+def main():
+    if len(sys.argv) < 5:
+        print(__doc__, file=sys.stderr)
+        return 2
+    d, prompt, gen, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    key = lambda p: os.path.realpath(p)
+    llama = read_llama(os.path.join(d, "llama.jsonl"), prompt, gen)
+    llama_vk = read_llama(os.path.join(d, "llama-vk.jsonl"), prompt, gen)
     llama_rss = {}
     for line in read_lines(os.path.join(d, "llama-rss.txt")):
         parts = line.rsplit(" peak_rss_kib=", 1)
@@ -115,6 +124,23 @@ def main():
               f"{ratio(m_pp, pp and pp[0])} | {fmt_sd(tg)} | {fmt_sd(tgd)} | {m_tg_s} | {ratio(m_tg, tgd and tgd[0])} | "
               f"{num(m_rss, '{:,.0f}')} | {num(m_rss / size, '{:.2f}x') if m_rss and size else '-'} | "
               f"{num(llama_rss.get(k), '{:,.0f}')} |")
+    if llama_vk:
+        print()
+        print(f"llama.cpp's Vulkan build (llama-vk.jsonl) beside meshnode, same files:")
+        print()
+        print(f"| file | llama.cpp Vulkan pp{prompt} | meshnode pp{prompt} | pp ratio "
+              f"| llama.cpp Vulkan tg{gen} | llama.cpp Vulkan tg{gen} @ d{prompt} | meshnode tg{gen} @ d{prompt} "
+              f"| tg ratio (vs @ d{prompt}) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for f in files:
+            k = key(f)
+            pp, tg, tgd = (llama_vk.get((k, t)) for t in ("pp", "tg", "tgd"))
+            m = mesh.get(k)
+            m_pp = float(m["prompt_tps"]) if m else None
+            m_tg = float(m["gen_tps"]) if m else None
+            fmt_sd = lambda x: "-" if x is None else tps(x[0]) + " ± " + tps(x[1])
+            print(f"| {os.path.basename(f)} | {fmt_sd(pp)} | {num(m_pp)} | {ratio(m_pp, pp and pp[0])} | "
+                  f"{fmt_sd(tg)} | {fmt_sd(tgd)} | {num(m_tg)} | {ratio(m_tg, tgd and tgd[0])} |")
     return 0
 
 

@@ -1,18 +1,20 @@
 #!/bin/bash
 # Issue 21's GPU benchmark in one device `run` (under 600 s): meshnode through Vulkan beside
-# llama.cpp's CUDA build on the very same random-weight GGUF files (Llama-3.2-1B and Qwen2.5-0.5B
+# llama.cpp's CUDA and Vulkan builds on the very same random-weight GGUF files (Llama-3.2-1B and Qwen2.5-0.5B
 # shapes; F16, Q8_0, Q4_K_M), prompt 512 and generation 128 tokens/s, peak RSS against file size.
 #
 # usage, from the repository root on the GPU machine:  bash bench/models/h100.sh [DIR]
 #   DIR (default .devcarry, carried): llama-src.tar.gz (llama.cpp 34af94cd without models/ etc.),
-#   make_gguf.py (shared/anchors/llama_cpp), mesh-bench-generate (Release build of this tree:
+#   make_gguf.py (shared/anchors/llama_cpp), llama-vulkan.tar.xz (bench/models/llama_vulkan.sh:
+#   llama.cpp's Vulkan build, optional), mesh-bench-generate (Release build of this tree:
 #   static libstdc++ and shaderc; needs libvulkan.so.1 and DIR/lib). .gl/ (carried) holds the Debian
 #   packages of the Vulkan loader that the GPU machine lacks (docs/gpu.md, shared/PLATFORM.md).
 # Environment: H100_BUDGET (seconds the whole script may take, default 570), H100_WORK (work folder,
 #   default /tmp/ll: build, files in m/), MESH_RUNS (timed runs
 #   of mesh-bench-generate, default 3), LLAMA_REPS (llama-bench -r, default 5), SKIP_LLAMA=1
-#   (meshnode only, e.g. a second run: no CUDA build, a CPU-only llama-quantize for the quantized
-#   files, about 2 minutes before meshnode starts), SKIP_MESH=1, MESH_KERNELS=1 (--kernels: the kernel
+#   (no CUDA build: llama-quantize from the Vulkan pack, else a CPU-only build, about 2 minutes),
+#   SKIP_LLAMA_VK=1 (no llama.cpp Vulkan rows), SKIP_MESH=1, MESH_BASELINE=1 (the Llama-1B files
+#   again without fused projections and the few-row matmul: mesh-baseline.txt), MESH_KERNELS=1 (--kernels: the kernel
 #   list of a decode step, timed with GPU timestamps, which slow a step by 10-15%).
 # Steps: Vulkan loader; llama.cpp CUDA build (sm_90, ~2.5 min) in the background while make_gguf.py
 # writes the F16 files; llama-quantize to Q8_0 and Q4_K_M; llama-bench per file (-p 512 -n 128
@@ -108,7 +110,14 @@ fi
 # 3. Q8_0 and Q4_K_M with llama-quantize. Without the CUDA build (SKIP_LLAMA=1 on a fresh machine,
 # or a failed build) a CPU-only llama-quantize is built instead (about a minute on 16 cores;
 # llama-quantize quantizes on the CPU in both builds).
+# llama.cpp's Vulkan build (bench/models/llama_vulkan.sh packs it: prebuilt libraries from npm, tools
+# compiled against them); its llama-quantize serves when the CUDA build is skipped or failed.
+LVK=$W/llama-vulkan
+if [ "${SKIP_LLAMA_VK:-0}" != 1 ] && [ -s "$D/llama-vulkan.tar.xz" ] && [ ! -x "$LVK/llama-bench" ]; then
+  t 60 tar -xJf "$D/llama-vulkan.tar.xz" -C "$W" && cat "$LVK/VERSION"
+fi
 LQ=$LB/llama-quantize
+[ -x "$LQ" ] || LQ=$LVK/llama-quantize
 [ -x "$LQ" ] || LQ=$W/build-cpu/bin/llama-quantize
 if [ ! -x "$LQ" ] && [ -f "$W/src/CMakeLists.txt" ] && [ "$(left)" -gt 150 ]; then
   log "building a CPU-only llama-quantize (log $W/build-cpu.log)"
@@ -155,6 +164,19 @@ if [ "${SKIP_LLAMA:-0}" != 1 ] && [ -x "$LB/llama-bench" ]; then
   done
 fi
 
+# 4b. llama.cpp Vulkan, the same way.
+if [ "${SKIP_LLAMA_VK:-0}" != 1 ] && [ -x "$LVK/llama-bench" ]; then
+  t 30 "$LVK/llama-bench" --list-devices 2>&1 | tail -5
+  for f in $FILES; do
+    [ -s "$f" ] || continue
+    [ "$(left)" -gt 60 ] || { log "budget: skip llama-bench (Vulkan) $f"; continue; }
+    t "$(cap 90)" python3 "$W/rss.py" "$O/llama-vk-rss.txt" "$LVK/llama-bench" -m "$f" -p 512 -n 128 -d 0,512 -ngl 99 \
+      -r "${LLAMA_REPS:-5}" -o jsonl -oe md >>"$O/llama-vk.jsonl" 2>"$W/llama-vk.err"
+    grep '^|' "$W/llama-vk.err" | grep -v '^| model\|^| ---'
+    grep -i 'error\|fail\|ggml_vulkan' "$W/llama-vk.err" | head -5
+  done
+fi
+
 # 5. meshnode through Vulkan, same files, smallest first, each under a share of the time left.
 # Options an older mesh-bench-generate lacks (--runs, --kernels) are left out; bench_table.py reads
 # its human-readable lines too. Full output (kernel lists included) goes to $OUT/mesh.txt.
@@ -175,6 +197,19 @@ if [ "${SKIP_MESH:-0}" != 1 ]; then
     t $share "$MESH" "$f" --prompt 512 --generate 128 --context 640 $opts >"$W/mesh.out" 2>"$W/mesh.err"
     grep -v '^  ' "$W/mesh.out"; tail -15 "$W/mesh.err"
     cat "$W/mesh.out" >>"$O/mesh.txt"
+  done
+fi
+
+# 6. What the fused projections and the few-row attention matmul gain: the Llama-1B files again
+# without them (--unfused, MESH_GEMM=noskinny), same budget rules, into $OUT/mesh-baseline.txt.
+if [ "${SKIP_MESH:-0}" != 1 ] && [ "${MESH_BASELINE:-0}" = 1 ]; then
+  for f in $M/llama1b-Q4_K_M.gguf $M/llama1b-f16.gguf; do
+    [ -s "$f" ] || continue
+    [ "$(left)" -gt 45 ] || { log "budget: skip the baseline of $f"; continue; }
+    MESH_GEMM=noskinny t "$(cap 60)" "$MESH" "$f" --prompt 512 --generate 128 --context 640 $opts --unfused \
+      >"$W/mesh.out" 2>"$W/mesh.err"
+    grep -v '^  ' "$W/mesh.out"; tail -5 "$W/mesh.err"
+    cat "$W/mesh.out" >>"$O/mesh-baseline.txt"
   done
 fi
 

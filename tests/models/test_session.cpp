@@ -341,14 +341,33 @@ TEST_CASE("weights reach the device as the checkpoint stores them: quantized blo
     auto cpu = gpu::make_cpu_executor(1);
     auto s = session::create(*cpu, *ckpt);
     REQUIRE(s);
-    const models::tensor_view* q = ckpt->find("blk.0.attn_q.weight");
-    REQUIRE(q);
-    REQUIRE(q->type == type);
-    auto on_device = cpu->get_parameters({"w.blk.0.attn_q.weight"});
+    const models::tensor_view* o = ckpt->find("blk.0.attn_output.weight");
+    REQUIRE(o);
+    REQUIRE(o->type == type);
+    auto on_device = cpu->get_parameters({"w.blk.0.attn_output.weight"});
     REQUIRE(on_device);
-    const tensor& t = on_device->at("w.blk.0.attn_q.weight");
+    const tensor& t = on_device->at("w.blk.0.attn_output.weight");
     CHECK(t.type == to_dtype(type));
-    CHECK(t.bytes == std::vector<uint8_t>(q->data.begin(), q->data.end()));
+    CHECK(t.bytes == std::vector<uint8_t>(o->data.begin(), o->data.end()));
+    // q, k and v are one weight, their blocks stacked in that order (one product in a step); so
+    // are gate and up.
+    for (const auto& [fused, parts] :
+         {std::pair{std::string("w.blk.0.attn_q.weight+blk.0.attn_k.weight+blk.0.attn_v.weight"),
+                    std::vector<std::string>{"blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"}},
+          std::pair{std::string("w.blk.0.ffn_gate.weight+blk.0.ffn_up.weight"),
+                    std::vector<std::string>{"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"}}}) {
+      CAPTURE(fused);
+      std::vector<uint8_t> want;
+      for (const auto& name : parts) {
+        const models::tensor_view* v = ckpt->find(name);
+        REQUIRE(v);
+        want.insert(want.end(), v->data.begin(), v->data.end());
+      }
+      auto stack = cpu->get_parameters({fused});
+      REQUIRE(stack);
+      CHECK(stack->at(fused).type == to_dtype(type));
+      CHECK(stack->at(fused).bytes == want);
+    }
     // Norm weights are vectors the checkpoint stores as F32: they stay f32.
     auto norm = cpu->get_parameters({"w.blk.0.attn_norm.weight"});
     REQUIRE(norm);
