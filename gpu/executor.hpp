@@ -51,6 +51,11 @@ struct kernel_stats {
   uint64_t validation_warnings = 0;
   uint64_t device_bytes = 0;       ///< device memory sub-allocated now
   std::vector<kernel_timing> kernels;  ///< the last-run program's kernels, in order
+  /// Programs run, the host's wall time inside run() (inputs in to outputs out), and of that the
+  /// time from queue submission to the fence's signal (the GPU's work plus submission and
+  /// wake-up latency). Vulkan only: what a step costs besides its kernels.
+  uint64_t runs = 0;
+  double run_ms = 0, submit_ms = 0;
 };
 
 using program_id = uint32_t;

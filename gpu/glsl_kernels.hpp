@@ -33,6 +33,8 @@ kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const dev
 
 /// The rows of x a linear may have and still take the matrix-vector kernel.
 inline constexpr int64_t matvec_max_rows = 8;
+/// The rows of a matmul's a that take the few-row kernel `mms` (glsl_matmul.cpp).
+inline constexpr int64_t matmul_skinny_max_rows = 8;
 
 /// The f16 matmuls on tensor cores (glsl_coopmat.cpp); nullopt when the kernel does not apply.
 std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps);

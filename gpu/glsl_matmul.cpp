@@ -1,4 +1,4 @@
-// The f32 matmul kernels (warp-tiled `mmw*`, classic `mm128`/`mm64`), matmul() choosing among
+// The f32 matmul kernels (warp-tiled `mmw*`, classic `mm128`/`mm64`, few-row `mms`), matmul() choosing among
 // them and the cooperative-matrix kernels (glsl_coopmat.cpp), and the operand helpers both use.
 // Block shapes come from matmul_schedule.hpp.
 #include <algorithm>
@@ -225,6 +225,60 @@ kernel_source matmul_classic(const graph& g, const plan& q, const kernel& k, con
   return s;
 }
 
+/// Few rows (m <= matmul_skinny_max_rows: decode attention's q k^T and probs v, a head's handful
+/// of query rows against hundreds of keys), where the tiled kernels' 64- or 128-row tiles would
+/// compute mostly padding and launch few workgroups (`mms`). 64 threads own 64 output columns of
+/// every row: A's rows are staged in shared memory 64 deep at a time and each thread walks k
+/// down its column of B, so one workgroup per 64 columns of each batch matrix runs.
+std::optional<kernel_source> matmul_skinny(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  const mm_dims d = dims_of(g, k);
+  const int64_t m = d.m, kd = d.kd, n = d.n, batch = d.batch, bn = 64, bk = 64;
+  if (m < 1 || m > matmul_skinny_max_rows || kd == 0 || batch == 0 || n == 0) return std::nullopt;
+  // Each thread walks all of k: on a device that caps a shader's loops (lavapipe) a deep product
+  // goes to the tiled kernels, whose threads take k / 8 steps.
+  if (caps.loop_limit > 0 && kd + kd / bk + m > caps.loop_limit * 7 / 8) return std::nullopt;
+  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string la = loader(e, "load_a", d.a);
+  const std::string lb = loader(e, "load_b", d.b);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i]"); });
+
+  std::string src;
+  src += "shared float As[" + std::to_string(m) + "][" + std::to_string(bk) + "];\n";
+  src += la + lb;
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x;\n";
+  src += "  for (uint bz = gl_WorkGroupID.z; bz < " + u(batch) + "; bz += gl_NumWorkGroups.z)\n";
+  src += "  for (uint bx = gl_WorkGroupID.x; bx < " + u((n + bn - 1) / bn) + "; bx += gl_NumWorkGroups.x) {\n";
+  src += "    const uint gn = bx * " + u(bn) + " + tid;\n";
+  src += "    float acc[" + std::to_string(m) + "];\n";
+  src += "    " + unroll + "for (uint i = 0u; i < " + u(m) + "; ++i) acc[i] = 0.0;\n";
+  src += "    for (uint k0 = 0u; k0 < " + u(kd) + "; k0 += " + u(bk) + ") {\n";
+  src += "      const uint kn = min(" + u(bk) + ", " + u(kd) + " - k0);\n";
+  src += "      barrier();\n";  // the previous slice's reads of As are done
+  src += "      for (uint l = tid; l < " + u(m * bk) + "; l += " + u(bn) + ") {\n";
+  src += "        const uint i = l / " + u(bk) + ", kk = l % " + u(bk) + ";\n";
+  src += "        As[i][kk] = kk < kn ? load_a(bz * " + u(m * kd) + " + i * " + u(kd) + " + k0 + kk) : 0.0;\n      }\n";
+  src += "      barrier();\n";
+  src += "      if (gn < " + u(n) + ") for (uint kk = 0u; kk < kn; ++kk) {\n";
+  src += "        const float b = load_b(bz * " + u(kd * n) + " + (k0 + kk) * " + u(n) + " + gn);\n";
+  src += "        " + unroll + "for (uint i = 0u; i < " + u(m) + "; ++i) acc[i] = fma(As[i][kk], b, acc[i]);\n      }\n";
+  src += "    }\n";
+  src += "    if (gn < " + u(n) + ") " + unroll + "for (uint i = 0u; i < " + u(m) + "; ++i) {\n";
+  src += "      const uint ci = bz * " + u(m * n) + " + i * " + u(n) + " + gn;\n";
+  src += store + "    }\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mms_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), 1, groups_for(batch, 1, caps.max_groups[2])};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = d.flops();
+  s.glsl = header(g, s.bindings, false, static_cast<uint32_t>(bn)) + buffer_decls(g, s.bindings, false) + prelude + src;
+  return s;
+}
+
 }  // namespace
 
 std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_index x) {
@@ -281,6 +335,8 @@ kernel_source matmul(const graph& g, const plan& p, const kernel& k, const devic
   // The cooperative-matrix kernels read both operands as f16 buffers: a linear's weight is
   // transposed (and may be quantized), so linear takes the f32-math kernels.
   if (g[k.anchor].op == op_kind::matmul) {
+    if (caps.variants.gemm != "noskinny")
+      if (auto skinny = matmul_skinny(g, q, k, caps)) return *skinny;
     if (auto coop = matmul_coopmat_tiled(g, q, k, caps)) return *coop;
     if (auto coop = matmul_coopmat(g, q, k, caps)) return *coop;
   }

@@ -10,7 +10,8 @@ namespace mesh::gpu {
 struct kernel_variants {
   /// f32 matmul: "" the warp-tiled double-buffered kernel (`mmw*`); "warp16" (tiles 16 deep),
   /// "wide" (128x256) and "narrow" (128x64) are its other shapes, "classic" the single-buffered
-  /// kernel (`mm128`/`mm64`, which also takes what the warp-tiled one cannot).
+  /// kernel (`mm128`/`mm64`, which also takes what the warp-tiled one cannot). Whatever the
+  /// choice, a matmul of at most 8 rows takes the few-row kernel `mms` unless this is "noskinny".
   std::string gemm;
   /// f16 matmul on tensor cores: "" the tiled 128-bit-load kernel (`mmct*`); "s8" (8 subgroups
   /// of 64x32) and "wide" (128x256) are its other shapes, "64" the first kernel (`mmcoop`),

@@ -159,6 +159,9 @@ class vulkan_executor final : public executor {
     s.validation_errors = d_->validation_errors.load();
     s.validation_warnings = d_->validation_warnings.load();
     s.device_bytes = device_pool_.used_bytes();
+    s.runs = runs_;
+    s.run_ms = run_ms_;
+    s.submit_ms = submit_ms_;
     if (last_run_ >= 0) s.kernels = programs_[static_cast<size_t>(last_run_)]->timings;
     return s;
   }
@@ -239,12 +242,15 @@ class vulkan_executor final : public executor {
     if (lost_) return lost_error();
     if (id >= programs_.size() || !programs_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
     program& pr = *programs_[id];
+    const auto t0 = std::chrono::steady_clock::now();
     if (auto ok = check_bindings(pr.g, inputs, false); !ok) return tl::unexpected(ok.error());
     for (const auto& [name, off] : pr.input_offsets) {
       const auto& b = inputs.at(name).bytes;
       if (!b.empty()) std::memcpy(pr.staging->mapped + off, b.data(), b.size());
     }
+    const auto t1 = std::chrono::steady_clock::now();
     if (auto ok = submit(pr.cmd); !ok) return tl::unexpected(ok.error());
+    submit_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
     if (pr.queries) read_timings(pr);
     last_run_ = static_cast<int>(id);
     tensor_map out;
@@ -254,6 +260,8 @@ class vulkan_executor final : public executor {
       if (!t.bytes.empty()) std::memcpy(t.bytes.data(), pr.staging->mapped + pr.output_offsets.at(o.name), t.bytes.size());
       out[o.name] = std::move(t);
     }
+    ++runs_;
+    run_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
 
@@ -709,6 +717,8 @@ class vulkan_executor final : public executor {
   uint64_t pipelines_created_ = 0;
   uint64_t kernels_made_ = 0;     ///< kernel_stats::kernels_made
   double kernel_making_ms_ = 0;   ///< kernel_stats::kernel_making_ms
+  uint64_t runs_ = 0;             ///< kernel_stats::runs
+  double run_ms_ = 0, submit_ms_ = 0;  ///< kernel_stats::run_ms, submit_ms
   uint64_t budget_used_ = 0, host_used_ = 0;
   memory_pool device_pool_, host_pool_;
   split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)

@@ -115,7 +115,8 @@ std::vector<double> tensor::to_doubles() const {
     }
     return out;
   }
-  for (int64_t i = 0; i < size(); ++i) out[static_cast<size_t>(i)] = at(i);
+  const int64_t n = size();
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = at(i);
   return out;
 }
 
@@ -124,8 +125,15 @@ std::vector<float> tensor::to_floats() const {
     const auto d = to_doubles();
     return std::vector<float>(d.begin(), d.end());
   }
-  std::vector<float> out(static_cast<size_t>(size()));
-  for (int64_t i = 0; i < size(); ++i) out[static_cast<size_t>(i)] = static_cast<float>(at(i));
+  const int64_t n = size();
+  std::vector<float> out(static_cast<size_t>(n));
+  // f32 (a step's logits: 128k of them for Llama 3) is a copy of the bytes; element by element
+  // through at() it cost a decode step 0.8 ms.
+  if (type == dtype::f32) {
+    if (n > 0) std::memcpy(out.data(), bytes.data(), static_cast<size_t>(n) * sizeof(float));
+    return out;
+  }
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = static_cast<float>(at(i));
   return out;
 }
 

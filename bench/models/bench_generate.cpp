@@ -13,6 +13,8 @@
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
 // MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
 // (session_options::fuse_projections off: one matrix-vector product per q, k, v, gate and up).
+// "decode host" splits a decode step's wall time (Vulkan): inside executor::run, of that from queue
+// submission to the fence's signal, and outside (session, argmax).
 // The last line is machine-readable, key=value pairs:
 //   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
 //   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N fused=0|1 file=PATH
@@ -136,12 +138,20 @@ int main(int argc, char** argv) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     prompt.push_back(static_cast<int32_t>(x % static_cast<uint64_t>(s->config().vocab_size)));
   }
+  // Where a decode step's wall time goes (Vulkan): inside executor::run, and of that from queue
+  // submission to the fence; summed over the timed runs' decode loops.
+  struct step_split {
+    double wall_s = 0, run_ms = 0, submit_ms = 0;
+    uint64_t steps = 0;
+  } split;
+  bool timing = false;
   auto run = [&](double& prompt_s, double& gen_s) -> bool {
     s->reset();
     double t0 = now();
     auto logits = s->prefill(prompt);
     if (!logits) return std::fprintf(stderr, "%s\n", logits.error().message.c_str()), false;
     prompt_s = now() - t0;
+    const auto before = ex->stats();
     t0 = now();
     for (int64_t i = 0; i < gen_n; ++i) {
       const auto next = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
@@ -149,10 +159,18 @@ int main(int argc, char** argv) {
       if (!logits) return std::fprintf(stderr, "%s\n", logits.error().message.c_str()), false;
     }
     gen_s = now() - t0;
+    if (timing) {
+      const auto after = ex->stats();
+      split.wall_s += gen_s;
+      split.run_ms += after.run_ms - before.run_ms;
+      split.submit_ms += after.submit_ms - before.submit_ms;
+      split.steps += after.runs - before.runs;
+    }
     return true;
   };
   double p0, g0;
   if (!run(p0, g0)) return 1;  // the first run builds the programs
+  timing = true;
   std::vector<double> prompt_tps, gen_tps;
   for (int64_t r = 0; r < runs; ++r) {
     double p, g;
@@ -179,6 +197,12 @@ int main(int argc, char** argv) {
               static_cast<long long>(gen_n), gt.mean, gt.sd, static_cast<long long>(runs),
               static_cast<double>(gen_n) / g0);
   std::printf("peak RSS          %.1f MiB (%.2fx the file)\n", rss_mib, rss_mib / file_mib);
+  if (split.steps > 0) {
+    const double n = static_cast<double>(split.steps);
+    std::printf("decode host       %.3f ms a step: %.3f ms in executor::run (%.3f ms from submit to fence), %.3f ms outside "
+                "it (session, argmax)\n",
+                split.wall_s * 1e3 / n, split.run_ms / n, split.submit_ms / n, split.wall_s * 1e3 / n - split.run_ms / n);
+  }
   if (kernels) {
     auto ks = ex->stats().kernels;
     double total = 0;

@@ -9,7 +9,7 @@
 #   llama.cpp's Vulkan build, optional), mesh-bench-generate (Release build of this tree:
 #   static libstdc++ and shaderc; needs libvulkan.so.1 and DIR/lib). .gl/ (carried) holds the Debian
 #   packages of the Vulkan loader that the GPU machine lacks (docs/gpu.md, shared/PLATFORM.md).
-# Environment: H100_BUDGET (seconds the whole script may take, default 570), H100_WORK (work folder,
+# Environment: SHAPES (default "qwen05b llama1b"), H100_BUDGET (seconds the whole script may take, default 570), H100_WORK (work folder,
 #   default /tmp/ll: build, files in m/), MESH_RUNS (timed runs
 #   of mesh-bench-generate, default 3), LLAMA_REPS (llama-bench -r, default 5), SKIP_LLAMA=1
 #   (no CUDA build: llama-quantize from the Vulkan pack, else a CPU-only build, about 2 minutes),
@@ -52,9 +52,12 @@ t() {
 }
 TABLE=$HERE/bench_table.py
 [ -f "$TABLE" ] || TABLE=$D/bench_table.py
-SHAPES="qwen05b llama1b"
+SHAPES=${SHAPES:-"qwen05b llama1b"}
 # Smallest first, so that a short budget still measures most rows.
-FILES="$M/qwen05b-Q4_K_M.gguf $M/qwen05b-Q8_0.gguf $M/llama1b-Q4_K_M.gguf $M/qwen05b-f16.gguf $M/llama1b-Q8_0.gguf $M/llama1b-f16.gguf"
+FILES=
+for f in qwen05b-Q4_K_M qwen05b-Q8_0 llama1b-Q4_K_M qwen05b-f16 llama1b-Q8_0 llama1b-f16; do
+  case " $SHAPES " in *" ${f%%-*} "*) FILES="$FILES $M/$f.gguf" ;; esac
+done
 table() { python3 "$TABLE" "$O" 512 128 $FILES | tee "$O/table.md"; }
 
 log "dir $D, budget ${BUDGET}s, out $O"

@@ -117,6 +117,32 @@ TEST_CASE("ops: matmul sizes, batches, transposed operands and epilogues") {
   check(finish(b), {{"x", random_tensor(dtype::f32, {7, 11}, 12)}}, {{"wt", random_tensor(dtype::f32, {13, 11}, 13)}}, 1e-4);
 }
 
+TEST_CASE("ops: few-row matmuls (mms: decode attention's shapes) over transposed and gathered operands match the reference") {
+  // Decode attention: 4 query rows of each of 8 heads against 515 cached keys (k not a multiple
+  // of the 64-deep slices, n not of the 64 columns a workgroup owns), the keys read transposed
+  // through a gather of cache rows; then the probabilities times the values, split in slices.
+  builder b;
+  auto q = b.input("q", dtype::f32, {8, 4, 64});
+  auto cache = b.parameter("mms_cache", dtype::f32, {600, 8 * 64});
+  auto rows = b.input("rows", dtype::i32, {515});
+  auto keys = permute(reshape(gather(cache, rows), {515, 8, 64}), {1, 2, 0});  // [8, 64, 515]
+  b.output("scores", matmul(q, keys) * 0.125);
+  auto p = b.input("p", dtype::f32, {8, 5, 4, 130});
+  auto v = b.input("v", dtype::f32, {8, 5, 130, 64});
+  b.output("pv", sum(matmul(p, v), {1}));
+  auto x = b.input("x", dtype::f32, {1, 200});
+  auto w = b.input("w", dtype::f32, {200, 3});
+  b.output("one_row", relu(matmul(x, w)));
+  auto x8 = b.input("x8", dtype::f32, {8, 1000});
+  b.output("eight_rows", matmul(x8, transpose(reshape(slice_axis(cache, 0, 0, 125), {64, 1000}))));
+  check(finish(b),
+        {{"q", random_tensor(dtype::f32, {8, 4, 64}, 31)}, {"rows", random_tensor(dtype::i32, {515}, 32, 0, 600)},
+         {"p", random_tensor(dtype::f32, {8, 5, 4, 130}, 33)}, {"v", random_tensor(dtype::f32, {8, 5, 130, 64}, 34)},
+         {"x", random_tensor(dtype::f32, {1, 200}, 35)}, {"w", random_tensor(dtype::f32, {200, 3}, 36)},
+         {"x8", random_tensor(dtype::f32, {8, 1000}, 37)}},
+        {{"mms_cache", random_tensor(dtype::f32, {600, 8 * 64}, 38)}}, 1e-4);
+}
+
 TEST_CASE("ops: reductions over every axis pattern, with prologue and epilogue") {
   const shape s{3, 4, 300};
   builder b;
