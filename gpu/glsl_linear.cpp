@@ -28,6 +28,14 @@ int matvec_unroll(const std::string& variant) {
   return 2;
 }
 
+/// Weight rows per subgroup of the coalesced quantized kernel: kernel_variants::matvec "rows2"
+/// or "rows4" (for comparing them), else 1.
+int64_t matvec_rows(const std::string& variant) {
+  if (variant == "rows2") return 2;
+  if (variant == "rows4") return 4;
+  return 1;
+}
+
 kernel_source matvec(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& lin = g[k.anchor];
@@ -89,7 +97,17 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
            " }\n";
   }
   src += "void main() {\n";
-  if (sg) {
+  // Weight rows a subgroup takes at once in the coalesced quantized kernel: each x load then
+  // serves R rows (kernel_variants::matvec "rows1", "rows2", "rows4").
+  const int64_t R = lanes ? matvec_rows(caps.variants.matvec) : 1;
+  const std::string RR = u(R);
+  if (sg && R > 1) {
+    src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
+    src += "  for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * " + RR + "; row0 < " + u(n) +
+           "; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * " + RR + ") {\n";
+    src += "    float accr[" + RR + "][" + std::to_string(m) + "];\n";
+    src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + mloop + "accr[r][mi] = 0.0;\n";
+  } else if (sg) {
     // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
     src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
     src += "  for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < " + u(n) +
@@ -99,7 +117,32 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
   }
   src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
-  if (lanes) {
+  if (lanes && R > 1) {
+    // As below, for R rows: each pass decodes `unroll` steps of every row (a row past n decodes
+    // row n - 1 and is not stored), then multiplies each x load into all R rows.
+    const int64_t total = (kd + ld.step - 1) / ld.step * 32;
+    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total);
+    src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
+    src += "      float v[" + U + "][" + RR + "][8];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
+    src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
+    src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
+    src += "        e0[j] = " + ld.first + ";\n";
+    src += "        [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + wb + "_lane(min(row0 + r, " + u(n - 1) + "), s, vl, v[j][r]);\n      }\n";
+    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
+    src += "          const vec4 xa = x4(mi * " + u(kd) + " + e0[j]);\n";
+    if (ld.per_lane == 8) src += "          const vec4 xb = x4(mi * " + u(kd) + " + e0[j] + " + u(ld.second) + ");\n";
+    src += "          [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n";
+    src += "            accr[r][mi] += dot(vec4(v[j][r][0], v[j][r][1], v[j][r][2], v[j][r][3]), xa);\n";
+    if (ld.per_lane == 8) src += "            accr[r][mi] += dot(vec4(v[j][r][4], v[j][r][5], v[j][r][6], v[j][r][7]), xb);\n";
+    src += "          }\n        }\n    }\n";
+    // Each row's sums, then its epilogue (row is uniform in the subgroup: subgroupAdd is safe).
+    src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n      const uint row = row0 + r;\n";
+    src += "      if (row >= " + u(n) + ") break;\n";
+    src += "      " + mloop + "acc[mi] = subgroupAdd(accr[r][mi]);\n";
+    src += "      if (subgroupElect()) " + mloop + "{\n        uint ci = mi * " + u(n) + " + row;\n" + store + "      }\n    }\n";
+    src += "  }\n}\n";
+  } else if (lanes) {
     // Virtual lanes of 32 per step, so that any subgroup size covers the steps (32 and 64 lanes
     // stay coalesced: a subgroup of 64 runs two steps side by side). Each pass decodes `unroll`
     // steps before it multiplies, so that their loads are in flight together: a lane past the
@@ -138,7 +181,9 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
     src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
   }
-  if (sg) {
+  if (lanes && R > 1) {
+    // main() is complete
+  } else if (sg) {
     src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
     src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
   } else {
@@ -147,12 +192,12 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "      acc[mi] = red[0];\n      barrier();\n    }\n";
     src += "    if (lane == 0u) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
   }
-  src += "  }\n}\n";
+  if (!(lanes && R > 1)) src += "  }\n}\n";
 
   kernel_source s;
-  s.name = std::string(lanes ? "lmvc" : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
+  s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
-  const int64_t rows_per_group = sg ? local / caps.subgroup_size : 1;
+  const int64_t rows_per_group = sg ? local / caps.subgroup_size * R : 1;
   s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);

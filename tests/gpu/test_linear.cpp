@@ -119,6 +119,18 @@ TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk mat
   CHECK(chunk->stats().validation_errors == 0);
 }
 
+TEST_CASE("linear: the quantized matrix-vector kernel taking 2 or 4 weight rows per subgroup (rows2, rows4)") {
+  // n = 7 and 5: the last group of rows is partly past n; 1 and 3 rows of x.
+  for (const auto& [variant, types] : {std::pair{"rows2", std::vector<dtype>{dtype::q4_k, dtype::q8_0}},
+                                       std::pair{"rows4", std::vector<dtype>{dtype::q6_k}}}) {
+    auto vk = validated(variant);
+    for (dtype wt : types)
+      for (const linear_case& c : {linear_case{{block_elements(wt)}, 7}, linear_case{{3, 2 * block_elements(wt)}, 5}})
+        check_linear(*vk, wt, c, dtype::f32, 41, false);
+    CHECK(vk->stats().validation_errors == 0);
+  }
+}
+
 TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by rows") {
   builder b;
   auto x1 = b.input("x1", dtype::f32, {1, 256});

@@ -372,6 +372,18 @@ TEST_CASE("weights reach the device as the checkpoint stores them: quantized blo
     auto norm = cpu->get_parameters({"w.blk.0.attn_norm.weight"});
     REQUIRE(norm);
     CHECK(norm->at("w.blk.0.attn_norm.weight").type == dtype::f32);
-    REQUIRE(s->prefill(std::vector<int32_t>{1, 2, 3}));
+    auto fused = s->prefill(std::vector<int32_t>{1, 2, 3});
+    REQUIRE(fused);
+    // The same model with every projection its own weight computes the same logits.
+    auto cpu_apart = gpu::make_cpu_executor(1);
+    session_options apart;
+    apart.fuse_projections = false;
+    auto s_apart = session::create(*cpu_apart, *ckpt, apart);
+    REQUIRE(s_apart);
+    REQUIRE(cpu_apart->get_parameters({"w.blk.0.attn_q.weight", "w.blk.0.ffn_up.weight"}));
+    auto separate = s_apart->prefill(std::vector<int32_t>{1, 2, 3});
+    REQUIRE(separate);
+    REQUIRE(separate->size() == fused->size());
+    for (size_t i = 0; i < fused->size(); ++i) CHECK(std::abs((*fused)[i] - (*separate)[i]) <= 1e-5f * std::max(1.0f, std::abs((*separate)[i])));
   }
 }
