@@ -98,7 +98,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   }
   src += "void main() {\n";
   // Weight rows a subgroup takes at once in the coalesced quantized kernel: each x load then
-  // serves R rows (kernel_variants::matvec "rows1", "rows2", "rows4").
+  // serves R rows (kernel_variants::matvec "rows2", "rows4"; 1 otherwise).
   const int64_t R = lanes ? matvec_rows(caps.variants.matvec) : 1;
   const std::string RR = u(R);
   if (sg && R > 1) {
@@ -182,7 +182,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
   }
   if (lanes && R > 1) {
-    // main() is complete
+    // the R-row branch above closed its loops and main() itself
   } else if (sg) {
     src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
     src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
