@@ -4,8 +4,8 @@
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
 // checkpoint's size on disk. --kernels lists the kernels of the last decode step with their GPU
-// times (Vulkan), slowest first. The first prefill and decode of each shape include building and
-// loading their programs: a warm-up run of the same shapes comes first and is not timed; then
+// times (Vulkan), slowest first (in the step's order with MESH_KERNEL_ORDER=1). The first prefill
+// and decode of each shape include building and loading their programs: a warm-up run of the same shapes comes first and is not timed; then
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
 // core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec),
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     double total = 0;
     for (const auto& k : ks) total += k.last_ms;
     std::printf("decode step       %zu kernels, %.3f ms of GPU time\n", ks.size(), total);
-    std::sort(ks.begin(), ks.end(), [](const auto& a, const auto& b) { return a.last_ms > b.last_ms; });
+    if (!std::getenv("MESH_KERNEL_ORDER")) std::sort(ks.begin(), ks.end(), [](const auto& a, const auto& b) { return a.last_ms > b.last_ms; });
     for (const auto& k : ks)
       std::printf("  %-28s %8.4f ms %10.1f MB %8.1f GB/s\n", k.name.c_str(), k.last_ms, static_cast<double>(k.bytes) / 1e6,
                   k.last_ms > 0 ? static_cast<double>(k.bytes) / k.last_ms / 1e6 : 0.0);
