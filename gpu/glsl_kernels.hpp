@@ -32,7 +32,7 @@ kernel_source linear(const graph& g, const plan& p, const kernel& k, const devic
 kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
 
 /// The rows of x a linear may have and still take the matrix-vector kernel.
-inline constexpr int64_t matvec_max_rows = 8;
+inline constexpr int64_t matvec_max_rows = 16;
 /// The rows of a matmul's a that take the few-row kernel `mms` (glsl_matmul.cpp).
 inline constexpr int64_t matmul_skinny_max_rows = 8;
 

@@ -1,7 +1,8 @@
 // linear (x [..., k] times w [n, k] transposed, w of any float or quantized dtype) and kv_write.
 //
 // linear takes one of two paths by the rows of x:
-// - at most matvec_max_rows rows (decode: a token at a time): `lmv`, a matrix-vector kernel. It is
+// - at most matvec_max_rows (16) rows (decode: a token, or a batched step of up to 16 sequences,
+//   at a time): `lmv`, a matrix-vector kernel. It is
 //   memory bound on the weight, so each weight row is read once, by one subgroup (or, without
 //   subgroup arithmetic, one 64-thread workgroup): lanes take chunks in turn (a quantized chunk is
 //   32 elements decoded in registers from whole words, one block header per chunk; a float weight

@@ -87,6 +87,9 @@ TEST_CASE("linear: every weight dtype on the matrix-vector path (m = 1, odd n, o
                                  linear_case{{1, 9 * block}, 3}})
       check_linear(*vk, wt, c, dtype::f32, 11);
   }
+  // Up to matvec_max_rows (16) rows of x: a batched decode step of 16 sequences.
+  check_linear(*vk, dtype::q4_k, {{16, 256}, 7}, dtype::f32, 14);
+  check_linear(*vk, dtype::f16, {{12, 64}, 9}, dtype::f32, 15);
   // Float weights take any k.
   check_linear(*vk, dtype::f32, {{1, 5}, 3}, dtype::f32, 12);
   check_linear(*vk, dtype::f16, {{3, 37}, 65}, dtype::f32, 13);
