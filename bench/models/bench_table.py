@@ -107,15 +107,20 @@ def main():
           f"| llama.cpp tg{gen} | llama.cpp tg{gen} @ d{prompt} | meshnode tg{gen} @ d{prompt} | tg ratio (vs @ d{prompt}) "
           f"| meshnode peak RSS MiB | RSS / file | llama.cpp peak RSS MiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    def fmt_sd(x):
+        return "-" if x is None else tps(x[0]) + " ± " + tps(x[1])
+
+    def figures(anchor, k):
+        """An anchor's pp, tg, tg @ depth of file key k, meshnode's line and its pp and tg."""
+        pp, tg, tgd = (anchor.get((k, t)) for t in ("pp", "tg", "tgd"))
+        m = mesh.get(k)
+        return pp, tg, tgd, m, float(m["prompt_tps"]) if m else None, float(m["gen_tps"]) if m else None
+
     for f in files:
         k = key(f)
         size = os.path.getsize(f) / 2**20 if os.path.exists(f) else None
-        pp, tg, tgd = (llama.get((k, t)) for t in ("pp", "tg", "tgd"))
-        m = mesh.get(k)
-        m_pp = float(m["prompt_tps"]) if m else None
-        m_tg = float(m["gen_tps"]) if m else None
+        pp, tg, tgd, m, m_pp, m_tg = figures(llama, k)
         m_rss = float(m["peak_rss_mib"]) if m else None
-        fmt_sd = lambda x: "-" if x is None else tps(x[0]) + " ± " + tps(x[1])
         def with_sd(x, sd):
             return "-" if m is None else tps(x) + ("" if sd == "nan" else " ± " + tps(float(sd)))
         m_pp_s = with_sd(m_pp, m and m.get("prompt_tps_sd", "nan"))
@@ -133,12 +138,7 @@ def main():
               f"| tg ratio (vs @ d{prompt}) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for f in files:
-            k = key(f)
-            pp, tg, tgd = (llama_vk.get((k, t)) for t in ("pp", "tg", "tgd"))
-            m = mesh.get(k)
-            m_pp = float(m["prompt_tps"]) if m else None
-            m_tg = float(m["gen_tps"]) if m else None
-            fmt_sd = lambda x: "-" if x is None else tps(x[0]) + " ± " + tps(x[1])
+            pp, tg, tgd, m, m_pp, m_tg = figures(llama_vk, key(f))
             print(f"| {os.path.basename(f)} | {fmt_sd(pp)} | {num(m_pp)} | {ratio(m_pp, pp and pp[0])} | "
                   f"{fmt_sd(tg)} | {fmt_sd(tgd)} | {num(m_tg)} | {ratio(m_tg, tgd and tgd[0])} |")
     return 0
