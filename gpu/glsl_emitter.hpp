@@ -126,22 +126,29 @@ std::string quant_decoders(const node& n, const std::string& b);
 std::string quant_chunk_decoder(dtype t, const std::string& p);
 
 /// What the coalesced matrix-vector kernel needs of a quantized dtype: in each step of a row the
-/// 32 lanes of a subgroup read adjacent 32-bit words of the row's quants (so that one load
-/// instruction of the subgroup touches one or two cache lines, and so do its loads of x), and
-/// each lane decodes its word into `per_lane` values (4 or 8) through
-///   `void <p>_lane(uint r, uint s, uint lane, out float v[8])`  (row r, step s);
-/// v[0..3] are elements `first` .. first + 3 of the row, v[4..7] (when per_lane is 8) elements
-/// first + second .. first + second + 3. A step covers `step` elements; a lane takes part only
-/// where `valid` holds (the last step of a row of 32-element blocks may be partial). `first` and
-/// `valid` are GLSL expressions of the step s and the kernel's lane vl (0..31). Empty glsl: the
-/// dtype has no lane decoder.
+/// 32 lanes of a subgroup read adjacent words of the row's quants (so that one load instruction
+/// of the subgroup touches few cache lines, and so do its loads of x), and each lane decodes its
+/// share into `groups` runs of `group_len` values (a multiple of 4) through
+///   `void <p>_lane(uint r, uint s, uint lane, out float v[groups * group_len])` (row r, step s);
+/// run g holds elements first + g * group_stride .. + group_len - 1 of the row. A step covers
+/// `step` elements; a lane takes part only where `valid` holds (the last step of a row may be
+/// partial). `first` and `valid` are GLSL expressions of the step s and the kernel's lane vl
+/// (0..31). `uvec4`: the decoder reads the weight's buffer as `uvec4 v[]` (16-byte blocks), not
+/// through quant_decoders' readers. `swizzle`, where set: the kernel keeps x in shared memory,
+/// its 4-float group p at this GLSL expression of p, so that the 8 lanes of a quarter subgroup,
+/// which read their groups together, hit 8 different 16-byte bank groups; empty: x is read from
+/// memory. Empty glsl: the dtype has no lane decoder.
 struct lane_decoder {
   std::string glsl;
-  int per_lane = 8;
+  int groups = 2;
+  int group_len = 4;
+  int64_t group_stride = 0;
   int64_t step = 256;
   std::string first;
-  int64_t second = 0;
   std::string valid = "true";
+  bool uvec4 = false;
+  std::string swizzle;
+  int per_lane() const { return groups * group_len; }
 };
 lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k);
 

@@ -4,9 +4,10 @@
 // - at most matvec_max_rows (16) rows (decode: a token, or a batched step of up to 16 sequences,
 //   at a time): `lmv`, a matrix-vector kernel. It is
 //   memory bound on the weight, so each weight row is read once, by one subgroup (or, without
-//   subgroup arithmetic, one 64-thread workgroup): lanes take chunks in turn (a quantized chunk is
-//   32 elements decoded in registers from whole words, one block header per chunk; a float weight
-//   in a buffer is read 8 elements (16 or 32 bytes) per lane at a time as uvec4s, so that a
+//   subgroup arithmetic, one 64-thread workgroup): lanes take chunks in turn (a quantized weight
+//   through its lane decoder, glsl_quant.cpp: a subgroup reads adjacent words of a few blocks and
+//   each lane decodes 8 to 32 elements in registers, with one block header read per lane; a float
+//   weight in a buffer is read 8 elements (16 or 32 bytes) per lane at a time as uvec4s, so that a
 //   subgroup has whole cache lines in flight instead of 2-byte reads), multiply them with every
 //   row of x, and the partial sums are added by subgroupAdd (or a shared-memory tree); one lane
 //   runs the epilogue and stores.
@@ -20,6 +21,9 @@
 
 namespace mesh::gpu::detail {
 namespace {
+
+/// Workgroups of a matrix-vector kernel that keeps x in shared memory, at most (each reads x once).
+constexpr uint32_t matvec_shared_x_groups = 1024;
 
 /// Steps the coalesced kernel decodes per pass: kernel_variants::matvec "lanes1", "lanes2" or
 /// "lanes4" (for comparing them), else the default.
@@ -58,8 +62,11 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   const bool lanes = quant && sg && caps.variants.matvec != "chunk" && !quant_lane_decoder(wt, "b", kd).glsl.empty();
   // A float weight read as uvec4s, by the same passes of `unroll` chunks (not with "chunk").
   const bool wide_passes = wide && sg && caps.variants.matvec != "chunk";
-  const bool x_buffer = (lanes || wide_passes) && q.materialised[x] && g[x].type == dtype::f32 && kd % 4 == 0;
-  const int x_binding = x_buffer ? e.bind(x) : -1;
+  // x is read from the buffer that a chain of reshapes views (the same flat index), when there is one.
+  node_index xs = x;
+  while (!q.materialised[xs] && g[xs].op == op_kind::reshape) xs = g[xs].inputs[0];
+  const bool x_buffer = (lanes || wide_passes) && q.materialised[xs] && g[xs].type == dtype::f32 && kd % 4 == 0;
+  const int x_binding = x_buffer ? e.bind(xs) : -1;
   const std::string lx = x_buffer ? "" : loader(e, "load_x", x);
   const int w_binding = quant || wide ? e.bind(w) : -1;
   const std::string wb = quant || wide ? "b" + std::to_string(w_binding) : "";
@@ -70,6 +77,12 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   const std::string xb = "b" + std::to_string(x_binding);
   const bool x_vec4 = x_buffer && store.find(xb + ".v[") == std::string::npos;
   const lane_decoder ld = lanes ? quant_lane_decoder(wt, wb, kd) : lane_decoder{};
+  // x in shared memory, read from memory once per workgroup, for the decoders that ask for it
+  // (q4_k: each lane reads 16 floats of x in a row, 64 bytes apart from its neighbour's, which
+  // from memory takes 16 cache lines per subgroup load; docs/gpu.md has the measurements), when
+  // it fits (kernel_variants::matvec "xglobal" keeps it in memory). x4 reads 4 aligned floats.
+  const bool x_shared = lanes && !ld.swizzle.empty() && kd % 4 == 0 && caps.variants.matvec != "xglobal" &&
+                        static_cast<uint64_t>(m * kd) * 4 <= caps.shared_memory_bytes;
 
   const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
   std::string src = sg ? "" : "shared float red[64];\n";
@@ -92,76 +105,72 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   src += lx + lw;
   if (lanes || wide_passes) {
     src += ld.glsl;
-    src += "vec4 x4(uint i) { return " +
-           (x_vec4 ? xb + ".v[i >> 2];" : x_buffer ? "vec4(" + xb + ".v[i], " + xb + ".v[i + 1u], " + xb + ".v[i + 2u], " + xb + ".v[i + 3u]);"
-                                                   : "vec4(load_x(i), load_x(i + 1u), load_x(i + 2u), load_x(i + 3u));") +
-           " }\n";
+    const std::string from_x = x_vec4     ? xb + ".v[i >> 2]"
+                               : x_buffer ? "vec4(" + xb + ".v[i], " + xb + ".v[i + 1u], " + xb + ".v[i + 2u], " + xb + ".v[i + 3u])"
+                                          : "vec4(load_x(i), load_x(i + 1u), load_x(i + 2u), load_x(i + 3u))";
+    if (x_shared) {
+      src += "shared vec4 xs[" + u(m * kd / 4) + "];\nvec4 x4g(uint i) { return " + from_x + "; }\n";
+      src += "uint swizzle(uint p) { return " + ld.swizzle + "; }\nvec4 x4(uint i) { return xs[swizzle(i >> 2)]; }\n";
+    } else {
+      src += "vec4 x4(uint i) { return " + from_x + "; }\n";
+    }
   }
   src += "void main() {\n";
-  // Weight rows a subgroup takes at once in the coalesced quantized kernel: each x load then
-  // serves R rows (kernel_variants::matvec "rows2", "rows4"; 1 otherwise).
+  // Every row of a workgroup reads all of x: read it from memory once, into shared memory.
+  if (x_shared)
+    src += "  for (uint i = gl_LocalInvocationID.x; i < " + u(m * kd / 4) + "; i += " + u(local) + ") xs[swizzle(i)] = x4g(4u * i);\n  barrier();\n";
   const int64_t R = lanes ? matvec_rows(caps.variants.matvec) : 1;
   const std::string RR = u(R);
-  if (sg && R > 1) {
+  if (lanes) {
+    // R weight rows at once (kernel_variants::matvec "rows2", "rows4"; 1 otherwise: each x load
+    // then serves R rows), in virtual lanes of 32 per step, so that any subgroup size covers the
+    // steps (32 and 64 lanes stay coalesced: a subgroup of 64 runs two steps side by side). Each
+    // pass decodes `unroll` steps of every row before it multiplies, so that their loads are in
+    // flight together: a lane past the row's end or the last block decodes the step's first
+    // lane's share instead (always in the row) and keeps none of it; a row past n decodes row
+    // n - 1 and is not stored.
     src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
     src += "  for (uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * " + RR + "; row0 < " + u(n) +
            "; row0 += gl_NumWorkGroups.x * gl_NumSubgroups * " + RR + ") {\n";
-    src += "    float accr[" + RR + "][" + std::to_string(m) + "];\n";
+    src += "    float acc[" + std::to_string(m) + "], accr[" + RR + "][" + std::to_string(m) + "];\n";
     src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + mloop + "accr[r][mi] = 0.0;\n";
-  } else if (sg) {
-    // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
-    src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
-    src += "  for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < " + u(n) +
-           "; row += gl_NumWorkGroups.x * gl_NumSubgroups) {\n";
-  } else {
-    src += "  const uint lane = gl_LocalInvocationID.x, lanes = 64u;\n";
-    src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
-  }
-  src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
-  if (lanes && R > 1) {
-    // As below, for R rows: each pass decodes `unroll` steps of every row (a row past n decodes
-    // row n - 1 and is not stored), then multiplies each x load into all R rows.
     const int64_t total = (kd + ld.step - 1) / ld.step * 32;
-    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total);
+    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total), PL = std::to_string(ld.per_lane());
     src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
-    src += "      float v[" + U + "][" + RR + "][8];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    src += "      float v[" + U + "][" + RR + "][" + PL + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
     src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
     src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
     src += "        e0[j] = " + ld.first + ";\n";
     src += "        [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + wb + "_lane(min(row0 + r, " + u(n - 1) + "), s, vl, v[j][r]);\n      }\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
-    src += "          const vec4 xa = x4(mi * " + u(kd) + " + e0[j]);\n";
-    if (ld.per_lane == 8) src += "          const vec4 xb = x4(mi * " + u(kd) + " + e0[j] + " + u(ld.second) + ");\n";
-    src += "          [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n";
-    src += "            accr[r][mi] += dot(vec4(v[j][r][0], v[j][r][1], v[j][r][2], v[j][r][3]), xa);\n";
-    if (ld.per_lane == 8) src += "            accr[r][mi] += dot(vec4(v[j][r][4], v[j][r][5], v[j][r][6], v[j][r][7]), xb);\n";
-    src += "          }\n        }\n    }\n";
+    src += "          [[unroll]] for (uint g = 0u; g < " + u(ld.groups) + "; ++g)\n";
+    src += "            [[unroll]] for (uint c = 0u; c < " + u(ld.group_len / 4) + "; ++c) {\n";
+    src += "              const uint i = g * " + u(ld.group_len) + " + 4u * c;\n";
+    src += "              const vec4 xa = x4(mi * " + u(kd) + " + e0[j] + g * " + u(ld.group_stride) + " + 4u * c);\n";
+    src += "              [[unroll]] for (uint r = 0u; r < " + RR + "; ++r)\n";
+    src += "                accr[r][mi] += dot(vec4(v[j][r][i], v[j][r][i + 1u], v[j][r][i + 2u], v[j][r][i + 3u]), xa);\n";
+    src += "            }\n        }\n    }\n";
     // Each row's sums, then its epilogue (row is uniform in the subgroup: subgroupAdd is safe).
     src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n      const uint row = row0 + r;\n";
     src += "      if (row >= " + u(n) + ") break;\n";
     src += "      " + mloop + "acc[mi] = subgroupAdd(accr[r][mi]);\n";
     src += "      if (subgroupElect()) " + mloop + "{\n        uint ci = mi * " + u(n) + " + row;\n" + store + "      }\n    }\n";
     src += "  }\n}\n";
-  } else if (lanes) {
-    // Virtual lanes of 32 per step, so that any subgroup size covers the steps (32 and 64 lanes
-    // stay coalesced: a subgroup of 64 runs two steps side by side). Each pass decodes `unroll`
-    // steps before it multiplies, so that their loads are in flight together: a lane past the
-    // row's end or the last block decodes the step's first word instead (always in the row) and
-    // keeps none of it.
-    const int64_t total = (kd + ld.step - 1) / ld.step * 32;
-    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total);
-    src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
-    src += "      float v[" + U + "][8];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
-    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
-    src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
-    src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
-    src += "        e0[j] = " + ld.first + ";\n        " + wb + "_lane(row, s, vl, v[j]);\n      }\n";
-    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
-    src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(mi * " + u(kd) + " + e0[j]));\n";
-    if (ld.per_lane == 8)
-      src += "          acc[mi] += dot(vec4(v[j][4], v[j][5], v[j][6], v[j][7]), x4(mi * " + u(kd) + " + e0[j] + " + u(ld.second) + "));\n";
-    src += "        }\n    }\n";
+  } else {
+    if (sg) {
+      // Rows go to subgroups, whatever their number per workgroup: the grid-stride loop covers n.
+      src += "  const uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;\n";
+      src += "  for (uint row = gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID; row < " + u(n) +
+             "; row += gl_NumWorkGroups.x * gl_NumSubgroups) {\n";
+    } else {
+      src += "  const uint lane = gl_LocalInvocationID.x, lanes = 64u;\n";
+      src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
+    }
+    src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
+  }
+  if (lanes) {
+    // the lanes branch above is complete
   } else if (wide_passes) {
     const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", C = u(kd / 8);
     src += "    for (uint c0 = lane; c0 < " + C + "; c0 += lanes * " + U + ") {\n";
@@ -182,8 +191,8 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
     src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
   }
-  if (lanes && R > 1) {
-    // the R-row branch above closed its loops and main() itself
+  if (lanes) {
+    // the lanes branch closed its loops and main() itself
   } else if (sg) {
     src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
     src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
@@ -193,19 +202,21 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "      acc[mi] = red[0];\n      barrier();\n    }\n";
     src += "    if (lane == 0u) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
   }
-  if (!(lanes && R > 1)) src += "  }\n}\n";
+  if (!lanes) src += "  }\n}\n";
 
   kernel_source s;
   s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size * R : 1;
-  s.groups = {groups_for(n, rows_per_group, caps.max_groups[0]), 1, 1};
+  // With x in shared memory, a workgroup takes several rows in turn (the grid-stride loop), so
+  // that fewer workgroups read x.
+  s.groups = {groups_for(n, rows_per_group, x_shared ? std::min<uint32_t>(caps.max_groups[0], matvec_shared_x_groups) : caps.max_groups[0]), 1, 1};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
   std::string decls;
   for (size_t b = 0; b < s.bindings.size(); ++b)
-    decls += static_cast<int>(b) == x_binding ? buffer_decl(g, x, b, x_vec4) :
-             wide && static_cast<int>(b) == w_binding ? "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" +
+    decls += static_cast<int>(b) == x_binding ? buffer_decl(g, xs, b, x_vec4) :
+             (wide || ld.uvec4) && static_cast<int>(b) == w_binding ? "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" +
                                           std::to_string(b) + " { uvec4 v[]; } " + wb + ";\n"
                                     : buffer_decl(g, s.bindings[b], b, false);
   s.glsl = header(g, s.bindings, sg, local) + decls + prelude + src;

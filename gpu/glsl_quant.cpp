@@ -7,6 +7,9 @@
 //   <b>_chunk_at(o, sub, v), the same for 32-element chunk `sub` of the block at byte offset o.
 // Every block size is even and every field sits at an even offset, so a 16-bit field never
 // straddles a word and a 32-bit read at an even offset spans at most two words.
+#include <cstdio>
+#include <vector>
+
 #include "gpu/glsl_emitter.hpp"
 #include "graph/quant.hpp"
 
@@ -46,6 +49,36 @@ std::string block32_decoder(const std::string& head, const std::string& p, int q
   s += "      v[j] = " + value("(x & 15u) | (((qh >> j) & 1u) << 4)") + ";\n";
   s += "      v[j + 16u] = " + value("(x >> 4) | (((qh >> (j + 16u)) & 1u) << 4)") + ";\n    }\n  }\n}\n";
   return s;
+}
+
+/// `<p>_w<n>(o, out uint q[n])`: n 32-bit words from the even byte offset o, without branches
+/// (a block of 34 or 210 bytes sits at a 2-byte offset every other block). Aligned, the last
+/// load repeats the one before it, so nothing past the words is read.
+std::string words_reader(const std::string& p, int n) {
+  const std::string N = std::to_string(n);
+  return "void " + p + "_w" + N + "(uint o, out uint q[" + N + "]) {\n  uint w = o >> 2, odd = (o >> 1) & 1u, c[" + std::to_string(n + 1) +
+         "];\n  [[unroll]] for (uint i = 0u; i <= " + N + "u; ++i) c[i] = " + p + ".v[w + min(i, " + std::to_string(n - 1) +
+         "u + odd)];\n  [[unroll]] for (uint i = 0u; i < " + N + "u; ++i) q[i] = odd == 0u ? c[i] : (c[i] >> 16) | (c[i + 1u] << 16);\n}\n";
+}
+
+/// The `bits`-bit field at bit `from` of the uint expression `word`, moved to bit `to` (masked).
+std::string field(const std::string& word, int from, int bits, int to) {
+  const int shift = to - from;
+  const std::string moved = shift > 0 ? "(" + word + " << " + std::to_string(shift) + ")"
+                            : shift < 0 ? "(" + word + " >> " + std::to_string(-shift) + ")"
+                                        : word;
+  char mask[16];
+  std::snprintf(mask, sizeof mask, "0x%08xu", ((1u << bits) - 1u) << to);
+  return "(" + moved + " & " + mask + ")";
+}
+
+/// The float 1 + q / 2^b from fields that fill the top b bits of an f32 mantissa (field() with
+/// to = 23 - b, or several fields side by side): exact, and two integer instructions where an
+/// int-to-float conversion runs at a fraction of the rate of arithmetic on GPUs.
+std::string unit_float(const std::vector<std::string>& fields) {
+  std::string s = "uintBitsToFloat(0x3f800000u";
+  for (const auto& f : fields) s += " | " + f;
+  return s + ")";
 }
 
 }  // namespace
@@ -103,19 +136,28 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
   const std::string row = "r * " + u(*rb);
   const int64_t blocks = k / block_elements(t);
   lane_decoder d;
-  const std::string head = "void " + p + "_lane(uint r, uint s, uint lane, out float v[8]) {\n";
+  auto head = [&](int values) { return "void " + p + "_lane(uint r, uint s, uint lane, out float v[" + std::to_string(values) + "]) {\n"; };
   switch (t) {
-    case dtype::q8_0:
-      // A step is 4 blocks (128 elements): lane l reads word l % 8 of block 4s + l / 8.
-      d.per_lane = 4;
-      d.step = 128;
-      d.first = "128u * s + 4u * vl";
-      d.valid = "4u * s + vl / 8u < " + u(blocks);
-      d.glsl = head + "  uint o = " + row + " + (4u * s + lane / 8u) * 34u;\n  float d = " + p + "_f16(o);\n  uint q = " + p +
-               "_u32(o + 2u + 4u * (lane % 8u));\n" +
-               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) v[e] = d * float(int(q << (24u - 8u * e)) >> 24);\n" +
-               "  [[unroll]] for (uint e = 4u; e < 8u; ++e) v[e] = 0.0;\n}\n";
+    case dtype::q8_0: {
+      // A step is 16 blocks, two lanes each: lane l reads the 16 quants of half l % 2 of block
+      // 16s + l / 2 (4 words at an even offset) and its f16 scale.
+      d.groups = 1;
+      d.group_len = 16;
+      d.step = 512;
+      d.first = "512u * s + 32u * (vl / 2u) + 16u * (vl % 2u)";
+      d.valid = "16u * s + vl / 2u < " + u(blocks);
+      d.glsl = words_reader(p, 4) + head(16) + "  uint o = " + row + " + (16u * s + lane / 2u) * 34u, q[4];\n  " + p +
+               "_w4(o + 2u + 16u * (lane % 2u), q);\n";
+      // The quant plus 128 (0..255), as f = 1 + (q + 128) / 256: d q = 256 d f - 384 d.
+      d.glsl += "  float a = 256.0 * " + p + "_f16(o), b = -1.5 * a;\n";
+      for (int w = 0; w < 4; ++w) {
+        const std::string x = "q[" + std::to_string(w) + "] ^ 0x80808080u";
+        for (int e = 0; e < 4; ++e)
+          d.glsl += "  v[" + std::to_string(4 * w + e) + "] = fma(" + unit_float({field("(" + x + ")", 8 * e, 8, 15)}) + ", a, b);\n";
+      }
+      d.glsl += "}\n";
       return d;
+    }
     case dtype::q4_0:
     case dtype::q5_0: {
       // A step is 8 blocks: lane l reads word l % 4 of block 8s + l / 4's nibbles, its low halves
@@ -123,9 +165,9 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       const bool five = t == dtype::q5_0;
       const int64_t bb = block_bytes(t);
       d.first = "256u * s + 32u * (vl / 4u) + 4u * (vl % 4u)";
-      d.second = 16;
+      d.group_stride = 16;
       d.valid = "8u * s + vl / 4u < " + u(blocks);
-      d.glsl = head + "  uint o = " + row + " + (8u * s + lane / 4u) * " + u(bb) + ", w = lane % 4u;\n  float d = " + p + "_f16(o);\n";
+      d.glsl = head(8) + "  uint o = " + row + " + (8u * s + lane / 4u) * " + u(bb) + ", w = lane % 4u;\n  float d = " + p + "_f16(o);\n";
       d.glsl += five ? "  uint qh = " + p + "_u32(o + 2u), q = " + p + "_u32(o + 6u + 4u * w);\n" : "  const uint qh = 0u;\n  uint q = " + p + "_u32(o + 2u + 4u * w);\n";
       d.glsl += "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    uint j = 4u * w + e, x = (q >> (8u * e)) & 255u;\n";
       const std::string bias = five ? "16.0" : "8.0";
@@ -133,40 +175,69 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       d.glsl += "    v[e + 4u] = (float((x >> 4) | (((qh >> (j + 16u)) & 1u) << 4)) - " + bias + ") * d;\n  }\n}\n";
       return d;
     }
-    case dtype::q4_k:
-      // A step is one block: lane l reads word l % 8 of 32-byte group g = l / 8 of the nibbles,
-      // whose low halves are elements 4w .. 4w + 3 of sub-block 2g, high halves of 2g + 1. The
-      // header (d and dmin, then 12 bytes of 6-bit scales and mins) is read as 4 words, the same
-      // for every lane of the step, and its two sub-blocks' scale and min are picked out without
-      // branches: for sub-block j, bytes j & 3 of words w0, w1, w2 (a0, a1, a2) give
-      // j < 4: scale a0 & 63, min a1 & 63; else scale (a2 & 15) | (a0 >> 6) << 4, min
-      // (a2 >> 4) | (a1 >> 6) << 4.
-      d.first = "256u * s + 64u * (vl / 8u) + 4u * (vl % 8u)";
-      d.second = 32;
-      d.glsl = "vec2 " + p + "_lane_sm(uvec3 w, uint j) {\n  uint sh = 8u * (j & 3u);\n  uvec3 a = (w >> sh) & 255u;\n" +
-               "  return j < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
+    case dtype::q4_k: {
+      // A block is 9 uvec4s: the header (d and dmin, then 12 bytes of 6-bit scales and mins),
+      // then 8 of nibbles. A step is 4 blocks of 8 lanes: lane j = l % 8 of block 4s + l / 8
+      // reads the header and nibble uvec4 j, bytes 16h .. 16h + 15 (h = j % 2) of 32-byte group
+      // g = j / 2, whose low nibbles are elements 16h .. of sub-block 2g and high nibbles of
+      // sub-block 2g + 1. The scale and min of sub-block i come from header words 1..3 without
+      // branches: bytes i & 3 of them (a0, a1, a2) give i < 4: scale a0 & 63, min a1 & 63; else
+      // scale (a2 & 15) | (a0 >> 6) << 4, min (a2 >> 4) | (a1 >> 6) << 4.
+      d.uvec4 = true;
+      d.group_len = 16;
+      d.group_stride = 32;
+      d.step = 1024;
+      d.first = "1024u * s + 256u * (vl / 8u) + 64u * ((vl % 8u) / 2u) + 16u * (vl % 2u)";
+      d.valid = "4u * s + vl / 8u < " + u(blocks);
+      d.swizzle = "p ^ ((p >> 4) & 3u)";  // lane j of a block reads groups 16 (j / 2) + 4 (j % 2) + c (+ 8)
+      d.glsl = "vec2 " + p + "_lane_sm(uvec3 w, uint i) {\n  uvec3 a = (w >> (8u * (i & 3u))) & 255u;\n" +
+               "  return i < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
                "                : vec2(float((a.z & 15u) | ((a.x >> 6) << 4)), float((a.z >> 4) | ((a.y >> 6) << 4)));\n}\n";
-      d.glsl += head + "  uint o = " + row + " + s * 144u, g = lane / 8u;\n  vec2 dm = unpackHalf2x16(" + p + "_u32(o));\n" +
-                "  uvec3 w = uvec3(" + p + "_u32(o + 4u), " + p + "_u32(o + 8u), " + p + "_u32(o + 12u));\n" +
-                "  vec2 a = " + p + "_lane_sm(w, 2u * g) * dm, b = " + p + "_lane_sm(w, 2u * g + 1u) * dm;\n  uint q = " + p +
-                "_u32(o + 16u + 32u * g + 4u * (lane % 8u));\n" +
-                "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n    v[e] = a.x * float((q >> (8u * e)) & 15u) - a.y;\n" +
-                "    v[e + 4u] = b.x * float((q >> (8u * e + 4u)) & 15u) - b.y;\n  }\n}\n";
+      d.glsl += head(32) + "  uint base = r * " + u(*rb / 16) + " + (4u * s + lane / 8u) * 9u, j = lane % 8u;\n  uvec4 hd = " + p +
+                ".v[base], q = " + p + ".v[base + 1u + j];\n  vec2 dm = unpackHalf2x16(hd.x);\n  vec2 a = " + p +
+                "_lane_sm(hd.yzw, j & 6u) * dm, b = " + p + "_lane_sm(hd.yzw, (j & 6u) + 1u) * dm;\n";
+      // With f = 1 + q / 16: scale q - min = 16 scale f - (16 scale + min).
+      d.glsl += "  float la = 16.0 * a.x, lb = -(la + a.y), ha = 16.0 * b.x, hb = -(ha + b.y);\n";
+      for (int w = 0; w < 4; ++w)
+        for (int e = 0; e < 4; ++e) {
+          const std::string x = "q[" + std::to_string(w) + "]", i = std::to_string(4 * w + e), i2 = std::to_string(16 + 4 * w + e);
+          d.glsl += "  v[" + i + "] = fma(" + unit_float({field(x, 8 * e, 4, 19)}) + ", la, lb);\n";
+          d.glsl += "  v[" + i2 + "] = fma(" + unit_float({field(x, 8 * e + 4, 4, 19)}) + ", ha, hb);\n";
+        }
+      d.glsl += "}\n";
       return d;
-    case dtype::q6_k:
-      // A step is one block. Lane l reads word l % 16 of half h = l / 16's 64 low-bit bytes: byte
-      // b0 + i holds element l0 + i of quarter qa (low nibble) and of quarter qa + 2 (high), where
-      // qa = b0 / 32, l0 = b0 % 32; their top 2 bits are in the half's qh bytes l0 ..
-      d.first = "256u * s + 128u * (vl / 16u) + 4u * (vl % 16u)";  // 128h + 32qa + l0
-      d.second = 64;
-      d.glsl = head + "  uint o = " + row + " + s * 210u, h = lane / 16u, b0 = 4u * (lane % 16u), qa = b0 / 32u, l0 = b0 % 32u;\n" +
-               "  float d = " + p + "_f16(o + 208u);\n  uint sc = o + 192u + 8u * h + l0 / 16u;\n" + "  float d0 = d * float(int(" + p +
-               "_u8(sc + 2u * qa) << 24) >> 24), d1 = d * float(int(" + p + "_u8(sc + 2u * qa + 4u) << 24) >> 24);\n" + "  uint ql = " + p +
-               "_u32(o + 64u * h + b0), qh = " + p + "_u32(o + 128u + 32u * h + l0);\n" +
-               "  [[unroll]] for (uint e = 0u; e < 4u; ++e) {\n" +
-               "    v[e] = d0 * float(int(((ql >> (8u * e)) & 15u) | (((qh >> (8u * e + 2u * qa)) & 3u) << 4)) - 32);\n" +
-               "    v[e + 4u] = d1 * float(int(((ql >> (8u * e + 4u)) & 15u) | (((qh >> (8u * e + 2u * qa + 4u)) & 3u) << 4)) - 32);\n  }\n}\n";
+    }
+    case dtype::q6_k: {
+      // A block (210 bytes, so at an even offset) holds two halves of 128 elements: 64 bytes of
+      // low nibbles, 32 of top bits, 8 int8 scales each. Element l (0..31) of quarter qa (0..3)
+      // of half h: low 4 bits in byte 64h + l + 32 (qa & 1) (high nibble when qa >= 2), top 2
+      // bits at 2 qa in byte 128 + 32h + l, scale byte 192 + 8h + 2qa + l / 16. A step is 4
+      // blocks of 8 lanes: lane j = l % 8 takes elements l0 .. l0 + 7 (l0 = 8 (j % 4)) of every
+      // quarter of half j / 4.
+      d.groups = 4;
+      d.group_len = 8;
+      d.group_stride = 32;
+      d.step = 1024;
+      d.first = "1024u * s + 256u * (vl / 8u) + 128u * ((vl % 8u) / 4u) + 8u * (vl % 4u)";
+      d.valid = "4u * s + vl / 8u < " + u(blocks);
+      d.glsl = words_reader(p, 2) + head(32) + "  uint o = " + row + " + (4u * s + lane / 8u) * 210u, j = lane % 8u, h = j / 4u, l0 = 8u * (j % 4u);\n";
+      d.glsl += "  uint ql0[2], ql1[2], qh[2], sc[2];\n  " + p + "_w2(o + 64u * h + l0, ql0);\n  " + p + "_w2(o + 64u * h + 32u + l0, ql1);\n  " + p +
+                "_w2(o + 128u + 32u * h + l0, qh);\n  " + p + "_w2(o + 192u + 8u * h, sc);\n";
+      // With f = 1 + q / 64 (q the 6 bits): scale (q - 32) = 64 scale f - 96 scale.
+      d.glsl += "  float d = 64.0 * " + p + "_f16(o + 208u);\n  uint sh = 24u - 8u * (l0 / 16u);\n";
+      d.glsl += "  float a[4] = float[4](d * float(int(sc[0] << sh) >> 24), d * float(int(sc[0] << (sh - 16u)) >> 24),\n" +
+                std::string("                       d * float(int(sc[1] << sh) >> 24), d * float(int(sc[1] << (sh - 16u)) >> 24));\n");
+      for (int qa = 0; qa < 4; ++qa)
+        for (int i = 0; i < 8; ++i) {
+          const std::string lo = std::string(qa & 1 ? "ql1[" : "ql0[") + std::to_string(i / 4) + "]", hi = "qh[" + std::to_string(i / 4) + "]";
+          const std::string A = "a[" + std::to_string(qa) + "]";
+          d.glsl += "  v[" + std::to_string(8 * qa + i) + "] = fma(" +
+                    unit_float({field(lo, 8 * (i % 4) + (qa >= 2 ? 4 : 0), 4, 17), field(hi, 8 * (i % 4) + 2 * qa, 2, 21)}) + ", " + A +
+                    ", -1.5 * " + A + ");\n";
+        }
+      d.glsl += "}\n";
       return d;
+    }
     default: return {};
   }
 }

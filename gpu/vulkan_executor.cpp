@@ -2,6 +2,7 @@
 // per run); tensors are sub-allocated from a few large memory blocks (memory_pool, vk_memory.hpp).
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -521,6 +522,9 @@ class vulkan_executor final : public executor {
   }
 
   expected<void> create_pipeline(compiled_kernel& ck) {
+    // MESH_GLSL_DUMP=DIR writes each kernel's source to DIR/<name>.comp (for reading and profiling
+    // a kernel outside the executor); a write that fails is ignored.
+    if (const char* dump = std::getenv("MESH_GLSL_DUMP"); dump && *dump) std::ofstream(std::string(dump) + "/" + ck.src.name + ".comp") << ck.src.glsl;
     auto spirv = cache_.get(ck.src.name, ck.src.glsl);
     if (!spirv) return tl::unexpected(spirv.error());
     std::vector<VkDescriptorSetLayoutBinding> binds;

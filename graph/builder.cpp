@@ -346,6 +346,27 @@ expr permute(const expr& x, std::vector<int64_t> axes, source_loc loc) {
   if (!x.owner()) return {};
   attributes attrs;
   attrs.axes = normalise_axes(std::move(axes), x.rank());
+  // A permutation that keeps the order of every axis longer than 1 moves no element: it is a
+  // reshape, which kernels read as the buffer it views instead of through index arithmetic (a
+  // decode step's attention output, [kv, group, 1, d] to [1, kv, group, d]).
+  if (x.ok() && static_cast<int64_t>(attrs.axes.size()) == x.rank()) {
+    std::vector<bool> seen(attrs.axes.size(), false);
+    bool valid = true, ordered = true;
+    int64_t last = -1;
+    shape to;
+    for (const int64_t a : attrs.axes) {
+      valid = valid && a >= 0 && a < x.rank() && !seen[static_cast<size_t>(a)];
+      if (!valid) break;
+      seen[static_cast<size_t>(a)] = true;
+      const int64_t len = x.dims()[static_cast<size_t>(a)];
+      to.push_back(len);
+      if (len != 1) {
+        ordered = ordered && a > last;
+        last = a;
+      }
+    }
+    if (valid && ordered) return reshape(x, std::move(to), loc);
+  }
   return x.owner()->make(op_kind::permute, {x}, std::move(attrs), {x.type(), {}}, loc);
 }
 

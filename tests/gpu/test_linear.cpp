@@ -87,8 +87,10 @@ TEST_CASE("linear: every weight dtype on the matrix-vector path (m = 1, odd n, o
                                  linear_case{{1, 9 * block}, 3}})
       check_linear(*vk, wt, c, dtype::f32, 11);
   }
-  // Up to matvec_max_rows (16) rows of x: a batched decode step of 16 sequences.
+  // Up to matvec_max_rows (16) rows of x: a batched decode step of 16 sequences (q4_k keeps x in
+  // shared memory where it fits: 16 x 256 floats do, 16 x 1024 do not).
   check_linear(*vk, dtype::q4_k, {{16, 256}, 7}, dtype::f32, 14);
+  check_linear(*vk, dtype::q4_k, {{16, 1024}, 5}, dtype::f32, 16);
   check_linear(*vk, dtype::f16, {{12, 64}, 9}, dtype::f32, 15);
   // Float weights take any k.
   check_linear(*vk, dtype::f32, {{1, 5}, 3}, dtype::f32, 12);
@@ -122,10 +124,11 @@ TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk mat
   CHECK(chunk->stats().validation_errors == 0);
 }
 
-TEST_CASE("linear: the quantized matrix-vector kernel taking 2 or 4 weight rows per subgroup (rows2, rows4)") {
+TEST_CASE("linear: the quantized matrix-vector kernel taking 2 or 4 weight rows per subgroup (rows2, rows4), or x from memory (xglobal)") {
   // n = 7 and 5: the last group of rows is partly past n; 1 and 3 rows of x.
   for (const auto& [variant, types] : {std::pair{"rows2", std::vector<dtype>{dtype::q4_k, dtype::q8_0}},
-                                       std::pair{"rows4", std::vector<dtype>{dtype::q6_k}}}) {
+                                       std::pair{"rows4", std::vector<dtype>{dtype::q6_k}},
+                                       std::pair{"xglobal", std::vector<dtype>{dtype::q4_k}}}) {
     auto vk = validated(variant);
     for (dtype wt : types)
       for (const linear_case& c : {linear_case{{block_elements(wt)}, 7}, linear_case{{3, 2 * block_elements(wt)}, 5}})
@@ -158,7 +161,8 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   REQUIRE(prefill);
   CHECK(decode->name == "lmvc_q4_k_" + std::to_string(p.kernels[0].root));
   CHECK(decode->glsl.find("subgroupAdd") != std::string::npos);
-  CHECK(decode->glsl.find("b2_lane(row, s, vl, v[j])") != std::string::npos);
+  CHECK(decode->glsl.find("b2_lane(min(row0 + r, 15u), s, vl, v[j][r])") != std::string::npos);
+  CHECK(decode->glsl.find("xs[swizzle(i)] = x4g(4u * i)") != std::string::npos);  // q4_k: x in shared memory
   caps.variants.matvec = "chunk";
   auto chunk = emit(g, p, p.kernels[0], caps);
   REQUIRE(chunk);
