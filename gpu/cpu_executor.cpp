@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "graph/attention_rows.hpp"
 #include "graph/quant.hpp"
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
@@ -500,6 +501,13 @@ class cpu_executor final : public executor {
           }
           for (int64_t k = 0; k < count; ++k) store(k, acc[k]);
         }
+        return;
+      }
+      case op_family::attention: {
+        std::vector<double> res(static_cast<size_t>(count));
+        attention_rows(attention_shape_of(g[n.inputs[0]].dims, g[n.inputs[1]].dims, n.attrs.axis), v[n.inputs[0]].f, v[n.inputs[1]].f,
+                       v[n.inputs[2]].f, v[n.inputs[3]].i, res);
+        for (int64_t k = 0; k < count; ++k) store(k, res[static_cast<size_t>(k)]);
         return;
       }
       case op_family::leaf:

@@ -139,6 +139,15 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
       if (iterations > budget)
         return too_long("scatter_add of " + std::to_string(outs) + " outputs over " + std::to_string(picks) + " picks", iterations);
     }
+    if (k.kind == kernel_kind::attention) {
+      // Pass 1: per slice, the query's load and the short reductions (the key loops are
+      // unrolled); pass 2: per row, d / 64 elements, each combining every slice.
+      const int64_t d = g[k.root].dims.back(), rows = element_count(g[k.root].dims) / std::max<int64_t>(d, 1);
+      const int64_t items = k.pass == 1 ? rows * k.slices : rows;
+      const int64_t per_group = (items + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);
+      const int64_t iterations = per_group * (k.pass == 1 ? d / 64 + 16 : (d / 64 + 2) * (k.slices + 1));
+      if (iterations > budget) return too_long("attention over " + std::to_string(k.slices) + " slices of keys", iterations);
+    }
     if (k.kind == kernel_kind::matmul || k.kind == kernel_kind::linear) {
       const shape& ad = g[g[k.anchor].inputs[0]].dims;
       const int64_t kd = ad.empty() ? 0 : ad.back();
@@ -153,6 +162,7 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
     case kernel_kind::rows: return detail::rows_kernel(g, p, k, caps);
     case kernel_kind::linear: return detail::linear(g, p, k, caps);
     case kernel_kind::kv_write: return detail::kv_write(g, p, k, caps);
+    case kernel_kind::attention: return detail::attention(g, p, k, caps);
   }
   return make_error(error_code::internal, "unknown kernel kind");
 }

@@ -31,6 +31,10 @@ kernel_source linear(const graph& g, const plan& p, const kernel& k, const devic
 /// at the runtime position. glsl_linear.cpp.
 kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
 
+/// kernel_kind::attention: a workgroup per query row and head, keys in tiles of 128 with an
+/// online softmax (`attn`). glsl_attention.cpp.
+kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+
 /// The rows of x a linear may have and still take the matrix-vector kernel.
 inline constexpr int64_t matvec_max_rows = 16;
 /// The rows of a matmul's a that take the few-row kernel `mms` (glsl_matmul.cpp).

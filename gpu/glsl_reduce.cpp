@@ -299,6 +299,9 @@ kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const 
   emitter e(g, q, false);
   for (const auto& m : k.members) e.bind(m.root);
   const std::string t = u(threads);
+  // A short row (a decode step's RMSNorm: 2,048 elements, 8 per thread) unrolled: its loads are
+  // in flight together instead of one memory latency after another.
+  const std::string unroll = caps.unroll_loops && (len + threads - 1) / threads <= 16 ? "[[unroll]] " : "";
   std::string main = "  const uint lid = gl_LocalInvocationID.x;\n";
   main += "  for (uint o = gl_WorkGroupID.x; o < " + u(count) + "; o += gl_NumWorkGroups.x) {\n";
   main += "    const uint base = o * " + u(len) + ";\n";
@@ -311,12 +314,12 @@ kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const 
         body = e.body + e.store(m.root, "i", v);
         e.body.clear();
       });
-      main += "    for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n      const uint i = base + r;\n" + body + "    }\n";
+      main += "    " + unroll + "for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n      const uint i = base + r;\n" + body + "    }\n";
       continue;
     }
     const auto ops = reduction_of(g[m.anchor]);
     main += "    {\n    float acc = " + ops.init + ";\n";
-    main += "    for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n" + fold_input(e, g, m, ops, "(base + r)", "      ") +
+    main += "    " + unroll + "for (uint r = lid; r < " + u(len) + "; r += " + t + ") {\n" + fold_input(e, g, m, ops, "(base + r)", "      ") +
             "    }\n";
     main += workgroup_combine(ops, subgroups, threads);
     const std::string slot = "shv[" + std::to_string(results) + "]";

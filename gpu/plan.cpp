@@ -11,7 +11,7 @@ namespace {
 
 bool is_anchor(op_kind op) {
   return op == op_kind::matmul || op == op_kind::linear || op == op_kind::reduce_sum || op == op_kind::reduce_max ||
-         op == op_kind::scatter_add || op == op_kind::kv_write;
+         op == op_kind::scatter_add || op == op_kind::kv_write || op == op_kind::attention;
 }
 
 bool is_leaf_buffer(const node& n) {
@@ -38,6 +38,24 @@ void add_reduction(const graph& g, const kernel& k, const split_options& split, 
   first.scratch = static_cast<int>(p.scratch.size());
   // Partials stay in the accumulator's type: an f16 sum is rounded once, at the end.
   p.scratch.push_back({g[k.anchor].type == dtype::i32 ? dtype::i32 : dtype::f32, slices * l.outputs});
+  kernel second = first;
+  second.pass = 2;
+  p.kernels.push_back(first);
+  p.kernels.push_back(second);
+}
+
+/// Attention runs as two kernels (flash decoding): pass 1 takes slices of attention_slice_keys
+/// keys of every query row and head (its own maximum, weight sum and weighted sum of v into the
+/// scratch buffer: d + 2 floats), pass 2 combines a row's slices. Many slices share the keys of
+/// a long cache even when a decode step has few rows and heads.
+void add_attention(const graph& g, const kernel& k, plan& p) {
+  const shape& kd = g[g[k.root].inputs[1]].dims;
+  const int64_t d = kd.back(), t = kd[kd.size() - 3], rows = d ? element_count(g[k.root].dims) / d : 0;
+  kernel first = k;
+  first.pass = 1;
+  first.slices = std::max<int64_t>(1, (t + attention_slice_keys - 1) / attention_slice_keys);
+  first.scratch = static_cast<int>(p.scratch.size());
+  p.scratch.push_back({dtype::f32, std::max<int64_t>(1, rows * first.slices * (d + 2))});
   kernel second = first;
   second.pass = 2;
   p.kernels.push_back(first);
@@ -312,9 +330,11 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
       case op_kind::scatter_add: k.kind = kernel_kind::scatter_add; break;
       case op_kind::linear: k.kind = kernel_kind::linear; break;
       case op_kind::kv_write: k.kind = kernel_kind::kv_write; break;
+      case op_kind::attention: k.kind = kernel_kind::attention; break;
       default: k.kind = kernel_kind::elementwise; k.anchor = -1; break;
     }
     if (k.kind == kernel_kind::reduce) add_reduction(g, k, split, p);
+    else if (k.kind == kernel_kind::attention) add_attention(g, k, p);
     else p.kernels.push_back(k);
   }
   if (fuse_rows_from > 0) fuse_row_kernels(g, p, fuse_rows_from);
@@ -338,6 +358,7 @@ std::string describe(const graph& g, const plan& p) {
       case kernel_kind::scatter_add: s += "scat"; break;
       case kernel_kind::linear: s += "lin"; break;
       case kernel_kind::kv_write: s += "kvw"; break;
+      case kernel_kind::attention: s += "attn"; break;
       case kernel_kind::rows: break;
     }
     s += "(%" + std::to_string(k.root);

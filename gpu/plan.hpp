@@ -26,6 +26,7 @@ enum class kernel_kind {
   rows,         ///< several kernels over the same rows run as one: a workgroup per row (kernel::members)
   linear,       ///< x times a weight read transposed (any float or quantized dtype), optionally with an epilogue
   kv_write,     ///< a value written into a cache parameter's buffer at a runtime position (in place)
+  attention,    ///< causal attention of query rows against a KV cache (op_kind::attention)
 };
 
 /// One dispatch.
@@ -60,6 +61,9 @@ struct plan {
   std::vector<kernel> kernels;         ///< in execution (topological) order
   std::vector<scratch_buffer> scratch;  ///< buffers of split reductions' partials
 };
+
+/// Keys per slice of an attention kernel's first pass (add_attention in plan.cpp).
+inline constexpr int64_t attention_slice_keys = 64;
 
 /// The binding id of plan::scratch[index] (ids past the graph's own nodes).
 inline node_index scratch_id(const graph& g, int index) { return g.size() + index; }

@@ -179,6 +179,9 @@ std::vector<expr> gradients(const expr& loss, const std::vector<expr>& wrt, sour
       if (!differentiable_input(n, k, b.peek())) continue;
       if (n.op == op_kind::kv_write)
         return poisoned("kv_write (node %" + std::to_string(id) + ") is not differentiable: it writes a cache in place");
+      if (n.op == op_kind::attention)
+        return poisoned("attention (node %" + std::to_string(id) +
+                        ") is not differentiable: it is for inference; compose training attention from matmul and softmax");
       expr contribution = vjp(b, n, id, k, g, loc);
       auto prev = adjoint.find(x);
       if (prev == adjoint.end()) adjoint[x] = contribution;

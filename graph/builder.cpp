@@ -272,6 +272,14 @@ expr linear(const expr& x, const expr& w, source_loc loc) {
   return bld->make(op_kind::linear, {x, w}, {}, {}, loc);
 }
 
+expr attention(const expr& q, const expr& k, const expr& v, const expr& pos, int64_t window, source_loc loc) {
+  builder* bld = owner_of({&q, &k, &v, &pos});
+  if (!bld) return {};
+  attributes attrs;
+  attrs.axis = window;
+  return bld->make(op_kind::attention, {q, k, v, pos}, std::move(attrs), {}, loc);
+}
+
 expr kv_write(const expr& cache, const expr& value, const expr& pos, int64_t axis, source_loc loc) {
   builder* bld = owner_of({&cache, &value, &pos});
   if (!bld) return {};

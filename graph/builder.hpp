@@ -192,6 +192,12 @@ expr linear(const expr& x, const expr& w, source_loc loc = source_loc::current()
 /// an error in evaluate() and is dropped (rows outside the cache) on an executor.
 expr kv_write(const expr& cache, const expr& value, const expr& pos, int64_t axis,
               source_loc loc = source_loc::current());
+/// Causal grouped-query attention of q [..., l, h, d] against keys and values [..., t, kv, d]
+/// (a KV cache, or a view of it), query row i seeing the keys at positions <= pos[i] (pos: i32
+/// [..., l]) and, with `window` > 0, only the last `window` of them: softmax(q k^T / sqrt(d)) v
+/// as one op (op_kind::attention), [..., l, h, d] in q's dtype.
+expr attention(const expr& q, const expr& k, const expr& v, const expr& pos, int64_t window = 0,
+               source_loc loc = source_loc::current());
 
 // Reductions; negative axes count from the end.
 expr sum(const expr& x, std::vector<int64_t> axes, bool keep_dims = false, source_loc loc = source_loc::current());

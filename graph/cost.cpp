@@ -44,6 +44,11 @@ double node_flops(const graph& g, node_index id) {
       return out;
     case op_family::linear: return 2.0 * out * static_cast<double>(g[n.inputs[0]].dims.back());
     case op_family::kv_write: return 0;
+    case op_family::attention: {
+      // q . k and p v for every query row, head and key: 4 FLOPs per element of q and key.
+      const shape& k = g[n.inputs[1]].dims;
+      return 4.0 * out * static_cast<double>(k[k.size() - 3]);
+    }
   }
   return out;
 }

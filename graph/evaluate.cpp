@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "graph/attention_rows.hpp"
+
 namespace mesh {
 namespace {
 
@@ -266,6 +268,9 @@ expected<values> compute(const graph& g, node_index id, const std::vector<const 
       }
       break;
     }
+    case op_family::attention:
+      attention_rows(attention_shape_of(*in_dims[0], *in_dims[1], n.attrs.axis), *in[0], *in[1], *in[2], *in[3], out);
+      break;
   }
   // i32 arithmetic wraps; other i32 results (casts, an empty max) saturate (ops.hpp).
   if (round)

@@ -30,6 +30,7 @@ size_t arity_of(const node& n) {
     case op_family::linear: return 2;
     case op_family::ternary:
     case op_family::kv_write: return 3;
+    case op_family::attention: return 4;
   }
   return 0;
 }
@@ -58,7 +59,8 @@ expected<void> check_unused_attrs(const node& n) {
   if (!uses_axes && !a.axes.empty()) return attr_error(n, "unexpected axes attribute");
   if (n.op != op_kind::slice && (!a.starts.empty() || !a.stops.empty()))
     return attr_error(n, "unexpected slice bounds");
-  if (n.op != op_kind::concat && n.op != op_kind::kv_write && a.axis != 0) return attr_error(n, "unexpected axis attribute");
+  if (n.op != op_kind::concat && n.op != op_kind::kv_write && n.op != op_kind::attention && a.axis != 0)
+    return attr_error(n, "unexpected axis attribute");
   if (n.op != op_kind::compare && a.cmp != compare_kind::eq) return attr_error(n, "unexpected comparison");
   if (n.op != op_kind::reduce_sum && n.op != op_kind::reduce_max && a.keep_dims)
     return attr_error(n, "unexpected keep_dims");
@@ -287,6 +289,28 @@ expected<value_type> infer(const node& n, const std::vector<value_type>& in) {
           return shape_error(n, "value " + to_string(value.dims) + " does not fit cache " + to_string(cache.dims) +
                                     " along axis " + std::to_string(ax));
       return cache;
+    }
+    case op_family::attention: {
+      const auto &q = in[0], &k = in[1], &v = in[2], &pos = in[3];
+      if (!is_float(q.type) || !is_float(k.type) || !is_float(v.type))
+        return type_error(n, std::string("q, k and v must be f32, f16 or bf16, got ") + to_string(q.type) + ", " + to_string(k.type) +
+                                 " and " + to_string(v.type));
+      if (n.attrs.axis < 0) return attr_error(n, "window " + std::to_string(n.attrs.axis) + " is negative");
+      const size_t r = q.dims.size();
+      const auto batch_of = [&](const shape& s) { return shape(s.begin(), s.end() - std::min<std::ptrdiff_t>(3, static_cast<std::ptrdiff_t>(s.size()))); };
+      if (r < 3 || k.dims.size() != r || v.dims != k.dims || batch_of(k.dims) != batch_of(q.dims))
+        return shape_error(n, "needs q [..., l, h, d] and k, v [..., t, kv, d] with the same leading dims, got " + to_string(q.dims) + ", " +
+                                  to_string(k.dims) + " and " + to_string(v.dims));
+      const int64_t l = q.dims[r - 3], h = q.dims[r - 2], d = q.dims[r - 1], kv = k.dims[r - 2];
+      if (k.dims[r - 1] != d || kv < 1 || h % kv != 0)
+        return shape_error(n, "q " + to_string(q.dims) + " and k " + to_string(k.dims) +
+                                  " need the same head size and a number of query heads that is a multiple of the key/value heads");
+      shape want_pos = batch_of(q.dims);
+      want_pos.push_back(l);
+      if (pos.type != dtype::i32 || pos.dims != want_pos)
+        return type_error(n, "pos must be i32 " + to_string(want_pos) + " (one position per query row), got " + std::string(to_string(pos.type)) +
+                                 to_string(pos.dims));
+      return value_type{q.type, q.dims};
     }
   }
   return make_error(error_code::internal, "infer: unhandled op");

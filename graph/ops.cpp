@@ -40,6 +40,7 @@ op_family family_of(op_kind op) {
     case op_kind::scatter_add: return op_family::gather;
     case op_kind::linear: return op_family::linear;
     case op_kind::kv_write: return op_family::kv_write;
+    case op_kind::attention: return op_family::attention;
   }
   return op_family::leaf;
 }
@@ -49,7 +50,7 @@ std::string_view to_string(op_kind op) {
       "input", "parameter", "constant", "neg", "abs", "exp", "log", "sqrt", "rsqrt",
       "tanh", "sin", "cos", "relu", "sigmoid", "cast", "add", "sub", "mul",
       "div", "pow", "max", "min", "compare", "select", "matmul", "reduce_sum", "reduce_max",
-      "broadcast", "reshape", "permute", "slice", "concat", "gather", "scatter_add", "linear", "kv_write"};
+      "broadcast", "reshape", "permute", "slice", "concat", "gather", "scatter_add", "linear", "kv_write", "attention"};
   auto i = static_cast<int>(op);
   return i < op_count ? names[i] : std::string_view("unknown_op");
 }

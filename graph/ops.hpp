@@ -81,15 +81,23 @@ enum class op_kind : uint8_t {
   /// nothing else, and the graph must update that parameter with this node: executors write the
   /// rows in place.
   kv_write = 35,
+  /// attention(q [..., l, h, d], k [..., t, kv, d], v [..., t, kv, d], pos i32 [..., l]) ->
+  /// [..., l, h, d]: causal grouped-query attention against a KV cache, in one kernel. Query row
+  /// i, head j attends the keys s < t with s <= pos[i] (and s > pos[i] - attrs.axis when
+  /// attrs.axis > 0: a sliding window of that many keys), with weights softmax over s of
+  /// q . k_s / sqrt(d), and returns the weighted sum of the v_s; head j reads key/value head
+  /// j / (h / kv). A row that sees no key returns 0. q, k and v have float dtypes (f32
+  /// arithmetic); the result has q's. Inference only: autodiff refuses it.
+  attention = 36,
 };
 
-inline constexpr int op_count = 36;
+inline constexpr int op_count = 37;
 
 /// The comparison made by op_kind::compare. Values are part of the wire format.
 enum class compare_kind : uint8_t { eq = 0, ne = 1, lt = 2, le = 3, gt = 4, ge = 5 };
 
 /// Broad families of ops, used by the validator, autodiff and the kernel compiler.
-enum class op_family { leaf, unary, binary, ternary, matmul, reduce, movement, gather, linear, kv_write };
+enum class op_family { leaf, unary, binary, ternary, matmul, reduce, movement, gather, linear, kv_write, attention };
 
 op_family family_of(op_kind op);
 

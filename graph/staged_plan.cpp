@@ -70,6 +70,11 @@ expected<std::vector<bool>> batched_nodes(const graph& g, int64_t batch) {
         if (n.dims.size() < 2) return tl::unexpected(mixing(id, n, "contracts the batch axis (x has rank 1)"));
         break;
       case op_family::kv_write: return tl::unexpected(mixing(id, n, "writes batch rows into a cache held whole"));
+      case op_family::attention:
+        // Row-local only with leading batch dims that every operand has.
+        if (n.dims.size() < 4 || std::find(in.begin(), in.end(), false) != in.end())
+          return tl::unexpected(mixing(id, n, "attends across the batch axis"));
+        break;
     }
     batched[static_cast<size_t>(id)] = true;
   }

@@ -87,6 +87,10 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
   builder& b = *q.owner();
   const shape qs = q.dims();
   const int64_t l = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
+  if (l <= fused_attention_max_rows) {
+    auto rows_of = [&](const expr& cache) { return reshape(slice_axis(cache, 0, 0, attended), {attended, kv_heads, head_dim}); };
+    return reshape(mesh::attention(q, rows_of(k_cache), rows_of(v_cache), positions, window), {l, heads * head_dim});
+  }
   // Queries grouped by their key/value head: [kv, group * l, d].
   const expr qg = reshape(permute(reshape(q, {l, kv_heads, group, head_dim}), {1, 2, 0, 3}), {kv_heads, group * l, head_dim});
   auto heads_of = [&](const expr& cache) {
@@ -132,10 +136,15 @@ expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, 
   builder& b = *q.owner();
   const shape qs = q.dims();
   const int64_t n = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
-  const expr qg = reshape(q, {n, kv_heads, group, head_dim});
   // Cache rows i * context + t of the first n slots, read by index (a gather the kernels read
   // through, as they do slices: no node of the whole cache's size).
   const expr rows = reshape(nn::iota(b, n) * static_cast<double>(context), {n, 1}) + reshape(nn::iota(b, attended), {1, attended});
+  if (n <= fused_attention_max_rows) {
+    auto rows_of = [&](const expr& cache) { return reshape(gather(cache, rows), {n, attended, kv_heads, head_dim}); };
+    const expr out = mesh::attention(reshape(q, {n, 1, heads, head_dim}), rows_of(k_cache), rows_of(v_cache), reshape(positions, {n, 1}), window);
+    return reshape(out, {n, heads * head_dim});
+  }
+  const expr qg = reshape(q, {n, kv_heads, group, head_dim});
   auto heads_of = [&](const expr& cache) {  // [n, kv, t, d]
     return permute(reshape(gather(cache, rows), {n, attended, kv_heads, head_dim}), {0, 2, 1, 3});
   };

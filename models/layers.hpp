@@ -41,10 +41,16 @@ expr write_cache(const expr& cache, const expr& rows, const expr& dest);
 /// [1], a runtime value): [attended, width].
 expr slot_rows(const expr& cache, const expr& slot, int64_t context, int64_t attended);
 
+/// Query rows up to which attention() and batched_attention() use the fused attention op.
+inline constexpr int64_t fused_attention_max_rows = 16;
+
 /// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
 /// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees
 /// cache rows t <= positions[i] (and t > positions[i] - window when window > 0). Query head h uses
 /// key/value head h / (heads / kv_heads), as HF's repeat_kv does. Result [l, heads * head_dim].
+/// Up to fused_attention_max_rows query rows (decode) take the fused op (mesh::attention, one
+/// kernel); more rows (a prompt) are composed of matmuls and a softmax, which reuse each key
+/// across the rows.
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
                int64_t attended, int64_t window);
 
@@ -52,7 +58,7 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
 /// token of the sequence in slot i of the caches k, v [slots * context, kv_heads * head_dim]
 /// (slots >= b) and sees that slot's rows t <= positions[i] (i32 [b]; and t > positions[i] -
 /// window when window > 0), of its first `attended`. Otherwise as attention(). Result
-/// [b, heads * head_dim].
+/// [b, heads * head_dim]. Up to fused_attention_max_rows sequences take the fused op.
 expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions,
                        int64_t kv_heads, int64_t context, int64_t attended, int64_t window);
 

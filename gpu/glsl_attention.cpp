@@ -1,0 +1,126 @@
+// attention (op_kind::attention): causal grouped-query attention against a KV cache in two
+// kernels, flash-decoding style (plan.cpp's add_attention makes the passes and their scratch
+// buffer of partials, d + 2 floats per query row, head and slice):
+// - pass 1 (`attn1`): a workgroup of 64 threads per query row, head and slice of 64 keys (a
+//   grid-stride loop over them). The query row, scaled by 1/sqrt(d), goes to shared memory; each
+//   thread takes one key of the slice: its score q . k (the d loads unrolled, so that they are in
+//   flight together); the slice's maximum m, each key's weight exp(score - m) to shared memory
+//   and their sum l; then thread x sums weight x v[x] over the slice's keys. It writes m, l and
+//   the d sums. A slice with no visible key writes m = -inf, l = 0.
+// - pass 2 (`attn2`): a workgroup per query row and head combines the slices: M = max m, the
+//   result sum(exp(m - M) acc) / sum(exp(m - M) l), or 0 where no key is visible.
+// Keys past the visible range are read at a clamped index and their values replaced, never
+// multiplied by 0 (a cache row that was never written may hold anything, NaN included).
+// q, k, v and pos are read through the expression emitter: views of the cache (a slice, a
+// reshape, a gather of a batch's rows) cost index arithmetic, not copies.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "gpu/glsl_emitter.hpp"
+#include "gpu/glsl_kernels.hpp"
+
+namespace mesh::gpu::detail {
+namespace {
+
+/// `float name(float x)`: the workgroup's max or sum of x (every thread gets it), through
+/// subgroup arithmetic and shared memory, or a shared-memory tree without subgroups.
+std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t local) {
+  const std::string combine = max ? "a = max(a, red[s]);" : "a += red[s];";
+  if (sg)
+    return "float " + name + "(float x) {\n  float a = " + (max ? "subgroupMax" : "subgroupAdd") +
+           "(x);\n  if (subgroupElect()) red[gl_SubgroupID] = a;\n  barrier();\n  a = red[0];\n  for (uint s = 1u; s < gl_NumSubgroups; ++s) " +
+           combine + "\n  barrier();\n  return a;\n}\n";
+  const std::string tree = max ? "red[i] = max(red[i], red[i + s]);" : "red[i] += red[i + s];";
+  return "float " + name + "(float x) {\n  const uint i = gl_LocalInvocationID.x;\n  red[i] = x;\n  barrier();\n  for (uint s = " + u(local / 2) +
+         "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  float a = red[0];\n  barrier();\n  return a;\n}\n";
+}
+
+}  // namespace
+
+kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& at = g[k.root];
+  const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
+  const shape& qd = g[q].dims;
+  const shape& kd = g[kk].dims;
+  const size_t r = qd.size();
+  int64_t batch = 1;
+  for (size_t i = 0; i + 3 < r; ++i) batch *= qd[i];
+  const int64_t l = qd[r - 3], h = qd[r - 2], d = qd[r - 1], t = kd[r - 3], kv = kd[r - 2], window = at.attrs.axis;
+  const int64_t group = h / kv, rows = batch * l * h, slices = k.slices, C = attention_slice_keys;
+  constexpr int64_t local = 64;
+  static_assert(attention_slice_keys == local, "a key per thread");
+  const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
+  const std::string D = u(d), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2);
+
+  emitter e(g, p, false);
+  kernel_source s;
+  std::string src;
+  // The row's query head j, its batch b and row i, its key/value head, and its visible keys
+  // [first, last).
+  const std::string locate = "    const uint b = rh / " + u(l * h) + ", i = (rh / " + H + ") % " + L + ", j = rh % " + H + ", kvh = j / " + u(group) +
+                             ";\n    const int p = int(load_pos(b * " + L + " + i));\n    const uint last = uint(clamp(p + 1, 0, " +
+                             std::to_string(t) + ")), first = " +
+                             (window > 0 ? "uint(clamp(p - " + std::to_string(window - 1) + ", 0, int(last)))" : std::string("0u")) + ";\n";
+  if (k.pass == 1) {
+    e.bind(scratch_id(g, k.scratch));  // binding 0: written
+    const std::string lq = loader(e, "load_q", q), lk = loader(e, "load_k", kk), lv = loader(e, "load_v", v), lp = loader(e, "load_pos", pos);
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
+    if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+    src += lq + lk + lv + lp;
+    src += "shared float qs[" + D + "];\nshared float w[" + u(C) + "];\nshared float red[" + u(local) + "];\n";
+    src += workgroup_reduce("wg_max", true, sg, local) + workgroup_reduce("wg_sum", false, sg, local);
+    src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+    src += "  for (uint ws = gl_WorkGroupID.x; ws < " + u(rows * slices) + "; ws += gl_NumWorkGroups.x) {\n";
+    src += "    const uint rh = ws / " + S + ", sl = ws % " + S + ";\n" + locate;
+    src += "    const uint k0 = max(first, sl * " + u(C) + "), k1 = min(last, sl * " + u(C) + " + " + u(C) + ");\n";
+    src += "    for (uint x = lid; x < " + D + "; x += " + u(local) + ") qs[x] = load_q(rh * " + D + " + x) * " + scale + ";\n    barrier();\n";
+    src += "    const uint key = sl * " + u(C) + " + lid, ko = ((b * " + T + " + min(key, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + ";\n";
+    src += "    float s = 0.0;\n    [[unroll]] for (uint x = 0u; x < " + D + "; ++x) s = fma(qs[x], load_k(ko + x), s);\n";
+    src += "    const bool seen = key >= k0 && key < k1;\n    if (!seen) s = neg_inf;\n";
+    src += "    const float m = wg_max(s);\n    const float wt = seen ? exp(s - m) : 0.0;\n    w[lid] = wt;\n";
+    src += "    const float total = wg_sum(wt);\n";  // its barrier also publishes w[]
+    src += "    const uint po = ws * " + W + ";\n    if (lid == 0u) {\n      b0.v[po] = m;\n      b0.v[po + 1u] = total;\n    }\n";
+    src += "    for (uint x = lid; x < " + D + "; x += " + u(local) + ") {\n      float acc = 0.0;\n";
+    src += "      [[unroll]] for (uint c = 0u; c < " + u(C) + "; ++c) {\n        const uint kc = sl * " + u(C) + " + c;\n";
+    src += "        const float vv = load_v(((b * " + T + " + min(kc, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n";
+    src += "        acc = fma(w[c], kc >= k0 && kc < k1 ? vv : 0.0, acc);\n      }\n";
+    src += "      b0.v[po + 2u + x] = acc;\n    }\n    barrier();  // qs and w are rewritten for the next slice\n  }\n}\n";
+    s.name = "attn1_" + std::to_string(k.root);
+    s.groups = {groups_for(rows * slices, 1, caps.max_groups[0]), 1, 1};
+  } else {
+    e.bind(k.root);
+    const int part_binding = e.bind(scratch_id(g, k.scratch));
+    const std::string part = "b" + std::to_string(part_binding) + ".v";
+    std::string store;
+    e.scoped([&] {
+      store = e.store(k.root, "rh * " + D + " + x", "res");
+      store = e.body + store;
+      e.body.clear();
+    });
+    src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+    src += "  for (uint rh = gl_WorkGroupID.x; rh < " + u(rows) + "; rh += gl_NumWorkGroups.x) {\n";
+    src += "    float top = neg_inf;\n    for (uint sl = 0u; sl < " + S + "; ++sl) top = max(top, " + part + "[(rh * " + S + " + sl) * " + W + "]);\n";
+    src += "    for (uint x = lid; x < " + D + "; x += " + u(local) + ") {\n      float acc = 0.0, total = 0.0;\n";
+    src += "      if (top > neg_inf)\n        for (uint sl = 0u; sl < " + S + "; ++sl) {\n          const uint o = (rh * " + S + " + sl) * " + W + ";\n";
+    src += "          const float f = exp(" + part + "[o] - top);\n          total = fma(f, " + part + "[o + 1u], total);\n          acc = fma(f, " +
+           part + "[o + 2u + x], acc);\n        }\n";
+    src += "      const float res = total > 0.0 ? acc / total : 0.0;\n" + store + "    }\n  }\n}\n";
+    s.name = "attn2_" + std::to_string(k.root);
+    s.groups = {groups_for(rows, 1, caps.max_groups[0]), 1, 1};
+  }
+  s.bindings = e.bindings;
+  s.bytes = bytes_of(g, s.bindings) + static_cast<uint64_t>(rows * slices * (d + 2)) * 4;
+  s.flops = k.pass == 1 ? 4.0 * static_cast<double>(rows) * static_cast<double>(t) * static_cast<double>(d) : 0.0;
+  std::string decls;
+  for (size_t b = 0; b < s.bindings.size(); ++b)
+    decls += s.bindings[b] < g.size() ? buffer_decl(g, s.bindings[b], b, false)
+                                      : "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+                                            std::to_string(b) + " { float v[]; } b" + std::to_string(b) + ";\n";
+  s.glsl = header(g, s.bindings, k.pass == 1 && sg, local) + decls + prelude + src;
+  return s;
+}
+
+}  // namespace mesh::gpu::detail

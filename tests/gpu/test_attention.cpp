@@ -1,0 +1,150 @@
+// The fused attention op (op_kind::attention) on every back end: the reference evaluator's
+// result is first checked against the same attention composed of matmul, select and softmax
+// (independent code: the evaluator's general ops), then the CPU executor and Vulkan (lavapipe in
+// CI, validation layer on) against the reference. Shapes cover grouped-query heads, several
+// tiles of keys, a sliding window, a row that sees no key, a batch read through a gather, and
+// head sizes that divide the workgroup (64), do not (80) and exceed it (160).
+#include "harness.hpp"
+
+#include <cmath>
+
+#include "graph/autodiff.hpp"
+#include "graph/nn.hpp"
+
+using namespace mesh;
+using namespace mesh::gpu;
+using namespace mesh::gpu::test;
+
+namespace {
+
+struct attention_case {
+  int64_t batch = 0;  ///< 0: no batch dims
+  int64_t l = 1, h = 4, kv = 2, d = 64, t = 8, window = 0;
+  std::vector<int32_t> pos;  ///< batch * l positions
+  dtype cache = dtype::f32;
+};
+
+/// The composed form: scores q k^T / sqrt(d), keys past pos (or outside the window) at -inf
+/// (written -1e30), softmax, times v; a row that sees no key is zeroed as the op defines.
+expr composed(builder& b, const expr& q, const expr& k, const expr& v, const expr& pos, const attention_case& c) {
+  const int64_t group = c.h / c.kv, bt = std::max<int64_t>(c.batch, 1);
+  const expr q4 = reshape(q, {bt, c.l, c.h, c.d}), k4 = reshape(cast(k, dtype::f32), {bt, c.t, c.kv, c.d}),
+             v4 = reshape(cast(v, dtype::f32), {bt, c.t, c.kv, c.d});
+  // Each query head against its key/value head: [b, h, l, d] x [b, h, d, t].
+  auto per_head = [&](const expr& x) {  // [b, t, kv, d] -> [b, h, t, d]
+    const expr rep = broadcast_to(reshape(x, {bt, c.t, c.kv, 1, c.d}), {bt, c.t, c.kv, group, c.d});
+    return permute(reshape(rep, {bt, c.t, c.h, c.d}), {0, 2, 1, 3});
+  };
+  const expr qh = permute(q4, {0, 2, 1, 3});
+  const expr scores = matmul(qh, transpose(per_head(k4))) * (1.0 / std::sqrt(static_cast<double>(c.d)));  // [b, h, l, t]
+  const expr ts = reshape(nn::iota(b, c.t), {1, 1, 1, c.t});
+  const expr p = reshape(pos, {bt, 1, c.l, 1});
+  expr visible = compare(ts, p, compare_kind::le);
+  if (c.window > 0) visible = visible * compare(ts, p - static_cast<double>(c.window), compare_kind::gt);
+  const expr probs = nn::softmax(select(visible, scores, -1e30), -1);
+  const expr seen = cast(compare(sum(cast(visible, dtype::f32), {3}, true), 0.0, compare_kind::gt), dtype::f32);  // [b, 1, l, 1]
+  const expr out = permute(matmul(probs, per_head(v4)) * broadcast_to(seen, {bt, c.h, c.l, 1}), {0, 2, 1, 3});  // [b, l, h, d]
+  return c.batch ? out : reshape(out, {c.l, c.h, c.d});
+}
+
+void check_attention(const attention_case& c, uint64_t seed) {
+  INFO("batch " << c.batch << " l " << c.l << " h " << c.h << " kv " << c.kv << " d " << c.d << " t " << c.t << " window " << c.window
+                << " cache " << to_string(c.cache));
+  builder b;
+  const shape lead = c.batch ? shape{c.batch} : shape{};
+  auto with = [&](shape tail) {
+    shape s = lead;
+    s.insert(s.end(), tail.begin(), tail.end());
+    return s;
+  };
+  auto q = b.input("q", dtype::f32, with({c.l, c.h, c.d}));
+  auto k = b.input("k", c.cache, with({c.t, c.kv, c.d}));
+  auto v = b.input("v", c.cache, with({c.t, c.kv, c.d}));
+  auto pos = b.input("pos", dtype::i32, with({c.l}));
+  b.output("fused", attention(q, k, v, pos, c.window));
+  b.output("composed", composed(b, q, k, v, pos, c));
+  const graph g = finish(b);
+  tensor p = tensor::zeros(dtype::i32, with({c.l}));
+  for (size_t i = 0; i < c.pos.size(); ++i) p.set(static_cast<int64_t>(i), c.pos[i]);
+  // Scores up to about +-8: softmax weights far from uniform.
+  const tensor_map inputs{{"q", random_tensor(dtype::f32, with({c.l, c.h, c.d}), seed, -1.5, 1.5)},
+                          {"k", random_tensor(c.cache, with({c.t, c.kv, c.d}), seed + 1, -1.5, 1.5)},
+                          {"v", random_tensor(c.cache, with({c.t, c.kv, c.d}), seed + 2)},
+                          {"pos", p}};
+  const reference ref = reference_run(g, inputs, {});
+  // The composed form rounds every intermediate to f32 in the reference; the op rounds once.
+  CHECK(normalised_error(ref.outputs.at("fused"), ref.outputs.at("composed")) <= 1e-6);
+  check_on(cpu(), g, inputs, {}, ref, 1e-5);
+  check_on(vulkan(), g, inputs, {}, ref, 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("attention: one sequence against a cache, grouped-query heads, every back end") {
+  check_attention({.l = 1, .h = 4, .kv = 2, .d = 64, .t = 8, .pos = {5}}, 1);            // a decode step
+  check_attention({.l = 3, .h = 6, .kv = 2, .d = 64, .t = 300, .pos = {297, 298, 299}}, 2);  // three tiles of keys
+  check_attention({.l = 2, .h = 2, .kv = 2, .d = 80, .t = 20, .pos = {0, 19}}, 3);        // d does not divide 128
+  check_attention({.l = 1, .h = 4, .kv = 1, .d = 160, .t = 9, .pos = {8}}, 4);            // d over 128
+  check_attention({.l = 2, .h = 4, .kv = 4, .d = 32, .t = 200, .window = 64, .pos = {150, 199}}, 5);  // sliding window
+  check_attention({.l = 2, .h = 2, .kv = 1, .d = 64, .t = 16, .pos = {-1, 3}, .cache = dtype::f16}, 6);  // row 0 sees no key
+}
+
+TEST_CASE("attention: a batch of sequences, each reading its own rows of a cache through a gather") {
+  check_attention({.batch = 3, .l = 1, .h = 4, .kv = 2, .d = 64, .t = 40, .pos = {39, 0, 17}}, 7);
+  // The batched decode step of the models: q [n, 1, h, d], keys gathered from a [slots * context,
+  // kv * d] cache by row index, positions [n, 1].
+  const int64_t n = 2, context = 24, attended = 16, kvh = 2, d = 64, h = 4;
+  builder b;
+  auto q = b.input("q", dtype::f32, {n, 1, h, d});
+  auto cache_k = b.input("ck", dtype::f32, {3 * context, kvh * d});
+  auto cache_v = b.input("cv", dtype::f32, {3 * context, kvh * d});
+  auto pos = b.input("pos", dtype::i32, {n, 1});
+  const expr rows = reshape(nn::iota(b, n) * static_cast<double>(context), {n, 1}) + reshape(nn::iota(b, attended), {1, attended});
+  auto view = [&](const expr& c) { return reshape(gather(c, rows), {n, attended, kvh, d}); };
+  b.output("y", attention(q, view(cache_k), view(cache_v), pos));
+  const graph g = finish(b);
+  tensor p = tensor::zeros(dtype::i32, {n, 1});
+  p.set(0, 15);
+  p.set(1, 4);
+  check(g, {{"q", random_tensor(dtype::f32, {n, 1, h, d}, 8)}, {"ck", random_tensor(dtype::f32, {3 * context, kvh * d}, 9)},
+            {"cv", random_tensor(dtype::f32, {3 * context, kvh * d}, 10)}, {"pos", p}},
+        {}, 1e-5);
+}
+
+TEST_CASE("attention: shapes and dtypes are checked with errors that name them, and autodiff refuses it") {
+  auto error_of = [](auto make) {
+    builder b;
+    make(b);
+    auto g = b.finish();
+    REQUIRE_FALSE(g.has_value());
+    return g.error().to_string();
+  };
+  const std::string heads = error_of([](builder& b) {
+    b.output("y", attention(b.input("q", dtype::f32, {1, 3, 8}), b.input("k", dtype::f32, {4, 2, 8}), b.input("v", dtype::f32, {4, 2, 8}),
+                            b.input("p", dtype::i32, {1})));
+  });
+  CHECK(heads.find("multiple of the key/value heads") != std::string::npos);
+  const std::string pos = error_of([](builder& b) {
+    b.output("y", attention(b.input("q", dtype::f32, {2, 2, 8}), b.input("k", dtype::f32, {4, 2, 8}), b.input("v", dtype::f32, {4, 2, 8}),
+                            b.input("p", dtype::f32, {2})));
+  });
+  CHECK(pos.find("pos must be i32 [2]") != std::string::npos);
+  const std::string rank = error_of([](builder& b) {
+    b.output("y", attention(b.input("q", dtype::f32, {2, 8}), b.input("k", dtype::f32, {4, 8}), b.input("v", dtype::f32, {4, 8}),
+                            b.input("p", dtype::i32, {2})));
+  });
+  CHECK(rank.find("needs q [..., l, h, d]") != std::string::npos);
+  const std::string window = error_of([](builder& b) {
+    b.output("y", attention(b.input("q", dtype::f32, {1, 2, 8}), b.input("k", dtype::f32, {4, 2, 8}), b.input("v", dtype::f32, {4, 2, 8}),
+                            b.input("p", dtype::i32, {1}), -3));
+  });
+  CHECK(window.find("window -3 is negative") != std::string::npos);
+
+  builder b;
+  auto q = b.parameter("q", dtype::f32, {1, 2, 8});
+  auto y = attention(q, b.input("k", dtype::f32, {4, 2, 8}), b.input("v", dtype::f32, {4, 2, 8}), b.input("p", dtype::i32, {1}));
+  b.output("dq", gradients(sum_all(y), {q})[0]);
+  auto g = b.finish();
+  REQUIRE_FALSE(g.has_value());
+  CHECK(g.error().to_string().find("attention (node %") != std::string::npos);
+}
