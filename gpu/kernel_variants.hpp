@@ -32,7 +32,8 @@ struct kernel_variants {
   /// "shared" always sums through a shared-memory tree in a 64-thread workgroup (`lmvs`, what
   /// devices without subgroup arithmetic run), "rows2" and "rows4" let each subgroup of `lmvc`
   /// take 2 or 4 weight rows so that every x load serves them all (`lmvc2r`, `lmvc4r`: slower on
-  /// the H100, docs/gpu.md).
+  /// the H100, docs/gpu.md), "xglobal" keeps x in memory where `lmvc` would copy it to shared
+  /// memory (q4_k weights).
   std::string matvec;
 };
 

@@ -36,10 +36,11 @@ struct kernel {
   node_index anchor = -1;  ///< the matmul/reduce/scatter_add node (== root when no epilogue)
   /// A split reduction runs as two kernels: pass 1 reduces `slices` fixed slices of every
   /// output's range (with the prologue) into a partial buffer, pass 2 combines each output's
-  /// partials in slice order and applies the epilogue. 0: a one-pass kernel.
+  /// partials in slice order and applies the epilogue. Attention always runs so, its slices
+  /// being slices of the keys (attention_slice_keys each). 0: a one-pass kernel.
   int pass = 0;
-  int64_t slices = 0;  ///< split reduction: slices per output
-  int scratch = -1;    ///< split reduction: its partial buffer, an index into plan::scratch
+  int64_t slices = 0;  ///< split reduction, attention: slices per output
+  int scratch = -1;    ///< split reduction, attention: its partial buffer, an index into plan::scratch
   /// kernel_kind::rows: the kernels it runs, in order, for one row at a time: one-pass
   /// reductions over the last axis of the same [..., L] shape, then at most one elementwise
   /// kernel of that shape. Later members read earlier members' results only at their own row,
