@@ -236,11 +236,13 @@ TEST_CASE("bulk scheduling: every policy delivers in send order, oldest and shor
   // Four nearly equal bulk messages queued at once, each a few bytes shorter than the one
   // before (as the pieces of an all-reduce are), then one an eighth of their size. The
   // application sees them in send order under every policy (the receiver's inbox restores it).
-  // Oldest-first sends them one after the other, so the first arrives after about a quarter of
-  // the time. Shortest-first sends the small one first (it then waits at the receiver) and the
-  // four in send order (sizes within a quarter of each other count as equal). Round robin
-  // interleaves their packets, so the four arrive close to the end. Ratios of arrival times,
-  // not speeds: they hold on a slow (ASan) build too.
+  // Oldest-first sends them one after the other, so the first arrives well before the last:
+  // after a quarter of the time on an idle link, 0.46-0.65 of it measured on the 2-core ASan
+  // build (the first message also pays the connection's ramp-up). Shortest-first sends the small
+  // one first (it then waits at the receiver) and the four in send order (sizes within a quarter
+  // of each other count as equal). Round robin interleaves their packets, so the four arrive
+  // close to the end (0.93-0.99 of it). Ratios of arrival times, not speeds: they hold on a slow
+  // (ASan) build too.
   const size_t size = 6u << 20;
   for (auto order : {endpoint_config::bulk_order::oldest_first, endpoint_config::bulk_order::shortest_first,
                      endpoint_config::bulk_order::round_robin}) {
@@ -263,7 +265,7 @@ TEST_CASE("bulk scheduling: every policy delivers in send order, oldest and shor
     CHECK(arrival == std::vector<int>{0, 1, 2, 3, 4});
     INFO("first arrival " << since(0) << " s, last large " << since(3) << " s");
     if (order != endpoint_config::bulk_order::round_robin)
-      CHECK(since(0) < 0.6 * since(3));
+      CHECK(since(0) < 0.72 * since(3));
     else
       CHECK(since(0) > 0.75 * since(3));
   }
