@@ -63,7 +63,14 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
                              ";\n    const int p = int(load_pos(b * " + L + " + i));\n    const uint last = uint(clamp(p + 1, 0, " +
                              std::to_string(t) + ")), first = " +
                              (window > 0 ? "uint(clamp(p - " + std::to_string(window - 1) + ", 0, int(last)))" : std::string("0u")) + ";\n";
-  if (k.pass == 1) {
+  if (k.pass == 1 && t == 0) {
+    // No keys at all (an empty cache): every slice sees nothing, and there is nothing to read.
+    e.bind(scratch_id(g, k.scratch));
+    src += "void main() {\n  for (uint ws = gl_GlobalInvocationID.x; ws < " + u(rows * slices) + "; ws += gl_NumWorkGroups.x * " + u(local) +
+           ") {\n    b0.v[ws * " + W + "] = uintBitsToFloat(0xff800000u);\n    b0.v[ws * " + W + " + 1u] = 0.0;\n  }\n}\n";
+    s.name = "attn1_" + std::to_string(k.root);
+    s.groups = {groups_for(rows * slices, local, caps.max_groups[0]), 1, 1};
+  } else if (k.pass == 1) {
     e.bind(scratch_id(g, k.scratch));  // binding 0: written
     const std::string lq = loader(e, "load_q", q), lk = loader(e, "load_k", kk), lv = loader(e, "load_v", v), lp = loader(e, "load_pos", pos);
     char scale[32];

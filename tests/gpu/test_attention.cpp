@@ -89,6 +89,27 @@ TEST_CASE("attention: one sequence against a cache, grouped-query heads, every b
   check_attention({.l = 2, .h = 2, .kv = 1, .d = 64, .t = 16, .pos = {-1, 3}, .cache = dtype::f16}, 6);  // row 0 sees no key
 }
 
+TEST_CASE("attention: an empty cache gives zeros on every back end") {
+  builder b;
+  auto q = b.input("q", dtype::f32, {2, 4, 8});
+  auto k = b.input("k", dtype::f32, {0, 2, 8});
+  auto pos = b.input("pos", dtype::i32, {2});
+  b.output("y", attention(q, k, b.input("v", dtype::f32, {0, 2, 8}), pos));
+  const graph g = finish(b);
+  tensor p = tensor::zeros(dtype::i32, {2});
+  p.set(1, 5);
+  const tensor_map inputs{{"q", random_tensor(dtype::f32, {2, 4, 8}, 11)}, {"k", tensor::zeros(dtype::f32, {0, 2, 8})},
+                          {"v", tensor::zeros(dtype::f32, {0, 2, 8})}, {"pos", p}};
+  for (executor* ex : {&cpu(), &vulkan()}) {
+    const tensor_map out = run_on(*ex, g, inputs);
+    INFO(ex->info().name);
+    REQUIRE(out.at("y").dims == shape{2, 4, 8});
+    bool zeros = true;
+    for (int64_t i = 0; i < out.at("y").size(); ++i) zeros = zeros && out.at("y").at(i) == 0.0;
+    CHECK(zeros);
+  }
+}
+
 TEST_CASE("attention: a batch of sequences, each reading its own rows of a cache through a gather") {
   check_attention({.batch = 3, .l = 1, .h = 4, .kv = 2, .d = 64, .t = 40, .pos = {39, 0, 17}}, 7);
   // The batched decode step of the models: q [n, 1, h, d], keys gathered from a [slots * context,
