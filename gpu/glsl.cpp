@@ -140,12 +140,14 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
         return too_long("scatter_add of " + std::to_string(outs) + " outputs over " + std::to_string(picks) + " picks", iterations);
     }
     if (k.kind == kernel_kind::attention) {
-      // Pass 1: per slice, the query's load and the short reductions (the key loops are
-      // unrolled); pass 2: per row, d / 64 elements, each combining every slice.
+      // Pass 1: per slice, the query's load, then per tile the short reductions (the key loops
+      // are unrolled); pass 2: per row, d / 64 elements, each combining every slice.
+      const shape& kd = g[g[k.root].inputs[1]].dims;
       const int64_t d = g[k.root].dims.back(), rows = element_count(g[k.root].dims) / std::max<int64_t>(d, 1);
+      const int64_t tiles = attention_tiles_per_slice(kd[kd.size() - 3], k.slices);
       const int64_t items = k.pass == 1 ? rows * k.slices : rows;
       const int64_t per_group = (items + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);
-      const int64_t iterations = per_group * (k.pass == 1 ? d / 64 + 16 : (d / 64 + 2) * (k.slices + 1));
+      const int64_t iterations = per_group * (k.pass == 1 ? d / 64 + 4 + tiles * 16 : (d / 64 + 2) * (k.slices + 1));
       if (iterations > budget) return too_long("attention over " + std::to_string(k.slices) + " slices of keys", iterations);
     }
     if (k.kind == kernel_kind::matmul || k.kind == kernel_kind::linear) {

@@ -52,7 +52,9 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
   constexpr int64_t local = 64;
   static_assert(attention_slice_keys == local, "a key per thread");
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
+  const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices);
   const std::string D = u(d), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2);
+  const std::string SPAN = u(tiles_per_slice * C), NA = u((d + local - 1) / local);
 
   emitter e(g, p, false);
   kernel_source s;
@@ -82,19 +84,29 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
     src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
     src += "  for (uint ws = gl_WorkGroupID.x; ws < " + u(rows * slices) + "; ws += gl_NumWorkGroups.x) {\n";
     src += "    const uint rh = ws / " + S + ", sl = ws % " + S + ";\n" + locate;
-    src += "    const uint k0 = max(first, sl * " + u(C) + "), k1 = min(last, sl * " + u(C) + " + " + u(C) + ");\n";
+    // The slice's keys [sl * SPAN, sl * SPAN + SPAN), walked a tile of C at a time from the tile
+    // holding its first visible key to its last visible key, with a running maximum m (the
+    // weights and sums so far rescaled by exp(m_old - m_new) when it grows).
+    src += "    const uint t_begin = sl * " + SPAN + ", t_end = min(t_begin + " + SPAN + ", last);\n";
+    src += "    const uint t_first = t_begin + (max(first, t_begin) - t_begin) / " + u(C) + " * " + u(C) + ";\n";
     src += "    for (uint x = lid; x < " + D + "; x += " + u(local) + ") qs[x] = load_q(rh * " + D + " + x) * " + scale + ";\n    barrier();\n";
-    src += "    const uint key = sl * " + u(C) + " + lid, ko = ((b * " + T + " + min(key, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + ";\n";
-    src += "    float s = 0.0;\n    [[unroll]] for (uint x = 0u; x < " + D + "; ++x) s = fma(qs[x], load_k(ko + x), s);\n";
-    src += "    const bool seen = key >= k0 && key < k1;\n    if (!seen) s = neg_inf;\n";
-    src += "    const float m = wg_max(s);\n    const float wt = seen ? exp(s - m) : 0.0;\n    w[lid] = wt;\n";
-    src += "    const float total = wg_sum(wt);\n";  // its barrier also publishes w[]
+    src += "    float m = neg_inf, total = 0.0, acc[" + NA + "];\n    [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) acc[a] = 0.0;\n";
+    src += "    for (uint t0 = t_first; t0 < t_end; t0 += " + u(C) + ") {\n";
+    src += "      const uint key = t0 + lid, ko = ((b * " + T + " + min(key, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + ";\n";
+    src += "      float s = 0.0;\n      [[unroll]] for (uint x = 0u; x < " + D + "; ++x) s = fma(qs[x], load_k(ko + x), s);\n";
+    src += "      const bool seen = key >= first && key < t_end;\n      if (!seen) s = neg_inf;\n";
+    src += "      const float mn = max(m, wg_max(s));\n";
+    // mn is finite: the tile holds a visible key. m = -inf before the first: corr 0.
+    src += "      const float corr = exp(m - mn), wt = seen ? exp(s - mn) : 0.0;\n      w[lid] = wt;\n";
+    src += "      total = total * corr + wg_sum(wt);\n      m = mn;\n";  // wg_sum's barrier also publishes w[]
+    src += "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = lid + a * " + u(local) + ";\n        acc[a] *= corr;\n";
+    src += "        if (x < " + D + ")\n          [[unroll]] for (uint c = 0u; c < " + u(C) + "; ++c) {\n            const uint kc = t0 + c;\n";
+    src += "            const float vv = load_v(((b * " + T + " + min(kc, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n";
+    src += "            acc[a] = fma(w[c], kc >= first && kc < t_end ? vv : 0.0, acc[a]);\n          }\n      }\n";
+    src += "      barrier();  // w is rewritten by the next tile\n    }\n";
     src += "    const uint po = ws * " + W + ";\n    if (lid == 0u) {\n      b0.v[po] = m;\n      b0.v[po + 1u] = total;\n    }\n";
-    src += "    for (uint x = lid; x < " + D + "; x += " + u(local) + ") {\n      float acc = 0.0;\n";
-    src += "      [[unroll]] for (uint c = 0u; c < " + u(C) + "; ++c) {\n        const uint kc = sl * " + u(C) + " + c;\n";
-    src += "        const float vv = load_v(((b * " + T + " + min(kc, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n";
-    src += "        acc = fma(w[c], kc >= k0 && kc < k1 ? vv : 0.0, acc);\n      }\n";
-    src += "      b0.v[po + 2u + x] = acc;\n    }\n    barrier();  // qs and w are rewritten for the next slice\n  }\n}\n";
+    src += "    [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n      const uint x = lid + a * " + u(local) + ";\n      if (x < " + D +
+           ") b0.v[po + 2u + x] = acc[a];\n    }\n    barrier();  // qs is rewritten for the next slice\n  }\n}\n";
     s.name = "attn1_" + std::to_string(k.root);
     s.groups = {groups_for(rows * slices, 1, caps.max_groups[0]), 1, 1};
   } else {

@@ -44,16 +44,20 @@ void add_reduction(const graph& g, const kernel& k, const split_options& split, 
   p.kernels.push_back(second);
 }
 
-/// Attention runs as two kernels (flash decoding): pass 1 takes slices of attention_slice_keys
-/// keys of every query row and head (its own maximum, weight sum and weighted sum of v into the
-/// scratch buffer: d + 2 floats), pass 2 combines a row's slices. Many slices share the keys of
-/// a long cache even when a decode step has few rows and heads.
+/// Attention runs as two kernels (flash decoding): pass 1 takes slices of the keys of every
+/// query row and head (its own maximum, weight sum and weighted sum of v into the scratch
+/// buffer: d + 2 floats), pass 2 combines a row's slices. Many slices share the keys of a long
+/// cache even when a decode step has few rows and heads: a slice is one tile of
+/// attention_slice_keys keys, or as many tiles as keep the partials within
+/// attention_partials_max floats (the buffer is the plan's, outside the graph's byte limits: a
+/// graph from a peer cannot make it grow with the keys).
 void add_attention(const graph& g, const kernel& k, plan& p) {
   const shape& kd = g[g[k.root].inputs[1]].dims;
   const int64_t d = kd.back(), t = kd[kd.size() - 3], rows = d ? element_count(g[k.root].dims) / d : 0;
   kernel first = k;
   first.pass = 1;
-  first.slices = std::max<int64_t>(1, (t + attention_slice_keys - 1) / attention_slice_keys);
+  const int64_t tiles = std::max<int64_t>(1, (t + attention_slice_keys - 1) / attention_slice_keys);
+  first.slices = std::clamp<int64_t>(attention_partials_max / std::max<int64_t>(1, rows * (d + 2)), 1, tiles);
   first.scratch = static_cast<int>(p.scratch.size());
   p.scratch.push_back({dtype::f32, std::max<int64_t>(1, rows * first.slices * (d + 2))});
   kernel second = first;

@@ -10,6 +10,8 @@
 /// through single-use elementwise nodes absorbs it: the kernel is then that matmul/linear/reduction
 /// with the elementwise chain as its epilogue (bias, activation, residual, scaling). A kv_write's
 /// buffer is its cache parameter's (the executors alias them): its kernel writes only the slice.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -63,8 +65,16 @@ struct plan {
   std::vector<scratch_buffer> scratch;  ///< buffers of split reductions' partials
 };
 
-/// Keys per slice of an attention kernel's first pass (add_attention in plan.cpp).
+/// Keys per tile of an attention kernel's first pass (add_attention in plan.cpp): a slice of the
+/// keys is one tile, or several when the partials would pass attention_partials_max floats.
 inline constexpr int64_t attention_slice_keys = 64;
+inline constexpr int64_t attention_partials_max = int64_t{1} << 18;
+
+/// Tiles of attention_slice_keys keys per slice, for `slices` slices of `keys` keys.
+inline int64_t attention_tiles_per_slice(int64_t keys, int64_t slices) {
+  const int64_t tiles = (keys + attention_slice_keys - 1) / attention_slice_keys;
+  return slices > 0 ? std::max<int64_t>(1, (tiles + slices - 1) / slices) : 1;
+}
 
 /// The binding id of plan::scratch[index] (ids past the graph's own nodes).
 inline node_index scratch_id(const graph& g, int index) { return g.size() + index; }

@@ -3,7 +3,8 @@
 // (independent code: the evaluator's general ops), then the CPU executor and Vulkan (lavapipe in
 // CI, validation layer on) against the reference. Shapes cover grouped-query heads, several
 // tiles of keys, a sliding window, a row that sees no key, a batch read through a gather, and
-// head sizes that divide the workgroup (64), do not (80) and exceed it (160).
+// head sizes that divide the workgroup (64), do not (80) and exceed it (160), and slices of
+// several tiles of keys.
 #include "harness.hpp"
 
 #include <cmath>
@@ -87,6 +88,19 @@ TEST_CASE("attention: one sequence against a cache, grouped-query heads, every b
   check_attention({.l = 1, .h = 4, .kv = 1, .d = 160, .t = 9, .pos = {8}}, 4);            // d over 128
   check_attention({.l = 2, .h = 4, .kv = 4, .d = 32, .t = 200, .window = 64, .pos = {150, 199}}, 5);  // sliding window
   check_attention({.l = 2, .h = 2, .kv = 1, .d = 64, .t = 16, .pos = {-1, 3}, .cache = dtype::f16}, 6);  // row 0 sees no key
+  // 128 rows x heads of d = 64: the partials of one slice per 64 keys would pass
+  // attention_partials_max, so each slice takes several tiles (31 slices of up to 2 here), with
+  // the running maximum carried across them; a window inside the long range.
+  {
+    attention_case c{.l = 16, .h = 8, .kv = 2, .d = 64, .t = 2500, .pos = {}};
+    for (int32_t i = 0; i < 16; ++i) c.pos.push_back(2484 + i);
+    check_attention(c, 12);
+    c.l = 4;
+    c.h = 32;
+    c.window = 1200;
+    c.pos = {2499, 1700, 1000, 100};
+    check_attention(c, 13);
+  }
 }
 
 TEST_CASE("attention: an empty cache gives zeros on every back end") {
