@@ -1,12 +1,15 @@
 // attention (op_kind::attention): causal grouped-query attention against a KV cache in two
 // kernels, flash-decoding style (plan.cpp's add_attention makes the passes and their scratch
 // buffer of partials, d + 2 floats per query row, head and slice):
-// - pass 1 (`attn1`): a workgroup of 64 threads per query row, head and slice of 64 keys (a
-//   grid-stride loop over them). The query row, scaled by 1/sqrt(d), goes to shared memory; each
-//   thread takes one key of the slice: its score q . k (the d loads unrolled, so that they are in
-//   flight together); the slice's maximum m, each key's weight exp(score - m) to shared memory
-//   and their sum l; then thread x sums weight x v[x] over the slice's keys. It writes m, l and
-//   the d sums. A slice with no visible key writes m = -inf, l = 0.
+// - pass 1 (`attn1`): a workgroup of 64 threads per query row, head and slice of the keys (a
+//   grid-stride loop over them). The query row, scaled by 1/sqrt(d), goes to shared memory.
+//   The slice is walked a tile of 64 keys at a time (one tile, unless the partials would grow
+//   too large: attention_tiles_per_slice). Each thread takes one key of the tile: its score
+//   q . k (the d loads unrolled, so that they are in flight together); the running maximum m,
+//   each key's weight exp(score - m) to shared memory and their sum l; then thread x adds
+//   weight x v[x] over the tile's keys (what earlier tiles added rescaled by exp(m_old - m)).
+//   It writes m, l and the d sums. A slice with no visible key writes m = -inf, l = 0; with no
+//   keys at all, nothing is read.
 // - pass 2 (`attn2`): a workgroup per query row and head combines the slices: M = max m, the
 //   result sum(exp(m - M) acc) / sum(exp(m - M) l), or 0 where no key is visible.
 // Keys past the visible range are read at a clamped index and their values replaced, never

@@ -31,8 +31,9 @@ kernel_source linear(const graph& g, const plan& p, const kernel& k, const devic
 /// at the runtime position. glsl_linear.cpp.
 kernel_source kv_write(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
 
-/// kernel_kind::attention: a workgroup per query row and head, keys in tiles of 128 with an
-/// online softmax (`attn`). glsl_attention.cpp.
+/// kernel_kind::attention: pass 1 (`attn1`) a workgroup per query row, head and slice of the
+/// keys, pass 2 (`attn2`) a workgroup per query row and head combining the slices.
+/// glsl_attention.cpp.
 kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
 
 /// The rows of x a linear may have and still take the matrix-vector kernel.
