@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "graph/attention_rows.hpp"
 #include "gpu/glsl_emitter.hpp"
 #include "gpu/glsl_kernels.hpp"
 
@@ -45,13 +46,9 @@ std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t
 kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const node& at = g[k.root];
   const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
-  const shape& qd = g[q].dims;
-  const shape& kd = g[kk].dims;
-  const size_t r = qd.size();
-  int64_t batch = 1;
-  for (size_t i = 0; i + 3 < r; ++i) batch *= qd[i];
-  const int64_t l = qd[r - 3], h = qd[r - 2], d = qd[r - 1], t = kd[r - 3], kv = kd[r - 2], window = at.attrs.axis;
-  const int64_t group = h / kv, rows = batch * l * h, slices = k.slices, C = attention_slice_keys;
+  const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);
+  const int64_t l = as.l, h = as.h, d = as.d, t = as.t, kv = as.kv, window = as.window;
+  const int64_t group = h / kv, rows = as.batch * l * h, slices = k.slices, C = attention_slice_keys;
   constexpr int64_t local = 64;
   static_assert(attention_slice_keys == local, "a key per thread");
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
@@ -136,12 +133,7 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
   s.bindings = e.bindings;
   s.bytes = bytes_of(g, s.bindings) + static_cast<uint64_t>(rows * slices * (d + 2)) * 4;
   s.flops = k.pass == 1 ? 4.0 * static_cast<double>(rows) * static_cast<double>(t) * static_cast<double>(d) : 0.0;
-  std::string decls;
-  for (size_t b = 0; b < s.bindings.size(); ++b)
-    decls += s.bindings[b] < g.size() ? buffer_decl(g, s.bindings[b], b, false)
-                                      : "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
-                                            std::to_string(b) + " { float v[]; } b" + std::to_string(b) + ";\n";
-  s.glsl = header(g, s.bindings, k.pass == 1 && sg, local) + decls + prelude + src;
+  s.glsl = header(g, s.bindings, k.pass == 1 && sg, local) + split_decls(g, p, k, s.bindings) + prelude + src;
   return s;
 }
 

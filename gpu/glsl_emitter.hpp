@@ -161,6 +161,11 @@ std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size
 std::string buffer_decls(const graph& g, const std::vector<node_index>& bindings, bool all_vec4,
                          size_t vec4_from = SIZE_MAX, size_t vec4_to = 0, size_t writes = 1);
 
+/// Buffer declarations of a two-pass kernel (a split reduction's, attention's): graph nodes as
+/// buffer_decl declares them, and kernel k's scratch buffer (a float or int array, written at
+/// binding 0). glsl_reduce.cpp.
+std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_index>& bindings);
+
 /// "#version 450", the extensions the kernel needs (16-bit storage when a binding is f16/bf16,
 /// subgroup arithmetic when `subgroups`) and the workgroup size.
 std::string header(const graph& g, const std::vector<node_index>& bindings, bool subgroups, uint32_t local_size);

@@ -168,41 +168,37 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
       src += "  for (uint row = gl_WorkGroupID.x; row < " + u(n) + "; row += gl_NumWorkGroups.x) {\n";
     }
     src += "    float acc[" + std::to_string(m) + "];\n    " + mloop + "acc[mi] = 0.0;\n";
+    if (wide_passes) {
+      const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", C = u(kd / 8);
+      src += "    for (uint c0 = lane; c0 < " + C + "; c0 += lanes * " + U + ") {\n";
+      src += "      float v[" + U + "][8];\n      uint cc[" + U + "];\n";
+      src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n        cc[j] = min(c0 + j * lanes, " + C + " - 1u);\n";
+      src += "        w_chunk(row, cc[j], v[j]);\n      }\n";
+      src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (c0 + j * lanes < " + C + ") " + mloop + "{\n";
+      src += "          uint base = mi * " + u(kd) + " + cc[j] * 8u;\n";
+      src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(base)) + dot(vec4(v[j][4], v[j][5], v[j][6], v[j][7]), x4(base + 4u));\n";
+      src += "        }\n    }\n";
+    } else if (quant || wide) {
+      const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
+      src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +
+             decode + "(row, c, v);\n";
+      src += "      " + mloop + "{\n        uint base = mi * " + u(kd) + " + c * " + len + ";\n        float s = 0.0;\n";
+      src += "        [[unroll]] for (uint j = 0u; j < " + len + "; ++j) s = fma(v[j], load_x(base + j), s);\n        acc[mi] += s;\n      }\n    }\n";
+    } else {
+      src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
+      src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
+    }
+    if (sg) {
+      src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
+      src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
+    } else {
+      src += "    " + mloop + "{\n      red[lane] = acc[mi];\n      barrier();\n";
+      src += "      for (uint s = 32u; s > 0u; s >>= 1) {\n        if (lane < s) red[lane] += red[lane + s];\n        barrier();\n      }\n";
+      src += "      acc[mi] = red[0];\n      barrier();\n    }\n";
+      src += "    if (lane == 0u) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
+    }
+    src += "  }\n}\n";
   }
-  if (lanes) {
-    // the lanes branch above is complete
-  } else if (wide_passes) {
-    const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", C = u(kd / 8);
-    src += "    for (uint c0 = lane; c0 < " + C + "; c0 += lanes * " + U + ") {\n";
-    src += "      float v[" + U + "][8];\n      uint cc[" + U + "];\n";
-    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n        cc[j] = min(c0 + j * lanes, " + C + " - 1u);\n";
-    src += "        w_chunk(row, cc[j], v[j]);\n      }\n";
-    src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (c0 + j * lanes < " + C + ") " + mloop + "{\n";
-    src += "          uint base = mi * " + u(kd) + " + cc[j] * 8u;\n";
-    src += "          acc[mi] += dot(vec4(v[j][0], v[j][1], v[j][2], v[j][3]), x4(base)) + dot(vec4(v[j][4], v[j][5], v[j][6], v[j][7]), x4(base + 4u));\n";
-    src += "        }\n    }\n";
-  } else if (quant || wide) {
-    const std::string len = quant ? "32u" : "8u", decode = quant ? wb + "_chunk" : "w_chunk";
-    src += "    for (uint c = lane; c < " + u(kd / (quant ? 32 : 8)) + "; c += lanes) {\n      float v[" + len + "];\n      " +
-           decode + "(row, c, v);\n";
-    src += "      " + mloop + "{\n        uint base = mi * " + u(kd) + " + c * " + len + ";\n        float s = 0.0;\n";
-    src += "        [[unroll]] for (uint j = 0u; j < " + len + "; ++j) s = fma(v[j], load_x(base + j), s);\n        acc[mi] += s;\n      }\n    }\n";
-  } else {
-    src += "    for (uint c = lane; c < " + u(kd) + "; c += lanes) {\n      float wv = load_w(row * " + u(kd) + " + c);\n";
-    src += "      " + mloop + "acc[mi] = fma(wv, load_x(mi * " + u(kd) + " + c), acc[mi]);\n    }\n";
-  }
-  if (lanes) {
-    // the lanes branch closed its loops and main() itself
-  } else if (sg) {
-    src += "    " + mloop + "acc[mi] = subgroupAdd(acc[mi]);\n";
-    src += "    if (subgroupElect()) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
-  } else {
-    src += "    " + mloop + "{\n      red[lane] = acc[mi];\n      barrier();\n";
-    src += "      for (uint s = 32u; s > 0u; s >>= 1) {\n        if (lane < s) red[lane] += red[lane + s];\n        barrier();\n      }\n";
-    src += "      acc[mi] = red[0];\n      barrier();\n    }\n";
-    src += "    if (lane == 0u) " + mloop + "{\n      uint ci = mi * " + u(n) + " + row;\n" + store + "    }\n";
-  }
-  if (!lanes) src += "  }\n}\n";
 
   kernel_source s;
   s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);

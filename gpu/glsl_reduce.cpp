@@ -133,21 +133,6 @@ std::string fold_input(emitter& e, const graph& g, const kernel& k, const reduct
   return inner;
 }
 
-/// The storage buffer of a split reduction's partials (binding b; written by pass 1).
-std::string scratch_decl(const plan& p, const kernel& k, size_t b) {
-  const bool is_int = p.scratch[static_cast<size_t>(k.scratch)].type == dtype::i32;
-  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
-         std::to_string(b) + " { " + (is_int ? "int" : "float") + " v[]; } b" + std::to_string(b) + ";\n";
-}
-
-/// Buffer declarations of a split reduction's pass: graph nodes and its scratch buffer.
-std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_index>& bindings) {
-  std::string s;
-  for (size_t b = 0; b < bindings.size(); ++b)
-    s += bindings[b] < g.size() ? buffer_decl(g, bindings[b], b, false) : scratch_decl(p, k, b);
-  return s;
-}
-
 /// Pass 1 of a split reduction: workgroup (o, s) folds slice s of output o's range (prologue
 /// inline) into partial[o * slices + s] (rows) or partial[s * outputs + o] (columns: 32 outputs x
 /// 8 interleaved sub-slices per workgroup, as in `redc`). No epilogue: pass 2 applies it.
@@ -233,7 +218,23 @@ kernel_source split_pass2(const graph& g, const plan& q, const kernel& k, const 
   return src;
 }
 
+/// The storage buffer of a split reduction's partials (binding b; written by pass 1).
+std::string scratch_decl(const plan& p, const kernel& k, size_t b) {
+  const bool is_int = p.scratch[static_cast<size_t>(k.scratch)].type == dtype::i32;
+  return "layout(std430, binding = " + std::to_string(b) + ") " + (b == 0 ? "" : "readonly ") + "restrict buffer B" +
+         std::to_string(b) + " { " + (is_int ? "int" : "float") + " v[]; } b" + std::to_string(b) + ";\n";
+}
+
 }  // namespace
+
+/// Buffer declarations of a two-pass kernel: graph nodes and its scratch buffer.
+std::string split_decls(const graph& g, const plan& p, const kernel& k, const std::vector<node_index>& bindings) {
+  std::string s;
+  for (size_t b = 0; b < bindings.size(); ++b)
+    s += bindings[b] < g.size() ? buffer_decl(g, bindings[b], b, false) : scratch_decl(p, k, b);
+  return s;
+}
+
 
 kernel_source reduction(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
