@@ -23,15 +23,19 @@ std::string short_list(const std::vector<node_id>& ids) {
 }  // namespace
 
 expected<std::unique_ptr<failover_pipeline>> failover_pipeline::create(failover_options o, const models::model_config& config,
-                                                                      int64_t context) {
+                                                                      int64_t context, int64_t slots) {
   if (!o.open || o.nodes.empty() || o.nodes.front().id != o.self.id)
     return make_error(error_code::invalid_argument, "failover pipeline: no open function, or the nodes do not begin with this node");
   std::unique_ptr<failover_pipeline> f(new failover_pipeline());
   f->o_ = std::move(o);
   f->config_ = config;
   f->context_ = context;
+  if (slots < 1) return make_error(error_code::invalid_argument, fmt::format("failover pipeline: {} slots", slots));
+  f->history_.resize(static_cast<size_t>(slots));
   auto p = f->o_.open(f->o_.nodes, f->step_m_);
   if (!p) return tl::unexpected(p.error());
+  if ((*p)->slots() != slots)
+    return make_error(error_code::internal, fmt::format("failover pipeline: open made {} slots, not {}", (*p)->slots(), slots));
   f->install(std::move(*p), ids_of(f->o_.nodes));
   f->replans_ = 0;
   if (f->o_.roster) f->subscription_ = f->o_.roster->subscribe([p = f.get()](const roster_event& e) { p->on_roster(e); });
@@ -65,7 +69,7 @@ void failover_pipeline::install(std::unique_ptr<models::pipeline> p, std::vector
   }
   std::unique_ptr<models::pipeline> old;
   {
-    std::lock_guard<std::mutex> step(step_m_);
+    std::unique_lock<std::shared_mutex> step(step_m_);
     old = std::move(current_);
     current_ = std::move(p);
     // The old stages are closed once no step uses them: their local stage touches the executor.
@@ -95,7 +99,7 @@ expected<void> failover_pipeline::replan_if_needed() {
     // needs, and the model cannot step without the lost stage anyway.
     std::unique_ptr<models::pipeline> old;
     {
-      std::lock_guard<std::mutex> step(step_m_);
+      std::unique_lock<std::shared_mutex> step(step_m_);
       old = std::move(current_);
       old.reset();
     }
@@ -148,40 +152,26 @@ std::vector<serving::model_stage_info> failover_pipeline::stages() const {
   return stage_info_;
 }
 
-// history_ is the worker's alone (the one thread that steps a model): read here without a lock.
-int64_t failover_pipeline::position() const { return static_cast<int64_t>(history_.size()); }
-
-void failover_pipeline::reset() {
-  std::lock_guard<std::mutex> step(step_m_);
-  history_.clear();
-  if (current_) current_->reset();
-}
-
-expected<std::vector<float>> failover_pipeline::decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
-
-expected<std::vector<float>> failover_pipeline::prefill(std::span<const int32_t> tokens) {
-  if (tokens.empty()) return make_error(error_code::invalid_argument, "pipeline: no tokens to run");
-  if (position() + static_cast<int64_t>(tokens.size()) > context_)
-    return make_error(error_code::limit_exceeded, fmt::format("pipeline: {} more tokens after {} would pass the context of {} positions",
-                                                              tokens.size(), position(), context_));
+template <class T, class Step>
+expected<T> failover_pipeline::with_failover(std::span<const int64_t> slots, Step run_step) {
   std::optional<error> lost;  // the last loss, for the message when no re-plan helps
   for (int replans = 0;; ++replans) {
     {
-      std::lock_guard<std::mutex> step(step_m_);
+      std::shared_lock<std::shared_mutex> step(step_m_);
       if (current_) {
-        // New stages (a re-plan since the last step) start empty: the sequence so far goes in
+        // New stages (a re-plan since the last step) start empty: each sequence so far goes in
         // first, as one prefill.
-        expected<std::vector<float>> out = std::vector<float>{};
-        if (current_->position() != position()) {
-          current_->reset();
-          if (!history_.empty()) out = current_->prefill(history_);
+        std::optional<size_t> failed;
+        expected<std::vector<float>> caught_up = std::vector<float>{};
+        for (const int64_t slot : slots) {
+          const auto& h = history_[static_cast<size_t>(slot)];
+          if (current_->position(slot) == static_cast<int64_t>(h.size())) continue;
+          current_->reset(slot);
+          if (!h.empty()) caught_up = current_->prefill(slot, h, &failed);
+          if (!caught_up) break;
         }
-        if (out) out = current_->prefill(tokens);
-        if (out) {
-          history_.insert(history_.end(), tokens.begin(), tokens.end());
-          return out;
-        }
-        const auto failed = current_->failed_stage();
+        expected<T> out = caught_up ? run_step(*current_, &failed) : expected<T>(tl::unexpected(caught_up.error()));
+        if (out) return out;
         const bool remote = failed && current_->stages()[*failed].node != o_.self.id.to_string();
         if (!remote || !is_stage_loss(out.error())) return out;
         lost = out.error();
@@ -198,6 +188,46 @@ expected<std::vector<float>> failover_pipeline::prefill(std::span<const int32_t>
       return make_error(error_code::unavailable, fmt::format("{}; no re-plan over the nodes left: {}",
                                                              lost ? lost->message : "the model lost a stage node", ok.error().message));
   }
+}
+
+// history_ is the worker's alone (the one thread that steps a model): read here without a lock.
+int64_t failover_pipeline::position(int64_t slot) const { return static_cast<int64_t>(history_.at(static_cast<size_t>(slot)).size()); }
+
+void failover_pipeline::reset(int64_t slot) {
+  std::shared_lock<std::shared_mutex> step(step_m_);
+  history_.at(static_cast<size_t>(slot)).clear();
+  if (current_) current_->reset(slot);
+}
+
+expected<std::vector<float>> failover_pipeline::decode(int32_t token) { return prefill(0, std::span<const int32_t>(&token, 1)); }
+
+expected<std::vector<float>> failover_pipeline::prefill(int64_t slot, std::span<const int32_t> tokens) {
+  if (slot < 0 || slot >= slots())
+    return make_error(error_code::invalid_argument, fmt::format("pipeline: slot {} does not exist (it holds {})", slot, slots()));
+  if (tokens.empty()) return make_error(error_code::invalid_argument, "pipeline: no tokens to run");
+  if (position(slot) + static_cast<int64_t>(tokens.size()) > context_)
+    return make_error(error_code::limit_exceeded, fmt::format("pipeline: {} more tokens after {} would pass the context of {} positions",
+                                                              tokens.size(), position(slot), context_));
+  const int64_t touched[] = {slot};
+  return with_failover<std::vector<float>>(touched, [&](models::pipeline& p, std::optional<size_t>* failed) -> expected<std::vector<float>> {
+    auto out = p.prefill(slot, tokens, failed);
+    if (out) history_[static_cast<size_t>(slot)].insert(history_[static_cast<size_t>(slot)].end(), tokens.begin(), tokens.end());
+    return out;
+  });
+}
+
+expected<std::vector<std::vector<float>>> failover_pipeline::decode(std::span<const models::slot_token> batch) {
+  // The pipeline checks the batch (slots, context) before any stage runs: those errors come back
+  // from the first try, with nothing re-planned.
+  std::vector<int64_t> touched;
+  for (const auto& e : batch)
+    if (e.slot >= 0 && e.slot < slots()) touched.push_back(e.slot);  // others: the pipeline's error
+  return with_failover<std::vector<std::vector<float>>>(touched, [&](models::pipeline& p, std::optional<size_t>* failed) -> expected<std::vector<std::vector<float>>> {
+    auto out = p.decode(batch, failed);
+    if (out)
+      for (const auto& e : batch) history_[static_cast<size_t>(e.slot)].push_back(e.token);
+    return out;
+  });
 }
 
 }  // namespace mesh::generation

@@ -13,6 +13,8 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <shared_mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,9 +27,9 @@ namespace mesh::generation {
 
 struct failover_options {
   /// Plans the model over `nodes` (in that order) and opens its stages. Called with nothing
-  /// locked; it must hold `device` while it uses this node's executor (the running pipeline's
-  /// local stage uses it under the same lock).
-  std::function<expected<std::unique_ptr<models::pipeline>>(const std::vector<split_candidate>& nodes, std::mutex& device)> open;
+  /// locked; it must hold `device` exclusively while it uses this node's executor (running
+  /// steps, whose local stage uses it, hold it shared).
+  std::function<expected<std::unique_ptr<models::pipeline>>(const std::vector<split_candidate>& nodes, std::shared_mutex& device)> open;
   split_candidate self;
   /// The nodes of the first plan (self first); its size is the width the split asked for.
   std::vector<split_candidate> nodes;
@@ -41,18 +43,26 @@ struct failover_options {
 
 class failover_pipeline final : public serving::split_sequence {
  public:
-  /// The first plan over `o.nodes`; its errors are open's (naming the node and the path).
-  static expected<std::unique_ptr<failover_pipeline>> create(failover_options o, const models::model_config& config, int64_t context);
+  /// The first plan over `o.nodes`, holding `slots` sequences (open must make pipelines of that
+  /// many); its errors are open's (naming the node and the path).
+  static expected<std::unique_ptr<failover_pipeline>> create(failover_options o, const models::model_config& config, int64_t context,
+                                                             int64_t slots = 1);
   ~failover_pipeline() override;
 
   /// Runs the step; a lost stage node re-plans (at most max_replans_per_step times) and the
-  /// step runs again on the new stages after they are prefilled with the sequence so far.
-  /// A loss with no plan over the nodes left is an unavailable error saying both: what was lost
-  /// and why nothing fits.
-  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override;
+  /// step runs again on the new stages after each of its sequences is prefilled into them with
+  /// its tokens so far. Steps on disjoint slots may run at once from several threads
+  /// (models::pipeline). A loss with no plan over the nodes left is an unavailable error saying both:
+  /// what was lost and why nothing fits.
+  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens) override;
+  expected<std::vector<std::vector<float>>> decode(std::span<const models::slot_token> batch) override;
+  void reset(int64_t slot) override;
+  int64_t position(int64_t slot) const override;
+  int64_t slots() const override { return static_cast<int64_t>(history_.size()); }
+  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override { return prefill(0, tokens); }
   expected<std::vector<float>> decode(int32_t token) override;
-  void reset() override;
-  int64_t position() const override;
+  void reset() override { reset(0); }
+  int64_t position() const override { return position(0); }
   int64_t context() const override { return context_; }
   const models::model_config& config() const override { return config_; }
   std::vector<serving::model_stage_info> stages() const override;
@@ -65,6 +75,12 @@ class failover_pipeline final : public serving::split_sequence {
 
  private:
   failover_pipeline() = default;
+  /// Runs `step` on the current pipeline, re-planning on the loss of a stage node (see prefill).
+  /// Before each try, each of `slots` (those the step touches) that the pipeline does not hold
+  /// as history_ says (new stages after a re-plan start empty) is reset and prefilled there with
+  /// its tokens so far.
+  template <class T, class Step>
+  expected<T> with_failover(std::span<const int64_t> slots, Step step);
   void on_roster(const roster_event& e);
   std::vector<split_candidate> live() const;
   /// Under plan_m_: re-plans if replan_needed says so; the error says why no plan was made.
@@ -78,9 +94,13 @@ class failover_pipeline final : public serving::split_sequence {
   uint64_t subscription_ = 0;
 
   std::mutex plan_m_;  ///< one re-plan at a time; taken before step_m_, never after
-  std::mutex step_m_;  ///< a step, the swap of current_, and this node's executor
+  /// Shared by each step (steps on disjoint slots run at once: a pipeline of micro-batches);
+  /// exclusive for the swap of current_ and for opening a stage on this node's executor.
+  std::shared_mutex step_m_;
   std::unique_ptr<models::pipeline> current_;  ///< null after a loss until re-planned
-  std::vector<int32_t> history_;               ///< the sequence so far (step_m_)
+  /// Each slot's sequence so far; a slot's entry is touched only by the step or reset of that
+  /// slot (under step_m_ shared), so steps on other slots may run meanwhile.
+  std::vector<std::vector<int32_t>> history_;
 
   mutable std::mutex view_m_;  ///< what listings and decisions read: a leaf lock
   std::vector<node_id> planned_over_, in_stages_;

@@ -77,7 +77,7 @@ uint64_t stage_calls::next_stage() {
 expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage_calls> calls, const node_id& peer, const std::string& path,
                                                           const models::layer_range& layers, int64_t context, int64_t hidden_size,
                                                           remote_stage_timeouts timeouts, const std::array<uint8_t, 32>& blob,
-                                                          uint64_t blob_size) {
+                                                          uint64_t blob_size, int64_t slots) {
   std::unique_ptr<remote_stage> r(new remote_stage());
   r->calls_ = std::move(calls);
   r->peer_ = peer;
@@ -90,6 +90,7 @@ expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage
   o.first_layer = static_cast<uint32_t>(layers.first);
   o.end_layer = static_cast<uint32_t>(layers.end);
   o.context = static_cast<uint32_t>(context);
+  o.slots = static_cast<uint32_t>(slots);
   o.blob = blob;
   o.blob_size = blob_size;
   auto reply = r->calls_->call(peer, o, timeouts.open);
@@ -108,10 +109,23 @@ remote_stage::~remote_stage() {
   if (calls_) calls_->tell(peer_, msg::stage_close{stage_});
 }
 
-expected<std::vector<float>> remote_stage::forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) {
+expected<std::vector<float>> remote_stage::forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                                   std::span<const float> hidden) {
   msg::stage_step s;
-  s.stage = stage_;
+  s.slot = static_cast<uint32_t>(slot);
   s.start = static_cast<uint32_t>(start);
+  return call_step(std::move(s), tokens, hidden);
+}
+
+expected<std::vector<float>> remote_stage::forward(std::span<const models::batch_row> rows, std::span<const int32_t> tokens,
+                                                   std::span<const float> hidden) {
+  msg::stage_step s;
+  for (const auto& r : rows) s.rows.push_back({static_cast<uint32_t>(r.slot), static_cast<uint32_t>(r.position)});
+  return call_step(std::move(s), tokens, hidden);
+}
+
+expected<std::vector<float>> remote_stage::call_step(msg::stage_step s, std::span<const int32_t> tokens, std::span<const float> hidden) {
+  s.stage = stage_;
   if (!tokens.empty()) {
     s.input = tensor::from_ints({static_cast<int64_t>(tokens.size())}, std::vector<int32_t>(tokens.begin(), tokens.end()));
   } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
+#include <shared_mutex>
 
 #include <fmt/format.h>
 
@@ -37,7 +38,8 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
     if (context > in.config.max_context)
       return make_error(error_code::invalid_argument, fmt::format("a context of {} positions was asked for, but the model was trained for {}",
                                                                   context, in.config.max_context));
-    auto costs = models::plan_costs(in.config, in.ckpt, {}, context);
+    const int64_t slots = in.slots;
+    auto costs = models::plan_costs(in.config, in.ckpt, {}, context, slots);
     if (!costs) return tl::unexpected(costs.error());
     if (nodes.empty() || nodes.front().id != self)
       return make_error(error_code::invalid_argument, "a split's nodes must begin with this node");
@@ -53,7 +55,7 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
       else if (log) log("not offered to peers: " + o.error().message);
     }
     failover_options fo;
-    fo.open = [=, costs = *costs](const std::vector<split_candidate>& over, std::mutex& device) -> expected<std::unique_ptr<models::pipeline>> {
+    fo.open = [=, costs = *costs](const std::vector<split_candidate>& over, std::shared_mutex& device) -> expected<std::unique_ptr<models::pipeline>> {
       std::vector<models::stage_node> candidates;
       for (const auto& n : over)
         candidates.push_back({n.id.to_string(), static_cast<int64_t>(std::min<uint64_t>(n.memory_bytes, INT64_MAX)), std::max(n.speed, 1e-3)});
@@ -65,7 +67,8 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
           models::session_options so;
           so.context = context;
           so.layers = a.layers;
-          std::lock_guard<std::mutex> lock(device);  // the executor serves the running pipeline too
+          so.slots = slots;
+          std::unique_lock<std::shared_mutex> lock(device);  // the executor serves the running pipeline too
           auto s = models::session::create(*ex, *ckpt, so);
           if (!s) return tl::unexpected(s.error());
           stages.push_back({a.node, a.layers, models::local_stage::make(std::move(*s))});
@@ -74,19 +77,19 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
         auto peer = node_id::parse(a.node);
         if (!peer) return tl::unexpected(peer.error());
         // On failure the stages opened so far go out of scope here, which closes them on their nodes.
-        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, blob.id, blob.size);
+        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, blob.id, blob.size, slots);
         if (!r)
           return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
                                                         models::to_string(a.layers), peer->short_string(), r.error().message));
         stages.push_back({a.node, a.layers, std::move(*r)});
       }
-      return models::pipeline::create(config, context, std::move(stages));
+      return models::pipeline::create(config, context, std::move(stages), slots);
     };
     fo.self = nodes.front();
     fo.nodes = nodes;
     fo.roster = roster;
     fo.log = log;
-    auto f = failover_pipeline::create(std::move(fo), config, context);
+    auto f = failover_pipeline::create(std::move(fo), config, context, slots);
     if (!f) return tl::unexpected(f.error());
     return std::unique_ptr<serving::split_sequence>(std::move(*f));
   };

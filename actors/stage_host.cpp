@@ -124,6 +124,7 @@ msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open&
   models::session_options so;
   so.context = m.context;
   so.layers = *range;
+  so.slots = m.slots;
   auto s = models::session::create(*h->ex, *h->ckpt, so);
   if (!s) return fail(s.error().code, fmt::format("cannot load {}: {}", what, s.error().message));
   h->stage.emplace(std::move(*s));
@@ -171,16 +172,19 @@ msg::stage_reply stage_host::do_step(const node_id& from, const msg::stage_step&
     return failed(m.call, {error_code::not_found, fmt::format("node {} holds no stage {} of node {}", options_.self, m.stage,
                                                               from.short_string())});
   const auto& sess = h->stage->stage();
-  auto in = check_step(m, sess.takes_tokens(), sess.config().hidden_size, sess.context(), options_.limits);
+  auto in = check_step(m, sess.takes_tokens(), sess.config().hidden_size, sess.context(), sess.slots(), options_.limits);
   if (!in) return failed(m.call, {in.error().code, fmt::format("node {}: {}", options_.self, in.error().message)});
-  auto out = h->stage->forward(m.start, in->tokens, in->hidden);
+  auto out = in->rows.empty() ? h->stage->forward(m.slot, m.start, in->tokens, in->hidden)
+                              : h->stage->forward(in->rows, in->tokens, in->hidden);
   if (!out) return failed(m.call, {out.error().code, fmt::format("node {}: {}", options_.self, out.error().message)});
   msg::stage_reply r;
   r.call = m.call;
   r.ok = true;
   const auto n = static_cast<int64_t>(out->size());
   const int64_t hidden = sess.config().hidden_size;
-  r.output = sess.returns_logits() ? tensor::from_floats({n}, *out) : tensor::from_floats({n / hidden, hidden}, *out);
+  const int64_t width = sess.returns_logits() ? sess.config().vocab_size : hidden;
+  r.output = sess.returns_logits() && in->rows.empty() ? tensor::from_floats({n}, *out)
+                                                       : tensor::from_floats({n / width, width}, *out);
   return r;
 }
 

@@ -13,11 +13,12 @@ expected<models::layer_range> check_open(const msg::stage_open& o, const stage_l
   if (o.end_layer <= o.first_layer) return bad(fmt::format("layers [{}, {}) are no layers", o.first_layer, o.end_layer));
   if (o.context == 0 || o.context > limits.max_context)
     return bad(fmt::format("a context of {} positions (1 to {})", o.context, limits.max_context));
+  if (o.slots == 0 || o.slots > limits.max_slots) return bad(fmt::format("{} slots (1 to {})", o.slots, limits.max_slots));
   return models::layer_range{o.first_layer, o.end_layer};
 }
 
 expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, int64_t hidden_size, int64_t context,
-                                 const stage_limits& limits) {
+                                 int64_t slots, const stage_limits& limits) {
   const auto bad = [](std::string what) { return make_error(error_code::invalid_argument, "stage_step: " + what); };
   const auto& t = s.input;
   stage_input in;
@@ -31,8 +32,23 @@ expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, in
     rows = t.dims[0];
   }
   if (rows < 1 || rows > limits.max_rows) return bad(fmt::format("{} rows (1 to {})", rows, limits.max_rows));
-  if (static_cast<int64_t>(s.start) + rows > context)
-    return bad(fmt::format("{} rows at position {} pass the context of {} positions", rows, s.start, context));
+  if (s.rows.empty()) {
+    if (s.slot >= slots) return bad(fmt::format("slot {} does not exist (the stage holds {})", s.slot, slots));
+    if (static_cast<int64_t>(s.start) + rows > context)
+      return bad(fmt::format("{} rows at position {} pass the context of {} positions", rows, s.start, context));
+  } else {
+    if (static_cast<int64_t>(s.rows.size()) != rows)
+      return bad(fmt::format("a batched step names {} rows for {} rows of input", s.rows.size(), rows));
+    std::vector<bool> named(static_cast<size_t>(slots), false);
+    for (const auto& r : s.rows) {
+      if (r.slot >= slots) return bad(fmt::format("slot {} does not exist (the stage holds {})", r.slot, slots));
+      if (named[r.slot]) return bad(fmt::format("slot {} named twice in one batched step", r.slot));
+      named[r.slot] = true;
+      if (static_cast<int64_t>(r.position) >= context)
+        return bad(fmt::format("slot {} at position {} passes the context of {} positions", r.slot, r.position, context));
+      in.rows.push_back({r.slot, r.position});
+    }
+  }
   // The decoder checked that the bytes match dtype and shape (tensor::check); checked again, as
   // this copies them.
   const auto values = static_cast<size_t>(takes_tokens ? rows : rows * hidden_size);

@@ -8,6 +8,7 @@
 
 #include "base/error.hpp"
 #include "models/layer_range.hpp"
+#include "models/sequence_model.hpp"
 #include "wire/messages.hpp"
 
 namespace mesh::generation {
@@ -16,21 +17,26 @@ struct stage_limits {
   size_t max_path_bytes = 4096;         ///< PATH_MAX
   uint32_t max_context = 1u << 20;      ///< positions a stage may be asked to hold
   int64_t max_rows = int64_t{1} << 20;  ///< rows in one step
+  uint32_t max_slots = 256;             ///< sequences a stage may be asked to hold (session_options::max_slots)
 };
 
 /// The layer range of an open, or an invalid_argument error naming what is wrong: an empty or
-/// over-long path or one with a NUL byte, an empty range, a context of 0 or past the limit.
+/// over-long path or one with a NUL byte, an empty range, a context or a slot count of 0 or past
+/// its limit.
 /// (Whether the model has those layers is known once its file is read.)
 expected<models::layer_range> check_open(const msg::stage_open& o, const stage_limits& limits = {});
 
 /// A step's input, as what local_stage::forward takes: token ids (i32 [rows]) for a stage that
-/// `takes_tokens`, else f32 hidden rows [rows, hidden_size]. Errors name the stage's layers and
-/// what came instead; no rows, more than max_rows, or a start past the context are errors too.
+/// `takes_tokens`, else f32 hidden rows [rows, hidden_size], and for a batched step each row's
+/// slot and position. Errors name what came instead: the wrong kind of input, no rows, more than
+/// max_rows, a slot outside the stage's `slots`, a start (or a row's position) past the context,
+/// a batch whose rows do not match the input's or that names a slot twice.
 struct stage_input {
   std::vector<int32_t> tokens;
   std::vector<float> hidden;
+  std::vector<models::batch_row> rows;  ///< a batched step's rows; empty: a run of one slot's rows
 };
 expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, int64_t hidden_size, int64_t context,
-                                 const stage_limits& limits = {});
+                                 int64_t slots, const stage_limits& limits = {});
 
 }  // namespace mesh::generation

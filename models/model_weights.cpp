@@ -209,7 +209,7 @@ int64_t model_weights::device_bytes() const {
 }
 
 expected<model_costs> plan_costs(const model_config& c, const checkpoint& ckpt, const weight_options& options,
-                                 int64_t context) {
+                                 int64_t context, int64_t sequences) {
   auto whole = model_weights::plan(c, ckpt, options);
   if (!whole) return forward_error(whole);
   auto bytes = [&](const std::string& name) {
@@ -221,7 +221,7 @@ expected<model_costs> plan_costs(const model_config& c, const checkpoint& ckpt, 
   out.layer_bytes.assign(static_cast<size_t>(c.n_layers), 0);
   for (const auto& w : whole->all())
     if (w.layer >= 0) out.layer_bytes[static_cast<size_t>(w.layer)] += byte_size(w.type, w.dims);
-  out.kv_bytes_per_layer = kv_cache_bytes(c, context);
+  out.kv_bytes_per_layer = sequences * kv_cache_bytes(c, context);
   const auto top = tensor_names(c);
   out.first_bytes = bytes(top.token_embd) + bytes(top.position_embd);
   out.last_bytes = bytes(top.output_norm) + bytes(top.output_norm_bias) + bytes(top.output);

@@ -90,10 +90,11 @@ class model_weights {
   layer_range layers_;
 };
 
-/// What each part of the model takes on a device with `options` (model_costs), the KV cache for
-/// `context` positions: plans every tensor (errors as plan's) and loads nothing.
+/// What each part of the model takes on a device with `options` (model_costs), the KV caches of
+/// `sequences` sequences of `context` positions: plans every tensor (errors as plan's) and loads
+/// nothing.
 expected<model_costs> plan_costs(const model_config& config, const checkpoint& ckpt, const weight_options& options,
-                                 int64_t context);
+                                 int64_t context, int64_t sequences = 1);
 
 /// True when the weight is one checkpoint tensor whose device dtype is its checkpoint type: its
 /// bytes upload as they lie, straight from the mapping.

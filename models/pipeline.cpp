@@ -1,26 +1,49 @@
 #include "models/pipeline.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace mesh::models {
 
-expected<std::vector<float>> local_stage::forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) {
-  if (start == 0) s_.reset();
-  if (start != s_.position())
+namespace {
+
+expected<void> takes(const session& s, bool tokens, bool hidden) {
+  if (s.takes_tokens() && hidden)
+    return make_error(error_code::invalid_argument, fmt::format("layers {}: the first stage takes tokens, not hidden rows", to_string(s.layers())));
+  if (!s.takes_tokens() && tokens)
+    return make_error(error_code::invalid_argument, fmt::format("layers {}: this stage takes hidden rows, not tokens", to_string(s.layers())));
+  return {};
+}
+
+}  // namespace
+
+expected<std::vector<float>> local_stage::forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                                  std::span<const float> hidden) {
+  std::lock_guard<std::mutex> lock(m_);
+  if (slot < 0 || slot >= s_.slots())
     return make_error(error_code::invalid_argument,
-                      fmt::format("layers {}: a step at position {}, but the stage stands at {} (it missed a step)",
-                                  to_string(s_.layers()), start, s_.position()));
-  if (s_.takes_tokens()) {
-    if (!hidden.empty()) return make_error(error_code::invalid_argument, fmt::format("layers {}: the first stage takes tokens, not hidden rows", to_string(s_.layers())));
-    return s_.forward(tokens);
-  }
-  if (!tokens.empty()) return make_error(error_code::invalid_argument, fmt::format("layers {}: this stage takes hidden rows, not tokens", to_string(s_.layers())));
-  return s_.forward(hidden);
+                      fmt::format("layers {}: slot {} does not exist (the stage holds {})", to_string(s_.layers()), slot, s_.slots()));
+  if (start == 0) s_.reset(slot);
+  if (start != s_.position(slot))
+    return make_error(error_code::invalid_argument,
+                      fmt::format("layers {}: a step at position {} of slot {}, but the stage stands at {} (it missed a step)",
+                                  to_string(s_.layers()), start, slot, s_.position(slot)));
+  if (auto ok = takes(s_, !tokens.empty(), !hidden.empty()); !ok) return forward_error(ok);
+  return s_.forward(slot, tokens, hidden);
+}
+
+expected<std::vector<float>> local_stage::forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                                  std::span<const float> hidden) {
+  std::lock_guard<std::mutex> lock(m_);
+  if (auto ok = takes(s_, !tokens.empty(), !hidden.empty()); !ok) return forward_error(ok);
+  return s_.forward(rows, tokens, hidden);
 }
 
 expected<std::unique_ptr<pipeline>> pipeline::create(const model_config& config, int64_t context,
-                                                     std::vector<pipeline_stage> stages) {
+                                                     std::vector<pipeline_stage> stages, int64_t slots) {
   if (stages.empty()) return make_error(error_code::invalid_argument, "pipeline: no stages");
+  if (slots < 1) return make_error(error_code::invalid_argument, fmt::format("pipeline: {} slots", slots));
   int64_t next = 0;
   for (size_t i = 0; i < stages.size(); ++i) {
     const auto& s = stages[i];
@@ -38,37 +61,84 @@ expected<std::unique_ptr<pipeline>> pipeline::create(const model_config& config,
   p->config_ = config;
   p->context_ = context;
   p->stages_ = std::move(stages);
+  p->positions_.assign(static_cast<size_t>(slots), 0);
   return p;
 }
 
-expected<std::vector<float>> pipeline::prefill(std::span<const int32_t> tokens) {
-  if (tokens.empty()) return make_error(error_code::invalid_argument, "pipeline: no tokens to run");
-  const auto n = static_cast<int64_t>(tokens.size());
-  if (position_ + n > context_)
-    return make_error(error_code::limit_exceeded,
-                      fmt::format("pipeline: {} more tokens after {} would pass the context of {} positions", n, position_, context_));
+template <class Run>
+expected<std::vector<float>> pipeline::through_stages(int64_t rows, int64_t logit_rows, std::optional<size_t>* failed, Run run) {
   expected<std::vector<float>> out;
-  failed_stage_.reset();
+  std::optional<size_t> failed_stage;
+  if (!failed) failed = &failed_stage;
+  failed->reset();
   for (size_t i = 0; i < stages_.size(); ++i) {
     auto& s = stages_[i];
-    out = i == 0 ? s.link->forward(position_, tokens, {}) : s.link->forward(position_, {}, std::span<const float>(*out));
-    if (!out) failed_stage_ = i;
+    out = run(*s.link, i == 0 ? std::span<const float>() : std::span<const float>(*out));
+    if (!out) *failed = i;
     if (!out)
       return make_error(out.error().code, fmt::format("stage {} of {} (layers {} on node {}): {}", i + 1, stages_.size(),
                                                       to_string(s.layers), s.node, out.error().message));
     // A link that returns the wrong amount (a peer of another build, a bug) must not reach the
     // next stage or the sampler as a misshapen tensor.
     const bool last = i + 1 == stages_.size();
-    const auto want = static_cast<size_t>(last ? config_.vocab_size : n * config_.hidden_size);
-    if (out->size() != want) failed_stage_ = i;
+    const auto want = static_cast<size_t>(last ? logit_rows * config_.vocab_size : rows * config_.hidden_size);
+    if (out->size() != want) *failed = i;
     if (out->size() != want)
       return make_error(error_code::internal, fmt::format("stage {} of {} (layers {} on node {}) returned {} values, not {}", i + 1,
                                                           stages_.size(), to_string(s.layers), s.node, out->size(), want));
   }
-  position_ += n;
   return out;
 }
 
-expected<std::vector<float>> pipeline::decode(int32_t token) { return prefill(std::span<const int32_t>(&token, 1)); }
+expected<std::vector<float>> pipeline::prefill(int64_t slot, std::span<const int32_t> tokens, std::optional<size_t>* failed) {
+  if (slot < 0 || slot >= slots())
+    return make_error(error_code::invalid_argument, fmt::format("pipeline: slot {} does not exist (it holds {})", slot, slots()));
+  if (tokens.empty()) return make_error(error_code::invalid_argument, "pipeline: no tokens to run");
+  const auto n = static_cast<int64_t>(tokens.size());
+  int64_t& position = positions_[static_cast<size_t>(slot)];
+  if (position + n > context_)
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("pipeline: {} more tokens after {} would pass the context of {} positions", n, position, context_));
+  auto out = through_stages(n, 1, failed, [&](stage_link& link, std::span<const float> hidden) {
+    return hidden.empty() ? link.forward(slot, position, tokens, {}) : link.forward(slot, position, {}, hidden);
+  });
+  if (out) position += n;
+  return out;
+}
+
+expected<std::vector<float>> pipeline::decode(int32_t token) { return prefill(0, std::span<const int32_t>(&token, 1)); }
+
+expected<std::vector<std::vector<float>>> pipeline::decode(std::span<const slot_token> batch, std::optional<size_t>* failed) {
+  if (batch.empty()) return make_error(error_code::invalid_argument, "pipeline: an empty decode batch");
+  std::vector<batch_row> rows;
+  std::vector<int32_t> tokens;
+  std::vector<bool> named(positions_.size(), false);
+  for (const auto& e : batch) {
+    if (e.slot < 0 || e.slot >= slots())
+      return make_error(error_code::invalid_argument, fmt::format("pipeline: slot {} does not exist (it holds {})", e.slot, slots()));
+    if (named[static_cast<size_t>(e.slot)])
+      return make_error(error_code::invalid_argument, fmt::format("pipeline: slot {} named twice in one decode batch", e.slot));
+    named[static_cast<size_t>(e.slot)] = true;
+    const int64_t position = positions_[static_cast<size_t>(e.slot)];
+    if (position + 1 > context_)
+      return make_error(error_code::limit_exceeded,
+                        fmt::format("pipeline: the sequence in slot {} is at the context of {} positions", e.slot, context_));
+    rows.push_back({e.slot, position});
+    tokens.push_back(e.token);
+  }
+  const auto n = static_cast<int64_t>(batch.size());
+  auto out = through_stages(n, n, failed, [&](stage_link& link, std::span<const float> hidden) {
+    return hidden.empty() ? link.forward(rows, tokens, {}) : link.forward(rows, {}, hidden);
+  });
+  if (!out) return forward_error(out);
+  const auto vocab = static_cast<std::ptrdiff_t>(config_.vocab_size);
+  std::vector<std::vector<float>> result;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto at = out->begin() + static_cast<std::ptrdiff_t>(i) * vocab;
+    result.emplace_back(at, at + vocab);
+    ++positions_[static_cast<size_t>(batch[i].slot)];
+  }
+  return result;
+}
 
 }  // namespace mesh::models

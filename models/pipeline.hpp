@@ -12,10 +12,13 @@
 ///   auto p = pipeline::create(config, context, std::move(stages));
 ///   auto g = generate(**p, tok, prompt, options);   // as on a whole-model session
 ///
-/// What crosses each link per step: the step's start position and its rows (token ids into the
-/// first stage, f32 [rows, hidden_size] between stages, [vocab] logits of the last row back).
+/// What crosses each link per step: the slot and start position (or, for a batched decode step,
+/// each row's slot and position) and the rows (token ids into the first stage, f32
+/// [rows, hidden_size] between stages, logits back: [vocab] after a prefill's last row, a row of
+/// [vocab] per sequence of a batched step).
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -29,27 +32,40 @@
 
 namespace mesh::models {
 
-/// One stage as the driving node reaches it.
+/// One stage as the driving node reaches it. A stage holds as many sequences as its pipeline
+/// (slots), each with its own position and KV cache.
 class stage_link {
  public:
   virtual ~stage_link() = default;
-  /// Runs the stage over the rows at positions [start, start + rows): `tokens` for the first
-  /// stage, `hidden` (rows * hidden_size values) for any other. start 0 begins a new sequence
-  /// (the stage forgets the old one); any other start must be where the stage stands, so a stage
-  /// that missed a step says so instead of computing on a wrong cache. Returns what
-  /// session::forward returns: hidden rows, or the last stage's logits of the last row.
-  virtual expected<std::vector<float>> forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) = 0;
+  /// Runs the stage over the rows at positions [start, start + rows) of the sequence in `slot`:
+  /// `tokens` for the first stage, `hidden` (rows * hidden_size values) for any other. start 0
+  /// begins a new sequence in the slot (the stage forgets the old one); any other start must be
+  /// where the slot stands, so a stage that missed a step says so instead of computing on a
+  /// wrong cache. Returns what session::forward returns: hidden rows, or the last stage's logits
+  /// of the last row.
+  virtual expected<std::vector<float>> forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                               std::span<const float> hidden) = 0;
+  /// A batched step: input row i (tokens[i] or hidden row i) extends rows[i].slot at
+  /// rows[i].position, which must be where that slot stands. Returns a row per input row: hidden
+  /// [n, hidden_size], or on the last stage logits [n, vocab].
+  virtual expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                               std::span<const float> hidden) = 0;
 };
 
 /// A stage session in this process.
 class local_stage final : public stage_link {
  public:
+  /// Steps from several threads run one at a time (the session is not thread-safe).
   explicit local_stage(session s) : s_(std::move(s)) {}
   static std::unique_ptr<stage_link> make(session s) { return std::make_unique<local_stage>(std::move(s)); }
-  expected<std::vector<float>> forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) override;
+  expected<std::vector<float>> forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override;
+  expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override;
   const session& stage() const { return s_; }
 
  private:
+  std::mutex m_;
   session s_;
 };
 
@@ -62,34 +78,52 @@ struct pipeline_stage {
 
 class pipeline final : public sequence_model {
  public:
-  /// A pipeline of `stages` for a model of `config` holding `context` positions. Errors
-  /// (invalid_argument): no stages, a stage without a link, ranges that do not cover the layers
-  /// in order, each once ("stage 2 on node b starts at layer 5, the one before ends at 4").
+  /// A pipeline of `stages` for a model of `config` holding `slots` sequences of `context`
+  /// positions each (every stage must hold as many). Errors (invalid_argument): no stages, a
+  /// stage without a link, ranges that do not cover the layers in order, each once ("stage 2 on
+  /// node b starts at layer 5, the one before ends at 4"), slots < 1.
   static expected<std::unique_ptr<pipeline>> create(const model_config& config, int64_t context,
-                                                    std::vector<pipeline_stage> stages);
+                                                    std::vector<pipeline_stage> stages, int64_t slots = 1);
 
   /// Runs the tokens through every stage. A stage that fails (its node left, its device failed,
-  /// it is out of step) is an error naming the stage, its layers and its node; position() does
-  /// not move, and stages that ran are brought back in step by the next sequence (reset()).
-  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override;
+  /// it is out of step) is an error naming the stage, its layers and its node; position(slot)
+  /// does not move, and stages that ran are brought back in step by the slot's next sequence
+  /// (reset(slot)). `failed` (when given) is set to the index of the stage whose failure ended
+  /// the step (a wrong amount of values returned counts too), and reset when it succeeds.
+  ///
+  /// Steps on disjoint slots may run at once, from several threads: each stage runs one step at
+  /// a time (a local stage under a lock of its own, a peer in the order its steps arrive), so
+  /// micro-batches stepped together flow through the stages as a pipeline, one at each stage.
+  /// reset() and steps on the same slot must not overlap.
+  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens, std::optional<size_t>* failed);
+  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens) override {
+    return prefill(slot, tokens, nullptr);
+  }
+  /// One batched step through every stage (each stage runs all the rows in one graph run).
+  expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch, std::optional<size_t>* failed);
+  expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch) override { return decode(batch, nullptr); }
+  /// The slot's next step starts at 0, which tells every stage to forget its old sequence.
+  void reset(int64_t slot) override { positions_.at(static_cast<size_t>(slot)) = 0; }
+  int64_t position(int64_t slot) const override { return positions_.at(static_cast<size_t>(slot)); }
+  int64_t slots() const override { return static_cast<int64_t>(positions_.size()); }
+  expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override { return prefill(0, tokens); }
   expected<std::vector<float>> decode(int32_t token) override;
-  /// The next step starts at 0, which tells every stage to forget the old sequence.
-  void reset() override { position_ = 0; }
-  int64_t position() const override { return position_; }
+  void reset() override { reset(0); }
+  int64_t position() const override { return position(0); }
   int64_t context() const override { return context_; }
   const model_config& config() const override { return config_; }
   const std::vector<pipeline_stage>& stages() const { return stages_; }
-  /// The index of the stage whose failure ended the last step, if it ended so (a wrong amount
-  /// of values returned counts too); none after a step that succeeded.
-  std::optional<size_t> failed_stage() const { return failed_stage_; }
 
  private:
   pipeline() = default;
+  /// Runs `input` (tokens for the first stage) through every stage with `run(link, hidden)`;
+  /// checks each stage's output has `rows` rows (the last stage `logit_rows` of logits).
+  template <class Run>
+  expected<std::vector<float>> through_stages(int64_t rows, int64_t logit_rows, std::optional<size_t>* failed, Run run);
   model_config config_;
   int64_t context_ = 0;
-  int64_t position_ = 0;
+  std::vector<int64_t> positions_ = {0};  ///< per slot
   std::vector<pipeline_stage> stages_;
-  std::optional<size_t> failed_stage_;
 };
 
 }  // namespace mesh::models

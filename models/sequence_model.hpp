@@ -1,8 +1,12 @@
 #pragma once
 /// What text generation needs of a model: append tokens and get the logits after the last one,
-/// forget the sequence, and its size. A session (models/session.hpp) is one; a pipeline of stages
+/// forget a sequence, and its size. A session (models/session.hpp) is one; a pipeline of stages
 /// over several nodes (models/pipeline.hpp) is another, so that generate() and the node's model
 /// host run either without knowing where the layers are.
+///
+/// A model holds slots() sequences at once (a server's continuous batching): prefill(slot, ...)
+/// appends to one of them, decode(batch) appends one token to each of several in one step. The
+/// calls without a slot are slot 0's.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -12,19 +16,44 @@
 
 namespace mesh::models {
 
+/// The next token of the sequence in `slot` (a batched decode step).
+struct slot_token {
+  int64_t slot = 0;
+  int32_t token = 0;
+};
+
+/// One row of a batched step through a pipeline stage: the sequence it extends and the position
+/// it fills there (where that sequence stands).
+struct batch_row {
+  int64_t slot = 0;
+  int64_t position = 0;
+};
+
 class sequence_model {
  public:
   virtual ~sequence_model() = default;
-  /// Appends `tokens` at position() and returns the logits [vocab] after the last one. An error
-  /// changes nothing the caller can see but the message (position() stays).
+  /// Appends `tokens` to the sequence in `slot` at position(slot) and returns the logits [vocab]
+  /// after the last one. An error changes nothing the caller can see but the message.
+  virtual expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens) = 0;
+  /// Appends each entry's token to its slot's sequence in one step; returns the logits [vocab]
+  /// after each, in the batch's order. Errors change nothing: an empty batch, a slot outside
+  /// [0, slots()) or named twice, a token outside the vocabulary, a sequence at its context.
+  virtual expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch) = 0;
+  /// Forgets the sequence in `slot`: its next prefill starts at position 0.
+  virtual void reset(int64_t slot) = 0;
+  /// Positions filled in `slot`.
+  virtual int64_t position(int64_t slot) const = 0;
+  /// Sequences held at once (1 or more).
+  virtual int64_t slots() const = 0;
+
+  /// Slot 0's prefill of `tokens`.
   virtual expected<std::vector<float>> prefill(std::span<const int32_t> tokens) = 0;
-  /// prefill of one token.
+  /// Slot 0's prefill of one token.
   virtual expected<std::vector<float>> decode(int32_t token) = 0;
-  /// Forgets the sequence: the next prefill starts at position 0.
   virtual void reset() = 0;
-  /// Positions filled so far.
   virtual int64_t position() const = 0;
-  /// Positions it can hold.
+
+  /// Positions each sequence can hold.
   virtual int64_t context() const = 0;
   virtual const model_config& config() const = 0;
 };

@@ -214,30 +214,77 @@ expected<std::vector<float>> session::prefill(int64_t slot, std::span<const int3
   return step(slot, tokens, {}, false);
 }
 
+expected<std::vector<float>> session::forward(int64_t slot, std::span<const int32_t> tokens, std::span<const float> hidden) {
+  if (tokens.empty() && hidden.empty()) return make_error(error_code::invalid_argument, "session: no rows to run");
+  return step(slot, tokens, hidden, false);
+}
+
+expected<std::vector<float>> session::forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                              std::span<const float> hidden) {
+  return batch_step(rows, tokens, hidden);
+}
+
 expected<std::vector<std::vector<float>>> session::decode(std::span<const slot_token> batch) {
   if (auto ok = need_whole("decode"); !ok) return forward_error(ok);
   if (batch.empty()) return make_error(error_code::invalid_argument, "session: an empty decode batch");
-  if (slots() == 1) {  // one sequence: the plain decode step
+  std::vector<batch_row> rows;
+  std::vector<int32_t> tokens;
+  for (const auto& e : batch) {
+    if (auto ok = check_slot(e.slot); !ok) return forward_error(ok);
+    rows.push_back({e.slot, position(e.slot)});
+    tokens.push_back(e.token);
+  }
+  auto logits = batch_step(rows, tokens, {});
+  if (!logits) return forward_error(logits);
+  const auto vocab = static_cast<std::ptrdiff_t>(config_.vocab_size);
+  std::vector<std::vector<float>> result;
+  result.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto at = logits->begin() + static_cast<std::ptrdiff_t>(i) * vocab;
+    result.emplace_back(at, at + vocab);
+  }
+  return result;
+}
+
+expected<std::vector<float>> session::batch_step(std::span<const batch_row> batch, std::span<const int32_t> tokens,
+                                                 std::span<const float> hidden) {
+  if (batch.empty()) return make_error(error_code::invalid_argument, "session: an empty decode batch");
+  const int64_t d = config_.hidden_size;
+  const auto n = static_cast<int64_t>(batch.size());
+  if (takes_tokens() ? static_cast<int64_t>(tokens.size()) != n || !hidden.empty()
+                     : static_cast<int64_t>(hidden.size()) != n * d || !tokens.empty())
+    return make_error(error_code::invalid_argument,
+                      fmt::format("{}: a batch of {} rows needs {} for layers {} of {}", source_, n,
+                                  takes_tokens() ? fmt::format("{} tokens", n) : fmt::format("{} hidden values", n * d),
+                                  to_string(layers()), config_.n_layers));
+  if (slots() == 1) {  // one sequence: the plain step (no batched program for one slot)
+    if (n > 1)
+      return make_error(error_code::invalid_argument, fmt::format("{}: slot 0 named {} times in one decode batch", source_, n));
     if (auto ok = check_slot(batch[0].slot); !ok) return forward_error(ok);
-    if (batch.size() > 1)
+    if (batch[0].position != positions_[0])
       return make_error(error_code::invalid_argument,
-                        fmt::format("{}: slot 0 named {} times in one decode batch", source_, batch.size()));
-    auto logits = decode(batch[0].token);
-    if (!logits) return forward_error(logits);
-    return std::vector<std::vector<float>>{std::move(*logits)};
+                        fmt::format("{}: a step at position {} of slot 0, which stands at {} (it missed a step)", source_,
+                                    batch[0].position, positions_[0]));
+    return step(0, tokens, hidden, false);  // one row: [vocab] logits or one hidden row
   }
   // Rows are slots: row i is slot i's next token, so the step has as many rows as the highest
   // slot named needs (in buckets of powers of two); rows of slots not in the batch are idle.
   int64_t highest = 0, longest = 0;
   std::vector<bool> named(static_cast<size_t>(slots()), false);
-  for (const auto& e : batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& e = batch[i];
     if (auto ok = check_slot(e.slot); !ok) return forward_error(ok);
     if (named[static_cast<size_t>(e.slot)])
       return make_error(error_code::invalid_argument,
                         fmt::format("{}: slot {} named twice in one decode batch", source_, e.slot));
     named[static_cast<size_t>(e.slot)] = true;
-    if (auto ok = check_token(e.token); !ok) return forward_error(ok);
+    if (takes_tokens())
+      if (auto ok = check_token(tokens[i]); !ok) return forward_error(ok);
     const int64_t pos = positions_[static_cast<size_t>(e.slot)];
+    if (e.position != pos)
+      return make_error(error_code::invalid_argument,
+                        fmt::format("{}: a step at position {} of slot {}, which stands at {} (it missed a step)", source_,
+                                    e.position, e.slot, pos));
     if (pos + 1 > context_)
       return make_error(error_code::limit_exceeded,
                         fmt::format("{}: the sequence in slot {} is at the context of {} positions", source_, e.slot, context_));
@@ -249,26 +296,31 @@ expected<std::vector<std::vector<float>>> session::decode(std::span<const slot_t
   auto id = program(rows, attended, true, true);
   if (!id) return forward_error(id);
   const auto t0 = clock::now();
-  std::vector<int32_t> tokens(static_cast<size_t>(rows), 0), positions(static_cast<size_t>(rows), -1);
-  for (const auto& e : batch) {
-    tokens[static_cast<size_t>(e.slot)] = e.token;
-    positions[static_cast<size_t>(e.slot)] = static_cast<int32_t>(positions_[static_cast<size_t>(e.slot)]);
-  }
+  std::vector<int32_t> positions(static_cast<size_t>(rows), -1);
+  for (const auto& e : batch) positions[static_cast<size_t>(e.slot)] = static_cast<int32_t>(e.position);
   tensor_map inputs;
-  inputs.emplace("tokens", tensor::from_ints({rows}, tokens));
+  if (takes_tokens()) {
+    std::vector<int32_t> in(static_cast<size_t>(rows), 0);
+    for (size_t i = 0; i < batch.size(); ++i) in[static_cast<size_t>(batch[i].slot)] = tokens[i];
+    inputs.emplace("tokens", tensor::from_ints({rows}, in));
+  } else {  // idle rows are zeros: they change no real row
+    std::vector<float> in(static_cast<size_t>(rows * d), 0.0f);
+    for (size_t i = 0; i < batch.size(); ++i)
+      std::copy_n(hidden.begin() + static_cast<std::ptrdiff_t>(i) * d, d, in.begin() + batch[i].slot * d);
+    inputs.emplace("hidden", tensor::from_floats({rows, d}, in));
+  }
   inputs.emplace("positions", tensor::from_ints({rows}, positions));
   auto out = ex_->run(*id, inputs);
   if (!out) return make_error(out.error().code, source_ + ": running a batched decode step: " + out.error().message);
-  const auto logits = out->at("logits").to_floats();
-  const auto vocab = static_cast<size_t>(config_.vocab_size);
-  std::vector<std::vector<float>> result;
-  result.reserve(batch.size());
-  for (const auto& e : batch) {
-    const auto at = logits.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(e.slot) * vocab);
-    result.emplace_back(at, at + static_cast<std::ptrdiff_t>(vocab));
-    ++positions_[static_cast<size_t>(e.slot)];
-  }
-  stats_.decode_tokens += static_cast<int64_t>(batch.size());
+  // Each output row of width w goes back in the batch's order.
+  const bool logits = returns_logits();
+  const auto values = out->at(logits ? "logits" : "hidden").to_floats();
+  const int64_t w = logits ? config_.vocab_size : d;
+  std::vector<float> result(static_cast<size_t>(n * w));
+  for (size_t i = 0; i < batch.size(); ++i)
+    std::copy_n(values.begin() + batch[i].slot * w, w, result.begin() + static_cast<std::ptrdiff_t>(i) * w);
+  for (const auto& e : batch) ++positions_[static_cast<size_t>(e.slot)];
+  stats_.decode_tokens += n;
   stats_.decode_steps += 1;
   stats_.decode_seconds += seconds_since(t0);
   return result;

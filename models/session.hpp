@@ -77,12 +77,6 @@ struct session_options {
   bool fuse_projections = true;
 };
 
-/// The next token of the sequence in `slot` (session::decode of a batch).
-struct slot_token {
-  int64_t slot = 0;
-  int32_t token = 0;
-};
-
 /// Time and counts of the session's work so far.
 struct session_stats {
   int64_t prefill_tokens = 0;
@@ -129,19 +123,28 @@ class session final : public sequence_model {
   /// past the context. On the whole model, forward(tokens) is prefill(tokens).
   expected<std::vector<float>> forward(std::span<const int32_t> tokens, bool all_logits = false);
   expected<std::vector<float>> forward(std::span<const float> hidden, bool all_logits = false);
+  /// forward() into the sequence in `slot`: `tokens` on a stage that embeds, else `hidden`.
+  expected<std::vector<float>> forward(int64_t slot, std::span<const int32_t> tokens, std::span<const float> hidden);
+  /// A batched stage step: row i of the input (tokens[i], or hidden row i) extends
+  /// rows[i].slot's sequence at rows[i].position, which must be where that sequence stands (a
+  /// stage that missed a step says so). Returns a hidden row per input row, [n, hidden_size], or
+  /// on the last stage the logits after each, [n, vocab]. One graph run, as decode(batch).
+  /// Errors change nothing: as decode(batch)'s, and the wrong kind or amount of input.
+  expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden);
 
   /// Appends `tokens` to the sequence in `slot`, returns the logits [vocab] after the last one.
   /// Errors as prefill(tokens), and a slot outside [0, slots()).
-  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens);
+  expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens) override;
   /// Appends each entry's token to its slot's sequence in one step; returns the logits [vocab]
   /// after each, in the batch's order. Errors (changing nothing): an empty batch, a slot outside
   /// [0, slots()) or named twice, a token outside the vocabulary, a sequence at its context.
-  expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch);
+  expected<std::vector<std::vector<float>>> decode(std::span<const slot_token> batch) override;
   /// Forgets the sequence in `slot` (0 <= slot < slots()).
-  void reset(int64_t slot) { positions_.at(static_cast<size_t>(slot)) = 0; }
+  void reset(int64_t slot) override { positions_.at(static_cast<size_t>(slot)) = 0; }
   /// Positions filled in `slot` (0 <= slot < slots()).
-  int64_t position(int64_t slot) const { return positions_.at(static_cast<size_t>(slot)); }
-  int64_t slots() const { return static_cast<int64_t>(positions_.size()); }
+  int64_t position(int64_t slot) const override { return positions_.at(static_cast<size_t>(slot)); }
+  int64_t slots() const override { return static_cast<int64_t>(positions_.size()); }
 
   /// Forgets the sequence (the cache's rows are overwritten as positions are filled again).
   void reset() override { positions_[0] = 0; }
@@ -167,6 +170,10 @@ class session final : public sequence_model {
   expected<void> need_whole(const char* call) const;
   expected<void> check_slot(int64_t slot) const;
   expected<void> check_token(int32_t token) const;
+  /// The batched step of decode(batch) and forward(rows, ...): row i of the input goes to
+  /// rows[i]; returns the output rows in that order.
+  expected<std::vector<float>> batch_step(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                          std::span<const float> hidden);
   /// The step graph of `batch` rows attending over `attended` rows (batched: a decode step of
   /// several slots), loaded on first use.
   expected<gpu::program_id> program(int64_t batch, int64_t attended, bool all_logits, bool batched = false);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <ctime>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -27,7 +28,6 @@ struct local_backend::model {
   std::unique_ptr<models::checkpoint> ckpt;
   std::unique_ptr<models::sequence_model> seq;  ///< a whole-model session, or a split model's pipeline
   split_sequence* split = nullptr;              ///< seq, when split: its stages change on re-plans
-  models::session* batch = nullptr;             ///< seq, when a whole-model session: its slots
   std::vector<bool> slot_busy;                  ///< one per sequence it holds (guarded by mutex_)
   std::optional<models::tokenizer> tok;
   models::chat_tokens special;              ///< BOS/EOS text for chat templates named per request
@@ -142,7 +142,7 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   if (o.split) {
     auto config = models::read_model_config(*m->ckpt);
     if (!config) return forward_error(config);
-    auto p = o.split({*m->ckpt, *config, o.context, *m->ex});
+    auto p = o.split({*m->ckpt, *config, o.context, *m->ex, o.parallel > 0 ? o.parallel : options_.parallel});
     if (!p) return in_path(p.error());
     m->split = p->get();
     m->info.stages = m->split->stages();
@@ -153,11 +153,9 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
     so.slots = o.parallel > 0 ? o.parallel : options_.parallel;
     auto sess = models::session::create(*m->ex, *m->ckpt, so);
     if (!sess) return forward_error(sess);
-    auto owned = std::make_unique<models::session>(std::move(*sess));
-    m->batch = owned.get();
-    m->seq = std::move(owned);
+    m->seq = std::make_unique<models::session>(std::move(*sess));
   }
-  m->slot_busy.assign(static_cast<size_t>(m->batch ? m->batch->slots() : 1), false);
+  m->slot_busy.assign(static_cast<size_t>(m->seq->slots()), false);
   auto vocab = models::load_tokenizer(*m->ckpt, m->seq->config());
   if (!vocab) return forward_error(vocab);
   m->template_text = vocab->chat_template;
@@ -597,8 +595,7 @@ void local_backend::begin(const std::shared_ptr<job>& jp) {
   auto run = models::generation_run::start(*m.tok, m.seq->config(), j.prompt, 0, m.seq->context(), j.options, on_piece);
   if (!run) return complete(jp, fail(kind_of(run.error()), run.error().message));
   j.run.emplace(std::move(*run));
-  if (m.batch) m.batch->reset(j.slot);
-  else m.seq->reset();
+  m.seq->reset(j.slot);
   j.chunk = m.prefill_chunk;
 }
 
@@ -610,7 +607,7 @@ void local_backend::prefill(const std::shared_ptr<job>& jp) {
   const size_t n = std::min(static_cast<size_t>(j.chunk), j.prompt.size() - j.prefilled);
   const std::span<const int32_t> chunk(j.prompt.data() + j.prefilled, n);
   const auto t0 = clock_type::now();
-  auto logits = m.batch ? m.batch->prefill(j.slot, chunk) : m.seq->prefill(chunk);
+  auto logits = m.seq->prefill(j.slot, chunk);
   if (!logits) return complete(jp, fail(kind_of(logits.error()), logits.error().message));
   j.prompt_seconds += seconds_since(t0);
   j.prefilled += n;
@@ -626,30 +623,36 @@ void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std:
     else jobs.push_back(j);
   }
   if (jobs.empty()) return;
-  std::vector<std::vector<float>> logits;
-  error failed;
-  if (m->batch) {
-    std::vector<models::slot_token> batch;
-    for (const auto& j : jobs) batch.push_back({j->slot, j->next});
-    auto out = m->batch->decode(batch);
-    if (out) logits = std::move(*out);
-    else failed = out.error();
-  } else {  // one sequence: one request at a time
-    auto out = m->seq->decode(jobs.front()->next);
-    if (out) logits.push_back(std::move(*out));
-    else failed = out.error();
-  }
-  if (logits.empty()) {
-    for (const auto& j : jobs) complete(j, fail(kind_of(failed), failed.message));
-    return;
-  }
+  // A whole-model session runs every row in one graph run. A split model's rows go as one
+  // micro-batch per stage (contiguous runs of slots), stepped at once from as many threads: while
+  // one micro-batch is on a stage or on the wire to it, the others use the other stages.
+  const size_t depth = m->split ? std::max<size_t>(1, m->split->stages().size()) : 1;
+  const size_t groups = std::min(jobs.size(), depth);
+  std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a->slot < b->slot; });
+  std::vector<std::vector<models::slot_token>> parts(groups);
+  for (size_t i = 0; i < jobs.size(); ++i) parts[i * groups / jobs.size()].push_back({jobs[i]->slot, jobs[i]->next});
+  std::vector<expected<std::vector<std::vector<float>>>> outs(groups);
   {
+    std::vector<std::thread> helpers;
+    for (size_t g = 1; g < groups; ++g) helpers.emplace_back([&, g] { outs[g] = m->seq->decode(parts[g]); });
+    outs[0] = m->seq->decode(parts[0]);
+    for (auto& t : helpers) t.join();
+  }
+  int64_t decoded = 0;
+  for (const auto& o : outs) decoded += o ? static_cast<int64_t>(o->size()) : 0;
+  if (decoded > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.decode_steps;
-    stats_.decoded_tokens += static_cast<int64_t>(logits.size());
-    stats_.widest_step = std::max(stats_.widest_step, static_cast<int64_t>(logits.size()));
+    stats_.decoded_tokens += decoded;
+    stats_.widest_step = std::max(stats_.widest_step, decoded);
+    stats_.most_micro_batches = std::max(stats_.most_micro_batches, static_cast<int64_t>(groups));
   }
-  for (size_t i = 0; i < logits.size(); ++i) advance(jobs[i], logits[i]);
+  for (size_t i = 0, at = 0; i < jobs.size(); ++i) {
+    const size_t g = i * groups / jobs.size();
+    if (i > 0 && g != (i - 1) * groups / jobs.size()) at = 0;
+    if (outs[g]) advance(jobs[i], (*outs[g])[at++]);
+    else complete(jobs[i], fail(kind_of(outs[g].error()), outs[g].error().message));
+  }
 }
 
 void local_backend::advance(const std::shared_ptr<job>& jp, std::span<const float> logits) {

@@ -19,7 +19,8 @@
 /// running requests by one chunk per round, not by its whole length), then runs one decode step per
 /// model for all its requests past their prompts together (one graph run: the weights are read
 /// once per step, not once per request). A request that ends frees its slot for the next at once; requests are admitted in arrival
-/// order. A split model holds one sequence. Each model has a bounded queue (a request past it is
+/// order. A split model batches too: a step's requests go through its stages as micro-batches, one
+/// per stage, stepped at once, so that every stage has work (a pipeline). Each model has a bounded queue (a request past it is
 /// refused with queue_full, which the HTTP server answers with 429). Cancellation is checked at
 /// every token and before a queued request starts.
 #include <atomic>
@@ -50,6 +51,7 @@ struct split_input {
   const models::model_config& config;
   int64_t context = 0;                 ///< positions asked for (0: the model's, capped)
   gpu::executor& ex;                   ///< this model's executor, for the stage this node holds
+  int64_t slots = 1;                   ///< sequences held at once (every stage holds as many)
 };
 /// A split model as the host drives it: a sequence whose stages may move while it serves (a
 /// stage node that is lost, a node that joins: actors/failover_pipeline.hpp).
@@ -74,7 +76,7 @@ struct local_model_options {
   /// It runs on the loading thread and may wait for peers.
   split_builder split;
   /// Requests it runs at once (session slots, each a KV cache of `context` rows); 0: the
-  /// backend's `parallel`. A split model runs one.
+  /// backend's `parallel`. A split model's stages each hold as many.
   int64_t parallel = 0;
   /// Prompt tokens read per worker round for one request (0: the backend's `prefill_chunk`).
   int64_t prefill_chunk = 0;
@@ -106,6 +108,7 @@ struct local_backend_stats {
   int64_t decode_steps = 0;   ///< decode steps run, each for one or more requests
   int64_t decoded_tokens = 0; ///< tokens those steps decoded
   int64_t widest_step = 0;    ///< the most requests one decode step served
+  int64_t most_micro_batches = 0;  ///< the most micro-batches one step ran through a split model at once
 };
 
 class local_backend final : public generation_backend {

@@ -29,7 +29,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 17;
+inline constexpr uint16_t protocol_version = 18;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -527,8 +527,9 @@ struct models_reply {
 // ---- a model split over the mesh (serving/split_model.hpp, docs/serving.md) ----
 
 /// Serving node -> peer: load layers [first_layer, end_layer) of the checkpoint at `path` (the
-/// peer's own copy) as a pipeline stage of `context` positions. Only its sender may step or close
-/// it. Answered by a stage_reply (empty output) once loaded or failed.
+/// peer's own copy) as a pipeline stage holding `slots` sequences of `context` positions each.
+/// Only its sender may step or close it. Answered by a stage_reply (empty output) once loaded or
+/// failed.
 struct stage_open {
   uint64_t call = 0;   ///< echoed by the reply
   uint64_t stage = 0;  ///< chosen by the sender, unique per sender
@@ -536,6 +537,7 @@ struct stage_open {
   uint32_t first_layer = 0;
   uint32_t end_layer = 0;
   uint32_t context = 0;
+  uint32_t slots = 1;  ///< sequences held at once (the serving node's continuous batching)
   /// The checkpoint file's BLAKE2b-256 digest, when the sender offers it for fetching (blob_get)
   /// to a peer without its own copy at `path`; all zero: not offered (a directory checkpoint).
   std::array<uint8_t, 32> blob{};
@@ -543,15 +545,27 @@ struct stage_open {
   bool operator==(const stage_open&) const = default;
 };
 
-/// Serving node -> peer: run the stage over positions [start, start + rows). `input` is i32
-/// token ids [rows] for a stage that holds layer 0, else f32 hidden rows [rows, hidden_size];
-/// start 0 begins a new sequence. Answered by a stage_reply: f32 hidden rows [rows, hidden_size],
-/// or from the last stage the logits [vocab] after the last row.
+/// One row of a batched stage_step: the sequence it extends and the position it fills.
+struct step_row {
+  uint32_t slot = 0;
+  uint32_t position = 0;
+  bool operator==(const step_row&) const = default;
+};
+
+/// Serving node -> peer: run the stage. `input` is i32 token ids [rows] for a stage that holds
+/// layer 0, else f32 hidden rows [rows, hidden_size]. Without `rows`, the input extends the
+/// sequence in `slot` over positions [start, start + rows) (start 0 begins a new sequence there);
+/// with `rows` (one entry per input row, each slot once), a batched decode step: input row i
+/// extends rows[i].slot at rows[i].position. Answered by a stage_reply: f32 hidden rows
+/// [rows, hidden_size], or from the last stage logits: [vocab] after the last row of a sequence's
+/// run, [rows, vocab] for a batched step.
 struct stage_step {
   uint64_t call = 0;
   uint64_t stage = 0;
+  uint32_t slot = 0;
   uint32_t start = 0;
   tensor input{dtype::f32, {0}, {}};
+  std::vector<step_row> rows;
   bool operator==(const stage_step&) const = default;
 };
 
@@ -842,12 +856,17 @@ void fields(F& f, models_reply& x) {
 
 template <class F>
 void fields(F& f, stage_open& x) {
-  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.blob, x.blob_size);
+  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.slots, x.blob, x.blob_size);
+}
+
+template <class F>
+void fields(F& f, step_row& x) {
+  f(x.slot, x.position);
 }
 
 template <class F>
 void fields(F& f, stage_step& x) {
-  f(x.call, x.stage, x.start, x.input);
+  f(x.call, x.stage, x.slot, x.start, x.input, x.rows);
 }
 
 template <class F>

@@ -261,6 +261,89 @@ TEST_CASE("a stage node that dies mid-generation moves its layers to the survivo
   CHECK(mesh.undecodable == 0);
 }
 
+/// A request for `model` as the batching test sends it: its own prompt and seed.
+serving::generation_request batch_request(const std::string& model, int i) {
+  serving::generation_request r;
+  r.model = model;
+  r.prompt = std::string("one two three four five six seven eight").substr(0, 8 + 6 * static_cast<size_t>(i));
+  r.max_tokens = 24;
+  r.ignore_eos = true;
+  if (i % 2) {
+    r.sampling.temperature = 0.8f;
+    r.sampling.seed = 100 + static_cast<uint64_t>(i);
+  }
+  return r;
+}
+
+TEST_CASE("requests running together on a split model share its steps, and a stage node lost under them moves them all", "[generation][split][failover][batch]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  model_spec spec = four_layers();
+  spec.layers = 6;
+  write_gguf_model(path, spec, models::tensor_type::q8_0);
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  sim_mesh mesh({p1, p2});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options whole;
+  whole.path = path;
+  whole.id = "whole";
+  whole.parallel = 1;  // each reference text alone
+  REQUIRE((*b)->load(whole));
+  serving::local_model_options o = whole;
+  o.id = "split";
+  o.parallel = 4;
+  const uint64_t gb = 1'000'000'000;
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+                                           short_waits);
+  REQUIRE((*b)->load(o));
+  constexpr int n = 4;
+  std::vector<std::string> alone;
+  for (int i = 0; i < n; ++i) {
+    outcome_wait w;
+    auto f = w.done.get_future();
+    REQUIRE((*b)->start(batch_request("whole", i), w.callbacks()));
+    auto r = f.get();
+    REQUIRE(r);
+    alone.push_back(r->text);
+  }
+  CHECK((*b)->stats().widest_step == 1);
+
+  // All at once; in the second round p2 (the last stage) is lost after one request's 10th token.
+  for (const bool lose : {false, true}) {
+    std::vector<outcome_wait> waits(n);
+    std::vector<std::future<serving::generation_outcome>> done;
+    std::atomic<bool> killed{false};
+    for (int i = 0; i < n; ++i) {
+      auto cb = waits[static_cast<size_t>(i)].callbacks();
+      if (lose && i == 0)
+        cb.on_token = [&](int64_t t) {
+          if (t == 10 && !killed.exchange(true)) mesh.kill(p2);
+        };
+      done.push_back(waits[static_cast<size_t>(i)].done.get_future());
+      REQUIRE((*b)->start(batch_request("split", i), cb));
+    }
+    for (int i = 0; i < n; ++i) {
+      auto r = done[static_cast<size_t>(i)].get();
+      INFO("request " << i << (lose ? ", p2 lost" : ""));
+      INFO((r ? std::string() : r.error().message));
+      REQUIRE(r);
+      CHECK(r->text == alone[static_cast<size_t>(i)]);
+      CHECK(r->completion_tokens == 24);
+    }
+    CHECK((*b)->stats().widest_step >= 2);
+    CHECK((*b)->stats().most_micro_batches >= 2);  // the 3 stages took micro-batches at once
+    CHECK(killed == lose);
+  }
+  auto now = (*b)->models();
+  const auto it = std::find_if(now.begin(), now.end(), [](const auto& m) { return m.id == "split"; });
+  REQUIRE(it != now.end());
+  CHECK(it->stages.size() == 2);
+  CHECK(mesh.undecodable == 0);
+}
+
 TEST_CASE("a stage node that dies when no plan fits the nodes left fails the request saying why", "[generation][split][failover]") {
   temp_dir dir;
   const auto path = dir / "m.gguf";
@@ -403,31 +486,31 @@ TEST_CASE("a stage host loads from its own copy, serves only the stage's owner a
   CHECK(opened.first == a);
   CHECK(opened.second.ok);
   const auto tokens = tensor::from_ints({3}, {4, 5, 6});
-  host.step(a, {2, 5, 0, tokens});
+  host.step(a, {2, 5, 0, 0, tokens, {}});
   auto stepped = reply(2);
   REQUIRE(stepped.second.ok);
   CHECK(stepped.second.output.dims == shape{3, 64});
 
   // Another node naming the same stage finds none: only its owner steps or closes it.
-  host.step(b, {3, 5, 3, tokens});
+  host.step(b, {3, 5, 0, 3, tokens, {}});
   auto stranger = reply(3);
   CHECK(stranger.first == b);
   CHECK_FALSE(stranger.second.ok);
   CHECK(stranger.second.code == error_code::not_found);
   CHECK(stranger.second.error == "node host1234 holds no stage 5 of node " + b.short_string());
   host.close(b, {5});
-  host.step(a, {4, 5, 3, tensor::from_ints({1}, {7})});
+  host.step(a, {4, 5, 0, 3, tensor::from_ints({1}, {7}), {}});
   CHECK(reply(4).second.ok);
 
   // Wrong input for the stage; a step out of step.
-  host.step(a, {5, 5, 4, tensor::from_floats({1, 64}, std::vector<float>(64, 0.5f))});
+  host.step(a, {5, 5, 0, 4, tensor::from_floats({1, 64}, std::vector<float>(64, 0.5f)), {}});
   auto wrong = reply(5);
   CHECK_FALSE(wrong.second.ok);
   CHECK(wrong.second.error == "node host1234: stage_step: the first stage takes token ids, i32 [rows]");
-  host.step(a, {6, 5, 9, tokens});
+  host.step(a, {6, 5, 0, 9, tokens, {}});
   auto skipped = reply(6);
   CHECK_FALSE(skipped.second.ok);
-  CHECK(skipped.second.error.find("a step at position 9, but the stage stands at 4") != std::string::npos);
+  CHECK(skipped.second.error.find("a step at position 9 of slot 0, but the stage stands at 4") != std::string::npos);
 
   // A path this node has no file at: the error names the node and the path.
   const auto missing = (dir / "elsewhere.gguf").string();
@@ -452,6 +535,44 @@ TEST_CASE("a stage host loads from its own copy, serves only the stage's owner a
   host.open(b, {11, 2, path.string(), 2, 4, 64});
   CHECK(reply(11).second.ok);
   CHECK(host.stages() == 2);
+
+  // Stages of several sequences: a run into one slot, then batched steps (a row per slot, in any
+  // order); the last stage answers a row of logits per sequence.
+  host.owner_gone(b);
+  host.open(a, {12, 7, path.string(), 0, 2, 64, 3});
+  REQUIRE(reply(12).second.ok);
+  host.open(a, {13, 8, path.string(), 2, 4, 64, 3});
+  REQUIRE(reply(13).second.ok);
+  host.step(a, {14, 7, 2, 0, tokens, {}});  // slot 2: 3 tokens
+  auto first = reply(14);
+  REQUIRE(first.second.ok);
+  host.step(a, {15, 8, 2, 0, first.second.output, {}});
+  REQUIRE(reply(15).second.ok);
+  const auto pair = tensor::from_ints({2}, {8, 9});
+  host.step(a, {16, 7, 0, 0, pair, {{2, 3}, {0, 0}}});
+  auto batched = reply(16);
+  INFO(batched.second.error);
+  REQUIRE(batched.second.ok);
+  CHECK(batched.second.output.dims == shape{2, 64});
+  host.step(a, {17, 8, 0, 0, batched.second.output, {{2, 3}, {0, 0}}});
+  auto logits = reply(17);
+  INFO(logits.second.error);
+  REQUIRE(logits.second.ok);
+  REQUIRE(logits.second.output.dims.size() == 2);
+  CHECK(logits.second.output.dims[0] == 2);
+  // Batches the host refuses, naming what is wrong.
+  host.step(a, {18, 7, 0, 0, pair, {{3, 0}, {0, 1}}});
+  CHECK(reply(18).second.error == "node host1234: stage_step: slot 3 does not exist (the stage holds 3)");
+  host.step(a, {19, 7, 0, 0, pair, {{1, 0}, {1, 0}}});
+  CHECK(reply(19).second.error == "node host1234: stage_step: slot 1 named twice in one batched step");
+  host.step(a, {20, 7, 0, 0, pair, {{1, 0}}});
+  CHECK(reply(20).second.error == "node host1234: stage_step: a batched step names 1 rows for 2 rows of input");
+  host.step(a, {21, 7, 0, 0, pair, {{2, 3}, {0, 1}}});  // slot 2 already stands at 4
+  CHECK(reply(21).second.error.find("a step at position 3 of slot 2, which stands at 4 (it missed a step)") != std::string::npos);
+  host.step(a, {22, 7, 5, 0, pair, {}});
+  CHECK(reply(22).second.error == "node host1234: stage_step: slot 5 does not exist (the stage holds 3)");
+  host.open(a, {23, 9, path.string(), 0, 2, 64, 0});
+  CHECK(reply(23).second.error == "node host1234: stage_open: 0 slots (1 to 256)");
 }
 
 TEST_CASE("a split picks this node first and the peers with the most memory", "[generation][split]") {

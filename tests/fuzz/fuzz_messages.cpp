@@ -74,7 +74,7 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     return *mesh::msg::encode_message(r);
   }();
   static const std::vector<uint8_t> stage = [] {
-    mesh::msg::stage_step s{3, 1, 2, mesh::tensor::from_floats({2, 4}, std::vector<float>(8, 0.5f))};
+    mesh::msg::stage_step s{3, 1, 0, 2, mesh::tensor::from_floats({2, 4}, std::vector<float>(8, 0.5f)), {{1, 5}, {0, 9}}};
     return *mesh::msg::encode_message(s);
   }();
   static const std::vector<uint8_t> chunk = [] {
@@ -116,14 +116,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // device; what passes is what local_stage::forward may be given.
   if (auto* o = std::get_if<mesh::msg::stage_open>(&*m)) {
     auto r = mesh::generation::check_open(*o);
-    if (r && (r->size() < 1 || o->path.empty() || o->context == 0)) __builtin_trap();
+    if (r && (r->size() < 1 || o->path.empty() || o->context == 0 || o->slots == 0)) __builtin_trap();
     return 0;
   }
   if (auto* st = std::get_if<mesh::msg::stage_step>(&*m)) {
     for (const bool tokens : {true, false}) {
-      auto in = mesh::generation::check_step(*st, tokens, 4, 64);
+      auto in = mesh::generation::check_step(*st, tokens, 4, 64, 4);
       if (in && (tokens ? in->tokens.empty() || !in->hidden.empty() : in->hidden.empty() || in->hidden.size() % 4 != 0))
         __builtin_trap();
+      if (in && !in->rows.empty()) {  // a batch: one row per input row, each slot once and held
+        const size_t n = tokens ? in->tokens.size() : in->hidden.size() / 4;
+        if (in->rows.size() != n) __builtin_trap();
+        unsigned seen = 0;
+        for (const auto& r : in->rows) {
+          if (r.slot < 0 || r.slot >= 4 || r.position < 0 || r.position >= 64 || (seen & (1u << r.slot))) __builtin_trap();
+          seen |= 1u << r.slot;
+        }
+      }
     }
     return 0;
   }

@@ -4,7 +4,10 @@
 // fails gives an error naming the stage and its node; bad stage layouts are refused.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,16 +30,26 @@ namespace {
 class copying_link final : public stage_link {
  public:
   copying_link(std::unique_ptr<stage_link> far, std::shared_ptr<bool> cut) : far_(std::move(far)), cut_(std::move(cut)) {}
-  expected<std::vector<float>> forward(int64_t start, std::span<const int32_t> tokens, std::span<const float> hidden) override {
-    if (*cut_) return make_error(error_code::unavailable, "the connection closed");
-    const std::vector<int32_t> sent_tokens(tokens.begin(), tokens.end());
-    const std::vector<float> sent_hidden(hidden.begin(), hidden.end());
-    auto r = far_->forward(start, sent_tokens, sent_hidden);
-    if (!r) return r;
-    return std::vector<float>(r->begin(), r->end());
+  expected<std::vector<float>> forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override {
+    return over_the_wire(tokens, hidden, [&](auto t, auto h) { return far_->forward(slot, start, t, h); });
+  }
+  expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override {
+    const std::vector<batch_row> sent_rows(rows.begin(), rows.end());
+    return over_the_wire(tokens, hidden, [&](auto t, auto h) { return far_->forward(sent_rows, t, h); });
   }
 
  private:
+  template <class Call>
+  expected<std::vector<float>> over_the_wire(std::span<const int32_t> tokens, std::span<const float> hidden, Call call) {
+    if (*cut_) return make_error(error_code::unavailable, "the connection closed");
+    const std::vector<int32_t> sent_tokens(tokens.begin(), tokens.end());
+    const std::vector<float> sent_hidden(hidden.begin(), hidden.end());
+    auto r = call(std::span<const int32_t>(sent_tokens), std::span<const float>(sent_hidden));
+    if (!r) return r;
+    return std::vector<float>(r->begin(), r->end());
+  }
   std::unique_ptr<stage_link> far_;
   std::shared_ptr<bool> cut_;
 };
@@ -47,30 +60,32 @@ struct split_model {
   std::vector<std::shared_ptr<bool>> cuts;
 };
 
-session_options small_batches(layer_range layers) {
+session_options small_batches(layer_range layers, int64_t slots = 1) {
   session_options o;
   o.min_batch = 8;
   o.max_batch = 16;
   o.layers = layers;
+  o.slots = slots;
   return o;
 }
 
-/// The model cut before each layer in `cuts`, one CPU executor per stage, over copying links.
-split_model split(const checkpoint& ckpt, const model_config& config, const std::vector<int64_t>& cuts) {
+/// The model cut before each layer in `cuts`, one CPU executor per stage, over copying links;
+/// each stage holds `slots` sequences.
+split_model split(const checkpoint& ckpt, const model_config& config, const std::vector<int64_t>& cuts, int64_t slots = 1) {
   split_model m;
   std::vector<pipeline_stage> stages;
   int64_t context = 0;
   for (size_t i = 0; i <= cuts.size(); ++i) {
     const layer_range r{i == 0 ? 0 : cuts[i - 1], i == cuts.size() ? config.n_layers : cuts[i]};
     m.executors.push_back(gpu::make_cpu_executor(1));
-    auto s = session::create(*m.executors.back(), ckpt, small_batches(r));
+    auto s = session::create(*m.executors.back(), ckpt, small_batches(r, slots));
     INFO((s ? std::string() : s.error().message));
     REQUIRE(s);
     context = s->context();
     m.cuts.push_back(std::make_shared<bool>(false));
     stages.push_back({"node-" + std::to_string(i), r, std::make_unique<copying_link>(local_stage::make(std::move(*s)), m.cuts.back())});
   }
-  auto p = pipeline::create(config, context, std::move(stages));
+  auto p = pipeline::create(config, context, std::move(stages), slots);
   INFO((p ? std::string() : p.error().message));
   REQUIRE(p);
   m.p = std::move(*p);
@@ -173,6 +188,160 @@ TEST_CASE("a pipeline's logits are its stages' logits, bit for bit", "[models][p
   CHECK(m.p->position() == 24);
 }
 
+TEST_CASE("a pipeline's batched steps give each sequence the whole model's logits, bit for bit", "[models][pipeline][batch]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", four_layers(), tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto whole = session::create(*cpu, *ckpt, small_batches({}, 4));
+  REQUIRE(whole);
+  auto m = split(*ckpt, whole->config(), {1, 3}, 4);
+  CHECK(m.p->slots() == 4);
+  // Three sequences of different lengths in slots 0, 2 and 3 (slot 1 idle), prefilled in turn.
+  const std::vector<std::pair<int64_t, size_t>> prompts = {{0, 5}, {2, 19}, {3, 1}};
+  for (const auto& [slot, n] : prompts) {
+    auto prompt = prompt_of(n);
+    auto a = whole->prefill(slot, prompt);
+    auto b = m.p->prefill(slot, prompt);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(*b == *a);
+  }
+  // Batches of every make-up, in orders other than the slots': the rows go back in the batch's order.
+  const std::vector<std::vector<slot_token>> steps = {
+      {{2, 11}, {0, 12}, {3, 13}}, {{3, 21}}, {{0, 31}, {2, 32}}, {{1, 41}, {3, 42}, {0, 43}, {2, 44}}};
+  for (const auto& batch : steps) {
+    if (batch.front().slot == 1) {  // slot 1 starts a sequence of its own first
+      REQUIRE(whole->prefill(1, prompt_of(3)));
+      REQUIRE(m.p->prefill(1, prompt_of(3)));
+    }
+    auto a = whole->decode(batch);
+    auto b = m.p->decode(batch);
+    REQUIRE(a);
+    INFO((b ? std::string() : b.error().message));
+    REQUIRE(b);
+    REQUIRE(b->size() == batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) CHECK((*b)[i] == (*a)[i]);
+  }
+  for (int64_t slot = 0; slot < 4; ++slot) CHECK(m.p->position(slot) == whole->position(slot));
+  CHECK(m.p->position(2) == 19 + 3);
+
+  // A batch the pipeline refuses changes nothing: a slot named twice, a slot it lacks.
+  const std::vector<slot_token> twice = {{0, 1}, {0, 2}};
+  auto dup = m.p->decode(twice);
+  REQUIRE_FALSE(dup);
+  CHECK(dup.error().message == "pipeline: slot 0 named twice in one decode batch");
+  const std::vector<slot_token> outside = {{4, 1}};
+  CHECK_FALSE(m.p->decode(outside));
+  CHECK(m.p->position(0) == whole->position(0));
+  // A stage out of step in one slot says which slot (a step it missed, given by hand).
+  auto stage2 = session::create(*m.executors[1], *ckpt, small_batches({1, 3}, 4));
+  REQUIRE(stage2);
+  local_stage fresh(std::move(*stage2));
+  const std::vector<batch_row> rows = {{2, 22}};
+  auto stale = fresh.forward(rows, {}, std::vector<float>(static_cast<size_t>(whole->config().hidden_size), 0.0f));
+  REQUIRE_FALSE(stale);
+  CHECK(stale.error().message.find("a step at position 22 of slot 2, which stands at 0 (it missed a step)") != std::string::npos);
+}
+
+namespace {
+
+/// Counts how many stages are busy at once (each call holds its stage for `hold`).
+struct busy_meter {
+  std::mutex m;
+  int busy = 0, most = 0;
+};
+
+class timed_link final : public stage_link {
+ public:
+  timed_link(std::unique_ptr<stage_link> far, std::shared_ptr<busy_meter> meter) : far_(std::move(far)), meter_(std::move(meter)) {}
+  expected<std::vector<float>> forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override {
+    return held([&] { return far_->forward(slot, start, tokens, hidden); });
+  }
+  expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
+                                       std::span<const float> hidden) override {
+    return held([&] { return far_->forward(rows, tokens, hidden); });
+  }
+
+ private:
+  /// One call at a time on this stage, as a peer's stage host runs them; the meter sees it busy.
+  template <class Call>
+  expected<std::vector<float>> held(Call call) {
+    std::lock_guard<std::mutex> one(m_);
+    {
+      std::lock_guard<std::mutex> lock(meter_->m);
+      meter_->most = std::max(meter_->most, ++meter_->busy);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the wire and a slow device
+    auto r = call();
+    std::lock_guard<std::mutex> lock(meter_->m);
+    --meter_->busy;
+    return r;
+  }
+  std::mutex m_;
+  std::unique_ptr<stage_link> far_;
+  std::shared_ptr<busy_meter> meter_;
+};
+
+}  // namespace
+
+TEST_CASE("micro-batches stepped at once flow through the stages as a pipeline", "[models][pipeline][batch]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", four_layers(), tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto whole = session::create(*cpu, *ckpt, small_batches({}, 4));
+  REQUIRE(whole);
+  auto meter = std::make_shared<busy_meter>();
+  std::vector<std::unique_ptr<gpu::executor>> executors;
+  std::vector<pipeline_stage> stages;
+  for (const layer_range r : {layer_range{0, 1}, layer_range{1, 3}, layer_range{3, 4}}) {
+    executors.push_back(gpu::make_cpu_executor(1));
+    auto s = session::create(*executors.back(), *ckpt, small_batches(r, 4));
+    REQUIRE(s);
+    stages.push_back({"n" + std::to_string(r.first), r, std::make_unique<timed_link>(local_stage::make(std::move(*s)), meter)});
+  }
+  auto p = pipeline::create(whole->config(), whole->context(), std::move(stages), 4);
+  REQUIRE(p);
+  for (int64_t slot = 0; slot < 4; ++slot) {
+    const auto prompt = prompt_of(static_cast<size_t>(3 + slot));
+    REQUIRE(whole->prefill(slot, prompt));
+    REQUIRE((*p)->prefill(slot, prompt));
+  }
+  // Two micro-batches (slots 0-1 and 2-3), each stepped 4 times from its own thread.
+  const std::vector<std::vector<slot_token>> halves = {{{0, 5}, {1, 6}}, {{2, 7}, {3, 8}}};
+  std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (size_t h = 0; h < 2; ++h)
+    threads.emplace_back([&, h] {
+      for (int step = 0; step < 4; ++step) {
+        auto out = (*p)->decode(halves[h]);
+        if (!out) return void(errors[h] = out.error().message);
+        got[h].insert(got[h].end(), out->begin(), out->end());
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors[0].empty());
+  CHECK(errors[1].empty());
+  CHECK(meter->most >= 2);  // two stages worked at the same time
+  // The same steps on the whole model, one micro-batch after the other: the same logits.
+  for (size_t h = 0; h < 2; ++h) {
+    std::vector<std::vector<float>> want;
+    for (int step = 0; step < 4; ++step) {
+      auto out = whole->decode(halves[h]);
+      REQUIRE(out);
+      want.insert(want.end(), out->begin(), out->end());
+    }
+    REQUIRE(got[h].size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) CHECK(got[h][i] == want[i]);
+  }
+  for (int64_t slot = 0; slot < 4; ++slot) CHECK((*p)->position(slot) == whole->position(slot));
+}
+
 TEST_CASE("a pipeline whose stage fails says which stage and node, and keeps its position", "[models][pipeline]") {
   temp_dir dir;
   write_gguf_model(dir / "m.gguf", four_layers(), tensor_type::f32);
@@ -195,7 +364,7 @@ TEST_CASE("a pipeline whose stage fails says which stage and node, and keeps its
   *m.cuts[1] = false;
   auto stale = m.p->decode(3);
   REQUIRE_FALSE(stale);
-  CHECK(stale.error().message.find("a step at position 5, but the stage stands at 6") != std::string::npos);
+  CHECK(stale.error().message.find("a step at position 5 of slot 0, but the stage stands at 6") != std::string::npos);
   m.p->reset();
   CHECK(m.p->prefill(prompt));
 
@@ -219,7 +388,10 @@ TEST_CASE("a pipeline refuses stages that do not cover the layers in order", "[m
   c.vocab_size = 10;
   c.hidden_size = 8;
   struct refusing final : stage_link {
-    expected<std::vector<float>> forward(int64_t, std::span<const int32_t>, std::span<const float>) override {
+    expected<std::vector<float>> forward(int64_t, int64_t, std::span<const int32_t>, std::span<const float>) override {
+      return make_error(error_code::internal, "unused");
+    }
+    expected<std::vector<float>> forward(std::span<const batch_row>, std::span<const int32_t>, std::span<const float>) override {
       return make_error(error_code::internal, "unused");
     }
   };
