@@ -1,7 +1,7 @@
 #!/bin/bash
 # Adds what bench/serving/h100.sh needs to the git-ignored .devcarry/ that the device `run`
 # carries (run from the checkout's root): mesh-bench-serve (Release build of this checkout, static
-# libstdc++) and the shared libraries it needs that the GPU machine lacks (cpp-httplib and its
+# libstdc++), meshnode and meshctl and the shared libraries it needs that the GPU machine lacks (cpp-httplib and its
 # OpenSSL, zlib and Brotli, libfmt, ...) in .devcarry/lib. llama-src.tar.gz, make_gguf.py and .gl/
 # come from bench/models/devcarry.sh (run it first on a fresh checkout).
 # Environment: SKIP_BUILD=1 (copy an existing build), JOBS (default 2).
@@ -12,4 +12,10 @@ log() { printf '[devcarry serving] %s\n' "$*"; }
   { log "run bench/models/devcarry.sh first (llama.cpp source, make_gguf.py, the Vulkan loader)"; exit 2; }
 source "$(dirname "$0")/../carry_binary.sh"
 carry_binary mesh-bench-serve build/release/bench/serving/mesh-bench-serve
+# The split benchmark (h100.sh with SPLITS) runs meshnode and meshctl, which link libstdc++
+# dynamically: this machine's comes along, in case the GPU machine's is older.
+carry_binary meshnode build/release/apps/meshnode
+carry_binary meshctl build/release/apps/meshctl
+carry_binary mesh-delay-line build/release/bench/serving/mesh-delay-line
+cp -L "$(g++ -print-file-name=libstdc++.so.6)" .devcarry/lib/
 du -sh .devcarry .gl

@@ -9,7 +9,10 @@
 #   make_gguf.py; .gl/: the Vulkan loader packages (shared/PLATFORM.md).
 # Environment: H100_BUDGET (seconds, default 570), H100_WORK (default /tmp/ls), STREAMS (default
 #   1,4,16), REQUESTS (per stream, default 2), MAX_TOKENS (128), PROMPT_WORDS (100), SHAPE (llama1b),
-#   QUANT (Q4_K_M), NP (slots of both servers, default 16).
+#   QUANT (Q4_K_M), NP (slots of both servers, default 16), SKIP_SERVE=1 (no mesh-bench-serve),
+#   SPLITS (e.g. "1 2 3": also the split benchmark, bench/serving/split.sh, with meshnode and
+#   meshctl from .devcarry; SPLIT_LINKS, default "loopback shaped"; ROUNDS, default 1),
+#   LLAMA_SERVER=0 (no llama-server: llama.cpp's CPU build of llama-quantize only, for the file).
 # llama-server runs with -np NP slots (its continuous batching) and -c NP*2048; mesh-bench-serve
 # with --parallel NP (its continuous batching) and a context of 2048 per slot.
 # Results: $OUT (default $H100_WORK/out): serving.log, results.jsonl, llama-server.log, mesh.log.
@@ -49,9 +52,10 @@ LB=$W/build/bin
 tar -xzf "$D/llama-src.tar.gz" -C "$W/src"
 (
   cd "$W" &&
-    timeout 90 cmake -S src -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+    if [ "${LLAMA_SERVER:-1}" = 1 ]; then CUDA=ON TARGETS="llama-server llama-quantize"; else CUDA=OFF TARGETS=llama-quantize; fi &&
+    timeout 90 cmake -S src -B build -G Ninja -DGGML_CUDA=$CUDA -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
       -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF >cfg.log 2>&1 &&
-    timeout 360 cmake --build build -j"$(nproc)" --target llama-server llama-quantize
+    timeout 360 cmake --build build -j"$(nproc)" --target $TARGETS
 ) >"$O/llama-build.log" 2>&1 &
 BUILD=$!
 # make_gguf.py's vocabulary has the merge "Ġ Ġ", whose result "ĠĠ" is not a token: llama.cpp
@@ -86,7 +90,7 @@ if [ -x "$LB/llama-server" ] && [ -s "$F" ]; then
   fi
   kill $LS; wait $LS 2>/dev/null
 fi
-if [ -s "$F" ]; then
+if [ -s "$F" ] && [ "${SKIP_SERVE:-0}" != 1 ]; then
   "$D/mesh-bench-serve" "$F" --port 8091 --context 2048 --parallel "$NP" --id "$SHAPE-$QUANT" >"$O/mesh.log" 2>&1 &
   MS=$!
   if wait_http http://127.0.0.1:8091/v1/models 180 $MS; then
@@ -96,6 +100,20 @@ if [ -s "$F" ]; then
     log "mesh-bench-serve did not start"; tail -20 "$O/mesh.log"
   fi
   kill $MS; wait $MS 2>/dev/null
+fi
+# 4. With SPLITS (e.g. "1 2 3"): the same file served by meshnode processes on this GPU, split
+#    over 1, 2 and 3 of them (bench/serving/split.sh), on loopback and, where this machine allows
+#    network namespaces and tc, over shaped links (1 Gbit/s, 1 ms each way).
+if [ -n "${SPLITS:-}" ] && [ -x "$D/meshnode" ] && [ -s "$F" ]; then
+  for link in ${SPLIT_LINKS:-loopback shaped}; do
+    if [ "$link" = shaped ] && ! { command -v tc >/dev/null && ip netns add "mnprobe$$" 2>/dev/null && ip netns del "mnprobe$$"; }; then
+      log "no network namespaces or tc here: shaped links skipped"
+      continue
+    fi
+    LINK=$link BIN=$D DELAY_LINE=$D/mesh-delay-line DEVICE=vulkan SPLITS="$SPLITS" OUT=$O/split-$link NP=$NP CONTEXT=2048 STREAMS=$STREAMS \
+      REQUESTS=$REQUESTS MAX_TOKENS=$MAX_TOKENS PROMPT_WORDS=$PROMPT_WORDS ROUNDS=${ROUNDS:-1} \
+      timeout "$(( $(left) - 10 ))" bash "$ROOT/bench/serving/split.sh" "$F"
+  done
 fi
 log "done"
 cat "$O/results.jsonl" 2>/dev/null

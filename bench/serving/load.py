@@ -117,6 +117,9 @@ def main():
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--warmup", type=int, default=1,
                     help="untimed requests first (a server's first request may build its programs)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every level this many times (a server that builds programs for new batch sizes "
+                         "pays for them in the first round; the later ones show the steady state)")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="append one JSON line per level to this file")
     args = ap.parse_args()
@@ -127,9 +130,11 @@ def main():
     print(f"{'label':<12} {'streams':>7} {'reqs':>5} {'err':>4} {'tok/s':>9} {'per stream':>10} "
           f"{'TTFT p50':>9} {'TTFT p90':>9} {'ITL p50':>8} {'ITL p90':>8}")
     failed = False
-    for n in (int(x) for x in args.streams.split(",")):
+    levels = [int(x) for x in args.streams.split(",")]
+    for rnd, n in ((rnd, n) for rnd in range(args.rounds) for n in levels):
         r = run_level(args, n, prompt)
-        print(f"{r['label']:<12} {n:>7} {r['requests']:>5} {r['errors']:>4} {r['tokens_per_s']:>9.1f} "
+        r["round"] = rnd + 1
+        print(f"{r['label'] + (f' r{rnd + 1}' if args.rounds > 1 else ''):<12} {n:>7} {r['requests']:>5} {r['errors']:>4} {r['tokens_per_s']:>9.1f} "
               f"{r['stream_tokens_per_s']:>10.1f} {r['ttft_p50_s']:>8.3f}s {r['ttft_p90_s']:>8.3f}s "
               f"{r['itl_p50_ms']:>6.1f}ms {r['itl_p90_ms']:>6.1f}ms", flush=True)
         if r["errors"]:

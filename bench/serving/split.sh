@@ -10,18 +10,22 @@
 #              that every node-to-node link is RATE with DELAY_MS each way. Needs root.
 #   SPLITS     the splits to measure (default "1 2 3"); 1 is the whole model on the first node
 #   STREAMS    load.py's levels (default 1,4,16); REQUESTS per stream (2); MAX_TOKENS (64);
-#              PROMPT_WORDS (50)
+#              PROMPT_WORDS (50); ROUNDS (1): every level this many times (load.py --rounds)
 #   NP         --parallel of the nodes (default 16); CONTEXT per sequence (default 1024)
 #   DEVICE     the nodes' --device (default auto); BIN: where meshnode and meshctl are
 #              (default build/release/apps); OUT: results folder (default /tmp/split-bench)
+#   DELAY_LINE mesh-delay-line (default build/release/bench/serving/), for kernels without
+#              sch_netem: then tbf shapes the rate and an iptables NFQUEUE rule per node hands
+#              its packets to mesh-delay-line, which holds each for DELAY_MS
 # Results: $OUT/results.jsonl (a line per split and level, label "split N"), nodes' logs.
 set -u -o pipefail
 MODEL=${1:?usage: split.sh MODEL.gguf}
 LINK=${LINK:-loopback} DELAY_MS=${DELAY_MS:-1} RATE=${RATE:-1gbit}
 SPLITS=${SPLITS:-1 2 3} STREAMS=${STREAMS:-1,4,16} REQUESTS=${REQUESTS:-2} MAX_TOKENS=${MAX_TOKENS:-64}
-PROMPT_WORDS=${PROMPT_WORDS:-50} NP=${NP:-16} CONTEXT=${CONTEXT:-1024} DEVICE=${DEVICE:-auto}
+PROMPT_WORDS=${PROMPT_WORDS:-50} ROUNDS=${ROUNDS:-1} NP=${NP:-16} CONTEXT=${CONTEXT:-1024} DEVICE=${DEVICE:-auto}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$ROOT/build/release/apps}
+DELAY_LINE=${DELAY_LINE:-$ROOT/build/release/bench/serving/mesh-delay-line}
 O=${OUT:-/tmp/split-bench}
 T0=$SECONDS
 log() { printf '[split %4ds] %s\n' $((SECONDS - T0)) "$*"; }
@@ -33,13 +37,14 @@ NS=mnbench$$
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done  # not a bare wait: tee below is a child too
   if [ "$LINK" = shaped ]; then for n in a b c br; do ip netns del "$NS$n" 2>/dev/null; done; fi
 }
 trap cleanup EXIT
+trap "exit 1" INT TERM  # exit runs cleanup
 
-# in NODE CMD...: runs CMD where node NODE (a, b, c) lives.
-in() {
+# on_node NODE CMD...: runs CMD where node NODE (a, b, c) lives.
+on_node() {
   local n=$1; shift
   if [ "$LINK" = shaped ]; then ip netns exec "$NS$n" "$@"; else "$@"; fi
 }
@@ -56,18 +61,41 @@ if [ "$LINK" = shaped ]; then
     ip -n "$NS$n" addr add "10.77.0.$i/24" dev eth0
     ip -n "$NS$n" link set eth0 up
     ip -n "$NS$n" link set lo up
-    ip netns exec "$NS$n" tc qdisc add dev eth0 root netem delay "${DELAY_MS}ms" rate "$RATE" limit 100000
+    if ip netns exec "$NS$n" tc qdisc add dev eth0 root netem delay "${DELAY_MS}ms" rate "$RATE" limit 100000 2>/dev/null; then
+      SHAPER="netem delay ${DELAY_MS}ms rate $RATE"
+    else
+      # No sch_netem in this kernel: tbf for the rate, and an NFQUEUE rule whose verdicts
+      # mesh-delay-line holds for DELAY_MS (tests/common/kernel_delay_line.hpp).
+      ip netns exec "$NS$n" tc qdisc add dev eth0 root tbf rate "$RATE" burst 256kb latency 50ms || exit 1
+      ip netns exec "$NS$n" iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num $((40 + i)) || exit 1
+      "$DELAY_LINE" "$NS$n" $((40 + i)) "$DELAY_MS" >"$O/delay-$n.log" 2>&1 &
+      PIDS+=($!)
+      SHAPER="tbf rate $RATE + NFQUEUE delay ${DELAY_MS}ms (mesh-delay-line)"
+    fi
     i=$((i + 1))
   done
-  log "shaped links: netem delay ${DELAY_MS}ms rate $RATE on each node's egress; ping a -> b:"
-  in a ping -c 3 -q 10.77.0.2 | tail -1
+  sleep 0.5
+  # A TCP connect to a closed port (SYN out, RST back) takes one round trip.
+  rtt=$(on_node a python3 -c '
+import socket, time
+ts = []
+for _ in range(7):
+    c = socket.socket(); c.settimeout(2); t = time.perf_counter()
+    try: c.connect(("10.77.0.2", 9))
+    except OSError: pass
+    ts.append(1e3 * (time.perf_counter() - t)); c.close()
+print(f"{sorted(ts)[3]:.2f}")')
+  log "shaped links: $SHAPER on each node's egress; round trip a -> b: $rtt ms (median of 7)"
 fi
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$O/secret"
+chmod 600 "$O/secret"
 start_node() {  # start_node NAME INDEX EXTRA...
   local n=$1 i=$2; shift 2
-  in "$n" "$BIN/meshnode" --state-dir "$O/$n" --secret-file "$O/secret" --mdns off --device "$DEVICE" \
-    --bind "$(addr_of "$i")" --port $((7100 + i)) --parallel "$NP" "$@" >"$O/$n.log" 2>&1 &
+  local cmd=("$BIN/meshnode" --state-dir "$O/$n" --secret-file "$O/secret" --mdns off --device "$DEVICE"
+    --bind "$(addr_of "$i")" --port $((7100 + i)) --parallel "$NP" "$@")
+  [ "$LINK" = shaped ] && cmd=(ip netns exec "$NS$n" "${cmd[@]}")
+  "${cmd[@]}" >"$O/$n.log" 2>&1 &  # a simple command: $! is the node itself, which cleanup stops
   PIDS+=($!)
   for _ in $(seq 300); do [ -s "$O/$n/endpoint" ] && return 0; sleep 0.1; done
   log "node $n did not start"; tail -20 "$O/$n.log"; exit 1
@@ -77,29 +105,29 @@ EA=$(cat "$O/a/endpoint")
 start_node b 2 --api-bind off --peer "$EA"
 start_node c 3 --api-bind off --peer "$EA"
 URL=http://127.0.0.1:8101
-api() { in a python3 -c "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$URL$1"; }
+api() { on_node a python3 -c "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())" "$URL$1"; }
 for _ in $(seq 150); do
   healthy=$(api /api/mesh 2>/dev/null | python3 -c "import json,sys; print(sum(n['health']=='healthy' for n in json.load(sys.stdin)['nodes']))" 2>/dev/null)
   [ "${healthy:-0}" -ge 2 ] && break
   sleep 0.2
 done
-log "node a sees ${healthy:-0} healthy peers; device: $(grep -m1 -io 'device[^,]*' "$O/a.log" || true)"
+log "node a sees ${healthy:-0} healthy peers; $(grep -m1 -o 'meshnode [0-9a-f]* on port.*' "$O/a.log" || true)"
 
 for s in $SPLITS; do
   id=split$s
   ln -sf "$MODEL" "$O/$id.gguf"
   if [ "$s" = 1 ]; then
-    out=$(in a "$BIN/meshctl" --state-dir "$O/a" models load "$O/$id.gguf" --context "$CONTEXT" 2>&1)
+    out=$(on_node a "$BIN/meshctl" --state-dir "$O/a" --secret-file "$O/secret" models load "$O/$id.gguf" --context "$CONTEXT" 2>&1)
   else
-    out=$(in a "$BIN/meshctl" --state-dir "$O/a" models load "$O/$id.gguf" --context "$CONTEXT" --split "$s" 2>&1)
+    out=$(on_node a "$BIN/meshctl" --state-dir "$O/a" --secret-file "$O/secret" models load "$O/$id.gguf" --context "$CONTEXT" --split "$s" 2>&1)
   fi
   rc=$?
   log "load $id: $(echo "$out" | tail -1)"
   [ $rc = 0 ] || continue
-  in a "$BIN/meshctl" --state-dir "$O/a" models | grep "$id"
-  in a python3 "$ROOT/bench/serving/load.py" --url "$URL" --model "$id" --streams "$STREAMS" --requests "$REQUESTS" \
-    --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --label "split $s" --json "$O/results.jsonl"
-  in a "$BIN/meshctl" --state-dir "$O/a" models unload "$id" >/dev/null 2>&1
+  on_node a "$BIN/meshctl" --state-dir "$O/a" --secret-file "$O/secret" models | grep "$id"
+  on_node a python3 "$ROOT/bench/serving/load.py" --url "$URL" --model "$id" --streams "$STREAMS" --requests "$REQUESTS" \
+    --max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --rounds "$ROUNDS" --label "split $s" --json "$O/results.jsonl"
+  on_node a "$BIN/meshctl" --state-dir "$O/a" --secret-file "$O/secret" models unload "$id" >/dev/null 2>&1
 done
 
 # The added latency per hop: each remote stage costs a round trip per token (the serving node
@@ -107,7 +135,11 @@ done
 # cost of one remote stage per token at one stream.
 python3 - "$O/results.jsonl" <<'EOF'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = {}
+for l in open(sys.argv[1]):  # the last round of each split and level
+    r = json.loads(l)
+    rows[(r["label"], r["streams"])] = r
+rows = list(rows.values())
 one = {r["label"]: r for r in rows if r["streams"] == 1}
 base = one.get("split 1")
 print(f"{'split':<8} {'streams':>7} {'tok/s':>8} {'vs split 1':>10} {'TTFT p50':>9} {'ITL p50':>8}")
