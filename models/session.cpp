@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "models/layers.hpp"
 #include "models/transformer.hpp"
 
 namespace mesh::models {
@@ -47,6 +48,9 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
                       fmt::format("{}: a context of {} positions was asked for, but the model was trained for {}", s.source_,
                                   s.context_, model_context));
   const auto& info = ex.info();
+  using toggle = session_options::toggle;
+  s.whole_context_decode_ = options.whole_context_decode == toggle::on ||
+                            (options.whole_context_decode == toggle::automatic && info.kind != "cpu");
   // Only the stage's tensors: the embedding on the first, the norm and head on the last.
   auto weights = model_weights::plan(s.config_, ckpt, {info.fp16, info.bf16_storage, true, options.fuse_projections},
                                      options.layers);
@@ -86,6 +90,11 @@ expected<gpu::program_id> session::program(int64_t batch, int64_t attended, bool
   stats_.compile_seconds += seconds_since(t0);
   ++stats_.programs;
   return *id;
+}
+
+int64_t session::attended_for(int64_t rows, int64_t filled) const {
+  if (whole_context_decode_ && rows <= layers::fused_attention_max_rows) return context_;
+  return std::min(context_, std::max(options_.min_attended, next_pow2(filled)));
 }
 
 int64_t session::kv_cache_bytes() const {
@@ -138,8 +147,7 @@ expected<std::vector<float>> session::step(int64_t slot, std::span<const int32_t
   for (int64_t done = 0; done < n;) {
     const int64_t count = std::min(n - done, options_.max_batch);
     const int64_t batch = count == 1 && !all_logits ? 1 : std::max(options_.min_batch, next_pow2(count));
-    const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(position + count)));
-    auto id = program(batch, attended, all_logits);
+    auto id = program(batch, attended_for(batch, position + count), all_logits);
     if (!id) return forward_error(id);
     tensor_map inputs;
     if (takes_tokens()) {
@@ -292,8 +300,7 @@ expected<std::vector<float>> session::batch_step(std::span<const batch_row> batc
     longest = std::max(longest, pos + 1);
   }
   const int64_t rows = std::min(slots(), next_pow2(highest + 1));
-  const int64_t attended = std::min(context_, std::max(options_.min_attended, next_pow2(longest)));
-  auto id = program(rows, attended, true, true);
+  auto id = program(rows, attended_for(rows, longest), true, true);
   if (!id) return forward_error(id);
   const auto t0 = clock::now();
   std::vector<int32_t> positions(static_cast<size_t>(rows), -1);

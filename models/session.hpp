@@ -11,7 +11,10 @@
 /// Step graphs come in buckets, so that a new prompt length reuses a loaded program: a batch of n
 /// tokens runs in a graph of max(min_batch, next power of two >= n) rows (longer prompts in
 /// chunks of max_batch), attending over the next power of two >= the positions filled (at least
-/// 64, at most the context). Each (batch, attended) pair is loaded once, on first use.
+/// 64, at most the context). Each (batch, attended) pair is loaded once, on first use. Decode
+/// steps (up to layers::fused_attention_max_rows rows, whose attention kernel reads only each
+/// row's visible keys) attend over the whole context on a GPU (session_options::whole_context_decode),
+/// so that they need one program per batch size, not one per batch size and length.
 ///
 /// Pipeline stages: with session_options::layers a session holds only a range of the layers (and
 /// uploads only their weights; the KV cache exists for its layers only). forward() runs it:
@@ -63,6 +66,14 @@ struct session_options {
   int64_t min_batch = 16;   ///< smallest prefill bucket (a power of two)
   int64_t max_batch = 512;  ///< longest prefill chunk (a power of two)
   int64_t min_attended = 64;  ///< smallest attended-rows bucket
+  /// Decode steps (at most layers::fused_attention_max_rows rows) attend over the whole context
+  /// instead of a bucket of the positions filled: the fused attention op reads only the keys a
+  /// row sees, so the results are the same, and a server loads one program per batch size
+  /// instead of one per batch size and bucket (each load costs seconds on a GPU driver). auto:
+  /// on for a GPU, off where the executor is a CPU (which materialises the cache rows it is
+  /// given).
+  enum class toggle { automatic, on, off };
+  toggle whole_context_decode = toggle::automatic;
   /// Prepended to every parameter name, so that several sessions can share one executor.
   std::string prefix;
   /// The layers this session holds: a pipeline stage (default: the whole model). A range the
@@ -170,6 +181,8 @@ class session final : public sequence_model {
   expected<void> need_whole(const char* call) const;
   expected<void> check_slot(int64_t slot) const;
   expected<void> check_token(int32_t token) const;
+  /// The attended rows of a step of `rows` rows whose longest sequence fills `filled` positions.
+  int64_t attended_for(int64_t rows, int64_t filled) const;
   /// The batched step of decode(batch) and forward(rows, ...): row i of the input goes to
   /// rows[i]; returns the output rows in that order.
   expected<std::vector<float>> batch_step(std::span<const batch_row> rows, std::span<const int32_t> tokens,
@@ -184,6 +197,7 @@ class session final : public sequence_model {
   session_options options_;
   std::string source_;
   int64_t context_ = 0;
+  bool whole_context_decode_ = false;
   std::vector<int64_t> positions_ = {0};  ///< per slot
   std::map<std::tuple<int64_t, int64_t, bool, bool>, gpu::program_id> programs_;
   session_stats stats_;

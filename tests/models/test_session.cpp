@@ -196,6 +196,53 @@ TEST_CASE("slots: a decode batch's errors name what is wrong and change nothing"
   CHECK_THAT(session::create(*cpu, *ckpt, o).error().message, Catch::Contains("0 slots asked for"));
 }
 
+TEST_CASE("decode steps over the whole context give the bucketed steps' logits with fewer programs", "[models][session]") {
+  temp_dir dir;
+  model_spec spec = tiny();
+  spec.layers = 2;
+  spec.context = 256;
+  write_gguf_model(dir / "m.gguf", spec, tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  std::vector<std::unique_ptr<gpu::executor>> ex;
+  std::vector<session> sessions;
+  for (const auto mode : {session_options::toggle::off, session_options::toggle::on}) {
+    session_options o;
+    o.slots = 2;
+    o.whole_context_decode = mode;
+    ex.push_back(gpu::make_cpu_executor(1));
+    auto s = session::create(*ex.back(), *ckpt, o);
+    REQUIRE(s);
+    sessions.push_back(std::move(*s));
+  }
+  auto& bucketed = sessions[0];
+  auto& whole = sessions[1];
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  for (const int64_t slot : {0, 1}) {
+    auto a = bucketed.prefill(slot, prompt);
+    auto b = whole.prefill(slot, prompt);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(*a == *b);
+  }
+  // 150 steps cross the buckets of 64 and 128 positions, with one sequence or both.
+  for (int32_t t = 0; t < 150; ++t) {
+    const std::vector<slot_token> batch = t % 3 ? std::vector<slot_token>{{0, t % 97}, {1, (t * 7) % 97}}
+                                                : std::vector<slot_token>{{1, (t * 7) % 97}};
+    auto a = bucketed.decode(batch);
+    auto b = whole.decode(batch);
+    REQUIRE(a);
+    REQUIRE(b);
+    REQUIRE(a->size() == b->size());
+    for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i] == (*b)[i]);
+  }
+  CHECK(whole.position(1) == bucketed.position(1));
+  // The prompt's program and one for every decode step (rows are slots: 2 rows), where the
+  // bucketed session loads the decode step again for 64, 128 and 256 positions.
+  CHECK(whole.stats().programs == 2);
+  CHECK(bucketed.stats().programs == 4);
+}
+
 TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
   generating_tiny m;
   auto& s = m.s;
