@@ -89,6 +89,7 @@ expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage
   o.path = path;
   o.first_layer = static_cast<uint32_t>(layers.first);
   o.end_layer = static_cast<uint32_t>(layers.end);
+  o.head = layers.head;
   o.context = static_cast<uint32_t>(context);
   o.slots = static_cast<uint32_t>(slots);
   o.blob = blob;

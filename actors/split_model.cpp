@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 
 #include <fmt/format.h>
@@ -61,6 +62,11 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
         candidates.push_back({n.id.to_string(), static_cast<int64_t>(std::min<uint64_t>(n.memory_bytes, INT64_MAX)), std::max(n.speed, 1e-3)});
       auto plan = models::plan_stages(costs, candidates);
       if (!plan) return tl::unexpected(plan.error());
+      // The serving node samples: when it holds the first stage and the last is elsewhere, it
+      // applies the final norm and the head itself, so that the last stage sends it one hidden
+      // row per sequence and token instead of the vocabulary's logits (128,256 floats for Llama 3).
+      const bool head_here = plan->size() > 1 && plan->front().node == self.to_string();
+      if (head_here) plan->back().layers.head = false;
       std::vector<models::pipeline_stage> stages;
       for (const auto& a : *plan) {
         if (a.node == self.to_string()) {
@@ -71,7 +77,16 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
           std::unique_lock<std::shared_mutex> lock(device);  // the executor serves the running pipeline too
           auto s = models::session::create(*ex, *ckpt, so);
           if (!s) return tl::unexpected(s.error());
-          stages.push_back({a.node, a.layers, models::local_stage::make(std::move(*s))});
+          std::optional<models::session> head;
+          if (head_here && stages.empty()) {
+            models::session_options ho;
+            ho.layers = models::layer_range::head_of(config.n_layers);
+            ho.prefix = "head.";  // beside the stage's parameters on this executor
+            auto h = models::session::create(*ex, *ckpt, ho);
+            if (!h) return make_error(h.error().code, "the head on this node: " + h.error().message);
+            head.emplace(std::move(*h));
+          }
+          stages.push_back({a.node, a.layers, models::local_stage::make(std::move(*s), std::move(head))});
           continue;
         }
         auto peer = node_id::parse(a.node);

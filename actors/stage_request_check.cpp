@@ -14,7 +14,7 @@ expected<models::layer_range> check_open(const msg::stage_open& o, const stage_l
   if (o.context == 0 || o.context > limits.max_context)
     return bad(fmt::format("a context of {} positions (1 to {})", o.context, limits.max_context));
   if (o.slots == 0 || o.slots > limits.max_slots) return bad(fmt::format("{} slots (1 to {})", o.slots, limits.max_slots));
-  return models::layer_range{o.first_layer, o.end_layer};
+  return models::layer_range{o.first_layer, o.end_layer, o.head};
 }
 
 expected<stage_input> check_step(const msg::stage_step& s, bool takes_tokens, int64_t hidden_size, int64_t context,

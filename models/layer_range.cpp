@@ -4,11 +4,14 @@
 
 namespace mesh::models {
 
-std::string to_string(const layer_range& r) { return fmt::format("[{}, {})", r.first, r.end); }
+std::string to_string(const layer_range& r) {
+  return fmt::format("[{}, {}){}", r.first, r.end, r.head ? "" : " without the head");
+}
 
 expected<layer_range> resolve_layers(const layer_range& r, int64_t n_layers) {
   layer_range out = r;
   if (out.end == 0) out.end = n_layers;
+  if (out.first == n_layers && out.end == n_layers && out.head && n_layers > 0) return out;  // the head alone
   const char* why = out.first < 0           ? "the first layer is negative"
                     : out.first >= n_layers ? "it starts past the last layer"
                     : out.end > n_layers    ? "it runs past the last layer"

@@ -40,6 +40,12 @@ expected<std::vector<float>> local_stage::forward(std::span<const batch_row> row
   return s_.forward(rows, tokens, hidden);
 }
 
+expected<std::vector<float>> local_stage::head(std::span<const float> hidden) {
+  std::lock_guard<std::mutex> lock(m_);
+  if (!head_) return make_error(error_code::internal, fmt::format("layers {}: this stage holds no head", to_string(s_.layers())));
+  return head_->head(hidden);
+}
+
 expected<std::unique_ptr<pipeline>> pipeline::create(const model_config& config, int64_t context,
                                                      std::vector<pipeline_stage> stages, int64_t slots) {
   if (stages.empty()) return make_error(error_code::invalid_argument, "pipeline: no stages");
@@ -57,7 +63,19 @@ expected<std::unique_ptr<pipeline>> pipeline::create(const model_config& config,
   if (next != config.n_layers)
     return make_error(error_code::invalid_argument,
                       fmt::format("pipeline: the stages end at layer {}, but the model has {} layers", next, config.n_layers));
+  std::optional<size_t> head;
+  for (size_t i = 0; i < stages.size(); ++i)
+    if (stages[i].link->has_head()) {
+      if (head)
+        return make_error(error_code::invalid_argument, fmt::format("pipeline: stages {} and {} both hold the head", *head + 1, i + 1));
+      head = i;
+    }
+  if (head.has_value() == stages.back().layers.head)
+    return make_error(error_code::invalid_argument,
+                      head ? fmt::format("pipeline: stage {} holds the head, and the last stage applies it too", *head + 1)
+                           : std::string("pipeline: the last stage applies no head, and no stage holds it"));
   std::unique_ptr<pipeline> p(new pipeline());
+  p->head_ = head;
   p->config_ = config;
   p->context_ = context;
   p->stages_ = std::move(stages);
@@ -80,12 +98,26 @@ expected<std::vector<float>> pipeline::through_stages(int64_t rows, int64_t logi
                                                       to_string(s.layers), s.node, out.error().message));
     // A link that returns the wrong amount (a peer of another build, a bug) must not reach the
     // next stage or the sampler as a misshapen tensor.
-    const bool last = i + 1 == stages_.size();
-    const auto want = static_cast<size_t>(last ? logit_rows * config_.vocab_size : rows * config_.hidden_size);
+    const bool logits = i + 1 == stages_.size() && !head_;
+    const auto want = static_cast<size_t>(logits ? logit_rows * config_.vocab_size : rows * config_.hidden_size);
     if (out->size() != want) *failed = i;
     if (out->size() != want)
       return make_error(error_code::internal, fmt::format("stage {} of {} (layers {} on node {}) returned {} values, not {}", i + 1,
                                                           stages_.size(), to_string(s.layers), s.node, out->size(), want));
+  }
+  if (head_) {  // the last `logit_rows` rows through the head
+    auto& s = stages_[*head_];
+    const auto d = static_cast<size_t>(config_.hidden_size);
+    const std::span<const float> last(out->data() + out->size() - static_cast<size_t>(logit_rows) * d, static_cast<size_t>(logit_rows) * d);
+    out = s.link->head(last);
+    const auto want = static_cast<size_t>(logit_rows * config_.vocab_size);
+    if (!out || out->size() != want) *failed = *head_;
+    if (!out)
+      return make_error(out.error().code, fmt::format("the head on stage {} of {} (node {}): {}", *head_ + 1, stages_.size(), s.node,
+                                                      out.error().message));
+    if (out->size() != want)
+      return make_error(error_code::internal, fmt::format("the head on stage {} of {} (node {}) returned {} values, not {}", *head_ + 1,
+                                                          stages_.size(), s.node, out->size(), want));
   }
   return out;
 }

@@ -50,23 +50,38 @@ class stage_link {
   /// [n, hidden_size], or on the last stage logits [n, vocab].
   virtual expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
                                                std::span<const float> hidden) = 0;
+  /// Whether this stage also holds the model's final norm and head for the pipeline (a split
+  /// model's serving node: the last stage then returns hidden rows, and the link from it carries
+  /// one row per sequence instead of its logits).
+  virtual bool has_head() const { return false; }
+  /// The head over hidden rows [n, hidden_size]: logits [n, vocab].
+  virtual expected<std::vector<float>> head(std::span<const float> hidden) {
+    (void)hidden;
+    return make_error(error_code::internal, "this stage holds no head");
+  }
 };
 
 /// A stage session in this process.
 class local_stage final : public stage_link {
  public:
   /// Steps from several threads run one at a time (the session is not thread-safe).
-  explicit local_stage(session s) : s_(std::move(s)) {}
-  static std::unique_ptr<stage_link> make(session s) { return std::make_unique<local_stage>(std::move(s)); }
+  /// `head`: a session of the head alone (layer_range::head_of) this stage runs for the pipeline.
+  explicit local_stage(session s, std::optional<session> head = std::nullopt) : s_(std::move(s)), head_(std::move(head)) {}
+  static std::unique_ptr<stage_link> make(session s, std::optional<session> head = std::nullopt) {
+    return std::make_unique<local_stage>(std::move(s), std::move(head));
+  }
   expected<std::vector<float>> forward(int64_t slot, int64_t start, std::span<const int32_t> tokens,
                                        std::span<const float> hidden) override;
   expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
                                        std::span<const float> hidden) override;
+  bool has_head() const override { return head_.has_value(); }
+  expected<std::vector<float>> head(std::span<const float> hidden) override;
   const session& stage() const { return s_; }
 
  private:
-  std::mutex m_;
+  std::mutex m_;  ///< the stage's and the head's steps: they share this node's executor
   session s_;
+  std::optional<session> head_;
 };
 
 /// A stage of a pipeline: where it runs (a node id or name, for messages), its layers, its link.
@@ -82,6 +97,9 @@ class pipeline final : public sequence_model {
   /// positions each (every stage must hold as many). Errors (invalid_argument): no stages, a
   /// stage without a link, ranges that do not cover the layers in order, each once ("stage 2 on
   /// node b starts at layer 5, the one before ends at 4"), slots < 1.
+  /// A stage may hold the head for the pipeline (stage_link::has_head, at most one); the last
+  /// stage's layers then say it applies none (layer_range::head false), and each step's last
+  /// stage's rows go through that stage's head for the logits.
   static expected<std::unique_ptr<pipeline>> create(const model_config& config, int64_t context,
                                                     std::vector<pipeline_stage> stages, int64_t slots = 1);
 
@@ -124,6 +142,7 @@ class pipeline final : public sequence_model {
   int64_t context_ = 0;
   std::vector<int64_t> positions_ = {0};  ///< per slot
   std::vector<pipeline_stage> stages_;
+  std::optional<size_t> head_;  ///< the stage that holds the head, when the last one does not
 };
 
 }  // namespace mesh::models

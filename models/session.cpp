@@ -222,6 +222,34 @@ expected<std::vector<float>> session::prefill(int64_t slot, std::span<const int3
   return step(slot, tokens, {}, false);
 }
 
+expected<std::vector<float>> session::head(std::span<const float> hidden) {
+  const int64_t d = config_.hidden_size;
+  if (layers().size() != 0 || !returns_logits())
+    return make_error(error_code::invalid_argument,
+                      fmt::format("{}: head() needs a session of the head alone; this one holds layers {}", source_, to_string(layers())));
+  if (hidden.empty() || hidden.size() % static_cast<size_t>(d) != 0)
+    return make_error(error_code::invalid_argument,
+                      fmt::format("{}: {} hidden values are not whole rows of {}", source_, hidden.size(), d));
+  const auto n = static_cast<int64_t>(hidden.size()) / d;
+  if (n > options_.max_batch)
+    return make_error(error_code::invalid_argument, fmt::format("{}: {} rows for the head, more than one batch of {}", source_, n, options_.max_batch));
+  const int64_t batch = n == 1 ? 1 : std::max(options_.min_batch, next_pow2(n));
+  auto id = program(batch, std::min(context_, options_.min_attended), true);
+  if (!id) return forward_error(id);
+  std::vector<float> padded(static_cast<size_t>(batch * d), 0.0f);
+  std::copy(hidden.begin(), hidden.end(), padded.begin());
+  tensor_map inputs;
+  inputs.emplace("hidden", tensor::from_floats({batch, d}, padded));
+  inputs.emplace("start", tensor::from_ints({1}, {0}));
+  inputs.emplace("count", tensor::from_ints({1}, {static_cast<int32_t>(n)}));
+  if (slots() > 1) inputs.emplace("slot", tensor::from_ints({1}, {0}));
+  auto out = ex_->run(*id, inputs);
+  if (!out) return make_error(out.error().code, source_ + ": running the head: " + out.error().message);
+  auto logits = out->at("logits").to_floats();
+  logits.resize(static_cast<size_t>(n * config_.vocab_size));  // drop the padding rows
+  return logits;
+}
+
 expected<std::vector<float>> session::forward(int64_t slot, std::span<const int32_t> tokens, std::span<const float> hidden) {
   if (tokens.empty() && hidden.empty()) return make_error(error_code::invalid_argument, "session: no rows to run");
   return step(slot, tokens, hidden, false);

@@ -144,6 +144,12 @@ class session final : public sequence_model {
   expected<std::vector<float>> forward(std::span<const batch_row> rows, std::span<const int32_t> tokens,
                                        std::span<const float> hidden);
 
+  /// On a session of the head alone (layer_range::head_of): the final norm and the head over
+  /// hidden rows ([n, hidden_size], what a last stage without its head returns): the logits of
+  /// each, [n, vocab]. It holds no sequence (no position moves). At most max_batch rows; errors:
+  /// another kind of session, values that are not whole rows, no rows.
+  expected<std::vector<float>> head(std::span<const float> hidden);
+
   /// Appends `tokens` to the sequence in `slot`, returns the logits [vocab] after the last one.
   /// Errors as prefill(tokens), and a slot outside [0, slots()).
   expected<std::vector<float>> prefill(int64_t slot, std::span<const int32_t> tokens) override;

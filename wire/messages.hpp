@@ -538,6 +538,9 @@ struct stage_open {
   uint32_t end_layer = 0;
   uint32_t context = 0;
   uint32_t slots = 1;  ///< sequences held at once (the serving node's continuous batching)
+  /// Whether a stage that ends at the last layer applies the final norm and the head (false: it
+  /// returns hidden rows and the serving node applies the head).
+  bool head = true;
   /// The checkpoint file's BLAKE2b-256 digest, when the sender offers it for fetching (blob_get)
   /// to a peer without its own copy at `path`; all zero: not offered (a directory checkpoint).
   std::array<uint8_t, 32> blob{};
@@ -856,7 +859,7 @@ void fields(F& f, models_reply& x) {
 
 template <class F>
 void fields(F& f, stage_open& x) {
-  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.slots, x.blob, x.blob_size);
+  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.slots, x.head, x.blob, x.blob_size);
 }
 
 template <class F>

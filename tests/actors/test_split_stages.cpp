@@ -50,6 +50,8 @@ struct sim_mesh {
   std::mutex m;
   std::set<node_id> cut;
   std::atomic<int> undecodable{0};
+  std::atomic<int> logit_replies{0};  ///< step replies that are not hidden rows [rows, hidden_size]
+  int64_t hidden_size = 64;
 
   explicit sim_mesh(const std::vector<node_id>& peers, size_t max_stages = 4) {
     calls = std::make_shared<generation::stage_calls>([this](const node_id& to, const msg::message& out) {
@@ -77,7 +79,11 @@ struct sim_mesh {
         }
         auto in = carried(out);
         if (!in) return void(++undecodable);
-        if (auto* r = std::get_if<msg::stage_reply>(&*in)) calls->deliver(p, *r);
+        if (auto* r = std::get_if<msg::stage_reply>(&*in)) {
+          const auto& dims = r->output.dims;
+          if (r->ok && !(dims.size() == 1 && dims[0] == 0) && !(dims.size() == 2 && dims[1] == hidden_size)) ++logit_replies;
+          calls->deliver(p, *r);
+        }
       });
     }
   }
@@ -177,6 +183,9 @@ TEST_CASE("a model split over three nodes serves the whole model's text, and unl
     CHECK(s->completion_tokens == 10);
   }
   CHECK(mesh.undecodable == 0);
+  // The serving node holds the first stage and applies the head: the last stage sent hidden
+  // rows, never logits.
+  CHECK(mesh.logit_replies == 0);
 
   REQUIRE((*b)->unload("split"));
   CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p2) == 0; }));

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <memory>
 #include <string>
@@ -340,6 +341,79 @@ TEST_CASE("micro-batches stepped at once flow through the stages as a pipeline",
     for (size_t i = 0; i < want.size(); ++i) CHECK(got[h][i] == want[i]);
   }
   for (int64_t slot = 0; slot < 4; ++slot) CHECK((*p)->position(slot) == whole->position(slot));
+}
+
+TEST_CASE("a pipeline whose first stage holds the head gives the whole model's logits, bit for bit", "[models][pipeline][head]") {
+  temp_dir dir;
+  write_gguf_model(dir / "m.gguf", four_layers(), tensor_type::q8_0);
+  auto ckpt = checkpoint::open(dir / "m.gguf");
+  REQUIRE(ckpt);
+  auto cpu = gpu::make_cpu_executor(1);
+  auto whole = session::create(*cpu, *ckpt, small_batches({}, 2));
+  REQUIRE(whole);
+  const auto& config = whole->config();
+  std::vector<std::unique_ptr<gpu::executor>> executors;
+  std::vector<pipeline_stage> stages;
+  for (const layer_range r : {layer_range{0, 1}, layer_range{1, 3}, layer_range{3, 4, false}}) {
+    executors.push_back(gpu::make_cpu_executor(1));
+    auto s = session::create(*executors.back(), *ckpt, small_batches(r, 2));
+    REQUIRE(s);
+    std::optional<session> head;
+    if (r.first == 0) {
+      session_options ho = small_batches(layer_range::head_of(config.n_layers));
+      ho.prefix = "head.";
+      auto h = session::create(*executors.back(), *ckpt, ho);
+      REQUIRE(h);
+      // What it is for: the head alone, no layer, no cache.
+      CHECK(h->kv_cache_bytes() == 0);
+      CHECK(h->returns_logits());
+      CHECK_FALSE(h->takes_tokens());
+      head.emplace(std::move(*h));
+    }
+    const bool last = r.end == config.n_layers;
+    if (last) CHECK_FALSE(s->returns_logits());  // hidden rows out of the last layer
+    stages.push_back({"n" + std::to_string(r.first), r, local_stage::make(std::move(*s), std::move(head))});
+  }
+  auto p = pipeline::create(config, whole->context(), std::move(stages), 2);
+  INFO((p ? std::string() : p.error().message));
+  REQUIRE(p);
+  for (const int64_t slot : {0, 1}) {
+    const auto prompt = prompt_of(slot ? 21 : 6);  // 21: a prefill of two chunks
+    auto a = whole->prefill(slot, prompt);
+    auto b = (*p)->prefill(slot, prompt);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(*b == *a);
+  }
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<slot_token> batch = {{1, 40 + step}, {0, 50 + step}};
+    auto a = whole->decode(batch);
+    auto b = (*p)->decode(batch);
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(*b == *a);
+  }
+  // A session with layers has no head() of its own; a pipeline that has the head twice, or
+  // nowhere, is refused.
+  CHECK_THAT(whole->head(std::vector<float>(static_cast<size_t>(config.hidden_size), 0.0f)).error().message,
+             Catch::Contains("head() needs a session of the head alone"));
+  const auto make = [&](bool last_applies_head, bool first_holds_head) {
+    std::vector<pipeline_stage> st;
+    for (const layer_range r : {layer_range{0, 2}, layer_range{2, 4, last_applies_head}}) {
+      auto s = session::create(*cpu, *ckpt, small_batches(r));
+      REQUIRE(s);
+      std::optional<session> head;
+      if (r.first == 0 && first_holds_head) {
+        auto h = session::create(*cpu, *ckpt, small_batches(layer_range::head_of(config.n_layers)));
+        REQUIRE(h);
+        head.emplace(std::move(*h));
+      }
+      st.push_back({"m" + std::to_string(r.first), r, local_stage::make(std::move(*s), std::move(head))});
+    }
+    return pipeline::create(config, 64, std::move(st));
+  };
+  CHECK_THAT(make(true, true).error().message, Catch::Contains("stage 1 holds the head, and the last stage applies it too"));
+  CHECK_THAT(make(false, false).error().message, Catch::Contains("the last stage applies no head, and no stage holds it"));
 }
 
 TEST_CASE("a pipeline whose stage fails says which stage and node, and keeps its position", "[models][pipeline]") {

@@ -257,7 +257,8 @@ TEST_CASE("stages: a range the model lacks is an error naming it and the layer c
   const std::vector<std::pair<layer_range, std::string>> bad = {
       {{2, 2}, "layers [2, 2) of a model with 3 layers: it holds no layer"},
       {{1, 5}, "layers [1, 5) of a model with 3 layers: it runs past the last layer"},
-      {{3, 0}, "layers [3, 3) of a model with 3 layers: it starts past the last layer"},
+      {{3, 0, false}, "layers [3, 3) without the head of a model with 3 layers: it starts past the last layer"},
+      {{4, 4}, "layers [4, 4) of a model with 3 layers: it starts past the last layer"},
       {{-1, 2}, "layers [-1, 2) of a model with 3 layers: the first layer is negative"}};
   for (const auto& [range, message] : bad) {
     auto s = session::create(*cpu, *ckpt, stage_options(range));
