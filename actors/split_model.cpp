@@ -74,6 +74,7 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
           so.context = context;
           so.layers = a.layers;
           so.slots = slots;
+          so.prepare_decode = true;
           std::unique_lock<std::shared_mutex> lock(device);  // the executor serves the running pipeline too
           auto s = models::session::create(*ex, *ckpt, so);
           if (!s) return tl::unexpected(s.error());

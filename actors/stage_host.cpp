@@ -125,6 +125,7 @@ msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open&
   so.context = m.context;
   so.layers = *range;
   so.slots = m.slots;
+  so.prepare_decode = true;
   auto s = models::session::create(*h->ex, *h->ckpt, so);
   if (!s) return fail(s.error().code, fmt::format("cannot load {}: {}", what, s.error().message));
   h->stage.emplace(std::move(*s));

@@ -73,6 +73,16 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
     for (const auto* src : w.sources) advise_range(src->data, access_hint::dont_need);
   }
   s.stats_.load_seconds = seconds_since(t0);
+  if (options.prepare_decode && s.whole_context_decode_) {
+    // The programs decode() and batched forward() pick: one row for a single sequence, else rows
+    // min(slots, a power of two), the slots of a step being its rows.
+    if (s.slots() == 1) {
+      if (auto id = s.program(1, s.context_, false); !id) return forward_error(id);
+    } else {
+      for (int64_t p = 1; p / 2 < s.slots() && p <= layers::fused_attention_max_rows; p *= 2)
+        if (auto id = s.program(std::min(s.slots(), p), s.context_, true, true); !id) return forward_error(id);
+    }
+  }
   return s;
 }
 

@@ -74,6 +74,10 @@ struct session_options {
   /// given).
   enum class toggle { automatic, on, off };
   toggle whole_context_decode = toggle::automatic;
+  /// With whole_context_decode in effect: load the decode step's programs for every batch size
+  /// (up to the slots held and layers::fused_attention_max_rows rows) when the session is
+  /// created, so that no request waits for one to load (a server: each costs seconds on a GPU).
+  bool prepare_decode = false;
   /// Prepended to every parameter name, so that several sessions can share one executor.
   std::string prefix;
   /// The layers this session holds: a pipeline stage (default: the whole model). A range the

@@ -151,6 +151,7 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
     models::session_options so;
     so.context = o.context;
     so.slots = o.parallel > 0 ? o.parallel : options_.parallel;
+    so.prepare_decode = true;
     auto sess = models::session::create(*m->ex, *m->ckpt, so);
     if (!sess) return forward_error(sess);
     m->seq = std::make_unique<models::session>(std::move(*sess));

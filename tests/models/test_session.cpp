@@ -241,6 +241,27 @@ TEST_CASE("decode steps over the whole context give the bucketed steps' logits w
   // bucketed session loads the decode step again for 64, 128 and 256 positions.
   CHECK(whole.stats().programs == 2);
   CHECK(bucketed.stats().programs == 4);
+
+  // Prepared at creation: the decode programs of every batch size, none loaded later.
+  for (const int64_t slots : {1, 3, 4}) {
+    session_options o;
+    o.slots = slots;
+    o.whole_context_decode = session_options::toggle::on;
+    o.prepare_decode = true;
+    ex.push_back(gpu::make_cpu_executor(1));
+    auto s = session::create(*ex.back(), *ckpt, o);
+    REQUIRE(s);
+    const int64_t prepared = slots == 1 ? 1 : slots == 3 ? 3 : 3;  // 1 row; 1, 2, 3 rows; 1, 2, 4 rows
+    CHECK(s->stats().programs == prepared);
+    for (int64_t slot = 0; slot < slots; ++slot) REQUIRE(s->prefill(slot, std::vector<int32_t>{1, 2, 3}));
+    const int64_t after_prompts = s->stats().programs;  // the prompts' program is not a decode step's
+    std::vector<slot_token> batch;
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      batch.push_back({slot, 7});
+      REQUIRE(s->decode(batch));
+    }
+    CHECK(s->stats().programs == after_prompts);
+  }
 }
 
 TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
