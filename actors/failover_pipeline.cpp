@@ -190,7 +190,8 @@ expected<T> failover_pipeline::with_failover(std::span<const int64_t> slots, Ste
   }
 }
 
-// history_ is the worker's alone (the one thread that steps a model): read here without a lock.
+// A slot's history is touched only by that slot's steps and resets, which never overlap (the model
+// host steps disjoint slots at once, never one slot twice): read here without a lock.
 int64_t failover_pipeline::position(int64_t slot) const { return static_cast<int64_t>(history_.at(static_cast<size_t>(slot)).size()); }
 
 void failover_pipeline::reset(int64_t slot) {

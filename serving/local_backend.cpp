@@ -631,7 +631,11 @@ void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std:
   const size_t groups = std::min(jobs.size(), depth);
   std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a->slot < b->slot; });
   std::vector<std::vector<models::slot_token>> parts(groups);
-  for (size_t i = 0; i < jobs.size(); ++i) parts[i * groups / jobs.size()].push_back({jobs[i]->slot, jobs[i]->next});
+  std::vector<size_t> group_of(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    group_of[i] = i * groups / jobs.size();
+    parts[group_of[i]].push_back({jobs[i]->slot, jobs[i]->next});
+  }
   std::vector<expected<std::vector<std::vector<float>>>> outs(groups);
   {
     std::vector<std::thread> helpers;
@@ -648,10 +652,10 @@ void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std:
     stats_.widest_step = std::max(stats_.widest_step, decoded);
     stats_.most_micro_batches = std::max(stats_.most_micro_batches, static_cast<int64_t>(groups));
   }
-  for (size_t i = 0, at = 0; i < jobs.size(); ++i) {
-    const size_t g = i * groups / jobs.size();
-    if (i > 0 && g != (i - 1) * groups / jobs.size()) at = 0;
-    if (outs[g]) advance(jobs[i], (*outs[g])[at++]);
+  std::vector<size_t> taken(groups, 0);  // each micro-batch's logits come in its jobs' order
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const size_t g = group_of[i];
+    if (outs[g]) advance(jobs[i], (*outs[g])[taken[g]++]);
     else complete(jobs[i], fail(kind_of(outs[g].error()), outs[g].error().message));
   }
 }
