@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -236,8 +237,28 @@ TEST_CASE("a full queue is refused with a message that says the node is busy", "
   temp_dir dir;
   write_gguf_model(dir / "m.gguf", tiny(), models::tensor_type::q8_0);
   collector got;
+  // The first request's first piece holds the host's thread until the gate opens, so that the
+  // first request is still running (not finished in the meantime) when the others come.
+  std::mutex gate_m;
+  std::condition_variable gate_cv;
+  bool gate_open = false;
   auto host = make_host(nullptr, 1);
-  generation::worker w(*host, [&](const node_id& to, const msg::message& m) { got(to, m); });
+  generation::worker w(*host, [&](const node_id& to, const msg::message& m) {
+    got(to, m);
+    if (auto* p = std::get_if<msg::generate_piece>(&m); p && p->request == 1) {
+      std::unique_lock<std::mutex> lock(gate_m);
+      gate_cv.wait(lock, [&] { return gate_open; });
+    }
+  });
+  const auto open_gate = [&] {
+    std::lock_guard<std::mutex> lock(gate_m);
+    gate_open = true;
+    gate_cv.notify_all();
+  };
+  struct gate_guard {  // a failed check must not leave the host's thread held
+    std::function<void()> open;
+    ~gate_guard() { open(); }
+  } guard{open_gate};
   msg::generate_request r;
   r.model = (dir / "m.gguf").string();
   r.prompt = "hi";
@@ -246,12 +267,14 @@ TEST_CASE("a full queue is refused with a message that says the node is busy", "
   r.request = 1;
   r.sampling.temperature = 1.0f;  // sampled: EOS is unlikely to end it early
   w.submit(client_a, r);
-  for (int i = 0; i < 600 && got.pieces(1).empty() && !got.has_done(1); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 600 && got.pieces(1).empty() && !got.has_done(1); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE_FALSE(got.has_done(1));
   for (uint64_t id = 2; id <= 3; ++id) {
     r.request = id;
     w.submit(client_a, r);
   }
   auto third = got.wait(3);
+  open_gate();
   CHECK_FALSE(third.ok);
   CHECK(third.code == error_code::limit_exceeded);
   CHECK(third.error.find("has 1 requests waiting, its limit: retry later") != std::string::npos);
