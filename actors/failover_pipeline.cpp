@@ -1,6 +1,7 @@
 #include "actors/failover_pipeline.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -93,8 +94,21 @@ expected<void> failover_pipeline::replan_if_needed() {
   }
   const auto cause = replan_needed(view, peers, excluded);
   if (cause == replan_cause::none) return {};
-  auto nodes = replan_nodes(o_.self, view.planned_over, peers, excluded, view.want);
+  const split_candidate self = o_.roster ? o_.roster->current(o_.self) : o_.self;
+  auto nodes = replan_nodes(self, view.planned_over, peers, excluded, view.want);
   if (cause == replan_cause::lost_node) {
+    std::map<std::string, uint64_t> held;
+    if (o_.stage_bytes) {
+      std::lock_guard<std::mutex> lock(view_m_);
+      for (const auto& s : stage_info_) {
+        models::layer_range r;
+        r.first = s.first_layer;
+        r.end = s.end_layer;
+        held[s.node] += static_cast<uint64_t>(std::max<int64_t>(0, o_.stage_bytes(r)));
+      }
+    }
+    for (auto& n : nodes)
+      if (auto it = held.find(n.id.to_string()); it != held.end()) n.memory_bytes = n.memory_bytes + it->second;
     // The stages that are left are dropped first: their nodes' memory is what the new plan
     // needs, and the model cannot step without the lost stage anyway.
     std::unique_ptr<models::pipeline> old;

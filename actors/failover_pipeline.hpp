@@ -33,8 +33,13 @@ struct failover_options {
   split_candidate self;
   /// The nodes of the first plan (self first); its size is the width the split asked for.
   std::vector<split_candidate> nodes;
-  /// The peers alive now (null: the first plan's peers, less those lost since).
+  /// The peers alive now, with their free memory (null: the first plan's peers as they were
+  /// then, less those lost since).
   std::shared_ptr<split_roster> roster;
+  /// Device memory a stage of these layers takes (weights and KV caches). A re-plan after a loss
+  /// drops the stages left first, so it counts what they held on their nodes as free again:
+  /// a peer's report of its free memory may be a heartbeat older than the drop.
+  std::function<int64_t(const models::layer_range&)> stage_bytes;
   /// Re-plans one step may go through before its error is the request's (each loses a node).
   int max_replans_per_step = 4;
   /// One line per re-plan and per failed one (the node's log).

@@ -36,14 +36,14 @@ struct generator_state {
   std::shared_ptr<blobs::blob_fetcher> fetcher;
   /// The peers this node's split models re-plan over, from membership (hellos) and the
   /// connection's and health's departures.
-  std::shared_ptr<generation::split_roster> roster = std::make_shared<generation::split_roster>();
+  std::shared_ptr<generation::split_roster> roster;
   node_actors a;
   ~generator_state() {
     // The model host outlives the actors: its split models' links must not send through an
     // endpoint that is stopping, nor wait for answers that will not be read, nor re-plan.
     if (calls) calls->close();
     if (fetcher) fetcher->close();
-    roster->close();
+    if (roster) roster->close();
   }
 };
 
@@ -81,9 +81,10 @@ expected<std::vector<generation::split_candidate>> split_candidates(const node_c
   for (const auto& [peer, hello] : members) {
     auto v = vitals.find(peer);
     if (hello.is_client || v == vitals.end() || v->second.health != peer_health::healthy) continue;
-    peers.push_back({peer, hello.memory_bytes, hello.mem_gbps});
+    // Free memory from the peer's latest heartbeat; its device's size until one came.
+    peers.push_back({peer, ctx.memory->of(peer).value_or(hello.memory_bytes), hello.mem_gbps});
   }
-  return generation::pick_split_nodes({ctx.self_id, ctx.own.memory_bytes, ctx.own.mem_gbps}, std::move(peers), n);
+  return generation::pick_split_nodes({ctx.self_id, ctx.memory->own(), ctx.own.mem_gbps}, std::move(peers), n);
 }
 
 /// A client's models_request: a list is answered at once; a load runs on the host's loader
@@ -143,6 +144,7 @@ void serve_models(generator_actor_ptr self, const context_ptr& ctx, const node_i
 }
 
 caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, context_ptr ctx) {
+  self->state.roster = std::make_shared<generation::split_roster>(ctx->memory);
   self->state.worker = std::make_unique<generation::worker>(*ctx->models, [ctx](const node_id& to, const msg::message& m) {
     if (!try_send_peer(*ctx, to, m)) spdlog::debug("generate: {} left; {} not sent", to.short_string(), msg::kind_name(m));
   });

@@ -1,5 +1,5 @@
 // The health actor: heartbeats out to every peer and in from them (each carries the sender's
-// running stages), phi-accrual suspicion (health_monitor); a peer declared Dead is disconnected
+// running stages and free device memory), phi-accrual suspicion (health_monitor); a peer declared Dead is disconnected
 // and reported to membership. It runs detached (a thread of its own) and takes heartbeat
 // datagrams straight from the endpoint (node.cpp), so neither waits behind other work.
 #include "actors/node_shell.hpp"
@@ -27,8 +27,9 @@ void log_transition(const health_transition& tr) {
   spdlog::info("peer {}: {} -> {}", tr.peer.short_string(), to_string(tr.from), to_string(tr.to));
 }
 
-void on_heartbeat(caf::stateful_actor<health_state>* self, const node_id& from, const msg::heartbeat& hb) {
+void on_heartbeat(caf::stateful_actor<health_state>* self, const context_ptr& ctx, const node_id& from, const msg::heartbeat& hb) {
   self->state.load[from] = hb.running_stages;
+  ctx->memory->reported(from, hb.free_memory_bytes);
   for (auto& tr : self->state.monitor->on_heartbeat(from, hb.incarnation, now_mono())) log_transition(tr);
 }
 
@@ -46,10 +47,11 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
       [=](remove_atom, node_id id) {
         self->state.monitor->remove_peer(id);
         self->state.load.erase(id);
+        ctx->memory->forget(id);
       },
       [=](load_atom, uint32_t running) { self->state.own_load = running; },
       [=](inbound_atom, node_id from, message_ptr m) {  // a heartbeat the bridge decoded
-        if (auto* hb = std::get_if<msg::heartbeat>(m.get())) on_heartbeat(self, from, *hb);
+        if (auto* hb = std::get_if<msg::heartbeat>(m.get())) on_heartbeat(self, ctx, from, *hb);
       },
       [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {  // a datagram, straight from the endpoint
         auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget, &ctx->cfg.limits);
@@ -61,7 +63,7 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
           ctx->refusals->record(from, why);
           return;
         }
-        on_heartbeat(self, from, std::get<msg::heartbeat>(*m));
+        on_heartbeat(self, ctx, from, std::get<msg::heartbeat>(*m));
       },
       [=](tick_atom) {
         auto& st = self->state;
@@ -75,7 +77,9 @@ caf::behavior health_actor(caf::stateful_actor<health_state>* self, context_ptr 
       },
       [=](beat_atom) {
         auto& st = self->state;
-        const msg::heartbeat hb{ctx->own.incarnation, ++st.beat_seq, st.own_load};
+        // Free memory is asked of the device at each beat: this node's models and other
+        // processes on the device change it.
+        const msg::heartbeat hb{ctx->own.incarnation, ++st.beat_seq, st.own_load, ctx->memory->own()};
         for (const auto& id : st.monitor->peers())
           if (st.monitor->state(id) != peer_health::dead) send_peer(*ctx, id, hb);
         self->delayed_send(self, ctx->cfg.heartbeat, beat_atom::value);

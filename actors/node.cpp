@@ -29,6 +29,8 @@
 #include "transport/mesh_id.hpp"
 #include "wire/messages.hpp"
 #include "gpu/executor.hpp"
+#include "gpu/memory_probe.hpp"
+#include "models/stage_plan.hpp"
 #include "graph/builder.hpp"
 #include "serving/access.hpp"
 #include "serving/server.hpp"
@@ -153,6 +155,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   msg::hello own;
   own.incarnation = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   device_slot first_device;
+  std::shared_ptr<gpu::memory_probe> memory;
   {
     auto dev = make_device(cfg.device);
     if (!dev) {
@@ -166,6 +169,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     if (own.memory_bytes == 0)  // the CPU executor uses host memory
       own.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGE_SIZE));
     measure(**dev, own);
+    memory = gpu::make_memory_probe(info);
     first_device = std::make_shared<std::unique_ptr<gpu::executor>>(std::move(*dev));
   }
 
@@ -218,6 +222,8 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   }
   spdlog::info("meshnode {} on port {}: {} ({}), {:.2f} GFLOP/s, {:.2f} GB/s", self_id.short_string(), (*ep)->port(),
                own.device_name, to_string(own.device), own.gflops, own.mem_gbps);
+  spdlog::info("device memory: {} free of {} (by {})", models::format_bytes(static_cast<int64_t>(memory->free_bytes())),
+               models::format_bytes(static_cast<int64_t>(own.memory_bytes)), gpu::to_string(memory->source()));
 
   // mDNS and the configured peers say where peers may be; only heartbeats say whether they are
   // alive. Both backends call this on their own threads; dial() only posts to the I/O thread.
@@ -328,6 +334,7 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->models = host->get();
   ctx->board = board;
   ctx->api_url = api_url;
+  ctx->memory = std::make_shared<generation::free_memory>(self_id, [memory] { return memory->free_bytes(); });
   auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, slots, early, first_device);
 
   int code = 0;

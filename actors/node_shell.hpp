@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/free_memory.hpp"
 #include "actors/health.hpp"
 #include "actors/job_engine.hpp"
 #include "actors/node.hpp"
@@ -79,6 +80,8 @@ struct node_context {
   serving::local_backend* models = nullptr;
   std::string api_url;  ///< where the HTTP API listens ("" without one)
   std::shared_ptr<mesh_board> board = std::make_shared<mesh_board>();
+  /// Free device memory: this node's (its probe) and each peer's latest heartbeat's. Never null.
+  std::shared_ptr<generation::free_memory> memory = std::make_shared<generation::free_memory>(node_id{}, nullptr);
 };
 using context_ptr = std::shared_ptr<const node_context>;
 

@@ -101,6 +101,7 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
       }
       return models::pipeline::create(config, context, std::move(stages), slots);
     };
+    fo.stage_bytes = [costs = *costs](const models::layer_range& r) { return costs.stage_bytes(r); };
     fo.self = nodes.front();
     fo.nodes = nodes;
     fo.roster = roster;

@@ -21,7 +21,7 @@ namespace mesh::generation {
 /// A node that may hold a stage, as its hello describes it.
 struct split_candidate {
   node_id id;
-  uint64_t memory_bytes = 0;  ///< its device memory (for now all of it counts as free)
+  uint64_t memory_bytes = 0;  ///< its device memory free now (its latest report; its size before one came)
   double speed = 0;           ///< its measured memory bandwidth, GB/s: decoding is bound by it
 };
 

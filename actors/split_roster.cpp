@@ -2,7 +2,7 @@
 
 namespace mesh::generation {
 
-split_roster::split_roster() : thread_([this] { run(); }) {}
+split_roster::split_roster(std::shared_ptr<const free_memory> memory) : memory_(std::move(memory)), thread_([this] { run(); }) {}
 
 split_roster::~split_roster() { close(); }
 
@@ -27,10 +27,19 @@ void split_roster::left(const node_id& peer) {
 }
 
 std::vector<split_candidate> split_roster::live() const {
-  std::lock_guard<std::mutex> lock(m_);
   std::vector<split_candidate> out;
-  for (const auto& [id, c] : peers_) out.push_back(c);
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    for (const auto& [id, c] : peers_) out.push_back(c);
+  }
+  for (auto& c : out) c = current(std::move(c));
   return out;
+}
+
+split_candidate split_roster::current(split_candidate c) const {
+  if (memory_)
+    if (auto free = memory_->of(c.id)) c.memory_bytes = *free;
+  return c;
 }
 
 uint64_t split_roster::subscribe(listener l) {

@@ -9,10 +9,12 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "actors/free_memory.hpp"
 #include "actors/split_replan.hpp"
 
 namespace mesh::generation {
@@ -28,7 +30,8 @@ class split_roster {
  public:
   using listener = std::function<void(const roster_event&)>;
 
-  split_roster();
+  /// `memory`, when given, replaces each candidate's memory with its latest free figure.
+  explicit split_roster(std::shared_ptr<const free_memory> memory = nullptr);
   /// close().
   ~split_roster();
   split_roster(const split_roster&) = delete;
@@ -39,8 +42,10 @@ class split_roster {
   /// A peer's connection closed or health declared it Dead. Returns at once; an unknown peer is
   /// still announced (a stage call may have gone to it).
   void left(const node_id& peer);
-  /// The peers alive now, in id order.
+  /// The peers alive now, in id order, with their free memory now.
   std::vector<split_candidate> live() const;
+  /// `c` with its free memory now (this node's too); unchanged when nothing newer is known.
+  split_candidate current(split_candidate c) const;
 
   /// Calls `l` on the roster's thread for every later change; the id is for unsubscribe().
   uint64_t subscribe(listener l);
@@ -52,6 +57,7 @@ class split_roster {
  private:
   void run();
 
+  std::shared_ptr<const free_memory> memory_;
   mutable std::mutex m_;  ///< peers_, events_, closed_, next_
   std::condition_variable wake_;
   std::map<node_id, split_candidate> peers_;

@@ -24,6 +24,8 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
   r.node = ctx.self_id;
   r.device = ctx.own.device_name + " (" + to_string(ctx.own.device) + ")";
   r.gflops = ctx.own.gflops;
+  r.memory_bytes = ctx.own.memory_bytes;
+  r.free_memory_bytes = ctx.memory->own();
   r.uptime_s = std::chrono::duration<double>(now_mono() - ctx.started).count();
   for (const auto& [peer, hello] : members) {
     if (hello.is_client) continue;
@@ -34,6 +36,8 @@ msg::status_reply make_status(const node_context& ctx, uint64_t id, const member
     ps.running_stages = v != vitals.end() ? v->second.running_stages : 0;
     ps.device = hello.device_name;
     ps.gflops = hello.gflops;
+    ps.memory_bytes = hello.memory_bytes;
+    ps.free_memory_bytes = ctx.memory->of(peer).value_or(0);
     if (auto s = ctx.ep->stats(peer)) {
       ps.address = s->remote_address;
       ps.rtt_ms = std::chrono::duration<double, std::milli>(s->smoothed_rtt).count();
@@ -63,6 +67,7 @@ serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& 
   self.self = true;
   self.gflops = ctx.own.gflops;
   self.memory_bytes = ctx.own.memory_bytes;
+  self.free_memory_bytes = ctx.memory->own();
   s.nodes.push_back(std::move(self));
   for (const auto& [peer, hello] : members) {
     if (hello.is_client) continue;
@@ -74,6 +79,7 @@ serving::mesh_snapshot make_snapshot(const node_context& ctx, const member_map& 
     n.running_stages = v != vitals.end() ? v->second.running_stages : 0;
     n.gflops = hello.gflops;
     n.memory_bytes = hello.memory_bytes;
+    n.free_memory_bytes = ctx.memory->of(peer).value_or(0);
     if (auto st = ctx.ep->stats(peer)) {
       n.address = st->remote_address;
       n.rtt_ms = std::chrono::duration<double, std::milli>(st->smoothed_rtt).count();

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "app_settings.hpp"
@@ -26,11 +27,13 @@
 namespace {
 
 nlohmann::json to_json(const mesh::msg::status_reply& s) {
-  nlohmann::json j{{"node", s.node.to_string()}, {"device", s.device}, {"gflops", s.gflops}, {"uptime_s", s.uptime_s}};
+  nlohmann::json j{{"node", s.node.to_string()}, {"device", s.device}, {"gflops", s.gflops}, {"memory_bytes", s.memory_bytes},
+                   {"free_memory_bytes", s.free_memory_bytes}, {"uptime_s", s.uptime_s}};
   j["peers"] = nlohmann::json::array();
   for (const auto& p : s.peers)
     j["peers"].push_back({{"node", p.node.to_string()}, {"health", to_string(p.health)}, {"address", p.address}, {"device", p.device},
-                          {"gflops", p.gflops}, {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms},
+                          {"gflops", p.gflops}, {"memory_bytes", p.memory_bytes}, {"free_memory_bytes", p.free_memory_bytes},
+                          {"running_stages", p.running_stages}, {"rtt_ms", p.rtt_ms},
                           {"packets_lost", p.packets_lost}, {"relayed", p.relayed}, {"refused", p.refused},
                           {"last_refusal", p.last_refusal}});
   j["jobs"] = nlohmann::json::array();
@@ -42,14 +45,16 @@ nlohmann::json to_json(const mesh::msg::status_reply& s) {
 }
 
 void print_peers(const mesh::msg::status_reply& s) {
-  std::printf("%-10s %-8s %-22s %-24s %9s %7s %8s %6s %-6s %7s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "STAGES",
-              "RTT ms", "LOST", "PATH", "REFUSED");
-  std::printf("%-10s %-8s %-22s %-24s %9.2f %7s %8s %6s %-6s %7s\n", (s.node.short_string() + "*").c_str(), "self", "-",
-              s.device.substr(0, 24).c_str(), s.gflops, "-", "-", "-", "-", "-");
+  // Memory as "free/size" in GB (powers of 1000): a split model's layers go where it is free.
+  const auto memory = [](uint64_t free, uint64_t size) { return fmt::format("{:.1f}/{:.1f}", static_cast<double>(free) / 1e9, static_cast<double>(size) / 1e9); };
+  std::printf("%-10s %-8s %-22s %-24s %9s %13s %7s %8s %6s %-6s %7s\n", "NODE", "HEALTH", "ADDRESS", "DEVICE", "GFLOP/S", "FREE/MEM GB",
+              "STAGES", "RTT ms", "LOST", "PATH", "REFUSED");
+  std::printf("%-10s %-8s %-22s %-24s %9.2f %13s %7s %8s %6s %-6s %7s\n", (s.node.short_string() + "*").c_str(), "self", "-",
+              s.device.substr(0, 24).c_str(), s.gflops, memory(s.free_memory_bytes, s.memory_bytes).c_str(), "-", "-", "-", "-", "-");
   for (const auto& p : s.peers)
-    std::printf("%-10s %-8s %-22s %-24s %9.2f %7u %8.3f %6llu %-6s %7llu\n", p.node.short_string().c_str(), to_string(p.health),
-                p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, p.running_stages, p.rtt_ms,
-                static_cast<unsigned long long>(p.packets_lost), p.relayed ? "relay" : "direct",
+    std::printf("%-10s %-8s %-22s %-24s %9.2f %13s %7u %8.3f %6llu %-6s %7llu\n", p.node.short_string().c_str(), to_string(p.health),
+                p.address.c_str(), p.device.substr(0, 24).c_str(), p.gflops, memory(p.free_memory_bytes, p.memory_bytes).c_str(),
+                p.running_stages, p.rtt_ms, static_cast<unsigned long long>(p.packets_lost), p.relayed ? "relay" : "direct",
                 static_cast<unsigned long long>(p.refused));
   // Why messages were refused: another protocol version, past the decode budget, malformed.
   for (const auto& p : s.peers)

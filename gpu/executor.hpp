@@ -2,6 +2,7 @@
 /// The executor: runs graphs on one device. Parameters (by name) stay resident on the device and
 /// are shared by every program loaded on it; a run returns the graph's outputs and applies its
 /// updates on the device. Two back ends: Vulkan (any GPU, or lavapipe) and the CPU.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,8 @@ struct device_info {
   bool fp16 = false;          ///< 16-bit storage: f16/bf16 tensors supported
   bool bf16_storage = false;  ///< bf16 tensors (stored as 16-bit words, computed in f32)
   bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (f16 matmuls use it: docs/gpu.md)
+  /// The driver's deviceUUID (Vulkan); zeros for the CPU back end. Tells identical GPUs apart.
+  std::array<uint8_t, 16> uuid{};
 };
 
 /// Time spent in one kernel of a program, summed over runs (GPU timestamps).

@@ -199,6 +199,8 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   d->timestamps = qf[d->queue_family].timestampValidBits > 0 && d->props.limits.timestampPeriod > 0;
 
   auto sub = vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
+  auto ids = vk_struct<VkPhysicalDeviceIDProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_ID_PROPERTIES);
+  sub.pNext = &ids;
   auto p2 = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
   p2.pNext = &sub;
   vkGetPhysicalDeviceProperties2(chosen, &p2);
@@ -217,6 +219,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   info.fp16 = s16.storageBuffer16BitAccess == VK_TRUE;
   info.bf16_storage = info.fp16;
   info.coopmat = has_extension(chosen, "VK_NV_cooperative_matrix");
+  std::copy(std::begin(ids.deviceUUID), std::end(ids.deviceUUID), info.uuid.begin());
 
   auto& caps = d->caps;
   caps.subgroup_size = sub.subgroupSize;

@@ -18,6 +18,7 @@ json node_json(const node_view& n) {
           {"address", n.address},
           {"gflops", n.gflops},
           {"memory_bytes", n.memory_bytes},
+          {"free_memory_bytes", n.free_memory_bytes},
           {"rtt_ms", n.rtt_ms},
           {"bytes_sent", n.bytes_sent},
           {"bytes_received", n.bytes_received},

@@ -19,6 +19,7 @@ struct node_view {
   std::string address;     ///< host:port this node reaches it at ("" for self)
   double gflops = 0;       ///< measured at its start
   uint64_t memory_bytes = 0;  ///< device memory (host memory for a CPU node)
+  uint64_t free_memory_bytes = 0;  ///< of which free now (a peer: at its latest heartbeat)
   double rtt_ms = 0;       ///< smoothed round-trip time from this node (0 for self)
   uint64_t bytes_sent = 0;      ///< by this node to it (QUIC payload bytes)
   uint64_t bytes_received = 0;  ///< by this node from it

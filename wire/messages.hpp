@@ -29,7 +29,7 @@ namespace mesh::msg {
 /// Bumped on any change to these messages. Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 18;
+inline constexpr uint16_t protocol_version = 19;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -58,6 +58,8 @@ struct heartbeat {
   uint64_t incarnation = 0;
   uint64_t seq = 0;
   uint32_t running_stages = 0;  ///< load, shown by meshctl
+  /// Device memory the sender has free now (gpu/memory_probe.hpp): split plans share layers by it.
+  uint64_t free_memory_bytes = 0;
   bool operator==(const heartbeat&) const = default;
 };
 
@@ -220,6 +222,8 @@ struct peer_status {
   std::string device;
   double gflops = 0;
   uint32_t running_stages = 0;
+  uint64_t memory_bytes = 0;       ///< its device memory (its hello)
+  uint64_t free_memory_bytes = 0;  ///< of which free at its latest heartbeat
   double rtt_ms = 0;
   uint64_t packets_lost = 0;  ///< by this node's connection to the peer (transport::peer_stats)
   bool relayed = false;       ///< the connection goes through a relay
@@ -247,6 +251,8 @@ struct status_reply {
   node_id node;
   std::string device;
   double gflops = 0;
+  uint64_t memory_bytes = 0;       ///< its device memory
+  uint64_t free_memory_bytes = 0;  ///< of which free now
   double uptime_s = 0;
   std::vector<peer_status> peers;
   std::vector<job_status> jobs;
@@ -649,7 +655,7 @@ void fields(F& f, hello& x) {
 
 template <class F>
 void fields(F& f, heartbeat& x) {
-  f(x.incarnation, x.seq, x.running_stages);
+  f(x.incarnation, x.seq, x.running_stages, x.free_memory_bytes);
 }
 
 template <class F>
@@ -724,7 +730,7 @@ void fields(F& f, status_request& x) {
 
 template <class F>
 void fields(F& f, peer_status& x) {
-  f(x.node, x.health, x.address, x.device, x.gflops, x.running_stages, x.rtt_ms, x.packets_lost, x.relayed, x.refused, x.last_refusal);
+  f(x.node, x.health, x.address, x.device, x.gflops, x.running_stages, x.memory_bytes, x.free_memory_bytes, x.rtt_ms, x.packets_lost, x.relayed, x.refused, x.last_refusal);
 }
 
 template <class F>
@@ -734,7 +740,7 @@ void fields(F& f, job_status& x) {
 
 template <class F>
 void fields(F& f, status_reply& x) {
-  f(x.id, x.node, x.device, x.gflops, x.uptime_s, x.peers, x.jobs);
+  f(x.id, x.node, x.device, x.gflops, x.memory_bytes, x.free_memory_bytes, x.uptime_s, x.peers, x.jobs);
 }
 
 template <class F>

@@ -157,7 +157,7 @@ struct counter {
   uint64_t count = 0;
   void on(const node_id& from, const msg::message& m) {
     if (!std::holds_alternative<msg::heartbeat>(m) || (++count & 1023) != 0) return;
-    if (auto ack = msg::encode_message(msg::heartbeat{0, count, 0})) (void)ep->send(from, transport::channel::control, std::move(*ack));
+    if (auto ack = msg::encode_message(msg::heartbeat{0, count, 0, 0})) (void)ep->send(from, transport::channel::control, std::move(*ack));
   }
 };
 

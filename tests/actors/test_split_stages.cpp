@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "actors/remote_stage.hpp"
 #include "actors/split_model.hpp"
 #include "actors/split_roster.hpp"
@@ -459,6 +461,53 @@ TEST_CASE("with a roster, a departure re-plans at once and a node that joins wid
   CHECK(eventually([&] { return mesh.held(p3) == 1 && mesh.held(p1) == 1; }));
   REQUIRE((*b)->unload("split"));
   CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p3) == 0; }));
+  roster->close();
+}
+
+TEST_CASE("re-plans share layers by free memory, and a loss counts the dropped stages' memory as free again", "[generation][split][failover]") {
+  temp_dir dir;
+  const auto path = dir / "m.gguf";
+  model_spec spec = four_layers();
+  spec.layers = 6;
+  write_gguf_model(path, spec, models::tensor_type::q8_0);
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  sim_mesh mesh({p1, p2});
+  const uint64_t gb = 1'000'000'000;
+  auto memory = std::make_shared<generation::free_memory>(mesh.srv, [] { return uint64_t{1'000'000'000}; });
+  auto roster = std::make_shared<generation::split_roster>(memory);
+  roster->joined({p1, gb, 10});
+  roster->joined({p2, gb, 10});
+  serving::local_backend_options bo;
+  bo.make_executor = cpu_executors();
+  auto b = serving::local_backend::create(bo);
+  REQUIRE(b);
+  serving::local_model_options o;
+  o.path = path;
+  o.id = "split";
+  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+                                           short_waits, roster);
+  REQUIRE((*b)->load(o));
+  const auto stages = [&] {
+    std::vector<std::string> out;
+    for (const auto& m : (*b)->models())
+      if (m.id == "split")
+        for (const auto& st : m.stages) out.push_back(fmt::format("{}:{}-{}", st.node.substr(0, 4), st.first_layer, st.end_layer));
+    return out;
+  };
+  const auto at = [](const node_id& n, int first, int end) { return fmt::format("{}:{}-{}", n.to_string().substr(0, 4), first, end); };
+  REQUIRE(stages() == std::vector<std::string>{at(mesh.srv, 0, 2), at(p1, 2, 4), at(p2, 4, 6)});
+  REQUIRE(run(**b, "split", 0));
+
+  // p2's heartbeat says nothing is free beyond the stage it holds; then p1 is lost. The re-plan
+  // drops p2's stage first, so p2 can hold as much as it held, not more: two layers of the six,
+  // where shares by speed alone would give it three. Counted without its old stage it would get none.
+  memory->reported(p2, 0);
+  mesh.kill(p1);
+  roster->left(p1);
+  CHECK(eventually([&] { return stages() == std::vector<std::string>{at(mesh.srv, 0, 4), at(p2, 4, 6)}; }));
+  INFO(fmt::format("{}", fmt::join(stages(), ", ")));
+  REQUIRE(run(**b, "split", 0));
+  REQUIRE((*b)->unload("split"));
   roster->close();
 }
 

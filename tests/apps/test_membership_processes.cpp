@@ -21,16 +21,20 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// The node ids `meshctl --json peers` lists for the node in `state`, found through its state
-/// directory alone (endpoint and mesh.token), as a user on that machine would.
-std::set<std::string> meshctl_peers(const std::filesystem::path& state) {
+/// What `meshctl --json peers` prints for the node in `state`, found through its state directory
+/// alone (endpoint and mesh.token), as a user on that machine would.
+nlohmann::json meshctl_peers_json(const std::filesystem::path& state) {
   const auto r = run_command(std::string(MESHCTL_BIN) + " --state-dir " + state.string() + " --json peers");
   INFO(r.output);
   REQUIRE(r.status == 0);
   // meshctl prints the JSON on standard output; run_command merged standard error after it.
-  const auto j = nlohmann::json::parse(r.output.substr(0, r.output.rfind(']') + 1));
+  return nlohmann::json::parse(r.output.substr(0, r.output.rfind(']') + 1));
+}
+
+/// The node ids `meshctl --json peers` lists for the node in `state`.
+std::set<std::string> meshctl_peers(const std::filesystem::path& state) {
   std::set<std::string> ids;
-  for (const auto& p : j) ids.insert(p["node"].get<std::string>());
+  for (const auto& p : meshctl_peers_json(state)) ids.insert(p["node"].get<std::string>());
   return ids;
 }
 
@@ -125,6 +129,12 @@ TEST_CASE("strangers without the token become no member and the mesh keeps worki
     CHECK(peers.size() == 2);
     CHECK_FALSE(peers.count(node_id_of(es)));
     for (const auto& p : peers) CHECK(members.count(p));
+    // Each peer's heartbeats carried its free device memory (what split plans share layers by).
+    for (const auto& p : meshctl_peers_json(mesh3.tmp.path / dir)) {
+      INFO(p.dump());
+      CHECK(p["free_memory_bytes"].get<uint64_t>() > 0);
+      CHECK(p["free_memory_bytes"].get<uint64_t>() <= p["memory_bytes"].get<uint64_t>());
+    }
   }
   // The stranger is alone in its own mesh.
   CHECK(meshctl_peers(mesh3.tmp.path / "stranger").empty());

@@ -413,7 +413,7 @@ TEST_CASE("messages of another protocol version or malformed are refused, logged
   auto hello = msg::encode_message(ours);
   REQUIRE(hello);
   REQUIRE((*ep)->send(*node, transport::channel::control, std::move(*hello)));
-  auto other_version = *msg::encode_message(msg::heartbeat{7, 1, 0});
+  auto other_version = *msg::encode_message(msg::heartbeat{7, 1, 0, 0});
   other_version[0] = static_cast<uint8_t>(msg::protocol_version + 1);  // the u16 version, little-endian
   REQUIRE((*ep)->send(*node, transport::channel::control, other_version));
   const std::vector<uint8_t> garbage = {msg::protocol_version & 0xff, msg::protocol_version >> 8, 2, 0xff, 0xff};

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "graph/nn.hpp"
+#include "gpu/memory_probe.hpp"
 #include "gpu/plan.hpp"
 
 using namespace mesh;
@@ -219,4 +220,43 @@ TEST_CASE("runtime: unloading programs and dropping parameters gives their memor
     CHECK(ex->stats().device_bytes == before);
     CHECK(ex->drop_parameters("job.7.") == 0);
   }
+}
+
+TEST_CASE("runtime: MemAvailable is read from /proc/meminfo's text, and malformed text is refused") {
+  CHECK(parse_mem_available("MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20480000 kB\n") ==
+        uint64_t{20480000} * 1024);
+  CHECK(parse_mem_available("MemAvailable: 7 kB") == uint64_t{7} * 1024);
+  CHECK_FALSE(parse_mem_available("MemTotal: 100 kB\n"));           // no such line
+  CHECK_FALSE(parse_mem_available("MemAvailable: kB\n"));           // no number
+  CHECK_FALSE(parse_mem_available("MemAvailable: 12 MB\n"));        // another unit
+  CHECK_FALSE(parse_mem_available("MemAvailable: 99999999999999999999 kB\n"));  // past 64 bits as bytes
+  CHECK(parse_mem_available(std::string_view("MemAvailable: 1 kB", 17)) == std::nullopt);  // cut short
+}
+
+TEST_CASE("runtime: the memory probe says how much of each device is free, and the figure falls as the device fills") {
+  // The CPU back end: the host's available memory.
+  auto cpu = make_cpu_executor(1);
+  auto host = make_memory_probe(cpu->info());
+  CHECK(host->source() == memory_source::host_available);
+  CHECK(host->free_bytes() > 0);
+  // The Vulkan device: found again by its UUID, a new probe on each call.
+  auto& ex = vulkan();
+  CHECK(std::any_of(ex.info().uuid.begin(), ex.info().uuid.end(), [](uint8_t b) { return b != 0; }));
+  auto probe = make_memory_probe(ex.info());
+  const uint64_t before = probe->free_bytes();
+  INFO(ex.info().name << ": " << to_string(probe->source()) << ", " << before << " of " << ex.info().memory_bytes << " bytes free");
+  CHECK(before > 0);
+  CHECK(before <= ex.info().memory_bytes);
+  if (ex.info().kind == "cpu") CHECK(probe->source() == memory_source::host_available);
+  if (probe->source() != memory_source::driver_budget) return;  // the host's figure moves with every process
+  // The driver's budget: 512 MiB of parameters on another executor of the device show.
+  vulkan_options o;
+  o.cache_dir = "-";
+  o.device = ex.info().name;
+  auto other = make_vulkan_executor(o);
+  REQUIRE(other);
+  REQUIRE((*other)->set_parameters({{"filler", tensor::zeros(dtype::f32, {int64_t{128} << 20})}}));
+  const uint64_t after = probe->free_bytes();
+  INFO("after 512 MiB: " << after);
+  CHECK(before - after >= uint64_t{480} << 20);
 }

@@ -36,14 +36,14 @@ signature grant_signature() {
 std::vector<message> samples() {
   const tensor t = tensor::from_values(dtype::f16, {2, 2}, {1, 2, 3, 4});
   return {hello{7, "llvmpipe", device_kind::cpu, 12.5, 3.25, 1 << 30, false},
-          heartbeat{7, 42, 3},
+          heartbeat{7, 42, 3, uint64_t{9} << 30},
           submit_job{9, small_graph(), strategy::automatic},
           job_result{9, false, "no capacity", {{"y", t}}, 2, {test::named("ab"), test::named("cd")}, strategy::data_parallel, 5'000'000'123, error_code::limit_exceeded},
           run_stage{1, 2, 3, test::named("coord"), small_graph(), {{"cut.4", test::named("node-a")}}, {{"cut.7", test::named("node-b"), 4}}, 17, {{"x", t}}},
           activation{test::named("coord"), 1, 2, 3, {"cut.4", t}},
           stage_done{1, 2, 3, false, "out of memory", {}, error_code::device},
           status_request{5},
-          status_reply{5, test::named("me"), "dev", 1.5, 10, {{test::named("p"), peer_health::suspect, "1.2.3.4:5", "gpu", 2, 1, 0.25, 17, true, 3, "version_mismatch: ..."}}, {{9, test::named("c"), job_state::done, 3, 1, 0.5, job_kind::training, 4, 30}}},
+          status_reply{5, test::named("me"), "dev", 1.5, uint64_t{16} << 30, uint64_t{5} << 30, 10, {{test::named("p"), peer_health::suspect, "1.2.3.4:5", "gpu", 2, 1, uint64_t{80} << 30, uint64_t{61} << 30, 0.25, 17, true, 3, "version_mismatch: ..."}}, {{9, test::named("c"), job_state::done, 3, 1, 0.5, job_kind::training, 4, 30}}},
           open_session{3, graph_payload::from_bytes("nope", 4)},
           msg::infer{3, 4, {{"x", t}}},
           close_session{3},
@@ -149,7 +149,7 @@ TEST_CASE("truncated, extended, mutated and unknown messages are errors", "[wire
 }
 
 TEST_CASE("a message of another protocol version is refused with both versions named", "[wire][messages]") {
-  auto bytes = *encode_message(heartbeat{1, 2, 3});
+  auto bytes = *encode_message(heartbeat{1, 2, 3, 0});
   bytes[0] = static_cast<uint8_t>(protocol_version + 1);
   auto r = decode_message(bytes.data(), bytes.size());
   REQUIRE_FALSE(r);
@@ -163,7 +163,7 @@ TEST_CASE("an enum value out of range is refused by the decoder", "[wire][messag
   peer_status p;
   p.node = test::named("p");
   p.health = peer_health::healthy;
-  status_reply a{1, test::named("n"), "d", 0, 0, {p}, {}};
+  status_reply a{1, test::named("n"), "d", 0, 0, 0, 0, {p}, {}};
   auto bytes = *encode_message(a);
   status_reply b = a;
   b.peers[0].health = peer_health::dead;
