@@ -46,6 +46,28 @@ expected<std::shared_ptr<blob_store>> blob_store::open(const std::filesystem::pa
 
 std::filesystem::path blob_store::path_of(const digest& d) const { return dir_ / to_hex(d); }
 
+expected<blob_store::held> blob_store::view(const std::vector<std::pair<std::string, held>>& files) {
+  std::string listing;
+  for (const auto& [name, blob] : files) {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos)
+      return make_error(error_code::invalid_argument, fmt::format("\"{}\" is not a file name (a view of the blob cache {})", name, dir_.string()));
+    listing += name + '\0' + blob.path.string() + '\n';
+  }
+  const auto key = hash_bytes({reinterpret_cast<const uint8_t*>(listing.data()), listing.size()});
+  const auto at = dir_ / "views" / to_hex(key);
+  std::error_code ec;
+  std::filesystem::remove_all(at, ec);  // a view left by an earlier load: made again, the same
+  std::filesystem::create_directories(at, ec);
+  if (ec) return make_error(error_code::io_error, fmt::format("cannot make the view {}: {}", at.string(), ec.message()));
+  auto pins = std::make_shared<std::vector<pin>>();
+  for (const auto& [name, blob] : files) {
+    std::filesystem::create_symlink(std::filesystem::absolute(blob.path), at / name, ec);
+    if (ec) return make_error(error_code::io_error, fmt::format("cannot link {} in the view {}: {}", name, at.string(), ec.message()));
+    pins->push_back(blob.in_use);
+  }
+  return held{at, pin(pins, pins.get())};
+}
+
 bool blob_store::contains(const digest& d) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return blobs_.count(d) != 0;

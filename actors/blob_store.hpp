@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/blob_digest.hpp"
@@ -54,6 +56,12 @@ class blob_store : public std::enable_shared_from_this<blob_store> {
   expected<void> commit(const digest& d);
   /// Drops a staged file and its reservation.
   void discard(const digest& d);
+
+  /// A directory checkpoint made of held blobs: `<dir>/views/<digest of the listing>/NAME`, a
+  /// symbolic link to each blob under its file name, pinning them all while the result lives.
+  /// Views are made again on demand (open() removes them with everything else that is no blob).
+  /// Errors: invalid_argument for a name that is not a plain file name, io_error.
+  expected<held> view(const std::vector<std::pair<std::string, held>>& files);
 
   const std::filesystem::path& dir() const { return dir_; }
   uint64_t max_bytes() const { return max_bytes_; }

@@ -34,6 +34,33 @@ expected<offered> blob_offers::offer(const std::string& path) {
   return offered{*d, size};
 }
 
+expected<std::vector<msg::blob_file>> blob_offers::offer_checkpoint(const std::filesystem::path& checkpoint,
+                                                                    const std::vector<std::filesystem::path>& files) {
+  std::error_code ec;
+  const bool directory = std::filesystem::is_directory(checkpoint, ec);
+  std::vector<msg::blob_file> out;
+  for (const auto& f : files) {
+    msg::blob_file b;
+    if (directory) {
+      // A stage node recreates the directory from the names alone: a file elsewhere (a shard
+      // the index names in a subdirectory) could not be placed.
+      if (!std::filesystem::equivalent(f.parent_path(), checkpoint, ec))
+        return make_error(error_code::invalid_argument,
+                          fmt::format("{} is not a file of {} itself: a directory's files are offered to peers by name", f.string(),
+                                      checkpoint.string()));
+      b.name = f.filename().string();
+    } else if (!std::filesystem::equivalent(f, checkpoint, ec)) {
+      return make_error(error_code::invalid_argument, fmt::format("{} is not the checkpoint {}", f.string(), checkpoint.string()));
+    }
+    auto o = offer(f.string());
+    if (!o) return tl::unexpected(o.error());
+    b.id = o->id;
+    b.size = o->size;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 uint64_t blob_offers::served_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return served_;

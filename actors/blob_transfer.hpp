@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "actors/blob_chunks.hpp"
 #include "actors/blob_store.hpp"
@@ -35,6 +36,11 @@ class blob_offers {
   /// Offers the file at `path`: its digest (hashed once per path, size and modification time).
   /// Errors: io_error naming the file; invalid_argument for a directory (not offered).
   expected<offered> offer(const std::string& path);
+  /// Offers the files of a checkpoint (models::checkpoint::files()): a single file under an empty
+  /// name, a directory's files under their names. Errors: offer()'s, and invalid_argument for a
+  /// file outside the directory.
+  expected<std::vector<msg::blob_file>> offer_checkpoint(const std::filesystem::path& checkpoint,
+                                                         const std::vector<std::filesystem::path>& files);
   /// The answer to a peer's blob_get: the bytes and their digest, or an error naming the blob.
   /// Reads the file (at most max_chunk_bytes) on the caller's thread.
   msg::blob_chunk serve(const msg::blob_get& g) const;

@@ -76,8 +76,8 @@ uint64_t stage_calls::next_stage() {
 
 expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage_calls> calls, const node_id& peer, const std::string& path,
                                                           const models::layer_range& layers, int64_t context, int64_t hidden_size,
-                                                          remote_stage_timeouts timeouts, const std::array<uint8_t, 32>& blob,
-                                                          uint64_t blob_size, int64_t slots) {
+                                                          remote_stage_timeouts timeouts, std::vector<msg::blob_file> files,
+                                                          int64_t slots) {
   std::unique_ptr<remote_stage> r(new remote_stage());
   r->calls_ = std::move(calls);
   r->peer_ = peer;
@@ -92,8 +92,7 @@ expected<std::unique_ptr<remote_stage>> remote_stage::open(std::shared_ptr<stage
   o.head = layers.head;
   o.context = static_cast<uint32_t>(context);
   o.slots = static_cast<uint32_t>(slots);
-  o.blob = blob;
-  o.blob_size = blob_size;
+  o.files = std::move(files);
   auto reply = r->calls_->call(peer, o, timeouts.open);
   if (!reply) {
     r->calls_.reset();  // nothing to close

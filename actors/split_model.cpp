@@ -48,11 +48,11 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
     const models::checkpoint* ckpt = &in.ckpt;
     gpu::executor* ex = &in.ex;
     const models::model_config config = in.config;
-    // Offered once per load; the re-plans of failover use the same digest (a file changed
+    // Offered once per load; the re-plans of failover use the same digests (a file changed
     // meanwhile fails the fetch's check instead of feeding a stage other weights).
-    blobs::offered blob;
+    std::vector<msg::blob_file> offered;
     if (offers) {
-      if (auto o = offers->offer(path)) blob = *o;
+      if (auto o = offers->offer_checkpoint(in.ckpt.path(), in.ckpt.files())) offered = std::move(*o);
       else if (log) log("not offered to peers: " + o.error().message);
     }
     failover_options fo;
@@ -60,13 +60,15 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
       std::vector<models::stage_node> candidates;
       for (const auto& n : over)
         candidates.push_back({n.id.to_string(), static_cast<int64_t>(std::min<uint64_t>(n.memory_bytes, INT64_MAX)), std::max(n.speed, 1e-3)});
-      auto plan = models::plan_stages(costs, candidates);
-      if (!plan) return tl::unexpected(plan.error());
       // The serving node samples: when it holds the first stage and the last is elsewhere, it
       // applies the final norm and the head itself, so that the last stage sends it one hidden
       // row per sequence and token instead of the vocabulary's logits (128,256 floats for Llama 3).
+      // The plan counts the head's memory where it goes; a plan that leaves this node without
+      // layers puts it back on the last stage.
+      auto plan = models::plan_stages(costs, candidates, models::head_place::first_stage);
+      if (!plan || plan->front().node != self.to_string()) plan = models::plan_stages(costs, candidates);
+      if (!plan) return tl::unexpected(plan.error());
       const bool head_here = plan->size() > 1 && plan->front().node == self.to_string();
-      if (head_here) plan->back().layers.head = false;
       std::vector<models::pipeline_stage> stages;
       for (const auto& a : *plan) {
         if (a.node == self.to_string()) {
@@ -93,7 +95,7 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
         auto peer = node_id::parse(a.node);
         if (!peer) return tl::unexpected(peer.error());
         // On failure the stages opened so far go out of scope here, which closes them on their nodes.
-        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, blob.id, blob.size, slots);
+        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, offered, slots);
         if (!r)
           return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
                                                         models::to_string(a.layers), peer->short_string(), r.error().message));

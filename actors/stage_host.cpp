@@ -143,23 +143,33 @@ msg::stage_reply stage_host::do_open(const node_id& from, const msg::stage_open&
 
 expected<blobs::blob_store::held> stage_host::checkpoint_file(const node_id& from, const msg::stage_open& m) {
   std::error_code ec;
-  if (std::filesystem::exists(m.path, ec) || blobs::is_zero(m.blob) || !options_.blobs || !options_.fetcher)
+  if (std::filesystem::exists(m.path, ec) || m.files.empty() || !options_.blobs || !options_.fetcher)
     return blobs::blob_store::held{m.path, nullptr};
-  const auto name = blobs::to_hex(m.blob);
   const auto say = [&](const std::string& line) {
     if (options_.log) options_.log(line);
   };
-  auto cached = options_.blobs->get(m.blob);
-  if (cached) {
-    say(fmt::format("{}: blob {} from the cache (no transfer)", m.path, name));
-    return cached;
+  std::vector<std::pair<std::string, blobs::blob_store::held>> got;
+  for (const auto& f : m.files) {
+    const auto name = blobs::to_hex(f.id);
+    const std::string what = f.name.empty() ? m.path : m.path + "/" + f.name;
+    auto cached = options_.blobs->get(f.id);
+    if (cached) {
+      say(fmt::format("{}: blob {} from the cache (no transfer)", what, name));
+      got.emplace_back(f.name, std::move(*cached));
+      continue;
+    }
+    if (cached.error().code != error_code::not_found) say(cached.error().message);  // corrupt: dropped, fetched again
+    say(fmt::format("{}: no copy here; fetching blob {} ({} bytes) from {}", what, name, f.size, from.short_string()));
+    auto fetched = options_.fetcher->fetch(from, {f.id, f.size}, *options_.blobs);
+    if (!fetched) return tl::unexpected(fetched.error());
+    say(fmt::format("{}: fetched blob {} ({} bytes) from {}", what, name, *fetched, from.short_string()));
+    auto held = options_.blobs->get(f.id);
+    if (!held) return tl::unexpected(held.error());
+    got.emplace_back(f.name, std::move(*held));
   }
-  if (cached.error().code != error_code::not_found) say(cached.error().message);  // corrupt: dropped, fetched again
-  say(fmt::format("{}: no copy here; fetching blob {} ({} bytes) from {}", m.path, name, m.blob_size, from.short_string()));
-  auto got = options_.fetcher->fetch(from, {m.blob, m.blob_size}, *options_.blobs);
-  if (!got) return tl::unexpected(got.error());
-  say(fmt::format("{}: fetched blob {} ({} bytes) from {}", m.path, name, *got, from.short_string()));
-  return options_.blobs->get(m.blob);
+  if (got.size() == 1 && got.front().first.empty()) return std::move(got.front().second);
+  // A directory checkpoint: its files under their names, linked to the blobs.
+  return options_.blobs->view(got);
 }
 
 msg::stage_reply stage_host::do_step(const node_id& from, const msg::stage_step& m) {

@@ -33,9 +33,10 @@ struct stage_host_options {
   std::string self;  ///< this node's name in error messages (its short id)
   stage_limits limits;
   /// The blob cache (<state-dir>/blobs) and the fetches into it: a stage whose checkpoint this
-  /// node lacks at the path, when the opener offered the file (stage_open::blob), is loaded
-  /// from the cache, fetched from the opener first when not there. Without both, a missing
-  /// file fails the open.
+  /// node lacks at the path, when the opener offered its files (stage_open::files), is loaded
+  /// from the cache, each file fetched from the opener first when not there (a directory's
+  /// files are then linked under their names: blob_store::view). Without both, a missing
+  /// checkpoint fails the open.
   std::shared_ptr<blobs::blob_store> blobs;
   std::shared_ptr<blobs::blob_fetcher> fetcher;
   /// A line per fetch or cache hit (the node logs it).

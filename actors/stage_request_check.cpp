@@ -1,6 +1,9 @@
 #include "actors/stage_request_check.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -14,6 +17,16 @@ expected<models::layer_range> check_open(const msg::stage_open& o, const stage_l
   if (o.context == 0 || o.context > limits.max_context)
     return bad(fmt::format("a context of {} positions (1 to {})", o.context, limits.max_context));
   if (o.slots == 0 || o.slots > limits.max_slots) return bad(fmt::format("{} slots (1 to {})", o.slots, limits.max_slots));
+  if (o.files.size() > limits.max_files) return bad(fmt::format("{} files offered (at most {})", o.files.size(), limits.max_files));
+  std::set<std::string_view> names;
+  for (const auto& f : o.files) {
+    if (f.name.empty() && o.files.size() > 1) return bad("a file without a name beside others (only a single-file checkpoint has none)");
+    if (!f.name.empty() && (f.name.size() > 255 || f.name == "." || f.name == ".." || f.name.find('/') != std::string::npos ||
+                            f.name.find('\0') != std::string::npos))
+      return bad(fmt::format("the offered file name \"{}\" is not a plain file name", f.name.substr(0, 64)));
+    if (!names.insert(f.name).second) return bad(fmt::format("the file \"{}\" is offered twice", f.name.substr(0, 64)));
+    if (std::all_of(f.id.begin(), f.id.end(), [](uint8_t b) { return b == 0; }) || f.size == 0) return bad(fmt::format("the file \"{}\" is offered without a digest or a size", f.name.substr(0, 64)));
+  }
   return models::layer_range{o.first_layer, o.end_layer, o.head};
 }
 

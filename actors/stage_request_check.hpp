@@ -18,11 +18,14 @@ struct stage_limits {
   uint32_t max_context = 1u << 20;      ///< positions a stage may be asked to hold
   int64_t max_rows = int64_t{1} << 20;  ///< rows in one step
   uint32_t max_slots = 256;             ///< sequences a stage may be asked to hold (session_options::max_slots)
+  size_t max_files = 1024;              ///< files offered for one checkpoint (the largest have ~200 shards)
 };
 
 /// The layer range of an open, or an invalid_argument error naming what is wrong: an empty or
 /// over-long path or one with a NUL byte, an empty range, a context or a slot count of 0 or past
-/// its limit.
+/// its limit, offered files past their limit, one with an empty name beside others, a name that
+/// is not a plain file name (at most 255 bytes, no '/', NUL, "." or "..") or named twice, a
+/// zero digest or size.
 /// (Whether the model has those layers is known once its file is read.)
 expected<models::layer_range> check_open(const msg::stage_open& o, const stage_limits& limits = {});
 

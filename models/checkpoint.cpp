@@ -44,6 +44,16 @@ std::string shape_string(std::span<const int64_t> shape) {
 
 checkpoint::~checkpoint() = default;
 
+std::vector<std::filesystem::path> checkpoint::files() const {
+  if (format_ == checkpoint_format::gguf) return {path_};
+  std::vector<std::filesystem::path> out;
+  if (!config_path_.empty()) out.push_back(config_path_);
+  if (!index_path_.empty()) out.push_back(index_path_);
+  if (shards_)
+    for (const auto& f : shards_->files()) out.push_back(f.path());
+  return out;
+}
+
 expected<checkpoint> checkpoint::open(const std::filesystem::path& path) {
   checkpoint c;
   c.path_ = path;
@@ -64,7 +74,9 @@ expected<checkpoint> checkpoint::open(const std::filesystem::path& path) {
     const auto single = path / "model.safetensors";
     if (!std::filesystem::exists(index, ec) && !std::filesystem::exists(single, ec))
       return make_error(error_code::not_found, path.string() + " holds neither model.safetensors.index.json nor model.safetensors");
-    auto shards = std::filesystem::exists(index, ec) ? safetensors_shards::open_index(index) : safetensors_shards::open_file(single);
+    const bool sharded = std::filesystem::exists(index, ec);
+    if (sharded) c.index_path_ = index;
+    auto shards = sharded ? safetensors_shards::open_index(index) : safetensors_shards::open_file(single);
     if (!shards) return forward_error(shards);
     c.take_safetensors(std::move(*shards));
     return c;

@@ -81,6 +81,10 @@ class checkpoint {
   const std::string& config_json() const { return config_json_; }
   /// Where config.json was read from (empty unless hf_directory).
   const std::filesystem::path& config_path() const { return config_path_; }
+  /// Every file opening it read: the file itself, or a directory's config.json, its
+  /// model.safetensors.index.json when it has one, and the safetensors files (what a node
+  /// without the checkpoint must fetch to open it).
+  std::vector<std::filesystem::path> files() const;
 
  private:
   checkpoint() = default;
@@ -91,6 +95,7 @@ class checkpoint {
   checkpoint_format format_ = checkpoint_format::gguf;
   std::filesystem::path path_;
   std::filesystem::path config_path_;
+  std::filesystem::path index_path_;  ///< model.safetensors.index.json, when one was read
   std::string config_json_;
   mapped_file gguf_file_;
   std::unique_ptr<gguf_view> gguf_;

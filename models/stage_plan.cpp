@@ -31,10 +31,19 @@ std::vector<int64_t> share_by_speed(int64_t total, const std::vector<size_t>& wh
   return seats;
 }
 
+// What the stage `r` of a plan holds. With the head on the first stage, the first holds the
+// final norm and the head beside the embedding (its own copy, even of a tied embedding) and the
+// stage ending at the last layer holds neither.
+int64_t stage_cost(const model_costs& c, layer_range r, head_place head) {
+  if (head == head_place::last_stage) return c.stage_bytes(r);
+  r.head = false;
+  return c.stage_bytes(r) + (r.first == 0 ? c.last_bytes : 0);
+}
+
 // The most layers, at most `want`, that a node with `free` bytes holds from layer `first` on.
-int64_t layers_that_fit(const model_costs& c, int64_t first, int64_t want, int64_t free) {
+int64_t layers_that_fit(const model_costs& c, int64_t first, int64_t want, int64_t free, head_place head) {
   for (int64_t k = want; k > 0; --k)
-    if (c.stage_bytes({first, first + k}) <= free) return k;
+    if (stage_cost(c, {first, first + k}, head) <= free) return k;
   return 0;
 }
 
@@ -48,7 +57,7 @@ std::string format_bytes(int64_t bytes) {
   return fmt::format("{:.1f} GB", b / 1e9);
 }
 
-expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, std::span<const stage_node> nodes) {
+expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, std::span<const stage_node> nodes, head_place head) {
   const int64_t n_layers = costs.layers();
   if (n_layers < 1) return make_error(error_code::invalid_argument, "stage plan: the model has no layers");
   if (nodes.empty()) return make_error(error_code::invalid_argument, "stage plan: no nodes to place the model on");
@@ -90,7 +99,7 @@ expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, st
     bool fits = true;
     for (int64_t i = 0, next = 0; i < static_cast<int64_t>(nodes.size()) && fits; ++i) {
       const auto u = static_cast<size_t>(i);
-      const int64_t k = layers_that_fit(costs, next, count[u], nodes[u].free_bytes);
+      const int64_t k = layers_that_fit(costs, next, count[u], nodes[u].free_bytes, head);
       if (k < count[u]) {
         cap[u] = k;
         fits = false;
@@ -104,9 +113,11 @@ expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, st
   for (size_t i = 0, next = 0; i < nodes.size(); ++i) {
     if (count[i] == 0) continue;
     const layer_range r{static_cast<int64_t>(next), static_cast<int64_t>(next) + count[i]};
-    out.push_back({nodes[i].id, r, costs.stage_bytes(r)});
+    out.push_back({nodes[i].id, r, stage_cost(costs, r, head)});
     next += static_cast<size_t>(count[i]);
   }
+  if (out.size() == 1) out.front().bytes = costs.stage_bytes(out.front().layers);  // the whole model: the head is its own
+  else if (head == head_place::first_stage) out.back().layers.head = false;
   return out;
 }
 

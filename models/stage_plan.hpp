@@ -30,14 +30,24 @@ struct stage_node {
 struct stage_assignment {
   std::string node;
   layer_range layers;
-  int64_t bytes = 0;  ///< model_costs::stage_bytes of its layers
+  int64_t bytes = 0;  ///< what it holds: its layers' weights and KV caches, and the first and last stage's extras
 };
 
-/// The stages over `nodes`, in their order, covering every layer once. Errors: no nodes, no
+/// Where a plan of several stages puts the final norm and the output head.
+enum class head_place {
+  last_stage,   ///< with the last layer
+  /// With the embedding, on the first stage's node (the serving node, which samples): the stage
+  /// ending at the last layer gets `layers.head = false` and returns hidden rows.
+  first_stage,
+};
+
+/// The stages over `nodes`, in their order, covering every layer once, each within its node's
+/// free memory as `head` places the head (a plan of one stage holds it either way). Errors: no nodes, no
 /// layers, a speed that is not positive or a negative free memory (invalid_argument, naming the
 /// node); a model that does not fit (limit_exceeded): "needs 5.1 GB, the 3 nodes have 3.9 GB
 /// free", or, when the total would fit but no contiguous split does, how many layers they hold.
-expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, std::span<const stage_node> nodes);
+expected<std::vector<stage_assignment>> plan_stages(const model_costs& costs, std::span<const stage_node> nodes,
+                                                    head_place head = head_place::last_stage);
 
 /// Bytes for people: "812 B", "3.4 kB", "5.1 MB", "5.1 GB" (powers of 1000).
 std::string format_bytes(int64_t bytes);

@@ -536,6 +536,15 @@ struct models_reply {
 /// peer's own copy) as a pipeline stage holding `slots` sequences of `context` positions each.
 /// Only its sender may step or close it. Answered by a stage_reply (empty output) once loaded or
 /// failed.
+/// A file offered for fetching: its name in the checkpoint (empty for a single-file checkpoint;
+/// else a file name in its directory), its BLAKE2b-256 digest and its size in bytes.
+struct blob_file {
+  std::string name;
+  std::array<uint8_t, 32> id{};
+  uint64_t size = 0;
+  bool operator==(const blob_file&) const = default;
+};
+
 struct stage_open {
   uint64_t call = 0;   ///< echoed by the reply
   uint64_t stage = 0;  ///< chosen by the sender, unique per sender
@@ -547,10 +556,11 @@ struct stage_open {
   /// Whether a stage that ends at the last layer applies the final norm and the head (false: it
   /// returns hidden rows and the serving node applies the head).
   bool head = true;
-  /// The checkpoint file's BLAKE2b-256 digest, when the sender offers it for fetching (blob_get)
-  /// to a peer without its own copy at `path`; all zero: not offered (a directory checkpoint).
-  std::array<uint8_t, 32> blob{};
-  uint64_t blob_size = 0;  ///< the offered file's size in bytes
+  /// The checkpoint's files the sender offers for fetching (blob_get) to a peer without its own
+  /// copy at `path`: one with an empty name for a single-file checkpoint (GGUF), else the
+  /// directory's files that loading reads (config.json, the safetensors files and their index);
+  /// empty: not offered.
+  std::vector<blob_file> files{};
   bool operator==(const stage_open&) const = default;
 };
 
@@ -865,7 +875,12 @@ void fields(F& f, models_reply& x) {
 
 template <class F>
 void fields(F& f, stage_open& x) {
-  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.slots, x.head, x.blob, x.blob_size);
+  f(x.call, x.stage, x.path, x.first_layer, x.end_layer, x.context, x.slots, x.head, x.files);
+}
+
+template <class F>
+void fields(F& f, blob_file& x) {
+  f(x.name, x.id, x.size);
 }
 
 template <class F>

@@ -9,10 +9,13 @@
 #include <unistd.h>
 
 #include "actors/blob_transfer.hpp"
+#include "fetch_link.hpp"
 #include "test_ids.hpp"
 
 using namespace mesh;
 using namespace mesh::blobs;
+using mesh::test::fetch_link;
+using mesh::test::over_the_wire;
 
 namespace {
 
@@ -32,14 +35,6 @@ std::vector<uint8_t> pattern(size_t n) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
   return v;
-}
-
-msg::message over_the_wire(const msg::message& m) {
-  auto bytes = msg::encode_message(m);
-  REQUIRE(bytes);
-  auto back = msg::decode_message(bytes->data(), bytes->size());
-  REQUIRE(back);
-  return *back;
 }
 
 }  // namespace
@@ -101,53 +96,6 @@ TEST_CASE("assembly takes chunks in order, each checked, and the whole against i
   }
 }
 
-namespace {
-
-/// A serving node (offers) and a stage node (fetcher) on one link: gets go through the wire
-/// codec to a thread that answers them in order, as the serving node's actor does.
-struct fetch_link {
-  node_id srv = test::named("srv"), peer = test::named("peer");
-  blob_offers offers{"srv"};
-  std::mutex m;
-  std::condition_variable cv;
-  std::deque<msg::blob_get> gets;
-  bool stop = false, connected = true;
-  std::function<void(msg::blob_chunk&)> tamper;
-  std::shared_ptr<blob_fetcher> fetcher = std::make_shared<blob_fetcher>(
-      [this](const node_id& to, const msg::message& sent) {
-        if (to != srv || !connected) return false;
-        std::lock_guard<std::mutex> lock(m);
-        gets.push_back(std::get<msg::blob_get>(over_the_wire(sent)));
-        cv.notify_all();
-        return true;
-      },
-      std::chrono::seconds(5));
-  std::thread server{[this] {
-    for (;;) {
-      msg::blob_get g;
-      {
-        std::unique_lock<std::mutex> lock(m);
-        cv.wait(lock, [&] { return stop || !gets.empty(); });
-        if (stop) return;
-        g = gets.front();
-        gets.pop_front();
-      }
-      auto c = offers.serve(g);
-      if (tamper) tamper(c);
-      fetcher->deliver(srv, std::get<msg::blob_chunk>(over_the_wire(c)));
-    }
-  }};
-  ~fetch_link() {
-    {
-      std::lock_guard<std::mutex> lock(m);
-      stop = true;
-    }
-    cv.notify_all();
-    server.join();
-  }
-};
-
-}  // namespace
 
 TEST_CASE("a file is fetched in chunks into the store, verified, and not fetched again", "[blobs][chunks]") {
   temp t;

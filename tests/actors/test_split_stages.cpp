@@ -23,6 +23,8 @@
 #include "actors/split_model.hpp"
 #include "actors/split_roster.hpp"
 #include "actors/stage_host.hpp"
+#include "fetch_link.hpp"
+#include "models/checkpoint.hpp"
 #include "model_writer.hpp"
 #include "serving/local_backend.hpp"
 #include "test_ids.hpp"
@@ -631,6 +633,101 @@ TEST_CASE("a stage host loads from its own copy, serves only the stage's owner a
   CHECK(reply(22).second.error == "node host1234: stage_step: slot 5 does not exist (the stage holds 3)");
   host.open(a, {23, 9, path.string(), 0, 2, 64, 0});
   CHECK(reply(23).second.error == "node host1234: stage_open: 0 slots (1 to 256)");
+}
+
+TEST_CASE("a stage node without the checkpoint fetches a Hugging Face directory's files and loads its layers from them", "[generation][split][blobs]") {
+  temp_dir dir;
+  const auto hf = dir / "hf";
+  model_spec spec = four_layers();
+  write_hf_model(hf, spec, "F32", 3);  // config.json, an index and three shards
+  auto ckpt = models::checkpoint::open(hf);
+  REQUIRE(ckpt);
+  REQUIRE(ckpt->files().size() == 5);
+  test::fetch_link link;
+  auto files = link.offers.offer_checkpoint(hf, ckpt->files());
+  REQUIRE(files);
+  REQUIRE(files->size() == 5);
+  auto store = blobs::blob_store::open(dir / "blobs", uint64_t{1} << 30);
+  REQUIRE(store);
+
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<uint64_t, msg::stage_reply> replies;
+  std::vector<std::string> lines;
+  generation::stage_host_options o;
+  o.make_executor = cpu_executors();
+  o.self = link.peer.short_string();
+  o.blobs = *store;
+  o.fetcher = link.fetcher;
+  o.log = [&](const std::string& line) {
+    std::lock_guard<std::mutex> lock(m);
+    lines.push_back(line);
+  };
+  generation::stage_host host(o, [&](const node_id&, const msg::message& out) {
+    auto r = std::get<msg::stage_reply>(test::over_the_wire(out));
+    std::lock_guard<std::mutex> lock(m);
+    replies[r.call] = r;
+    cv.notify_all();
+  });
+  const auto reply = [&](uint64_t call) {
+    std::unique_lock<std::mutex> lock(m);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return replies.count(call) > 0; }));
+    return replies[call];
+  };
+  const auto open = [&](uint64_t call, uint64_t stage, const std::string& path, std::vector<msg::blob_file> offered) {
+    msg::stage_open op;
+    op.call = call;
+    op.stage = stage;
+    op.path = path;
+    op.first_layer = 0;
+    op.end_layer = 2;
+    op.context = 32;
+    op.files = std::move(offered);
+    host.open(link.srv, op);
+    return reply(call);
+  };
+  const auto step = [&](uint64_t call, uint64_t stage) {
+    msg::stage_step st;
+    st.call = call;
+    st.stage = stage;
+    st.input = tensor::from_values(dtype::i32, {3}, {5, 9, 2});
+    host.step(link.srv, st);
+    return reply(call);
+  };
+
+  // From the node's own copy, then from a path it lacks, with the files offered.
+  auto own = open(1, 1, hf.string(), {});
+  INFO(own.error);
+  REQUIRE(own.ok);
+  auto fetched = open(2, 2, (dir / "elsewhere" / "hf").string(), *files);
+  INFO(fetched.error);
+  REQUIRE(fetched.ok);
+  for (const auto& f : *files) CHECK((*store)->contains(f.id));
+  const uint64_t moved = link.fetcher->fetched_bytes();
+  uint64_t total = 0;
+  for (const auto& f : *files) total += f.size;
+  CHECK(moved == total);
+  auto a = step(3, 1), b = step(4, 2);
+  REQUIRE(a.ok);
+  REQUIRE(b.ok);
+  CHECK(a.output.bytes == b.output.bytes);  // the same hidden rows, bit for bit
+
+  // Opened again: every file from the cache, nothing moves.
+  auto again = open(5, 3, (dir / "elsewhere" / "hf").string(), *files);
+  REQUIRE(again.ok);
+  CHECK(link.fetcher->fetched_bytes() == moved);
+  {
+    std::lock_guard<std::mutex> lock(m);
+    size_t hits = 0;
+    for (const auto& l : lines) hits += l.find("from the cache (no transfer)") != std::string::npos;
+    CHECK(hits == files->size());
+  }
+  // A file name that would leave the view's directory is refused before anything is fetched.
+  auto bad = *files;
+  bad[1].name = "../config.json";
+  auto refused = open(6, 4, (dir / "elsewhere" / "hf").string(), bad);
+  CHECK_FALSE(refused.ok);
+  CHECK(refused.error.find("is not a plain file name") != std::string::npos);
 }
 
 TEST_CASE("a split picks this node first and the peers with the most memory", "[generation][split]") {

@@ -53,7 +53,8 @@ mesh::msg::train_setup tiny_setup() {
 /// Valid messages whose edits reach deep into the decoders and engines: a training step with a
 /// dataset shard, a data-parallel job of a small graph (its strategy byte and graph are then
 /// mutated), a generate request with every sampling option and stop strings, a stage step, a
-/// checkpoint chunk, and a takeover setup (its grant then reaches the signature check).
+/// checkpoint chunk, a takeover setup (its grant then reaches the signature check), and a stage
+/// open offering a directory's files.
 const std::vector<uint8_t>& seed_bytes(int which) {
   static const std::vector<uint8_t> step = [] {
     mesh::msg::train_step s{1, 2, 1, {peer, self}, {5, 7}, 0, false, false,
@@ -88,13 +89,18 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     s.takeover = {3, peer, {}};
     return *mesh::msg::encode_message(s);
   }();
-  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : which == 4 ? chunk : takeover;
+  static const std::vector<uint8_t> open = [] {
+    mesh::msg::stage_open o{9, 2, "/models/hf", 0, 3, 64, 2, false,
+                            {{"config.json", {1, 2, 3}, 700}, {"model.safetensors", {4, 5, 6}, 1 << 20}}};
+    return *mesh::msg::encode_message(o);
+  }();
+  return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : which == 4 ? chunk : which == 5 ? takeover : open;
 }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data, data + size);
-  if (size > 0 && data[0] >= 0xfa) {  // edits of a valid message, to reach deep into the decoder
+  if (size > 0 && data[0] >= 0xf9) {  // edits of a valid message, to reach deep into the decoder
     bytes = seed_bytes(0xff - data[0]);
     for (size_t i = 1; i + 1 < size; i += 2) bytes[data[i] % bytes.size()] ^= data[i + 1];
   }
@@ -117,6 +123,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto* o = std::get_if<mesh::msg::stage_open>(&*m)) {
     auto r = mesh::generation::check_open(*o);
     if (r && (r->size() < 1 || o->path.empty() || o->context == 0 || o->slots == 0)) __builtin_trap();
+    // Offered files that pass are plain names a view directory can hold.
+    if (r)
+      for (const auto& f : o->files)
+        if (f.name.find('/') != std::string::npos || f.name == ".." || (f.name.empty() && o->files.size() > 1)) __builtin_trap();
     return 0;
   }
   if (auto* st = std::get_if<mesh::msg::stage_step>(&*m)) {

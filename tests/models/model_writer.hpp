@@ -2,7 +2,9 @@
 // Small random checkpoints of each architecture, as Hugging Face directories (f32, f16, bf16) and
 // GGUF files (F32, F16, Q8_0, Q4_0, Q4_K, Q6_K matrices; norms, biases and rope factors in F32, as
 // llama.cpp's converter writes them), with a byte-level vocabulary in the GGUF metadata.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -144,16 +146,29 @@ inline std::string hf_config_json(const model_spec& s) {
   return j + "}";
 }
 
-/// A Hugging Face directory: config.json and model.safetensors in `dtype` ("F32", "F16", "BF16").
-inline void write_hf_model(const std::filesystem::path& dir, const model_spec& s, const std::string& dtype) {
+/// A Hugging Face directory: config.json and model.safetensors in `dtype` ("F32", "F16", "BF16");
+/// with `shards` > 1, the tensors dealt in turn into model-0000I-of-0000N.safetensors and
+/// model.safetensors.index.json mapping each to its file.
+inline void write_hf_model(const std::filesystem::path& dir, const model_spec& s, const std::string& dtype, int shards = 1) {
   std::filesystem::create_directories(dir);
   write_file(dir / "config.json", hf_config_json(s));
-  safetensors_writer w;
+  std::vector<safetensors_writer> w(static_cast<size_t>(std::max(shards, 1)));
+  std::string weight_map;
+  size_t i = 0;
+  const auto shard_name = [&](size_t k) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05d.safetensors", k + 1, shards);
+    return std::string(name);
+  };
   for (const auto& t : model_tensors(s)) {
     const bytes b = dtype == "F16" ? f16_bytes(t.values) : dtype == "BF16" ? bf16_bytes(t.values) : f32_bytes(t.values);
-    w.add(t.name, dtype, t.shape, b);
+    const size_t k = i++ % w.size();
+    w[k].add(t.name, dtype, t.shape, b);
+    weight_map += (weight_map.empty() ? "" : ", ") + ("\"" + t.name + "\": \"" + shard_name(k) + "\"");
   }
-  write_file(dir / "model.safetensors", w.build());
+  if (shards <= 1) return write_file(dir / "model.safetensors", w.front().build());
+  for (size_t k = 0; k < w.size(); ++k) write_file(dir / shard_name(k), w[k].build());
+  write_file(dir / "model.safetensors.index.json", "{\"metadata\": {}, \"weight_map\": {" + weight_map + "}}");
 }
 
 /// Random blocks of a quantized type for `rows` rows of `cols` elements, values of roughly

@@ -33,8 +33,8 @@ std::ostream& operator<<(std::ostream& os, const split& s) {
   return os << s.node << " [" << s.first << ", " << s.end << ") " << s.bytes << " B";
 }
 
-std::vector<split> plan(const model_costs& c, const std::vector<stage_node>& nodes) {
-  auto p = plan_stages(c, nodes);
+std::vector<split> plan(const model_costs& c, const std::vector<stage_node>& nodes, head_place head = head_place::last_stage) {
+  auto p = plan_stages(c, nodes, head);
   INFO((p ? std::string() : p.error().message));
   REQUIRE(p);
   std::vector<split> out;
@@ -129,4 +129,24 @@ TEST_CASE("format_bytes: powers of 1000, one decimal", "[models][stages]") {
   CHECK(format_bytes(5'100'000) == "5.1 MB");
   CHECK(format_bytes(5'100'000'000) == "5.1 GB");
   CHECK(format_bytes(3'900'000'000) == "3.9 GB");
+}
+
+TEST_CASE("stage plan: with the head on the first stage its memory is counted there, and the last stage holds none", "[models][stages]") {
+  // Equal nodes: the first holds the embedding and the head (50 + 70), the last neither.
+  CHECK(plan(uniform(8), {{"a", plenty, 1}, {"b", plenty, 1}}, head_place::first_stage) ==
+        std::vector<split>{{"a", 0, 4, 560}, {"b", 4, 8, 440}});
+  auto p = plan_stages(uniform(8), std::vector<stage_node>{{"a", plenty, 1}, {"b", plenty, 1}}, head_place::first_stage);
+  REQUIRE(p);
+  CHECK(p->front().layers.head);
+  CHECK_FALSE(p->back().layers.head);
+  // "a" fits 3 layers beside embedding and head (330 + 120 = 450 <= 500), not 4 (560): the rest
+  // goes to "b", which needs no room for the head. Planned with the head last, "a" would keep 4.
+  CHECK(plan(uniform(8), {{"a", 500, 1}, {"b", plenty, 1}}, head_place::first_stage) ==
+        std::vector<split>{{"a", 0, 3, 450}, {"b", 3, 8, 550}});
+  CHECK(plan(uniform(8), {{"a", 500, 1}, {"b", plenty, 1}}) == std::vector<split>{{"a", 0, 4, 490}, {"b", 4, 8, 510}});
+  // A plan of one stage holds the head as the whole model does (a tied embedding counted once).
+  CHECK(plan(uniform(2, 50), {{"a", plenty, 1}}, head_place::first_stage) == std::vector<split>{{"a", 0, 2, 290}});
+  auto whole = plan_stages(uniform(2), std::vector<stage_node>{{"a", plenty, 1}}, head_place::first_stage);
+  REQUIRE(whole);
+  CHECK(whole->front().layers.head);
 }
