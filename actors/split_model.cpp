@@ -85,6 +85,8 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
             models::session_options ho;
             ho.layers = models::layer_range::head_of(config.n_layers);
             ho.prefix = "head.";  // beside the stage's parameters on this executor
+            ho.slots = slots;     // its programs for up to every sequence's row, loaded now
+            ho.prepare_decode = true;
             auto h = models::session::create(*ex, *ckpt, ho);
             if (!h) return make_error(h.error().code, "the head on this node: " + h.error().message);
             head.emplace(std::move(*h));

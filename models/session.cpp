@@ -73,7 +73,12 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
     for (const auto* src : w.sources) advise_range(src->data, access_hint::dont_need);
   }
   s.stats_.load_seconds = seconds_since(t0);
-  if (options.prepare_decode && s.whole_context_decode_) {
+  if (options.prepare_decode && s.whole_context_decode_ && s.layers().size() == 0) {
+    // A session of the head alone: head()'s programs for the rows a pipeline of `slots`
+    // sequences hands it (one for a prompt chunk's last row, up to every sequence's in a step).
+    for (int64_t n = 1; n / 2 < s.slots(); n *= 2)
+      if (auto id = s.program(s.head_rows(n), s.head_attended(), true); !id) return forward_error(id);
+  } else if (options.prepare_decode && s.whole_context_decode_) {
     // The programs decode() and batched forward() pick: one row for a single sequence, else rows
     // min(slots, a power of two), the slots of a step being its rows.
     if (s.slots() == 1) {
@@ -232,6 +237,8 @@ expected<std::vector<float>> session::prefill(int64_t slot, std::span<const int3
   return step(slot, tokens, {}, false);
 }
 
+int64_t session::head_rows(int64_t n) const { return n == 1 ? 1 : std::max(options_.min_batch, next_pow2(n)); }
+
 expected<std::vector<float>> session::head(std::span<const float> hidden) {
   const int64_t d = config_.hidden_size;
   if (layers().size() != 0 || !returns_logits())
@@ -243,8 +250,8 @@ expected<std::vector<float>> session::head(std::span<const float> hidden) {
   const auto n = static_cast<int64_t>(hidden.size()) / d;
   if (n > options_.max_batch)
     return make_error(error_code::invalid_argument, fmt::format("{}: {} rows for the head, more than one batch of {}", source_, n, options_.max_batch));
-  const int64_t batch = n == 1 ? 1 : std::max(options_.min_batch, next_pow2(n));
-  auto id = program(batch, std::min(context_, options_.min_attended), true);
+  const int64_t batch = head_rows(n);
+  auto id = program(batch, head_attended(), true);
   if (!id) return forward_error(id);
   std::vector<float> padded(static_cast<size_t>(batch * d), 0.0f);
   std::copy(hidden.begin(), hidden.end(), padded.begin());

@@ -77,6 +77,8 @@ struct session_options {
   /// With whole_context_decode in effect: load the decode step's programs for every batch size
   /// (up to the slots held and layers::fused_attention_max_rows rows) when the session is
   /// created, so that no request waits for one to load (a server: each costs seconds on a GPU).
+  /// A session of the head alone loads head()'s programs for 1 to `slots` rows (its slots being
+  /// the sequences of the pipeline it serves).
   bool prepare_decode = false;
   /// Prepended to every parameter name, so that several sessions can share one executor.
   std::string prefix;
@@ -193,6 +195,11 @@ class session final : public sequence_model {
   expected<void> check_token(int32_t token) const;
   /// The attended rows of a step of `rows` rows whose longest sequence fills `filled` positions.
   int64_t attended_for(int64_t rows, int64_t filled) const;
+  /// The rows of head()'s program for `n` hidden rows: one, else a power of two of at least
+  /// min_batch (so that few programs serve every count).
+  int64_t head_rows(int64_t n) const;
+  /// The positions head()'s program is built for: it attends to nothing, so the smallest.
+  int64_t head_attended() const { return std::min(context_, options_.min_attended); }
   /// The batched step of decode(batch) and forward(rows, ...): row i of the input goes to
   /// rows[i]; returns the output rows in that order.
   expected<std::vector<float>> batch_step(std::span<const batch_row> rows, std::span<const int32_t> tokens,

@@ -262,6 +262,23 @@ TEST_CASE("decode steps over the whole context give the bucketed steps' logits w
     }
     CHECK(s->stats().programs == after_prompts);
   }
+  // A session of the head alone for a pipeline of 5 sequences: head()'s programs for 1 row and
+  // for 16 (min_batch: what 2 to 5 rows round to), none loaded later.
+  {
+    session_options o;
+    o.layers = layer_range::head_of(spec.layers);
+    o.slots = 5;
+    o.whole_context_decode = session_options::toggle::on;
+    o.prepare_decode = true;
+    ex.push_back(gpu::make_cpu_executor(1));
+    auto h = session::create(*ex.back(), *ckpt, o);
+    REQUIRE(h);
+    const int64_t prepared = h->stats().programs;
+    CHECK(prepared == 2);
+    for (int64_t rows = 1; rows <= 5; ++rows)
+      REQUIRE(h->head(std::vector<float>(static_cast<size_t>(rows * spec.hidden), 0.5f)));
+    CHECK(h->stats().programs == prepared);
+  }
 }
 
 TEST_CASE("generate: greedy text, stop strings, seeds and the callback", "[models][session]") {
