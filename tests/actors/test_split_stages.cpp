@@ -134,6 +134,35 @@ model_spec four_layers() {
 /// A lost message fails the test in a minute, not in the node's ten.
 const generation::remote_stage_timeouts short_waits{60s, 60s};
 
+/// What the split tests share: a GGUF model of `layers` layers, a simulated mesh of `peers`, and
+/// the serving node's model host over CPU executors.
+struct split_fixture {
+  static constexpr uint64_t gb = 1'000'000'000;
+  temp_dir dir;
+  std::filesystem::path path = dir / "m.gguf";
+  sim_mesh mesh;
+  std::unique_ptr<serving::local_backend> host;
+
+  split_fixture(const std::vector<node_id>& peers, int64_t layers, models::tensor_type type) : mesh(peers) {
+    model_spec spec = four_layers();
+    spec.layers = layers;
+    write_gguf_model(path, spec, type);
+    serving::local_backend_options bo;
+    bo.make_executor = cpu_executors();
+    auto b = serving::local_backend::create(bo);
+    REQUIRE(b);
+    host = std::move(*b);
+  }
+  /// The model file under `id`.
+  serving::local_model_options model(const std::string& id) const {
+    serving::local_model_options o;
+    o.path = path;
+    o.id = id;
+    return o;
+  }
+};
+
+
 bool eventually(const std::function<bool()>& f) {
   for (int i = 0; i < 3000; ++i) {  // 30 s: a bound for slow sanitizer runs, not a wait
     if (f()) return true;
@@ -145,54 +174,42 @@ bool eventually(const std::function<bool()>& f) {
 }  // namespace
 
 TEST_CASE("a model split over three nodes serves the whole model's text, and unloading closes its stages", "[generation][split]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  write_gguf_model(path, four_layers(), models::tensor_type::q8_0);
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
-  sim_mesh mesh({p1, p2});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options whole;
-  whole.path = path;
-  whole.id = "whole";
-  REQUIRE((*b)->load(whole));
-  serving::local_model_options split = whole;
-  split.id = "split";
-  const uint64_t gb = 1'000'000'000;
-  split.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+  split_fixture f({p1, p2}, 4, models::tensor_type::q8_0);
+  REQUIRE(f.host->load(f.model("whole")));
+  serving::local_model_options split = f.model("split");
+  split.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                                short_waits);
-  auto info = (*b)->load(split);
+  auto info = f.host->load(split);
   INFO((info ? std::string() : info.error().message));
   REQUIRE(info);
   REQUIRE(info->stages.size() == 3);
-  CHECK(info->stages[0].node == mesh.srv.to_string());
+  CHECK(info->stages[0].node == f.mesh.srv.to_string());
   CHECK(info->stages[1].node == p1.to_string());
   CHECK(info->stages[2].node == p2.to_string());
   CHECK(info->stages[0].first_layer == 0);
   CHECK(info->stages[2].end_layer == 4);
   CHECK(info->stages[0].end_layer == info->stages[1].first_layer);
   CHECK(info->context == 256);
-  CHECK(mesh.held(p1) == 1);
-  CHECK(mesh.held(p2) == 1);
+  CHECK(f.mesh.held(p1) == 1);
+  CHECK(f.mesh.held(p2) == 1);
 
   for (const uint64_t seed : {uint64_t{0}, uint64_t{42}}) {
-    auto a = run(**b, "whole", seed);
-    auto s = run(**b, "split", seed);
+    auto a = run(*f.host, "whole", seed);
+    auto s = run(*f.host, "split", seed);
     REQUIRE(a);
     INFO((s ? std::string() : s.error().message));
     REQUIRE(s);
     CHECK(s->text == a->text);
     CHECK(s->completion_tokens == 10);
   }
-  CHECK(mesh.undecodable == 0);
+  CHECK(f.mesh.undecodable == 0);
   // The serving node holds the first stage and applies the head: the last stage sent hidden
   // rows, never logits.
-  CHECK(mesh.logit_replies == 0);
+  CHECK(f.mesh.logit_replies == 0);
 
-  REQUIRE((*b)->unload("split"));
-  CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p2) == 0; }));
+  REQUIRE(f.host->unload("split"));
+  CHECK(eventually([&] { return f.mesh.held(p1) == 0 && f.mesh.held(p2) == 0; }));
 }
 
 /// A greedy (seed 0) or seeded generation of `tokens` tokens; `at_token` runs after each token.
@@ -213,65 +230,51 @@ serving::generation_outcome run_long(serving::local_backend& b, const std::strin
 }
 
 TEST_CASE("a stage node that dies mid-generation moves its layers to the survivors and the text is unchanged", "[generation][split][failover]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  model_spec spec = four_layers();
-  spec.layers = 6;
-  write_gguf_model(path, spec, models::tensor_type::q8_0);
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
-  sim_mesh mesh({p1, p2});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options whole;
-  whole.path = path;
-  whole.id = "whole";
-  REQUIRE((*b)->load(whole));
-  serving::local_model_options o = whole;
-  o.id = "split";
-  const uint64_t gb = 1'000'000'000;
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  REQUIRE(f.host->load(f.model("whole")));
+  serving::local_model_options o = f.model("split");
   std::vector<std::string> log;
   std::mutex log_m;
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits, nullptr, [&](const std::string& line) {
                                              std::lock_guard<std::mutex> lock(log_m);
                                              log.push_back(line);
                                            });
-  auto info = (*b)->load(o);
+  auto info = f.host->load(o);
   REQUIRE(info);
   REQUIRE(info->stages.size() == 3);
 
-  auto undisturbed = run_long(**b, "whole", 40);
+  auto undisturbed = run_long(*f.host, "whole", 40);
   REQUIRE(undisturbed);
-  auto split_too = run_long(**b, "split", 40);
+  auto split_too = run_long(*f.host, "split", 40);
   REQUIRE(split_too);
   REQUIRE(split_too->text == undisturbed->text);
 
   // p2 (the last stage) goes away after the 12th token: the request goes on over srv and p1.
-  auto r = run_long(**b, "split", 40, [&](int64_t n) {
-    if (n == 12) mesh.kill(p2);
+  auto r = run_long(*f.host, "split", 40, [&](int64_t n) {
+    if (n == 12) f.mesh.kill(p2);
   });
   INFO((r ? std::string() : r.error().message));
   for (const auto& l : log) INFO(l);
   REQUIRE(r);
   CHECK(r->text == undisturbed->text);
   CHECK(r->completion_tokens == 40);
-  auto now = (*b)->models();
+  auto now = f.host->models();
   const auto it = std::find_if(now.begin(), now.end(), [](const auto& m) { return m.id == "split"; });
   REQUIRE(it != now.end());
   REQUIRE(it->stages.size() == 2);
-  CHECK(it->stages[0].node == mesh.srv.to_string());
+  CHECK(it->stages[0].node == f.mesh.srv.to_string());
   CHECK(it->stages[1].node == p1.to_string());
   CHECK(it->stages[0].first_layer == 0);
   CHECK(it->stages[1].end_layer == 6);
   // p1 holds the new stage only: the old one was closed.
-  CHECK(eventually([&] { return mesh.held(p1) == 1; }));
+  CHECK(eventually([&] { return f.mesh.held(p1) == 1; }));
   // And the next request runs on the new plan from its start.
-  auto again = run_long(**b, "split", 40);
+  auto again = run_long(*f.host, "split", 40);
   REQUIRE(again);
   CHECK(again->text == undisturbed->text);
-  CHECK(mesh.undecodable == 0);
+  CHECK(f.mesh.undecodable == 0);
 }
 
 /// A request for `model` as the batching test sends it: its own prompt and seed.
@@ -289,40 +292,27 @@ serving::generation_request batch_request(const std::string& model, int i) {
 }
 
 TEST_CASE("requests running together on a split model share its steps, and a stage node lost under them moves them all", "[generation][split][failover][batch]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  model_spec spec = four_layers();
-  spec.layers = 6;
-  write_gguf_model(path, spec, models::tensor_type::q8_0);
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
-  sim_mesh mesh({p1, p2});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options whole;
-  whole.path = path;
-  whole.id = "whole";
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  serving::local_model_options whole = f.model("whole");
   whole.parallel = 1;  // each reference text alone
-  REQUIRE((*b)->load(whole));
-  serving::local_model_options o = whole;
-  o.id = "split";
+  REQUIRE(f.host->load(whole));
+  serving::local_model_options o = f.model("split");
   o.parallel = 4;
-  const uint64_t gb = 1'000'000'000;
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits);
-  REQUIRE((*b)->load(o));
+  REQUIRE(f.host->load(o));
   constexpr int n = 4;
   std::vector<std::string> alone;
   for (int i = 0; i < n; ++i) {
     outcome_wait w;
-    auto f = w.done.get_future();
-    REQUIRE((*b)->start(batch_request("whole", i), w.callbacks()));
-    auto r = f.get();
+    auto done = w.done.get_future();
+    REQUIRE(f.host->start(batch_request("whole", i), w.callbacks()));
+    auto r = done.get();
     REQUIRE(r);
     alone.push_back(r->text);
   }
-  CHECK((*b)->stats().widest_step == 1);
+  CHECK(f.host->stats().widest_step == 1);
 
   // All at once; in the second round p2 (the last stage) is lost after one request's 10th token.
   for (const bool lose : {false, true}) {
@@ -333,10 +323,10 @@ TEST_CASE("requests running together on a split model share its steps, and a sta
       auto cb = waits[static_cast<size_t>(i)].callbacks();
       if (lose && i == 0)
         cb.on_token = [&](int64_t t) {
-          if (t == 10 && !killed.exchange(true)) mesh.kill(p2);
+          if (t == 10 && !killed.exchange(true)) f.mesh.kill(p2);
         };
       done.push_back(waits[static_cast<size_t>(i)].done.get_future());
-      REQUIRE((*b)->start(batch_request("split", i), cb));
+      REQUIRE(f.host->start(batch_request("split", i), cb));
     }
     for (int i = 0; i < n; ++i) {
       auto r = done[static_cast<size_t>(i)].get();
@@ -346,39 +336,30 @@ TEST_CASE("requests running together on a split model share its steps, and a sta
       CHECK(r->text == alone[static_cast<size_t>(i)]);
       CHECK(r->completion_tokens == 24);
     }
-    CHECK((*b)->stats().widest_step >= 2);
-    CHECK((*b)->stats().most_micro_batches >= 2);  // the 3 stages took micro-batches at once
+    CHECK(f.host->stats().widest_step >= 2);
+    CHECK(f.host->stats().most_micro_batches >= 2);  // the 3 stages took micro-batches at once
     CHECK(killed == lose);
   }
-  auto now = (*b)->models();
+  auto now = f.host->models();
   const auto it = std::find_if(now.begin(), now.end(), [](const auto& m) { return m.id == "split"; });
   REQUIRE(it != now.end());
   CHECK(it->stages.size() == 2);
-  CHECK(mesh.undecodable == 0);
+  CHECK(f.mesh.undecodable == 0);
 }
 
 TEST_CASE("a stage node that dies when no plan fits the nodes left fails the request saying why", "[generation][split][failover]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  write_gguf_model(path, four_layers(), models::tensor_type::f32);
   const node_id p1 = test::named("p1");
-  sim_mesh mesh({p1});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options o;
-  o.path = path;
-  o.id = "split";
+  split_fixture f({p1}, 4, models::tensor_type::f32);
+  serving::local_model_options o = f.model("split");
   // This node has room for nothing: p1 holds every layer, and once it is gone nothing fits.
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, 1, 5}, {p1, 1 << 30, 5}}, path.string(), short_waits);
-  auto info = (*b)->load(o);
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, 1, 5}, {p1, 1 << 30, 5}}, f.path.string(), short_waits);
+  auto info = f.host->load(o);
   REQUIRE(info);
   REQUIRE(info->stages.size() == 1);
   CHECK(info->stages[0].node == p1.to_string());
-  REQUIRE(run(**b, "split", 0));
-  mesh.kill(p1);
-  auto r = run(**b, "split", 0);
+  REQUIRE(run(*f.host, "split", 0));
+  f.mesh.kill(p1);
+  auto r = run(*f.host, "split", 0);
   REQUIRE_FALSE(r);
   CHECK(r.error().kind == serving::failure_kind::no_capacity);
   INFO(r.error().message);
@@ -387,10 +368,10 @@ TEST_CASE("a stage node that dies when no plan fits the nodes left fails the req
   CHECK(r.error().message.find("no re-plan over the nodes left: stage plan: the model needs") != std::string::npos);
   CHECK(r.error().message.find("the 1 nodes have 1 B free") != std::string::npos);
   // The host goes on: the next request fails the same way, nothing hangs; the listing shows no stages.
-  auto next = run(**b, "split", 0);
+  auto next = run(*f.host, "split", 0);
   REQUIRE_FALSE(next);
   CHECK(next.error().message.find("no re-plan over the nodes left") != std::string::npos);
-  auto now = (*b)->models();
+  auto now = f.host->models();
   REQUIRE(now.size() == 1);
   CHECK(now[0].stages.empty());
 
@@ -408,108 +389,82 @@ TEST_CASE("a stage node that dies when no plan fits the nodes left fails the req
 }
 
 TEST_CASE("with a roster, a departure re-plans at once and a node that joins widens the plan while a request runs", "[generation][split][failover]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  model_spec spec = four_layers();
-  spec.layers = 6;
-  write_gguf_model(path, spec, models::tensor_type::q8_0);
   const node_id p1 = test::named("p1"), p2 = test::named("p2"), p3 = test::named("p3");
-  sim_mesh mesh({p1, p2, p3});
-  const uint64_t gb = 1'000'000'000;
+  split_fixture f({p1, p2, p3}, 6, models::tensor_type::q8_0);
   auto roster = std::make_shared<generation::split_roster>();
-  roster->joined({p1, gb, 10});
-  roster->joined({p2, gb, 10});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options whole;
-  whole.path = path;
-  whole.id = "whole";
-  REQUIRE((*b)->load(whole));
-  serving::local_model_options o = whole;
-  o.id = "split";
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+  roster->joined({p1, f.gb, 10});
+  roster->joined({p2, f.gb, 10});
+  REQUIRE(f.host->load(f.model("whole")));
+  serving::local_model_options o = f.model("split");
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits, roster);
-  REQUIRE((*b)->load(o));
+  REQUIRE(f.host->load(o));
   const auto stage_nodes = [&] {
     std::vector<std::string> out;
-    for (const auto& m : (*b)->models())
+    for (const auto& m : f.host->models())
       if (m.id == "split")
         for (const auto& st : m.stages) out.push_back(st.node);
     return out;
   };
-  REQUIRE(stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string(), p2.to_string()});
-  auto undisturbed = run_long(**b, "whole", 40);
+  REQUIRE(stage_nodes() == std::vector<std::string>{f.mesh.srv.to_string(), p1.to_string(), p2.to_string()});
+  auto undisturbed = run_long(*f.host, "whole", 40);
   REQUIRE(undisturbed);
 
   // p2 leaves while nothing runs: the plan moves without waiting for a request.
-  mesh.kill(p2);
+  f.mesh.kill(p2);
   roster->left(p2);
-  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string()}; }));
+  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{f.mesh.srv.to_string(), p1.to_string()}; }));
 
   // p3 joins while a generation runs: the plan widens to three nodes again; the text is the same.
   std::atomic<bool> told{false};
-  auto r = run_long(**b, "split", 40, [&](int64_t n) {
-    if (n == 5 && !told.exchange(true)) roster->joined({p3, gb, 10});
+  auto r = run_long(*f.host, "split", 40, [&](int64_t n) {
+    if (n == 5 && !told.exchange(true)) roster->joined({p3, f.gb, 10});
   });
   INFO((r ? std::string() : r.error().message));
   REQUIRE(r);
   CHECK(r->text == undisturbed->text);
-  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{mesh.srv.to_string(), p1.to_string(), p3.to_string()}; }));
-  auto again = run_long(**b, "split", 40);
+  CHECK(eventually([&] { return stage_nodes() == std::vector<std::string>{f.mesh.srv.to_string(), p1.to_string(), p3.to_string()}; }));
+  auto again = run_long(*f.host, "split", 40);
   REQUIRE(again);
   CHECK(again->text == undisturbed->text);
-  CHECK(eventually([&] { return mesh.held(p3) == 1 && mesh.held(p1) == 1; }));
-  REQUIRE((*b)->unload("split"));
-  CHECK(eventually([&] { return mesh.held(p1) == 0 && mesh.held(p3) == 0; }));
+  CHECK(eventually([&] { return f.mesh.held(p3) == 1 && f.mesh.held(p1) == 1; }));
+  REQUIRE(f.host->unload("split"));
+  CHECK(eventually([&] { return f.mesh.held(p1) == 0 && f.mesh.held(p3) == 0; }));
   roster->close();
 }
 
 TEST_CASE("re-plans share layers by free memory, and a loss counts the dropped stages' memory as free again", "[generation][split][failover]") {
-  temp_dir dir;
-  const auto path = dir / "m.gguf";
-  model_spec spec = four_layers();
-  spec.layers = 6;
-  write_gguf_model(path, spec, models::tensor_type::q8_0);
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
-  sim_mesh mesh({p1, p2});
-  const uint64_t gb = 1'000'000'000;
-  auto memory = std::make_shared<generation::free_memory>(mesh.srv, [] { return uint64_t{1'000'000'000}; });
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  auto memory = std::make_shared<generation::free_memory>(f.mesh.srv, [] { return split_fixture::gb; });
   auto roster = std::make_shared<generation::split_roster>(memory);
-  roster->joined({p1, gb, 10});
-  roster->joined({p2, gb, 10});
-  serving::local_backend_options bo;
-  bo.make_executor = cpu_executors();
-  auto b = serving::local_backend::create(bo);
-  REQUIRE(b);
-  serving::local_model_options o;
-  o.path = path;
-  o.id = "split";
-  o.split = generation::make_split_builder(mesh.calls, mesh.srv, {{mesh.srv, gb, 10}, {p1, gb, 10}, {p2, gb, 10}}, path.string(),
+  roster->joined({p1, f.gb, 10});
+  roster->joined({p2, f.gb, 10});
+  serving::local_model_options o = f.model("split");
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits, roster);
-  REQUIRE((*b)->load(o));
+  REQUIRE(f.host->load(o));
   const auto stages = [&] {
     std::vector<std::string> out;
-    for (const auto& m : (*b)->models())
+    for (const auto& m : f.host->models())
       if (m.id == "split")
         for (const auto& st : m.stages) out.push_back(fmt::format("{}:{}-{}", st.node.substr(0, 4), st.first_layer, st.end_layer));
     return out;
   };
   const auto at = [](const node_id& n, int first, int end) { return fmt::format("{}:{}-{}", n.to_string().substr(0, 4), first, end); };
-  REQUIRE(stages() == std::vector<std::string>{at(mesh.srv, 0, 2), at(p1, 2, 4), at(p2, 4, 6)});
-  REQUIRE(run(**b, "split", 0));
+  REQUIRE(stages() == std::vector<std::string>{at(f.mesh.srv, 0, 2), at(p1, 2, 4), at(p2, 4, 6)});
+  REQUIRE(run(*f.host, "split", 0));
 
   // p2's heartbeat says nothing is free beyond the stage it holds; then p1 is lost. The re-plan
   // drops p2's stage first, so p2 can hold as much as it held, not more: two layers of the six,
   // where shares by speed alone would give it three. Counted without its old stage it would get none.
   memory->reported(p2, 0);
-  mesh.kill(p1);
+  f.mesh.kill(p1);
   roster->left(p1);
-  CHECK(eventually([&] { return stages() == std::vector<std::string>{at(mesh.srv, 0, 4), at(p2, 4, 6)}; }));
+  CHECK(eventually([&] { return stages() == std::vector<std::string>{at(f.mesh.srv, 0, 4), at(p2, 4, 6)}; }));
   INFO(fmt::format("{}", fmt::join(stages(), ", ")));
-  REQUIRE(run(**b, "split", 0));
-  REQUIRE((*b)->unload("split"));
+  REQUIRE(run(*f.host, "split", 0));
+  REQUIRE(f.host->unload("split"));
   roster->close();
 }
 
