@@ -19,11 +19,7 @@ inline constexpr uint32_t chunk_bytes = 1u << 20;
 /// The most a blob_get may ask for (a peer's bound, also the fuzzer's).
 inline constexpr uint32_t max_chunk_bytes = 4u << 20;
 
-struct byte_range {
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  bool operator==(const byte_range&) const = default;
-};
+using byte_range = msg::byte_range;
 
 /// [0, size) cut into consecutive chunks of `chunk` bytes (the last may be shorter).
 std::vector<byte_range> plan_chunks(uint64_t size, uint32_t chunk = chunk_bytes);

@@ -88,4 +88,30 @@ expected<digest> hash_file(const std::filesystem::path& path) {
   return h.finish();
 }
 
+expected<file_digests> hash_file_chunks(const std::filesystem::path& path, uint32_t chunk) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return make_error(error_code::io_error, "cannot read " + path.string() + " to hash it: " + std::strerror(errno));
+  if (chunk == 0) return make_error(error_code::invalid_argument, "chunks of 0 bytes");
+  file_digests out;
+  hasher whole;
+  std::vector<char> buf(chunk);
+  while (f) {
+    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = static_cast<size_t>(f.gcount());
+    if (n == 0) break;
+    const std::span<const uint8_t> bytes{reinterpret_cast<const uint8_t*>(buf.data()), n};
+    whole.update(bytes);
+    out.chunks.push_back(hash_bytes(bytes));
+  }
+  if (f.bad()) return make_error(error_code::io_error, "cannot read " + path.string() + " to hash it: a read failed");
+  out.whole = whole.finish();
+  return out;
+}
+
+digest hash_chunk_list(std::span<const digest> chunks) {
+  hasher h;
+  for (const auto& c : chunks) h.update(c);
+  return h.finish();
+}
+
 }  // namespace mesh::blobs

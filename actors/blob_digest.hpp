@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/error.hpp"
 
@@ -39,5 +40,16 @@ class hasher {
 
 /// The digest of a file's content, read in pieces (never all in memory); io_error naming the file.
 expected<digest> hash_file(const std::filesystem::path& path);
+
+/// A file's digest and the digests of its consecutive chunks of `chunk` bytes (the last one may
+/// be shorter), from one read of the file.
+struct file_digests {
+  digest whole{};
+  std::vector<digest> chunks;
+};
+expected<file_digests> hash_file_chunks(const std::filesystem::path& path, uint32_t chunk);
+
+/// The digest of a chunk list: of its chunks' digests, concatenated (what stage_open names it by).
+digest hash_chunk_list(std::span<const digest> chunks);
 
 }  // namespace mesh::blobs

@@ -26,16 +26,34 @@ expected<std::shared_ptr<blob_store>> blob_store::open(const std::filesystem::pa
   std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
   auto s = std::shared_ptr<blob_store>(new blob_store(dir, max_bytes));
   std::vector<std::pair<std::filesystem::file_time_type, digest>> found;
+  std::vector<std::filesystem::path> records;  // partial blobs' chunk records, taken with their data
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
-    auto d = parse_digest(f.path().filename().string());
-    if (!d || !f.is_regular_file()) {
-      // A staging file of a fetch the process did not finish, or something that is no blob.
+    const auto name = f.path().filename().string();
+    if (name.size() == 64 + 7 && name.ends_with(".chunks") && f.is_regular_file()) {
+      records.push_back(f.path());
+      continue;
+    }
+    const bool sparse = name.size() == 64 + 7 && name.ends_with(".sparse");
+    auto d = parse_digest(sparse ? name.substr(0, 64) : name);
+    entry e;
+    if (!d || !f.is_regular_file() || (sparse && !s->load_partial(*d, e))) {
+      // A staging file of a fetch the process did not finish, a partial blob without its
+      // record, or something that is no blob.
       std::filesystem::remove_all(f.path(), ec);
       continue;
     }
-    s->blobs_[*d].size = f.file_size(ec);
-    s->bytes_ += s->blobs_[*d].size;
+    if (!sparse) e.size = f.file_size(ec);
+    if (auto it = s->blobs_.find(*d); it != s->blobs_.end()) {  // both whole and partial: the whole one stays
+      if (sparse) continue;
+      s->drop(*d);
+    }
+    s->bytes_ += e.size;
+    s->blobs_[*d] = std::move(e);
     found.emplace_back(f.last_write_time(ec), *d);
+  }
+  for (const auto& r : records) {  // a record whose data is gone
+    auto d = parse_digest(r.filename().string().substr(0, 64));
+    if (!d || !s->blobs_.count(*d) || !s->blobs_[*d].partial) std::filesystem::remove(r, ec);
   }
   if (ec) return make_error(error_code::io_error, fmt::format("cannot read the blob cache {}: {}", dir.string(), ec.message()));
   // Uses survive restarts as modification times (get() touches the file).
@@ -70,7 +88,8 @@ expected<blob_store::held> blob_store::view(const std::vector<std::pair<std::str
 
 bool blob_store::contains(const digest& d) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return blobs_.count(d) != 0;
+  auto it = blobs_.find(d);
+  return it != blobs_.end() && !it->second.partial;
 }
 
 uint64_t blob_store::bytes() const {
@@ -104,7 +123,12 @@ void blob_store::drop(const digest& d) {
   auto it = blobs_.find(d);
   if (it == blobs_.end()) return;
   std::error_code ec;
-  std::filesystem::remove(path_of(d), ec);
+  if (it->second.partial) {
+    std::filesystem::remove(sparse_of(d), ec);
+    std::filesystem::remove(record_of(d), ec);
+  } else {
+    std::filesystem::remove(path_of(d), ec);
+  }
   bytes_ -= it->second.size;
   blobs_.erase(it);
 }
@@ -133,7 +157,9 @@ expected<void> blob_store::make_room(uint64_t need) {
 expected<blob_store::held> blob_store::get(const digest& d) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!blobs_.count(d)) return make_error(error_code::not_found, fmt::format("no blob {} in {}", to_hex(d), dir_.string()));
+    auto it = blobs_.find(d);
+    if (it == blobs_.end() || it->second.partial)
+      return make_error(error_code::not_found, fmt::format("no blob {} in {}", to_hex(d), dir_.string()));
   }
   // Verified on every read: a disk that flipped a bit must not feed a model wrong weights. The
   // hash runs outside the lock (it reads the whole file).
@@ -158,8 +184,11 @@ expected<blob_store::held> blob_store::put(std::span<const uint8_t> bytes) {
   const digest d = hash_bytes(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = blobs_.find(d); it != blobs_.end()) {
-    it->second.last_use = ++clock_;
-    return held{path_of(d), pin_of(d)};
+    if (!it->second.partial) {
+      it->second.last_use = ++clock_;
+      return held{path_of(d), pin_of(d)};
+    }
+    if (it->second.pins == 0) drop(d);  // the whole content replaces its part
   }
   if (auto ok = make_room(bytes.size()); !ok) return tl::unexpected(ok.error());
   auto ok = write_file_durably(path_of(d), std::span<const char>(reinterpret_cast<const char*>(bytes.data()), bytes.size()), 0600);
@@ -227,9 +256,13 @@ expected<void> blob_store::commit(const digest& d) {
   reserved_ -= size;
   staged_.erase(d);
   int pins = 0;
-  if (auto it = blobs_.find(d); it != blobs_.end()) {  // written twice: the same content, its users kept
+  if (auto it = blobs_.find(d); it != blobs_.end()) {  // written twice, or over its part: the same content, its users kept
     bytes_ -= it->second.size;
     pins = it->second.pins;
+    if (it->second.partial) {
+      std::filesystem::remove(sparse_of(d), ec);  // mappings of it stay valid
+      std::filesystem::remove(record_of(d), ec);
+    }
   }
   blobs_[d] = entry{size, ++clock_, pins};
   bytes_ += size;

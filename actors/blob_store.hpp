@@ -57,6 +57,32 @@ class blob_store : public std::enable_shared_from_this<blob_store> {
   /// Drops a staged file and its reservation.
   void discard(const digest& d);
 
+  /// Partial blobs: of a large file, only the chunks (of chunk_bytes) a node's stages read,
+  /// fetched as they need them. The data is a sparse file of the whole size,
+  /// `<dir>/<digest>.sparse`, beside `<digest>.chunks`: the digests of all its chunks (checked
+  /// by the caller against what the serving node named) and which of them are here. Both
+  /// survive restarts; a blob counts the chunks it holds against the bound.
+  ///
+  /// Makes the partial blob `d` of `size` bytes whose chunks hash to `list`, or finds it (with
+  /// the same list: invalid_argument otherwise). Errors: io_error.
+  expected<void> open_partial(const digest& d, uint64_t size, std::vector<digest> list);
+  /// The chunk list of the partial blob `d`; empty when there is none.
+  std::vector<digest> chunk_list_of(const digest& d) const;
+  /// The chunks of `wanted` that the partial blob `d` lacks.
+  std::vector<uint64_t> missing(const digest& d, const std::vector<uint64_t>& wanted) const;
+  /// Makes room for `bytes` more (evicting) and reserves it until unreserve(). Errors as stage().
+  expected<void> reserve(uint64_t bytes);
+  void unreserve(uint64_t bytes);
+  /// Writes chunk `index` of the partial blob `d`: its bytes must hash to the list's digest
+  /// (decode_error naming both otherwise). Not durable until sync_partial().
+  expected<void> put_chunk(const digest& d, uint64_t index, std::span<const uint8_t> bytes);
+  /// Flushes the partial blob's data and writes which chunks it holds, durably.
+  expected<void> sync_partial(const digest& d);
+  /// The partial blob's file, with the chunks `wanted` present and verified (each hashed again
+  /// against its digest: a corrupt one is dropped from the blob and the error, decode_error,
+  /// names it). Counts as a use; pinned while the result lives. not_found when a chunk is missing.
+  expected<held> get_chunks(const digest& d, const std::vector<uint64_t>& wanted);
+
   /// A directory checkpoint made of held blobs: `<dir>/views/<digest of the listing>/NAME`, a
   /// symbolic link to each blob under its file name, pinning them all while the result lives.
   /// Views are made again on demand (open() removes them with everything else that is no blob).
@@ -72,12 +98,21 @@ class blob_store : public std::enable_shared_from_this<blob_store> {
 
  private:
   struct entry {
-    uint64_t size = 0;
+    uint64_t size = 0;  ///< bytes held (a partial blob: its chunks here)
     uint64_t last_use = 0;
     int pins = 0;
+    bool partial = false;
+    uint64_t file_size = 0;     ///< a partial blob: the whole file's
+    std::vector<digest> list{};  ///< a partial blob: every chunk's digest
+    std::vector<bool> have{};    ///< a partial blob: the chunks here
   };
   blob_store(std::filesystem::path dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
   std::filesystem::path path_of(const digest& d) const;
+  std::filesystem::path sparse_of(const digest& d) const;  ///< a partial blob's data
+  std::filesystem::path record_of(const digest& d) const;  ///< a partial blob's chunk record
+  /// Reads a partial blob's record (open()); false when it is not one.
+  bool load_partial(const digest& d, entry& e) const;
+  expected<void> write_record(const digest& d, const entry& e) const;
   /// Evicts the least recently used unpinned blobs until `need` more bytes fit (mutex_ held).
   expected<void> make_room(uint64_t need);
   pin pin_of(const digest& d);  ///< mutex_ held

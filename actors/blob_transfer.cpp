@@ -22,16 +22,18 @@ expected<offered> blob_offers::offer(const std::string& path) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = by_path_.find(path); it != by_path_.end() && it->second.size == size && it->second.mtime == mtime)
-      return offered{it->second.id, size};
+      return offered{it->second.id, size, it->second.chunk_list_id};
   }
   // Hashed outside the lock: a large file takes seconds, and peers' gets for other files go on.
-  auto d = hash_file(path);
+  auto d = hash_file_chunks(path, chunk_bytes);
   if (!d) return tl::unexpected(d.error());
+  auto list = std::make_shared<std::vector<uint8_t>>();
+  for (const auto& c : d->chunks) list->insert(list->end(), c.begin(), c.end());
   std::lock_guard<std::mutex> lock(mutex_);
-  file f{path, size, mtime, *d};
+  file f{path, size, mtime, d->whole, std::move(list), hash_chunk_list(d->chunks)};
   by_path_[path] = f;
-  by_digest_[*d] = f;
-  return offered{*d, size};
+  by_digest_[d->whole] = f;
+  return offered{d->whole, size, f.chunk_list_id};
 }
 
 expected<std::vector<msg::blob_file>> blob_offers::offer_checkpoint(const std::filesystem::path& checkpoint,
@@ -56,6 +58,7 @@ expected<std::vector<msg::blob_file>> blob_offers::offer_checkpoint(const std::f
     if (!o) return tl::unexpected(o.error());
     b.id = o->id;
     b.size = o->size;
+    b.chunk_list = o->chunk_list;
     out.push_back(std::move(b));
   }
   return out;
@@ -81,6 +84,14 @@ msg::blob_chunk blob_offers::serve(const msg::blob_get& g) const {
     auto it = by_digest_.find(g.blob);
     if (it == by_digest_.end()) return fail(error_code::not_found, fmt::format("offers no blob {}", to_hex(g.blob)));
     f = it->second;
+  }
+  if (g.chunk_list) {  // the chunk list, from memory
+    const auto& list = *f.chunk_list;
+    if (auto ok = check_get(g, list.size()); !ok) return fail(ok.error().code, ok.error().message);
+    c.bytes.assign(list.begin() + static_cast<std::ptrdiff_t>(g.offset), list.begin() + static_cast<std::ptrdiff_t>(g.offset + g.length));
+    c.digest = hash_bytes(c.bytes);
+    c.ok = true;
+    return c;
   }
   if (auto ok = check_get(g, f.size); !ok) return fail(ok.error().code, ok.error().message);
   const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -158,6 +169,43 @@ expected<msg::blob_chunk> blob_fetcher::await(uint64_t call) {
   return make_error(error_code::timeout, fmt::format("node {} sent no chunk within {} ms", to.short_string(), chunk_timeout_.count()));
 }
 
+expected<void> blob_fetcher::request(const node_id& from, const std::vector<msg::blob_get>& gets,
+                                     const std::function<expected<void>(const msg::blob_chunk&)>& take) {
+  std::deque<uint64_t> calls;  // in the order sent: the peer answers in that order
+  size_t next = 0;
+  const auto send_more = [&]() -> expected<void> {
+    while (next < gets.size() && calls.size() < window) {
+      msg::blob_get g = gets[next];
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        if (closed_) return make_error(error_code::unavailable, "the node is stopping");
+        g.call = next_call_++;
+        pending_[g.call] = pending{from, std::nullopt, false};
+      }
+      if (!send_(from, g)) {
+        forget(g.call);
+        return make_error(error_code::unavailable, fmt::format("node {} is not connected", from.short_string()));
+      }
+      calls.push_back(g.call);
+      ++next;
+    }
+    return {};
+  };
+  expected<void> outcome;
+  while (outcome) {
+    outcome = send_more();
+    if (!outcome || calls.empty()) break;
+    auto c = await(calls.front());
+    calls.pop_front();
+    if (!c) outcome = tl::unexpected(c.error());
+    else if (!c->ok) outcome = make_error(c->code, c->error);
+    else if (auto ok = check_chunk(*c); !ok) outcome = ok;
+    else outcome = take(*c);
+  }
+  for (uint64_t call : calls) forget(call);  // answers still coming are ignored
+  return outcome;
+}
+
 expected<uint64_t> blob_fetcher::fetch(const node_id& from, const offered& want, blob_store& store) {
   const std::string what = fmt::format("blob {} ({} bytes) from node {}", to_hex(want.id), want.size, from.short_string());
   const auto fail = [&](const error& e) { return make_error(e.code, fmt::format("fetching {}: {}", what, e.message)); };
@@ -168,73 +216,102 @@ expected<uint64_t> blob_fetcher::fetch(const node_id& from, const offered& want,
     store.discard(want.id);
     return fail({error_code::io_error, fmt::format("cannot open {}: {}", part->string(), std::strerror(errno))});
   }
-  const auto chunks = plan_chunks(want.size);
-  std::deque<uint64_t> calls;  // in the order sent: the peer answers in that order
-  size_t next = 0;
-  const auto send_more = [&]() -> expected<void> {
-    while (next < chunks.size() && calls.size() < window) {
-      msg::blob_get g;
-      {
-        std::lock_guard<std::mutex> lock(m_);
-        if (closed_) return make_error(error_code::unavailable, "the node is stopping");
-        g.call = next_call_++;
-        pending_[g.call] = pending{from, std::nullopt, false};
-      }
-      g.blob = want.id;
-      g.offset = chunks[next].offset;
-      g.length = static_cast<uint32_t>(chunks[next].length);
-      if (!send_(from, g)) {
-        forget(g.call);
-        return make_error(error_code::unavailable, fmt::format("node {} is not connected", from.short_string()));
-      }
-      calls.push_back(g.call);
-      ++next;
-    }
-    return {};
-  };
+  std::vector<msg::blob_get> gets;
+  for (const auto& c : plan_chunks(want.size)) {
+    msg::blob_get g;
+    g.blob = want.id;
+    g.offset = c.offset;
+    g.length = static_cast<uint32_t>(c.length);
+    gets.push_back(g);
+  }
   assembly whole(want.id, want.size);
-  expected<void> outcome;
-  while (outcome) {
-    outcome = send_more();
-    if (!outcome || calls.empty()) break;
-    auto c = await(calls.front());
-    calls.pop_front();
-    if (!c) {
-      outcome = tl::unexpected(c.error());
-      break;
-    }
-    if (!c->ok) {
-      outcome = make_error(c->code, c->error);
-      break;
-    }
-    if (auto ok = check_chunk(*c); !ok) {
-      outcome = ok;
-      break;
-    }
-    outcome = whole.accept(c->offset, c->bytes, c->digest);
-    if (!outcome) break;
+  auto outcome = request(from, gets, [&](const msg::blob_chunk& c) -> expected<void> {
+    if (auto ok = whole.accept(c.offset, c.bytes, c.digest); !ok) return ok;
     size_t put = 0;
-    while (put < c->bytes.size()) {
-      const ssize_t n = ::pwrite(fd, c->bytes.data() + put, c->bytes.size() - put, static_cast<off_t>(c->offset + put));
+    while (put < c.bytes.size()) {
+      const ssize_t n = ::pwrite(fd, c.bytes.data() + put, c.bytes.size() - put, static_cast<off_t>(c.offset + put));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        outcome = make_error(error_code::io_error, fmt::format("cannot write {}: {}", part->string(), std::strerror(errno)));
-        break;
-      }
+      if (n <= 0) return make_error(error_code::io_error, fmt::format("cannot write {}: {}", part->string(), std::strerror(errno)));
       put += static_cast<size_t>(n);
     }
-    if (outcome) {
-      std::lock_guard<std::mutex> lock(m_);
-      fetched_ += c->bytes.size();
-    }
-  }
-  for (uint64_t call : calls) forget(call);  // answers still coming are ignored
+    std::lock_guard<std::mutex> lock(m_);
+    fetched_ += c.bytes.size();
+    return {};
+  });
   ::close(fd);
   if (outcome) outcome = whole.finish();
   if (outcome) outcome = store.commit(want.id);
   else store.discard(want.id);
   if (!outcome) return fail(outcome.error());
   return want.size;
+}
+
+expected<std::vector<digest>> blob_fetcher::fetch_chunk_list(const node_id& from, const offered& want) {
+  const auto fail = [&](const error& e) {
+    return make_error(e.code, fmt::format("fetching the chunk list of blob {} from node {}: {}", to_hex(want.id), from.short_string(), e.message));
+  };
+  const uint64_t count = (want.size + chunk_bytes - 1) / chunk_bytes;
+  const uint64_t bytes = count * sizeof(digest);
+  std::vector<msg::blob_get> gets;
+  for (const auto& c : plan_chunks(bytes)) {
+    msg::blob_get g;
+    g.blob = want.id;
+    g.offset = c.offset;
+    g.length = static_cast<uint32_t>(c.length);
+    g.chunk_list = true;
+    gets.push_back(g);
+  }
+  std::vector<uint8_t> list;
+  auto outcome = request(from, gets, [&](const msg::blob_chunk& c) -> expected<void> {
+    if (c.offset != list.size() || c.bytes.size() > bytes - list.size() || hash_bytes(c.bytes) != c.digest)
+      return make_error(error_code::decode_error, fmt::format("a piece at offset {} of {} bytes does not follow the {} received", c.offset,
+                                                              c.bytes.size(), list.size()));
+    list.insert(list.end(), c.bytes.begin(), c.bytes.end());
+    return {};
+  });
+  if (!outcome) return fail(outcome.error());
+  if (list.size() != bytes) return fail({error_code::decode_error, fmt::format("{} of {} bytes came", list.size(), bytes)});
+  std::vector<digest> out(count);
+  for (uint64_t i = 0; i < count; ++i) std::memcpy(out[i].data(), list.data() + i * sizeof(digest), sizeof(digest));
+  if (const auto got = hash_chunk_list(out); got != want.chunk_list)
+    return fail({error_code::decode_error, fmt::format("it hashes to {}, not the {} the stage was opened with", to_hex(got), to_hex(want.chunk_list))});
+  std::lock_guard<std::mutex> lock(m_);
+  fetched_ += bytes;
+  return out;
+}
+
+expected<uint64_t> blob_fetcher::fetch_chunks(const node_id& from, const offered& want, const std::vector<uint64_t>& chunks,
+                                              blob_store& store) {
+  const auto fail = [&](const error& e) {
+    return make_error(e.code, fmt::format("fetching {} chunks of blob {} from node {}: {}", chunks.size(), to_hex(want.id),
+                                          from.short_string(), e.message));
+  };
+  std::vector<msg::blob_get> gets;
+  uint64_t total = 0;
+  for (const uint64_t i : chunks) {
+    msg::blob_get g;
+    g.blob = want.id;
+    g.offset = i * chunk_bytes;
+    if (g.offset >= want.size) return fail({error_code::invalid_argument, fmt::format("chunk {} is past the end", i)});
+    g.length = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes, want.size - g.offset));
+    total += g.length;
+    gets.push_back(g);
+  }
+  if (auto ok = store.reserve(total); !ok) return fail(ok.error());
+  uint64_t got = 0;
+  auto outcome = request(from, gets, [&](const msg::blob_chunk& c) -> expected<void> {
+    if (c.offset % chunk_bytes != 0) return make_error(error_code::decode_error, fmt::format("a chunk at offset {}", c.offset));
+    if (auto ok = store.put_chunk(want.id, c.offset / chunk_bytes, c.bytes); !ok) return ok;
+    store.unreserve(c.bytes.size());
+    got += c.bytes.size();
+    std::lock_guard<std::mutex> lock(m_);
+    fetched_ += c.bytes.size();
+    return {};
+  });
+  store.unreserve(total - got);
+  if (auto ok = store.sync_partial(want.id); outcome && !ok) outcome = ok;
+  if (!outcome) return fail(outcome.error());
+  return got;
 }
 
 }  // namespace mesh::blobs

@@ -21,10 +21,11 @@
 
 namespace mesh::blobs {
 
-/// A file offered to peers: its digest and size.
+/// A file offered to peers: its digest and size, and the digest of its chunk list.
 struct offered {
   digest id{};
   uint64_t size = 0;
+  digest chunk_list{};
 };
 
 /// The serving node's files that its peers may fetch. Only offered files are served, by digest:
@@ -33,16 +34,18 @@ class blob_offers {
  public:
   /// `self`: this node's name in error messages.
   explicit blob_offers(std::string self) : self_(std::move(self)) {}
-  /// Offers the file at `path`: its digest (hashed once per path, size and modification time).
+  /// Offers the file at `path`: its digest and its chunks' (hashed once per path, size and
+  /// modification time).
   /// Errors: io_error naming the file; invalid_argument for a directory (not offered).
   expected<offered> offer(const std::string& path);
-  /// Offers the files of a checkpoint (models::checkpoint::files()): a single file under an empty
-  /// name, a directory's files under their names. Errors: offer()'s, and invalid_argument for a
-  /// file outside the directory.
+  /// Offers the files of a checkpoint (models::checkpoint::files()), in that order: a single file
+  /// under an empty name, a directory's files under their names (no ranges: the caller adds a
+  /// stage's). Errors: offer()'s, and invalid_argument for a file outside the directory.
   expected<std::vector<msg::blob_file>> offer_checkpoint(const std::filesystem::path& checkpoint,
                                                          const std::vector<std::filesystem::path>& files);
-  /// The answer to a peer's blob_get: the bytes and their digest, or an error naming the blob.
-  /// Reads the file (at most max_chunk_bytes) on the caller's thread.
+  /// The answer to a peer's blob_get: the bytes (of the file, or of its chunk list) and their
+  /// digest, or an error naming the blob. Reads the file (at most max_chunk_bytes) on the
+  /// caller's thread.
   msg::blob_chunk serve(const msg::blob_get& g) const;
   /// Bytes served so far.
   uint64_t served_bytes() const;
@@ -53,6 +56,8 @@ class blob_offers {
     uint64_t size = 0;
     std::filesystem::file_time_type mtime;
     digest id{};
+    std::shared_ptr<const std::vector<uint8_t>> chunk_list;  ///< its chunks' digests, concatenated
+    digest chunk_list_id{};
   };
   std::string self_;
   mutable std::mutex mutex_;
@@ -77,6 +82,13 @@ class blob_fetcher {
   /// against `want`, then committed). Returns the bytes transferred. Errors name the node and the
   /// blob: not connected, left, a chunk not answered in time, the peer's own error, a bad chunk.
   expected<uint64_t> fetch(const node_id& from, const offered& want, blob_store& store);
+  /// The chunk list of blob `want` (the digests of its chunks of chunk_bytes), checked against
+  /// want.chunk_list. Errors as fetch()'s.
+  expected<std::vector<digest>> fetch_chunk_list(const node_id& from, const offered& want);
+  /// Fetches chunks `chunks` of blob `want` into its partial blob in `store` (opened with
+  /// open_partial; each chunk checked against its list there), then syncs it. Returns the bytes
+  /// transferred. Errors as fetch()'s.
+  expected<uint64_t> fetch_chunks(const node_id& from, const offered& want, const std::vector<uint64_t>& chunks, blob_store& store);
   /// A blob_chunk from a peer: wakes the fetch it answers (others are ignored).
   void deliver(const node_id& from, msg::blob_chunk c);
   /// The peer left: its fetches fail now.
@@ -92,6 +104,10 @@ class blob_fetcher {
     std::optional<msg::blob_chunk> reply;
     bool gone = false;
   };
+  /// Sends `gets` (their calls filled in), at most `window` unanswered, and hands each answer
+  /// that is ok and well formed, in order, to `take`; stops at the first error.
+  expected<void> request(const node_id& from, const std::vector<msg::blob_get>& gets,
+                         const std::function<expected<void>(const msg::blob_chunk&)>& take);
   expected<msg::blob_chunk> await(uint64_t call);
   void forget(uint64_t call);
 

@@ -20,12 +20,29 @@ expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& s
     return make_error(error_code::invalid_argument,
                       fmt::format("a split over {} nodes needs {} healthy peers; this node has {}", n, n - 1, peers.size()));
   std::sort(peers.begin(), peers.end(), [](const auto& a, const auto& b) {
-    return a.memory_bytes != b.memory_bytes ? a.memory_bytes > b.memory_bytes : a.id.to_string() < b.id.to_string();
+    const uint64_t ra = memory_rank(a.memory_bytes), rb = memory_rank(b.memory_bytes);
+    return ra != rb ? ra > rb : a.id.to_string() < b.id.to_string();
   });
   std::vector<split_candidate> out{self};
   out.insert(out.end(), peers.begin(), peers.begin() + static_cast<std::ptrdiff_t>(n - 1));
   return out;
 }
+
+namespace {
+
+/// The offered files with the byte ranges a stage of `layers` reads (a node without the
+/// checkpoint fetches only their chunks); without ranges (whole files) when they cannot be told.
+std::vector<msg::blob_file> with_ranges(std::vector<msg::blob_file> files, const models::model_config& config,
+                                        const models::checkpoint& ckpt, const models::layer_range& layers) {
+  if (files.empty()) return files;
+  auto ranges = models::stage_file_ranges(config, ckpt, layers);
+  if (!ranges || ranges->size() != files.size()) return files;
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& r : (*ranges)[i]) files[i].ranges.push_back({r.offset, r.length});
+  return files;
+}
+
+}  // namespace
 
 serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, const node_id& self,
                                           std::vector<split_candidate> nodes, std::string path, remote_stage_timeouts timeouts,
@@ -97,7 +114,8 @@ serving::split_builder make_split_builder(std::shared_ptr<stage_calls> calls, co
         auto peer = node_id::parse(a.node);
         if (!peer) return tl::unexpected(peer.error());
         // On failure the stages opened so far go out of scope here, which closes them on their nodes.
-        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts, offered, slots);
+        auto r = remote_stage::open(calls, *peer, path, a.layers, context, config.hidden_size, timeouts,
+                                    with_ranges(offered, config, *ckpt, a.layers), slots);
         if (!r)
           return make_error(r.error().code, fmt::format("stage {} (layers {}) on node {}: {}", stages.size() + 1,
                                                         models::to_string(a.layers), peer->short_string(), r.error().message));

@@ -20,8 +20,8 @@
 namespace mesh::generation {
 
 /// The nodes to plan over for a split into `n`: `self` first (it holds the tokenizer, so the
-/// embedding stays with it when it gets layers), then the n - 1 peers with the most memory (ties:
-/// the lower id). Fewer peers than asked for is an invalid_argument error naming both counts.
+/// embedding stays with it when it gets layers), then the n - 1 peers with the most free memory
+/// (memory_rank: in whole GiB; ties: the lower id). Fewer peers than asked for is an invalid_argument error naming both counts.
 expected<std::vector<split_candidate>> pick_split_nodes(const split_candidate& self, std::vector<split_candidate> peers, size_t n);
 
 /// The split_builder for local_model_options: plans the checkpoint's stages over `nodes` (in

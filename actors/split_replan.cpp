@@ -49,7 +49,8 @@ std::vector<split_candidate> replan_nodes(const split_candidate& self, std::span
   for (const auto& c : live)
     if (!excluded.count(c.id) && !taken(c.id)) others.push_back(c);
   std::sort(others.begin(), others.end(), [](const auto& a, const auto& b) {
-    return a.memory_bytes != b.memory_bytes ? a.memory_bytes > b.memory_bytes : a.id.to_string() < b.id.to_string();
+    const uint64_t ra = memory_rank(a.memory_bytes), rb = memory_rank(b.memory_bytes);
+    return ra != rb ? ra > rb : a.id.to_string() < b.id.to_string();
   });
   for (const auto& c : others) {
     if (out.size() >= want) break;

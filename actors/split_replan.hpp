@@ -34,6 +34,10 @@ struct split_plan_view {
   size_t want = 0;
 };
 
+/// How split plans order nodes by free memory: in whole GiB, so that the small changes of a
+/// figure asked again at every heartbeat do not reorder nodes (and move layers) between loads.
+inline uint64_t memory_rank(uint64_t free_bytes) { return free_bytes >> 30; }
+
 /// Why a plan must change now.
 enum class replan_cause {
   none,       ///< the plan stands
@@ -50,7 +54,8 @@ replan_cause replan_needed(const split_plan_view& plan, std::span<const split_ca
 
 /// The nodes to plan over next, in plan order: `self` first (it holds the tokenizer and embeds
 /// the tokens when it gets layers), then the nodes of the old plan still usable, in their order
-/// (their layers move least), then other usable peers with the most memory (ties: the lower id),
+/// (their layers move least), then other usable peers with the most memory (memory_rank; ties:
+/// the lower id),
 /// up to `want` nodes in all.
 std::vector<split_candidate> replan_nodes(const split_candidate& self, std::span<const node_id> planned_over,
                                           std::span<const split_candidate> live, const std::set<node_id>& excluded, size_t want);

@@ -1,10 +1,12 @@
 #include "actors/stage_host.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 
+#include "actors/blob_chunks.hpp"
 #include "models/checkpoint.hpp"
 #include "models/pipeline.hpp"
 #include "models/session.hpp"
@@ -159,6 +161,12 @@ expected<blobs::blob_store::held> stage_host::checkpoint_file(const node_id& fro
       continue;
     }
     if (cached.error().code != error_code::not_found) say(cached.error().message);  // corrupt: dropped, fetched again
+    if (!f.ranges.empty() && !blobs::is_zero(f.chunk_list)) {  // only the chunks this stage reads
+      auto part = partial_file(from, f, what);
+      if (!part) return tl::unexpected(part.error());
+      got.emplace_back(f.name, std::move(*part));
+      continue;
+    }
     say(fmt::format("{}: no copy here; fetching blob {} ({} bytes) from {}", what, name, f.size, from.short_string()));
     auto fetched = options_.fetcher->fetch(from, {f.id, f.size}, *options_.blobs);
     if (!fetched) return tl::unexpected(fetched.error());
@@ -170,6 +178,45 @@ expected<blobs::blob_store::held> stage_host::checkpoint_file(const node_id& fro
   if (got.size() == 1 && got.front().first.empty()) return std::move(got.front().second);
   // A directory checkpoint: its files under their names, linked to the blobs.
   return options_.blobs->view(got);
+}
+
+expected<blobs::blob_store::held> stage_host::partial_file(const node_id& from, const msg::blob_file& f, const std::string& what) {
+  auto& store = *options_.blobs;
+  const blobs::offered want{f.id, f.size, f.chunk_list};
+  const auto name = blobs::to_hex(f.id);
+  const auto say = [&](const std::string& line) {
+    if (options_.log) options_.log(line);
+  };
+  // The chunk list: kept with the partial blob, else fetched (and checked against the open's).
+  auto list = store.chunk_list_of(f.id);
+  if (!list.empty() && blobs::hash_chunk_list(list) != f.chunk_list)
+    return make_error(error_code::invalid_argument, fmt::format("blob {} is here in part with another chunk list than the one offered", name));
+  if (list.empty()) {
+    auto fetched = options_.fetcher->fetch_chunk_list(from, want);
+    if (!fetched) return tl::unexpected(fetched.error());
+    if (auto ok = store.open_partial(f.id, f.size, std::move(*fetched)); !ok) return tl::unexpected(ok.error());
+  }
+  std::vector<uint64_t> needed;
+  for (const auto& r : f.ranges)
+    for (uint64_t c = r.offset / blobs::chunk_bytes; c * blobs::chunk_bytes < r.offset + r.length; ++c)
+      if (needed.empty() || needed.back() < c) needed.push_back(c);
+  std::sort(needed.begin(), needed.end());
+  needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
+  // Pinned while its chunks come: making room for them must not evict it.
+  auto pinned = store.get_chunks(f.id, {});
+  if (!pinned) return tl::unexpected(pinned.error());
+  const auto missing = store.missing(f.id, needed);
+  const uint64_t chunks = (f.size + blobs::chunk_bytes - 1) / blobs::chunk_bytes;
+  if (missing.empty()) {
+    say(fmt::format("{}: blob {} from the cache (no transfer): the {} of its {} chunks this stage reads", what, name, needed.size(), chunks));
+  } else {
+    say(fmt::format("{}: no copy here; fetching {} of blob {}'s {} chunks ({} bytes in all) from {}", what, missing.size(), name, chunks,
+                    f.size, from.short_string()));
+    auto got = options_.fetcher->fetch_chunks(from, want, missing, store);
+    if (!got) return tl::unexpected(got.error());
+    say(fmt::format("{}: fetched blob {} in part: {} chunks, {} bytes from {}", what, name, missing.size(), *got, from.short_string()));
+  }
+  return store.get_chunks(f.id, needed);
 }
 
 msg::stage_reply stage_host::do_step(const node_id& from, const msg::stage_step& m) {

@@ -74,6 +74,9 @@ class stage_host {
   /// The file to load for `m`: its own path when this node has it, else the cached blob
   /// (fetched from `from` when not cached), pinned while the stage lives.
   expected<blobs::blob_store::held> checkpoint_file(const node_id& from, const msg::stage_open& m);
+  /// The chunks of `f` a stage reads (its ranges), from the partial blob in the cache, the
+  /// missing ones fetched from `from` first.
+  expected<blobs::blob_store::held> partial_file(const node_id& from, const msg::blob_file& f, const std::string& what);
 
   stage_host_options options_;
   sender send_;

@@ -26,6 +26,14 @@ expected<models::layer_range> check_open(const msg::stage_open& o, const stage_l
       return bad(fmt::format("the offered file name \"{}\" is not a plain file name", f.name.substr(0, 64)));
     if (!names.insert(f.name).second) return bad(fmt::format("the file \"{}\" is offered twice", f.name.substr(0, 64)));
     if (std::all_of(f.id.begin(), f.id.end(), [](uint8_t b) { return b == 0; }) || f.size == 0) return bad(fmt::format("the file \"{}\" is offered without a digest or a size", f.name.substr(0, 64)));
+    if (f.ranges.empty()) continue;
+    if (std::all_of(f.chunk_list.begin(), f.chunk_list.end(), [](uint8_t b) { return b == 0; }))
+      return bad(fmt::format("the file \"{}\" is offered in ranges without a chunk list", f.name.substr(0, 64)));
+    if (f.ranges.size() > limits.max_ranges)
+      return bad(fmt::format("the file \"{}\" is offered in {} ranges (at most {})", f.name.substr(0, 64), f.ranges.size(), limits.max_ranges));
+    for (const auto& r : f.ranges)
+      if (r.length == 0 || r.offset >= f.size || r.length > f.size - r.offset)
+        return bad(fmt::format("the range [{}, +{}) of the file \"{}\" is not within its {} bytes", r.offset, r.length, f.name.substr(0, 64), f.size));
   }
   return models::layer_range{o.first_layer, o.end_layer, o.head};
 }

@@ -19,13 +19,14 @@ struct stage_limits {
   int64_t max_rows = int64_t{1} << 20;  ///< rows in one step
   uint32_t max_slots = 256;             ///< sequences a stage may be asked to hold (session_options::max_slots)
   size_t max_files = 1024;              ///< files offered for one checkpoint (the largest have ~200 shards)
+  size_t max_ranges = 65536;            ///< byte ranges of one offered file (a stage's tensors in it)
 };
 
 /// The layer range of an open, or an invalid_argument error naming what is wrong: an empty or
 /// over-long path or one with a NUL byte, an empty range, a context or a slot count of 0 or past
 /// its limit, offered files past their limit, one with an empty name beside others, a name that
 /// is not a plain file name (at most 255 bytes, no '/', NUL, "." or "..") or named twice, a
-/// zero digest or size.
+/// zero digest or size, ranges without a chunk list, past their limit or outside the file.
 /// (Whether the model has those layers is known once its file is read.)
 expected<models::layer_range> check_open(const msg::stage_open& o, const stage_limits& limits = {});
 

@@ -44,6 +44,33 @@ std::string shape_string(std::span<const int64_t> shape) {
 
 checkpoint::~checkpoint() = default;
 
+std::vector<uint64_t> checkpoint::header_bytes() const {
+  if (format_ == checkpoint_format::gguf) return {gguf_->data_offset()};
+  std::vector<uint64_t> out;
+  std::error_code ec;
+  if (!config_path_.empty()) out.push_back(config_json_.size());
+  if (!index_path_.empty()) out.push_back(std::filesystem::file_size(index_path_, ec));
+  if (shards_)
+    for (const auto& v : shards_->views()) out.push_back(v.data_offset());
+  return out;
+}
+
+std::optional<file_location> checkpoint::locate(std::span<const uint8_t> bytes) const {
+  const auto inside = [&](std::span<const uint8_t> file) {
+    return !file.empty() && bytes.data() >= file.data() && bytes.data() + bytes.size() <= file.data() + file.size();
+  };
+  if (format_ == checkpoint_format::gguf) {
+    if (!inside(gguf_file_.bytes())) return std::nullopt;
+    return file_location{0, static_cast<uint64_t>(bytes.data() - gguf_file_.bytes().data())};
+  }
+  if (!shards_) return std::nullopt;
+  const size_t first = (config_path_.empty() ? 0 : 1) + (index_path_.empty() ? 0 : 1);
+  const auto& mapped = shards_->files();
+  for (size_t k = 0; k < mapped.size(); ++k)
+    if (inside(mapped[k].bytes())) return file_location{first + k, static_cast<uint64_t>(bytes.data() - mapped[k].bytes().data())};
+  return std::nullopt;
+}
+
 std::vector<std::filesystem::path> checkpoint::files() const {
   if (format_ == checkpoint_format::gguf) return {path_};
   std::vector<std::filesystem::path> out;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -45,6 +46,20 @@ struct tensor_view {
 
 /// "[4096, 4096]" for messages.
 std::string shape_string(std::span<const int64_t> shape);
+
+/// Bytes [offset, offset + length) of one of a checkpoint's files.
+struct file_span {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const file_span&) const = default;
+};
+
+/// Where bytes of a checkpoint's mapping lie: its file (an index into checkpoint::files()) and
+/// their offset in it.
+struct file_location {
+  size_t file = 0;
+  uint64_t offset = 0;
+};
 
 /// A checkpoint opened in place. Move-only (it owns the mappings its views point into).
 class checkpoint {
@@ -85,6 +100,12 @@ class checkpoint {
   /// model.safetensors.index.json when it has one, and the safetensors files (what a node
   /// without the checkpoint must fetch to open it).
   std::vector<std::filesystem::path> files() const;
+  /// Per file of files(): the bytes from its start that opening the checkpoint reads (a GGUF or
+  /// safetensors file's header, up to its data; a JSON file all of it).
+  std::vector<uint64_t> header_bytes() const;
+  /// Where `bytes` (a tensor's data, in this checkpoint's mapping) lie; nullopt for bytes that
+  /// are not in it.
+  std::optional<file_location> locate(std::span<const uint8_t> bytes) const;
 
  private:
   checkpoint() = default;

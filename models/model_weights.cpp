@@ -229,6 +229,34 @@ expected<model_costs> plan_costs(const model_config& c, const checkpoint& ckpt, 
   return out;
 }
 
+expected<std::vector<std::vector<file_span>>> stage_file_ranges(const model_config& config, const checkpoint& ckpt,
+                                                                 const layer_range& layers) {
+  auto planned = model_weights::plan(config, ckpt, {}, layers);
+  if (!planned) return forward_error(planned);
+  std::vector<std::vector<file_span>> out;
+  for (const uint64_t header : ckpt.header_bytes()) out.push_back({{0, header}});
+  for (const auto& w : planned->all())
+    for (const tensor_view* src : w.sources) {
+      auto at = ckpt.locate(src->data);
+      if (!at || at->file >= out.size())
+        return make_error(error_code::internal, fmt::format("{}: tensor {} lies outside the checkpoint's files", ckpt.path().string(), src->name));
+      out[at->file].push_back({at->offset, src->data.size()});
+    }
+  for (auto& spans : out) {  // sorted, touching or overlapping ones merged
+    std::sort(spans.begin(), spans.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+    std::vector<file_span> merged;
+    for (const auto& x : spans) {
+      if (x.length == 0) continue;
+      if (!merged.empty() && x.offset <= merged.back().offset + merged.back().length)
+        merged.back().length = std::max(merged.back().offset + merged.back().length, x.offset + x.length) - merged.back().offset;
+      else
+        merged.push_back(x);
+    }
+    spans = std::move(merged);
+  }
+  return out;
+}
+
 namespace {
 
 bool source_as_is(const weight& w) { return w.type == to_dtype(w.sources.front()->type); }

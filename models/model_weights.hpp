@@ -96,6 +96,13 @@ class model_weights {
 expected<model_costs> plan_costs(const model_config& config, const checkpoint& ckpt, const weight_options& options,
                                  int64_t context, int64_t sequences = 1);
 
+/// The bytes of each of the checkpoint's files (checkpoint::files() order) that a stage of
+/// `layers` reads to load: every file's header (opening the checkpoint parses it) and the data
+/// of the stage's tensors, sorted and merged. What a node without the checkpoint must fetch to
+/// load that stage. Errors: plan's.
+expected<std::vector<std::vector<file_span>>> stage_file_ranges(const model_config& config, const checkpoint& ckpt,
+                                                                 const layer_range& layers);
+
 /// True when the weight is one checkpoint tensor whose device dtype is its checkpoint type: its
 /// bytes upload as they lie, straight from the mapping.
 bool stored_as_is(const weight& w);

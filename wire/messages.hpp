@@ -536,12 +536,23 @@ struct models_reply {
 /// peer's own copy) as a pipeline stage holding `slots` sequences of `context` positions each.
 /// Only its sender may step or close it. Answered by a stage_reply (empty output) once loaded or
 /// failed.
+/// Bytes [offset, offset + length) of a file.
+struct byte_range {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const byte_range&) const = default;
+};
+
 /// A file offered for fetching: its name in the checkpoint (empty for a single-file checkpoint;
-/// else a file name in its directory), its BLAKE2b-256 digest and its size in bytes.
+/// else a file name in its directory), its BLAKE2b-256 digest and its size in bytes, and for a
+/// stage that needs only part of it, the digest of its chunk list (the digests of its 1 MiB
+/// chunks, concatenated; blob_get::chunk_list) and the ranges the stage reads (empty: all of it).
 struct blob_file {
   std::string name;
   std::array<uint8_t, 32> id{};
   uint64_t size = 0;
+  std::array<uint8_t, 32> chunk_list{};
+  std::vector<byte_range> ranges{};
   bool operator==(const blob_file&) const = default;
 };
 
@@ -613,6 +624,8 @@ struct blob_get {
   std::array<uint8_t, 32> blob{};
   uint64_t offset = 0;
   uint32_t length = 0;
+  /// The bytes asked for are of the blob's chunk list (32 bytes a chunk), not of the file.
+  bool chunk_list = false;
   bool operator==(const blob_get&) const = default;
 };
 
@@ -879,8 +892,13 @@ void fields(F& f, stage_open& x) {
 }
 
 template <class F>
+void fields(F& f, byte_range& x) {
+  f(x.offset, x.length);
+}
+
+template <class F>
 void fields(F& f, blob_file& x) {
-  f(x.name, x.id, x.size);
+  f(x.name, x.id, x.size, x.chunk_list, x.ranges);
 }
 
 template <class F>
@@ -905,7 +923,7 @@ void fields(F& f, stage_reply& x) {
 
 template <class F>
 void fields(F& f, blob_get& x) {
-  f(x.call, x.blob, x.offset, x.length);
+  f(x.call, x.blob, x.offset, x.length, x.chunk_list);
 }
 
 template <class F>

@@ -159,3 +159,48 @@ TEST_CASE("a fetch with a corrupted chunk fails naming the blob and leaves nothi
   CHECK(gone.error().code == error_code::unavailable);
   CHECK(gone.error().message.find("not connected") != std::string::npos);
 }
+
+TEST_CASE("only the chunks asked for are fetched, each checked against the chunk list the open named", "[blobs][chunks][partial]") {
+  temp t;
+  const auto data = pattern(5 * chunk_bytes + 999);
+  const auto file = t.path / "model.gguf";
+  {
+    std::ofstream f(file, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  }
+  // The chunk list: the digests of the 1 MiB chunks, in one read with the whole digest.
+  auto digests = hash_file_chunks(file, chunk_bytes);
+  REQUIRE(digests);
+  CHECK(digests->whole == hash_bytes(data));
+  REQUIRE(digests->chunks.size() == 6);
+  CHECK(digests->chunks[5] == hash_bytes(std::span<const uint8_t>(data).subspan(5 * chunk_bytes)));
+
+  fetch_link l;
+  auto offer = l.offers.offer(file.string()).value();
+  CHECK(offer.chunk_list == hash_chunk_list(digests->chunks));
+  auto store = blob_store::open(t.path / "blobs", uint64_t{64} << 20).value();
+  auto list = l.fetcher->fetch_chunk_list(l.srv, offer);
+  REQUIRE(list);
+  CHECK(*list == digests->chunks);
+  REQUIRE(store->open_partial(offer.id, offer.size, *list));
+  auto got = l.fetcher->fetch_chunks(l.srv, offer, {1, 5}, *store);
+  REQUIRE(got);
+  CHECK(*got == chunk_bytes + 999);
+  CHECK(l.offers.served_bytes() == chunk_bytes + 999);  // the list came from memory, the file's other chunks stayed
+  CHECK(store->missing(offer.id, {0, 1, 5}) == std::vector<uint64_t>{0});
+  REQUIRE(store->get_chunks(offer.id, {1, 5}));
+
+  // A chunk list that is not the one the open named (another file's) is refused.
+  offered other = offer;
+  other.chunk_list[0] ^= 1;
+  auto refused = l.fetcher->fetch_chunk_list(l.srv, other);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message.find("not the " + to_hex(other.chunk_list)) != std::string::npos);
+  // A chunk changed in transit is refused by the store and not kept.
+  l.tamper = [](msg::blob_chunk& c) {
+    if (!c.bytes.empty()) c.bytes[3] ^= 1;
+  };
+  auto bad = l.fetcher->fetch_chunks(l.srv, offer, {2}, *store);
+  REQUIRE_FALSE(bad);
+  CHECK(store->missing(offer.id, {2}) == std::vector<uint64_t>{2});
+}

@@ -146,3 +146,108 @@ TEST_CASE("a staged blob is committed whole or discarded", "[blobs]") {
   CHECK(s->get(d));
   CHECK(s->bytes() == 2000);
 }
+
+namespace {
+
+/// A file of `chunks` chunks (the last `tail` bytes long), each a different byte, and its chunk list.
+struct chunked {
+  std::vector<uint8_t> bytes;
+  std::vector<digest> list;
+  digest whole{};
+  chunked(size_t chunks, size_t tail) {
+    for (size_t i = 0; i < chunks; ++i) {
+      const auto piece = bytes_of(static_cast<char>('a' + i), i + 1 == chunks ? tail : size_t{chunk_size});
+      list.push_back(hash_bytes(piece));
+      bytes.insert(bytes.end(), piece.begin(), piece.end());
+    }
+    whole = hash_bytes(bytes);
+  }
+  std::span<const uint8_t> chunk(size_t i) const {
+    const size_t at = i * chunk_size;
+    return std::span<const uint8_t>(bytes).subspan(at, std::min<size_t>(chunk_size, bytes.size() - at));
+  }
+  static constexpr size_t chunk_size = size_t{1} << 20;
+};
+
+}  // namespace
+
+TEST_CASE("a partial blob holds the chunks put into it, each checked, and survives reopening the store", "[blobs][partial]") {
+  temp t;
+  const chunked file(4, 1000);
+  auto s = blob_store::open(t.path / "blobs", 64 << 20).value();
+  CHECK_FALSE(s->open_partial(file.whole, file.bytes.size(), {file.list[0]}));  // a list of another length
+  REQUIRE(s->open_partial(file.whole, file.bytes.size(), file.list));
+  CHECK(s->chunk_list_of(file.whole) == file.list);
+  CHECK_FALSE(s->contains(file.whole));  // only whole blobs are "contained"
+  CHECK(s->missing(file.whole, {0, 2, 3}) == std::vector<uint64_t>{0, 2, 3});
+  // A chunk that does not hash to its digest, or is of the wrong size, is refused.
+  auto wrong = s->put_chunk(file.whole, 2, file.chunk(1));
+  REQUIRE_FALSE(wrong);
+  CHECK(wrong.error().message.find("chunk 2 hashes to") != std::string::npos);
+  CHECK_FALSE(s->put_chunk(file.whole, 3, file.chunk(2)));
+  REQUIRE(s->put_chunk(file.whole, 2, file.chunk(2)));
+  REQUIRE(s->put_chunk(file.whole, 3, file.chunk(3)));
+  REQUIRE(s->sync_partial(file.whole));
+  CHECK(s->bytes() == chunked::chunk_size + 1000);  // what is here, not the file's size
+  CHECK(s->missing(file.whole, {0, 2, 3}) == std::vector<uint64_t>{0});
+  CHECK(s->get_chunks(file.whole, {0, 2}).error().code == error_code::not_found);
+  {
+    auto held = s->get_chunks(file.whole, {2, 3});
+    REQUIRE(held);
+    CHECK(std::filesystem::file_size(held->path) == file.bytes.size());  // sparse: the whole size
+    std::ifstream f(held->path, std::ios::binary);
+    std::vector<char> back(file.bytes.size());
+    f.read(back.data(), static_cast<std::streamsize>(back.size()));
+    CHECK(std::equal(file.chunk(2).begin(), file.chunk(2).end(), reinterpret_cast<const uint8_t*>(back.data()) + 2 * chunked::chunk_size));
+  }
+  s.reset();
+  // Reopened: the same chunks, the same bytes counted.
+  auto again = blob_store::open(t.path / "blobs", 64 << 20).value();
+  CHECK(again->bytes() == chunked::chunk_size + 1000);
+  CHECK(again->missing(file.whole, {0, 1, 2, 3}) == std::vector<uint64_t>{0, 1});
+  REQUIRE(again->get_chunks(file.whole, {2, 3}));
+  // A chunk changed on disk is found when read, and dropped from the blob.
+  {
+    std::fstream f(t.path / "blobs" / (to_hex(file.whole) + ".sparse"), std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(3 * chunked::chunk_size + 10));
+    f.put('!');
+  }
+  auto bad = again->get_chunks(file.whole, {3});
+  REQUIRE_FALSE(bad);
+  CHECK(bad.error().code == error_code::decode_error);
+  CHECK(bad.error().message.find("corrupt chunk 3") != std::string::npos);
+  CHECK(again->missing(file.whole, {2, 3}) == std::vector<uint64_t>{3});
+  // The whole blob, once committed, replaces the part.
+  auto part = again->stage(file.whole, file.bytes.size());
+  REQUIRE(part);
+  {
+    std::ofstream f(*part, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(file.bytes.data()), static_cast<std::streamsize>(file.bytes.size()));
+  }
+  REQUIRE(again->commit(file.whole));
+  CHECK(again->contains(file.whole));
+  CHECK(again->chunk_list_of(file.whole).empty());
+  CHECK_FALSE(std::filesystem::exists(t.path / "blobs" / (to_hex(file.whole) + ".sparse")));
+  CHECK(again->bytes() == file.bytes.size());
+}
+
+TEST_CASE("a partial blob is evicted whole when room is needed, never while in use", "[blobs][partial]") {
+  temp t;
+  const chunked a(3, 10), b(3, 20);
+  auto s = blob_store::open(t.path / "blobs", 3 << 20).value();
+  REQUIRE(s->open_partial(a.whole, a.bytes.size(), a.list));
+  REQUIRE(s->put_chunk(a.whole, 0, a.chunk(0)));
+  REQUIRE(s->put_chunk(a.whole, 1, a.chunk(1)));
+  REQUIRE(s->sync_partial(a.whole));
+  {
+    auto in_use = s->get_chunks(a.whole, {0, 1});
+    REQUIRE(in_use);
+    CHECK_FALSE(s->reserve(2 << 20));  // a's 2 MiB are pinned: no room
+  }
+  REQUIRE(s->reserve(2 << 20));  // now a goes
+  CHECK(s->chunk_list_of(a.whole).empty());
+  CHECK_FALSE(std::filesystem::exists(t.path / "blobs" / (to_hex(a.whole) + ".sparse")));
+  CHECK_FALSE(std::filesystem::exists(t.path / "blobs" / (to_hex(a.whole) + ".chunks")));
+  s->unreserve(2 << 20);
+  CHECK(s->bytes() == 0);
+}

@@ -57,7 +57,8 @@ TEST_CASE("a plan narrower than asked widens when an unused peer is there, and o
 }
 
 TEST_CASE("the next plan keeps this node first and the old plan's survivors in order, then fills up by memory", "[split][replan]") {
-  const std::vector<split_candidate> live{{b, 8, 10}, {d, 4, 10}, {e, 16, 10}};
+  constexpr uint64_t gib = uint64_t{1} << 30;
+  const std::vector<split_candidate> live{{b, 8 * gib, 10}, {d, 4 * gib, 10}, {e, 16 * gib, 10}};
   // c is gone: b stays, and e (more memory than d) takes its place.
   auto next = replan_nodes(me, std::vector<node_id>{self, c, b}, live, {}, 3);
   CHECK(ids(next) == std::vector<node_id>{self, b, e});
@@ -66,14 +67,16 @@ TEST_CASE("the next plan keeps this node first and the old plan's survivors in o
   CHECK(ids(next) == std::vector<node_id>{self, b});
   // Nobody left: this node alone (the plan then says whether the model fits it).
   CHECK(ids(replan_nodes(me, std::vector<node_id>{self, b}, {}, {}, 2)) == std::vector<node_id>{self});
-  // Ties in memory go to the lower id.
-  const std::vector<split_candidate> tie{{d, 8, 10}, {b, 8, 10}};
+  // Ties in memory, counted in whole GiB (a figure that moves a little reorders nothing), go to
+  // the lower id.
+  const node_id lower = b.to_string() < d.to_string() ? b : d, higher = lower == b ? d : b;
+  const std::vector<split_candidate> tie{{higher, 8 * gib + 5'000'000, 10}, {lower, 8 * gib, 10}};
   auto tied = replan_nodes(me, std::vector<node_id>{self}, tie, {}, 2);
-  CHECK(ids(tied) == std::vector<node_id>{self, b.to_string() < d.to_string() ? b : d});
+  CHECK(ids(tied) == std::vector<node_id>{self, lower});
   // The description comes from the live view, not from the old plan.
   next = replan_nodes(me, std::vector<node_id>{self, b}, live, {}, 2);
   REQUIRE(next.size() == 2);
-  CHECK(next[1].memory_bytes == 8);
+  CHECK(next[1].memory_bytes == 8 * gib);
 }
 
 TEST_CASE("a stage loss is a node that left, did not answer or could not be reached, not a bad request", "[split][replan]") {

@@ -25,6 +25,8 @@
 #include "actors/stage_host.hpp"
 #include "fetch_link.hpp"
 #include "models/checkpoint.hpp"
+#include "models/model_config.hpp"
+#include "models/model_weights.hpp"
 #include "model_writer.hpp"
 #include "serving/local_backend.hpp"
 #include "test_ids.hpp"
@@ -590,11 +592,106 @@ TEST_CASE("a stage host loads from its own copy, serves only the stage's owner a
   CHECK(reply(23).second.error == "node host1234: stage_open: 0 slots (1 to 256)");
 }
 
+namespace {
+
+/// A stage node with a blob cache in `dir`, fetching from the serving node of `link`, and what
+/// it answers; open() and step() wait for the reply.
+struct stage_node_rig {
+  test::fetch_link& link;
+  std::shared_ptr<blobs::blob_store> store;
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<uint64_t, msg::stage_reply> replies;
+  std::vector<std::string> lines;
+  std::unique_ptr<generation::stage_host> host;
+
+  stage_node_rig(test::fetch_link& l, const std::filesystem::path& dir) : link(l) {
+    auto s = blobs::blob_store::open(dir, uint64_t{1} << 30);
+    REQUIRE(s);
+    store = *s;
+    generation::stage_host_options o;
+    o.make_executor = cpu_executors();
+    o.self = link.peer.short_string();
+    o.blobs = store;
+    o.fetcher = link.fetcher;
+    o.max_stages = 8;
+    o.log = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(m);
+      lines.push_back(line);
+    };
+    host = std::make_unique<generation::stage_host>(o, [this](const node_id&, const msg::message& out) {
+      auto r = std::get<msg::stage_reply>(test::over_the_wire(out));
+      std::lock_guard<std::mutex> lock(m);
+      replies[r.call] = r;
+      cv.notify_all();
+    });
+  }
+  msg::stage_reply reply(uint64_t call) {
+    std::unique_lock<std::mutex> lock(m);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return replies.count(call) > 0; }));
+    return replies[call];
+  }
+  msg::stage_reply open(uint64_t call, uint64_t stage, const std::string& path, models::layer_range layers,
+                        std::vector<msg::blob_file> offered) {
+    msg::stage_open op;
+    op.call = call;
+    op.stage = stage;
+    op.path = path;
+    op.first_layer = static_cast<uint32_t>(layers.first);
+    op.end_layer = static_cast<uint32_t>(layers.end);
+    op.head = layers.head;
+    op.context = 32;
+    op.files = std::move(offered);
+    host->open(link.srv, op);
+    return reply(call);
+  }
+  msg::stage_reply step(uint64_t call, uint64_t stage, bool tokens, int64_t hidden_size) {
+    msg::stage_step st;
+    st.call = call;
+    st.stage = stage;
+    st.input = tokens ? tensor::from_values(dtype::i32, {3}, {5, 9, 2})
+                      : tensor::from_floats({3, hidden_size}, std::vector<float>(static_cast<size_t>(3 * hidden_size), 0.25f));
+    host->step(link.srv, st);
+    return reply(call);
+  }
+  size_t logged(const std::string& what) {
+    std::lock_guard<std::mutex> lock(m);
+    return static_cast<size_t>(std::count_if(lines.begin(), lines.end(), [&](const auto& l) { return l.find(what) != std::string::npos; }));
+  }
+};
+
+/// The offered files with the byte ranges a stage of `layers` reads, as the serving node sends them.
+std::vector<msg::blob_file> with_stage_ranges(std::vector<msg::blob_file> files, const models::checkpoint& ckpt, models::layer_range layers) {
+  auto config = models::read_model_config(ckpt);
+  REQUIRE(config);
+  auto ranges = models::stage_file_ranges(*config, ckpt, layers);
+  REQUIRE(ranges);
+  REQUIRE(ranges->size() == files.size());
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& r : (*ranges)[i]) files[i].ranges.push_back({r.offset, r.length});
+  return files;
+}
+
+/// What fetching `files` (with ranges) moves: each file's chunk list and the chunks its ranges touch.
+uint64_t chunked_bytes(const std::vector<msg::blob_file>& files) {
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    const uint64_t chunks = (f.size + blobs::chunk_bytes - 1) / blobs::chunk_bytes;
+    std::set<uint64_t> touched;
+    for (const auto& r : f.ranges)
+      for (uint64_t c = r.offset / blobs::chunk_bytes; c * blobs::chunk_bytes < r.offset + r.length; ++c) touched.insert(c);
+    total += chunks * sizeof(blobs::digest);
+    for (const uint64_t c : touched) total += std::min<uint64_t>(blobs::chunk_bytes, f.size - c * blobs::chunk_bytes);
+  }
+  return total;
+}
+
+}  // namespace
+
 TEST_CASE("a stage node without the checkpoint fetches a Hugging Face directory's files and loads its layers from them", "[generation][split][blobs]") {
   temp_dir dir;
   const auto hf = dir / "hf";
-  model_spec spec = four_layers();
-  write_hf_model(hf, spec, "F32", 3);  // config.json, an index and three shards
+  write_hf_model(hf, four_layers(), "F32", 3);  // config.json, an index and three shards
   auto ckpt = models::checkpoint::open(hf);
   REQUIRE(ckpt);
   REQUIRE(ckpt->files().size() == 5);
@@ -602,97 +699,106 @@ TEST_CASE("a stage node without the checkpoint fetches a Hugging Face directory'
   auto files = link.offers.offer_checkpoint(hf, ckpt->files());
   REQUIRE(files);
   REQUIRE(files->size() == 5);
-  auto store = blobs::blob_store::open(dir / "blobs", uint64_t{1} << 30);
-  REQUIRE(store);
-
-  std::mutex m;
-  std::condition_variable cv;
-  std::map<uint64_t, msg::stage_reply> replies;
-  std::vector<std::string> lines;
-  generation::stage_host_options o;
-  o.make_executor = cpu_executors();
-  o.self = link.peer.short_string();
-  o.blobs = *store;
-  o.fetcher = link.fetcher;
-  o.log = [&](const std::string& line) {
-    std::lock_guard<std::mutex> lock(m);
-    lines.push_back(line);
-  };
-  generation::stage_host host(o, [&](const node_id&, const msg::message& out) {
-    auto r = std::get<msg::stage_reply>(test::over_the_wire(out));
-    std::lock_guard<std::mutex> lock(m);
-    replies[r.call] = r;
-    cv.notify_all();
-  });
-  const auto reply = [&](uint64_t call) {
-    std::unique_lock<std::mutex> lock(m);
-    REQUIRE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return replies.count(call) > 0; }));
-    return replies[call];
-  };
-  const auto open = [&](uint64_t call, uint64_t stage, const std::string& path, std::vector<msg::blob_file> offered) {
-    msg::stage_open op;
-    op.call = call;
-    op.stage = stage;
-    op.path = path;
-    op.first_layer = 0;
-    op.end_layer = 2;
-    op.context = 32;
-    op.files = std::move(offered);
-    host.open(link.srv, op);
-    return reply(call);
-  };
-  const auto step = [&](uint64_t call, uint64_t stage) {
-    msg::stage_step st;
-    st.call = call;
-    st.stage = stage;
-    st.input = tensor::from_values(dtype::i32, {3}, {5, 9, 2});
-    host.step(link.srv, st);
-    return reply(call);
-  };
+  stage_node_rig node(link, dir / "blobs");
+  const auto elsewhere = (dir / "elsewhere" / "hf").string();
 
   // From the node's own copy, then from a path it lacks, with the files offered.
-  auto own = open(1, 1, hf.string(), {});
+  auto own = node.open(1, 1, hf.string(), {0, 2}, {});
   INFO(own.error);
   REQUIRE(own.ok);
-  auto fetched = open(2, 2, (dir / "elsewhere" / "hf").string(), *files);
+  auto fetched = node.open(2, 2, elsewhere, {0, 2}, *files);
   INFO(fetched.error);
   REQUIRE(fetched.ok);
-  for (const auto& f : *files) CHECK((*store)->contains(f.id));
+  for (const auto& f : *files) CHECK(node.store->contains(f.id));
   const uint64_t moved = link.fetcher->fetched_bytes();
   uint64_t total = 0;
   for (const auto& f : *files) total += f.size;
   CHECK(moved == total);
-  auto a = step(3, 1), b = step(4, 2);
+  auto a = node.step(3, 1, true, 0), b = node.step(4, 2, true, 0);
   REQUIRE(a.ok);
   REQUIRE(b.ok);
   CHECK(a.output.bytes == b.output.bytes);  // the same hidden rows, bit for bit
 
   // Opened again: every file from the cache, nothing moves.
-  auto again = open(5, 3, (dir / "elsewhere" / "hf").string(), *files);
+  auto again = node.open(5, 3, elsewhere, {0, 2}, *files);
   REQUIRE(again.ok);
   CHECK(link.fetcher->fetched_bytes() == moved);
-  {
-    std::lock_guard<std::mutex> lock(m);
-    size_t hits = 0;
-    for (const auto& l : lines) hits += l.find("from the cache (no transfer)") != std::string::npos;
-    CHECK(hits == files->size());
-  }
+  CHECK(node.logged("from the cache (no transfer)") == files->size());
   // A file name that would leave the view's directory is refused before anything is fetched.
   auto bad = *files;
   bad[1].name = "../config.json";
-  auto refused = open(6, 4, (dir / "elsewhere" / "hf").string(), bad);
+  auto refused = node.open(6, 4, elsewhere, {0, 2}, bad);
   CHECK_FALSE(refused.ok);
   CHECK(refused.error.find("is not a plain file name") != std::string::npos);
 }
 
+TEST_CASE("a stage node fetches only the chunks its layers read, for a GGUF file and a sharded directory", "[generation][split][blobs]") {
+  temp_dir dir;
+  // Big enough that a layer spans chunks of 1 MiB: 8 layers of about 1.6 MB (f32).
+  model_spec spec = four_layers();
+  spec.layers = 8;
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.ffn = 384;
+  write_gguf_model(dir / "m.gguf", spec, models::tensor_type::f32);
+  write_hf_model(dir / "hf", spec, "F32", 2);
+  for (const auto& path : {dir / "m.gguf", dir / "hf"}) {
+    INFO(path);
+    auto ckpt = models::checkpoint::open(path);
+    REQUIRE(ckpt);
+    test::fetch_link link;
+    auto files = link.offers.offer_checkpoint(path, ckpt->files());
+    REQUIRE(files);
+    uint64_t total = 0;
+    for (const auto& f : *files) total += f.size;
+    stage_node_rig node(link, dir / ("blobs-" + path.filename().string()));
+    const auto elsewhere = (dir / "elsewhere" / path.filename()).string();
+    // The middle layers, then the last ones (without the head): each stage's output is the one
+    // the node's own copy gives, bit for bit; each fetched only part of the files.
+    const models::layer_range middle{2, 4}, last{6, 8, false};
+    REQUIRE(node.open(1, 1, path.string(), middle, {}).ok);
+    const auto middle_files = with_stage_ranges(*files, *ckpt, middle);
+    auto part = node.open(2, 2, elsewhere, middle, middle_files);
+    INFO(part.error);
+    REQUIRE(part.ok);
+    const uint64_t first = link.fetcher->fetched_bytes();
+    CHECK(first == chunked_bytes(middle_files));  // the chunk lists and the chunks its ranges touch
+    CHECK(first < total * 3 / 5);
+    auto a = node.step(3, 1, false, spec.hidden), b = node.step(4, 2, false, spec.hidden);
+    REQUIRE(a.ok);
+    REQUIRE(b.ok);
+    CHECK(a.output.bytes == b.output.bytes);
+    REQUIRE(node.open(5, 3, path.string(), last, {}).ok);
+    REQUIRE(node.open(6, 4, elsewhere, last, with_stage_ranges(*files, *ckpt, last)).ok);
+    CHECK(link.fetcher->fetched_bytes() > first);
+    CHECK(link.fetcher->fetched_bytes() < total);
+    auto c = node.step(7, 3, false, spec.hidden), d = node.step(8, 4, false, spec.hidden);
+    REQUIRE(c.ok);
+    REQUIRE(d.ok);
+    CHECK(c.output.bytes == d.output.bytes);
+    // The middle again: its chunks are in the cache.
+    const uint64_t before = link.fetcher->fetched_bytes();
+    auto cached = node.open(9, 5, elsewhere, middle, with_stage_ranges(*files, *ckpt, middle));
+    INFO(cached.error);
+    REQUIRE(cached.ok);
+    CHECK(link.fetcher->fetched_bytes() == before);
+    CHECK(node.logged("chunks this stage reads") >= 1);
+  }
+}
+
 TEST_CASE("a split picks this node first and the peers with the most memory", "[generation][split]") {
-  const generation::split_candidate self{test::named("s"), 100, 1};
-  std::vector<generation::split_candidate> peers{{test::named("x"), 50, 1}, {test::named("y"), 80, 1}, {test::named("w"), 80, 2}};
+  constexpr uint64_t gib = uint64_t{1} << 30;
+  const generation::split_candidate self{test::named("s"), 100 * gib, 1};
+  // y has a few MB more than w: the same in whole GiB, so the lower id goes first.
+  std::vector<generation::split_candidate> peers{{test::named("x"), 50 * gib, 1}, {test::named("y"), 80 * gib + 3'000'000, 1},
+                                                 {test::named("w"), 80 * gib, 2}};
   auto two = generation::pick_split_nodes(self, peers, 3);
   REQUIRE(two);
   REQUIRE(two->size() == 3);
   CHECK((*two)[0].id == self.id);
-  CHECK((*two)[1].id == test::named("w"));  // 80 bytes, the lower id of the two
+  CHECK((*two)[1].id == test::named("w"));  // 80 GiB, the lower id of the two
   CHECK((*two)[2].id == test::named("y"));
   auto many = generation::pick_split_nodes(self, peers, 5);
   REQUIRE_FALSE(many);

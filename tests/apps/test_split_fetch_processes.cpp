@@ -1,7 +1,7 @@
 // A model split over three real meshnode processes where only the serving node has the file
 // (docs/serving.md, "Split over the mesh"): the stage nodes, which see an empty directory where
-// the file lies (a mount namespace each), fetch it from the serving node into their blob
-// caches; the text is the whole model's; a second load of the model takes it from the caches
+// the file lies (a mount namespace each), fetch the chunks their layers read from the serving
+// node into their blob caches; the text is the whole model's; a second load of the model takes it from the caches
 // (no transfer). A stage node killed: the re-plan goes on over the survivors; a node that joins
 // without the file fetches it when the plan widens to it.
 #include <catch2/catch.hpp>
@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/blob_chunks.hpp"
 #include "actors/blob_digest.hpp"
 #include "model_writer.hpp"
 #include "node_harness.hpp"
@@ -74,12 +75,21 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
   models::test::model_spec spec;
   spec.layers = 6;
   spec.context = 256;
+  // Layers of about 0.5 MB (Q8_0), so that a stage of two reads only some of the file's 1 MiB
+  // chunks.
+  spec.hidden = 256;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.head_dim = 64;
+  spec.ffn = 384;
   const auto served = tmp.path / "served";  // empty to the stage nodes
   std::filesystem::create_directories(served);
   const auto whole = served / "whole.gguf", split = served / "split.gguf";
   models::test::write_gguf_model(whole, spec, models::tensor_type::q8_0);
   std::filesystem::copy_file(whole, split);
   const auto digest = blobs::to_hex(blobs::hash_file(split).value());
+  const uint64_t chunks = (std::filesystem::file_size(split) + blobs::chunk_bytes - 1) / blobs::chunk_bytes;
+  REQUIRE(chunks >= 3);
   const auto sa = tmp.path / "a";
   mesh::test::node_process a(sa, {"--model", whole.string(), "--api-bind", "127.0.0.1:0"});
   const auto ea = a.endpoint();
@@ -119,8 +129,11 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
   REQUIRE_FALSE(stage_nodes.empty());
   for (const auto& [dir, node] : stage_nodes) {
     INFO(dir);
-    CHECK(std::filesystem::file_size(dir / "blobs" / digest) == std::filesystem::file_size(split));
-    CHECK(count_of(node->log(), "fetched blob " + digest) == 1);
+    // Only the chunks of its layers: a sparse file of the whole size, fewer chunks than the file's.
+    CHECK(std::filesystem::file_size(dir / "blobs" / (digest + ".sparse")) == std::filesystem::file_size(split));
+    CHECK(count_of(node->log(), "fetched blob " + digest + " in part") == 1);
+    CHECK(count_of(node->log(), "of blob " + digest + "'s " + std::to_string(chunks) + " chunks") == 1);
+    CHECK(count_of(node->log(), "fetching " + std::to_string(chunks) + " of blob") == 0);
   }
 
   auto expected_text = complete(tmp.path, url, "whole");
@@ -162,7 +175,7 @@ TEST_CASE("stage nodes without the file fetch it from the serving node into thei
   const std::string idd = mesh::test::node_id_of(d.endpoint());
   INFO(d.log());
   CHECK(poll_until([&] { return stage_nodes_of(sa, "split") == std::vector<std::string>{ida, survivor, idd}; }));
-  CHECK(std::filesystem::file_size(tmp.path / "d" / "blobs" / digest) == std::filesystem::file_size(split));
+  CHECK(std::filesystem::file_size(tmp.path / "d" / "blobs" / (digest + ".sparse")) == std::filesystem::file_size(split));
   CHECK(count_of(d.log(), "fetched blob " + digest) == 1);
   auto widened = complete(tmp.path, url, "split");
   REQUIRE(widened.first == 200);

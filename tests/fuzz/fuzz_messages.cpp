@@ -91,7 +91,8 @@ const std::vector<uint8_t>& seed_bytes(int which) {
   }();
   static const std::vector<uint8_t> open = [] {
     mesh::msg::stage_open o{9, 2, "/models/hf", 0, 3, 64, 2, false,
-                            {{"config.json", {1, 2, 3}, 700}, {"model.safetensors", {4, 5, 6}, 1 << 20}}};
+                            {{"config.json", {1, 2, 3}, 700, {}, {}},
+                             {"model.safetensors", {4, 5, 6}, 1 << 20, {7, 8}, {{0, 100}, {4096, 8192}}}}};
     return *mesh::msg::encode_message(o);
   }();
   return which == 0 ? step : which == 1 ? job : which == 2 ? generate : which == 3 ? stage : which == 4 ? chunk : which == 5 ? takeover : open;
@@ -123,10 +124,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto* o = std::get_if<mesh::msg::stage_open>(&*m)) {
     auto r = mesh::generation::check_open(*o);
     if (r && (r->size() < 1 || o->path.empty() || o->context == 0 || o->slots == 0)) __builtin_trap();
-    // Offered files that pass are plain names a view directory can hold.
+    // Offered files that pass are plain names a view directory can hold, their ranges within them.
     if (r)
-      for (const auto& f : o->files)
+      for (const auto& f : o->files) {
         if (f.name.find('/') != std::string::npos || f.name == ".." || (f.name.empty() && o->files.size() > 1)) __builtin_trap();
+        for (const auto& range : f.ranges)
+          if (range.length == 0 || range.offset + range.length > f.size || range.offset + range.length < range.offset) __builtin_trap();
+      }
     return 0;
   }
   if (auto* st = std::get_if<mesh::msg::stage_step>(&*m)) {

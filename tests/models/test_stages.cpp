@@ -327,3 +327,69 @@ TEST_CASE("stages: the wrong input for a stage is an error that changes nothing"
   REQUIRE(b);
   CHECK(*a == *b);
 }
+
+namespace {
+
+bool covered(const std::vector<file_span>& spans, uint64_t offset, uint64_t length) {
+  return std::any_of(spans.begin(), spans.end(), [&](const file_span& s) { return s.offset <= offset && offset + length <= s.offset + s.length; });
+}
+
+/// Every tensor of `weights` lies in the ranges of its file.
+void check_ranges_hold(const checkpoint& ckpt, const std::vector<std::vector<file_span>>& ranges, const model_weights& weights) {
+  for (const auto& w : weights.all())
+    for (const auto* src : w.sources) {
+      auto at = ckpt.locate(src->data);
+      REQUIRE(at);
+      INFO(src->name);
+      CHECK(covered(ranges.at(at->file), at->offset, src->data.size()));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("stages: the bytes a stage reads are its files' headers and its own tensors' data", "[models][stages][ranges]") {
+  temp_dir dir;
+  model_spec s;
+  s.layers = 4;
+  write_gguf_model(dir / "m.gguf", s, tensor_type::q8_0);
+  write_hf_model(dir / "hf", s, "F32", 3);
+  for (const auto& path : {dir / "m.gguf", dir / "hf"}) {
+    INFO(path);
+    auto ckpt = checkpoint::open(path);
+    REQUIRE(ckpt);
+    auto config = read_model_config(*ckpt);
+    REQUIRE(config);
+    const auto files = ckpt->files();
+    const auto headers = ckpt->header_bytes();
+    REQUIRE(headers.size() == files.size());
+    const layer_range front{0, 2}, back{2, 4, false};
+    auto a = stage_file_ranges(*config, *ckpt, front);
+    auto b = stage_file_ranges(*config, *ckpt, back);
+    REQUIRE(a);
+    REQUIRE(b);
+    REQUIRE(a->size() == files.size());
+    uint64_t total = 0, read_a = 0;
+    for (size_t i = 0; i < files.size(); ++i) {
+      total += std::filesystem::file_size(files[i]);
+      CHECK(covered((*a)[i], 0, headers[i]));  // every file's header: opening it parses them all
+      CHECK(covered((*b)[i], 0, headers[i]));
+      for (const auto& r : (*a)[i]) {
+        CHECK(r.offset + r.length <= std::filesystem::file_size(files[i]));
+        read_a += r.length;
+      }
+    }
+    // Each stage's tensors lie in its ranges; the front stage reads less than the files hold,
+    // and none of the last layer's tensors.
+    check_ranges_hold(*ckpt, *a, model_weights::plan(*config, *ckpt, {}, front).value());
+    check_ranges_hold(*ckpt, *b, model_weights::plan(*config, *ckpt, {}, back).value());
+    CHECK(read_a < total);
+    const auto whole = model_weights::plan(*config, *ckpt).value();
+    for (const auto& w : whole.all())
+      if (w.layer == 3)
+        for (const auto* src : w.sources) {
+          auto at = ckpt->locate(src->data);
+          REQUIRE(at);
+          CHECK_FALSE(covered((*a)[at->file], at->offset, src->data.size()));
+        }
+  }
+}
