@@ -131,14 +131,14 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
   return reshape(permute(reshape(out, {kv_heads, group, l, head_dim}), {2, 0, 1, 3}), {l, heads * head_dim});
 }
 
-expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions,
+expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, const expr& row_slots,
                        int64_t kv_heads, int64_t context, int64_t attended, int64_t window) {
   builder& b = *q.owner();
   const shape qs = q.dims();
   const int64_t n = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
-  // Cache rows i * context + t of the first n slots, read by index (a gather the kernels read
-  // through, as they do slices: no node of the whole cache's size).
-  const expr rows = reshape(nn::iota(b, n) * static_cast<double>(context), {n, 1}) + reshape(nn::iota(b, attended), {1, attended});
+  // Cache rows row_slots[i] * context + t, read by index (a gather the kernels read through, as
+  // they do slices: no node of the whole cache's size).
+  const expr rows = reshape(row_slots * static_cast<double>(context), {n, 1}) + reshape(nn::iota(b, attended), {1, attended});
   if (n <= fused_attention_max_rows) {
     auto rows_of = [&](const expr& cache) { return reshape(gather(cache, rows), {n, attended, kv_heads, head_dim}); };
     const expr out = mesh::attention(reshape(q, {n, 1, heads, head_dim}), rows_of(k_cache), rows_of(v_cache), reshape(positions, {n, 1}), window);

@@ -55,11 +55,11 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
                int64_t attended, int64_t window);
 
 /// A decode step of b sequences, one query row each: row i of q [b, heads, head_dim] is the next
-/// token of the sequence in slot i of the caches k, v [slots * context, kv_heads * head_dim]
-/// (slots >= b) and sees that slot's rows t <= positions[i] (i32 [b]; and t > positions[i] -
-/// window when window > 0), of its first `attended`. Otherwise as attention(). Result
-/// [b, heads * head_dim]. Up to fused_attention_max_rows sequences take the fused op.
-expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions,
+/// token of the sequence in slot row_slots[i] (i32 [b]) of the caches k, v [slots * context,
+/// kv_heads * head_dim] and sees that slot's rows t <= positions[i] (i32 [b]; and t >
+/// positions[i] - window when window > 0), of its first `attended`. Otherwise as attention().
+/// Result [b, heads * head_dim]. Up to fused_attention_max_rows sequences take the fused op.
+expr batched_attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, const expr& row_slots,
                        int64_t kv_heads, int64_t context, int64_t attended, int64_t window);
 
 }  // namespace mesh::models::layers

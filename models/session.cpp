@@ -80,7 +80,7 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
       if (auto id = s.program(s.head_rows(n), s.head_attended(), true); !id) return forward_error(id);
   } else if (options.prepare_decode && s.whole_context_decode_) {
     // The programs decode() and batched forward() pick: one row for a single sequence, else rows
-    // min(slots, a power of two), the slots of a step being its rows.
+    // min(slots, a power of two), a row for each sequence of the step.
     if (s.slots() == 1) {
       if (auto id = s.program(1, s.context_, false); !id) return forward_error(id);
     } else {
@@ -320,9 +320,10 @@ expected<std::vector<float>> session::batch_step(std::span<const batch_row> batc
                                     batch[0].position, positions_[0]));
     return step(0, tokens, hidden, false);  // one row: [vocab] logits or one hidden row
   }
-  // Rows are slots: row i is slot i's next token, so the step has as many rows as the highest
-  // slot named needs (in buckets of powers of two); rows of slots not in the batch are idle.
-  int64_t highest = 0, longest = 0;
+  // Row i is the batch's i-th sequence, in whichever slot it is (the "slots" input): the step has
+  // as many rows as the batch (in buckets of powers of two, at most the slots); the rows past it
+  // are idle.
+  int64_t longest = 0;
   std::vector<bool> named(static_cast<size_t>(slots()), false);
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& e = batch[i];
@@ -341,36 +342,36 @@ expected<std::vector<float>> session::batch_step(std::span<const batch_row> batc
     if (pos + 1 > context_)
       return make_error(error_code::limit_exceeded,
                         fmt::format("{}: the sequence in slot {} is at the context of {} positions", source_, e.slot, context_));
-    highest = std::max(highest, e.slot);
     longest = std::max(longest, pos + 1);
   }
-  const int64_t rows = std::min(slots(), next_pow2(highest + 1));
+  const int64_t rows = std::min(slots(), next_pow2(n));
   auto id = program(rows, attended_for(rows, longest), true, true);
   if (!id) return forward_error(id);
   const auto t0 = clock::now();
-  std::vector<int32_t> positions(static_cast<size_t>(rows), -1);
-  for (const auto& e : batch) positions[static_cast<size_t>(e.slot)] = static_cast<int32_t>(e.position);
+  std::vector<int32_t> positions(static_cast<size_t>(rows), -1), row_slots(static_cast<size_t>(rows), 0);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    positions[i] = static_cast<int32_t>(batch[i].position);
+    row_slots[i] = static_cast<int32_t>(batch[i].slot);
+  }
   tensor_map inputs;
   if (takes_tokens()) {
     std::vector<int32_t> in(static_cast<size_t>(rows), 0);
-    for (size_t i = 0; i < batch.size(); ++i) in[static_cast<size_t>(batch[i].slot)] = tokens[i];
+    std::copy(tokens.begin(), tokens.end(), in.begin());
     inputs.emplace("tokens", tensor::from_ints({rows}, in));
   } else {  // idle rows are zeros: they change no real row
     std::vector<float> in(static_cast<size_t>(rows * d), 0.0f);
-    for (size_t i = 0; i < batch.size(); ++i)
-      std::copy_n(hidden.begin() + static_cast<std::ptrdiff_t>(i) * d, d, in.begin() + batch[i].slot * d);
+    std::copy(hidden.begin(), hidden.end(), in.begin());
     inputs.emplace("hidden", tensor::from_floats({rows, d}, in));
   }
   inputs.emplace("positions", tensor::from_ints({rows}, positions));
+  inputs.emplace("slots", tensor::from_ints({rows}, row_slots));
   auto out = ex_->run(*id, inputs);
   if (!out) return make_error(out.error().code, source_ + ": running a batched decode step: " + out.error().message);
-  // Each output row of width w goes back in the batch's order.
+  // The first n output rows, of width w, are the batch's, in its order.
   const bool logits = returns_logits();
   const auto values = out->at(logits ? "logits" : "hidden").to_floats();
   const int64_t w = logits ? config_.vocab_size : d;
-  std::vector<float> result(static_cast<size_t>(n * w));
-  for (size_t i = 0; i < batch.size(); ++i)
-    std::copy_n(values.begin() + batch[i].slot * w, w, result.begin() + static_cast<std::ptrdiff_t>(i) * w);
+  std::vector<float> result(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n * w));
   for (const auto& e : batch) ++positions_[static_cast<size_t>(e.slot)];
   stats_.decode_tokens += n;
   stats_.decode_steps += 1;

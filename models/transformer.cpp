@@ -61,6 +61,7 @@ struct step_inputs {
   expr positions;  // i32 [l]: each row's position, clamped into the cache
   expr dest;       // i32 [l]: the cache row each row's keys and values go to (-1: none)
   expr slot;       // i32 [1]: the sequence of an unbatched step (several slots only)
+  expr row_slots;  // i32 [l]: the sequence of each row of a batched step
 };
 
 // Attention of one layer given its q [l, heads, d], k and v [l, kv_heads * d]: writes the cache,
@@ -73,7 +74,7 @@ expr cached_attention(const context& cx, const step_shape& s, const step_inputs&
   const expr k_new = layers::write_cache(k_cache, k, in.dest);
   const expr v_new = layers::write_cache(v_cache, v, in.dest);
   const int64_t kv = cx.c.n_kv_heads, window = cx.c.sliding_window;
-  if (s.batched) return layers::batched_attention(q, k_new, v_new, in.positions, kv, s.context, s.attended, window);
+  if (s.batched) return layers::batched_attention(q, k_new, v_new, in.positions, in.row_slots, kv, s.context, s.attended, window);
   if (s.slots == 1) return layers::attention(q, k_new, v_new, in.positions, kv, s.attended, window);
   const auto rows_of = [&](const expr& cache) { return layers::slot_rows(cache, in.slot, s.context, s.attended); };
   return layers::attention(q, rows_of(k_new), rows_of(v_new), in.positions, kv, s.attended, window);
@@ -149,10 +150,12 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
   else x = b.input("hidden", dtype::f32, {s.tokens, c.hidden_size});
   const expr row = nn::iota(b, s.tokens);
   if (s.batched) {
-    // Row i is slot i's next token; an idle row (position -1) attends to position 0 and writes nothing.
+    // Row i is the next token of the sequence in slot slots[i]; an idle row (position -1)
+    // attends to position 0 of its slot and writes nothing.
     const expr given = b.input("positions", dtype::i32, {s.tokens});
+    in.row_slots = b.input("slots", dtype::i32, {s.tokens});
     in.positions = maximum(given, 0.0);
-    in.dest = select(compare(given, 0.0, compare_kind::ge), row * static_cast<double>(s.context) + given, -1.0);
+    in.dest = select(compare(given, 0.0, compare_kind::ge), in.row_slots * static_cast<double>(s.context) + given, -1.0);
   } else {
     in.start = b.input("start", dtype::i32, {1});
     in.count = b.input("count", dtype::i32, {1});

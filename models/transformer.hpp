@@ -16,9 +16,9 @@
 /// Output: "logits" f32 [1, vocab] (the last real row), or [tokens, vocab] with all_logits.
 ///
 /// A batched step (step_shape::batched: continuous batching of decode steps) takes "tokens" i32
-/// [tokens] and "positions" i32 [tokens] instead: row i is the next token of the sequence in
-/// slot i at position positions[i], and a row whose position is -1 is idle (it writes nothing and
-/// its logits mean nothing). Output: "logits" f32 [tokens, vocab].
+/// [tokens], "positions" i32 [tokens] and "slots" i32 [tokens] instead: row i is the next token
+/// of the sequence in slot slots[i] at position positions[i], and a row whose position is -1 is
+/// idle (it writes nothing and its logits mean nothing). Output: "logits" f32 [tokens, vocab].
 ///
 /// A pipeline stage (step_shape::layers, a range [first, end) of the layers) builds the same
 /// graph restricted to its layers: a stage that does not hold layer 0 takes input "hidden" f32
@@ -48,8 +48,8 @@ struct step_shape {
   /// Sequences the KV cache holds, each in a slot of `context` rows (the cache parameters are
   /// [slots * context, width]).
   int64_t slots = 1;
-  /// A decode step of several sequences: row i is the next token of the sequence in slot i
-  /// (tokens <= slots), at its own position; logits of every row.
+  /// A decode step of several sequences: row i is the next token of the sequence in its own
+  /// slot (input "slots"; tokens <= slots), at its own position; logits of every row.
   bool batched = false;
 };
 

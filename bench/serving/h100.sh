@@ -11,7 +11,8 @@
 #   1,4,16), REQUESTS (per stream, default 2), MAX_TOKENS (128), PROMPT_WORDS (100), SHAPE (llama1b),
 #   QUANT (Q4_K_M), NP (slots of both servers, default 16), SKIP_SERVE=1 (no mesh-bench-serve),
 #   SPLITS (e.g. "1 2 3": also the split benchmark, bench/serving/split.sh, with meshnode and
-#   meshctl from .devcarry; SPLIT_LINKS, default "loopback shaped"; ROUNDS, default 1),
+#   meshctl from .devcarry; SPLIT_LINKS, default "loopback shaped"; ROUNDS, default 1; DEVICES:
+#   the nodes' devices, e.g. "#0 #1" on two GPUs),
 #   LLAMA_SERVER=0 (no llama-server: llama.cpp's CPU build of llama-quantize only, for the file).
 # llama-server runs with -np NP slots (its continuous batching) and -c NP*2048; mesh-bench-serve
 # with --parallel NP (its continuous batching) and a context of 2048 per slot.
@@ -110,7 +111,7 @@ if [ -n "${SPLITS:-}" ] && [ -x "$D/meshnode" ] && [ -s "$F" ]; then
       log "no network namespaces or tc here: shaped links skipped"
       continue
     fi
-    LINK=$link BIN=$D DELAY_LINE=$D/mesh-delay-line DEVICE=vulkan SPLITS="$SPLITS" OUT=$O/split-$link NP=$NP CONTEXT=2048 STREAMS=$STREAMS \
+    LINK=$link BIN=$D DELAY_LINE=$D/mesh-delay-line DEVICE=vulkan DEVICES="${DEVICES:-}" SPLITS="$SPLITS" OUT=$O/split-$link NP=$NP CONTEXT=2048 STREAMS=$STREAMS \
       REQUESTS=$REQUESTS MAX_TOKENS=$MAX_TOKENS PROMPT_WORDS=$PROMPT_WORDS ROUNDS=${ROUNDS:-1} \
       timeout "$(( $(left) - 10 ))" bash "$ROOT/bench/serving/split.sh" "$F"
   done

@@ -12,7 +12,8 @@
 #   STREAMS    load.py's levels (default 1,4,16); REQUESTS per stream (2); MAX_TOKENS (64);
 #              PROMPT_WORDS (50); ROUNDS (1): every level this many times (load.py --rounds)
 #   NP         --parallel of the nodes (default 16); CONTEXT per sequence (default 1024)
-#   DEVICE     the nodes' --device (default auto); BIN: where meshnode and meshctl are
+#   DEVICE     the nodes' --device (default auto); DEVICES: one per node a, b, c instead (e.g.
+#              "#0 #1 #0": two GPUs of one host); BIN: where meshnode and meshctl are
 #              (default build/release/apps); OUT: results folder (default /tmp/split-bench)
 #   DELAY_LINE mesh-delay-line (default build/release/bench/serving/), for kernels without
 #              sch_netem: then tbf shapes the rate and an iptables NFQUEUE rule per node hands
@@ -90,9 +91,10 @@ fi
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$O/secret"
 chmod 600 "$O/secret"
+read -r -a DEVS <<<"${DEVICES:-$DEVICE $DEVICE $DEVICE}"
 start_node() {  # start_node NAME INDEX EXTRA...
   local n=$1 i=$2; shift 2
-  local cmd=("$BIN/meshnode" --state-dir "$O/$n" --secret-file "$O/secret" --mdns off --device "$DEVICE"
+  local cmd=("$BIN/meshnode" --state-dir "$O/$n" --secret-file "$O/secret" --mdns off --device "${DEVS[$((i - 1))]:-$DEVICE}"
     --bind "$(addr_of "$i")" --port $((7100 + i)) --parallel "$NP" "$@")
   [ "$LINK" = shaped ] && cmd=(ip netns exec "$NS$n" "${cmd[@]}")
   "${cmd[@]}" >"$O/$n.log" 2>&1 &  # a simple command: $! is the node itself, which cleanup stops
