@@ -44,7 +44,10 @@ expected<std::shared_ptr<blob_store>> blob_store::open(const std::filesystem::pa
     }
     if (!sparse) e.size = f.file_size(ec);
     if (auto it = s->blobs_.find(*d); it != s->blobs_.end()) {  // both whole and partial: the whole one stays
-      if (sparse) continue;
+      if (sparse) {
+        std::filesystem::remove(f.path(), ec);  // its record goes below
+        continue;
+      }
       s->drop(*d);
     }
     s->bytes_ += e.size;

@@ -218,6 +218,9 @@ TEST_CASE("a partial blob holds the chunks put into it, each checked, and surviv
   CHECK(bad.error().message.find("corrupt chunk 3") != std::string::npos);
   CHECK(again->missing(file.whole, {2, 3}) == std::vector<uint64_t>{3});
   // The whole blob, once committed, replaces the part.
+  const auto sparse = t.path / "blobs" / (to_hex(file.whole) + ".sparse"), record = t.path / "blobs" / (to_hex(file.whole) + ".chunks");
+  std::filesystem::copy_file(sparse, t.path / "sparse.kept");
+  std::filesystem::copy_file(record, t.path / "record.kept");
   auto part = again->stage(file.whole, file.bytes.size());
   REQUIRE(part);
   {
@@ -227,8 +230,18 @@ TEST_CASE("a partial blob holds the chunks put into it, each checked, and surviv
   REQUIRE(again->commit(file.whole));
   CHECK(again->contains(file.whole));
   CHECK(again->chunk_list_of(file.whole).empty());
-  CHECK_FALSE(std::filesystem::exists(t.path / "blobs" / (to_hex(file.whole) + ".sparse")));
+  CHECK_FALSE(std::filesystem::exists(sparse));
   CHECK(again->bytes() == file.bytes.size());
+  // A crash between the commit and the removal of the part's files: at the next start the whole
+  // blob stays and the part's files go.
+  again.reset();
+  std::filesystem::copy_file(t.path / "sparse.kept", sparse);
+  std::filesystem::copy_file(t.path / "record.kept", record);
+  auto restarted = blob_store::open(t.path / "blobs", 64 << 20).value();
+  CHECK(restarted->contains(file.whole));
+  CHECK(restarted->bytes() == file.bytes.size());
+  CHECK_FALSE(std::filesystem::exists(sparse));
+  CHECK_FALSE(std::filesystem::exists(record));
 }
 
 TEST_CASE("a partial blob is evicted whole when room is needed, never while in use", "[blobs][partial]") {
