@@ -237,10 +237,10 @@ TEST_CASE("decode steps over the whole context give the bucketed steps' logits w
     for (size_t i = 0; i < a->size(); ++i) CHECK((*a)[i] == (*b)[i]);
   }
   CHECK(whole.position(1) == bucketed.position(1));
-  // The prompt's program and one for every decode step (rows are slots: 2 rows), where the
-  // bucketed session loads the decode step again for 64, 128 and 256 positions.
-  CHECK(whole.stats().programs == 2);
-  CHECK(bucketed.stats().programs == 4);
+  // The prompt's program and one per batch size (a row per sequence: 1 and 2 rows), where the
+  // bucketed session loads both again for 64, 128 and 256 positions.
+  CHECK(whole.stats().programs == 3);
+  CHECK(bucketed.stats().programs == 7);
 
   // Prepared at creation: the decode programs of every batch size, none loaded later.
   for (const int64_t slots : {1, 3, 4}) {
