@@ -84,7 +84,11 @@ TEST_CASE("a handshake flood from many keys and addresses keeps no peer with the
                 << " accept_timeouts " << k.accept_timeouts << " peak half-open " << peak.half_open
                 << " peak connections " << peak.connections << " flood handshakes " << fs.handshakes);
   CHECK(fs.attempts >= 10'000);  // >= 1,000 a second for 10 s
-  for (auto t : connect_times) CHECK(t < 1000ms);
+  // Kept out, a peer would not connect within the handshake timeout (5 s): a full table drops its
+  // Initials until an attempt's slot frees. Admitted, it connects in well under a second on a
+  // quiet machine; the bound leaves room for this 2-core machine under ASan sharing its cores
+  // with the flood (1.0-1.7 s seen).
+  for (auto t : connect_times) CHECK(t < 2500ms);
   // Admission before state: the table never grew beyond its bounds (the legitimate peers'
   // connections, one at a time, come on top of the half-open ones).
   CHECK(peak.half_open <= limits.max_half_open);
