@@ -237,7 +237,7 @@ expected<std::vector<float>> session::prefill(int64_t slot, std::span<const int3
   return step(slot, tokens, {}, false);
 }
 
-int64_t session::head_rows(int64_t n) const { return n == 1 ? 1 : std::max(options_.min_batch, next_pow2(n)); }
+int64_t session::head_rows(int64_t n) const { return next_pow2(n); }
 
 expected<std::vector<float>> session::head(std::span<const float> hidden) {
   const int64_t d = config_.hidden_size;

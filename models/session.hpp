@@ -195,8 +195,9 @@ class session final : public sequence_model {
   expected<void> check_token(int32_t token) const;
   /// The attended rows of a step of `rows` rows whose longest sequence fills `filled` positions.
   int64_t attended_for(int64_t rows, int64_t filled) const;
-  /// The rows of head()'s program for `n` hidden rows: one, else a power of two of at least
-  /// min_batch (so that few programs serve every count).
+  /// The rows of head()'s program for `n` hidden rows: the next power of two (few programs serve
+  /// every count). Not min_batch, as prompts are: every padding row costs a matrix-vector pass
+  /// over the head's weights and [vocab] logits read back, and a step's rows are few.
   int64_t head_rows(int64_t n) const;
   /// The positions head()'s program is built for: it attends to nothing, so the smallest.
   int64_t head_attended() const { return std::min(context_, options_.min_attended); }

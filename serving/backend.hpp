@@ -89,7 +89,9 @@ struct generation_result {
 
 using generation_outcome = result<generation_result>;
 
-/// Called from a backend thread. `on_piece` gets each piece of text as it is decided (whole
+/// Called from a backend thread, one at a time for a request (different requests' callbacks may
+/// run at once, from different threads: a split model steps its micro-batches from several).
+/// `on_piece` gets each piece of text as it is decided (whole
 /// UTF-8 characters) with the log-probabilities of the tokens it carries (when asked for; the
 /// last piece may then be empty); `on_done` is called exactly once, last: the result, or a
 /// failure (a cancelled request ends with failure_kind::cancelled).

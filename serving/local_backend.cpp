@@ -617,46 +617,79 @@ void local_backend::prefill(const std::shared_ptr<job>& jp) {
   advance(jp, *logits);
 }
 
+bool local_backend::others_waiting(const model& m, size_t running) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_ || active_.size() != running) return true;  // another model's requests wait for their round
+  for (const auto& j : queue_)
+    if (j->m.get() != &m || std::find(m.slot_busy.begin(), m.slot_busy.end(), false) != m.slot_busy.end()) return true;
+  return false;
+}
+
 void local_backend::step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& all) {
-  std::vector<std::shared_ptr<job>> jobs;  // those past their prompts, with a token to decode
-  for (const auto& j : all) {
-    if (j->prefilled < j->prompt.size()) prefill(j);  // may end it, or take it past its prompt
-    else jobs.push_back(j);
+  std::vector<std::shared_ptr<job>> reading, jobs;  // still reading their prompts; past them, with a token to decode
+  for (const auto& j : all) (j->prefilled < j->prompt.size() ? reading : jobs).push_back(j);
+  // A whole-model session runs one thing at a time: each prompt chunk, then one step of every
+  // row in one graph run.
+  if (!m->split) {
+    for (const auto& j : reading) prefill(j);  // may end it, or take it past its prompt
+    if (!jobs.empty()) decode_lane(m, jobs, 1, nullptr, all.size());
+    return;
   }
-  if (jobs.empty()) return;
-  // A whole-model session runs every row in one graph run. A split model's rows go as one
-  // micro-batch per stage (contiguous runs of slots), stepped at once from as many threads: while
-  // one micro-batch is on a stage or on the wire to it, the others use the other stages.
-  const size_t depth = m->split ? std::max<size_t>(1, m->split->stages().size()) : 1;
+  // A split model's stages each run one step at a time, so work stepped from several threads
+  // flows through them as a pipeline: while one micro-batch is on a stage or on the wire to it,
+  // the others use the other stages. The decode rows go as one micro-batch per stage (contiguous
+  // runs of slots), and the prompt chunks of this round are read beside them, up to one per
+  // stage at a time. Decode micro-batches go on to their next steps while chunks are read and
+  // otherwise until one of their requests ends or something else needs the worker (see
+  // decode_lane); then each finishes the step it is in, and the round ends.
+  const size_t depth = std::max<size_t>(1, m->split->stages().size());
+  const size_t readers = std::min(reading.size(), depth);
+  std::atomic<size_t> readers_left{readers};
+  std::atomic<bool> round_over{false};
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < readers; ++r)
+    threads.emplace_back([&, r] {
+      for (size_t i = r; i < reading.size(); i += depth) prefill(reading[i]);
+      --readers_left;
+    });
   const size_t groups = std::min(jobs.size(), depth);
   std::sort(jobs.begin(), jobs.end(), [](const auto& a, const auto& b) { return a->slot < b->slot; });
-  std::vector<std::vector<models::slot_token>> parts(groups);
-  std::vector<size_t> group_of(jobs.size());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    group_of[i] = i * groups / jobs.size();
-    parts[group_of[i]].push_back({jobs[i]->slot, jobs[i]->next});
-  }
-  std::vector<expected<std::vector<std::vector<float>>>> outs(groups);
-  {
-    std::vector<std::thread> helpers;
-    for (size_t g = 1; g < groups; ++g) helpers.emplace_back([&, g] { outs[g] = m->seq->decode(parts[g]); });
-    outs[0] = m->seq->decode(parts[0]);
-    for (auto& t : helpers) t.join();
-  }
-  int64_t decoded = 0;
-  for (const auto& o : outs) decoded += o ? static_cast<int64_t>(o->size()) : 0;
-  if (decoded > 0) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++stats_.decode_steps;
-    stats_.decoded_tokens += decoded;
-    stats_.widest_step = std::max(stats_.widest_step, decoded);
-    stats_.most_micro_batches = std::max(stats_.most_micro_batches, static_cast<int64_t>(groups));
-  }
-  std::vector<size_t> taken(groups, 0);  // each micro-batch's logits come in its jobs' order
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const size_t g = group_of[i];
-    if (outs[g]) advance(jobs[i], (*outs[g])[taken[g]++]);
-    else complete(jobs[i], fail(kind_of(outs[g].error()), outs[g].error().message));
+  std::vector<std::vector<std::shared_ptr<job>>> lanes(groups);
+  for (size_t i = 0; i < jobs.size(); ++i) lanes[i * groups / jobs.size()].push_back(jobs[i]);
+  const lane_control control{round_over, readers_left, readers > 0};
+  for (size_t g = 0; g < groups; ++g)
+    threads.emplace_back([&, g] { decode_lane(m, lanes[g], groups, &control, all.size()); });
+  for (auto& t : threads) t.join();
+}
+
+void local_backend::decode_lane(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& mine, size_t lanes,
+                                const lane_control* control, size_t running) {
+  for (int64_t steps = 0;; ++steps) {
+    std::vector<models::slot_token> part;
+    for (const auto& j : mine) part.push_back({j->slot, j->next});
+    const bool beside_prompts = control && control->readers_left > 0;
+    auto out = m->seq->decode(part);
+    if (out) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++stats_.decode_steps;
+      stats_.decoded_tokens += static_cast<int64_t>(out->size());
+      stats_.widest_step = std::max(stats_.widest_step, static_cast<int64_t>(out->size()));
+      if (m->split) stats_.most_micro_batches = std::max(stats_.most_micro_batches, static_cast<int64_t>(lanes));
+      if (steps > 0) ++stats_.chained_steps;
+      if (beside_prompts) ++stats_.steps_beside_prompts;
+    }
+    bool ended = false;
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (out) advance(mine[i], (*out)[i]);
+      else complete(mine[i], fail(kind_of(out.error()), out.error().message));
+      ended = ended || !mine[i]->run;  // complete() ends its generation
+    }
+    if (!control) return;
+    // While this round's prompt chunks are read, the lane goes on until they are in (a request
+    // whose prompt is then done joins the micro-batches in the next round); otherwise until
+    // anything else needs the worker.
+    if (ended || (control->reading ? control->readers_left == 0 : others_waiting(*m, running))) control->round_over = true;
+    if (control->round_over) return;
   }
 }
 

@@ -105,10 +105,12 @@ struct local_backend_stats {
   int64_t failed = 0;
   int64_t completion_tokens = 0;
   int64_t loads = 0;      ///< models loaded (on demand ones included)
-  int64_t decode_steps = 0;   ///< decode steps run, each for one or more requests
+  int64_t decode_steps = 0;   ///< decode steps run, each for one or more requests (a split model's micro-batch: one)
   int64_t decoded_tokens = 0; ///< tokens those steps decoded
   int64_t widest_step = 0;    ///< the most requests one decode step served
-  int64_t most_micro_batches = 0;  ///< the most micro-batches one step ran through a split model at once
+  int64_t most_micro_batches = 0;  ///< the most micro-batches under way at once through a split model
+  int64_t chained_steps = 0;  ///< steps a split model's micro-batch went on to without waiting for the others
+  int64_t steps_beside_prompts = 0;  ///< a split model's decode steps begun while a prompt chunk was being read
 };
 
 class local_backend final : public generation_backend {
@@ -161,9 +163,24 @@ class local_backend final : public generation_backend {
   void begin(const std::shared_ptr<job>& j);
   /// Reads the next chunk of a request's prompt; after the last, samples its first token.
   void prefill(const std::shared_ptr<job>& j);
-  /// One round for model `m`: a prompt chunk for each of its requests still reading one, then one
-  /// decode step for all those past their prompts.
+  /// One round for model `m`: a prompt chunk for each of its requests still reading one, and a
+  /// decode step for all those past their prompts (a split model: the chunks and the decode
+  /// micro-batches at once, the micro-batches going on to further steps; see decode_lane).
   void step(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& jobs);
+  /// A split model's round, shared by its threads.
+  struct lane_control {
+    std::atomic<bool>& round_over;        ///< set by the first lane that stops: the others stop after their step
+    std::atomic<size_t>& readers_left;    ///< threads still reading this round's prompt chunks
+    bool reading = false;                 ///< whether the round reads prompt chunks
+  };
+  /// Decode steps of `mine` (one micro-batch of `lanes`): one without `control`; with it, steps
+  /// until one of its requests ends, or the round's prompt chunks are in (when it reads some),
+  /// or others_waiting (when not); or another lane stopped. `running`: the model's requests in this round.
+  void decode_lane(const std::shared_ptr<model>& m, const std::vector<std::shared_ptr<job>>& mine, size_t lanes,
+                   const lane_control* control, size_t running);
+  /// Whether the worker has other work than `m`'s `running` requests: one of them ended, a
+  /// waiting request could be admitted, another model's requests wait, or the backend stops.
+  bool others_waiting(const model& m, size_t running) const;
   /// Hands the logits after a request's last token to its generation; ends it when it is done.
   void advance(const std::shared_ptr<job>& j, std::span<const float> logits);
   /// Ends a request: frees its slot, counts it and calls on_done.

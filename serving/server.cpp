@@ -36,7 +36,7 @@ struct exchange {
   std::deque<piece> pieces;
   std::optional<generation_outcome> outcome;
   /// When the last piece came (metrics: time to first token, gaps between pieces). Only the
-  /// backend's thread touches it, one callback at a time.
+  /// backend touches it: it calls a request's callbacks one at a time (from one of its threads).
   std::optional<clock_type::time_point> last_piece;
 };
 

@@ -1,5 +1,5 @@
 // mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] [--runs N]
-//                     [--kernels] [--unfused]
+//                     [--kernels] [--unfused] [--batch N]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
@@ -13,6 +13,9 @@
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
 // MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
 // (session_options::fuse_projections off: one matrix-vector product per q, k, v, gate and up).
+// --batch N: N sequences (slots), each prefilled with the prompt, then decoded together in batched
+// steps of N rows (continuous batching's step); tokens/s counts every sequence's tokens, and
+// --kernels lists an N-row step's kernels.
 // "decode host" splits a decode step's wall time (Vulkan): inside executor::run, of that from queue
 // submission to the fence's signal, and outside (session, argmax).
 // The last line is machine-readable, key=value pairs:
@@ -54,7 +57,7 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 int usage() {
   std::fprintf(stderr,
                "usage: mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] "
-               "[--runs N] [--kernels] [--unfused]\n");
+               "[--runs N] [--kernels] [--unfused] [--batch N]\n");
   return 2;
 }
 
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
   bool cpu = false, kernels = false, unfused = false;
-  int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0;
+  int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0, batch = 1;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t { return i + 1 < argc ? std::atoll(argv[++i]) : -1; };
@@ -91,9 +94,10 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = next();
     else if (a == "--kernels") kernels = true;
     else if (a == "--unfused") unfused = true;
+    else if (a == "--batch") batch = next();
     else return usage();
   }
-  if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0) return usage();
+  if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0 || batch < 1) return usage();
 
   auto ckpt = checkpoint::open(path);
   if (!ckpt) {
@@ -122,6 +126,7 @@ int main(int argc, char** argv) {
   session_options options;
   options.context = context;
   options.fuse_projections = !unfused;
+  options.slots = batch;
   auto s = session::create(*ex, *ckpt, options);
   if (!s) {
     std::fprintf(stderr, "%s\n", s.error().message.c_str());
@@ -146,17 +151,32 @@ int main(int argc, char** argv) {
   } split;
   bool timing = false;
   auto run = [&](double& prompt_s, double& gen_s) -> bool {
-    s->reset();
+    std::vector<std::vector<float>> logits(static_cast<size_t>(batch));
     double t0 = now();
-    auto logits = s->prefill(prompt);
-    if (!logits) return std::fprintf(stderr, "%s\n", logits.error().message.c_str()), false;
+    for (int64_t slot = 0; slot < batch; ++slot) {
+      s->reset(slot);
+      auto l = s->prefill(slot, prompt);
+      if (!l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), false;
+      logits[static_cast<size_t>(slot)] = std::move(*l);
+    }
     prompt_s = now() - t0;
     const auto before = ex->stats();
     t0 = now();
+    std::vector<slot_token> step(static_cast<size_t>(batch));
     for (int64_t i = 0; i < gen_n; ++i) {
-      const auto next = static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-      logits = s->decode(next);
-      if (!logits) return std::fprintf(stderr, "%s\n", logits.error().message.c_str()), false;
+      for (int64_t slot = 0; slot < batch; ++slot) {
+        const auto& l = logits[static_cast<size_t>(slot)];
+        step[static_cast<size_t>(slot)] = {slot, static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+      }
+      if (batch == 1) {
+        auto l = s->decode(step[0].token);
+        if (!l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), false;
+        logits[0] = std::move(*l);
+      } else {
+        auto l = s->decode(step);
+        if (!l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), false;
+        logits = std::move(*l);
+      }
     }
     gen_s = now() - t0;
     if (timing) {
@@ -175,8 +195,8 @@ int main(int argc, char** argv) {
   for (int64_t r = 0; r < runs; ++r) {
     double p, g;
     if (!run(p, g)) return 1;
-    prompt_tps.push_back(static_cast<double>(prompt_n) / p);
-    gen_tps.push_back(static_cast<double>(gen_n) / g);
+    prompt_tps.push_back(static_cast<double>(prompt_n * batch) / p);
+    gen_tps.push_back(static_cast<double>(gen_n * batch) / g);
   }
   const mean_sd pt = summarize(prompt_tps), gt = summarize(gen_tps);
   rusage ru{};
@@ -192,10 +212,10 @@ int main(int argc, char** argv) {
               st.compile_seconds, static_cast<long long>(st.programs));
   std::printf("prompt            %lld tokens: %.1f ± %.1f tokens/s over %lld runs (first run, with program loads: %.1f)\n",
               static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(runs),
-              static_cast<double>(prompt_n) / p0);
-  std::printf("generation        %lld tokens: %.1f ± %.1f tokens/s over %lld runs (first run: %.1f)\n",
-              static_cast<long long>(gen_n), gt.mean, gt.sd, static_cast<long long>(runs),
-              static_cast<double>(gen_n) / g0);
+              static_cast<double>(prompt_n * batch) / p0);
+  std::printf("generation        %lld tokens x %lld sequences: %.1f ± %.1f tokens/s over %lld runs (first run: %.1f)\n",
+              static_cast<long long>(gen_n), static_cast<long long>(batch), gt.mean, gt.sd, static_cast<long long>(runs),
+              static_cast<double>(gen_n * batch) / g0);
   std::printf("peak RSS          %.1f MiB (%.2fx the file)\n", rss_mib, rss_mib / file_mib);
   if (split.steps > 0) {
     const double n = static_cast<double>(split.steps);
@@ -217,9 +237,9 @@ int main(int argc, char** argv) {
   std::replace(device.begin(), device.end(), ' ', '_');
   std::printf("bench_generate device=%s prompt=%lld prompt_tps=%.2f prompt_tps_sd=%.2f generate=%lld gen_tps=%.2f "
               "gen_tps_sd=%.2f peak_rss_mib=%.1f file_mib=%.1f load_s=%.3f compile_s=%.3f programs=%lld context=%lld "
-              "fused=%d file=%s\n",
+              "fused=%d batch=%lld file=%s\n",
               device.c_str(), static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(gen_n), gt.mean,
               gt.sd, rss_mib, file_mib, st.load_seconds, st.compile_seconds, static_cast<long long>(st.programs),
-              static_cast<long long>(s->context()), unfused ? 0 : 1, path.c_str());
+              static_cast<long long>(s->context()), unfused ? 0 : 1, static_cast<long long>(batch), path.c_str());
   return 0;
 }

@@ -293,6 +293,60 @@ serving::generation_request batch_request(const std::string& model, int i) {
   return r;
 }
 
+TEST_CASE("a prompt read on a split model goes beside the running requests' steps, which it does not change", "[generation][split][batch]") {
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  // Prompts read 2 tokens a round: the late request's prompt takes several rounds.
+  serving::local_model_options whole = f.model("whole");
+  whole.parallel = 1;
+  whole.prefill_chunk = 2;
+  REQUIRE(f.host->load(whole));
+  serving::local_model_options o = f.model("split");
+  o.parallel = 4;
+  o.prefill_chunk = 2;
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
+                                           short_waits);
+  REQUIRE(f.host->load(o));
+  constexpr int n = 4;
+  std::vector<std::string> alone;
+  for (int i = 0; i < n; ++i) {
+    outcome_wait w;
+    auto done = w.done.get_future();
+    REQUIRE(f.host->start(batch_request("whole", i), w.callbacks()));
+    auto r = done.get();
+    REQUIRE(r);
+    alone.push_back(r->text);
+  }
+  // Three requests decode; the fourth (the longest prompt) arrives once the first has 5 tokens.
+  std::vector<outcome_wait> waits(n);
+  std::vector<std::future<serving::generation_outcome>> done;
+  std::promise<void> five;
+  auto fifth = five.get_future();
+  std::atomic<bool> told{false};
+  for (int i = 0; i < n - 1; ++i) {
+    auto cb = waits[static_cast<size_t>(i)].callbacks();
+    if (i == 0)
+      cb.on_token = [&](int64_t t) {
+        if (t == 5 && !told.exchange(true)) five.set_value();
+      };
+    done.push_back(waits[static_cast<size_t>(i)].done.get_future());
+    REQUIRE(f.host->start(batch_request("split", i), cb));
+  }
+  fifth.wait();
+  const int64_t before = f.host->stats().steps_beside_prompts;
+  done.push_back(waits[n - 1].done.get_future());
+  REQUIRE(f.host->start(batch_request("split", n - 1), waits[n - 1].callbacks()));
+  for (int i = 0; i < n; ++i) {
+    auto r = done[static_cast<size_t>(i)].get();
+    INFO("request " << i);
+    INFO((r ? std::string() : r.error().message));
+    REQUIRE(r);
+    CHECK(r->text == alone[static_cast<size_t>(i)]);
+  }
+  CHECK(f.host->stats().steps_beside_prompts > before);  // the running requests went on meanwhile
+  CHECK(f.mesh.undecodable == 0);
+}
+
 TEST_CASE("requests running together on a split model share its steps, and a stage node lost under them moves them all", "[generation][split][failover][batch]") {
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
   split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
@@ -340,6 +394,7 @@ TEST_CASE("requests running together on a split model share its steps, and a sta
     }
     CHECK(f.host->stats().widest_step >= 2);
     CHECK(f.host->stats().most_micro_batches >= 2);  // the 3 stages took micro-batches at once
+    CHECK(f.host->stats().chained_steps > 0);        // which went on without waiting for each other
     CHECK(killed == lose);
   }
   auto now = f.host->models();
