@@ -39,6 +39,7 @@ expected<std::unique_ptr<failover_pipeline>> failover_pipeline::create(failover_
     return make_error(error_code::internal, fmt::format("failover pipeline: open made {} slots, not {}", (*p)->slots(), slots));
   f->install(std::move(*p), ids_of(f->o_.nodes));
   f->replans_ = 0;
+  f->want_ = f->o_.nodes.size();
   if (f->o_.roster) f->subscription_ = f->o_.roster->subscribe([p = f.get()](const roster_event& e) { p->on_roster(e); });
   return f;
 }
@@ -89,11 +90,34 @@ expected<void> failover_pipeline::replan_if_needed() {
   std::set<node_id> excluded;
   {
     std::lock_guard<std::mutex> lock(view_m_);
-    view = {o_.self.id, planned_over_, in_stages_, o_.nodes.size()};
+    view = {o_.self.id, planned_over_, in_stages_, want_};
     excluded = excluded_;
   }
   const auto cause = replan_needed(view, peers, excluded);
   if (cause == replan_cause::none) return {};
+  return replan_over(cause, view, peers, excluded);
+}
+
+expected<void> failover_pipeline::replan(size_t nodes) {
+  if (nodes < 1) return make_error(error_code::invalid_argument, "a plan needs at least one node");
+  std::lock_guard<std::mutex> plan(plan_m_);
+  const auto peers = live();
+  split_plan_view view;
+  std::set<node_id> excluded;
+  {
+    std::lock_guard<std::mutex> lock(view_m_);
+    want_ = nodes;
+    view = {o_.self.id, planned_over_, in_stages_, want_};
+    excluded = excluded_;
+  }
+  // A stage node already lost makes this the re-plan that loss needs; otherwise the new plan is
+  // built beside the one serving, as when a node joins.
+  const auto cause = replan_needed(view, peers, excluded) == replan_cause::lost_node ? replan_cause::lost_node : replan_cause::asked;
+  return replan_over(cause, view, peers, excluded);
+}
+
+expected<void> failover_pipeline::replan_over(replan_cause cause, const split_plan_view& view, const std::vector<split_candidate>& peers,
+                                              const std::set<node_id>& excluded) {
   const split_candidate self = o_.roster ? o_.roster->current(o_.self) : o_.self;
   auto nodes = replan_nodes(self, view.planned_over, peers, excluded, view.want);
   if (cause == replan_cause::lost_node) {

@@ -77,6 +77,8 @@ class failover_pipeline final : public serving::split_sequence {
   void maintain();
   /// Re-plans completed since creation (for tests and logs).
   int64_t replans() const;
+  /// serving::split_sequence::replan: a plan over `nodes` nodes, opened beside the current one.
+  expected<void> replan(size_t nodes) override;
 
  private:
   failover_pipeline() = default;
@@ -90,6 +92,12 @@ class failover_pipeline final : public serving::split_sequence {
   std::vector<split_candidate> live() const;
   /// Under plan_m_: re-plans if replan_needed says so; the error says why no plan was made.
   expected<void> replan_if_needed();
+  /// Under plan_m_: plans over replan_nodes(view, peers, excluded) for `cause` and installs it.
+  /// A lost node drops the stages left first; otherwise the old plan serves until the new one
+  /// is open, and stays if it fails (a widen's newcomers are then not tried again until they
+  /// join again).
+  expected<void> replan_over(replan_cause cause, const split_plan_view& view, const std::vector<split_candidate>& peers,
+                             const std::set<node_id>& excluded);
   void install(std::unique_ptr<models::pipeline> p, std::vector<node_id> over);
   void say(const std::string& line) const;
 
@@ -109,6 +117,7 @@ class failover_pipeline final : public serving::split_sequence {
 
   mutable std::mutex view_m_;  ///< what listings and decisions read: a leaf lock
   std::vector<node_id> planned_over_, in_stages_;
+  size_t want_ = 0;  ///< the nodes plans aim at: the first plan's, then replan()'s
   std::vector<serving::model_stage_info> stage_info_;
   std::set<node_id> excluded_;  ///< gone, failed a call, or refused a stage since they last joined
   int64_t replans_ = 0;

@@ -134,6 +134,20 @@ void serve_models(generator_actor_ptr self, const context_ptr& ctx, const node_i
       }, view_failed);
       return;
     }
+    case models_action::replan: {
+      if (q.split < 1 || q.split > 64)
+        return reply(failed_reply(q.id, {error_code::invalid_argument, fmt::format("models replan: --split {} (1 to 64 nodes)", q.split)}));
+      spdlog::info("{} asks to re-plan model {} over {} nodes", from.short_string(), q.target, q.split);
+      // Opening the new stages waits for peers' answers, which come through this actor: off it.
+      ctx->models->replan_async(q.target, q.split, [ctx, reply, q](expected<std::vector<serving::model_stage_info>> r) {
+        if (!r) {
+          spdlog::warn("model {} not re-planned: {}", q.target, r.error().message);
+          return reply(failed_reply(q.id, r.error()));
+        }
+        reply(models_of(*ctx, q.id));
+      });
+      return;
+    }
     case models_action::unload: {
       if (auto ok = ctx->models->unload(q.target); !ok) return reply(failed_reply(q.id, ok.error()));
       spdlog::info("model {} unloaded by {}", q.target, from.short_string());

@@ -18,6 +18,7 @@ const char* to_string(replan_cause c) {
     case replan_cause::none: return "none";
     case replan_cause::lost_node: return "a stage node was lost";
     case replan_cause::widen: return "a node joined";
+    case replan_cause::asked: return "asked for";
   }
   return "?";
 }

@@ -43,6 +43,7 @@ enum class replan_cause {
   none,       ///< the plan stands
   lost_node,  ///< a node holding a stage is gone: requests cannot run until it is re-planned
   widen,      ///< the plan has fewer nodes than asked for and a node it does not use is there
+  asked,      ///< a user asked for a plan over a number of nodes (meshctl models replan)
 };
 
 const char* to_string(replan_cause c);

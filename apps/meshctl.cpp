@@ -4,7 +4,8 @@
 //   meshctl invite                           the join token of the local node's mesh (meshnode --join TOKEN)
 //   meshctl --json peers                     the same as JSON, for scripts
 //   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
-//   meshctl models [load PATH [--split N] | unload ID]   the models the node serves (HTTP API, generate)
+//   meshctl models [load PATH [--split N] | unload ID | replan ID --split N]
+//                                            the models the node serves (HTTP API, generate)
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file; the mesh
 // credential is --secret-file, or the token the local node keeps in <state-dir>/mesh.token.
 #include <atomic>
@@ -181,14 +182,14 @@ int main(int argc, char** argv) {
                       "mistral, gemma)");
   std::vector<std::string> models_args;
   mesh::msg::models_request models_req;
-  auto* models_cmd = app.add_subcommand("models", "the models the node serves: list (no arguments), load PATH, unload ID");
+  auto* models_cmd = app.add_subcommand("models", "the models the node serves: list (no arguments), load PATH, unload ID, replan ID");
   models_cmd->fallthrough();
-  models_cmd->add_option("action", models_args, "load PATH | unload ID")->expected(0, 2);
+  models_cmd->add_option("action", models_args, "load PATH | unload ID | replan ID")->expected(0, 2);
   models_cmd->add_option("--chat-template", models_req.chat_template, "load: a chat template family instead of the checkpoint's");
   models_cmd->add_option("--context", models_req.context, "load: positions per request (0: the model's, at most 4096)");
   models_cmd->add_option("--split", models_req.split,
                          "load: split the model's layers over N nodes (this one and N-1 healthy peers, each reading its "
-                         "own copy of PATH)");
+                         "own copy of PATH); replan: plan the split model again over N nodes while it serves");
   app.add_option("--node", node, "NODEID@HOST:PORT of the node to ask")->envname("MESH_NODE");
   app.add_option("--state-dir", state_dir, "a local node's state directory (its endpoint file)")->envname("MESH_STATE_DIR");
   app.add_option("--secret-file", secret_file, "mesh secret file")->envname("MESH_SECRET_FILE");
@@ -201,13 +202,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (modelling) {
-    const bool ok = models_args.empty() || (models_args.size() == 2 && (models_args[0] == "load" || models_args[0] == "unload"));
-    if (!ok) {
-      std::cerr << "meshctl models: say `meshctl models`, `meshctl models load PATH [--split N]` or `meshctl models unload ID`\n";
+    const bool ok = models_args.empty() || (models_args.size() == 2 && (models_args[0] == "load" || models_args[0] == "unload" ||
+                                                                         models_args[0] == "replan"));
+    if (!ok || (!models_args.empty() && models_args[0] == "replan" && models_req.split < 1)) {
+      std::cerr << "meshctl models: say `meshctl models`, `meshctl models load PATH [--split N]`, `meshctl models unload ID` or "
+                   "`meshctl models replan ID --split N`\n";
       return 2;
     }
     if (!models_args.empty()) {
-      models_req.action = models_args[0] == "load" ? mesh::models_action::load : mesh::models_action::unload;
+      models_req.action = models_args[0] == "load"     ? mesh::models_action::load
+                          : models_args[0] == "unload" ? mesh::models_action::unload
+                                                       : mesh::models_action::replan;
       models_req.target = models_args[1];
     }
   }
@@ -263,7 +268,9 @@ int main(int argc, char** argv) {
   if (generating) return generate(**c, model, prompt, gen);
   if (modelling) {
     // A load answers once the model is on the node's device: minutes for a large checkpoint.
-    const auto wait = models_req.action == mesh::models_action::load ? std::chrono::minutes(30) : std::chrono::minutes(1);
+    const auto wait = models_req.action == mesh::models_action::load || models_req.action == mesh::models_action::replan
+                          ? std::chrono::minutes(30)
+                          : std::chrono::minutes(1);
     auto r = (*c)->models(models_req, std::chrono::duration_cast<std::chrono::milliseconds>(wait));
     if (!r) {
       std::cerr << "meshctl models: " << r.error().message << "\n";

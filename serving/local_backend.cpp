@@ -124,7 +124,10 @@ local_backend::~local_backend() {
     loads.swap(loads_);
   }
   for (auto& j : left) j->callbacks.on_done(fail(failure_kind::no_capacity, "the server is stopping"));
-  for (auto& l : loads) l.done(make_error(error_code::unavailable, l.options.path.string() + ": not loaded: the node is stopping"));
+  for (auto& l : loads) {
+    if (l.task) l.task(true);
+    else l.done(make_error(error_code::unavailable, l.options.path.string() + ": not loaded: the node is stopping"));
+  }
 }
 
 expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const local_model_options& o) {
@@ -215,7 +218,7 @@ void local_backend::load_async(local_model_options options, std::function<void(e
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!stopping_) {
-      loads_.push_back({std::move(options), std::move(done)});
+      loads_.push_back({std::move(options), std::move(done), {}});
       load_wake_.notify_one();
       return;
     }
@@ -233,8 +236,25 @@ void local_backend::run_loads() {
       l = std::move(loads_.front());
       loads_.pop_front();
     }
-    l.done(load(l.options));
+    if (l.task) l.task(false);
+    else l.done(load(l.options));
   }
+}
+
+void local_backend::replan_async(std::string id, size_t nodes, std::function<void(expected<std::vector<model_stage_info>>)> done) {
+  auto task = [this, id = std::move(id), nodes, done = std::move(done)](bool stopping) {
+    if (stopping) return done(make_error(error_code::unavailable, fmt::format("model '{}' not re-planned: the node is stopping", id)));
+    done(replan(id, nodes));
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      loads_.push_back({{}, {}, std::move(task)});
+      load_wake_.notify_one();
+      return;
+    }
+  }
+  task(true);
 }
 
 expected<void> local_backend::unload(const std::string& id) {
@@ -265,6 +285,21 @@ expected<void> local_backend::unload(const std::string& id) {
   }
   for (auto& j : dropped) j->callbacks.on_done(fail(failure_kind::no_capacity, fmt::format("model '{}' was unloaded", id)));
   return {};  // `gone` is freed here, or by the running job when it ends
+}
+
+expected<std::vector<model_stage_info>> local_backend::replan(const std::string& id, size_t nodes) {
+  std::shared_ptr<model> m;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& x : models_)
+      if (x->info.id == id) m = x;
+  }
+  if (!m) return make_error(error_code::not_found, fmt::format("no model '{}' is loaded", id));
+  if (!m->split) return make_error(error_code::invalid_argument, fmt::format("model '{}' is not split over the mesh: load it with a split to plan it", id));
+  if (nodes < 1) return make_error(error_code::invalid_argument, "a plan needs at least one node");
+  // The model object outlives an unload meanwhile (this reference): the re-plan finishes on it.
+  if (auto ok = m->split->replan(nodes); !ok) return tl::unexpected(ok.error());
+  return m->split->stages();
 }
 
 void local_backend::cancel(const std::shared_ptr<request_handle>& handle) {

@@ -59,6 +59,11 @@ class split_sequence : public models::sequence_model {
  public:
   /// Its stages now, in order. Thread-safe: listings read it while the worker steps.
   virtual std::vector<model_stage_info> stages() const = 0;
+  /// Plans the model again over `nodes` nodes (this one first, then the current plan's nodes,
+  /// then the peers with the most free memory), built beside the plan serving, which serves on
+  /// and is replaced between two steps; on an error the old plan stays. Later re-plans (after a
+  /// loss, or to widen) aim at `nodes` too. Thread-safe.
+  virtual expected<void> replan(size_t nodes) = 0;
 };
 using split_builder = std::function<expected<std::unique_ptr<split_sequence>>(const split_input& in)>;
 
@@ -134,6 +139,13 @@ class local_backend final : public generation_backend {
   /// Unloads a model by id: its waiting requests fail (no_capacity), the running one is
   /// cancelled; its device memory is freed once nothing uses it. An unknown id is not_found.
   expected<void> unload(const std::string& id);
+  /// Plans a split model again over `nodes` nodes (split_sequence::replan) while it serves; the
+  /// stages it then has. Errors: an unknown id (not_found), a model that is not split
+  /// (invalid_argument), the new plan's (the old plan serves on).
+  expected<std::vector<model_stage_info>> replan(const std::string& id, size_t nodes);
+  /// replan() on the loader thread (after the loads asked before it); `done` is called there
+  /// (also with "the backend is stopping" for one still waiting when the backend goes away).
+  void replan_async(std::string id, size_t nodes, std::function<void(expected<std::vector<model_stage_info>>)> done);
 
   /// Cancels a request from start(): a waiting one ends at once (on_done with cancelled, on the
   /// caller's thread), the running one at its next token. handle->cancel() alone does the same,
@@ -199,9 +211,12 @@ class local_backend final : public generation_backend {
   std::atomic<bool> stopping_{false};  ///< set under mutex_ (the worker waits on it), read without
   local_backend_stats stats_;
 
+  /// A load, or another task for the loader thread (`task`: called with false to run it, with
+  /// true when the backend stops first).
   struct pending_load {
     local_model_options options;
     std::function<void(expected<model_info>)> done;
+    std::function<void(bool stopping)> task;
   };
   std::condition_variable load_wake_;
   std::deque<pending_load> loads_;  ///< guarded by mutex_

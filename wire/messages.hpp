@@ -484,7 +484,8 @@ struct generate_cancel {
 };
 
 /// Client -> node: list the models the node serves (its model host, shared with its HTTP API),
-/// load a checkpoint (`target` is its path on the node) or unload one (`target` is its id).
+/// load a checkpoint (`target` is its path on the node), unload one (`target` is its id), or
+/// plan a split model again over `split` nodes while it serves (`target` is its id).
 struct models_request {
   uint64_t id = 0;
   models_action action = models_action::list;
@@ -493,7 +494,7 @@ struct models_request {
   uint32_t context = 0;       ///< load: session positions (0: the model's, capped)
   /// load: split the model over this many nodes (this one and its healthy peers with the most
   /// device memory), each loading its layers from its own copy of `target`; 0 or 1: this node
-  /// holds it all (docs/serving.md, "Split over the mesh").
+  /// holds it all (docs/serving.md, "Split over the mesh"). replan: the nodes of the new plan.
   uint32_t split = 0;
   bool operator==(const models_request&) const = default;
 };

@@ -86,6 +86,7 @@ const char* to_string(models_action a) {
     case models_action::list: return "list";
     case models_action::load: return "load";
     case models_action::unload: return "unload";
+    case models_action::replan: return "replan";
   }
   return "?";
 }

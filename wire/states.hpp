@@ -54,8 +54,8 @@ constexpr uint8_t enum_limit(finish_reason) { return 5; }
 const char* to_string(finish_reason r);
 
 /// What a models_request asks of a node: the models it serves, loading one, unloading one.
-enum class models_action : uint8_t { list = 0, load = 1, unload = 2 };
-constexpr uint8_t enum_limit(models_action) { return 3; }
+enum class models_action : uint8_t { list = 0, load = 1, unload = 2, replan = 3 };
+constexpr uint8_t enum_limit(models_action) { return 4; }
 const char* to_string(models_action a);
 
 /// Error codes travel as their value (base/error.hpp lists them).

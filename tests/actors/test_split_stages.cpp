@@ -490,6 +490,69 @@ TEST_CASE("with a roster, a departure re-plans at once and a node that joins wid
   roster->close();
 }
 
+TEST_CASE("a split at its full width takes a node that joined when asked to re-plan, while a request runs", "[generation][split][failover]") {
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  auto roster = std::make_shared<generation::split_roster>();
+  roster->joined({p1, f.gb, 10});
+  REQUIRE(f.host->load(f.model("whole")));
+  serving::local_model_options o = f.model("split");
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}}, f.path.string(),
+                                           short_waits, roster);
+  REQUIRE(f.host->load(o));
+  const auto stage_nodes = [&] {
+    std::vector<std::string> out;
+    for (const auto& m : f.host->models())
+      if (m.id == "split")
+        for (const auto& st : m.stages) out.push_back(st.node);
+    return out;
+  };
+  const std::vector<std::string> two{f.mesh.srv.to_string(), p1.to_string()}, three{f.mesh.srv.to_string(), p1.to_string(), p2.to_string()};
+  REQUIRE(stage_nodes() == two);
+  auto undisturbed = run_long(*f.host, "whole", 40);
+  REQUIRE(undisturbed);
+
+  // p2 joins: the plan is at the width it asked for, so it does not move by itself.
+  roster->joined({p2, f.gb, 10});
+  auto r = run_long(*f.host, "split", 12);
+  REQUIRE(r);
+  CHECK(stage_nodes() == two);
+  CHECK(f.mesh.held(p2) == 0);
+
+  // Asked to plan over three nodes while a generation runs: p2 takes a share; the text is the same.
+  std::promise<expected<std::vector<serving::model_stage_info>>> replanned;
+  auto answer = replanned.get_future();
+  std::atomic<bool> asked{false};
+  r = run_long(*f.host, "split", 40, [&](int64_t n) {
+    if (n == 5 && !asked.exchange(true))
+      f.host->replan_async("split", 3, [&](expected<std::vector<serving::model_stage_info>> s) { replanned.set_value(std::move(s)); });
+  });
+  INFO((r ? std::string() : r.error().message));
+  REQUIRE(r);
+  CHECK(r->text == undisturbed->text);
+  auto stages = answer.get();
+  REQUIRE(stages);
+  CHECK(stages->size() == 3);
+  CHECK(stage_nodes() == three);
+  CHECK(f.mesh.held(p2) == 1);
+  auto again = run_long(*f.host, "split", 40);
+  REQUIRE(again);
+  CHECK(again->text == undisturbed->text);
+
+  // Back to two nodes: the newest is let go. Errors name what was wrong; the plan stands.
+  REQUIRE(f.host->replan("split", 2));
+  CHECK(stage_nodes() == two);
+  CHECK(eventually([&] { return f.mesh.held(p2) == 0; }));
+  auto missing = f.host->replan("nothing", 2);
+  REQUIRE(!missing);
+  CHECK(missing.error().code == error_code::not_found);
+  auto whole = f.host->replan("whole", 2);
+  REQUIRE(!whole);
+  CHECK(whole.error().message.find("not split") != std::string::npos);
+  CHECK(stage_nodes() == two);
+  roster->close();
+}
+
 TEST_CASE("re-plans share layers by free memory, and a loss counts the dropped stages' memory as free again", "[generation][split][failover]") {
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
   split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);

@@ -2,7 +2,8 @@
 // `meshctl models load PATH --split 3` on the serving node plans the stages over it and its two
 // peers, each loading its layers from its copy of the file; a greedy /v1/completions gives
 // exactly the text of the same checkpoint served whole; `meshctl models` and the dashboard's JSON
-// show the stages; killing a stage node moves its layers to the survivors: a stream in flight
+// show the stages; `meshctl models replan split --split 2` plans it again while it serves (the
+// same text); killing a stage node moves its layers to the survivors: a stream in flight
 // ends with exactly the undisturbed text, and a node that joins takes a share again.
 #include <catch2/catch.hpp>
 
@@ -115,6 +116,22 @@ TEST_CASE("a model split over three meshnodes serves the text of the whole model
   REQUIRE(got.first == 200);
   CHECK(got.second == expected_text.second);
   CHECK_FALSE(got.second.empty());
+
+  // Planned again over two nodes while it serves: the same text; errors name what was wrong.
+  auto narrower = meshctl(sa, "models replan split --split 2");
+  INFO(narrower.output);
+  REQUIRE(narrower.status == 0);
+  const auto after = json::parse(meshctl(sa, "--json models").output);
+  for (const auto& m : after.at("models"))
+    if (m.at("id") == "split") CHECK(m.at("stages").size() == 2);
+  auto again = complete(tmp.path, url, "split");
+  REQUIRE(again.first == 200);
+  CHECK(again.second == expected_text.second);
+  auto unknown = meshctl(sa, "models replan nothing --split 2");
+  CHECK(unknown.status == 1);
+  CHECK(unknown.output.find("no model 'nothing' is loaded") != std::string::npos);
+  auto no_width = meshctl(sa, "models replan split");
+  CHECK(no_width.status == 2);
 }
 
 namespace {

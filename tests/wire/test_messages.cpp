@@ -67,6 +67,7 @@ std::vector<message> samples() {
           generate_cancel{11},
           models_request{3, models_action::load, "/models/tiny.gguf", "chatml", 2048, 3},
           models_request{4, models_action::list, "", "", 0, 0},
+          models_request{5, models_action::replan, "tiny", "", 0, 3},
           models_reply{3, true, error_code::internal, "", {{"tiny", "/models/tiny.gguf", 2048, 22, true, false, {{test::named("node-a"), 0, 22}}}, {"/m/x.gguf", "/m/x.gguf", 64, 1, false, true, {}}}, "http://127.0.0.1:8080"},
           models_reply{5, true, error_code::internal, "", {{"big", "/m/big.gguf", 512, 6, false, false, {{test::named("node-a"), 0, 2}, {test::named("node-b"), 2, 5}, {test::named("node-c"), 5, 6}}}}, ""},
           models_reply{4, false, error_code::not_found, "no model 'x' is loaded", {}, ""},
