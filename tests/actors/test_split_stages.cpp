@@ -293,21 +293,20 @@ serving::generation_request batch_request(const std::string& model, int i) {
   return r;
 }
 
-TEST_CASE("a prompt read on a split model goes beside the running requests' steps, which it does not change", "[generation][split][batch]") {
-  const node_id p1 = test::named("p1"), p2 = test::named("p2");
-  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
-  // Prompts read 2 tokens a round: the late request's prompt takes several rounds.
+/// Loads "whole" (one request at a time) and "split" (over this node, p1 and p2, `parallel`
+/// requests at once), both reading prompts `chunk` tokens a round (0: the default), and returns
+/// the whole model's text for batch_request(i) alone, for i < n.
+std::vector<std::string> load_whole_and_split(split_fixture& f, const node_id& p1, const node_id& p2, int n, int64_t chunk = 0) {
   serving::local_model_options whole = f.model("whole");
   whole.parallel = 1;
-  whole.prefill_chunk = 2;
+  whole.prefill_chunk = chunk;
   REQUIRE(f.host->load(whole));
   serving::local_model_options o = f.model("split");
   o.parallel = 4;
-  o.prefill_chunk = 2;
+  o.prefill_chunk = chunk;
   o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits);
   REQUIRE(f.host->load(o));
-  constexpr int n = 4;
   std::vector<std::string> alone;
   for (int i = 0; i < n; ++i) {
     outcome_wait w;
@@ -317,6 +316,16 @@ TEST_CASE("a prompt read on a split model goes beside the running requests' step
     REQUIRE(r);
     alone.push_back(r->text);
   }
+  return alone;
+}
+
+
+TEST_CASE("a prompt read on a split model goes beside the running requests' steps, which it does not change", "[generation][split][batch]") {
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  // Prompts read 2 tokens a round: the late request's prompt takes several rounds.
+  constexpr int n = 4;
+  const auto alone = load_whole_and_split(f, p1, p2, n, 2);
   // Three requests decode; the fourth (the longest prompt) arrives once the first has 5 tokens.
   std::vector<outcome_wait> waits(n);
   std::vector<std::future<serving::generation_outcome>> done;
@@ -350,24 +359,8 @@ TEST_CASE("a prompt read on a split model goes beside the running requests' step
 TEST_CASE("requests running together on a split model share its steps, and a stage node lost under them moves them all", "[generation][split][failover][batch]") {
   const node_id p1 = test::named("p1"), p2 = test::named("p2");
   split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
-  serving::local_model_options whole = f.model("whole");
-  whole.parallel = 1;  // each reference text alone
-  REQUIRE(f.host->load(whole));
-  serving::local_model_options o = f.model("split");
-  o.parallel = 4;
-  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
-                                           short_waits);
-  REQUIRE(f.host->load(o));
   constexpr int n = 4;
-  std::vector<std::string> alone;
-  for (int i = 0; i < n; ++i) {
-    outcome_wait w;
-    auto done = w.done.get_future();
-    REQUIRE(f.host->start(batch_request("whole", i), w.callbacks()));
-    auto r = done.get();
-    REQUIRE(r);
-    alone.push_back(r->text);
-  }
+  const auto alone = load_whole_and_split(f, p1, p2, n);
   CHECK(f.host->stats().widest_step == 1);
 
   // All at once; in the second round p2 (the last stage) is lost after one request's 10th token.
