@@ -67,8 +67,12 @@ class writer {
 
  private:
   void raw(const void* p, size_t n) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    out_.insert(out_.end(), b, b + n);
+    if (n == 0) return;
+    // resize + memcpy rather than insert(end, b, b + n): GCC 12 at -O2 reports a false
+    // -Wstringop-overflow for the inlined range insert into an empty vector.
+    const size_t at = out_.size();
+    out_.resize(at + n);
+    std::memcpy(out_.data() + at, p, n);
   }
   template <class T>
   void fixed(T x) {
