@@ -30,10 +30,10 @@ struct kernel_variants {
   /// row before multiplying, "lanes1" and "lanes4" 1 or 4), "chunk" keeps `lmv` as it reads one
   /// chunk at a time (a lane per 32-element chunk for those dtypes too, x element by element),
   /// "shared" always sums through a shared-memory tree in a 64-thread workgroup (`lmvs`, what
-  /// devices without subgroup arithmetic run), "rows2" and "rows4" let each subgroup of `lmvc`
-  /// take 2 or 4 weight rows so that every x load serves them all (`lmvc2r`, `lmvc4r`: slower on
-  /// the H100, docs/gpu.md), "xglobal" keeps x in memory where `lmvc` would copy it to shared
-  /// memory (q4_k weights).
+  /// devices without subgroup arithmetic run), "rows1", "rows2" and "rows4" give each subgroup
+  /// of `lmvc` 1, 2 or 4 weight rows whatever the rows of x (by default 2 from 8 rows of x on, so
+  /// that every x load serves both: `lmvc2r`; else 1; docs/gpu.md), "xglobal" keeps x in memory
+  /// where `lmvc` would copy it to shared memory (q4_k weights).
   std::string matvec;
 };
 

@@ -135,6 +135,13 @@ TEST_CASE("linear: the quantized matrix-vector kernel taking 2 or 4 weight rows 
         check_linear(*vk, wt, c, dtype::f32, 41, false);
     CHECK(vk->stats().validation_errors == 0);
   }
+  // The default takes 2 weight rows per subgroup from 8 rows of x on (a batched decode step):
+  // 8, 9 or 16 rows of x, n = 7 (the last pair half past n).
+  auto vk = validated("");
+  for (const auto& [wt, m] : {std::pair{dtype::q4_k, int64_t{9}}, std::pair{dtype::q6_k, int64_t{16}}, std::pair{dtype::q8_0, int64_t{8}},
+                              std::pair{dtype::q4_0, int64_t{9}}})
+    check_linear(*vk, wt, {{m, 2 * block_elements(wt)}, 7}, dtype::f32, 43, false);
+  CHECK(vk->stats().validation_errors == 0);
 }
 
 TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by rows") {
