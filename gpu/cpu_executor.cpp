@@ -57,6 +57,7 @@ class cpu_executor final : public executor {
           return make_error(error_code::shape_mismatch, "parameter \"" + n.attrs.name + "\" has another dtype or shape here");
       }
     programs_.push_back(g);
+    row_casts_.push_back(row_casts(g));
     loaded_.push_back(true);
     return static_cast<program_id>(programs_.size() - 1);
   }
@@ -97,6 +98,7 @@ class cpu_executor final : public executor {
   void unload(program_id id) override {
     if (id >= programs_.size() || !loaded_[id]) return;
     programs_[id] = graph{};
+    row_casts_[id].clear();
     loaded_[id] = false;
   }
 
@@ -112,6 +114,7 @@ class cpu_executor final : public executor {
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
     std::vector<value> v(static_cast<size_t>(g.size()));
+    row_cast_ = &row_casts_[id];
     for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
@@ -197,6 +200,10 @@ class cpu_executor final : public executor {
         if (is_int) out.i[static_cast<size_t>(dst)] = v[n.inputs[1]].i[static_cast<size_t>(src)];
         else out.f[static_cast<size_t>(dst)] = v[n.inputs[1]].f[static_cast<size_t>(src)];
       });
+      return;
+    }
+    if (n.op == op_kind::cast && v[n.inputs[0]].raw && (*row_cast_)[id]) {  // only gathers read it: by the row
+      out.raw = v[n.inputs[0]].raw;
       return;
     }
     if (n.op == op_kind::cast && v[n.inputs[0]].raw) {  // a quantized operand: dequantized
@@ -471,6 +478,23 @@ class cpu_executor final : public executor {
           // has rows of that size, and every pick reads zeros).
           const int64_t rows = td[0], row = element_count(shape(td.begin() + 1, td.end()));
           const auto& idx = v[n.inputs[1]].i;
+          if (const tensor* t = v[n.inputs[0]].raw) {  // a quantized table: only the picked rows decoded
+            const dtype as = g[n.inputs[0]].type;
+            const int64_t rb = *row_bytes(t->type, row);
+            parallel(static_cast<int64_t>(idx.size()), [&](int64_t b, int64_t e) {
+              for (int64_t p = b; p < e; ++p) {
+                float* dst = out.f.data() + p * row;
+                const int64_t r = idx[static_cast<size_t>(p)];
+                if (r < 0 || r >= rows) {
+                  std::fill(dst, dst + row, 0.0f);
+                  continue;
+                }
+                (void)dequantize_row(t->type, {t->bytes.data() + r * rb, static_cast<size_t>(rb)}, {dst, static_cast<size_t>(row)});
+                for (int64_t c = 0; c < row; ++c) dst[c] = round16(as, dst[c]);
+              }
+            });
+            return;
+          }
           parallel(count, [&](int64_t b, int64_t e) {
             for (int64_t k = b; k < e; ++k) {
               const int64_t r = idx[k / std::max<int64_t>(row, 1)];
@@ -615,7 +639,26 @@ class cpu_executor final : public executor {
   unsigned threads_;
   device_info info_;
   std::vector<graph> programs_;
+  /// Per program, per node: a cast of a quantized leaf that only gathers read as their table
+  /// (an embedding): it stays in its blocks, and each gather decodes the rows it picks, instead
+  /// of the whole table being decoded at every run.
+  std::vector<std::vector<bool>> row_casts_;
+  const std::vector<bool>* row_cast_ = nullptr;  ///< the running program's (run() sets it)
   std::vector<bool> loaded_;  ///< false once unloaded (ids are not reused)
+
+  static std::vector<bool> row_casts(const graph& g) {
+    std::vector<bool> only_gathers(static_cast<size_t>(g.size()), true);
+    for (node_index n = 0; n < g.size(); ++n)
+      for (size_t i = 0; i < g[n].inputs.size(); ++i)
+        if (g[n].op != op_kind::gather || i != 0) only_gathers[static_cast<size_t>(g[n].inputs[i])] = false;
+    for (const auto& o : g.outputs) only_gathers[static_cast<size_t>(o.id)] = false;
+    for (const auto& u : g.updates) only_gathers[static_cast<size_t>(u.value)] = false;
+    std::vector<bool> out(static_cast<size_t>(g.size()), false);
+    for (node_index n = 0; n < g.size(); ++n)
+      out[static_cast<size_t>(n)] = g[n].op == op_kind::cast && g[g[n].inputs[0]].op == op_kind::parameter &&
+                                    is_quantized(g[g[n].inputs[0]].type) && only_gathers[static_cast<size_t>(n)];
+    return out;
+  }
   tensor_map params_;
 };
 

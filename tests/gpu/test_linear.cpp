@@ -304,3 +304,24 @@ TEST_CASE("set_parameter_view uploads quantized blocks from the caller's bytes, 
   }
   CHECK(vk->stats().validation_errors == 0);
 }
+
+TEST_CASE("linear: an embedding of a quantized table decodes the picked rows, on both back ends") {
+  // The CPU executor keeps a cast that only gathers read in its blocks and decodes each picked
+  // row (not the whole table); picks past the table read zeros, a row picked twice is the same.
+  auto vk = validated();
+  for (dtype wt : {dtype::q8_0, dtype::q4_k, dtype::q6_k}) {
+    INFO(to_string(wt));
+    const int64_t rows = 5, row = block_elements(wt);
+    builder b;
+    auto ids = b.input("ids", dtype::i32, {6});
+    auto table = b.parameter(std::string("table_") + to_string(wt), wt, {rows, row});
+    b.output("rows", gather(cast(table, dtype::f32), ids));
+    const graph g = finish(b);
+    const tensor_map inputs{{"ids", tensor::from_ints({6}, {4, 0, 2, 9, -1, 4})}};
+    const tensor_map params{{std::string("table_") + to_string(wt), weights(wt, {rows, row}, 51)}};
+    const reference ref = reference_run(g, inputs, params);
+    check_on(cpu(), g, inputs, params, ref, 1e-6);
+    check_on(*vk, g, inputs, params, ref, 1e-6);
+  }
+  CHECK(vk->stats().validation_errors == 0);
+}
