@@ -114,8 +114,7 @@ class cpu_executor final : public executor {
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
     std::vector<value> v(static_cast<size_t>(g.size()));
-    row_cast_ = &row_casts_[id];
-    for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs);
+    for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs, row_casts_[id]);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
     for (const auto& u : g.updates) {
@@ -177,7 +176,8 @@ class cpu_executor final : public executor {
 
   static int32_t to_i32(double x) { return static_cast<int32_t>(round_to(dtype::i32, x)); }
 
-  void compute(const graph& g, node_index id, std::vector<value>& v, const tensor_map& inputs) {
+  /// `by_row`: the program's casts that gathers decode by the row (row_casts()).
+  void compute(const graph& g, node_index id, std::vector<value>& v, const tensor_map& inputs, const std::vector<bool>& by_row) {
     const node& n = g[id];
     const int64_t count = element_count(n.dims);
     value& out = v[id];
@@ -202,7 +202,7 @@ class cpu_executor final : public executor {
       });
       return;
     }
-    if (n.op == op_kind::cast && v[n.inputs[0]].raw && (*row_cast_)[id]) {  // only gathers read it: by the row
+    if (n.op == op_kind::cast && v[n.inputs[0]].raw && by_row[static_cast<size_t>(id)]) {  // only gathers read it: by the row
       out.raw = v[n.inputs[0]].raw;
       return;
     }
@@ -643,7 +643,6 @@ class cpu_executor final : public executor {
   /// (an embedding): it stays in its blocks, and each gather decodes the rows it picks, instead
   /// of the whole table being decoded at every run.
   std::vector<std::vector<bool>> row_casts_;
-  const std::vector<bool>* row_cast_ = nullptr;  ///< the running program's (run() sets it)
   std::vector<bool> loaded_;  ///< false once unloaded (ids are not reused)
 
   static std::vector<bool> row_casts(const graph& g) {

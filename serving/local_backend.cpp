@@ -296,7 +296,6 @@ expected<std::vector<model_stage_info>> local_backend::replan(const std::string&
   }
   if (!m) return make_error(error_code::not_found, fmt::format("no model '{}' is loaded", id));
   if (!m->split) return make_error(error_code::invalid_argument, fmt::format("model '{}' is not split over the mesh: load it with a split to plan it", id));
-  if (nodes < 1) return make_error(error_code::invalid_argument, "a plan needs at least one node");
   // The model object outlives an unload meanwhile (this reference): the re-plan finishes on it.
   if (auto ok = m->split->replan(nodes); !ok) return tl::unexpected(ok.error());
   return m->split->stages();

@@ -165,6 +165,15 @@ struct split_fixture {
 };
 
 
+/// The nodes holding model `id`'s stages now, in order.
+std::vector<std::string> stage_nodes_of(const serving::local_backend& host, const std::string& id) {
+  std::vector<std::string> out;
+  for (const auto& m : host.models())
+    if (m.id == id)
+      for (const auto& st : m.stages) out.push_back(st.node);
+  return out;
+}
+
 bool eventually(const std::function<bool()>& f) {
   for (int i = 0; i < 3000; ++i) {  // 30 s: a bound for slow sanitizer runs, not a wait
     if (f()) return true;
@@ -449,13 +458,7 @@ TEST_CASE("with a roster, a departure re-plans at once and a node that joins wid
   o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(),
                                            short_waits, roster);
   REQUIRE(f.host->load(o));
-  const auto stage_nodes = [&] {
-    std::vector<std::string> out;
-    for (const auto& m : f.host->models())
-      if (m.id == "split")
-        for (const auto& st : m.stages) out.push_back(st.node);
-    return out;
-  };
+  const auto stage_nodes = [&] { return stage_nodes_of(*f.host, "split"); };
   REQUIRE(stage_nodes() == std::vector<std::string>{f.mesh.srv.to_string(), p1.to_string(), p2.to_string()});
   auto undisturbed = run_long(*f.host, "whole", 40);
   REQUIRE(undisturbed);
@@ -493,13 +496,7 @@ TEST_CASE("a split at its full width takes a node that joined when asked to re-p
   o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}}, f.path.string(),
                                            short_waits, roster);
   REQUIRE(f.host->load(o));
-  const auto stage_nodes = [&] {
-    std::vector<std::string> out;
-    for (const auto& m : f.host->models())
-      if (m.id == "split")
-        for (const auto& st : m.stages) out.push_back(st.node);
-    return out;
-  };
+  const auto stage_nodes = [&] { return stage_nodes_of(*f.host, "split"); };
   const std::vector<std::string> two{f.mesh.srv.to_string(), p1.to_string()}, three{f.mesh.srv.to_string(), p1.to_string(), p2.to_string()};
   REQUIRE(stage_nodes() == two);
   auto undisturbed = run_long(*f.host, "whole", 40);
