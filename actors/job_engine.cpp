@@ -1,6 +1,7 @@
 #include "actors/job_engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -74,12 +75,13 @@ expected<std::pair<tensor_map, tensor_map>> split_tensors(const graph& g, tensor
 
 }  // namespace
 
-job_engine::job_engine(node_id self, device_profile own, uint64_t first_job)
-    : self_(std::move(self)), own_(std::move(own)), next_job_(std::max<uint64_t>(first_job, 1)) {}
+job_engine::job_engine(node_id self, device_profile own, uint64_t first_job, stage_deadlines deadlines)
+    : self_(std::move(self)), own_(std::move(own)), deadlines_(deadlines), next_job_(std::max<uint64_t>(first_job, 1)) {}
 
 void job_engine::peer_up(const node_id& id, const device_profile& p) {
   if (peers_.count(id)) forget_coordinator(id);  // a new incarnation: its old jobs are gone
   peers_[id] = p;
+  benched_.erase(id);
 }
 
 void job_engine::forget_coordinator(const node_id& id) {
@@ -95,10 +97,13 @@ void job_engine::live_devices(std::vector<node_id>& ids, std::vector<device_prof
   ids = {self_};
   profiles = {own_};
   for (const auto& [id, p] : peers_) {
+    if (benched_.count(id)) continue;
     ids.push_back(id);
     profiles.push_back(p);
   }
 }
+
+bool job_engine::usable(const node_id& n) const { return n == self_ || (peers_.count(n) && !benched_.count(n)); }
 
 std::vector<node_id> job_engine::workers() const {
   std::vector<node_id> ids;
@@ -199,7 +204,7 @@ expected<plan> job_engine::replan_job(const job_record& j, const node_id& dead, 
   for (const auto& n : j.plan_nodes)
     if (n != dead) survivors.push_back(n);
   const bool intact = pos != j.plan_nodes.end() && !survivors.empty() &&
-                      std::all_of(survivors.begin(), survivors.end(), [&](const node_id& n) { return n == self_ || peers_.count(n); });
+                      std::all_of(survivors.begin(), survivors.end(), [&](const node_id& n) { return usable(n); });
   if (intact) {
     auto p = replan(*j.source, j.source_plan, static_cast<int>(pos - j.plan_nodes.begin()), profiles_of(survivors));
     if (p) {
@@ -247,6 +252,8 @@ std::vector<outbound> job_engine::launch(uint64_t id, job_record& j, const std::
   ++j.attempt;
   j.stages_done = 0;
   j.state = job_state::running;
+  j.launched = now_;
+  j.done_at.clear();
   j.pending.clear();
   j.outputs.clear();
   j.links.clear();
@@ -368,6 +375,7 @@ std::vector<outbound> job_engine::on_stage_done(const node_id& from, const msg::
   for (const auto& o : d.outputs)
     if (j.g->find_output(o.name) >= 0) j.outputs[o.name] = o.value;
   j.pending.erase(d.stage);
+  j.done_at[d.stage] = now_;
   std::vector<outbound> out;
   if (!j.session) {  // session calls are single micro-batches: no progress for them
     const auto stages = std::count_if(j.stage_nodes.begin(), j.stage_nodes.end(), [](auto& n) { return !n.empty(); });
@@ -474,19 +482,28 @@ std::vector<outbound> job_engine::peer_dead(const node_id& id, clock::time_point
   if (gone == peers_.end()) return out;
   // Worker side: stages coordinated by the dead node will never be collected.
   forget_coordinator(id);
-  // Coordinator side: re-plan every running job and session that had a stage there.
   std::vector<node_id> old_ids;
   std::vector<device_profile> old_devices;
   live_devices(old_ids, old_devices);
-  const int dead = static_cast<int>(std::find(old_ids.begin(), old_ids.end(), id) - old_ids.begin());
   peers_.erase(gone);
+  benched_.erase(id);
+  auto more = replan_without(id, old_ids, "died");
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::vector<outbound> job_engine::replan_without(const node_id& id, const std::vector<node_id>& old_ids, const std::string& why) {
+  std::vector<outbound> out;
+  // Coordinator side: re-plan every running job and session that had a stage there.
+  const int dead = static_cast<int>(std::find(old_ids.begin(), old_ids.end(), id) - old_ids.begin());
   std::vector<node_id> ids;
   std::vector<device_profile> devices;
   live_devices(ids, devices);
   const auto uses_dead = [&](const std::vector<node_id>& nodes) { return std::find(nodes.begin(), nodes.end(), id) != nodes.end(); };
-  // Survivors keep their part; only the dead node's stage moves (see replan()).
+  // Survivors keep their part; only the dead node's stage moves (see replan()). A node benched
+  // before was not among old_ids: its plans are made afresh.
   const auto new_plan = [&](const graph& g, const plan& old) {
-    return old.stages.size() == old_ids.size() ? replan(g, old, dead, devices) : partition(g, devices, strategy::pipeline);
+    return old.stages.size() == old_ids.size() && dead < static_cast<int>(old_ids.size()) ? replan(g, old, dead, devices) : partition(g, devices, strategy::pipeline);
   };
   std::set<uint64_t> replanned;
   std::map<uint64_t, std::string> unplannable;  // sessions that cannot run without the dead node
@@ -498,7 +515,7 @@ std::vector<outbound> job_engine::peer_dead(const node_id& id, clock::time_point
   for (auto& [jid, j] : jobs_) {
     if (j.state != job_state::running) continue;
     if (auto u = unplannable.find(j.session); j.session && u != unplannable.end()) {
-      auto failed = finish(jid, j, make_error(error_code::network, "node " + id.short_string() + " died and the session cannot be re-planned: " + u->second));
+      auto failed = finish(jid, j, make_error(error_code::network, "node " + id.short_string() + " " + why + " and the session cannot be re-planned: " + u->second));
       out.insert(out.end(), failed.begin(), failed.end());
       continue;
     }
@@ -509,11 +526,55 @@ std::vector<outbound> job_engine::peer_dead(const node_id& id, clock::time_point
     out.insert(out.end(), more.begin(), more.end());
   }
   // Its calls would keep going to the dead node: the session ends, and later calls are told so.
-  for (const auto& [sid, why] : unplannable) {
+  for (const auto& [sid, why_not] : unplannable) {
     auto more = end_session(sid, id);
     out.insert(out.end(), more.begin(), more.end());
   }
   return out;
+}
+
+job_engine::clock::duration job_engine::stage_deadline(const job_record& j, uint32_t s) const {
+  const plan* pl = &j.current;
+  if (j.session)
+    if (auto it = sessions_.find(j.session); it != sessions_.end()) pl = &it->second.current;
+  const double estimate = s < pl->stages.size() && std::isfinite(pl->stages[s].seconds) ? pl->stages[s].seconds : 0;
+  const auto measured = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(deadlines_.factor * std::min(estimate, 1e6)));
+  return std::max<clock::duration>(measured, deadlines_.floor);
+}
+
+std::vector<outbound> job_engine::tick(clock::time_point now) {
+  now_ = now;
+  std::erase_if(benched_, [&](const auto& kv) { return kv.second <= now; });
+  // The first overdue stage found: its node is benched and everything on it re-planned (which
+  // restarts the other jobs it had stages of, so they are looked at again next tick).
+  for (auto& [jid, j] : jobs_) {
+    if (j.state != job_state::running) continue;
+    for (const uint32_t s : j.pending) {
+      if (s >= j.stage_nodes.size() || j.stage_nodes[s] == self_ || j.stage_nodes[s].empty()) continue;
+      // Counted from when its inputs were ready: the launch, or the last producing stage's end.
+      clock::time_point since = j.launched;
+      bool inputs_ready = true;
+      for (const auto& [from, to] : j.links) {
+        if (to != s) continue;
+        auto done = j.done_at.find(from);
+        if (done == j.done_at.end()) inputs_ready = false;
+        else since = std::max(since, done->second);
+      }
+      const auto limit = stage_deadline(j, s);
+      if (!inputs_ready || now - since <= limit) continue;
+      const node_id late = j.stage_nodes[s];
+      std::vector<node_id> old_ids;
+      std::vector<device_profile> old_devices;
+      live_devices(old_ids, old_devices);
+      benched_[late] = now + deadlines_.bench;
+      const auto ms = [](clock::duration d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+      refused_.push_back({late, "run_stage deadline",
+                          "stage " + std::to_string(s) + " of job " + std::to_string(jid) + ": not done " + ms(now - since) + " ms after its inputs were ready (deadline " +
+                              ms(limit) + " ms); its jobs are re-planned without it and it gets no stage for " + std::to_string(deadlines_.bench.count()) + " s"});
+      return replan_without(late, old_ids, "missed a stage deadline");
+    }
+  }
+  return {};
 }
 
 std::vector<outbound> job_engine::end_session(uint64_t id, const node_id& skip_node) {

@@ -54,6 +54,18 @@ struct stage_task {
   std::string resident_key;
 };
 
+/// How long a coordinator waits for a stage once its inputs are ready before it treats the
+/// stage's node as failed for its jobs: `factor` times the planner's estimate of the stage (from
+/// the node's measured speed, compute plus receiving its inputs), at least `floor` (which covers
+/// compiling the fragment and uploading its parameters, which the estimate leaves out).
+struct stage_deadlines {
+  double factor = 20;
+  std::chrono::seconds floor{30};
+  /// A node that missed a deadline gets no stage of any job for this long (or until it connects
+  /// again): it heartbeats, so only this keeps the planner from giving it the re-plan's stage.
+  std::chrono::seconds bench{60};
+};
+
 class job_engine {
  public:
   /// `self` is this node's id. The graphs it receives were validated against the node's
@@ -61,7 +73,7 @@ class job_engine {
   /// `first_job` numbers this engine's jobs and sessions from there: a node passes a value of
   /// its start time, so that a restarted coordinator's job 1 is never taken by a worker for the
   /// job 1 of its previous life (workers remember cancelled jobs and cached fragments by id).
-  job_engine(node_id self, device_profile own, uint64_t first_job = 1);
+  job_engine(node_id self, device_profile own, uint64_t first_job = 1, stage_deadlines deadlines = {});
 
   /// A worker joined (its hello arrived), or joined again after a restart: what this node kept
   /// of the jobs and sessions it coordinated before is dropped.
@@ -72,6 +84,10 @@ class job_engine {
 
   /// A worker died (health said Dead) or left: jobs that used it are re-planned over the rest.
   std::vector<outbound> peer_dead(const node_id& id, clock::time_point now);
+
+  /// Called every second or so: a stage past its deadline (stage_deadlines) makes the jobs and
+  /// sessions on its node re-plan without it, as if it had died; the node is benched.
+  std::vector<outbound> tick(clock::time_point now);
 
   /// A message from `from` (already decoded), received at `now`. Returns what to send.
   std::vector<outbound> on_message(const node_id& from, const msg::message& m, clock::time_point now);
@@ -85,7 +101,8 @@ class job_engine {
   /// The executor's result for a task from take_ready().
   std::vector<outbound> on_executed(const stage_task& t, const expected<tensor_map>& outputs, clock::time_point now);
   /// Messages refused since the last call for their sender's lack of authority (an activation
-  /// from a node that does not run the stage producing it); the shell logs and counts them.
+  /// from a node that does not run the stage producing it), and nodes benched for missing a
+  /// stage's deadline (kind "run_stage deadline"); the shell logs and counts them.
   std::vector<refused_message> take_refused() { return std::exchange(refused_, {}); }
 
   /// Jobs this node coordinates, for status.
@@ -113,6 +130,8 @@ class job_engine {
     plan current;
     std::vector<node_id> stage_nodes;  ///< node id per stage of `current` ("" = empty stage)
     std::set<uint32_t> pending;            ///< stages not done yet
+    clock::time_point launched{};          ///< when this attempt's stages went out
+    std::map<uint32_t, clock::time_point> done_at;  ///< this attempt's finished stages
     std::set<std::pair<uint32_t, uint32_t>> links;  ///< (producer, consumer) stages of this attempt
     tensor_map outputs;
     job_state state = job_state::planning;
@@ -163,13 +182,24 @@ class job_engine {
   std::vector<outbound> on_stage_accepted(const node_id& from, const msg::stage_accepted& a);
   std::vector<outbound> on_route_open(const node_id& from, const msg::route_open& o);
   std::vector<outbound> on_stage_done(const node_id& from, const msg::stage_done& d);
+  /// This node and the peers that are not benched, with their profiles: what plans are made over.
   void live_devices(std::vector<node_id>& ids, std::vector<device_profile>& profiles) const;
+  /// Whether a plan may give `n` a stage: this node, or a connected peer that is not benched.
+  bool usable(const node_id& n) const;
+  /// Coordinator side: re-plans every running job and session with a stage on `gone`, which is no
+  /// longer among the live devices; `old_ids` are the live devices before (the plans' order).
+  /// `why` completes "node X ..." in the error of a session that cannot be re-planned.
+  std::vector<outbound> replan_without(const node_id& gone, const std::vector<node_id>& old_ids, const std::string& why);
+  /// The deadline of stage `s` of job `j`'s current attempt, counted from when its inputs are ready.
+  clock::duration stage_deadline(const job_record& j, uint32_t s) const;
   void promote_ready(const stage_key& k);
 
   node_id self_;
   clock::time_point now_{};  ///< the time the current entry point was given
   device_profile own_;
+  stage_deadlines deadlines_;
   std::map<node_id, device_profile> peers_;
+  std::map<node_id, clock::time_point> benched_;  ///< missed a stage deadline: no stages until then
   uint64_t next_job_ = 1;
   std::map<uint64_t, job_record> jobs_;               // coordinated here, by internal id
   std::map<std::pair<node_id, uint64_t>, uint64_t> by_client_;  // (client, client job) -> id

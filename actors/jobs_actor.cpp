@@ -73,6 +73,7 @@ void report_refused(jobs_actor_t* self, const node_context& ctx) {
     spdlog::warn("refused {} from {}: {}", r.kind, r.from.short_string(), r.why);
     ctx.refusals->record(r.from, r.kind + ": " + r.why);
   }
+  for (const auto& n : self->state.trainer->take_notices()) spdlog::warn("{}", n);
 }
 
 /// Hands ready stages to the executor and tells health our load (heartbeats carry it).
@@ -115,6 +116,9 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
           spdlog::info("dropped {} messages that waited over {} s for peers that did not connect", n,
                        std::chrono::duration_cast<std::chrono::seconds>(self->state.held.ttl()).count());
         dispatch(self, *ctx, self->state.trainer->tick(now));
+        dispatch(self, *ctx, self->state.engine->tick(now));
+        run_ready(self);               // a re-plan may have given this node a stage
+        report_refused(self, *ctx);  // nodes left out or benched for missing a deadline
         self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
       },
       [=](executor_atom, caf::actor ex, int restarts) {

@@ -111,6 +111,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   const auto& s = c.spec;
   const size_t k = s.micro_batches;
   c.ph = coord_run::phase::stepping;
+  c.step_issued = now_;
   // Every member is in the ring, also one with no micro-batch this step (more workers than
   // micro-batches): it adds zeros, and it holds the result it must commit like the others.
   c.ring = c.members;
@@ -229,6 +230,10 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
   c.commit = c.step;
   const double dt = std::chrono::duration<double>(now_ - c.last_step).count();
   c.last_step = now_;
+  // What this attempt took, from its train_step to its last answer: the next deadlines' measure.
+  c.step_seconds.push_back(std::chrono::duration<double>(now_ - c.step_issued).count());
+  if (c.step_seconds.size() > deadlines_.window) c.step_seconds.erase(c.step_seconds.begin());
+  c.proven.insert(c.ring.begin(), c.ring.end());
   std::vector<outbound> out;
   msg::train_progress p;
   p.train = c.client_train;
@@ -368,6 +373,7 @@ std::vector<outbound> train_engine::peer_dead(const node_id& id, clock::time_poi
     coord_run& c = *cp;
     if (c.state != job_state::running) continue;
     c.newcomers.erase(id);
+    c.left_out.erase(id);  // when it comes back (a new connection, a restart) it may join again
     if (c.client == id) {
       // Lost, or only cut off from us: it may be resuming the run elsewhere (it then reaches us
       // as that node's setup). The run goes on meanwhile; tick() ends it after the grace time.
@@ -391,10 +397,64 @@ std::vector<outbound> train_engine::tick(clock::time_point now) {
   now_ = now;
   std::vector<outbound> out;
   for (auto& [rid, c] : coordinated_) {
-    if (c->state != job_state::running || !c->client_lost_at || now - *c->client_lost_at < client_grace) continue;
-    auto more = fail_run(rid, *c, error_code::network, "the client went away");
-    out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
+    if (c->state != job_state::running) continue;
+    if (c->client_lost_at && now - *c->client_lost_at >= client_grace) {
+      auto more = fail_run(rid, *c, error_code::network, "the client went away");
+      out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
+      continue;
+    }
+    if (c->ph == coord_run::phase::stepping && now - c->step_issued > step_deadline(*c)) {
+      auto more = step_overdue(rid, *c);
+      out.insert(out.end(), more.begin(), more.end());
+    }
   }
+  return out;
+}
+
+train_engine::clock::duration train_engine::step_deadline(const coord_run& c) const {
+  for (const auto& m : c.ring)
+    if (!c.proven.count(m)) return deadlines_.first;
+  double longest = 0;
+  for (double s : c.step_seconds) longest = std::max(longest, s);
+  const auto measured = std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(deadlines_.factor * longest));
+  return std::max<clock::duration>(measured, deadlines_.floor);
+}
+
+std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now_ - c.step_issued).count();
+  const std::string step = "step " + std::to_string(c.step) + " of training " + std::to_string(id);
+  std::vector<node_id> late;
+  for (const auto& m : c.unready)
+    if (m != self_) late.push_back(m);  // this node's own device stuck: nobody else can do its part
+  std::vector<outbound> out;
+  if (late.empty() && !c.unready.empty()) return out;  // only our own worker is not ready: wait for it
+  if (late.empty()) {
+    // Every member computed its gradients and the round stalled. Nobody can be blamed from here:
+    // redo the step once with the same ring; if that stalls too, the run cannot go on.
+    if (c.stalled_step == c.step)
+      return fail_run(id, c, error_code::timeout, "the all-reduce of " + step + " stalled twice after every member was ready (" + std::to_string(waited) + " ms)");
+    c.stalled_step = c.step;
+    notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) + " ms); redoing it once");
+    return issue_step(id, c);
+  }
+  for (const auto& m : late) {
+    auto member = std::find(c.members.begin(), c.members.end(), m);
+    if (member == c.members.end()) continue;
+    // Treated as failed for this run: its micro-batches and shards go to the others, and it is
+    // not set up again while it stays connected (a member that heartbeats but never computes
+    // would otherwise stall every step it is given). Its part of the run is stopped.
+    c.members.erase(member);
+    c.shards_sent.erase(m);
+    c.newcomers.erase(m);
+    c.left_out.insert(m);
+    msg::train_step stop;
+    stop.train = id;
+    stop.stop = true;
+    out.push_back({m, stop});
+    note_refusal(m, "train_step deadline", step + ": not ready after " + std::to_string(waited) + " ms; left out of the run");
+  }
+  auto more = issue_step(id, c);
+  out.insert(out.end(), more.begin(), more.end());
   return out;
 }
 

@@ -150,13 +150,13 @@ expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const te
   return std::max<int64_t>(rows, 0);
 }
 
-train_engine::train_engine(node_id self) : self_(std::move(self)) {}
+train_engine::train_engine(node_id self, step_deadlines deadlines) : self_(std::move(self)), deadlines_(deadlines) {}
 train_engine::~train_engine() = default;
 
 void train_engine::peer_up(const node_id& id) {
   peers_.insert(id);
   for (auto& [rid, c] : coordinated_)
-    if (std::find(c->members.begin(), c->members.end(), id) == c->members.end()) c->newcomers.insert(id);
+    if (std::find(c->members.begin(), c->members.end(), id) == c->members.end() && !c->left_out.count(id)) c->newcomers.insert(id);
 }
 
 void train_engine::retire(const std::shared_ptr<worker_run>& w) {

@@ -107,9 +107,22 @@ struct train_task {
 /// Loss per step of training runs, by run id (the dashboard's curves).
 using loss_curves = std::map<uint64_t, std::vector<double>>;
 
+/// How long a coordinator waits for a step before it treats the members that did not finish it
+/// as failed: derived from how long the run's recent steps took, so a slow run is not cut short
+/// and a fast one does not wait minutes for a member that heartbeats but never computes.
+struct step_deadlines {
+  /// For a step with a member that has not finished a step of this run yet (its first step
+  /// compiles the graphs and uploads the state, which measured steps say nothing about).
+  std::chrono::seconds first{300};
+  /// Otherwise `factor` times the longest of the last `window` steps, but at least `floor`.
+  double factor = 8;
+  size_t window = 8;
+  std::chrono::seconds floor{10};
+};
+
 class train_engine {
  public:
-  explicit train_engine(node_id self);
+  explicit train_engine(node_id self, step_deadlines deadlines = {});
   ~train_engine();
 
   /// A worker joined; it is used from the next step of every run.
@@ -124,7 +137,8 @@ class train_engine {
   /// (the coordinators set it up again with the current state).
   void executor_restarted();
   /// Called every second or so: a run whose client has been gone for `client_grace` without
-  /// resuming it elsewhere is ended.
+  /// resuming it elsewhere is ended, and a step past its deadline (step_deadlines) is redone
+  /// without the members that did not finish it (see step_overdue).
   std::vector<outbound> tick(clock::time_point now);
   /// How long a coordinator keeps training for a client it lost (which may only be cut off from
   /// it, and resume the run on another node: that node's setup then stops this run).
@@ -138,8 +152,11 @@ class train_engine {
   std::vector<outbound> on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now);
 
   /// Messages refused since the last call for their sender's lack of authority (a forged
-  /// takeover, a piece or step answer from outside the ring); the shell logs and counts them.
+  /// takeover, a piece or step answer from outside the ring), and members left out of a run for
+  /// missing a step's deadline (kind "train_step deadline"); the shell logs and counts them.
   std::vector<refused_message> take_refused() { return std::exchange(refused_messages_, {}); }
+  /// Other events the shell should log since the last call (a stalled all-reduce redone).
+  std::vector<std::string> take_notices() { return std::exchange(notices_, {}); }
 
   /// Runs this node coordinates, for status ("training" jobs).
   std::vector<msg::job_status> jobs(clock::time_point now) const;
@@ -170,6 +187,13 @@ class train_engine {
   /// Coordinator: the current step is decided; go on (next step, sync newcomers, or finish).
   std::vector<outbound> advance(uint64_t id, coord_run& c);
   std::vector<outbound> fail_run(uint64_t id, coord_run& c, error_code code, const std::string& why);
+  /// How long the current step of `c` may take (step_deadlines).
+  clock::duration step_deadline(const coord_run& c) const;
+  /// Coordinator: the current step is past its deadline. Members that never said train_ready
+  /// (their gradients are not computed) are left out of the run and the step is redone without
+  /// them. When every member was ready, the ring itself stalled and nobody can be blamed: the
+  /// step is redone once with the same ring, and a second stall of the same step fails the run.
+  std::vector<outbound> step_overdue(uint64_t id, coord_run& c);
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
@@ -188,6 +212,7 @@ class train_engine {
   std::map<worker_key, std::shared_ptr<worker_run>>::iterator end_run(std::map<worker_key, std::shared_ptr<worker_run>>::iterator it);
 
   node_id self_;
+  step_deadlines deadlines_;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;
@@ -198,6 +223,7 @@ class train_engine {
   std::map<worker_key, error> refused_;
   std::vector<train_task> ready_;
   std::vector<refused_message> refused_messages_;
+  std::vector<std::string> notices_;
 };
 
 }  // namespace mesh

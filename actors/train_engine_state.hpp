@@ -85,6 +85,11 @@ struct train_engine::coord_run {
   std::string prefix;
   job_state state = job_state::running;
   clock::time_point started{}, last_step{};
+  clock::time_point step_issued{};      ///< when the current attempt of the step went out
+  std::vector<double> step_seconds;     ///< the last decided steps' durations (step_deadlines::window)
+  std::set<node_id> proven;             ///< members that finished a step of this run
+  std::set<node_id> left_out;           ///< missed a deadline: not set up again unless they reconnect
+  uint64_t stalled_step = ~0ull;        ///< the step whose ring stalled once (step_overdue)
   std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
   double seconds = 0;
 };

@@ -43,10 +43,13 @@ struct mesh_sim {
   std::set<std::string> forgotten_set;
   int resident_after_forget = 0;       // stages run as resident after their key was let go (a leak)
 
-  explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}, int64_t memory = int64_t{1} << 40) {
+  /// Nodes that stay connected (no peer_dead) and do nothing: messages to them are dropped.
+  std::set<std::string> hung;
+
+  explicit mesh_sim(std::vector<double> speeds = {1, 1, 1}, int64_t memory = int64_t{1} << 40, stage_deadlines deadlines = {}) {
     const char* names[] = {"a", "b", "c"};
     for (size_t i = 0; i < speeds.size(); ++i)
-      nodes.emplace(names[i], job_engine(test::named(names[i]), {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory}));
+      nodes.emplace(names[i], job_engine(test::named(names[i]), {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory}, 1, deadlines));
     for (auto& [id, e] : nodes)
       for (size_t i = 0; i < speeds.size(); ++i)
         if (names[i] != id) e.peer_up(test::named(names[i]), {names[i], speeds[i] * 1e-6, 1e3, 1e3, memory});
@@ -77,7 +80,7 @@ struct mesh_sim {
     while (!net.empty() && limit-- > 0) {
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
-      if (dead.count(from) || dead.count(to)) continue;  // a dead node sends and receives nothing
+      if (dead.count(from) || dead.count(to) || hung.count(to)) continue;  // a dead node sends and receives nothing
       ++delivered;
       if (to == "cli") {
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
@@ -104,6 +107,17 @@ struct mesh_sim {
       }
       if (after_delivery) after_delivery(*this, to, *m);
     }
+  }
+
+  /// Lets `d` of simulated time pass and calls every live node's tick(), then delivers.
+  void tick(std::chrono::milliseconds d) {
+    now += d;
+    for (auto& [id, e] : nodes) {
+      if (dead.count(id) || hung.count(id)) continue;
+      post(id, e.tick(now));
+      for (auto& r : e.take_refused()) refused.push_back(std::move(r));
+    }
+    run();
   }
 
   void kill(const std::string& id) {
@@ -610,4 +624,75 @@ TEST_CASE("a stage waits for each awaited value from the node the coordinator na
   REQUIRE(done);
   CHECK_FALSE(done->ok);
   CHECK_THAT(done->error, Catch::Contains("names no node that sends it"));
+}
+
+TEST_CASE("a stage node that stays connected but never runs its stage is re-planned around at the deadline", "[actors][jobs][security]") {
+  // The deadline is factor x the planner's estimate of the stage from the node's measured speed:
+  // here the estimate itself (factor 1, no floor), taken from the same plan the coordinator makes.
+  stage_deadlines d;
+  d.factor = 1;
+  d.floor = std::chrono::seconds(0);
+  d.bench = std::chrono::seconds(600);
+  mesh_sim sim({1, 1, 1}, int64_t{1} << 40, d);
+  const model m = mlp_job();
+  std::vector<device_profile> devices;
+  for (const char* n : {"a", "b", "c"}) devices.push_back({n, 1e-6, 1e3, 1e3, int64_t{1} << 40});
+  const auto p = partition(m.g, devices, strategy::pipeline);
+  REQUIRE(p);
+  REQUIRE(p->stages.size() == 3);
+  const double first_stage = p->stages[0].seconds, c_stage = p->stages[2].seconds;
+  REQUIRE(c_stage > 1.0);
+  sim.hung.insert("c");  // heartbeats (no peer_dead), never answers
+  sim.send("cli", {{"a", submission(m, 3)}});
+  sim.run();
+  REQUIRE(sim.results.empty());
+  // Stage c's clock starts when its inputs are ready (stage b done): a tick before its estimate
+  // has passed re-plans nothing.
+  const auto start = sim.now;
+  sim.tick(std::chrono::milliseconds(static_cast<int64_t>(c_stage * 1000 * 0.9)));
+  CHECK(sim.results.empty());
+  CHECK(sim.refused.empty());
+  for (int i = 0; i < 100 && sim.results.empty(); ++i) sim.tick(std::chrono::milliseconds(100));
+  REQUIRE(sim.results.size() == 1);
+  const auto& r = sim.results[0];
+  check_outputs(r, m);
+  CHECK(r.attempts == 2);
+  CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("c")) == r.workers.end());
+  const double waited = std::chrono::duration<double>(sim.now - start).count();
+  CHECK(waited >= c_stage);
+  CHECK(waited < c_stage + first_stage + 1.0);
+  REQUIRE(sim.refused.size() == 1);
+  CHECK(sim.refused[0].from == test::named("c"));
+  CHECK(sim.refused[0].kind == "run_stage deadline");
+  CHECK(sim.refused[0].why.find("stage 2 of job") != std::string::npos);
+
+  // Benched: the next job is planned over a and b only, and runs at once.
+  sim.send("cli", {{"a", submission(m, 4)}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  check_outputs(sim.results[1], m);
+  CHECK(sim.results[1].attempts == 1);
+  CHECK(std::find(sim.results[1].workers.begin(), sim.results[1].workers.end(), test::named("c")) == sim.results[1].workers.end());
+}
+
+TEST_CASE("a benched node gets stages again after the bench time", "[actors][jobs][security]") {
+  stage_deadlines d;
+  d.factor = 0;
+  d.floor = std::chrono::seconds(5);
+  d.bench = std::chrono::seconds(60);
+  mesh_sim sim({1, 1, 1}, int64_t{1} << 40, d);
+  const model m = mlp_job();
+  sim.hung.insert("b");
+  sim.send("cli", {{"a", submission(m, 1)}});
+  sim.run();
+  for (int i = 0; i < 20 && sim.results.empty(); ++i) sim.tick(std::chrono::seconds(1));
+  REQUIRE(sim.results.size() == 1);
+  check_outputs(sim.results[0], m);
+  sim.hung.clear();  // b answers again
+  sim.tick(std::chrono::seconds(61));
+  sim.send("cli", {{"a", submission(m, 2)}});
+  sim.run();
+  REQUIRE(sim.results.size() == 2);
+  check_outputs(sim.results[1], m);
+  CHECK(std::find(sim.results[1].workers.begin(), sim.results[1].workers.end(), test::named("b")) != sim.results[1].workers.end());
 }

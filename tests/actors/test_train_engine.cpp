@@ -85,13 +85,22 @@ struct train_sim {
   std::function<void(train_sim&)> on_tick;
   /// What the nodes refused for the sender's lack of authority, with the refusing node's name.
   std::vector<std::pair<std::string, refused_message>> refused;
+  /// Nodes that stay connected (no peer_dead) but do nothing: messages to them are dropped.
+  std::set<std::string> hung;
+  /// Nodes whose all-reduce pieces are dropped (they compute and say ready, and send nothing).
+  std::set<std::string> mute;
+  /// When nothing is left to deliver: advance the clock by this much and call every engine's
+  /// tick() (at most idle_ticks times in a row); zero: the run ends when the network is idle.
+  std::chrono::milliseconds idle_step{0};
+  int idle_ticks = 2000;
+  step_deadlines deadlines;
 
-  explicit train_sim(int n) {
+  explicit train_sim(int n, step_deadlines d = {}) : deadlines(d) {
     for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
   }
 
   void add(const std::string& id) {
-    node nd{std::make_unique<train_engine>(test::named(id)), gpu::make_cpu_executor(1)};
+    node nd{std::make_unique<train_engine>(test::named(id), deadlines), gpu::make_cpu_executor(1)};
     for (auto& [other, o] : nodes) {
       nd.engine->peer_up(test::named(other));
       o.engine->peer_up(test::named(id));
@@ -126,7 +135,7 @@ struct train_sim {
 
   void run_tasks(const std::string& id) {
     auto it = nodes.find(id);
-    if (it == nodes.end()) return;
+    if (it == nodes.end() || hung.count(id)) return;
     for (auto& t : it->second.engine->take_ready()) {
       auto r = t.work(*it->second.device);
       post(id, it->second.engine->on_executed(t, std::move(r), now));
@@ -134,10 +143,22 @@ struct train_sim {
   }
 
   void run() {
-    for (int guard = 0; !net.empty() && guard < 2000000; ++guard) {
+    int idle = 0;
+    for (int guard = 0; guard < 2000000; ++guard) {
+      if (net.empty()) {
+        if (idle_step.count() == 0 || ++idle > idle_ticks || !results.empty()) break;
+        now += idle_step;
+        for (auto& [id, nd] : nodes)
+          if (!hung.count(id)) post(id, nd.engine->tick(now));
+        for (auto& [id, nd] : nodes)
+          for (auto& r : nd.engine->take_refused()) refused.emplace_back(id, std::move(r));
+        continue;
+      }
+      idle = 0;
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
-      if (dead.count(from)) continue;
+      if (dead.count(from) || hung.count(to)) continue;
+      if (mute.count(from) && std::holds_alternative<msg::allreduce_piece>(o.m)) continue;
       if (to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
@@ -997,4 +1018,107 @@ TEST_CASE("all-reduce pieces, step answers and states from outside the ring are 
     CHECK(refusals_of(kind) >= 1);
   }
   for (const auto& [node, why] : sim.refused) CHECK(why.from == test::named("node-m"));
+}
+
+TEST_CASE("a member that heartbeats but never computes its step is left out at the deadline and the run goes on", "[actors][train][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  // Steps here take tens of simulated milliseconds: the measured deadline is the floor (10 s).
+  train_sim sim(3);
+  sim.net.set_shuffle(true);
+  sim.idle_step = std::chrono::milliseconds(100);
+  train_engine::clock::time_point hung_at{}, next_step_at{};
+  sim.on_tick = [&](train_sim& t) {
+    if (t.hung.empty() && t.progress.size() == 7) {
+      t.hung.insert("node-c");  // connected (no peer_dead), silent
+      hung_at = t.now;
+    }
+    if (next_step_at == train_engine::clock::time_point{} && t.progress.size() == 8) next_step_at = t.now;
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  const auto state = outputs_of(r);
+  CHECK(state.at("opt.adam.t").at(0) == 24.0);
+  // node-c's micro-batches went to the others: the same data per step as the reference.
+  CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
+  REQUIRE(sim.progress.size() == 24);
+  for (size_t i = 0; i < sim.progress.size(); ++i) CHECK(sim.progress[i].step == i + 1);
+  CHECK(sim.progress.back().peers == 2);
+  // The step waited for the deadline (10 s, the floor) and not much longer.
+  const double waited = std::chrono::duration<double>(next_step_at - hung_at).count();
+  CHECK(waited >= 10.0);
+  CHECK(waited < 11.0);
+  // The coordinator said why: node-c left out, counted against it; and it was not set up again.
+  int left_out = 0;
+  for (const auto& [at, ref] : sim.refused)
+    if (at == "node-a" && ref.kind == "train_step deadline" && ref.from == test::named("node-c")) ++left_out;
+  CHECK(left_out == 1);
+  CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("node-c")) == r.workers.end());
+}
+
+TEST_CASE("a member silent from the first step is left out after the first-step deadline", "[actors][train][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(6));
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  step_deadlines d;
+  d.first = std::chrono::seconds(60);
+  train_sim sim(3, d);
+  sim.idle_step = std::chrono::milliseconds(500);
+  sim.hung.insert("node-b");
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  REQUIRE(sim.progress.size() == 6);
+  CHECK(sim.progress[0].peers == 2);
+  // No step was measured yet: the first step waited the first-step deadline, not the floor.
+  CHECK(std::chrono::duration<double>(sim.now.time_since_epoch()).count() >= 60.0);
+  CHECK(std::chrono::duration<double>(sim.now.time_since_epoch()).count() < 62.0);
+}
+
+TEST_CASE("the deadline follows the measured step time", "[actors][train][security]") {
+  // With no floor, the deadline is `factor` times the longest recent step: a run whose steps
+  // take about 40 simulated ms waits a few seconds at factor 100, not the 10 s floor.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  step_deadlines d;
+  d.factor = 100;
+  d.floor = std::chrono::seconds(0);
+  train_sim sim(3, d);
+  sim.idle_step = std::chrono::milliseconds(10);
+  train_engine::clock::time_point hung_at{}, next_step_at{};
+  sim.on_tick = [&](train_sim& t) {
+    if (t.hung.empty() && t.progress.size() == 7) {
+      t.hung.insert("node-c");
+      hung_at = t.now;
+    }
+    if (next_step_at == train_engine::clock::time_point{} && t.progress.size() == 8) next_step_at = t.now;
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  REQUIRE(sim.progress.size() == 24);
+  const double waited = std::chrono::duration<double>(next_step_at - hung_at).count();
+  CHECK(waited > 0.5);
+  CHECK(waited < 10.0);
+}
+
+TEST_CASE("a ring that stalls after every member is ready is redone once, then the run fails with the reason", "[actors][train][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim sim(3);
+  sim.net.set_shuffle(true);
+  sim.idle_step = std::chrono::milliseconds(500);
+  sim.on_tick = [](train_sim& t) {
+    if (t.mute.empty() && t.progress.size() == 5) t.mute.insert("node-c");  // ready, then no pieces
+  };
+  const auto r = sim.train(spec);
+  REQUIRE_FALSE(r.ok);
+  CHECK(r.code == error_code::timeout);
+  CHECK(r.error.find("stalled twice") != std::string::npos);
+  CHECK(sim.progress.size() == 5);
 }
