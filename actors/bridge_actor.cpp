@@ -28,7 +28,7 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
         self->send(self->state.a.membership, down_atom::value, id, why, orderly);
         self->send(self->state.a.generator, down_atom::value, id);  // its generations stop
       },
-      [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes) {
+      [=](inbound_atom, node_id from, std::vector<uint8_t>& bytes, receipt_ptr receipt) {
         // Graphs inside are validated here, once, against this node's limits (wire/graph_payload.hpp).
         auto m = msg::decode_message(bytes.data(), bytes.size(), ctx->cfg.decode_budget, &ctx->cfg.limits);
         // The decoded message owns copies of everything: the buffer goes back to the endpoint,
@@ -52,7 +52,9 @@ caf::behavior bridge_actor(caf::stateful_actor<bridge_state>* self, context_ptr 
                                           std::holds_alternative<msg::stage_close>(*m) || std::holds_alternative<msg::stage_reply>(*m) ||
                                           std::holds_alternative<msg::blob_get>(*m) || std::holds_alternative<msg::blob_chunk>(*m) ? a.generator
                                                                                                                            : a.jobs;
-        self->send(owner, inbound_atom::value, from, std::make_shared<msg::message>(std::move(*m)));
+        // The receipt lives as long as the decoded message: released when its owner is done.
+        message_ptr decoded(new msg::message(std::move(*m)), [receipt](msg::message* p) { delete p; });
+        self->send(owner, inbound_atom::value, from, std::move(decoded));
       },
   };
 }

@@ -191,7 +191,11 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
     post(down_atom::value, id, why.reason, why.orderly);
   };
   h.on_message = [post, bridge_mutex, slots](const node_id& id, transport::channel ch, std::vector<uint8_t> bytes) {
-    if (ch != transport::channel::heartbeat) return post(inbound_atom::value, id, std::move(bytes));
+    // The message's bytes stay charged to the peer's receive budget until the actor that owns
+    // it has handled it (node_shell::message_ptr): a member that sends faster than this node
+    // handles is held back by flow control instead of filling the mailboxes.
+    if (ch != transport::channel::heartbeat)
+      return post(inbound_atom::value, id, std::move(bytes), std::make_shared<transport::delivery_receipt>(transport::take_delivery_receipt()));
     // A heartbeat datagram (at most a QUIC packet) goes to the health actor, which runs on a
     // thread of its own: it never waits behind a large message the bridge is decoding, nor for
     // a scheduler thread. One that comes before the health actor exists is dropped (they may be lost).

@@ -102,6 +102,7 @@ using vitals_ptr = std::shared_ptr<const vitals_map>;
 
 }  // namespace mesh::node_shell
 
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<mesh::transport::delivery_receipt>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::actors_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::members_ptr)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(mesh::node_shell::vitals_ptr)
@@ -129,8 +130,13 @@ using greet_atom = caf::atom_constant<caf::atom("greet")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using curves_atom = caf::atom_constant<caf::atom("curves")>;  ///< jobs: the loss curves of its runs
 
-/// A decoded message from a peer, as the bridge hands it to the actor that owns it.
+/// A decoded message from a peer, as the bridge hands it to the actor that owns it. It keeps its
+/// delivery receipt (transport/delivery_receipt.hpp): the bytes it came in count against its
+/// sender's receive budget until the owning actor has handled it and the last copy of the
+/// pointer is gone, so a member cannot fill the actors' mailboxes past that budget.
 using message_ptr = std::shared_ptr<msg::message>;
+/// The receipt of a message on its way from the endpoint to the bridge.
+using receipt_ptr = std::shared_ptr<transport::delivery_receipt>;
 
 /// The device measured at start, handed to the first executor so the node opens it once; a
 /// restarted executor opens a fresh one (the slot is empty by then).

@@ -13,7 +13,7 @@ bulk_receiver::bulk_receiver(config cfg) : cfg_(cfg), budget_left_(std::max(cfg.
 uint64_t bulk_receiver::reserve_for(uint64_t length) const {
   // Whole (one allocation, or a pooled buffer) when it will get budget at once; else one
   // stream window, which is all a waiting message can receive.
-  const bool budget_now = admitted_ && queue_.empty() && length <= budget_left_;
+  const bool budget_now = admitted_ && queue_.empty() && length <= budget_left();
   return budget_now ? std::min(length, max_reserve) : std::min(length, cfg_.stream_window);
 }
 
@@ -48,7 +48,7 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
     s.uncredited += bytes.size();
     if (!s.queued) {
       if (auto size = s.size()) {  // the header is complete (before that it fits any window)
-        if (admitted_ && queue_.empty() && *size <= budget_left_) {
+        if (admitted_ && queue_.empty() && *size <= budget_left()) {
           grant(s, *size);
           r.credit = s.uncredited;
           s.uncredited = 0;
@@ -61,7 +61,10 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
   }
   if (!fin) return r;
   const bool complete = s.frames.size() == 1 && s.decoder.at_boundary();
-  if (complete) r.message = std::move(s.frames.front().payload);
+  if (complete) {
+    r.message = std::move(s.frames.front().payload);
+    delivered_ += r.message->size();  // its budget goes back below, and it is about to be delivered
+  }
   forget(sid);
   if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
   return r;
@@ -77,6 +80,12 @@ void bulk_receiver::forget(int64_t sid) {
   grant_waiting();
 }
 
+void bulk_receiver::set_delivered(uint64_t bytes) {
+  const bool lower = bytes < delivered_;
+  delivered_ = bytes;
+  if (lower) grant_waiting();
+}
+
 void bulk_receiver::admit() {
   admitted_ = true;
   grant_waiting();
@@ -88,7 +97,7 @@ void bulk_receiver::grant_waiting() {
     const int64_t sid = queue_.front();
     stream& s = streams_.at(sid);  // forget() takes streams out of the queue
     const uint64_t size = s.size().value_or(0);
-    if (size > budget_left_) return;
+    if (size > budget_left()) return;
     queue_.pop_front();
     grant(s, size);
     if (s.uncredited) grants_.emplace_back(sid, s.uncredited);

@@ -10,6 +10,8 @@
 // not fit wait in the order their headers arrived (a stream of small ones cannot starve a large
 // one) and are granted as earlier ones finish or are dropped. So what one peer can make a node
 // hold in unfinished messages is the budget plus one stream window per open stream.
+// Delivered messages the application still holds (set_delivered, delivery_receipt.hpp) count
+// against the same budget: they are granted nothing while those fill it.
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -48,13 +50,17 @@ class bulk_receiver {
   void forget(int64_t sid);
   /// The peer proved itself: budget may be granted from now on (nothing is before).
   void admit();
+  /// The bytes of delivered messages the application holds now: they take their share of the
+  /// budget. Lowering it grants waiting messages what it frees (take_grants()).
+  void set_delivered(uint64_t bytes);
   /// Credit owed to waiting streams that were granted budget by forget() or admit() (or by the
   /// end of another stream inside on_data) since the last call: (stream, bytes) pairs.
   std::vector<std::pair<int64_t, uint64_t>> take_grants();
 
   uint64_t receiving() const { return receiving_; }    ///< payload bytes held in unfinished messages
   uint64_t peak() const { return peak_; }              ///< the most of them at once
-  uint64_t budget_left() const { return budget_left_; }
+  /// What may still be granted: the budget less unfinished messages' grants and delivered bytes.
+  uint64_t budget_left() const { return budget_left_ > delivered_ ? budget_left_ - delivered_ : 0; }
   size_t open_streams() const { return streams_.size(); }
   size_t waiting() const { return queue_.size(); }
 
@@ -78,7 +84,8 @@ class bulk_receiver {
 
   config cfg_;
   bool admitted_ = false;
-  uint64_t budget_left_;
+  uint64_t budget_left_;  // the budget less what unfinished messages were granted
+  uint64_t delivered_ = 0;
   uint64_t receiving_ = 0, peak_ = 0;
   std::map<int64_t, stream> streams_;
   std::deque<int64_t> queue_;  // waiting for budget, oldest first

@@ -94,7 +94,9 @@ struct connection_callbacks {
       return 0;
     }
     // Everything received is consumed at once (decoded into memory), so connection credit goes
-    // back now; stream credit as on_bulk_data says (held while a message waits for budget).
+    // back now; stream credit as on_bulk_data says (held while a message waits for budget), and
+    // on the control stream while delivered messages hold the receive budget.
+    if (c.remote_stream_is_control(sid) && *r) r = c.control_credit(sid, *r);
     if (*r) ngtcp2_conn_extend_max_stream_offset(conn, sid, *r);
     // Before admission connection credit is held too, so a peer that has not proven anything
     // can make us hold at most one connection window (its proof needs none: it goes first).
@@ -164,7 +166,7 @@ struct connection_callbacks {
       return 0;
     }
     // Datagrams are unreliable: one that overtakes admission is simply dropped.
-    if (c.state_ == connection::state::admitted) c.owner_.on_message(c, channel::heartbeat, std::move(f->payload));
+    if (c.state_ == connection::state::admitted) c.owner_.on_message(c, channel::heartbeat, std::move(f->payload), {});
     return 0;
   }
 };
@@ -209,10 +211,13 @@ connection::connection(connection_owner& owner, const endpoint_config& cfg, bool
       inbound_(inbound),
       control_in_(cfg.limits),
       bulk_rx_({cfg.limits, cfg.bulk_receive_budget, cfg.stream_window, &owner.receive_buffers()}),
+      account_(std::make_shared<delivery_account>()),
+      receive_budget_(std::max(cfg.bulk_receive_budget, cfg.limits.bulk)),
       // Finished messages waiting for an earlier one get a budget of their own, as large as the
       // receive budget of unfinished ones (which is never below the largest message allowed).
       inbox_(std::max(cfg.bulk_receive_budget, cfg.limits.bulk)) {
   remote_ = remote;
+  account_->hub = owner.releases();
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
                          : cfg.max_udp_payload;
@@ -443,6 +448,7 @@ expected<void> connection::handle_control_frame(frame f) {
 expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, size_t len, bool fin) {
   if (ngtcp2_conn_is_local_stream(conn_, sid))
     return make_error(error_code::decode_error, "data on a stream this side opened");
+  bulk_rx_.set_delivered(account_->held.load());
   auto r = bulk_rx_.on_data(sid, {data, len}, fin);
   apply_bulk_grants();  // the end of this message may have made room for waiting ones
   if (!r) return tl::unexpected(r.error());
@@ -462,6 +468,11 @@ expected<uint64_t> connection::on_bulk_data(int64_t sid, const uint8_t* data, si
   std::vector<ordered_inbox::message> ready;
   if (auto ok = inbox_.on_bulk(bulk_ordinal(sid), std::move(*r->message), ready); !ok) return tl::unexpected(ok.error());
   deliver(std::move(ready));
+  // bulk_rx_ counted the finished message as delivered; if it waits in the inbox for an earlier
+  // one instead (the inbox has a budget of its own), this gives its share back.
+  bulk_rx_.set_delivered(account_->held.load());
+  apply_bulk_grants();
+  update_starved();
   return r->credit;
 }
 
@@ -472,8 +483,37 @@ void connection::apply_bulk_grants() {
 void connection::deliver(std::vector<ordered_inbox::message> messages) {
   for (auto& m : messages) {
     if (state_ == state::closing || state_ == state::closed || pending_close_) return;
-    owner_.on_message(*this, m.bulk ? channel::bulk : channel::control, std::move(m.bytes));
+    delivery_receipt receipt(account_, m.bytes.size());
+    owner_.on_message(*this, m.bulk ? channel::bulk : channel::control, std::move(m.bytes), std::move(receipt));
   }
+  bulk_rx_.set_delivered(account_->held.load());  // what the application kept takes its share
+  apply_bulk_grants();
+  update_starved();
+}
+
+void connection::update_starved() {
+  // Messages waiting for budget, or control credit withheld: a release must wake the I/O thread.
+  account_->starved = bulk_rx_.waiting() > 0 || control_uncredited_ > 0;
+}
+
+uint64_t connection::control_credit(int64_t sid, uint64_t len) {
+  control_in_sid_ = sid;
+  if (account_->held.load() <= receive_budget_ && control_uncredited_ == 0) return len;
+  control_uncredited_ += len;
+  account_->starved = true;
+  return 0;
+}
+
+void connection::refresh_credit() {
+  if (ended()) return;
+  const uint64_t held = account_->held.load();
+  bulk_rx_.set_delivered(held);
+  apply_bulk_grants();
+  if (control_uncredited_ && held <= receive_budget_) {
+    ngtcp2_conn_extend_max_stream_offset(conn_, control_in_sid_, control_uncredited_);
+    control_uncredited_ = 0;
+  }
+  update_starved();
 }
 
 void connection::close(close_code code, std::string reason) {
@@ -598,6 +638,7 @@ peer_stats connection::stats() const {
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received_;
   s.bulk_receiving_bytes = bulk_rx_.receiving();
+  s.delivered_held_bytes = account_->held.load();
   s.bulk_receiving_peak = bulk_rx_.peak();
   s.remote_address = remote_.to_string();
   return s;

@@ -22,6 +22,7 @@
 #include "transport/delivery_meter.hpp"
 #include "transport/endpoint.hpp"
 #include "transport/frame.hpp"
+#include "transport/delivery_receipt.hpp"
 #include "transport/ordered_inbox.hpp"
 #include "transport/tls.hpp"
 
@@ -38,13 +39,17 @@ class connection_owner {
   virtual void on_cid_removed(connection& c, const ngtcp2_cid& cid) = 0;
   /// Both proofs verified: the peer is admitted.
   virtual void on_admitted(connection& c) = 0;
-  virtual void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) = 0;
+  /// A message for the application; `receipt` charges its bytes to the connection's receive
+  /// budget until released (delivery_receipt.hpp).
+  virtual void on_message(connection& c, channel ch, std::vector<uint8_t> bytes, delivery_receipt receipt) = 0;
   /// A NAT traversal frame (observed address, introduce, punch, relay) from an admitted peer.
   virtual void on_traversal_frame(connection& c, frame f) = 0;
   /// `bytes` of queued application payload (control, bulk) were acknowledged or dropped.
   virtual void on_released(connection& c, uint64_t bytes) = 0;
   /// Buffers the application handed back (endpoint::recycle), lent to incoming bulk messages.
   virtual buffer_pool& receive_buffers() = 0;
+  /// Where this owner's receipts wake it when released bytes may let credit go back.
+  virtual std::shared_ptr<release_hub> releases() = 0;
 };
 
 /// QUIC application error codes carried in CONNECTION_CLOSE.
@@ -140,6 +145,14 @@ class connection {
   void hold_messages();
   void release_messages() { held_from_.reset(); }
 
+  /// Charges `bytes` delivered on this connection's behalf (a relayed message) to its account.
+  delivery_receipt charge(uint64_t bytes) { return {account_, bytes}; }
+  /// Gives back the credit withheld while delivered messages held the receive budget, as far as
+  /// releases made room (the endpoint calls it when a receipt wakes it).
+  void refresh_credit();
+  /// Bytes delivered and not yet released by the application.
+  uint64_t delivered_held() const { return account_->held.load(); }
+
   /// Bookkeeping for the endpoint.
   bool up_reported = false;
   bool end_reported = false;
@@ -234,6 +247,16 @@ class connection {
   /// Gives the stream credit bulk_rx_ granted to waiting messages back to the peer.
   void apply_bulk_grants();
   uint64_t held_bytes_ = 0;  // bulk payload bytes that arrived before admission
+  /// Delivered bytes the application holds (delivery_receipt.hpp), and control-stream credit
+  /// withheld while they are over the receive budget.
+  std::shared_ptr<delivery_account> account_;
+  uint64_t receive_budget_ = 0;
+  int64_t control_in_sid_ = -1;
+  uint64_t control_uncredited_ = 0;
+  /// How much control-stream credit to give back for `len` bytes just read (0: withheld).
+  uint64_t control_credit(int64_t sid, uint64_t len);
+  /// Whether a release must wake the I/O thread (something waits for the budget).
+  void update_starved();
   uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then (inbound: TLS too)
   bool accept_timed_out_ = false;
   uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "transport/delivery_receipt.hpp"
 #include "transport/frame.hpp"
 #include "transport/identity.hpp"
 
@@ -64,6 +65,9 @@ struct peer_stats {
   /// receive budget bounds it: endpoint_config::bulk_receive_budget).
   uint64_t bulk_receiving_bytes = 0;
   uint64_t bulk_receiving_peak = 0;
+  /// Bytes of delivered messages the application still holds receipts for (bounded by the
+  /// same budget; delivery_receipt.hpp).
+  uint64_t delivered_held_bytes = 0;
   std::string remote_address;
   bool relayed = false;  ///< counters are those of the connection to the relay
 };
@@ -91,7 +95,11 @@ struct handlers {
   std::function<void(const node_id&, const peer_info&)> on_peer_up;
   /// An admitted peer went away (closed, idle timeout, error); `why` says which.
   std::function<void(const node_id&, const peer_down& why)> on_peer_down;
-  /// A message from an admitted peer.
+  /// A message from an admitted peer. Its bytes count against the peer's receive budget until
+  /// the call returns, or, if the handler takes its receipt (take_delivery_receipt(),
+  /// delivery_receipt.hpp), until the receipt is released: an application that queues messages
+  /// for later handling keeps the receipt with them, so a peer cannot make it queue more than
+  /// the budget.
   std::function<void(const node_id&, channel, std::vector<uint8_t>)> on_message;
   /// A connection that never got admitted: wrong key, wrong mesh secret, wrong version,
   /// unreachable. `peer` is known when TLS got far enough to see the peer's key; inbound
@@ -163,11 +171,14 @@ struct endpoint_config {
   /// wait behind it: in a ring all-reduce every connection's RTT then depends on its successor's
   /// window, and unequal windows leave links idle (docs/training.md). 0 = no hold.
   uint64_t bulk_in_flight_floor = 256u << 10;
-  /// Per peer: the most bytes of unfinished incoming bulk messages this side holds at once.
+  /// Per peer: the most bytes of unfinished incoming bulk messages this side holds at once,
+  /// together with delivered messages whose receipts the application still holds.
   /// A message gets flow-control credit beyond stream_window only when its announced size fits
-  /// what is left; others wait (oldest first) with their sender held. Never less than
-  /// limits.bulk, so that any message allowed can be received. Bounds what one peer can make
-  /// this node allocate: this plus stream_window per open stream (128), not 128 x limits.bulk.
+  /// what is left; others wait (oldest first) with their sender held; past it, control-stream
+  /// credit is withheld too. Never less than limits.bulk, so that any message allowed can be
+  /// received. Bounds what one peer can make this node hold: this plus stream_window per open
+  /// stream (128) and the control stream's window (which ngtcp2 grows up to 4 x stream_window),
+  /// not 128 x limits.bulk.
   uint64_t bulk_receive_budget = uint64_t{4} << 30;
   /// Tests only: false plays a peer that finishes TLS and then never sends its admission proof
   /// nor reads the other side's (which must close it after handshake_timeout).

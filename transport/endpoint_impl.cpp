@@ -33,6 +33,20 @@ expected<void> endpoint_impl::init() {
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0)
       return make_error(error_code::io_error, std::string("epoll_ctl: ") + std::strerror(errno));
   }
+  // A receipt released while its connection withholds credit posts one refresh (not one per
+  // receipt) that gives every connection back what the releases made room for.
+  releases_->wake = [this] {
+    if (refresh_posted_) return;  // under releases_->mu
+    refresh_posted_ = true;
+    post([this] {
+      {
+        std::lock_guard lock(releases_->mu);
+        refresh_posted_ = false;
+      }
+      for (auto& c : conns_) c->refresh_credit();
+      need_write_ = true;  // credit goes out in the next write pass
+    });
+  };
   thread_ = std::thread([this] { run(); });
   io_thread_id_ = thread_.get_id();
   return {};
@@ -54,6 +68,10 @@ void endpoint_impl::post(std::function<void()> fn) {
 }
 
 void endpoint_impl::stop() {
+  {
+    std::lock_guard lock(releases_->mu);  // receipts that outlive the endpoint wake nothing
+    releases_->wake = nullptr;
+  }
   if (!thread_.joinable()) return;
   stopping_ = true;
   uint64_t one = 1;

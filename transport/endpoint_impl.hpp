@@ -203,11 +203,23 @@ class endpoint_impl final : public connection_owner {
     return it == by_peer_.end() ? nullptr : it->second;
   }
   buffer_pool& receive_buffers() override { return receive_buffers_; }
-  void on_message(connection& c, channel ch, std::vector<uint8_t> bytes) override {
+  void on_message(connection& c, channel ch, std::vector<uint8_t> bytes, delivery_receipt receipt) override {
     // A retiring duplicate still delivers: the peer may have sent on it before it switched.
     if (!(c.up_reported || c.retiring()) || !c.peer()) return;
-    if (h_.on_message) h_.on_message(*c.peer(), ch, std::move(bytes));
+    deliver(*c.peer(), ch, std::move(bytes), std::move(receipt));
   }
+  /// Hands a message to the application with its receipt (released when on_message returns,
+  /// unless the handler takes it: delivery_receipt.hpp).
+  void deliver(const node_id& from, channel ch, std::vector<uint8_t> bytes, delivery_receipt receipt) {
+    if (!h_.on_message) return;
+    detail::receipt_scope scope(receipt);
+    h_.on_message(from, ch, std::move(bytes));
+  }
+  std::shared_ptr<release_hub> releases() override { return releases_; }
+  /// Receipts released while a connection withholds credit wake the I/O thread through this;
+  /// it gives back what their releases made room for (connection::refresh_credit).
+  std::shared_ptr<release_hub> releases_ = std::make_shared<release_hub>();
+  bool refresh_posted_ = false;  // guarded by releases_->mu
 };
 
 }  // namespace mesh::transport

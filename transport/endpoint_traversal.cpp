@@ -132,7 +132,10 @@ void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {
     case relay_kind::message: {
       auto route = relay_routes_.find(env.peer);
       if (route == relay_routes_.end() || !(route->second == relay_id)) return;
-      if (h_.on_message) h_.on_message(env.peer, static_cast<channel>(plain->channel), std::move(plain->payload));
+      // Charged to the relay's connection, which carried it: its control credit is what holds
+      // the relayed sender back.
+      auto receipt = relay.charge(plain->payload.size());
+      deliver(env.peer, static_cast<channel>(plain->channel), std::move(plain->payload), std::move(receipt));
       return;
     }
   }

@@ -79,6 +79,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::map<int64_t, peer_stream> streams;
   int64_t next_sid = 3;  // a server's unidirectional streams: 3, 7, 11, ...
   bool admitted = false;
+  uint64_t delivered = 0;  // bytes of messages handed over that the application still holds
 
   const auto apply_grants = [&] {
     for (const auto& [sid, credit] : rx.take_grants()) {
@@ -118,6 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r->message) {
       if (!s.well_formed || *r->message != s.payload) __builtin_trap();
       s.done = true;
+      delivered += r->message->size();  // the application holds it until a release (op 3)
+      rx.set_delivered(delivered);
     } else if (fin) {
       __builtin_trap();  // a FIN without a message must be an error
     }
@@ -141,6 +144,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         rx.admit();
         apply_grants();
         break;
+      case 3: {  // the application releases some of the delivered messages it holds
+        delivered -= std::min<uint64_t>(delivered, static_cast<uint64_t>(in.next()) * 16);
+        rx.set_delivered(delivered);
+        apply_grants();
+        break;
+      }
       case 2: {  // reset a stream
         if (streams.empty()) break;
         auto it = std::next(streams.begin(), in.next() % streams.size());
@@ -158,16 +167,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     check();
   }
-  // Liveness: admitted, a peer that keeps sending what it may finishes every message.
+  // Liveness: admitted, with an application that releases what it is handed, a peer that keeps
+  // sending what it may finishes every message.
   admitted = true;
   rx.admit();
   apply_grants();
+  const auto release_all = [&] {
+    delivered = 0;
+    rx.set_delivered(0);
+    apply_grants();
+  };
+  release_all();
   for (bool progress = true; progress;) {
     progress = false;
     for (auto& [sid, s] : streams) {
       if (s.done) continue;
       const size_t before = s.sent;
       if (!send(sid, s.content.size())) return 0;
+      release_all();
       check();
       if (s.sent != before || s.done) progress = true;
     }

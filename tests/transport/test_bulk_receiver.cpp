@@ -42,6 +42,8 @@ TEST_CASE("bulk_receiver: a message that fits the budget is credited as it arriv
   CHECK(b->credit == s.size() - 50);
   REQUIRE(b->message);
   CHECK(*b->message == std::vector<uint8_t>(600, 7));
+  CHECK(rx.budget_left() == 400);  // delivered: held until the application releases it
+  rx.set_delivered(0);
   CHECK(rx.budget_left() == 1000);
   CHECK(rx.receiving() == 0);
   CHECK(rx.peak() == 600);
@@ -63,7 +65,9 @@ TEST_CASE("bulk_receiver: a message that does not fit waits without credit, then
   auto done = rx.on_data(3, part(first, 80, first.size() - 80), true);
   REQUIRE(done);
   CHECK(done->message);
-  // The first message's end made room: the second gets the 90 bytes it was not credited.
+  CHECK(rx.take_grants().empty());  // delivered, and still held by the application
+  rx.set_delivered(0);
+  // The first message's release made room: the second gets the 90 bytes it was not credited.
   const auto grants = rx.take_grants();
   REQUIRE(grants.size() == 1);
   CHECK(grants[0] == std::pair<int64_t, uint64_t>{7, 90});
@@ -133,4 +137,29 @@ TEST_CASE("bulk_receiver: anything after the one frame, or a FIN inside it, is a
   bulk_receiver rx3(cfg);
   const auto too_big = message_stream(1001, 1, frame_limits{});  // the limit is 1000 here
   CHECK_FALSE(rx3.on_data(1, part(too_big, 0, 10), false));
+}
+
+TEST_CASE("bulk_receiver: delivered messages the application holds take their share of the budget",
+          "[transport][bulk_receiver][security]") {
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  rx.set_delivered(700);  // the application still holds 700 bytes of earlier messages
+  CHECK(rx.budget_left() == 300);
+  const auto m = message_stream(500, 4, cfg.limits);
+  auto w = rx.on_data(5, part(m, 0, 60), false);
+  REQUIRE(w);
+  CHECK(w->credit == 0);  // 500 > 300: waits with its sender held
+  CHECK(rx.waiting() == 1);
+  rx.set_delivered(150);  // released: now it fits
+  const auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{5, 60});
+  auto done = rx.on_data(5, part(m, 60, m.size() - 60), true);
+  REQUIRE(done);
+  REQUIRE(done->message);
+  // Handed over: it counts as delivered until the application says otherwise.
+  CHECK(rx.budget_left() == 1000 - 150 - 500);
+  rx.set_delivered(0);
+  CHECK(rx.budget_left() == 1000);
 }
