@@ -268,12 +268,16 @@ std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
     m.report_state = true;
     m.stop = c.ph == coord_run::phase::finishing;
     out.push_back({self_, m});
+    // The other members stop; their stop carries the last commit, which tells them the run
+    // ended (they keep their part for a while in case this node dies before the client has the
+    // result: docs/training.md, "The coordinator dying").
     if (m.stop)
       for (const auto& mem : c.members)
         if (mem != self_) {
           msg::train_step stop;
           stop.train = id;
           stop.stop = true;
+          stop.commit = c.commit;
           out.push_back({mem, stop});
         }
     return out;
@@ -396,6 +400,10 @@ std::vector<outbound> train_engine::peer_dead(const node_id& id, clock::time_poi
 std::vector<outbound> train_engine::tick(clock::time_point now) {
   now_ = now;
   std::vector<outbound> out;
+  // Finished runs kept in case their coordinator died before the client had the result: once
+  // the client has had its grace time (or the coordinator died: then they are orphans), they go.
+  for (auto it = worker_.begin(); it != worker_.end();)
+    it = it->second->finished_at && !it->second->orphaned && now - *it->second->finished_at > client_grace ? end_run(it) : std::next(it);
   for (auto& [rid, c] : coordinated_) {
     if (c->state != job_state::running) continue;
     if (c->client_lost_at && now - *c->client_lost_at >= client_grace) {

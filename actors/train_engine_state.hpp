@@ -103,6 +103,10 @@ struct train_engine::worker_run {
   msg::train_spec shell;       ///< the setup's spec without dataset and state (for a takeover)
   msg::takeover_grant takeover;  ///< from train_resume, checked: this node takes the run over with it
   bool orphaned = false;       ///< the coordinator died; kept for a train_resume
+  /// The coordinator finished the run (its stop carried the last commit). Kept for
+  /// train_engine::client_grace: should the coordinator die before the client has the result,
+  /// this node can still take the run over (it redoes the last step, whose result it holds).
+  std::optional<std::chrono::steady_clock::time_point> finished_at;
   train_method method = train_method::data_parallel;
   uint64_t steps = 0;
   uint32_t micro_batches = 1, inner_steps = 1;

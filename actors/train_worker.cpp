@@ -215,6 +215,16 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     return out;
   };
   if (s.stop && !s.report_state) {
+    // The run's end: the stop carries its last commit (advance() in train_coordinator.cpp).
+    // Only the coordinator's own worker applies it and reports the result; this part is kept a
+    // while, stopped, in case the coordinator dies before the client has the result.
+    if (s.commit > 0 && s.commit >= w->steps && !w->broken) {
+      w->finished_at = now_;
+      w->round.reset();
+      w->contribution.reset();
+      w->ring.clear();
+      return {};
+    }
     end_run(it);
     return {};
   }

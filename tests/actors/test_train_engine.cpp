@@ -83,6 +83,9 @@ struct train_sim {
   std::vector<msg::train_checkpoint> checkpoints;  // what the client received
   /// Called after each delivered message (tests kill or add nodes here).
   std::function<void(train_sim&)> on_tick;
+  /// The message on_tick follows, and who sent it to whom.
+  std::string last_from, last_to;
+  msg::message last_message;
   /// What the nodes refused for the sender's lack of authority, with the refusing node's name.
   std::vector<std::pair<std::string, refused_message>> refused;
   /// Nodes that stay connected (no peer_dead) but do nothing: messages to them are dropped.
@@ -181,6 +184,9 @@ struct train_sim {
       post(to, it->second.engine->on_message(id_of(from), *m, now));
       for (auto& r : it->second.engine->take_refused()) refused.emplace_back(to, std::move(r));
       run_tasks(to);
+      last_from = from;
+      last_to = to;
+      last_message = std::move(*m);
       if (on_tick) on_tick(*this);
     }
   }
@@ -928,7 +934,11 @@ TEST_CASE("a forged takeover setup from another member is refused and the honest
     ++refused_setups[node];
   }
   for (const char* node : {"node-a", "node-b", "node-c"}) CHECK(refused_setups[node] == 4);
-  // The setup without a grant started node-m's own run there, and only that.
+  // The setup without a grant started node-m's own run there, and only that (beside the honest
+  // run's stopped part, kept for the client's grace time).
+  CHECK(sim.nodes.at("node-b").engine->running() == 2);
+  CHECK(sim.nodes.at("node-c").engine->running() == 2);
+  for (const char* node : {"node-b", "node-c"}) sim.nodes.at(node).engine->tick(sim.now + train_engine::client_grace + std::chrono::seconds(1));
   CHECK(sim.nodes.at("node-b").engine->running() == 1);
   CHECK(sim.nodes.at("node-c").engine->running() == 1);
 }
@@ -1121,4 +1131,52 @@ TEST_CASE("a ring that stalls after every member is ready is redone once, then t
   CHECK(r.code == error_code::timeout);
   CHECK(r.error.find("stalled twice") != std::string::npos);
   CHECK(sim.progress.size() == 5);
+}
+
+TEST_CASE("the coordinator dying as the run ends: a survivor still finishes it on train_resume", "[actors][train]") {
+  // The coordinator decided the last step and told the other members to stop; it dies before
+  // its own worker's state (the result) reaches the client. The survivors kept their part of
+  // the run: one takes it over, redoes the last step and delivers the result.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  for (const char* when : {"after node-c's stop", "after the last progress"}) {
+    INFO(when);
+    train_sim sim(3);
+    sim.net.set_shuffle(true);
+    const bool at_stop = std::string(when) == "after node-c's stop";
+    sim.on_tick = [&](train_sim& t) {
+      if (t.dead.count("node-a") || !t.results.empty()) return;
+      const auto* st = std::get_if<msg::train_step>(&t.last_message);
+      const bool stop_reached_c = st && st->stop && t.last_from == "node-a" && t.last_to == "node-c";
+      if (at_stop ? stop_reached_c : t.progress.size() == 24) {
+        t.kill("node-a");
+        t.send("client", {{"node-c", resume(1, "node-a", "node-c", spec.dataset)}});
+      }
+    };
+    const auto r = sim.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    REQUIRE(sim.dead.count("node-a"));
+    const auto state = outputs_of(r);
+    CHECK(state.at("opt.adam.t").at(0) == 24.0);
+    CHECK(reached_step(r) == 24u);
+    CHECK(max_difference(state, outputs_of(reference)) < 1e-4);
+    CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("node-a")) == r.workers.end());
+  }
+}
+
+TEST_CASE("a finished run's parts on the other members go after the client's grace time", "[actors][train]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(6));
+  train_sim sim(3);
+  const auto r = sim.train(spec);
+  REQUIRE(r.ok);
+  // node-b and node-c keep their stopped part for the grace time, then let it go.
+  CHECK(sim.nodes.at("node-b").engine->running() == 1);
+  sim.post("node-b", sim.nodes.at("node-b").engine->tick(sim.now + train_engine::client_grace / 2));
+  CHECK(sim.nodes.at("node-b").engine->running() == 1);
+  sim.post("node-b", sim.nodes.at("node-b").engine->tick(sim.now + train_engine::client_grace + std::chrono::seconds(1)));
+  CHECK(sim.nodes.at("node-b").engine->running() == 0);
 }
