@@ -62,7 +62,9 @@ expected<void> endpoint::send(const node_id& peer, channel ch, std::vector<uint8
     connection* relay = impl->direct(route->second);
     if (!relay) return;
     // Every channel becomes an ordered message on the relay's control stream, sealed for `peer`.
-    auto box = seal_for(impl->cfg_.id, peer, relay_plain{relay_kind::message, static_cast<uint8_t>(ch), std::move(b)});
+    auto plain = impl->relay_sessions_.seal(peer, static_cast<uint8_t>(ch), std::move(b));
+    if (!plain) return;  // the session went down meanwhile
+    auto box = seal_for(impl->cfg_.id, peer, *plain);
     auto env = encode_relay({peer, std::move(box)});
     if (env.size() <= impl->cfg_.limits.relay) relay->queue_frame(frame_kind::relay_send, env);
   };

@@ -86,6 +86,7 @@ struct endpoint_counters {
   uint64_t refused_table_full = 0;     ///< max_connections reached
   uint64_t evicted = 0;           ///< half-open connections dropped to make room for another source
   uint64_t accept_timeouts = 0;   ///< inbound connections not admitted within accept_timeout
+  uint64_t relay_refused = 0;     ///< relayed messages refused: not of the open session, or replayed
 };
 
 /// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),
@@ -180,6 +181,8 @@ struct endpoint_config {
   /// stream (128) and the control stream's window (which ngtcp2 grows up to 4 x stream_window),
   /// not 128 x limits.bulk.
   uint64_t bulk_receive_budget = uint64_t{4} << 30;
+  /// Tests only: as a relay, forwards every sealed box twice (a relay replaying what it saw).
+  bool replay_relayed = false;
   /// Tests only: false plays a peer that finishes TLS and then never sends its admission proof
   /// nor reads the other side's (which must close it after handshake_timeout).
   bool send_admission_proof = true;

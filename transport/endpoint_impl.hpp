@@ -17,6 +17,7 @@
 #include "transport/connection.hpp"
 #include "transport/endpoint.hpp"
 #include "transport/inbound_gate.hpp"
+#include "transport/relay_sessions.hpp"
 #include "transport/retry.hpp"
 #include "transport/traversal.hpp"
 #include "transport/udp_socket.hpp"
@@ -95,6 +96,7 @@ class endpoint_impl final : public connection_owner {
   // connection was still being set up: they stay up, and its admission brings no second up.
   std::unordered_set<node_id> replacing_;
   std::unordered_map<node_id, node_id> relay_routes_;   // peer up through a relay -> that relay
+  relay_sessions relay_sessions_{node_id{cfg_.id.public_key()}, cfg_.mesh_secret};  // end to end, through relays
   std::unordered_map<node_id, node_id> punch_pending_;  // peer being punched -> its rendezvous
   std::vector<std::pair<uint64_t, std::function<void()>>> tasks_;  // timed actions (punch, dial)
   std::vector<uint8_t> pending_;            // bytes the socket refused (EAGAIN), sent first next time
@@ -106,6 +108,7 @@ class endpoint_impl final : public connection_owner {
   inbound_gate gate_;
   retry_secret retry_secret_{};
   uint64_t retries_sent_ = 0, accept_timeouts_ = 0;
+  uint64_t relay_refused_ = 0;  // relayed messages refused: not of the open session, or replayed
   log_limiter refusal_log_{1'000'000'000};  // refused and failed inbound attempts: a line a second
   std::array<uint8_t, 256> retry_buf_{};
   /// Logs an event a stranger can cause at line rate, at most one line a second.
@@ -193,7 +196,8 @@ class endpoint_impl final : public connection_owner {
                         r.global_full,
                         r.table_full,
                         gate_.evicted(),
-                        accept_timeouts_};
+                        accept_timeouts_,
+                        relay_refused_};
     std::lock_guard lock(view_mu_);
     counters_ = k;
   }

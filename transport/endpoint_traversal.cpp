@@ -73,6 +73,7 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
         return;
       }
       if (h_.on_relay) h_.on_relay(from, env->peer, env->box);
+      if (cfg_.replay_relayed) t->queue_relayed(from, encode_relay({from, env->box}));  // the test seam's replaying relay
       t->queue_relayed(from, encode_relay({from, std::move(env->box)}));
       return;
     }
@@ -99,6 +100,7 @@ void endpoint_impl::relay_peer_up(const node_id& peer, const node_id& relay) {
 
 void endpoint_impl::relay_peer_down(const node_id& peer, const std::string& why, bool orderly) {
   if (!relay_routes_.erase(peer)) return;
+  relay_sessions_.forget(peer);
   {
     std::lock_guard lock(view_mu_);
     up_.erase(peer);
@@ -118,7 +120,10 @@ void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {
       auto pending = punch_pending_.find(env.peer);
       if (!direct(env.peer) && (pending == punch_pending_.end() || !(pending->second == relay_id)))
         return log("refused a relay session from " + env.peer.short_string() + ": not introduced by this relay");
-      auto ack = seal_for(cfg_.id, env.peer, relay_plain{relay_kind::hello_ack, 0, {}});
+      // The peer proves the mesh secret to us, not only to the relay (relay_sessions.hpp).
+      auto answer = relay_sessions_.on_hello(env.peer, *plain);
+      if (!answer) return log_limited("refused a relay session: " + answer.error().message);
+      auto ack = seal_for(cfg_.id, env.peer, *answer);
       relay.queue_frame(frame_kind::relay_send, encode_relay({env.peer, std::move(ack)}));
       relay_peer_up(env.peer, relay_id);
       return;
@@ -126,12 +131,18 @@ void endpoint_impl::on_relay_deliver(connection& relay, relay_envelope env) {
     case relay_kind::hello_ack: {
       auto pending = punch_pending_.find(env.peer);
       if (pending == punch_pending_.end() || !(pending->second == relay_id)) return;
+      if (auto ok = relay_sessions_.on_ack(env.peer, *plain); !ok) return log_limited("refused a relay session: " + ok.error().message);
       relay_peer_up(env.peer, relay_id);
       return;
     }
     case relay_kind::message: {
       auto route = relay_routes_.find(env.peer);
       if (route == relay_routes_.end() || !(route->second == relay_id)) return;
+      // Of the open session and not seen before: a box the relay recorded and sends again is refused.
+      if (auto ok = relay_sessions_.accept(env.peer, *plain); !ok) {
+        ++relay_refused_;
+        return log_limited("dropped a relayed message: " + ok.error().message);
+      }
       // Charged to the relay's connection, which carried it: its control credit is what holds
       // the relayed sender back.
       auto receipt = relay.charge(plain->payload.size());
@@ -149,7 +160,7 @@ void endpoint_impl::start_relay(const node_id& target, const node_id& relay) {
   }
   punch_pending_[target] = relay;
   log("no direct path to " + target.short_string() + ": relaying through " + relay.short_string());
-  auto hello = seal_for(cfg_.id, target, relay_plain{relay_kind::hello, 0, {}});
+  auto hello = seal_for(cfg_.id, target, relay_sessions_.hello(target));
   r->queue_frame(frame_kind::relay_send, encode_relay({target, std::move(hello)}));
   need_write_ = true;
   schedule(now_ns() + static_cast<uint64_t>(cfg_.handshake_timeout.count()) * 1'000'000u, [this, target, relay] {

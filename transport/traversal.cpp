@@ -7,6 +7,10 @@
 
 namespace mesh::transport {
 
+namespace {
+constexpr size_t relay_header_size = 2 + sizeof(relay_nonce) + 8;  // kind, channel, session, seq
+}
+
 std::vector<uint8_t> encode_address(const socket_address& addr) {
   // Sized up front and filled with memcpy: g++ 12 -O2 warns falsely on push_back + insert here.
   socket_address a = addr.unmapped();
@@ -105,11 +109,12 @@ std::vector<uint8_t> seal_for(const identity& from, const node_id& to, const rel
   box_keys k;
   derive(k, from, to);
   if (!k.ok) return {};
-  std::vector<uint8_t> msg;
-  msg.reserve(2 + plain.payload.size());
-  msg.push_back(static_cast<uint8_t>(plain.kind));
-  msg.push_back(plain.channel);
-  msg.insert(msg.end(), plain.payload.begin(), plain.payload.end());
+  std::vector<uint8_t> msg(relay_header_size + plain.payload.size());
+  msg[0] = static_cast<uint8_t>(plain.kind);
+  msg[1] = plain.channel;
+  std::memcpy(msg.data() + 2, plain.session.data(), plain.session.size());
+  for (size_t i = 0; i < 8; ++i) msg[2 + plain.session.size() + i] = static_cast<uint8_t>(plain.seq >> (8 * i));
+  if (!plain.payload.empty()) std::memcpy(msg.data() + relay_header_size, plain.payload.data(), plain.payload.size());
   std::vector<uint8_t> out(crypto_box_NONCEBYTES + crypto_box_MACBYTES + msg.size());
   randombytes_buf(out.data(), crypto_box_NONCEBYTES);
   if (crypto_box_easy(out.data() + crypto_box_NONCEBYTES, msg.data(), msg.size(), out.data(), k.peer_pk.data(),
@@ -120,7 +125,7 @@ std::vector<uint8_t> seal_for(const identity& from, const node_id& to, const rel
 
 expected<relay_plain> open_from(const identity& to, const node_id& from, std::span<const uint8_t> box) {
   if (sodium_init() < 0) return make_error(error_code::internal, "libsodium failed to initialise");
-  if (box.size() < crypto_box_NONCEBYTES + crypto_box_MACBYTES + 2)
+  if (box.size() < crypto_box_NONCEBYTES + crypto_box_MACBYTES + relay_header_size)
     return make_error(error_code::decode_error, "sealed relay box too short");
   box_keys k;
   derive(k, to, from);
@@ -135,7 +140,9 @@ expected<relay_plain> open_from(const identity& to, const node_id& from, std::sp
   if (msg[0] < 1 || msg[0] > 3 || msg[1] > 2) return make_error(error_code::decode_error, "relay box: bad header");
   p.kind = static_cast<relay_kind>(msg[0]);
   p.channel = msg[1];
-  p.payload.assign(msg.begin() + 2, msg.end());
+  std::memcpy(p.session.data(), msg.data() + 2, p.session.size());
+  for (size_t i = 0; i < 8; ++i) p.seq |= static_cast<uint64_t>(msg[2 + p.session.size() + i]) << (8 * i);
+  p.payload.assign(msg.begin() + relay_header_size, msg.end());
   return p;
 }
 

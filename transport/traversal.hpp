@@ -34,11 +34,15 @@ struct relay_envelope {
 std::vector<uint8_t> encode_relay(const relay_envelope& e);
 expected<relay_envelope> decode_relay(std::span<const uint8_t> bytes);
 
-/// What a sealed box carries.
+/// What a sealed box carries: `kind:u8 | channel:u8 | session (16) | seq:u64 LE | payload`.
+/// The session and sequence number (relay_sessions.hpp) make a recorded box useless to replay.
 enum class relay_kind : uint8_t { hello = 1, hello_ack = 2, message = 3 };
+using relay_nonce = std::array<uint8_t, 16>;
 struct relay_plain {
   relay_kind kind = relay_kind::message;
   uint8_t channel = 0;
+  relay_nonce session{};  ///< hello: the opener's nonce; hello_ack: echoes it; message: the session id
+  uint64_t seq = 0;       ///< message: 1, 2, ... per direction of a session
   std::vector<uint8_t> payload;
 };
 

@@ -14,3 +14,7 @@ mesh_add_fuzzer(fuzz_join_token SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_join_to
 # transport: what a stranger's first datagram meets (Initial header, Retry token, inbound gate).
 mesh_add_fuzzer(fuzz_inbound_initial SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_inbound_initial.cpp
                 LIBS mesh_transport PkgConfig::FUZZ_QUIC)
+# transport: NAT traversal payloads (addresses, punch targets, relay envelopes, sealed boxes)
+# and the relay sessions that refuse replayed boxes and hellos without the mesh secret.
+mesh_add_fuzzer(fuzz_traversal SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/fuzz_traversal.cpp
+                LIBS mesh_transport)

@@ -206,12 +206,17 @@ TEST_CASE("traversal frames round-trip and reject garbage", "[transport][nat]") 
 TEST_CASE("relayed boxes open only for their addressee", "[transport][nat]") {
   auto x = identity::generate(), y = identity::generate(), relay = identity::generate();
   std::vector<uint8_t> secret_payload{'t', 'o', 'p', 's', 'e', 'c', 'r', 'e', 't'};
-  auto box = seal_for(x, y.id(), relay_plain{relay_kind::message, 1, secret_payload});
+  relay_plain plain;
+  plain.channel = 1;
+  plain.seq = 5;
+  plain.payload = secret_payload;
+  auto box = seal_for(x, y.id(), plain);
   CHECK_FALSE(contains(box, secret_payload));
   auto opened = open_from(y, x.id(), box);
   REQUIRE(opened);
   CHECK(opened->payload == secret_payload);
   CHECK(opened->channel == 1);
+  CHECK(opened->seq == 5);
   CHECK_FALSE(open_from(relay, x.id(), box));   // the relay cannot read it
   CHECK_FALSE(open_from(y, relay.id(), box));   // nor pass off its own box as x's
   box[40] ^= 1;
@@ -279,6 +284,38 @@ TEST_CASE("a symmetric NAT falls back to a relay that cannot read the payload", 
     // The relay's own key opens nothing it forwarded.
     CHECK_FALSE(open_from(identity::generate(), m.h1.ep->id(), box));
   }
+}
+
+TEST_CASE("a relay that replays every box it forwards gets nothing delivered twice", "[transport][nat][netns][security]") {
+  auto tp = make_topology(true);
+  if (!tp) return;
+  topology& t = *tp;
+  mesh3 m(t, [](endpoint_config& c) { c.replay_relayed = true; });
+  REQUIRE(m.ready());
+  m.join();
+  m.link_hosts();
+  auto st = m.h1.ep->stats(m.h2.ep->id());
+  REQUIRE(st);
+  CHECK(st->relayed);
+  const size_t count = 20;
+  for (size_t i = 0; i < count; ++i) {
+    REQUIRE(m.h1.ep->send(m.h2.ep->id(), channel::control, std::vector<uint8_t>{static_cast<uint8_t>(i)}));
+    REQUIRE(m.h2.ep->send(m.h1.ep->id(), channel::bulk, std::vector<uint8_t>(1000, static_cast<uint8_t>(i))));
+  }
+  REQUIRE(m.h2.log.wait([&] { return m.h2.log.messages.size() >= count; }, 10s));
+  REQUIRE(m.h1.log.wait([&] { return m.h1.log.messages.size() >= count; }, 10s));
+  std::this_thread::sleep_for(1s);  // the replayed copies arrive right behind the originals
+  {
+    std::lock_guard l(m.h2.log.mu);
+    REQUIRE(m.h2.log.messages.size() == count);
+    for (size_t i = 0; i < count; ++i) CHECK(m.h2.log.messages[i].bytes == std::vector<uint8_t>{static_cast<uint8_t>(i)});
+  }
+  {
+    std::lock_guard l(m.h1.log.mu);
+    REQUIRE(m.h1.log.messages.size() == count);
+  }
+  CHECK(m.h1.ep->counters().relay_refused >= count);
+  CHECK(m.h2.ep->counters().relay_refused >= count);
 }
 
 TEST_CASE("5% loss and 50 ms delay still deliver everything", "[transport][nat][netns]") {
