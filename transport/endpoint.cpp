@@ -111,6 +111,7 @@ void endpoint::connect_via(const node_id& target, const node_id& rendezvous) {
         impl->h_.on_connect_failed(target, "", "rendezvous " + rendezvous.short_string() + " is not connected");
       return;
     }
+    impl->asked_introductions_[target] = now_ns();  // its punch frame is one we asked for
     r->queue_frame(frame_kind::introduce, std::span<const uint8_t>(target.key.data(), target.key.size()));
   });
 }

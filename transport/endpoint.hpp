@@ -87,6 +87,7 @@ struct endpoint_counters {
   uint64_t evicted = 0;           ///< half-open connections dropped to make room for another source
   uint64_t accept_timeouts = 0;   ///< inbound connections not admitted within accept_timeout
   uint64_t relay_refused = 0;     ///< relayed messages refused: not of the open session, or replayed
+  uint64_t punches_refused = 0;   ///< punch and introduce frames past their bounds (hole-punch reflection)
 };
 
 /// Callbacks, all invoked on the endpoint's I/O thread: they must only hand work off (queue it),

@@ -394,6 +394,8 @@ void endpoint_impl::reap() {
       } else if (c->up_reported) {
         node_id id = *c->peer();
         by_peer_.erase(id);
+        last_unsolicited_punch_.erase(id);  // the rate limits' memory goes with the peer
+        last_introduction_.erase(id);
         {
           std::lock_guard lock(view_mu_);
           up_.erase(id);

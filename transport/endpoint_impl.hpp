@@ -98,6 +98,14 @@ class endpoint_impl final : public connection_owner {
   std::unordered_map<node_id, node_id> relay_routes_;   // peer up through a relay -> that relay
   relay_sessions relay_sessions_{node_id{cfg_.id.public_key()}, cfg_.mesh_secret};  // end to end, through relays
   std::unordered_map<node_id, node_id> punch_pending_;  // peer being punched -> its rendezvous
+  // Hole punching on a member's word, bounded (endpoint_traversal.cpp): punch frames make this
+  // node send packets to, and dial, an address the rendezvous names.
+  static constexpr size_t max_punch_sessions = 16;          // punch_pending_ entries at once
+  static constexpr uint64_t punch_interval_ns = 1'000'000'000;  // unsolicited punches per rendezvous, introductions per requester
+  std::unordered_map<node_id, uint64_t> asked_introductions_;  // target -> when connect_via asked a rendezvous
+  std::unordered_map<node_id, uint64_t> last_unsolicited_punch_;  // rendezvous -> its last punch we did not ask for
+  std::unordered_map<node_id, uint64_t> last_introduction_;       // requester -> its last introduce (we are the rendezvous)
+  uint64_t punches_refused_ = 0;
   std::vector<std::pair<uint64_t, std::function<void()>>> tasks_;  // timed actions (punch, dial)
   std::vector<uint8_t> pending_;            // bytes the socket refused (EAGAIN), sent first next time
   socket_address pending_to_;
@@ -197,7 +205,8 @@ class endpoint_impl final : public connection_owner {
                         r.table_full,
                         gate_.evicted(),
                         accept_timeouts_,
-                        relay_refused_};
+                        relay_refused_,
+                        punches_refused_};
     std::lock_guard lock(view_mu_);
     counters_ = k;
   }

@@ -29,6 +29,14 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
       if (!target) return log("peer " + from.short_string() + " sent a malformed introduce frame");
       connection* t = direct(*target);
       if (!t) return log("cannot introduce " + from.short_string() + " to " + target->short_string() + ": not connected");
+      // Each introduction makes the target punch and dial: one a second per requester.
+      const uint64_t now = now_ns();
+      auto& last = last_introduction_[from];
+      if (last != 0 && now - last < punch_interval_ns) {
+        ++punches_refused_;
+        return log_limited("refused an introduction for " + from.short_string() + ": more than one a second");
+      }
+      last = now;
       c.queue_frame(frame_kind::punch, encode_peer_address({*target, t->remote()}));
       t->queue_frame(frame_kind::punch, encode_peer_address({from, c.remote()}));
       return;
@@ -37,8 +45,28 @@ void endpoint_impl::on_traversal_frame(connection& c, frame f) {
       auto p = decode_peer_address(f.payload);
       if (!p) return log("peer " + from.short_string() + " sent a malformed punch frame");
       if (direct(p->id) || p->id == node_id{cfg_.id.public_key()}) return;
-      punch_pending_[p->id] = from;
+      // A punch sends packets to, and may dial, whatever address the rendezvous names: bounded so
+      // that a member cannot use this node to reflect traffic at a third party. One session per
+      // target at a time, at most max_punch_sessions at once, and a punch this node did not ask
+      // for (connect_via) at most once a second per rendezvous.
       uint64_t now = now_ns();
+      if (punch_pending_.count(p->id)) return;
+      const uint64_t expiry = 3 * static_cast<uint64_t>(cfg_.handshake_timeout.count()) * 1'000'000u;
+      std::erase_if(asked_introductions_, [&](const auto& kv) { return now - kv.second > expiry; });
+      const bool asked = asked_introductions_.erase(p->id) > 0;
+      if (!asked) {
+        auto& last = last_unsolicited_punch_[from];
+        if (last != 0 && now - last < punch_interval_ns) {
+          ++punches_refused_;
+          return log_limited("refused a punch from " + from.short_string() + ": more than one unasked punch a second");
+        }
+        last = now;
+      }
+      if (punch_pending_.size() >= max_punch_sessions) {
+        ++punches_refused_;
+        return log_limited("refused a punch from " + from.short_string() + ": " + std::to_string(max_punch_sessions) + " punch sessions under way");
+      }
+      punch_pending_[p->id] = from;
       // A burst, then a back-off: the peer's punch frame may arrive later than ours, and its
       // mapping towards us only opens when its own punch packets leave.
       for (uint64_t ms : {0u, 10u, 20u, 40u, 80u, 160u, 320u, 640u}) {

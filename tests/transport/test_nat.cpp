@@ -223,6 +223,38 @@ TEST_CASE("relayed boxes open only for their addressee", "[transport][nat]") {
   CHECK_FALSE(open_from(y, x.id(), box));       // nor tamper with it
 }
 
+TEST_CASE("punch and introduce frames are rate-limited: a member cannot reflect traffic through a node", "[transport][nat][security]") {
+  // A rendezvous a, a target c, and 12 requesters, all connected to a. Each requester asks a to
+  // introduce it to c at once: c is told to punch (send packets to, and dial) 12 addresses in
+  // well under a second, and takes one; one requester asking 10 times gets one introduction.
+  node a(nat_config()), c(nat_config());
+  REQUIRE(a.ep);
+  REQUIRE(c.ep);
+  c.ep->dial(a.ep->id(), {a.address()});
+  REQUIRE(a.log.wait([&] { return a.log.up.size() == 1; }));
+  std::vector<std::unique_ptr<node>> requesters;
+  for (int i = 0; i < 12; ++i) {
+    requesters.push_back(std::make_unique<node>(nat_config()));
+    REQUIRE(requesters.back()->ep);
+    requesters.back()->ep->dial(a.ep->id(), {a.address()});
+  }
+  REQUIRE(a.log.wait([&] { return a.log.up.size() == 13; }, 20s));
+  for (auto& r : requesters) REQUIRE(r->log.wait([&] { return !r->log.up.empty(); }));
+  for (auto& r : requesters) r->ep->connect_via(c.ep->id(), a.ep->id());
+  for (int i = 0; i < 10; ++i) requesters[0]->ep->connect_via(c.ep->id(), a.ep->id());
+  for (int i = 0; i < 100 && (c.ep->counters().punches_refused < 10 || a.ep->counters().punches_refused < 9); ++i) std::this_thread::sleep_for(50ms);
+  INFO("refused by the target " << c.ep->counters().punches_refused << ", by the rendezvous " << a.ep->counters().punches_refused);
+  CHECK(c.ep->counters().punches_refused >= 10);  // 11 unasked punches within a second (a few may fall a second apart)
+  CHECK(c.ep->counters().punches_refused <= 11);
+  CHECK(a.ep->counters().punches_refused >= 9);   // requester 0's repeats within a second
+  // The one accepted punch still connects its two nodes (loopback: directly).
+  std::this_thread::sleep_for(500ms);
+  size_t connected = 0;
+  for (auto& r : requesters) connected += r->ep->connected(c.ep->id());
+  CHECK(connected >= 1);
+  CHECK(a.ep->connected(c.ep->id()));
+}
+
 TEST_CASE("a peer reports the address it observes", "[transport][nat]") {
   node a, b;
   b.ep->dial(a.ep->id(), {a.address()});
