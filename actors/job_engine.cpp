@@ -27,6 +27,7 @@ constexpr size_t max_finished_jobs = 100;        // kept for status
 constexpr size_t max_cached_fragments = 256;     // worker side, inference sessions
 constexpr size_t max_cancelled_jobs = 4096;      // cancelled jobs remembered (to ignore late stages)
 constexpr uint32_t max_call_attempts = 4;        // a session call relaunched for evicted fragments
+constexpr size_t max_waiting_per_coordinator = 256;  // stages one coordinator may leave waiting here
 
 std::string resident_key_of(const node_id& coordinator, uint64_t cache, uint32_t stage) {
   return coordinator.to_string() + "/" + std::to_string(cache) + "/" + std::to_string(stage);
@@ -601,6 +602,16 @@ std::vector<outbound> job_engine::on_run_stage(const node_id& from, const msg::r
     return std::vector<outbound>{{r.coordinator, d}};
   };
   if (from != r.coordinator) return {};  // only the coordinator itself may hand out its stages
+  // A stage waits here for its activations; a member that hands out stages whose activations
+  // never come must not fill this node with them.
+  size_t waiting_from = 0;
+  for (const auto& [k, w] : waiting_) waiting_from += std::get<0>(k) == from;
+  if (waiting_from >= max_waiting_per_coordinator) {
+    refused_.push_back({from, "run_stage", "stage " + std::to_string(r.stage) + " of job " + std::to_string(r.job) + ": " +
+                                               std::to_string(max_waiting_per_coordinator) + " stages of this coordinator already wait here"});
+    return fail(error_code::limit_exceeded, "node " + self_.short_string() + " already holds " + std::to_string(max_waiting_per_coordinator) +
+                                                " waiting stages of this coordinator");
+  }
   waiting_stage ws;
   ws.task.coordinator = r.coordinator;
   ws.task.job = r.job;

@@ -369,9 +369,18 @@ std::vector<outbound> train_engine::peer_dead(const node_id& id, clock::time_poi
     }
     ++it;
   }
-  size_t orphans = 0;
-  for (auto it = worker_.begin(); it != worker_.end();)  // the bound: the first ones found go
-    it = it->second->orphaned && ++orphans > max_orphans ? end_run(it) : std::next(it);
+  // The bound: while there are too many, an orphan of the dead coordinator with the most goes, so
+  // a member that set up many runs of its own and left loses its own before an honest one.
+  for (;;) {
+    std::map<node_id, size_t> per_coordinator;
+    size_t orphans = 0;
+    for (const auto& [k, w] : worker_)
+      if (w->orphaned) ++per_coordinator[k.first], ++orphans;
+    if (orphans <= max_orphans) break;
+    const auto most = std::max_element(per_coordinator.begin(), per_coordinator.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    auto victim = std::find_if(worker_.begin(), worker_.end(), [&](const auto& kv) { return kv.second->orphaned && kv.first.first == most->first; });
+    end_run(victim);
+  }
   // Coordinator side.
   for (auto& [rid, cp] : coordinated_) {
     coord_run& c = *cp;

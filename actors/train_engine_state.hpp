@@ -21,6 +21,7 @@ inline constexpr size_t max_refused_runs = 64;     // runs whose setup this node
 inline constexpr int ring_pieces = 4;              // pieces per chunk: pipelining within a round
 inline constexpr int max_failures = 3;             // of one worker in one run, before it is left out
 inline constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
+inline constexpr size_t max_runs_per_coordinator = 8;  // live runs one coordinator may set up on a node
 
 inline uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) | (attempt & 0xffffu); }
 

@@ -132,6 +132,15 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
       if (c->state == job_state::running && c->client == s.client && c->client_train == s.client_train && c->takeover.generation > generation)
         return refuse_setup({error_code::invalid_argument, "setup refused: this node took this run over"});
   }
+  // Each run holds its state on this node's device: one coordinator may keep only so many here.
+  size_t live = 0;
+  for (const auto& [k, run] : worker_) live += k.first == from && k != key && !run->orphaned && !run->finished_at;
+  if (live >= max_runs_per_coordinator) {
+    note_refusal(from, "train_setup", "training " + std::to_string(s.train) + ": " + std::to_string(max_runs_per_coordinator) +
+                                          " runs of this coordinator already live on this node");
+    return refuse_setup({error_code::limit_exceeded, "setup refused: node " + self_.short_string() + " already holds " +
+                                                         std::to_string(max_runs_per_coordinator) + " runs of this coordinator"});
+  }
   auto graphs = check_train_spec(s.spec, false);
   if (!graphs) return refuse_setup({graphs.error().code, "setup refused: " + graphs.error().message});
   refused_.erase(key);

@@ -696,3 +696,40 @@ TEST_CASE("a benched node gets stages again after the bench time", "[actors][job
   check_outputs(sim.results[1], m);
   CHECK(std::find(sim.results[1].workers.begin(), sim.results[1].workers.end(), test::named("b")) != sim.results[1].workers.end());
 }
+
+TEST_CASE("stages one coordinator leaves waiting on a worker are bounded; another coordinator's still run", "[actors][jobs][security]") {
+  // Coordinator m hands worker w stages whose activations never come: the 257th is refused at
+  // once (limit_exceeded, to m, and counted), and an honest coordinator's stage still runs.
+  builder b;
+  auto x = b.input("cut.1", dtype::f32, {2});
+  b.output("y", x * 2.0);
+  const graph g = *b.finish();
+  const node_id m = test::named("m"), p = test::named("p"), c = test::named("c");
+  job_engine w(test::named("w"), {"w", 1e-6, 1e3, 1e3, int64_t{1} << 30});
+  for (uint64_t job = 1; job <= 256; ++job) {
+    msg::run_stage r{job, 1, 1, m, graph_payload(wire_graph{g, {}}), {{"cut.1", p}}, {}, 0, {}};
+    auto out = w.on_message(m, r, {});
+    REQUIRE(out.size() == 1);
+    REQUIRE(std::holds_alternative<msg::stage_accepted>(out[0].m));
+  }
+  CHECK(w.running_stages() == 256);
+  msg::run_stage over{257, 1, 1, m, graph_payload(wire_graph{g, {}}), {{"cut.1", p}}, {}, 0, {}};
+  auto out = w.on_message(m, over, {});
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].to == m);
+  const auto* done = std::get_if<msg::stage_done>(&out[0].m);
+  REQUIRE(done);
+  CHECK(done->code == error_code::limit_exceeded);
+  CHECK_THAT(done->error, Catch::Contains("256 waiting stages of this coordinator"));
+  auto refused = w.take_refused();
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0].from == m);
+  CHECK(w.running_stages() == 256);
+  // Another coordinator is not held to m's count.
+  msg::run_stage honest{9, 1, 1, c, graph_payload(wire_graph{g, {}}), {{"cut.1", p}}, {}, 0, {}};
+  out = w.on_message(c, honest, {});
+  REQUIRE(out.size() == 1);
+  CHECK(std::holds_alternative<msg::stage_accepted>(out[0].m));
+  CHECK(w.on_message(p, msg::activation{c, 9, 1, 1, {"cut.1", tensor::from_values(dtype::f32, {2}, {1, 2})}}, {}).empty());
+  CHECK(w.take_ready().size() == 1);
+}

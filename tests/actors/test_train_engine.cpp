@@ -1180,3 +1180,40 @@ TEST_CASE("a finished run's parts on the other members go after the client's gra
   sim.post("node-b", sim.nodes.at("node-b").engine->tick(sim.now + train_engine::client_grace + std::chrono::seconds(1)));
   CHECK(sim.nodes.at("node-b").engine->running() == 0);
 }
+
+TEST_CASE("a member's own runs are bounded on each node, and its orphans go before an honest one", "[actors][train][security]") {
+  // "mallory" (a member whose id sorts before node-a's) sets up runs of its own on node-b and
+  // node-c naming the honest client, then leaves; later the honest run's coordinator dies too.
+  // Each node keeps at most 8 live runs of one coordinator, and when orphans are too many the
+  // coordinator with the most loses its own first: the honest run can still be resumed.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  REQUIRE(test::named("mallory") < test::named("node-a"));
+  bool sent = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (t.progress.size() == 3 && !sent) {
+      sent = true;
+      for (const char* node : {"node-b", "node-c"})
+        for (uint64_t run = 1; run <= 9; ++run)
+          t.send("mallory", {{node, msg::train_setup{run, setup_spec(spec), client_id(), 1, {}}}});
+    }
+    if (t.progress.size() == 5 && !t.dead.count("mallory")) t.kill("mallory");
+    if (t.progress.size() == 7 && !t.dead.count("node-a")) {
+      t.kill("node-a");
+      t.send("client", {{"node-c", resume(1, "node-a", "node-c", spec.dataset)}});
+    }
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  // The ninth setup on each node was refused and counted against mallory.
+  int over = 0;
+  for (const auto& [node, ref] : sim.refused)
+    if (ref.from == test::named("mallory") && ref.kind == "train_setup" && ref.why.find("runs of this coordinator") != std::string::npos) ++over;
+  CHECK(over == 2);
+}
