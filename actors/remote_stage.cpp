@@ -1,5 +1,7 @@
 #include "actors/remote_stage.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace mesh::generation {
@@ -134,13 +136,29 @@ expected<std::vector<float>> remote_stage::call_step(msg::stage_step s, std::spa
       return make_error(error_code::invalid_argument, fmt::format("{} values are not whole rows of {}", n, hidden_size_));
     s.input = tensor::from_floats({n / hidden_size_, hidden_size_}, std::vector<float>(hidden.begin(), hidden.end()));
   }
-  auto reply = calls_->call(peer_, std::move(s), timeouts_.step);
+  const int64_t rows = std::max<int64_t>(1, s.input.dims.empty() ? 1 : s.input.dims[0]);
+  const auto started = std::chrono::steady_clock::now();
+  auto reply = calls_->call(peer_, std::move(s), step_deadline(rows));
   if (!reply) return tl::unexpected(reply.error());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  per_row_.push_back(took / static_cast<double>(rows));
+  if (per_row_.size() > 16) per_row_.pop_front();
+  ++answered_;
   if (!reply->ok) return make_error(reply->code, reply->error);
   if (reply->output.type != dtype::f32)
     return make_error(error_code::decode_error, fmt::format("node {} answered a step with {} values, not f32", peer_.short_string(),
                                                             to_string(reply->output.type)));
   return reply->output.to_floats();
+}
+
+std::chrono::milliseconds remote_stage::step_deadline(int64_t rows) const {
+  // The first steps compile the stage's programs and read its first prompt: no measure yet.
+  if (answered_ < 4) return timeouts_.step;
+  double longest = 0;
+  for (double x : per_row_) longest = std::max(longest, x);
+  const double ms = timeouts_.factor * longest * static_cast<double>(rows) * 1e3;
+  const auto measured = std::chrono::milliseconds(static_cast<int64_t>(std::min(ms, 1e12)));
+  return std::clamp(measured, timeouts_.floor, std::max(timeouts_.floor, timeouts_.step));
 }
 
 }  // namespace mesh::generation

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -63,9 +64,15 @@ class stage_calls {
 };
 
 /// Timeouts of calls to stage peers. Loading reads a whole range of a checkpoint on the peer.
+/// A step waits `step` until the stage has answered a few; from then on `factor` times the
+/// longest time per row of its recent steps, times the step's rows, between `floor` and `step`:
+/// a stage node that stays connected but stops answering (a hung device) is failed over in
+/// seconds once its speed is known, not minutes.
 struct remote_stage_timeouts {
   std::chrono::milliseconds open{std::chrono::minutes(10)};
   std::chrono::milliseconds step{std::chrono::minutes(2)};
+  double factor = 20;
+  std::chrono::milliseconds floor{std::chrono::seconds(10)};
 };
 
 /// A stage on a peer, as a pipeline link. Closing it (the destructor) tells the peer to drop it.
@@ -95,6 +102,11 @@ class remote_stage final : public models::stage_link {
   uint64_t stage_ = 0;
   int64_t hidden_size_ = 0;
   remote_stage_timeouts timeouts_;
+  /// Seconds per row of the last steps answered (at most 16; the first few include compiling).
+  std::deque<double> per_row_;
+  size_t answered_ = 0;
+  /// How long a step of `rows` rows may take (remote_stage_timeouts).
+  std::chrono::milliseconds step_deadline(int64_t rows) const;
 };
 
 }  // namespace mesh::generation

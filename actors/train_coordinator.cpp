@@ -195,6 +195,7 @@ std::vector<outbound> train_engine::on_reduced(const node_id& from, const msg::t
     // and set it up again at the next boundary unless it keeps failing.
     c.members.erase(std::find(c.members.begin(), c.members.end(), from));
     c.shards_sent.erase(from);  // its run is gone there
+    c.proven.erase(from);
     if (++c.failures[from] < max_failures && peers_.count(from)) c.newcomers.insert(from);
     if (from == self_) return fail_run(r.train, c, r.code, "the coordinating node failed a step: " + r.error);
     return issue_step(r.train, c);
@@ -397,6 +398,7 @@ std::vector<outbound> train_engine::peer_dead(const node_id& id, clock::time_poi
     if (m == c.members.end()) continue;
     c.members.erase(m);
     c.shards_sent.erase(id);
+    c.proven.erase(id);  // if it comes back, its first step compiles again
     // A step the dead node took part in is redone; nothing of it was applied anywhere.
     if (c.ph == coord_run::phase::stepping && std::find(c.ring.begin(), c.ring.end(), id) != c.ring.end()) {
       auto more = issue_step(rid, c);
@@ -429,7 +431,9 @@ std::vector<outbound> train_engine::tick(clock::time_point now) {
 }
 
 train_engine::clock::duration train_engine::step_deadline(const coord_run& c) const {
-  for (const auto& m : c.ring)
+  // A member computing its first step of the run compiles the graphs and uploads the state.
+  // Once every member is ready only the all-reduce is left, which the measured steps cover.
+  for (const auto& m : c.unready)
     if (!c.proven.count(m)) return deadlines_.first;
   double longest = 0;
   for (double s : c.step_seconds) longest = std::max(longest, s);
@@ -446,8 +450,31 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
   std::vector<outbound> out;
   if (late.empty() && !c.unready.empty()) return out;  // only our own worker is not ready: wait for it
   if (late.empty()) {
-    // Every member computed its gradients and the round stalled. Nobody can be blamed from here:
-    // redo the step once with the same ring; if that stalls too, the run cannot go on.
+    // Every member computed its gradients and the round stalled. A member new to the run may not
+    // be connected to its ring neighbours yet (it said hello to this node only; the others learn
+    // of it by peer exchange): it goes back to the newcomers, to be set up again at the next step
+    // boundary (at most max_failures times), and the step is redone without it.
+    std::vector<node_id> fresh;
+    for (const auto& m : c.ring)
+      if (m != self_ && !c.proven.count(m)) fresh.push_back(m);
+    if (!fresh.empty()) {
+      for (const auto& m : fresh) {
+        c.members.erase(std::find(c.members.begin(), c.members.end(), m));
+        c.shards_sent.erase(m);
+        if (++c.failures[m] < max_failures && peers_.count(m)) c.newcomers.insert(m);
+        msg::train_step stop;
+        stop.train = id;
+        stop.stop = true;
+        out.push_back({m, stop});
+        notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) +
+                           " ms); redoing it without " + m.short_string() + ", new to the run, which joins again at the next step boundary");
+      }
+      auto more = issue_step(id, c);
+      out.insert(out.end(), more.begin(), more.end());
+      return out;
+    }
+    // Nobody can be blamed from here: redo the step once with the same ring; if that stalls
+    // too, the run cannot go on.
     if (c.stalled_step == c.step)
       return fail_run(id, c, error_code::timeout, "the all-reduce of " + step + " stalled twice after every member was ready (" + std::to_string(waited) + " ms)");
     c.stalled_step = c.step;

@@ -55,6 +55,7 @@ struct sim_mesh {
   std::map<node_id, std::unique_ptr<generation::stage_host>> hosts;
   std::mutex m;
   std::set<node_id> cut;
+  std::set<node_id> silent;  ///< still connected (sends succeed) but never answering: a hung node
   std::atomic<int> undecodable{0};
   std::atomic<int> logit_replies{0};  ///< step replies that are not hidden rows [rows, hidden_size]
   int64_t hidden_size = 64;
@@ -64,6 +65,7 @@ struct sim_mesh {
       {
         std::lock_guard<std::mutex> lock(m);
         if (cut.count(to)) return false;
+        if (silent.count(to)) return true;  // connected, and never answers
       }
       auto in = carried(out);
       if (!in) return ++undecodable, true;
@@ -96,6 +98,10 @@ struct sim_mesh {
   void kill(const node_id& p) {
     std::lock_guard<std::mutex> lock(m);
     cut.insert(p);
+  }
+  void hang(const node_id& p) {
+    std::lock_guard<std::mutex> lock(m);
+    silent.insert(p);
   }
   size_t held(const node_id& p) { return hosts.at(p)->stages(); }
 };
@@ -286,6 +292,32 @@ TEST_CASE("a stage node that dies mid-generation moves its layers to the survivo
   REQUIRE(again);
   CHECK(again->text == undisturbed->text);
   CHECK(f.mesh.undecodable == 0);
+}
+
+TEST_CASE("a stage node that stays connected but stops answering is failed over at its measured deadline", "[generation][split][failover]") {
+  // The step timeout is a minute; p2's steps take milliseconds here, so once a few are measured
+  // its deadline is the floor (1 s), and a p2 that hangs after the 12th token costs about that.
+  const node_id p1 = test::named("p1"), p2 = test::named("p2");
+  split_fixture f({p1, p2}, 6, models::tensor_type::q8_0);
+  REQUIRE(f.host->load(f.model("whole")));
+  serving::local_model_options o = f.model("split");
+  generation::remote_stage_timeouts waits = short_waits;
+  waits.floor = 1s;
+  o.split = generation::make_split_builder(f.mesh.calls, f.mesh.srv, {{f.mesh.srv, f.gb, 10}, {p1, f.gb, 10}, {p2, f.gb, 10}}, f.path.string(), waits);
+  REQUIRE(f.host->load(o));
+  auto undisturbed = run_long(*f.host, "whole", 40);
+  REQUIRE(undisturbed);
+  const auto started = std::chrono::steady_clock::now();
+  auto r = run_long(*f.host, "split", 40, [&](int64_t n) {
+    if (n == 12) f.mesh.hang(p2);
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  INFO((r ? std::string() : r.error().message));
+  REQUIRE(r);
+  CHECK(r->text == undisturbed->text);
+  CHECK(took < 30.0);  // not the minute of the step timeout
+  const auto stages = stage_nodes_of(*f.host, "split");
+  CHECK(std::find(stages.begin(), stages.end(), p2.to_string()) == stages.end());
 }
 
 /// A request for `model` as the batching test sends it: its own prompt and seed.

@@ -1217,3 +1217,32 @@ TEST_CASE("a member's own runs are bounded on each node, and its orphans go befo
     if (ref.from == test::named("mallory") && ref.kind == "train_setup" && ref.why.find("runs of this coordinator") != std::string::npos) ++over;
   CHECK(over == 2);
 }
+
+TEST_CASE("a newcomer whose pieces do not get through yet is set up again later, and the run goes on", "[actors][train][security]") {
+  // node-c joins after 5 steps, but its all-reduce pieces go nowhere for a while (it is not yet
+  // connected to its ring neighbours): its first step stalls with every member ready. It goes
+  // back to the newcomers and the step is redone without it; once its pieces get through it is
+  // set up again and trains. The result equals one node's.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(40));
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(2);
+  sim.idle_step = std::chrono::milliseconds(500);
+  bool joined = false;
+  sim.on_tick = [&](train_sim& t) {
+    if (!joined && t.progress.size() == 5) {
+      joined = true;
+      t.add("node-c");
+      t.mute.insert("node-c");
+    }
+    if (t.progress.size() == 8) t.mute.clear();
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 40.0);
+  CHECK(sim.progress.back().peers == 3);
+  CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("node-c")) != r.workers.end());
+}

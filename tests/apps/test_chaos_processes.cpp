@@ -137,6 +137,8 @@ TEST_CASE("chaos: a worker killed with SIGKILL and restarted, twice: the run end
       rounds.push_back({steady::now()});
     }
   });
+  if (!r)  // what the nodes said, for the failure's message
+    for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) UNSCOPED_INFO(n->log());
   check_like_one_node(r, steps, reference);
   REQUIRE(rounds.size() == 2);
   for (size_t k = 0; k < rounds.size(); ++k) {
