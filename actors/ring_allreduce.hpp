@@ -10,6 +10,7 @@
 /// A round is all or nothing: result() exists only when done(); a membership change aborts the
 /// round (drop the object) and the caller starts a new round over the new ring with its original
 /// data, so nothing is half applied. Messages carry the round id; stale ones are rejected.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -50,6 +51,9 @@ class ring_allreduce {
   /// The sum over all ranks (valid only when done()).
   const std::vector<float>& result() const { return data_; }
   uint64_t round() const { return round_; }
+  /// Messages taken from the predecessor so far (a stalled round's coordinator asks: the member
+  /// after a silent one has taken the fewest).
+  uint32_t taken() const { return static_cast<uint32_t>(std::count(seen_.begin(), seen_.end(), true)); }
   /// Bytes this rank sends in a whole round (for benchmarks: 2(n-1)/n of the buffer, per rank).
   uint64_t bytes_sent() const { return bytes_sent_; }
 

@@ -45,6 +45,10 @@ std::vector<outbound> train_engine::on_go(const node_id& from, const msg::ring_g
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
   if (w.orphaned || !w.round || g.step != w.step || g.attempt != w.attempt) return {};
+  if (g.probe) {
+    msg::train_ready answer{g.train, g.step, g.attempt, true, w.round->taken()};
+    return {{from, answer}};
+  }
   w.go = true;
   return start_round(w);
 }

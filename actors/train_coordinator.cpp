@@ -112,6 +112,8 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   const size_t k = s.micro_batches;
   c.ph = coord_run::phase::stepping;
   c.step_issued = now_;
+  c.probing = false;
+  c.pieces_taken.clear();
   // Every member is in the ring, also one with no micro-batch this step (more workers than
   // micro-batches): it adds zeros, and it holds the result it must commit like the others.
   c.ring = c.members;
@@ -213,6 +215,10 @@ std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::tra
   coord_run& c = *it->second;
   if (c.state == job_state::running && r.step == c.step && r.attempt == c.attempt && !in_ring(c, from)) {
     note_refusal(from, "train_ready", "step " + std::to_string(r.step) + " of training " + std::to_string(r.train) + ": the sender is not in the step's ring");
+    return {};
+  }
+  if (r.probe) {  // an answer to a stalled round's probe: tick() decides (step_overdue)
+    if (c.probing && r.step == c.step && r.attempt == c.attempt) c.pieces_taken[from] = r.pieces_taken;
     return {};
   }
   if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.unready.erase(from) ||
@@ -473,8 +479,54 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
       out.insert(out.end(), more.begin(), more.end());
       return out;
     }
-    // Nobody can be blamed from here: redo the step once with the same ring; if that stalls
-    // too, the run cannot go on.
+    // Which member stalled the round? Every member is asked how many pieces its round took from
+    // its predecessor: a member that does not answer is the culprit, and otherwise the member
+    // after a silent one has taken the fewest (pieces start flowing from every member at once).
+    if (!c.probing) {
+      c.probing = true;
+      c.probe_sent = now_;
+      c.pieces_taken.clear();
+      for (const auto& m : c.ring) out.push_back({m, msg::ring_go{id, c.step, c.attempt, true}});
+      return out;
+    }
+    const bool all_answered = std::all_of(c.ring.begin(), c.ring.end(), [&](const node_id& m) { return c.pieces_taken.count(m) > 0; });
+    if (!all_answered && now_ - c.probe_sent < probe_wait) return out;
+    std::vector<node_id> blamed;
+    for (const auto& m : c.ring)
+      if (!c.pieces_taken.count(m) && m != self_) blamed.push_back(m);
+    if (blamed.empty() && c.ring.size() > 1) {
+      size_t fewest = 0;
+      bool unique = true;
+      for (size_t k = 1; k < c.ring.size(); ++k) {
+        const uint32_t n = c.pieces_taken[c.ring[k]], best = c.pieces_taken[c.ring[fewest]];
+        if (n < best) fewest = k, unique = true;
+        else if (n == best) unique = false;
+      }
+      const node_id& before = c.ring[(fewest + c.ring.size() - 1) % c.ring.size()];
+      if (unique && before != self_) blamed.push_back(before);
+    }
+    for (const auto& m : blamed) {
+      auto member = std::find(c.members.begin(), c.members.end(), m);
+      if (member == c.members.end()) continue;
+      c.members.erase(member);
+      c.shards_sent.erase(m);
+      c.newcomers.erase(m);
+      c.proven.erase(m);
+      c.left_out.insert(m);
+      msg::train_step stop;
+      stop.train = id;
+      stop.stop = true;
+      out.push_back({m, stop});
+      note_refusal(m, "train_step deadline", step + ": the all-reduce stalled at this member (" + std::to_string(waited) +
+                                                 " ms, every member ready); left out of the run");
+    }
+    if (!blamed.empty()) {
+      auto more = issue_step(id, c);
+      out.insert(out.end(), more.begin(), more.end());
+      return out;
+    }
+    // Nobody can be blamed (this node's own part stalled it, or the answers do not tell): redo
+    // the step once with the same ring; if that stalls too, the run cannot go on.
     if (c.stalled_step == c.step)
       return fail_run(id, c, error_code::timeout, "the all-reduce of " + step + " stalled twice after every member was ready (" + std::to_string(waited) + " ms)");
     c.stalled_step = c.step;

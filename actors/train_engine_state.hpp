@@ -2,6 +2,7 @@
 // Internal to the training engine (the actors/train_*.cpp files, nobody else): a run's state on
 // its two sides (coord_run, worker_run), the engine's limits, and the small helpers more than
 // one of those files uses.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,6 +23,7 @@ inline constexpr int ring_pieces = 4;              // pieces per chunk: pipelini
 inline constexpr int max_failures = 3;             // of one worker in one run, before it is left out
 inline constexpr size_t max_orphans = 4;           // runs kept after their coordinator died, for a takeover
 inline constexpr size_t max_runs_per_coordinator = 8;  // live runs one coordinator may set up on a node
+inline constexpr std::chrono::seconds probe_wait{5};    // for the answers to a stalled round's probe
 
 inline uint64_t round_id(uint64_t step, uint32_t attempt) { return (step << 16) | (attempt & 0xffffu); }
 
@@ -91,6 +93,10 @@ struct train_engine::coord_run {
   std::set<node_id> proven;             ///< members that finished a step of this run
   std::set<node_id> left_out;           ///< missed a deadline: not set up again unless they reconnect
   uint64_t stalled_step = ~0ull;        ///< the step whose ring stalled once (step_overdue)
+  /// A stalled round's probe (step_overdue): when it went out and what each member answered.
+  bool probing = false;
+  clock::time_point probe_sent{};
+  std::map<node_id, uint32_t> pieces_taken;
   std::optional<std::chrono::steady_clock::time_point> client_lost_at;  ///< its connection went down
   double seconds = 0;
 };

@@ -110,20 +110,25 @@ struct allreduce_piece {
 };
 
 /// Ring member -> coordinator: step `step` (this attempt) is set up here, its round ready for
-/// the predecessor's pieces.
+/// the predecessor's pieces. With `probe`: the answer to a probing ring_go, saying how many
+/// pieces its round has taken from its predecessor.
 struct train_ready {
   uint64_t train = 0;
   uint64_t step = 0;
   uint32_t attempt = 0;
+  bool probe = false;
+  uint32_t pieces_taken = 0;
   bool operator==(const train_ready&) const = default;
 };
 
 /// Coordinator -> ring members: every member is ready for step `step` (this attempt): send your
-/// pieces. A piece thus never reaches a node before the step that owns its round.
+/// pieces. A piece thus never reaches a node before the step that owns its round. With `probe`:
+/// the round stalled; answer with the pieces taken (train_ready, probe).
 struct ring_go {
   uint64_t train = 0;
   uint64_t step = 0;
   uint32_t attempt = 0;
+  bool probe = false;
   bool operator==(const ring_go&) const = default;
 };
 
@@ -185,12 +190,12 @@ struct train_checkpoint {
 
 template <class F>
 void fields(F& f, train_ready& x) {
-  f(x.train, x.step, x.attempt);
+  f(x.train, x.step, x.attempt, x.probe, x.pieces_taken);
 }
 
 template <class F>
 void fields(F& f, ring_go& x) {
-  f(x.train, x.step, x.attempt);
+  f(x.train, x.step, x.attempt, x.probe);
 }
 
 template <class F>

@@ -1117,14 +1117,45 @@ TEST_CASE("the deadline follows the measured step time", "[actors][train][securi
   CHECK(waited < 10.0);
 }
 
-TEST_CASE("a ring that stalls after every member is ready is redone once, then the run fails with the reason", "[actors][train][security]") {
+TEST_CASE("a ring member that says ready but sends no pieces is found and left out, and the run goes on", "[actors][train][security]") {
+  // node-c computes, says ready and answers the coordinator, but its all-reduce pieces go
+  // nowhere. At the deadline the coordinator asks every member how many pieces it took: node-c's
+  // successor took none, so node-c is left out and the step redone. The result equals one node's.
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options());
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  train_sim sim(3);
+  sim.net.set_shuffle(true);
+  sim.idle_step = std::chrono::milliseconds(500);
+  sim.on_tick = [](train_sim& t) {
+    if (t.mute.empty() && t.progress.size() == 5) t.mute.insert("node-c");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+  CHECK(sim.progress.back().peers == 2);
+  int blamed = 0;
+  for (const auto& [at, ref] : sim.refused)
+    if (at == "node-a" && ref.kind == "train_step deadline" && ref.from == test::named("node-c") &&
+        ref.why.find("stalled at this member") != std::string::npos)
+      ++blamed;
+  CHECK(blamed == 1);
+  CHECK(std::find(r.workers.begin(), r.workers.end(), test::named("node-c")) == r.workers.end());
+}
+
+TEST_CASE("a ring stalled by the coordinator's own part is redone once, then the run fails with the reason", "[actors][train][security]") {
+  // The coordinator cannot leave itself out: when the member that took the fewest pieces is
+  // its successor, the step is redone once and a second stall ends the run with the reason.
   const auto s = two_moons_mlp();
   const auto spec = spec_for(s, dp_options());
   train_sim sim(3);
   sim.net.set_shuffle(true);
   sim.idle_step = std::chrono::milliseconds(500);
   sim.on_tick = [](train_sim& t) {
-    if (t.mute.empty() && t.progress.size() == 5) t.mute.insert("node-c");  // ready, then no pieces
+    if (t.mute.empty() && t.progress.size() == 5) t.mute.insert("node-a");
   };
   const auto r = sim.train(spec);
   REQUIRE_FALSE(r.ok);
