@@ -225,6 +225,7 @@ std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::tra
       !c.unready.empty())
     return {};  // stale, or members still to come
   // Every member has its round: the pieces may flow.
+  c.all_ready_at = now_;
   std::vector<outbound> out;
   for (const auto& m : c.ring) out.push_back({m, msg::ring_go{r.train, c.step, c.attempt}});
   return out;
@@ -428,7 +429,10 @@ std::vector<outbound> train_engine::tick(clock::time_point now) {
       out.insert(out.end(), more.begin() + 1, more.end());  // nobody to tell the error to
       continue;
     }
-    if (c->ph == coord_run::phase::stepping && now - c->step_issued > step_deadline(*c)) {
+    // Counted from the step's start while members compute, and from the go once all are ready:
+    // a newcomer whose first step compiled for long is not blamed for the time it took.
+    const auto since = c->unready.empty() ? c->all_ready_at : c->step_issued;
+    if (c->ph == coord_run::phase::stepping && now - since > step_deadline(*c)) {
       auto more = step_overdue(rid, *c);
       out.insert(out.end(), more.begin(), more.end());
     }

@@ -89,6 +89,7 @@ struct train_engine::coord_run {
   job_state state = job_state::running;
   clock::time_point started{}, last_step{};
   clock::time_point step_issued{};      ///< when the current attempt of the step went out
+  clock::time_point all_ready_at{};     ///< when its last member said ready (ring_go went out)
   std::vector<double> step_seconds;     ///< the last decided steps' durations (step_deadlines::window)
   std::set<node_id> proven;             ///< members that finished a step of this run
   std::set<node_id> left_out;           ///< missed a deadline: not set up again unless they reconnect
