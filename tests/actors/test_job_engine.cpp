@@ -697,7 +697,7 @@ TEST_CASE("a benched node gets stages again after the bench time", "[actors][job
   CHECK(std::find(sim.results[1].workers.begin(), sim.results[1].workers.end(), test::named("b")) != sim.results[1].workers.end());
 }
 
-TEST_CASE("stages one coordinator leaves waiting on a worker are bounded; another coordinator's still run", "[actors][jobs][security]") {
+TEST_CASE("stages one coordinator leaves waiting on a worker are bounded, and another coordinator's still run", "[actors][jobs][security]") {
   // Coordinator m hands worker w stages whose activations never come: the 257th is refused at
   // once (limit_exceeded, to m, and counted), and an honest coordinator's stage still runs.
   builder b;
