@@ -21,7 +21,7 @@ namespace {
 struct value {
   std::vector<float> f;    // float dtypes
   std::vector<int32_t> i;  // i32
-  const tensor* raw = nullptr;  // a quantized leaf: its blocks where they are (read by linear and cast)
+  const tensor* raw = nullptr;  // a quantized or half-precision leaf where it is (read by linear, cast, gather)
 };
 
 /// max and min as the reference evaluator defines them: a NaN operand gives NaN (std::max would
@@ -58,6 +58,7 @@ class cpu_executor final : public executor {
       }
     programs_.push_back(g);
     row_casts_.push_back(row_casts(g));
+    in_place_.push_back(in_place_leaves(g));
     loaded_.push_back(true);
     return static_cast<program_id>(programs_.size() - 1);
   }
@@ -99,6 +100,7 @@ class cpu_executor final : public executor {
     if (id >= programs_.size() || !loaded_[id]) return;
     programs_[id] = graph{};
     row_casts_[id].clear();
+    in_place_[id].clear();
     loaded_[id] = false;
   }
 
@@ -114,7 +116,7 @@ class cpu_executor final : public executor {
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
     std::vector<value> v(static_cast<size_t>(g.size()));
-    for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs, row_casts_[id]);
+    for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs, row_casts_[id], in_place_[id]);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
     for (const auto& u : g.updates) {
@@ -176,15 +178,18 @@ class cpu_executor final : public executor {
 
   static int32_t to_i32(double x) { return static_cast<int32_t>(round_to(dtype::i32, x)); }
 
-  /// `by_row`: the program's casts that gathers decode by the row (row_casts()).
-  void compute(const graph& g, node_index id, std::vector<value>& v, const tensor_map& inputs, const std::vector<bool>& by_row) {
+  /// `by_row`: the program's casts that gathers decode by the row (row_casts()); `in_place`: its
+  /// half-precision parameters read where they are (in_place_leaves()).
+  void compute(const graph& g, node_index id, std::vector<value>& v, const tensor_map& inputs, const std::vector<bool>& by_row,
+               const std::vector<bool>& in_place) {
     const node& n = g[id];
     const int64_t count = element_count(n.dims);
     value& out = v[id];
     const bool is_int = n.type == dtype::i32;
     if (n.op == op_kind::input || n.op == op_kind::parameter) {
       const tensor& t = n.op == op_kind::input ? inputs.at(n.attrs.name) : params_.at(n.attrs.name);
-      if (is_quantized(t.type)) out.raw = &t;  // decoded by its reader, a row at a time
+      const bool half = t.type == dtype::f16 || t.type == dtype::bf16;
+      if (is_quantized(t.type) || (half && in_place[static_cast<size_t>(id)])) out.raw = &t;  // decoded by its reader, a row at a time
       else out = from_tensor(t);
       return;
     }
@@ -206,7 +211,7 @@ class cpu_executor final : public executor {
       out.raw = v[n.inputs[0]].raw;
       return;
     }
-    if (n.op == op_kind::cast && v[n.inputs[0]].raw) {  // a quantized operand: dequantized
+    if (n.op == op_kind::cast && v[n.inputs[0]].raw) {  // a quantized or half-precision operand: decoded whole
       out.f = dequantized(*v[n.inputs[0]].raw);
       for (auto& x : out.f) x = round16(n.type, x);
       return;
@@ -643,6 +648,11 @@ class cpu_executor final : public executor {
   /// (an embedding): it stays in its blocks, and each gather decodes the rows it picks, instead
   /// of the whole table being decoded at every run.
   std::vector<std::vector<bool>> row_casts_;
+  /// Per program, per node: an f16 or bf16 parameter that only linear (as its weight) and casts
+  /// read. It is read where it is, each reader decoding the rows it uses (as quantized weights
+  /// are), instead of the whole tensor being widened to floats at every run: that conversion,
+  /// its allocation and page faults were most of a half-precision model's decode step.
+  std::vector<std::vector<bool>> in_place_;
   std::vector<bool> loaded_;  ///< false once unloaded (ids are not reused)
 
   static std::vector<bool> row_casts(const graph& g) {
@@ -655,8 +665,22 @@ class cpu_executor final : public executor {
     std::vector<bool> out(static_cast<size_t>(g.size()), false);
     for (node_index n = 0; n < g.size(); ++n)
       out[static_cast<size_t>(n)] = g[n].op == op_kind::cast && g[g[n].inputs[0]].op == op_kind::parameter &&
-                                    is_quantized(g[g[n].inputs[0]].type) && only_gathers[static_cast<size_t>(n)];
+                                    (is_quantized(g[g[n].inputs[0]].type) || is_half(g[g[n].inputs[0]].type)) &&
+                                    only_gathers[static_cast<size_t>(n)];
     return out;
+  }
+
+  static bool is_half(dtype t) { return t == dtype::f16 || t == dtype::bf16; }
+
+  static std::vector<bool> in_place_leaves(const graph& g) {
+    std::vector<bool> ok(static_cast<size_t>(g.size()), true);
+    for (node_index n = 0; n < g.size(); ++n)
+      for (size_t i = 0; i < g[n].inputs.size(); ++i)
+        if (!(g[n].op == op_kind::cast || (g[n].op == op_kind::linear && i == 1))) ok[static_cast<size_t>(g[n].inputs[i])] = false;
+    for (const auto& o : g.outputs) ok[static_cast<size_t>(o.id)] = false;
+    for (const auto& u : g.updates) ok[static_cast<size_t>(u.value)] = ok[static_cast<size_t>(u.target)] = false;
+    for (node_index n = 0; n < g.size(); ++n) ok[static_cast<size_t>(n)] = ok[static_cast<size_t>(n)] && g[n].op == op_kind::parameter && is_half(g[n].type);
+    return ok;
   }
   tensor_map params_;
 };
