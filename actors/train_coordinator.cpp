@@ -469,13 +469,8 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
       if (m != self_ && !c.proven.count(m)) fresh.push_back(m);
     if (!fresh.empty()) {
       for (const auto& m : fresh) {
-        c.members.erase(std::find(c.members.begin(), c.members.end(), m));
-        c.shards_sent.erase(m);
+        if (!stop_member(id, c, m, out)) continue;
         if (++c.failures[m] < max_failures && peers_.count(m)) c.newcomers.insert(m);
-        msg::train_step stop;
-        stop.train = id;
-        stop.stop = true;
-        out.push_back({m, stop});
         notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) +
                            " ms); redoing it without " + m.short_string() + ", new to the run, which joins again at the next step boundary");
       }
@@ -509,21 +504,8 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
       const node_id& before = c.ring[(fewest + c.ring.size() - 1) % c.ring.size()];
       if (unique && before != self_) blamed.push_back(before);
     }
-    for (const auto& m : blamed) {
-      auto member = std::find(c.members.begin(), c.members.end(), m);
-      if (member == c.members.end()) continue;
-      c.members.erase(member);
-      c.shards_sent.erase(m);
-      c.newcomers.erase(m);
-      c.proven.erase(m);
-      c.left_out.insert(m);
-      msg::train_step stop;
-      stop.train = id;
-      stop.stop = true;
-      out.push_back({m, stop});
-      note_refusal(m, "train_step deadline", step + ": the all-reduce stalled at this member (" + std::to_string(waited) +
-                                                 " ms, every member ready); left out of the run");
-    }
+    for (const auto& m : blamed)
+      leave_out(id, c, m, step + ": the all-reduce stalled at this member (" + std::to_string(waited) + " ms, every member ready); left out of the run", out);
     if (!blamed.empty()) {
       auto more = issue_step(id, c);
       out.insert(out.end(), more.begin(), more.end());
@@ -537,25 +519,34 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
     notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) + " ms); redoing it once");
     return issue_step(id, c);
   }
-  for (const auto& m : late) {
-    auto member = std::find(c.members.begin(), c.members.end(), m);
-    if (member == c.members.end()) continue;
-    // Treated as failed for this run: its micro-batches and shards go to the others, and it is
-    // not set up again while it stays connected (a member that heartbeats but never computes
-    // would otherwise stall every step it is given). Its part of the run is stopped.
-    c.members.erase(member);
-    c.shards_sent.erase(m);
-    c.newcomers.erase(m);
-    c.left_out.insert(m);
-    msg::train_step stop;
-    stop.train = id;
-    stop.stop = true;
-    out.push_back({m, stop});
-    note_refusal(m, "train_step deadline", step + ": not ready after " + std::to_string(waited) + " ms; left out of the run");
-  }
+  for (const auto& m : late) leave_out(id, c, m, step + ": not ready after " + std::to_string(waited) + " ms; left out of the run", out);
   auto more = issue_step(id, c);
   out.insert(out.end(), more.begin(), more.end());
   return out;
+}
+
+bool train_engine::stop_member(uint64_t id, coord_run& c, const node_id& m, std::vector<outbound>& out) {
+  auto member = std::find(c.members.begin(), c.members.end(), m);
+  if (member == c.members.end()) return false;
+  // Its micro-batches and shards go to the others; if it comes back, its first step is a first
+  // step again (it compiles). Its part of the run is stopped.
+  c.members.erase(member);
+  c.shards_sent.erase(m);
+  c.proven.erase(m);
+  msg::train_step stop;
+  stop.train = id;
+  stop.stop = true;
+  out.push_back({m, stop});
+  return true;
+}
+
+void train_engine::leave_out(uint64_t id, coord_run& c, const node_id& m, std::string why, std::vector<outbound>& out) {
+  if (!stop_member(id, c, m, out)) return;
+  // Not set up again while it stays connected: a member that heartbeats but never computes (or
+  // never sends its pieces) would otherwise stall every step it is given.
+  c.newcomers.erase(m);
+  c.left_out.insert(m);
+  note_refusal(m, "train_step deadline", std::move(why));
 }
 
 std::vector<msg::job_status> train_engine::jobs(clock::time_point now) const {

@@ -194,6 +194,12 @@ class train_engine {
   /// them. When every member was ready, the ring itself stalled and nobody can be blamed: the
   /// step is redone once with the same ring, and a second stall of the same step fails the run.
   std::vector<outbound> step_overdue(uint64_t id, coord_run& c);
+  /// Coordinator: takes `m` out of run `id`'s members and sends it a stop; false when it is no
+  /// member (any more).
+  bool stop_member(uint64_t id, coord_run& c, const node_id& m, std::vector<outbound>& out);
+  /// Coordinator: stop_member, and `m` is not set up again while it stays connected; the reason
+  /// is logged and counted against it.
+  void leave_out(uint64_t id, coord_run& c, const node_id& m, std::string why, std::vector<outbound>& out);
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
