@@ -1,7 +1,9 @@
 // The CPU back end: node-by-node typed loops (float for f32/f16/bf16 with rounding after each op,
-// int32 for i32), split across threads for large tensors. Used where no Vulkan device exists.
-// Quantized leaves stay as their blocks; linear decodes 16 weight rows at a time, kv_write takes
-// over its cache's working copy and writes back only the slice.
+// int32 for i32), split across a persistent thread pool for large tensors. Used where no Vulkan
+// device exists. matmul and linear go to the blocked GEMM and the linear kernels (cpu_gemm.hpp,
+// cpu_linear.hpp: AVX2+FMA where the CPU has it); quantized leaves stay as their blocks, which
+// linear decodes by the row; kv_write takes over its cache's working copy and writes back only
+// the slice.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,6 +14,9 @@
 #include "graph/attention_rows.hpp"
 #include "graph/quant.hpp"
 #include "graph/validate.hpp"
+#include "gpu/cpu_gemm.hpp"
+#include "gpu/cpu_linear.hpp"
+#include "gpu/cpu_thread_pool.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/resident_parameters.hpp"
 
@@ -38,7 +43,8 @@ T nan_min(T x, T y) {
 
 class cpu_executor final : public executor {
  public:
-  explicit cpu_executor(unsigned threads) : threads_(threads ? threads : std::max(1u, std::thread::hardware_concurrency())) {
+  explicit cpu_executor(unsigned threads)
+      : threads_(threads ? threads : std::max(1u, std::thread::hardware_concurrency())), pool_(std::make_unique<thread_pool>(threads_)) {
     info_.name = "cpu (" + std::to_string(threads_) + " threads)";
     info_.kind = "cpu";
     info_.fp16 = info_.bf16_storage = true;
@@ -59,6 +65,7 @@ class cpu_executor final : public executor {
     programs_.push_back(g);
     row_casts_.push_back(row_casts(g));
     in_place_.push_back(in_place_leaves(g));
+    values_.emplace_back();
     loaded_.push_back(true);
     return static_cast<program_id>(programs_.size() - 1);
   }
@@ -101,6 +108,7 @@ class cpu_executor final : public executor {
     programs_[id] = graph{};
     row_casts_[id].clear();
     in_place_[id].clear();
+    values_[id] = {};
     loaded_[id] = false;
   }
 
@@ -115,7 +123,10 @@ class cpu_executor final : public executor {
     if (id >= programs_.size() || !loaded_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
     const graph& g = programs_[id];
     if (auto ok = check_bindings(g, inputs, false); !ok) return tl::unexpected(ok.error());
-    std::vector<value> v(static_cast<size_t>(g.size()));
+    // Node values from the last run: their buffers are reused (resized in place), so that a step
+    // does not allocate, fault in and free its intermediate tensors every time.
+    std::vector<value>& v = values_[id];
+    v.resize(static_cast<size_t>(g.size()));
     for (node_index n = 0; n < g.size(); ++n) compute(g, n, v, inputs, row_casts_[id], in_place_[id]);
     tensor_map out;
     for (const auto& o : g.outputs) out[o.name] = to_tensor(g[o.id], v[o.id]);
@@ -135,14 +146,11 @@ class cpu_executor final : public executor {
       return;
     }
     const int64_t parts = std::min<int64_t>(threads_, (n + chunk - 1) / chunk);
-    std::vector<std::thread> ts;
-    for (int64_t p = 1; p < parts; ++p) ts.emplace_back([&, p] { f(n * p / parts, n * (p + 1) / parts); });
-    f(0, n / parts);
-    for (auto& t : ts) t.join();
+    pool_->run(parts, [&](int64_t p) { f(n * p / parts, n * (p + 1) / parts); });
   }
 
-  static value from_tensor(const tensor& t) {
-    value v;
+  /// `t`'s values into `v` (its buffers reused).
+  static void load_tensor(const tensor& t, value& v) {
     const int64_t n = t.size();
     if (t.type == dtype::i32) {
       v.i.resize(static_cast<size_t>(n));
@@ -154,7 +162,6 @@ class cpu_executor final : public executor {
       v.f.resize(static_cast<size_t>(n));
       for (int64_t k = 0; k < n; ++k) v.f[k] = static_cast<float>(t.at(k));
     }
-    return v;
   }
 
   static tensor to_tensor(const node& n, const value& v) {
@@ -190,7 +197,7 @@ class cpu_executor final : public executor {
       const tensor& t = n.op == op_kind::input ? inputs.at(n.attrs.name) : params_.at(n.attrs.name);
       const bool half = t.type == dtype::f16 || t.type == dtype::bf16;
       if (is_quantized(t.type) || (half && in_place[static_cast<size_t>(id)])) out.raw = &t;  // decoded by its reader, a row at a time
-      else out = from_tensor(t);
+      else load_tensor(t, out);
       return;
     }
     if (n.op == op_kind::linear) {
@@ -200,7 +207,7 @@ class cpu_executor final : public executor {
     if (n.op == op_kind::kv_write) {
       // The cache parameter has no other reader (validate()): its working copy becomes the
       // result, and only the slice is written.
-      out = std::move(v[n.inputs[0]]);
+      std::swap(out, v[n.inputs[0]]);  // the cache's value takes this node's old buffer for the next run
       for_each_slice_element(g, n, v, [&](int64_t dst, int64_t src) {
         if (is_int) out.i[static_cast<size_t>(dst)] = v[n.inputs[1]].i[static_cast<size_t>(src)];
         else out.f[static_cast<size_t>(dst)] = v[n.inputs[1]].f[static_cast<size_t>(src)];
@@ -219,7 +226,7 @@ class cpu_executor final : public executor {
     if (n.op == op_kind::constant) {
       const auto c = static_cast<size_t>(count);
       std::vector<double> vals = n.attrs.values.size() == 1 ? std::vector<double>(c, n.attrs.values[0]) : n.attrs.values;
-      out = from_tensor(tensor::from_values(n.type, n.dims, vals));
+      load_tensor(tensor::from_values(n.type, n.dims, vals), out);
       return;
     }
     if (is_int) out.i.resize(static_cast<size_t>(count));
@@ -371,23 +378,15 @@ class cpu_executor final : public executor {
           });
           return;
         }
-        const float* a = v[n.inputs[0]].f.data();
-        const float* bm = v[n.inputs[1]].f.data();
-        float* o = out.f.data();
-        parallel(rows, [&](int64_t b, int64_t e) {
-          for (int64_t row = b; row < e; ++row) {
-            const int64_t bt = row / m;
-            float* orow = o + row * nn;
-            std::fill(orow, orow + nn, 0.0f);
-            for (int64_t p = 0; p < kd; ++p) {
-              const float av = a[row * kd + p];
-              const float* brow = bm + (bt * kd + p) * nn;
-              for (int64_t j = 0; j < nn; ++j) orow[j] += av * brow[j];  // vectorises
-            }
-            if (n.type != dtype::f32)
-              for (int64_t j = 0; j < nn; ++j) orow[j] = round16(n.type, orow[j]);
-          }
-        });
+        // Batch bt of A ([m, kd]) times batch bt of B ([kd, nn]), in f32; f16/bf16 results rounded after.
+        gemm_args mm;
+        mm.m = m, mm.n = nn, mm.k = kd;
+        mm.batch = m != 0 ? rows / m : 0;
+        mm.a = v[n.inputs[0]].f.data(), mm.a_row = kd, mm.a_batch = m * kd;
+        mm.b = v[n.inputs[1]].f.data(), mm.b_row = nn, mm.b_batch = kd * nn;
+        mm.c = out.f.data(), mm.c_row = nn, mm.c_batch = m * nn;
+        gemm_f32(mm, isa_, pool_.get());
+        if (n.type != dtype::f32) round_all(n.type, out.f);
         return;
       }
       case op_family::reduce: {
@@ -466,6 +465,27 @@ class cpu_executor final : public executor {
             default: return 0;
           }
         };
+        if (n.op != op_kind::concat) {
+          // Along the last axis the source index is affine (slice: step 1 from its start; permute:
+          // the permuted axis's stride; broadcast: 0 or 1), so it is computed twice per run of
+          // that axis, not for every element (a decode step slices its whole KV cache).
+          const int64_t len = n.dims.empty() ? 1 : n.dims.back();
+          auto copy = [&](auto* dst, const auto* src) {
+            parallel(count, [&](int64_t b, int64_t e) {
+              for (int64_t k = b; k < e;) {
+                const int64_t j = k % len, row = k - j, run = std::min(e - k, len - j);
+                const int64_t base = moved(row), step = len > 1 ? moved(row + 1) - base : 0;
+                if (step == 1) std::copy(src + base + j, src + base + j + run, dst + k);
+                else
+                  for (int64_t t = 0; t < run; ++t) dst[k + t] = src[base + (j + t) * step];
+                k += run;
+              }
+            });
+          };
+          if (is_int) copy(out.i.data(), v[n.inputs[0]].i.data());
+          else copy(out.f.data(), v[n.inputs[0]].f.data());
+          return;
+        }
         parallel(count, [&](int64_t b, int64_t e) {
           for (int64_t k = b; k < e; ++k) {
             size_t part = 0;
@@ -533,9 +553,14 @@ class cpu_executor final : public executor {
         return;
       }
       case op_family::attention: {
+        // Heads split over the threads (a decode step has one query row: heads are its parallelism).
         std::vector<double> res(static_cast<size_t>(count));
-        attention_rows(attention_shape_of(g[n.inputs[0]].dims, g[n.inputs[1]].dims, n.attrs.axis), v[n.inputs[0]].f, v[n.inputs[1]].f,
-                       v[n.inputs[2]].f, v[n.inputs[3]].i, res);
+        const attention_shape as = attention_shape_of(g[n.inputs[0]].dims, g[n.inputs[1]].dims, n.attrs.axis);
+        const int64_t work = as.batch * as.l * as.h * as.t * as.d;
+        const int64_t parts = work >= (1 << 14) ? std::min<int64_t>(threads_, as.h) : 1;
+        pool_->run(parts, [&](int64_t p) {
+          attention_rows(as, v[n.inputs[0]].f, v[n.inputs[1]].f, v[n.inputs[2]].f, v[n.inputs[3]].i, res, as.h * p / parts, as.h * (p + 1) / parts);
+        });
         for (int64_t k = 0; k < count; ++k) store(k, res[static_cast<size_t>(k)]);
         return;
       }
@@ -584,64 +609,34 @@ class cpu_executor final : public executor {
     });
   }
 
-  /// x . w over n elements in 8 partial sums, which the compiler keeps in vector registers (one
-  /// running sum would be a chain of dependent scalar adds: floats are not reassociated).
-  static float dot(const float* x, const float* w, int64_t n) {
-    float part[8] = {};
-    int64_t p = 0;
-    for (; p + 8 <= n; p += 8)
-      for (int i = 0; i < 8; ++i) part[i] += x[p + i] * w[p + i];
-    float tail = 0;
-    for (; p < n; ++p) tail += x[p] * w[p];
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) + tail;
+  /// f16/bf16 rounding of every value (a result computed in f32), over the threads.
+  void round_all(dtype t, std::vector<float>& f) const {
+    parallel(static_cast<int64_t>(f.size()), [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) f[static_cast<size_t>(k)] = round16(t, f[static_cast<size_t>(k)]);
+    });
   }
 
-  /// linear: weight rows in blocks of `block` (decoded once into floats when quantized or 16-bit),
-  /// each block multiplied with every row of x while it is in cache; blocks split across threads.
+  /// linear: x [rows, kd] times the weight [nn, kd] transposed, the weight read in its own dtype
+  /// (a quantized or half-precision leaf where it is, else floats) by cpu_linear.
   void linear(const graph& g, const node& n, const std::vector<value>& v, value& out) const {
     const node& wn = g[n.inputs[1]];
-    const value& xv = v[n.inputs[0]];
     const value& wv = v[n.inputs[1]];
-    const int64_t kd = wn.dims[1], nn = wn.dims[0], rows = nn ? element_count(n.dims) / nn : 0;
+    const int64_t kd = wn.dims[1], nn = wn.dims[0];
     out.f.assign(static_cast<size_t>(element_count(n.dims)), 0.0f);
-    const int64_t rb = wv.raw ? *row_bytes(wv.raw->type, kd) : 0;
-    constexpr int64_t block = 16;
-    const int64_t blocks = (nn + block - 1) / block;
-    const auto work = [&](int64_t b0, int64_t b1) {
-      std::vector<float> wbuf(wv.raw ? static_cast<size_t>(block * kd) : 0);
-      for (int64_t bl = b0; bl < b1; ++bl) {
-        const int64_t j0 = bl * block, j1 = std::min(nn, j0 + block);
-        const float* w = nullptr;
-        if (wv.raw) {
-          for (int64_t j = j0; j < j1; ++j)
-            (void)dequantize_row(wv.raw->type, {wv.raw->bytes.data() + j * rb, static_cast<size_t>(rb)},
-                                 {wbuf.data() + (j - j0) * kd, static_cast<size_t>(kd)});
-          w = wbuf.data();
-        } else {
-          w = wv.f.data() + j0 * kd;
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* x = xv.f.data() + r * kd;
-          for (int64_t j = j0; j < j1; ++j) {
-            const float* wr = w + (j - j0) * kd;
-            out.f[static_cast<size_t>(r * nn + j)] = round16(n.type, dot(x, wr, kd));
-          }
-        }
-      }
-    };
-    // Threads for products worth it (a thread start costs ~20 us).
-    const int64_t parts = std::min<int64_t>({static_cast<int64_t>(threads_), blocks, std::max<int64_t>(1, rows * nn * kd / (1 << 18))});
-    if (parts <= 1) {
-      work(0, blocks);
-      return;
-    }
-    std::vector<std::thread> ts;
-    for (int64_t p = 1; p < parts; ++p) ts.emplace_back([&, p] { work(blocks * p / parts, blocks * (p + 1) / parts); });
-    work(0, blocks / parts);
-    for (auto& t : ts) t.join();
+    linear_args la;
+    la.type = wv.raw ? wv.raw->type : dtype::f32;
+    la.w = wv.raw ? wv.raw->bytes.data() : reinterpret_cast<const uint8_t*>(wv.f.data());
+    la.n = nn, la.k = kd;
+    la.x = v[n.inputs[0]].f.data();
+    la.rows = nn ? element_count(n.dims) / nn : 0;
+    la.y = out.f.data();
+    linear_f32(la, isa_, pool_.get());
+    if (n.type != dtype::f32) round_all(n.type, out.f);
   }
 
   unsigned threads_;
+  std::unique_ptr<thread_pool> pool_;  ///< threads_ threads, the calling one included
+  cpu_isa isa_ = default_isa();        ///< which kernels matmul and linear use
   device_info info_;
   std::vector<graph> programs_;
   /// Per program, per node: a cast of a quantized leaf that only gathers read as their table
@@ -654,6 +649,8 @@ class cpu_executor final : public executor {
   /// its allocation and page faults were most of a half-precision model's decode step.
   std::vector<std::vector<bool>> in_place_;
   std::vector<bool> loaded_;  ///< false once unloaded (ids are not reused)
+  /// Per program, its node values, kept between runs for their buffers (see run()).
+  std::vector<std::vector<value>> values_;
 
   static std::vector<bool> row_casts(const graph& g) {
     std::vector<bool> only_gathers(static_cast<size_t>(g.size()), true);

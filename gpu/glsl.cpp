@@ -144,6 +144,14 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
       // are unrolled); pass 2: per row, d / 64 elements, each combining every slice.
       const shape& kd = g[g[k.root].inputs[1]].dims;
       const int64_t d = g[k.root].dims.back(), rows = element_count(g[k.root].dims) / std::max<int64_t>(d, 1);
+      if (k.pass == 0) {
+        // One kernel: per tile of rows, per tile of keys, the k/v loads, the scores (bk/4 x d),
+        // the weighted sums (bk x d/4), should the compiler keep the loops.
+        const int64_t t = kd[kd.size() - 3], bq = 16, bk = 16, key_tiles = (t + bk - 1) / bk;
+        const int64_t groups = (rows + bq - 1) / bq, per_group = (groups + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);
+        const int64_t iterations = per_group * (d + 4 + key_tiles * (2 * d / 4 + bk / 4 * d + bk * (d / 4 + 1)));
+        if (iterations > budget) return too_long("attention of " + std::to_string(rows) + " rows over " + std::to_string(t) + " keys", iterations);
+      }
       const int64_t tiles = attention_tiles_per_slice(kd[kd.size() - 3], k.slices);
       const int64_t items = k.pass == 1 ? rows * k.slices : rows;
       const int64_t per_group = (items + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);

@@ -1,6 +1,8 @@
-// attention (op_kind::attention): causal grouped-query attention against a KV cache in two
-// kernels, flash-decoding style (plan.cpp's add_attention makes the passes and their scratch
-// buffer of partials, d + 2 floats per query row, head and slice):
+// attention (op_kind::attention): causal grouped-query attention against a KV cache. Many query
+// rows (a prompt: plan.cpp's add_attention, attention_tiled_min_rows) take one kernel, `attnt`,
+// flash-attention style (attention_tiled below). Few rows (decode) take two kernels,
+// flash-decoding style (add_attention makes the passes and their scratch buffer of partials,
+// d + 2 floats per query row, head and slice):
 // - pass 1 (`attn1`): a workgroup of 64 threads per query row, head and slice of the keys (a
 //   grid-stride loop over them). The query row, scaled by 1/sqrt(d), goes to shared memory.
 //   The slice is walked a tile of 64 keys at a time (one tile, unless the partials would grow
@@ -41,9 +43,138 @@ std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t
          "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  float a = red[0];\n  barrier();\n  return a;\n}\n";
 }
 
+/// Rows and keys per tile of the one-kernel attention (`attnt`), the largest that fit the
+/// device's shared memory: q tile [bq, d], k and v tiles [bk, d] (rows padded by one float), the
+/// weights [bq, bk] and two floats per thread for row reductions. 4 threads per query row.
+struct attention_tile {
+  int64_t bq = 0, bk = 0;
+  int64_t threads() const { return 4 * bq; }
+  int64_t shared_bytes(int64_t d) const { return 4 * ((bq + 2 * bk) * (d + 1) + bq * bk + 2 * threads()) + 8 * bq; }
+};
+
+attention_tile pick_attention_tile(int64_t d, const device_caps& caps) {
+  for (attention_tile t : {attention_tile{64, 32}, attention_tile{32, 32}, attention_tile{32, 16}})
+    if (t.shared_bytes(d) <= static_cast<int64_t>(caps.shared_memory_bytes)) return t;
+  return {16, 16};  // 26 KB at d = 128 (the plan's largest for this kernel)
+}
+
+/// Attention in one kernel for many query rows (a prompt), flash-attention style: a workgroup
+/// per (batch, head, tile of bq query rows). The q tile (scaled by 1/sqrt(d)) stays in shared
+/// memory; the keys the tile's rows see, [min first, max last), are walked bk at a time: the k
+/// and v tiles go to shared memory, each thread scores bk / 4 keys of its row, the row's
+/// running maximum and sum are combined through shared memory (4 threads a row), the weights
+/// exp(s - m) go to shared memory, and each thread adds weight x v over the tile into its d / 4
+/// outputs (earlier tiles rescaled by exp(m_old - m_new)). Every key is read once per tile of
+/// rows instead of once per row. A key a row does not see is skipped for that row, never
+/// multiplied by 0 (a cache row never written may hold NaN); keys outside [0, t) read as 0.
+kernel_source attention_tiled(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& at = g[k.root];
+  const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
+  const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);
+  const int64_t l = as.l, h = as.h, d = as.d, t = as.t, kv = as.kv, window = as.window, group = h / kv;
+  const attention_tile tile = pick_attention_tile(d, caps);
+  const int64_t bq = tile.bq, bk = tile.bk, threads = tile.threads(), q_tiles = (l + bq - 1) / bq;
+  const int64_t groups_total = as.batch * h * q_tiles, nx = (d + 3) / 4, ds = d + 1;
+  const std::string D = u(d), DS = u(ds), BQ = u(bq), BK = u(bk), T = u(t), KV = u(kv), L = u(l), H = u(h);
+  const std::string BKi = std::to_string(bk), Ti = std::to_string(t);
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+
+  emitter e(g, p, false);
+  e.bind(k.root);
+  std::string store;
+  e.scoped([&] {
+    store = e.store(k.root, "((b * " + L + " + i) * " + H + " + j) * " + D + " + x", "res");
+    store = e.body + store;
+    e.body.clear();
+  });
+  kernel_source s;
+  s.name = "attnt" + std::to_string(bq) + "x" + std::to_string(bk) + "_" + std::to_string(k.root);
+  if (t == 0) {
+    // No keys at all (an empty cache): every row sees nothing, and there is nothing to read.
+    const int64_t n = as.batch * l * h * d;
+    std::string src = "void main() {\n  for (uint o = gl_GlobalInvocationID.x; o < " + u(n) + "; o += gl_NumWorkGroups.x * 64u) {\n";
+    src += "    const uint x = o % " + D + ", j = (o / " + D + ") % " + H + ", i = (o / " + u(d * h) + ") % " + L + ", b = o / " +
+           u(d * h * l) + ";\n    const float res = 0.0;\n" + store + "  }\n}\n";
+    s.bindings = e.bindings;
+    s.groups = {groups_for(n, 64, caps.max_groups[0]), 1, 1};
+    s.bytes = bytes_of(g, s.bindings);
+    s.glsl = header(g, s.bindings, false, 64) + split_decls(g, p, k, s.bindings) + prelude + src;
+    return s;
+  }
+  const std::string lq = loader(e, "load_q", q), lk = loader(e, "load_k", kk), lv = loader(e, "load_v", v), lp = loader(e, "load_pos", pos);
+  const auto unrolled = [](const char* var, int64_t count) {
+    return std::string("[[unroll]] for (uint ") + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+  // The loops over d and over a tile's keys: unrolled where the device wants it (GPUs: the
+  // loads are then in flight together), kept on CPU devices (llvmpipe compiles the unrolled
+  // d = 128 kernel for minutes).
+  const auto inner = [&](const char* var, int64_t count) {
+    return std::string(caps.unroll_loops ? "[[unroll]] " : "") + "for (uint " + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+  std::string src = lq + lk + lv + lp;
+  src += "shared float Qs[" + u(bq * ds) + "];\nshared float Ks[" + u(bk * ds) + "];\nshared float Vs[" + u(bk * ds) + "];\n";
+  src += "shared float Ps[" + u(bq * bk) + "];\nshared float red[" + u(2 * threads) + "];\nshared int span[" + u(2 * bq) + "];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, r = tid / 4u, c4 = tid % 4u;\n";
+  src += "  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+  src += "  for (uint wg = gl_WorkGroupID.x; wg < " + u(groups_total) + "; wg += gl_NumWorkGroups.x) {\n";
+  src += "    const uint qt = wg % " + u(q_tiles) + ", j = (wg / " + u(q_tiles) + ") % " + H + ", b = wg / " + u(q_tiles * h) +
+         ", kvh = j / " + u(group) + ", i = qt * " + BQ + " + r;\n";
+  // This thread's row: its visible keys [first, last) (none for rows past the last).
+  src += "    int first = 0, last = 0;\n    if (i < " + L + ") {\n      const int p = int(load_pos(b * " + L + " + i));\n";
+  src += "      last = clamp(p + 1, 0, " + Ti + ");\n      first = " +
+         (window > 0 ? "clamp(p - " + std::to_string(window - 1) + ", 0, last)" : std::string("0")) + ";\n    }\n";
+  src += "    if (c4 == 0u) {\n      span[r] = first < last ? first : " + Ti + ";\n      span[" + BQ + " + r] = first < last ? last : 0;\n    }\n";
+  src += "    for (uint e = tid; e < " + u(bq * d) + "; e += " + u(threads) + ") {\n      const uint rr = e / " + D + ", x = e % " + D +
+         ", ii = qt * " + BQ + " + rr;\n      Qs[rr * " + DS + " + x] = ii < " + L + " ? load_q(((b * " + L + " + ii) * " + H + " + j) * " + D +
+         " + x) * " + scale + " : 0.0;\n    }\n    barrier();\n";
+  // The keys any row of the tile sees.
+  src += "    int lo = " + Ti + ", hi = 0;\n    for (uint rr = 0u; rr < " + BQ + "; ++rr) {\n      lo = min(lo, span[rr]);\n      hi = max(hi, span[" + BQ +
+         " + rr]);\n    }\n";
+  src += "    float m = neg_inf, total = 0.0, o[" + u(nx) + "];\n    " + unrolled("a", nx) + "o[a] = 0.0;\n";
+  src += "    for (int t0 = lo - lo % " + BKi + "; t0 < hi; t0 += " + BKi + ") {\n";
+  src += "      barrier();  // the previous tile's k, v and weights are no longer read\n";
+  src += "      for (uint e = tid; e < " + u(bk * d) + "; e += " + u(threads) + ") {\n        const uint c = e / " + D + ", x = e % " + D +
+         ";\n        const int key = t0 + int(c);\n        const bool in_range = key >= lo && key < hi;\n";
+  src += "        const uint ko = ((b * " + T + " + uint(clamp(key, 0, " + std::to_string(t - 1) + "))) * " + KV + " + kvh) * " + D + " + x;\n";
+  src += "        Ks[c * " + DS + " + x] = in_range ? load_k(ko) : 0.0;\n        Vs[c * " + DS + " + x] = in_range ? load_v(ko) : 0.0;\n      }\n";
+  src += "      barrier();\n";
+  // Scores of this thread's keys c4, c4 + 4, ...
+  src += "      float s[" + u(bk / 4) + "];\n      float top = neg_inf;\n      " + unrolled("jj", bk / 4) + "{\n        const uint c = c4 + 4u * jj;\n";
+  src += "        float acc = 0.0;\n        " + inner("x", d) + "acc = fma(Qs[r * " + DS + " + x], Ks[c * " + DS + " + x], acc);\n";
+  src += "        const int key = t0 + int(c);\n        s[jj] = key >= first && key < last ? acc : neg_inf;\n        top = max(top, s[jj]);\n      }\n";
+  src += "      red[tid] = top;\n      barrier();\n";
+  src += "      const float mn = max(m, max(max(red[4u * r], red[4u * r + 1u]), max(red[4u * r + 2u], red[4u * r + 3u])));\n";
+  // mn = -inf: the row has seen nothing yet (its weights are 0, nothing to rescale).
+  src += "      const float corr = mn == neg_inf ? 1.0 : exp(m - mn);\n      float part = 0.0;\n";
+  src += "      " + unrolled("jj", bk / 4) + "{\n        const float w = s[jj] == neg_inf ? 0.0 : exp(s[jj] - mn);\n        Ps[r * " + BK +
+         " + c4 + 4u * jj] = w;\n        part += w;\n      }\n";
+  src += "      red[" + u(threads) + " + tid] = part;\n      barrier();\n";
+  src += "      total = total * corr + (red[" + u(threads) + " + 4u * r] + red[" + u(threads) + " + 4u * r + 1u]) + (red[" + u(threads) +
+         " + 4u * r + 2u] + red[" + u(threads) + " + 4u * r + 3u]);\n      m = mn;\n";
+  src += "      " + unrolled("a", nx) + "o[a] *= corr;\n";
+  src += "      " + inner("c", bk) + "{\n        const int key = t0 + int(c);\n        if (key >= first && key < last) {\n          const float w = Ps[r * " +
+         BK + " + c];\n";
+  src += "          " + unrolled("a", nx) + "{\n            const uint x = c4 + 4u * a;\n            " +
+         (d % 4 == 0 ? std::string() : "if (x < " + D + ") ") + "o[a] = fma(w, Vs[c * " + DS + " + x], o[a]);\n          }\n        }\n      }\n";
+  src += "    }\n";
+  src += "    if (i < " + L + ")\n      " + unrolled("a", nx) + "{\n        const uint x = c4 + 4u * a;\n        if (x < " + D +
+         ") {\n          const float res = total > 0.0 ? o[a] / total : 0.0;\n" + store + "        }\n      }\n";
+  src += "    barrier();  // Qs and span are rewritten for the next tile of rows\n  }\n}\n";
+
+  s.bindings = e.bindings;
+  s.groups = {groups_for(groups_total, 1, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = 4.0 * static_cast<double>(as.batch * l * h) * static_cast<double>(t) * static_cast<double>(d);
+  s.glsl = header(g, s.bindings, false, static_cast<uint32_t>(threads)) + split_decls(g, p, k, s.bindings) + prelude + src;
+  return s;
+}
+
 }  // namespace
 
 kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  if (k.pass == 0) return attention_tiled(g, p, k, caps);
   const node& at = g[k.root];
   const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
   const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);

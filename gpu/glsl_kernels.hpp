@@ -44,6 +44,10 @@ inline constexpr int64_t matmul_skinny_max_rows = 8;
 /// The f16 matmuls on tensor cores (glsl_coopmat.cpp); nullopt when the kernel does not apply.
 std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
 std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
+/// A linear of more than matvec_max_rows rows on tensor cores, x and the weight (f16, or
+/// quantized and decoded in registers) rounded to f16 as they are staged (`mmctl`,
+/// glsl_coopmat_linear.cpp); nullopt when the kernel does not apply.
+std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
 
 /// A matmul operand read straight from a buffer: the materialised node `id`, whose consecutive
 /// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like

@@ -233,6 +233,7 @@ kernel_source linear(const graph& g, const plan& p, const kernel& k, const devic
   const int64_t n = lin.dims.back(), m = n ? element_count(lin.dims) / n : 0;
   const int64_t kd = g[lin.inputs[0]].dims.back();
   if (m >= 1 && m <= matvec_max_rows && kd > 0) return matvec(g, p, k, caps);
+  if (auto coop = linear_coopmat(g, with_root_inline(p, k.root), k, caps)) return *coop;
   return matmul(g, p, k, caps);
 }
 

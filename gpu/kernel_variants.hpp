@@ -35,6 +35,11 @@ struct kernel_variants {
   /// that every x load serves both: `lmvc2r`; else 1; docs/gpu.md), "xglobal" keeps x in memory
   /// where `lmvc` would copy it to shared memory (q4_k weights).
   std::string matvec;
+  /// linear with more than 16 rows of x (a prompt): "" on devices with cooperative matrices
+  /// takes `mmctl` for f16 and quantized weights (x and the decoded weight rounded to f16 as they
+  /// are staged, f32 accumulation: about 3 decimal digits, and values past 65504 overflow), else
+  /// the f32 matmul kernels reading the weight transposed; "f32" always takes the f32 kernels.
+  std::string linear;
 };
 
 }  // namespace mesh::gpu

@@ -54,6 +54,11 @@ void add_reduction(const graph& g, const kernel& k, const split_options& split, 
 void add_attention(const graph& g, const kernel& k, plan& p) {
   const shape& kd = g[g[k.root].inputs[1]].dims;
   const int64_t d = kd.back(), t = kd[kd.size() - 3], rows = d ? element_count(g[k.root].dims) / d : 0;
+  const shape& qd = g[g[k.root].inputs[0]].dims;
+  if (qd[qd.size() - 3] >= attention_tiled_min_rows && d <= attention_tiled_max_dim) {
+    p.kernels.push_back(k);  // one kernel, pass 0 (`attnt`)
+    return;
+  }
   kernel first = k;
   first.pass = 1;
   const int64_t tiles = std::max<int64_t>(1, (t + attention_slice_keys - 1) / attention_slice_keys);

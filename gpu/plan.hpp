@@ -70,6 +70,12 @@ struct plan {
 inline constexpr int64_t attention_slice_keys = 64;
 inline constexpr int64_t attention_partials_max = int64_t{1} << 18;
 
+/// Attention with at least this many query rows (a prompt) and head size at most
+/// attention_tiled_max_dim runs as one kernel (`attnt`, glsl_attention.cpp) that reads each key
+/// once per tile of query rows; fewer rows (decode) take the two-pass flash-decoding kernels.
+inline constexpr int64_t attention_tiled_min_rows = 17;
+inline constexpr int64_t attention_tiled_max_dim = 128;
+
 /// Tiles of attention_slice_keys keys per slice, for `slices` slices of `keys` keys.
 inline int64_t attention_tiles_per_slice(int64_t keys, int64_t slices) {
   const int64_t tiles = (keys + attention_slice_keys - 1) / attention_slice_keys;

@@ -14,9 +14,11 @@ struct attention_shape {
 };
 
 /// out [batch, l, h, d] = attention of q against k, v (row-major, as the op's operands); pos
-/// [batch, l]. `Q`, `K`, `V`, `P`: anything indexable that yields numbers.
+/// [batch, l]. `Q`, `K`, `V`, `P`: anything indexable that yields numbers. Only heads
+/// [head_begin, head_end) are written (all by default): callers may split the heads over threads.
 template <class Q, class K, class V, class P, class Out>
-void attention_rows(const attention_shape& s, const Q& q, const K& k, const V& v, const P& pos, Out& out) {
+void attention_rows(const attention_shape& s, const Q& q, const K& k, const V& v, const P& pos, Out& out, int64_t head_begin = 0,
+                    int64_t head_end = -1) {
   const int64_t group = s.h / s.kv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
   std::vector<double> w(static_cast<size_t>(s.t)), acc(static_cast<size_t>(s.d));
@@ -25,7 +27,7 @@ void attention_rows(const attention_shape& s, const Q& q, const K& k, const V& v
       const auto p = static_cast<int64_t>(pos[static_cast<size_t>(b * s.l + i)]);
       // Keys [first, last) are visible: s <= p, and within the window.
       const int64_t last = std::min(s.t, p + 1), first = s.window > 0 ? std::max<int64_t>(0, p - s.window + 1) : 0;
-      for (int64_t j = 0; j < s.h; ++j) {
+      for (int64_t j = head_begin; j < (head_end < 0 ? s.h : head_end); ++j) {
         const int64_t qo = ((b * s.l + i) * s.h + j) * s.d, kvh = j / group;
         double top = -INFINITY;
         for (int64_t t = first; t < last; ++t) {

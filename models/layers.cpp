@@ -87,7 +87,7 @@ expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const ex
   builder& b = *q.owner();
   const shape qs = q.dims();
   const int64_t l = qs[0], heads = qs[1], head_dim = qs[2], group = heads / kv_heads;
-  if (l <= fused_attention_max_rows) {
+  if (l <= fused_attention_max_rows || head_dim <= fused_attention_max_head_dim) {
     auto rows_of = [&](const expr& cache) { return reshape(slice_axis(cache, 0, 0, attended), {attended, kv_heads, head_dim}); };
     return reshape(mesh::attention(q, rows_of(k_cache), rows_of(v_cache), positions, window), {l, heads * head_dim});
   }

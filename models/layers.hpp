@@ -43,14 +43,18 @@ expr slot_rows(const expr& cache, const expr& slot, int64_t context, int64_t att
 
 /// Query rows up to which attention() and batched_attention() use the fused attention op.
 inline constexpr int64_t fused_attention_max_rows = 16;
+/// attention() takes the fused op for any number of query rows when heads are at most this
+/// wide: the Vulkan executor then runs a prompt's attention as one kernel reading each key once
+/// per tile of query rows (gpu/plan.hpp attention_tiled_max_dim).
+inline constexpr int64_t fused_attention_max_head_dim = 128;
 
 /// Causal grouped-query attention of q [l, heads, head_dim] over the first `attended` rows of
 /// the caches k, v [n, kv_heads * head_dim]; query row i at position positions[i] (i32 [l]) sees
 /// cache rows t <= positions[i] (and t > positions[i] - window when window > 0). Query head h uses
 /// key/value head h / (heads / kv_heads), as HF's repeat_kv does. Result [l, heads * head_dim].
-/// Up to fused_attention_max_rows query rows (decode) take the fused op (mesh::attention, one
-/// kernel); more rows (a prompt) are composed of matmuls and a softmax, which reuse each key
-/// across the rows.
+/// Up to fused_attention_max_rows query rows (decode), or any number with heads at most
+/// fused_attention_max_head_dim wide, take the fused op (mesh::attention); otherwise the rows are
+/// composed of matmuls and a softmax, which reuse each key across the rows.
 expr attention(const expr& q, const expr& k_cache, const expr& v_cache, const expr& positions, int64_t kv_heads,
                int64_t attended, int64_t window);
 

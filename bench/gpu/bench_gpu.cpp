@@ -2,7 +2,7 @@
 //
 //   mesh-bench-gpu [--quick] [--zeros] [--fresh] [--reps N] [--no-sweep] [--no-step] [--reductions] [--gemm]
 //                  [--reference-gemm GFLOPS]
-//                  [--variants VAR=v1,v2,...]... [--matvec V1,V2,...]
+//                  [--variants VAR=v1,v2,...]... [--matvec V1,V2,...] [--prefill V1,V2,...] [--attention]
 //
 // Matmul kernels are checked before they are timed: every variant timed here first computes
 // odd-shaped, batched, broadcast-weight matmuls with a bias + relu epilogue, checked entry by entry
@@ -19,6 +19,10 @@
 // --matvec V1,V2,... keeps only the decode matrix-vector kernels: for each MESH_MATVEC value
 // ("default" is the default kernel) a new executor, then f16, q8_0, q4_k and q6_k weights on the
 // Llama-3.2-1B projection shapes, each checked on 64 outputs, timed in weight GB/s.
+// --attention: causal attention, 8 heads x 4096 rows x 4096 keys, d = 64, one kernel (`attnt`),
+// checked on sampled rows; bench/gpu/sdpa_reference.py times PyTorch's SDPA on the same shape.
+// --prefill V1,V2,... the same with 512 rows of x (a prompt) for each MESH_LINEAR value ("default":
+// `mmctl` on tensor cores where the device has them; "f32": the f32 matmul kernels), in GFLOP/s.
 //
 // Kernel choices by name, in --variants lists and in the environment (MESH_GEMM=wide
 // mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT and MESH_GEMM_SWIZZLE
@@ -462,6 +466,7 @@ bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::stri
   if (var == "MESH_GEMM") o.variants.gemm = value;
   else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
   else if (var == "MESH_MATVEC") o.variants.matvec = value;
+  else if (var == "MESH_LINEAR") o.variants.linear = value;
   else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));
   else if ((var == "MESH_SPLIT_REDUCE" || var == "MESH_FUSE_ROWS") && (value == "0" || value == "1"))
     (var == "MESH_SPLIT_REDUCE" ? o.split_reductions : o.fuse_rows) = value[0] - '0';
@@ -497,16 +502,21 @@ std::vector<std::string> split_list(const std::string& list) {
 /// `variants` ("" is the default kernel). Each result is checked on 64 sampled outputs against a
 /// double-precision dot product with the weight decoded by graph/quant.hpp's reference, then
 /// timed; the figure is the weight's bytes over the kernel's time (the kernel is bound by them).
-void time_matvecs(const std::vector<std::string>& variants, bool quick) {
+/// --prefill: the same products with 512 rows of x (a prompt), once per MESH_LINEAR value, in
+/// GFLOP/s; the f16 tensor-core kernel (`mmctl`) rounds x and the weight to f16, so its check
+/// allows 2e-3 of the sum of |w x| where the f32 kernels' allows 1e-4.
+void time_linears(const std::vector<std::string>& variants, bool quick, bool prefill) {
   struct shape_case {
     int64_t m, n, k;
   };
   const std::vector<shape_case> cases =
-      quick ? std::vector<shape_case>{{1, 256, 512}, {4, 128, 512}}
-            : std::vector<shape_case>{{1, 2048, 2048}, {1, 8192, 2048}, {1, 2048, 8192}, {1, 128256, 2048}, {4, 8192, 2048}};
+      prefill ? (quick ? std::vector<shape_case>{{64, 256, 512}} : std::vector<shape_case>{{512, 2048, 2048}, {512, 16384, 2048}, {512, 2048, 8192}, {512, 128256, 2048}})
+      : quick ? std::vector<shape_case>{{1, 256, 512}, {4, 128, 512}}
+              : std::vector<shape_case>{{1, 2048, 2048}, {1, 8192, 2048}, {1, 2048, 8192}, {1, 128256, 2048}, {4, 8192, 2048}};
+  const char* var = prefill ? "MESH_LINEAR" : "MESH_MATVEC";
   int tag = 0;
   for (const auto& variant : variants) {
-    auto vex = executor_with("MESH_MATVEC", variant == "default" ? "" : variant.c_str());
+    auto vex = executor_with(var, variant == "default" ? "" : variant.c_str());
     if (!vex) continue;
     for (dtype wt : {dtype::f16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
       for (const auto& c : cases) {
@@ -567,16 +577,95 @@ void time_matvecs(const std::vector<std::string>& variants, bool quick) {
           }
           worst = std::max(worst, std::abs(got->at(p + "y").at(i * c.n + j) - want) / std::max(scale, 1e-6));
         }
-        if (worst > 1e-4) {
-          std::printf("CHECK FAILED: matvec %s %s, worst relative error %.3g\n", to_string(wt), variant.c_str(), worst);
+        const double limit = r.variant.rfind("mmctl", 0) == 0 ? 2e-3 : 1e-4;
+        if (worst > limit) {
+          std::printf("CHECK FAILED: %s %s %s, worst relative error %.3g\n", prefill ? "prefill" : "matvec", to_string(wt), variant.c_str(), worst);
           ++failures;
         }
-        const std::string what = std::string("matvec ") + to_string(wt) + (variant == "default" ? "" : " MESH_MATVEC=" + variant);
+        const std::string what = std::string(prefill ? "prefill " : "matvec ") + to_string(wt) +
+                                 (variant == "default" ? "" : std::string(" ") + var + "=" + variant);
         const std::string size = std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k);
-        row(what.c_str(), size, r, static_cast<double>(wq.bytes.size()), "GB/s");
+        if (prefill) row(what.c_str(), size, r, 2.0 * static_cast<double>(c.m * c.n) * static_cast<double>(c.k), "GFLOP/s");
+        else row(what.c_str(), size, r, static_cast<double>(wq.bytes.size()), "GB/s");
         vex->unload(*id);
       }
   }
+}
+
+/// --attention: causal attention, 8 heads x 4096 query rows x 4096 keys, d = 64 (a prompt's
+/// shape; bench/gpu/sdpa_reference.py times PyTorch's scaled_dot_product_attention on it), f32, as
+/// the models' prompts run it (one kernel, `attnt`). Checked on 6 sampled rows of every head
+/// against a host computation in double; GFLOP/s count the causal half, 4 h d l (l + 1) / 2.
+void time_attention(bool quick) {
+  const int64_t l = quick ? 96 : 4096, h = 8, d = 64;
+  auto ex = gpu::make_vulkan_executor(options);
+  if (!ex) return;
+  gpu::executor& vex = **ex;
+  builder b;
+  auto q = b.parameter("at.q", dtype::f32, {l, h, d});
+  auto k = b.parameter("at.k", dtype::f32, {l, h, d});
+  auto v = b.parameter("at.v", dtype::f32, {l, h, d});
+  auto pos = b.parameter("at.pos", dtype::i32, {l});
+  b.update(b.parameter("at.y", dtype::f32, {l, h, d}), attention(q, k, v, pos));
+  const graph g = finish(b);
+  uint64_t state = 7;
+  auto draw = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(static_cast<int64_t>(state >> 40) % 2001 - 1000) / 1000.0;
+  };
+  std::vector<double> qv(static_cast<size_t>(l * h * d)), kv(qv.size()), vv(qv.size()), pv(static_cast<size_t>(l));
+  for (auto* x : {&qv, &kv, &vv})
+    for (auto& e : *x) e = draw();
+  for (int64_t i = 0; i < l; ++i) pv[static_cast<size_t>(i)] = static_cast<double>(i);
+  const tensor_map params{{"at.q", tensor::from_values(dtype::f32, {l, h, d}, qv)}, {"at.k", tensor::from_values(dtype::f32, {l, h, d}, kv)},
+                          {"at.v", tensor::from_values(dtype::f32, {l, h, d}, vv)}, {"at.pos", tensor::from_values(dtype::i32, {l}, pv)},
+                          {"at.y", tensor::zeros(dtype::f32, {l, h, d})}};
+  if (auto ok = vex.set_parameters(params); !ok) {
+    std::fprintf(stderr, "set_parameters: %s\n", ok.error().to_string().c_str());
+    std::exit(1);
+  }
+  auto id = vex.load(g);
+  if (!id) {
+    std::fprintf(stderr, "load: %s\n", id.error().to_string().c_str());
+    std::exit(1);
+  }
+  warm_up(vex, *id);
+  std::vector<double> times;
+  result r;
+  for (int i = 0; i <= reps; ++i) {
+    const double ms = run_ms(vex, *id);
+    if (ms < 0) std::exit(1);
+    if (i > 0) times.push_back(ms);
+    if (!vex.stats().kernels.empty()) r.variant = vex.stats().kernels[0].name.substr(0, vex.stats().kernels[0].name.rfind('_'));
+  }
+  std::sort(times.begin(), times.end());
+  r.ms = times[times.size() / 2];
+  r.kernels = static_cast<int>(vex.stats().kernels.size());
+  auto got = vex.get_parameters({"at.y"});
+  double worst = got ? 0 : 1e9;
+  for (int64_t i : {int64_t{0}, int64_t{1}, l / 3, l / 2, l - 2, l - 1})
+    for (int64_t j = 0; got && j < h; ++j) {
+      std::vector<double> w(static_cast<size_t>(i + 1));
+      double top = -1e300, total = 0;
+      for (int64_t t = 0; t <= i; ++t) {
+        double dot = 0;
+        for (int64_t x = 0; x < d; ++x) dot += qv[static_cast<size_t>((i * h + j) * d + x)] * kv[static_cast<size_t>((t * h + j) * d + x)];
+        w[static_cast<size_t>(t)] = dot / std::sqrt(static_cast<double>(d));
+        top = std::max(top, w[static_cast<size_t>(t)]);
+      }
+      for (auto& e : w) total += (e = std::exp(e - top));
+      for (int64_t x = 0; x < d; ++x) {
+        double want = 0;
+        for (int64_t t = 0; t <= i; ++t) want += w[static_cast<size_t>(t)] * vv[static_cast<size_t>((t * h + j) * d + x)];
+        worst = std::max(worst, std::abs(got->at("at.y").at((i * h + j) * d + x) - want / total));
+      }
+    }
+  if (worst > 1e-4) {
+    std::printf("CHECK FAILED: attention, worst error %.3g\n", worst);
+    ++failures;
+  }
+  const std::string size = std::to_string(h) + "x" + std::to_string(l) + "x" + std::to_string(l) + " d" + std::to_string(d);
+  row("attention causal f32", size, r, 4.0 * static_cast<double>(h * d) * static_cast<double>(l) * static_cast<double>(l + 1) / 2, "GFLOP/s");
 }
 
 /// --variants VAR=v1,v2,...: for each value, a new executor with VAR=value, its matmuls checked
@@ -668,6 +757,8 @@ int main(int argc, char** argv) {
   double reference_gemm = 0;
   std::vector<std::string> variant_lists;  // --variants VAR=v1,v2,...
   std::vector<std::string> matvec_variants;  // --matvec V1,V2,... ("default" is the default kernel)
+  std::vector<std::string> prefill_variants;  // --prefill V1,V2,... (MESH_LINEAR values)
+  bool attention_only = false;                 // --attention
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--zeros")) zeros = true;
@@ -678,6 +769,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--reductions")) sweep = false, focus = true;
     else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
     else if (!std::strcmp(argv[i], "--matvec") && i + 1 < argc) matvec_variants = split_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) prefill_variants = split_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--attention")) attention_only = true;
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_lists.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--reference-gemm") && i + 1 < argc) reference_gemm = std::atof(argv[++i]);
   }
@@ -752,8 +845,15 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(cache);
     return failures ? 2 : 0;
   }
-  if (!matvec_variants.empty()) {
-    time_matvecs(matvec_variants, quick);
+  if (attention_only) {
+    time_attention(quick);
+    if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
+    std::filesystem::remove_all(cache);
+    return failures ? 2 : 0;
+  }
+  if (!matvec_variants.empty() || !prefill_variants.empty()) {
+    time_linears(matvec_variants, quick, false);
+    time_linears(prefill_variants, quick, true);
     if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
     std::filesystem::remove_all(cache);
     return failures ? 2 : 0;

@@ -1,5 +1,5 @@
 // mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] [--runs N]
-//                     [--kernels] [--unfused] [--batch N]
+//                     [--kernels] [--prompt-kernels] [--unfused] [--batch N]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
@@ -9,13 +9,15 @@
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
 // core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec),
-// MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`);
+// MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`), MESH_LINEAR=f32
+// keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear);
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
 // MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
 // (session_options::fuse_projections off: one matrix-vector product per q, k, v, gate and up).
 // --batch N: N sequences (slots), each prefilled with the prompt, then decoded together in batched
 // steps of N rows (continuous batching's step); tokens/s counts every sequence's tokens, and
-// --kernels lists an N-row step's kernels.
+// --kernels lists an N-row step's kernels. --prompt-kernels also runs one more prompt alone and sums
+// its kernels' GPU times by kind.
 // "decode host" splits a decode step's wall time (Vulkan): inside executor::run, of that from queue
 // submission to the fence's signal, and outside (session, argmax).
 // The last line is machine-readable, key=value pairs:
@@ -33,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,7 +60,7 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 int usage() {
   std::fprintf(stderr,
                "usage: mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] "
-               "[--runs N] [--kernels] [--unfused] [--batch N]\n");
+               "[--runs N] [--kernels] [--prompt-kernels] [--unfused] [--batch N]\n");
   return 2;
 }
 
@@ -81,7 +84,7 @@ mean_sd summarize(const std::vector<double>& v) {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
-  bool cpu = false, kernels = false, unfused = false;
+  bool cpu = false, kernels = false, prompt_kernels = false, unfused = false;
   int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0, batch = 1;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
     else if (a == "--runs") runs = next();
     else if (a == "--threads") threads = next();
     else if (a == "--kernels") kernels = true;
+    else if (a == "--prompt-kernels") prompt_kernels = kernels = true;
     else if (a == "--unfused") unfused = true;
     else if (a == "--batch") batch = next();
     else return usage();
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
     gpu::vulkan_options vo;
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
     if (const char* gm = std::getenv("MESH_GEMM")) vo.variants.gemm = gm;  // e.g. noskinny
+    if (const char* li = std::getenv("MESH_LINEAR")) vo.variants.linear = li;  // f32: prompts without `mmctl`
     // GPU timestamps around the kernels only for --kernels (a node runs without them);
     // MESH_TIMESTAMPS=0 or 1 overrides (what they cost a decode step).
     vo.kernel_timestamps = kernels;
@@ -232,6 +237,23 @@ int main(int argc, char** argv) {
     for (const auto& k : ks)
       std::printf("  %-28s %8.4f ms %10.1f MB %8.1f GB/s\n", k.name.c_str(), k.last_ms, static_cast<double>(k.bytes) / 1e6,
                   k.last_ms > 0 ? static_cast<double>(k.bytes) / k.last_ms / 1e6 : 0.0);
+  }
+  if (prompt_kernels) {
+    // One more prompt, alone, its kernels summed by kind (the name without its node id).
+    s->reset(0);
+    if (auto l = s->prefill(0, prompt); !l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), 1;
+    std::map<std::string, std::pair<double, int>> by_kind;
+    double total = 0;
+    for (const auto& k : ex->stats().kernels) {
+      auto& e = by_kind[k.name.substr(0, k.name.rfind('_'))];
+      e.first += k.last_ms;
+      ++e.second;
+      total += k.last_ms;
+    }
+    std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_kind.begin(), by_kind.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    std::printf("prompt kernels    %zu kernels, %.3f ms of GPU time (last program of the prompt)\n", ex->stats().kernels.size(), total);
+    for (const auto& [name, e] : rows) std::printf("  %-28s %8.4f ms %4d\n", name.c_str(), e.first, e.second);
   }
   std::string device = ex->info().name;
   std::replace(device.begin(), device.end(), ' ', '_');

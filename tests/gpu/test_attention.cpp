@@ -11,6 +11,7 @@
 
 #include "graph/autodiff.hpp"
 #include "graph/nn.hpp"
+#include "gpu/plan.hpp"
 
 using namespace mesh;
 using namespace mesh::gpu;
@@ -103,24 +104,64 @@ TEST_CASE("attention: one sequence against a cache, grouped-query heads, every b
   }
 }
 
-TEST_CASE("attention: an empty cache gives zeros on every back end") {
+TEST_CASE("attention: prompt-sized query rows take one kernel, on every back end") {
+  // At least gpu::attention_tiled_min_rows (17) rows: `attnt`, tiles of query rows against
+  // tiles of keys. A prompt after 20 cached positions; rows past the last tile's end; a head
+  // size that 4 does not divide; a sliding window; positions out of order with a padding row
+  // (-1: sees nothing); d = 128 with an f16 cache; a batch.
+  {
+    attention_case c{.l = 40, .h = 4, .kv = 2, .d = 64, .t = 60, .pos = {}};
+    for (int32_t i = 0; i < 40; ++i) c.pos.push_back(20 + i);
+    check_attention(c, 21);
+  }
+  {
+    attention_case c{.l = 100, .h = 2, .kv = 1, .d = 42, .t = 100, .window = 30, .pos = {}};
+    for (int32_t i = 0; i < 100; ++i) c.pos.push_back(i);
+    check_attention(c, 22);
+  }
+  {
+    attention_case c{.l = 70, .h = 3, .kv = 3, .d = 128, .t = 90, .pos = {}, .cache = dtype::f16};
+    for (int32_t i = 0; i < 70; ++i) c.pos.push_back(i == 33 ? -1 : (i * 37) % 90);
+    check_attention(c, 23);
+  }
+  check_attention({.batch = 2, .l = 20, .h = 4, .kv = 2, .d = 64, .t = 50,
+                   .pos = {30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
+                           0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}},
+                  24);
+  // The plan: one kernel for the prompt, two passes for a decode step.
   builder b;
-  auto q = b.input("q", dtype::f32, {2, 4, 8});
+  auto k = b.input("k", dtype::f32, {32, 2, 64});
+  auto v = b.input("v", dtype::f32, {32, 2, 64});
+  b.output("prompt", attention(b.input("qp", dtype::f32, {17, 4, 64}), k, v, b.input("pp", dtype::i32, {17})));
+  b.output("decode", attention(b.input("qd", dtype::f32, {16, 4, 64}), k, v, b.input("pd", dtype::i32, {16})));
+  const graph g = finish(b);
+  const plan p = lower(g);
+  std::vector<int> passes;
+  for (const auto& kn : p.kernels)
+    if (kn.kind == kernel_kind::attention) passes.push_back(kn.pass);
+  CHECK(passes == std::vector<int>{0, 1, 2});
+}
+
+TEST_CASE("attention: an empty cache gives zeros on every back end") {
+  for (const int64_t l : {2, 20}) {
+  builder b;
+  auto q = b.input("q", dtype::f32, {l, 4, 8});
   auto k = b.input("k", dtype::f32, {0, 2, 8});
-  auto pos = b.input("pos", dtype::i32, {2});
+  auto pos = b.input("pos", dtype::i32, {l});
   b.output("y", attention(q, k, b.input("v", dtype::f32, {0, 2, 8}), pos));
   const graph g = finish(b);
-  tensor p = tensor::zeros(dtype::i32, {2});
+  tensor p = tensor::zeros(dtype::i32, {l});
   p.set(1, 5);
-  const tensor_map inputs{{"q", random_tensor(dtype::f32, {2, 4, 8}, 11)}, {"k", tensor::zeros(dtype::f32, {0, 2, 8})},
+  const tensor_map inputs{{"q", random_tensor(dtype::f32, {l, 4, 8}, 11)}, {"k", tensor::zeros(dtype::f32, {0, 2, 8})},
                           {"v", tensor::zeros(dtype::f32, {0, 2, 8})}, {"pos", p}};
   for (executor* ex : {&cpu(), &vulkan()}) {
     const tensor_map out = run_on(*ex, g, inputs);
-    INFO(ex->info().name);
-    REQUIRE(out.at("y").dims == shape{2, 4, 8});
+    INFO(ex->info().name << " rows " << l);
+    REQUIRE(out.at("y").dims == (shape{l, 4, 8}));
     bool zeros = true;
     for (int64_t i = 0; i < out.at("y").size(); ++i) zeros = zeros && out.at("y").at(i) == 0.0;
     CHECK(zeros);
+  }
   }
 }
 

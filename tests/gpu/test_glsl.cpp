@@ -218,6 +218,50 @@ TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices
   if (!spirv) FAIL(spirv.error().message << "\n" << src->glsl);
 }
 
+TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16 and quantized weights, and it compiles") {
+  // x f32 and f16 (a reshape of a buffer), ragged rows and weight rows, an epilogue reading
+  // another buffer; a small problem (64x64 tiles) and a large one (128x128).
+  const dtype types[] = {dtype::f16, dtype::q8_0, dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+  gpu::shader_cache cache("", "test", false);
+  for (dtype wt : types) {
+    builder b;
+    auto xs = b.input("xs", dtype::f32, {2, 21, 256});
+    auto xh = b.input("xh", dtype::f16, {40, 256});
+    auto xl = b.input("xl", dtype::f32, {1024, 256});
+    auto w = b.parameter("w", wt, {72, 256});
+    auto wl = b.parameter("wl", wt, {2056, 256});
+    auto bias = b.parameter("bias", dtype::f32, {72});
+    b.output("small", relu(linear(xs, w) + bias));
+    b.output("half", linear(xh, w));
+    b.output("large", linear(xl, wl));
+    b.output("decode", linear(reshape(xs, {42, 256}), w));
+    const graph g = done(b);
+    const auto p = gpu::lower(g);
+    gpu::device_caps caps;
+    caps.storage16 = true;
+    caps.subgroup_arithmetic = true;
+    caps.shared_memory_bytes = 49152;
+    caps.coopmat_f16 = true;
+    std::vector<std::string> names;
+    for (const auto& k : p.kernels) {
+      if (k.kind != gpu::kernel_kind::linear) continue;
+      auto src = gpu::emit(g, p, k, caps);
+      REQUIRE(src.has_value());
+      names.push_back(src->name);
+      INFO(to_string(wt) << " " << src->name << "\n" << src->glsl);
+      CHECK(src->name.rfind("mmctl", 0) == 0);
+      auto spirv = cache.get(src->name, src->glsl);
+      if (!spirv) FAIL(spirv.error().message);
+    }
+    CHECK(names.size() == 4);
+    CHECK(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("mmctl128x128", 0) == 0; }) == 1);
+    // kernel_variants::linear "f32" keeps the f32 kernels, and so does a device without coopmat.
+    caps.variants.linear = "f32";
+    for (const auto& k : p.kernels)
+      if (k.kind == gpu::kernel_kind::linear) CHECK(gpu::emit(g, p, k, caps)->name.rfind("mmw", 0) == 0);
+  }
+}
+
 TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shapes) compiles") {
   // Small (64x64 tiles) and large (enough 128-wide tiles to fill a GPU) problems, a weight
   // broadcast over the batch (read straight from its buffer), a transposed operand (loader), and

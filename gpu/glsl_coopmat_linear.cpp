@@ -1,0 +1,164 @@
+// `mmctl`: a prompt-sized linear (x [rows, k] times a weight [n, k] read transposed) on tensor
+// cores. The tiled cooperative-matrix kernel (glsl_coopmat.cpp) reads both operands as f16
+// buffers; a linear's weight is quantized or f16 and stored row by row along k, and its x is
+// usually f32. Here both are converted while they are staged: each thread reads a 32-element
+// chunk of one weight row (quantized: decoded in registers by the dtype's chunk decoder,
+// glsl_quant.cpp; f16: four 16-byte loads), rounds it to f16 and stores it as a row of the shared
+// B tile, which is laid out [n][k] and loaded as column-major fragments; x is read as vec4s (f32)
+// or uvec4s (f16) and rounded to f16 on its way to the shared A tile. Accumulation is f32, the
+// epilogue runs per element as in every matmul. Rounding x and the weight to f16 is what
+// llama.cpp's CUDA back end does for its cuBLAS path too; values beyond f16's range (65504)
+// become infinite, which kernel_variants::linear "f32" avoids.
+#include <algorithm>
+
+#include "gpu/glsl_emitter.hpp"
+#include "gpu/glsl_kernels.hpp"
+#include "gpu/matmul_schedule.hpp"
+#include "graph/quant.hpp"
+
+namespace mesh::gpu::detail {
+
+std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
+  if (!caps.coopmat_f16 || caps.variants.linear == "f32" || caps.variants.coopmat == "64") return std::nullopt;
+  const mm_dims d = dims_of(g, k);
+  const node_index w = d.b;
+  const dtype wt = g[w].type;
+  // x from the buffer a chain of reshapes views (the same flat index), f32 or f16.
+  node_index x = d.a;
+  while (!q.materialised[x] && g[x].op == op_kind::reshape) x = g[x].inputs[0];
+  const dtype xt = g[x].type;
+  if (!q.materialised[x] || !q.materialised[w] || (xt != dtype::f32 && xt != dtype::f16)) return std::nullopt;
+  const bool quant = is_quantized(wt);
+  if (quant ? quant_chunk_decoder(wt, "b").empty() : wt != dtype::f16) return std::nullopt;
+  if (d.m <= matvec_max_rows || d.kd % 8 != 0 || d.kd == 0 || d.n == 0) return std::nullopt;
+  if (read_elsewhere(g, q, k, x, w) || read_elsewhere(g, q, k, w, d.a)) return std::nullopt;
+  auto tile = pick_coop_tile(d, caps);
+  if (!tile) return std::nullopt;
+  coop_tile t = *tile;
+  t.bk = 32;  // one 32-element chunk of a weight row per thread and tile
+  const int64_t m = d.m, n = d.n, kd = d.kd, bm = t.bm(), bn = t.bn(), bk = t.bk, rs = bk / 8 + 1;  // uvec4 per shared row
+  const int64_t threads = t.threads();
+  if (16 * 2 * (bm + bn) * rs + t.sgm * t.sgn * 256 * 4 > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
+
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const int xb = e.bind(x), wb = e.bind(w);
+  std::string store;
+  e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[sg * 256u + li]"); });
+  std::string decl;
+  for (size_t i = 0; i < e.bindings.size(); ++i) {
+    const std::string b = std::to_string(i);
+    if (static_cast<int>(i) == xb)
+      decl += "layout(std430, binding = " + b + ") readonly restrict buffer B" + b + " { " + (xt == dtype::f32 ? "vec4" : "uvec4") +
+              " v[]; } b" + b + ";\n";
+    else if (static_cast<int>(i) == wb && !quant)
+      decl += "layout(std430, binding = " + b + ") readonly restrict buffer B" + b + " { uvec4 v[]; } b" + b + ";\n";
+    else
+      decl += buffer_decl(g, e.bindings[i], i, false);  // a quantized weight brings its decoders
+  }
+  const std::string X = "b" + std::to_string(xb), W = "b" + std::to_string(wb);
+
+  const std::string frag16 = "fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>", frag32 = "fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>";
+  const auto loop = [](const char* var, int64_t count) {
+    return std::string("[[unroll]] for (uint ") + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+  // A items: 8 elements (one uvec4 of halves) of a row of x; B items: one 32-element chunk of a
+  // weight row (4 uvec4 of halves).
+  const int64_t a_items = bm * bk / 8, b_items = bn * bk / 32;
+  const int64_t a_per = (a_items + threads - 1) / threads, b_per = (b_items + threads - 1) / threads;
+  const auto guard = [&](int64_t items) { return items % threads == 0 ? std::string() : "el < " + u(items) + " && "; };
+
+  std::string src;
+  // Eight elements of x at flat index i (a multiple of 8), rounded to f16.
+  src += "uvec4 x8(uint i) {\n";
+  if (xt == dtype::f32)
+    src += "  vec4 a = " + X + ".v[i >> 2], c = " + X + ".v[(i >> 2) + 1u];\n  return uvec4(packHalf2x16(a.xy), packHalf2x16(a.zw), "
+           "packHalf2x16(c.xy), packHalf2x16(c.zw));\n";
+  else
+    src += "  return " + X + ".v[i >> 3];\n";
+  src += "}\n";
+  // Chunk c (32 elements) of weight row r, as 16 packed halves; zeros past k.
+  src += "void w32(uint r, uint c, out uvec4 h[4]) {\n";
+  if (quant) {
+    src += "  float v[32];\n  " + W + "_chunk(r, c, v);\n";
+    src += "  " + loop("j", 4) + "h[j] = uvec4(packHalf2x16(vec2(v[8u * j], v[8u * j + 1u])), packHalf2x16(vec2(v[8u * j + 2u], v[8u * j + 3u])),"
+           " packHalf2x16(vec2(v[8u * j + 4u], v[8u * j + 5u])), packHalf2x16(vec2(v[8u * j + 6u], v[8u * j + 7u])));\n";
+  } else {
+    src += "  " + loop("j", 4) + "h[j] = c * 32u + j * 8u < " + u(kd) + " ? " + W + ".v[(r * " + u(kd) + " + c * 32u + j * 8u) >> 3] : uvec4(0u);\n";
+  }
+  src += "}\n";
+
+  auto fetch = [&](const std::string& kb) {
+    std::string f;
+    f += "      " + loop("l", a_per) + "{\n        uint el = tid + l * " + u(threads) + ", gm = m0 + el / " + u(bk / 8) + ", gk = " + kb +
+         " + (el % " + u(bk / 8) + ") * 8u;\n";
+    f += "        ga[l] = (" + guard(a_items) + "gm < " + u(m) + " && gk < " + u(kd) + ") ? x8(gm * " + u(kd) + " + gk) : uvec4(0u);\n      }\n";
+    f += "      " + loop("l", b_per) + "{\n        uint el = tid + l * " + u(threads) + ", gn = n0 + el / " + u(bk / 32) + ", gc = " + kb +
+         " / 32u + el % " + u(bk / 32) + ";\n";
+    f += "        if (" + guard(b_items) + "gn < " + u(n) + " && gc * 32u < " + u(kd) + ") w32(gn, gc, gb[l]);\n";
+    f += "        else " + loop("j", 4) + "gb[l][j] = uvec4(0u);\n      }\n";
+    return f;
+  };
+  auto stash = [&](const std::string& stage) {
+    std::string s;
+    s += "      " + loop("l", a_per) + "{\n        uint el = tid + l * " + u(threads) + ";\n        " +
+         (guard(a_items).empty() ? "" : "if (el < " + u(a_items) + ") ") + "As[(" + stage + ") * " + u(bm * rs) + " + (el / " +
+         u(bk / 8) + ") * " + u(rs) + " + el % " + u(bk / 8) + "] = ga[l];\n      }\n";
+    s += "      " + loop("l", b_per) + "{\n        uint el = tid + l * " + u(threads) + ";\n        " +
+         (guard(b_items).empty() ? "" : "if (el < " + u(b_items) + ") ") + loop("j", 4) + "Bs[(" + stage + ") * " + u(bn * rs) +
+         " + (el / " + u(bk / 32) + ") * " + u(rs) + " + (el % " + u(bk / 32) + ") * 4u + j] = gb[l][j];\n      }\n";
+    return s;
+  };
+  // One k tile from shared stage `stage`: A fragments row-major from [m][k], B fragments
+  // column-major from [n][k] (element (k, n) at n * stride + k).
+  auto math = [&](const std::string& stage) {
+    std::string m_;
+    m_ += "      " + loop("kk", bk / 16) + "{\n        " + frag16 + " fa[" + std::to_string(t.fm) + "], fb[" + std::to_string(t.fn) + "];\n";
+    m_ += "        " + loop("i", t.fm) + "coopMatLoadNV(fa[i], As, (" + stage + ") * " + u(bm * rs) + " + (wm * " + u(t.fm * 16) +
+          " + i * 16u) * " + u(rs) + " + kk * 2u, " + u(rs) + ", false);\n";
+    m_ += "        " + loop("j", t.fn) + "coopMatLoadNV(fb[j], Bs, (" + stage + ") * " + u(bn * rs) + " + (wn * " + u(t.fn * 16) +
+          " + j * 16u) * " + u(rs) + " + kk * 2u, " + u(rs) + ", true);\n";
+    m_ += "        " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);\n      }\n";
+    return m_;
+  };
+
+  const int64_t tiles = (kd + bk - 1) / bk;
+  src += "shared uvec4 As[" + std::to_string(2 * bm * rs) + "];\nshared uvec4 Bs[" + std::to_string(2 * bn * rs) + "];\n";
+  src += "shared float Cs[" + std::to_string(t.sgm * t.sgn * 256) + "];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
+  src += "  const uint wm = sg / " + u(t.sgn) + ", wn = sg % " + u(t.sgn) + ";\n";
+  src += tile_loops(1, m, n, bm, bn, caps.variants.gemm_swizzle);
+  src += "    const uint bz = 0u;\n";
+  src += "    " + frag32 + " acc[" + std::to_string(t.fm) + "][" + std::to_string(t.fn) + "];\n";
+  src += "    " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = " + frag32 + "(0.0);\n";
+  src += "    uvec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "][4];\n";
+  // As in the tiled f16 kernel: the next tile in registers while this one is multiplied, one
+  // barrier per tile, the last tile peeled off so the loop body has no branches.
+  src += "    {\n" + fetch("0u") + stash("0u") + "    }\n    barrier();\n";
+  src += "    for (uint t = 0u; t < " + u(tiles - 1) + "; ++t) {\n      const uint cur = t & 1u;\n      {\n" + fetch("(t + 1u) * " + u(bk)) +
+         "      }\n" + math("cur") + stash("cur ^ 1u") + "      barrier();\n    }\n";
+  src += math(u(tiles - 1) + " & 1u");
+  src += "    " + loop("i", t.fm) + loop("j", t.fn) + "{\n";
+  src += "      coopMatStoreNV(acc[i][j], Cs, sg * 256u, 16u, false);\n      subgroupMemoryBarrierShared();\n      subgroupBarrier();\n";
+  src += "      " + loop("r", 8) + "{\n        uint li = lane + r * 32u, gm = m0 + wm * " + u(t.fm * 16) + " + i * 16u + li / 16u, gn = n0 + wn * " +
+         u(t.fn * 16) + " + j * 16u + li % 16u;\n";
+  src += "        if (gm < " + u(m) + " && gn < " + u(n) + ") {\n          uint ci = gm * " + u(n) + " + gn;\n" + store +
+         "        }\n      }\n      subgroupMemoryBarrierShared();\n      subgroupBarrier();\n    }\n";
+  // The next tile of this workgroup (grid-stride) overwrites stage 0 of As and Bs.
+  src += "    barrier();\n  }\n}\n";
+
+  kernel_source s;
+  s.name = "mmctl" + std::to_string(bm) + "x" + std::to_string(bn) + "_" + to_string(wt) + "_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.flops = d.flops();
+  s.glsl = std::string("#version 450\n#extension GL_EXT_shader_16bit_storage : require\n") +
+           "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+           "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
+           "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
+           "layout(local_size_x = " + std::to_string(threads) + ") in;\n" + decl + prelude + src;
+  return s;
+}
+
+}  // namespace mesh::gpu::detail

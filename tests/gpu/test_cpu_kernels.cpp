@@ -1,0 +1,330 @@
+// The CPU executor's kernels on their own and through the executor: the blocked GEMM against a
+// double-precision loop (odd, empty and batched shapes, strided and transposed operands, NaN and
+// infinity), the linear kernels against dequantize_row() and a double dot for every weight dtype
+// (extreme block scales, x of large and small magnitude), each on the AVX2 path (where this CPU
+// has it) and the portable one, with and without the thread pool; then linear and matmul graphs
+// on the CPU executor against mesh::evaluate. No Vulkan needed.
+#include "harness.hpp"
+
+#include <random>
+#include <vector>
+
+#include "graph/quant.hpp"
+#include "gpu/cpu_gemm.hpp"
+#include "gpu/cpu_isa.hpp"
+#include "gpu/cpu_linear.hpp"
+#include "gpu/cpu_thread_pool.hpp"
+
+using namespace mesh;
+using namespace mesh::gpu;
+using namespace mesh::gpu::test;
+
+namespace {
+
+/// Both kernel sets where this CPU runs both.
+std::vector<cpu_isa> isas() {
+  std::vector<cpu_isa> out{cpu_isa::portable};
+  if (supported_isa() != cpu_isa::portable) out.push_back(supported_isa());
+  return out;
+}
+
+thread_pool& pool2() {
+  static thread_pool p(2);
+  return p;
+}
+
+std::vector<float> uniform(size_t n, uint64_t seed, float lo = -1, float hi = 1) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+/// |got - want| within `rel` of `scale` (the sum of the products' magnitudes), NaN where want is
+/// NaN, the same infinity where want is infinite.
+bool close(float got, double want, double scale, double rel) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::abs(static_cast<double>(got) - want) <= rel * scale + 1e-35;
+}
+
+struct gemm_case {
+  int64_t batch, m, k, n;
+  bool broadcast_b = false;  ///< one B for every batch (b_batch = 0)
+  bool transposed_b = false; ///< B stored as [n, k] (a linear layer's weight)
+  int64_t pad = 0;           ///< extra elements at the end of each row of A and C (strides > k, n)
+};
+
+/// C = A x B by gemm_f32 against a double loop, element by element.
+void check_gemm(const gemm_case& c, cpu_isa isa, thread_pool* pool, bool specials = false) {
+  INFO("batch " << c.batch << " m " << c.m << " k " << c.k << " n " << c.n << " broadcast " << c.broadcast_b << " transposed " << c.transposed_b
+                << " pad " << c.pad << " isa " << to_string(isa) << " pool " << (pool != nullptr));
+  const int64_t lda = c.k + c.pad, ldc = c.n + c.pad, b_batches = c.broadcast_b ? 1 : c.batch;
+  std::vector<float> a = uniform(static_cast<size_t>(c.batch * c.m * lda), 1 + c.m);
+  std::vector<float> b = uniform(static_cast<size_t>(b_batches * c.k * c.n), 2 + c.n);
+  if (specials && c.m >= 3 && c.k >= 2 && c.n >= 2) {
+    a[0] = NAN;                                     // row 0 of C: all NaN
+    a[static_cast<size_t>(lda)] = INFINITY;         // row 1: inf x (B values of either sign)
+    b[static_cast<size_t>(c.transposed_b ? 1 : c.n + 1)] = 0.0f;  // B(1, 1) = 0: inf x 0 somewhere in row 2
+    a[static_cast<size_t>(2 * lda + 1)] = INFINITY;
+  }
+  const float sentinel = 12345.0f;
+  std::vector<float> out(static_cast<size_t>(c.batch * c.m * ldc), sentinel);
+  gemm_args g;
+  g.m = c.m, g.n = c.n, g.k = c.k, g.batch = c.batch;
+  g.a = a.data(), g.a_row = lda, g.a_col = 1, g.a_batch = c.m * lda;
+  g.b = b.data(), g.b_batch = c.broadcast_b ? 0 : c.k * c.n;
+  if (c.transposed_b) g.b_row = 1, g.b_col = c.k;
+  else g.b_row = c.n, g.b_col = 1;
+  g.c = out.data(), g.c_row = ldc, g.c_batch = c.m * ldc;
+  gemm_f32(g, isa, pool);
+  int64_t bad = 0;
+  for (int64_t t = 0; t < c.batch; ++t)
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double want = 0, scale = 0;
+        for (int64_t p = 0; p < c.k; ++p) {
+          const double x = a[static_cast<size_t>(t * c.m * lda + i * lda + p)];
+          const double y = b[static_cast<size_t>(g.b_batch * t + p * g.b_row + j * g.b_col)];
+          want += x * y;
+          scale += std::abs(x * y);
+        }
+        const float got = out[static_cast<size_t>(t * c.m * ldc + i * ldc + j)];
+        if (!close(got, want, scale, 1e-5) && bad++ < 5) CHECK(got == Approx(want));
+      }
+      for (int64_t j = c.n; j < ldc; ++j) CHECK(out[static_cast<size_t>(t * c.m * ldc + i * ldc + j)] == sentinel);  // the padding is untouched
+    }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cpu gemm: odd, empty, batched and strided shapes against a double loop, every kernel set") {
+  const gemm_case cases[] = {
+      {1, 1, 1, 1},       {1, 1, 7, 1},      {1, 1, 300, 1},       {1, 17, 33, 65},   {1, 130, 257, 67},
+      {1, 6, 256, 16},    {1, 12, 512, 32},  {1, 97, 600, 2100},   {1, 0, 5, 7},      {1, 5, 0, 7},
+      {1, 5, 7, 0},       {3, 17, 33, 65},   {4, 9, 40, 23, true}, {2, 130, 257, 67, true},
+      {1, 33, 70, 45, false, true},          {3, 20, 300, 19, true, true},           {2, 17, 33, 65, false, false, 3},
+      {0, 4, 4, 4},
+  };
+  for (const cpu_isa isa : isas())
+    for (const auto& c : cases) {
+      check_gemm(c, isa, nullptr);
+      check_gemm(c, isa, &pool2());
+    }
+}
+
+TEST_CASE("cpu gemm: NaN and infinity propagate as in the naive loop") {
+  for (const cpu_isa isa : isas()) {
+    check_gemm({1, 17, 33, 65}, isa, &pool2(), true);
+    check_gemm({1, 7, 300, 20, false, true}, isa, nullptr, true);
+  }
+}
+
+namespace {
+
+// ---- the linear kernels ----
+
+/// Bytes of the f16 fields that scale a block (d, and dmin/m where the dtype has them): the
+/// offsets within a block.
+std::vector<int64_t> scale_fields(dtype t) {
+  switch (t) {
+    case dtype::q8_0:
+    case dtype::q4_0:
+    case dtype::q5_0: return {0};
+    case dtype::q4_1:
+    case dtype::q5_1:
+    case dtype::q4_k:
+    case dtype::q5_k: return {0, 2};
+    case dtype::q6_k: return {208};
+    default: return {};
+  }
+}
+
+/// An n x k weight of dtype t: random values through the reference quantizer, then some blocks'
+/// scale fields set to extremes (the f16 maximum 65504, the smallest subnormal, zero; for the
+/// plain dtypes, such values as elements).
+std::vector<uint8_t> extreme_weight(dtype t, int64_t n, int64_t k, uint64_t seed) {
+  const int64_t rb = *row_bytes(t, k), be = block_elements(t), bb = block_bytes(t);
+  std::vector<uint8_t> w(static_cast<size_t>(n * rb));
+  for (int64_t j = 0; j < n; ++j) {
+    const std::vector<float> v = uniform(static_cast<size_t>(k), seed + static_cast<uint64_t>(j));
+    REQUIRE(quantize_row(t, v, {w.data() + j * rb, static_cast<size_t>(rb)}).has_value());
+  }
+  const uint16_t extremes[] = {0x7bff, 0x0001, 0x0000, 0x0400};  // 65504, 2^-24, 0, 2^-14
+  const auto fields = scale_fields(t);
+  int64_t which = 0;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t blk = 0; blk < k / be; ++blk) {
+      if ((j + blk) % 3 != 1) continue;  // a third of the blocks
+      uint8_t* block = w.data() + j * rb + blk * bb;
+      const uint16_t h = extremes[which++ % 4];
+      if (!fields.empty()) {
+        for (const int64_t f : fields) block[f] = static_cast<uint8_t>(h), block[f + 1] = static_cast<uint8_t>(h >> 8);
+      } else if (t == dtype::f16) {
+        block[0] = static_cast<uint8_t>(h), block[1] = static_cast<uint8_t>(h >> 8);
+      } else if (t == dtype::bf16) {  // 2^100, 2^-100, 0, the smallest subnormal
+        const uint16_t b[] = {0x7180, 0x0d80, 0x0000, 0x0001};
+        block[0] = static_cast<uint8_t>(b[which % 4]), block[1] = static_cast<uint8_t>(b[which % 4] >> 8);
+      } else if (t == dtype::f32) {
+        const float f[] = {1e30f, 1e-30f, 0.0f, 1e-40f};
+        std::memcpy(block, &f[which % 4], 4);
+      }
+    }
+  return w;
+}
+
+/// |d*sc*q| of q4_k's elements can pass |x| by dmin*m, which the register kernel subtracts
+/// after the sum: per element, that offset (0 for the other dtypes).
+std::vector<double> q4_k_offsets(const uint8_t* row, int64_t k) {
+  std::vector<double> off(static_cast<size_t>(k), 0.0);
+  for (int64_t blk = 0; blk < k / 256; ++blk) {
+    const uint8_t* b = row + blk * 144;
+    const double dmin = half_to_float(static_cast<uint16_t>(b[2] | b[3] << 8));
+    const uint8_t* s = b + 4;
+    for (int j = 0; j < 8; ++j) {
+      const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+      for (int e = 0; e < 32; ++e) off[static_cast<size_t>(blk * 256 + 32 * j + e)] = std::abs(dmin * m);
+    }
+  }
+  return off;
+}
+
+/// y = x W^T by linear_f32 against dequantize_row and a double dot, element by element. Rows of
+/// x take magnitudes 1, 1e4 and 1e-4 in turn.
+void check_linear_kernel(dtype t, int64_t n, int64_t k, int64_t rows, cpu_isa isa, thread_pool* pool) {
+  INFO("dtype " << to_string(t) << " n " << n << " k " << k << " rows " << rows << " isa " << to_string(isa) << " pool " << (pool != nullptr));
+  const std::vector<uint8_t> w = extreme_weight(t, n, k, 100 + static_cast<uint64_t>(k));
+  std::vector<float> x = uniform(static_cast<size_t>(rows * k), 7 + static_cast<uint64_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < k; ++c) x[static_cast<size_t>(r * k + c)] *= r % 3 == 1 ? 1e4f : (r % 3 == 2 ? 1e-4f : 1.0f);
+  std::vector<float> y(static_cast<size_t>(rows * n), NAN);
+  linear_args a;
+  a.type = t, a.w = w.data(), a.n = n, a.k = k, a.x = x.data(), a.rows = rows, a.y = y.data();
+  linear_f32(a, isa, pool);
+  const int64_t rb = *row_bytes(t, k);
+  std::vector<float> wrow(static_cast<size_t>(k));
+  int64_t bad = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    REQUIRE(dequantize_row(t, {w.data() + j * rb, static_cast<size_t>(rb)}, wrow).has_value());
+    const std::vector<double> off = t == dtype::q4_k ? q4_k_offsets(w.data() + j * rb, k) : std::vector<double>(static_cast<size_t>(k), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double want = 0, scale = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double xv = x[static_cast<size_t>(r * k + c)], wv = wrow[static_cast<size_t>(c)];
+        want += xv * wv;
+        scale += std::abs(xv) * (std::abs(wv) + 2 * off[static_cast<size_t>(c)]);
+      }
+      const float got = y[static_cast<size_t>(r * n + j)];
+      if (!close(got, want, scale, 1e-5) && bad++ < 5) CHECK(got == Approx(want));
+    }
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cpu linear: the register dots cover the decode step's dtypes") {
+  if (supported_isa() == cpu_isa::portable) {
+    WARN("this CPU has no AVX2/FMA/F16C: only the portable kernels run");
+    return;
+  }
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+    INFO(to_string(t));
+    CHECK(decodes_in_registers(t, cpu_isa::avx2));
+    CHECK_FALSE(decodes_in_registers(t, cpu_isa::portable));
+  }
+}
+
+TEST_CASE("cpu linear: every weight dtype against dequantize_row and a double dot, extreme scales, every kernel set") {
+  const dtype types[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_1,
+                         dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+  for (const cpu_isa isa : isas())
+    for (const dtype t : types)
+      for (const int64_t k : {int64_t{256}, int64_t{2048}})
+        for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{9}}) {
+          check_linear_kernel(t, 37, k, rows, isa, nullptr);
+          check_linear_kernel(t, 37, k, rows, isa, &pool2());
+        }
+}
+
+TEST_CASE("cpu linear: plain dtypes with k not a multiple of the vector width, and k = 0") {
+  for (const cpu_isa isa : isas())
+    for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16})
+      for (const int64_t k : {int64_t{1}, int64_t{13}, int64_t{29}})
+        for (const int64_t rows : {int64_t{1}, int64_t{4}, int64_t{11}}) check_linear_kernel(t, 19, k, rows, isa, &pool2());
+  std::vector<float> y(6, NAN);
+  linear_args a;
+  a.n = 3, a.k = 0, a.rows = 2, a.y = y.data();
+  linear_f32(a, supported_isa(), &pool2());
+  for (const float v : y) CHECK(v == 0.0f);
+}
+
+TEST_CASE("cpu thread pool: every part runs once, nested runs stay on their thread") {
+  thread_pool pool(3);
+  CHECK(pool.size() == 3);
+  for (const int64_t parts : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{1000}}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(parts));
+    for (int rep = 0; rep < 50; ++rep) pool.run(parts, [&](int64_t p) { hits[static_cast<size_t>(p)].fetch_add(1); });
+    for (auto& h : hits) CHECK(h.load() == 50);
+  }
+  std::atomic<int64_t> inner{0};
+  pool.run(4, [&](int64_t) { pool.run(5, [&](int64_t p) { inner.fetch_add(p + 1); }); });
+  CHECK(inner.load() == 4 * 15);
+}
+
+TEST_CASE("cpu executor: linear of every weight dtype, few rows and many, against the reference evaluator") {
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q5_0, dtype::q4_k, dtype::q6_k};
+  int seed = 0;
+  for (const dtype wt : types)
+    for (const shape& xs : {shape{1, 256}, shape{3, 512}, shape{2, 6, 256}}) {
+      ++seed;
+      const int64_t k = xs.back(), n = 45;
+      INFO("w " << to_string(wt) << " x " << to_string(xs));
+      const std::string tag = std::to_string(seed);
+      builder b;
+      auto x = b.input("x", dtype::f32, xs);
+      auto w = b.parameter("w" + tag, wt, {n, k});
+      b.output("y", linear(x, w));
+      const graph g = finish(b);
+      std::vector<double> wv(static_cast<size_t>(n * k));
+      std::mt19937_64 rng(static_cast<uint64_t>(seed));
+      std::uniform_real_distribution<double> u(-1, 1);
+      for (auto& v : wv) v = u(rng);
+      const tensor_map params{{"w" + tag, tensor::from_values(wt, {n, k}, wv)}};
+      check_on(cpu(), g, {{"x", random_tensor(dtype::f32, xs, static_cast<uint64_t>(seed))}}, params, 1e-5);
+    }
+  // f16 activations: the result rounded to f16 as the reference rounds it.
+  builder b;
+  auto x = b.input("x", dtype::f16, {5, 256});
+  auto w = b.parameter("w_f16x", dtype::q4_k, {33, 256});
+  b.output("y", linear(x, w));
+  const graph g = finish(b);
+  std::vector<double> wv(33 * 256);
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::sin(static_cast<double>(i));
+  check_on(cpu(), g, {{"x", random_tensor(dtype::f16, {5, 256}, 3)}}, {{"w_f16x", tensor::from_values(dtype::q4_k, {33, 256}, wv)}});
+}
+
+TEST_CASE("cpu executor: matmul batched, broadcast and f16 against the reference evaluator") {
+  struct mm_case {
+    shape a, b;
+    dtype t;
+  };
+  const mm_case cases[] = {
+      {{1, 1}, {1, 1}, dtype::f32},          {{17, 33}, {33, 65}, dtype::f32},        {{130, 257}, {257, 67}, dtype::f32},
+      {{2, 3, 17, 33}, {2, 3, 33, 65}, dtype::f32}, {{3, 9, 40}, {40, 23}, dtype::f32},  // B broadcast over the batch
+      {{1, 5, 0}, {1, 0, 6}, dtype::f32},    {{4, 17, 33}, {4, 33, 9}, dtype::f16},   {{40, 70}, {70, 50}, dtype::bf16},
+  };
+  int seed = 50;
+  for (const auto& c : cases) {
+    INFO(to_string(c.a) << " x " << to_string(c.b) << " " << to_string(c.t));
+    builder b;
+    auto x = b.input("a", c.t, c.a);
+    auto y = b.input("b", c.t, c.b);
+    b.output("c", matmul(x, y));
+    const graph g = finish(b);
+    check_on(cpu(), g, {{"a", random_tensor(c.t, c.a, static_cast<uint64_t>(++seed))}, {"b", random_tensor(c.t, c.b, static_cast<uint64_t>(++seed))}},
+             {});
+  }
+}
