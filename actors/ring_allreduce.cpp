@@ -4,46 +4,10 @@
 #include <string>
 #include <utility>
 
-#include "graph/dtype.hpp"
+#include "actors/allreduce_codec.hpp"
 
 namespace mesh {
 namespace {
-
-size_t value_size(wire_format f) { return f == wire_format::f32 ? 4 : 2; }
-
-void put(std::vector<uint8_t>& out, const float* xs, size_t count, wire_format f) {
-  out.resize(count * value_size(f));
-  if (f == wire_format::f32) {
-    if (count) std::memcpy(out.data(), xs, count * 4);
-    return;
-  }
-  for (size_t i = 0; i < count; ++i) {
-    const uint16_t h = f == wire_format::bf16 ? float_to_bf16(xs[i]) : float_to_half(xs[i]);
-    std::memcpy(out.data() + 2 * i, &h, 2);
-  }
-}
-
-float get(const std::vector<uint8_t>& in, size_t i, wire_format f) {
-  if (f == wire_format::f32) {
-    float x;
-    std::memcpy(&x, in.data() + 4 * i, 4);
-    return x;
-  }
-  uint16_t h;
-  std::memcpy(&h, in.data() + 2 * i, 2);
-  return f == wire_format::bf16 ? bf16_to_float(h) : half_to_float(h);
-}
-
-/// Rounds a value to what the wire carries, so the rank that keeps a reduced chunk holds exactly
-/// what the others receive (bit-identical replicas also with compression).
-float through_wire(float x, wire_format f) {
-  switch (f) {
-    case wire_format::f32: return x;
-    case wire_format::bf16: return bf16_to_float(float_to_bf16(x));
-    case wire_format::f16: return half_to_float(float_to_half(x));
-  }
-  return x;
-}
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
@@ -84,7 +48,7 @@ allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {
   m.step = step;
   m.piece = static_cast<uint32_t>(piece);
   auto [b, e] = range(chunk, piece);
-  put(m.payload, data_.data() + b, e - b, format_);
+  encode(data_.data() + b, e - b, format_, m.payload);
   bytes_sent_ += m.payload.size();
   return m;
 }
@@ -133,24 +97,26 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_m
   const int chunk = chunk_at(m.step, true);
   const int piece = static_cast<int>(m.piece);
   auto [b, e] = range(chunk, piece);
-  if (m.payload.size() != (e - b) * value_size(format_))
+  if (m.payload.size() != encoded_bytes(e - b, format_))
     return make_error(error_code::invalid_argument, "all-reduce: payload of " + std::to_string(m.payload.size()) +
-                                                        " bytes, expected " + std::to_string((e - b) * value_size(format_)));
+                                                        " bytes, expected " + std::to_string(encoded_bytes(e - b, format_)));
   std::vector<allreduce_message> out;
   const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
   if (m.step <= last_rs) {
-    for (size_t i = b; i < e; ++i) data_[i] = get(m.payload, i - b, format_) + data_[i];
+    received_.resize(e - b);
+    decode(m.payload.data(), e - b, format_, received_.data());
+    for (size_t i = b; i < e; ++i) data_[i] = received_[i - b] + data_[i];
     if (m.step < last_rs) {
       out.push_back(make(m.step + 1, chunk, piece));
     } else {
-      // This piece of chunk `chunk` is now fully reduced here: fix it to its wire value and
-      // start it around the ring.
-      for (size_t i = b; i < e; ++i) data_[i] = through_wire(data_[i], format_);
+      // This piece of chunk `chunk` is now fully reduced here: fix it to its wire value (what
+      // every other rank will decode, bit for bit) and start it around the ring.
+      round_trip(data_.data() + b, e - b, format_);
       ++final_pieces_;
       out.push_back(make(m.step + 1, chunk, piece));
     }
   } else {
-    for (size_t i = b; i < e; ++i) data_[i] = get(m.payload, i - b, format_);
+    decode(m.payload.data(), e - b, format_, data_.data() + b);
     ++final_pieces_;
     if (m.step + 1 < steps) out.push_back(make(m.step + 1, chunk, piece));
   }

@@ -73,6 +73,7 @@ class ring_allreduce {
   std::vector<bool> seen_;  ///< (step, piece) already received
   bool has_data_ = true;
   std::vector<allreduce_message> taken_;  ///< received before the data, in order of arrival
+  std::vector<float> received_;           ///< a reduce-scatter piece, decoded
   size_t final_pieces_ = 0;
   uint64_t bytes_sent_ = 0;
 };

@@ -66,6 +66,8 @@ const char* to_string(wire_format f) {
     case wire_format::f32: return "f32";
     case wire_format::bf16: return "bf16";
     case wire_format::f16: return "f16";
+    case wire_format::int8: return "int8";
+    case wire_format::fp4: return "fp4";
   }
   return "?";
 }

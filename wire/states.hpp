@@ -41,8 +41,11 @@ const char* to_string(train_method m);
 
 /// Element format of all-reduce payloads (actors/ring_allreduce.hpp): f32, or rounded to 16 bits
 /// to halve the bytes on the wire (the sums are kept in f32).
-enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
-constexpr uint8_t enum_limit(wire_format) { return 3; }
+/// How the all-reduce carries floats (actors/allreduce_codec.hpp): as they are, rounded to a
+/// 16-bit float, or in blocks of 32 with one f32 scale and an 8-bit integer (int8) or a 4-bit
+/// float (fp4, E3M0) per value.
+enum class wire_format : uint8_t { f32 = 0, bf16 = 1, f16 = 2, int8 = 3, fp4 = 4 };
+constexpr uint8_t enum_limit(wire_format) { return 5; }
 const char* to_string(wire_format f);
 
 /// Why a generation through a node ended (msg::generate_done): `length` after max_tokens,

@@ -3,7 +3,7 @@
 // per device. Scaling efficiency = samples/s on n nodes / (n x samples/s on 1 node).
 //
 //   bench_scaling [--nodes 4] [--device-prefix "#"] [--steps 12] [--width 2048] [--rows 4096]
-//                 [--micro 8] [--compression f32|bf16|f16] [--meshnode PATH]
+//                 [--micro 8] [--compression f32|bf16|f16|int8|fp4] [--meshnode PATH]
 // --device-prefix "#" gives node i the device "#i" (the i-th GPU); "cpu" gives every node the CPU.
 #include <chrono>
 #include <cstdio>
@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
     else if (k == "--micro") s.micro = std::atoll(v.c_str());
     else if (k == "--device-prefix") s.device_prefix = v;
     else if (k == "--meshnode") s.meshnode = v;
-    else if (k == "--compression") s.compression = v == "bf16" ? wire_format::bf16 : v == "f16" ? wire_format::f16 : wire_format::f32;
+    else if (k == "--compression")
+      s.compression = v == "bf16" ? wire_format::bf16 : v == "f16" ? wire_format::f16 : v == "int8" ? wire_format::int8 : v == "fp4" ? wire_format::fp4 : wire_format::f32;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

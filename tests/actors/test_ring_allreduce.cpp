@@ -2,10 +2,13 @@
 // sum; messages may arrive in any order; hostile or stale messages are rejected.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <deque>
 #include <random>
 
+#include "actors/allreduce_codec.hpp"
 #include "actors/ring_allreduce.hpp"
 
 using namespace mesh;
@@ -143,4 +146,83 @@ TEST_CASE("a rank whose data comes late takes its predecessor's pieces and ends 
       CHECK(ranks[static_cast<size_t>(k)].result() == ranks[0].result());
     }
   }
+}
+
+TEST_CASE("block formats: sizes, round trips within their steps, zeros, signs and NaN blocks", "[actors][allreduce]") {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{100}}) {
+    INFO("count " << count);
+    const size_t blocks = (count + 31) / 32;
+    CHECK(encoded_bytes(count, wire_format::int8) == blocks * 4 + count);
+    CHECK(encoded_bytes(count, wire_format::fp4) == blocks * 4 + (count / 32) * 16 + (count % 32 + 1) / 2);
+    CHECK(encoded_bytes(count, wire_format::f32) == count * 4);
+    CHECK(encoded_bytes(count, wire_format::bf16) == count * 2);
+  }
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> xs(100);
+  for (auto& x : xs) x = u(rng) * (u(rng) > 0 ? 1.0f : 1e-3f);  // blocks of mixed magnitudes
+  xs[5] = 0;
+  for (const auto f : {wire_format::int8, wire_format::fp4}) {
+    INFO(to_string(f));
+    std::vector<uint8_t> bytes;
+    encode(xs.data(), xs.size(), f, bytes);
+    REQUIRE(bytes.size() == encoded_bytes(xs.size(), f));
+    std::vector<float> ys(xs.size());
+    decode(bytes.data(), xs.size(), f, ys.data());
+    for (size_t b0 = 0; b0 < xs.size(); b0 += 32) {
+      float top = 0;
+      for (size_t i = b0; i < std::min(xs.size(), b0 + 32); ++i) top = std::max(top, std::abs(xs[i]));
+      for (size_t i = b0; i < std::min(xs.size(), b0 + 32); ++i) {
+        INFO("i " << i << " x " << xs[i] << " decoded " << ys[i]);
+        CHECK((ys[i] == 0 || (ys[i] > 0) == (xs[i] > 0)));  // signs kept
+        if (f == wire_format::int8) {
+          CHECK(std::abs(ys[i] - xs[i]) <= top / 127 / 2 * 1.0001f);  // half a step
+        } else if (std::abs(xs[i]) >= top * 0.0110485f) {     // above 2^-6.5 of the block's largest
+          CHECK(std::abs(ys[i]) <= std::abs(xs[i]) * 1.41422f);  // the nearest power of two in the log domain
+          CHECK(std::abs(ys[i]) >= std::abs(xs[i]) / 1.41422f);
+        } else {
+          CHECK(ys[i] == 0);
+        }
+      }
+    }
+    CHECK(ys[5] == 0);
+    // round_trip is decode(encode(x)) in place.
+    std::vector<float> again = xs;
+    round_trip(again.data(), again.size(), f);
+    CHECK(again == ys);
+    // A block with a NaN or an infinity decodes to NaN (only that block); all zeros stay zeros.
+    std::vector<float> bad(64, 0.5f), zeros(40, 0.0f);
+    bad[3] = std::numeric_limits<float>::infinity();
+    round_trip(bad.data(), bad.size(), f);
+    round_trip(zeros.data(), zeros.size(), f);
+    CHECK(std::isnan(bad[0]));
+    CHECK(std::isnan(bad[31]));
+    CHECK(bad[32] == 0.5f);
+    CHECK(std::all_of(zeros.begin(), zeros.end(), [](float z) { return z == 0; }));
+  }
+}
+
+TEST_CASE("int8 and fp4 all-reduce: replicas bit-identical, sums within the formats' steps, fewer bytes", "[actors][allreduce]") {
+  const auto ref = simulate(3, 960, 2, wire_format::f32, 5);
+  for (const auto& [f, tolerance] : {std::pair{wire_format::int8, 0.03}, std::pair{wire_format::fp4, 0.35}}) {
+    INFO(to_string(f));
+    auto r = simulate(3, 960, 2, f, 5);
+    for (size_t k = 1; k < r.results.size(); ++k) REQUIRE(r.results[k] == r.results[0]);
+    double err = 0, size = 0;
+    for (size_t i = 0; i < r.exact.size(); ++i) {
+      err += std::abs(r.results[0][i] - r.exact[i]);
+      size += std::abs(r.exact[i]);
+    }
+    CHECK(err / size < tolerance);  // mean error relative to the mean |sum|
+    CHECK(r.bytes_per_rank == encoded_bytes(160, f) * 8);  // 2(n-1) steps x 2 pieces of 160 values
+    CHECK(r.bytes_per_rank * (f == wire_format::int8 ? 3 : 6) < ref.bytes_per_rank);
+  }
+  // A piece one byte short is refused.
+  ring_allreduce a(5, 0, 3, std::vector<float>(100, 1.0f), 1, wire_format::fp4), b(5, 1, 3, std::vector<float>(100, 2.0f), 1, wire_format::fp4);
+  auto first = a.start();
+  REQUIRE(first.size() == 1);
+  auto short_payload = first[0];
+  short_payload.payload.pop_back();
+  CHECK_FALSE(b.on_message(short_payload));
+  CHECK(b.on_message(first[0]));
 }

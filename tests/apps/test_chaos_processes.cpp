@@ -108,7 +108,7 @@ TEST_CASE("chaos: a worker stopped with SIGSTOP for 10 s, twice: the run ends li
 
 TEST_CASE("chaos: a worker killed with SIGKILL and restarted, twice: the run ends like one node", "[apps][train][chaos]") {
   const auto p = moons();
-  const uint64_t steps = 1200;  // long enough for two kills and restarts on a loaded machine
+  const uint64_t steps = 3000;  // long enough for two kills and restarts on a loaded machine, with steps of a few ms
   const auto reference = single_node_state(p, steps);
   three_nodes mesh;
   auto c = client::connect(mesh.ea, member_options());
