@@ -121,8 +121,6 @@ inline std::optional<wire_format> parse_format(const std::string& s) {
   if (s == "f32") return wire_format::f32;
   if (s == "bf16") return wire_format::bf16;
   if (s == "f16") return wire_format::f16;
-  if (s == "int8") return wire_format::int8;
-  if (s == "fp4") return wire_format::fp4;
   return std::nullopt;
 }
 
