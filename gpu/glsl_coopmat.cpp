@@ -9,6 +9,14 @@
 
 namespace mesh::gpu::detail {
 
+std::string coopmat_header(int64_t threads) {
+  return "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
+         "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
+         "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
+         "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
+         "layout(local_size_x = " + std::to_string(threads) + ") in;\n";
+}
+
 /// The first f16 matmul on tensor cores through GL_NV_cooperative_matrix, kept for shapes the
 /// tiled one does not take (k or n not a multiple of 8) and kernel_variants::coopmat "64": 64x64 block tiles
 /// staged in shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
@@ -82,12 +90,7 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
   s.groups = {groups_for(n, 64, caps.max_groups[0]), groups_for(m, 64, caps.max_groups[1]), groups_for(batch, 1, caps.max_groups[2])};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
-  std::string head = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
-                     "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
-                     "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
-                     "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
-                     "layout(local_size_x = 128) in;\n";
-  s.glsl = head + decl + prelude + src;
+  s.glsl = coopmat_header(128) + decl + prelude + src;
   return s;
 }
 
@@ -215,12 +218,7 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), groups_for(d.batch, 1, caps.max_groups[2])};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = d.flops();
-  const std::string head = "#version 450\n#extension GL_EXT_shader_16bit_storage : require\n"
-                           "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
-                           "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
-                           "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
-                           "layout(local_size_x = " + std::to_string(threads) + ") in;\n";
-  s.glsl = head + decl + prelude + src;
+  s.glsl = coopmat_header(threads) + decl + prelude + src;
   return s;
 }
 

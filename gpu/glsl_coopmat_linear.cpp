@@ -24,8 +24,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   const node_index w = d.b;
   const dtype wt = g[w].type;
   // x from the buffer a chain of reshapes views (the same flat index), f32 or f16.
-  node_index x = d.a;
-  while (!q.materialised[x] && g[x].op == op_kind::reshape) x = g[x].inputs[0];
+  const node_index x = behind_reshapes(g, q, d.a);
   const dtype xt = g[x].type;
   if (!q.materialised[x] || !q.materialised[w] || (xt != dtype::f32 && xt != dtype::f16)) return std::nullopt;
   const bool quant = is_quantized(wt);
@@ -153,11 +152,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), 1};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = d.flops();
-  s.glsl = std::string("#version 450\n#extension GL_EXT_shader_16bit_storage : require\n") +
-           "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require\n"
-           "#extension GL_NV_cooperative_matrix : require\n#extension GL_KHR_memory_scope_semantics : require\n"
-           "#extension GL_KHR_shader_subgroup_basic : require\n#extension GL_EXT_control_flow_attributes : require\n"
-           "layout(local_size_x = " + std::to_string(threads) + ") in;\n" + decl + prelude + src;
+  s.glsl = coopmat_header(threads) + decl + prelude + src;
   return s;
 }
 

@@ -44,6 +44,9 @@ inline constexpr int64_t matmul_skinny_max_rows = 8;
 /// The f16 matmuls on tensor cores (glsl_coopmat.cpp); nullopt when the kernel does not apply.
 std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
 std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
+/// The shader header of the cooperative-matrix kernels (16-bit storage and arithmetic,
+/// GL_NV_cooperative_matrix, subgroups), `threads` per workgroup. glsl_coopmat.cpp.
+std::string coopmat_header(int64_t threads);
 /// A linear of more than matvec_max_rows rows on tensor cores, x and the weight (f16, or
 /// quantized and decoded in registers) rounded to f16 as they are staged (`mmctl`,
 /// glsl_coopmat_linear.cpp); nullopt when the kernel does not apply.
@@ -61,6 +64,10 @@ struct operand_view {
 /// `float load_b(uint xi)` of a linear: element xi of the [k, n] operand b, read from the weight
 /// [n, k] (transposed, through the emitter: any float or quantized dtype). glsl_matmul.cpp.
 std::string linear_b_loader(emitter& e, const mm_dims& d);
+
+/// `x` with the reshapes in front of it skipped while it is not materialised: the materialised
+/// node it views at the same flat index, when it is one (the callers check). glsl_matmul.cpp.
+node_index behind_reshapes(const graph& g, const plan& q, node_index x);
 
 /// The buffer behind matmul operand `x` when it is materialised, or a broadcast of a
 /// materialised matrix over batch axes only; nullopt when it needs index arithmetic.

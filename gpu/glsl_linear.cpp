@@ -70,8 +70,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   // A float weight read as uvec4s, by the same passes of `unroll` chunks (not with "chunk").
   const bool wide_passes = wide && sg && caps.variants.matvec != "chunk";
   // x is read from the buffer that a chain of reshapes views (the same flat index), when there is one.
-  node_index xs = x;
-  while (!q.materialised[xs] && g[xs].op == op_kind::reshape) xs = g[xs].inputs[0];
+  const node_index xs = behind_reshapes(g, q, x);
   const bool x_buffer = (lanes || wide_passes) && q.materialised[xs] && g[xs].type == dtype::f32 && kd % 4 == 0;
   const int x_binding = x_buffer ? e.bind(xs) : -1;
   const std::string lx = x_buffer ? "" : loader(e, "load_x", x);

@@ -281,6 +281,11 @@ std::optional<kernel_source> matmul_skinny(const graph& g, const plan& q, const 
 
 }  // namespace
 
+node_index behind_reshapes(const graph& g, const plan& q, node_index x) {
+  while (!q.materialised[x] && g[x].op == op_kind::reshape) x = g[x].inputs[0];
+  return x;
+}
+
 std::optional<operand_view> direct_operand(const graph& g, const plan& q, node_index x) {
   const shape& xd = g[x].dims;
   const int64_t matrix = xd[xd.size() - 2] * xd[xd.size() - 1];
