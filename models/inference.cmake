@@ -7,6 +7,7 @@ add_library(mesh_inference STATIC
   ${CMAKE_CURRENT_LIST_DIR}/model_weights.cpp
   ${CMAKE_CURRENT_LIST_DIR}/layers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/finetune.cpp
   ${CMAKE_CURRENT_LIST_DIR}/session.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp

@@ -10,6 +10,11 @@ if(TARGET mesh_inference)
     SOURCES test_reference_llm.cpp
     LIBS mesh_inference nlohmann_json::nlohmann_json)
   target_compile_definitions(models_reference_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+  # Fine-tuning graphs: loss and gradients against ref_train.py (PyTorch autograd, float64).
+  mesh_add_test(models_finetune_tests
+    SOURCES test_finetune.cpp
+    LIBS mesh_inference nlohmann_json::nlohmann_json)
+  target_compile_definitions(models_finetune_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
   # Pipeline stages: the planner's splits, chains of stage sessions and the pipeline that drives
   # them against the whole model.
   mesh_add_test(models_stage_tests

@@ -21,6 +21,7 @@
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/generate.hpp"
 #include "models/session.hpp"
+#include "python_torch.hpp"
 #include "run_command.hpp"
 
 using namespace mesh;
@@ -35,20 +36,6 @@ constexpr int greedy_tokens = 64;
 // them all: the largest logit error over the largest reference logit (at least 1).
 constexpr double logit_tolerance = 1e-4;
 
-// A python3 with torch and numpy, or why there is none.
-std::string python_with_torch(std::string& why) {
-  std::vector<std::string> candidates;
-  if (const char* p = std::getenv("MESH_PYTHON")) candidates.emplace_back(p);
-  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
-  for (const auto& p : candidates)
-    // find_spec looks the modules up without importing them (importing torch takes seconds).
-    if (mesh::test::run_command(p + " -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec(\"torch\") and "
-                                    "u.find_spec(\"numpy\")))'").status == 0)
-      return p;
-  why = "no python3 with torch and numpy (tried $MESH_PYTHON, python3, /usr/bin/python3; apt install python3-torch)";
-  return {};
-}
-
 struct model_case {
   std::string label;
   std::filesystem::path path;
@@ -60,7 +47,7 @@ const std::vector<int32_t> prompt = {256, 17, 104, 101, 108, 108, 111, 33, 290, 
 // Runs the reference on every case; empty when python is missing (the caller warns and passes).
 std::vector<json> reference(const temp_dir& dir, const std::vector<model_case>& cases) {
   std::string why;
-  const std::string python = python_with_torch(why);
+  const std::string python = mesh::test::python_with_torch(why);
   if (python.empty()) {
     WARN(why);
     return {};

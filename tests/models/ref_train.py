@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Independent reference for fine-tuning: the causal language-model loss of a Llama-family
+checkpoint and its gradients, by PyTorch autograd in float64, from the published equations
+(ref_llm.py's RMSNorm, rotary embeddings, grouped-query causal attention and SwiGLU, which are
+written from the papers, not from meshnode's C++), on the weights as the file gives them.
+
+LoRA (Hu et al. 2021): a target projection W x becomes W x + (alpha / r) B A x, A [r, in],
+B [out, r]; only A and B get gradients.
+
+usage: ref_train.py JOBS.json
+  JOBS.json: a list of {"model": PATH, "tokens": [[ids]], "targets": [[ids]], "mask": [[0/1]],
+             "lora": null or {"rank": r, "alpha": a, "tensors": PATH.safetensors},
+             "out": PATH}, ...
+  "tensors" holds "<module>.lora_A.weight" and "<module>.lora_B.weight" (module: the projection's
+  Hugging Face name without ".weight") in Hugging Face's row order. For a GGUF Llama (whose q and k
+  rows llama.cpp's converter interleaves for its rope), B's rows of q and k are interleaved here the
+  converter's way before the forward pass, which then runs in the file's own layout.
+  writes {"loss": float, "grads": {name: [flat values]}}: every weight of the model by its Hugging
+  Face name (full fine-tuning: HF directories only), or every adapter tensor (LoRA).
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_llm as R  # noqa: E402
+
+D = torch.float64
+
+ROLES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+         "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+VECTORS = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
+           "q_bias": "self_attn.q_proj.bias", "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias",
+           "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight"}
+
+
+def converter_permute(w, n_head):
+    """llama.cpp's convert_hf_to_gguf.py LlamaModel.permute: each head's rows (i, i + half) become
+    (2i, 2i + 1)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def forward(c, tokens, lora):
+    """Logits [T, vocab] of one sequence; lora: {(layer, role): (A, B, scale)}."""
+    t = len(tokens)
+    x = c.embed[torch.tensor(tokens)]
+
+    def proj(h, b, i, role, bias=None):
+        y = R.lin(h, b[role], bias)
+        if (i, role) in lora:
+            a, bb, s = lora[(i, role)]
+            y = y + s * ((h @ a.T) @ bb.T)
+        return y
+
+    for i, b in enumerate(c.blocks):
+        h = R.rms_norm(x, b["attn_norm"], c.eps)
+        q = proj(h, b, i, "q", b["q_bias"]).reshape(t, c.heads, c.head_dim)
+        k = proj(h, b, i, "k", b["k_bias"]).reshape(t, c.kv_heads, c.head_dim)
+        v = proj(h, b, i, "v", b["v_bias"]).reshape(t, c.kv_heads, c.head_dim)
+        if b["q_norm"] is not None:
+            q, k = R.rms_norm(q, b["q_norm"], c.eps), R.rms_norm(k, b["k_norm"], c.eps)
+        q, k = R.rotary(q, c.inv_freq, c.rope_style), R.rotary(k, c.inv_freq, c.rope_style)
+        x = x + proj(R.causal_attention(q, k, v, c.kv_heads), b, i, "o")
+        h = R.rms_norm(x, b["ffn_norm"], c.eps)
+        gate = proj(h, b, i, "gate")
+        x = x + proj(gate * torch.sigmoid(gate) * proj(h, b, i, "up"), b, i, "down")
+    return R.rms_norm(x, c.final_norm, c.eps) @ c.lm_head
+
+
+def run(job):
+    path = job["model"]
+    gguf = os.path.isfile(path) and open(path, "rb").read(4) == b"GGUF"
+    c = R.gguf_model(path) if gguf else R.hf_model(path)
+    lora = {}
+    leaves = {}
+    if job.get("lora"):
+        lj = job["lora"]
+        s = lj["alpha"] / lj["rank"]
+        raw = R.read_safetensors(lj["tensors"])
+        for name in raw:
+            if not name.endswith(".lora_A.weight"):
+                continue
+            module = name[: -len(".lora_A.weight")]
+            layer = int(module.split(".")[2])
+            role = next(r for r, hf in ROLES.items() if module.endswith(hf))
+            a = raw[name].clone().requires_grad_(True)
+            b = raw[module + ".lora_B.weight"].clone().requires_grad_(True)
+            leaves[module + ".lora_A.weight"] = a
+            leaves[module + ".lora_B.weight"] = b
+            b_used = b
+            if gguf and c.rope_style == "normal" and role in ("q", "k"):
+                b_used = converter_permute(b, c.heads if role == "q" else c.kv_heads)
+            lora[(layer, role)] = (a, b_used, s)
+    else:
+        if gguf:
+            raise SystemExit("full fine-tuning reference: Hugging Face directories only")
+        tied = "lm_head.weight" not in R.read_safetensors(os.path.join(path, "model.safetensors"))
+        c.embed = c.embed.clone().requires_grad_(True)
+        leaves["model.embed_tokens.weight"] = c.embed
+        if tied:
+            c.lm_head = c.embed.T
+        else:
+            head = c.lm_head.T.clone().requires_grad_(True)
+            leaves["lm_head.weight"] = head
+            c.lm_head = head.T
+        c.final_norm = c.final_norm.clone().requires_grad_(True)
+        leaves["model.norm.weight"] = c.final_norm
+        for i, b in enumerate(c.blocks):
+            for role, hf in list(ROLES.items()) + list(VECTORS.items()):
+                if b[role] is None:
+                    continue
+                b[role] = b[role].clone().requires_grad_(True)
+                leaves[f"model.layers.{i}.{hf}" + (".weight" if role in ROLES else "")] = b[role]
+
+    total = torch.zeros((), dtype=D)
+    count = 0.0
+    for tokens, targets, mask in zip(job["tokens"], job["targets"], job["mask"]):
+        logp = torch.log_softmax(forward(c, tokens, lora), -1)
+        nll = -logp[torch.arange(len(targets)), torch.tensor(targets)]
+        m = torch.tensor(mask, dtype=D)
+        total = total + (nll * m).sum()
+        count += float(sum(mask))
+    loss = total / max(count, 1.0)
+    loss.backward()
+    grads = {}
+    for name, leaf in leaves.items():
+        g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        grads[name] = g.reshape(-1).tolist()
+    json.dump({"loss": float(loss), "grads": grads}, open(job["out"], "w"))
+
+
+def main():
+    for job in json.load(open(sys.argv[1])):
+        run(job)
+
+
+if __name__ == "__main__":
+    main()

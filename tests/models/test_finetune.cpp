@@ -1,0 +1,234 @@
+// Fine-tuning graphs against an independent reference: small random checkpoints (Hugging Face
+// directories and a GGUF file whose q/k rows llama.cpp's converter interleaved) built into
+// training graphs (models/finetune.hpp), their loss and gradients run on the CPU executor, and
+// ref_train.py, written in PyTorch from the published equations, computes the same loss and
+// gradients by autograd in float64 from the same files. Skipped with a warning without torch.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu/executor.hpp"
+#include "graph/autodiff.hpp"
+#include "graph/safetensors.hpp"
+#include "graph/simplify.hpp"
+#include "model_writer.hpp"
+#include "models/finetune.hpp"
+#include "python_torch.hpp"
+#include "run_command.hpp"
+
+using namespace mesh;
+using namespace mesh::models;
+using namespace mesh::models::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int64_t batch = 2, sequence = 12;
+
+struct batch_data {
+  std::vector<int32_t> tokens, targets;
+  std::vector<float> mask;
+};
+
+batch_data random_batch(int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  batch_data d;
+  for (int64_t i = 0; i < batch * sequence; ++i) {
+    d.tokens.push_back(tok(rng));
+    d.targets.push_back(tok(rng));
+    d.mask.push_back(i % 5 == 1 ? 0.0f : 1.0f);  // some targets do not count
+  }
+  return d;
+}
+
+json rows_of(const std::vector<int32_t>& v) {
+  json out = json::array();
+  for (int64_t r = 0; r < batch; ++r)
+    out.push_back(std::vector<int32_t>(v.begin() + r * sequence, v.begin() + (r + 1) * sequence));
+  return out;
+}
+
+/// Loss and d loss / d p for every trainable parameter, on the CPU executor.
+std::pair<double, tensor_map> run_gradients(const finetune_model& m, const batch_data& d) {
+  std::vector<node_index> wrt;
+  for (const auto& name : m.trainable)
+    for (node_index i = 0; i < m.g.size(); ++i)
+      if (m.g[i].op == op_kind::parameter && m.g[i].attrs.name == name) wrt.push_back(i);
+  REQUIRE(wrt.size() == m.trainable.size());
+  auto gg = grad(m.g, m.g.find_output("loss"), wrt);
+  REQUIRE(gg);
+  gg->g.outputs = {{"loss", m.g.find_output("loss")}};
+  for (size_t i = 0; i < wrt.size(); ++i) gg->g.outputs.push_back({"grad." + m.trainable[i], gg->grads[i]});
+  auto ex = gpu::make_cpu_executor(2);
+  REQUIRE(ex->set_parameters(m.state));
+  auto id = ex->load(simplify(gg->g));
+  INFO((id ? "" : id.error().message));
+  REQUIRE(id);
+  tensor_map in{{"tokens", tensor::from_ints({batch, sequence}, d.tokens)},
+                {"targets", tensor::from_ints({batch, sequence}, d.targets)},
+                {"mask", tensor::from_floats({batch, sequence}, d.mask)}};
+  auto out = ex->run(*id, in);
+  INFO((out ? "" : out.error().message));
+  REQUIRE(out);
+  tensor_map grads;
+  for (const auto& name : m.trainable) grads[name] = out->at("grad." + name);
+  return {out->at("loss").at(0), grads};
+}
+
+struct ft_case {
+  std::string label;
+  std::filesystem::path model;
+  int64_t lora_rank = 0;
+};
+
+}  // namespace
+
+TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint and batch", "[finetune]") {
+  std::string why;
+  const std::string python = mesh::test::python_with_torch(why);
+  if (python.empty()) {
+    WARN(why);
+    return;
+  }
+  temp_dir dir;
+  model_spec llama;  // grouped-query attention: 4 heads over 2 key/value heads
+  write_hf_model(dir / "llama-f32", llama, "F32");
+  model_spec qwen2 = llama;
+  qwen2.arch = architecture::qwen2;
+  qwen2.tied = true;
+  write_hf_model(dir / "qwen2-f32", qwen2, "F32");
+  model_spec qwen3 = llama;
+  qwen3.arch = architecture::qwen3;
+  write_hf_model(dir / "qwen3-bf16", qwen3, "BF16");
+  write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+
+  const std::vector<ft_case> cases = {
+      {"HF llama f32, full", dir / "llama-f32", 0},
+      {"HF qwen2 f32 (q/k/v biases, tied head), full", dir / "qwen2-f32", 0},
+      {"HF qwen3 bf16 (q/k norms), LoRA r4 on every projection", dir / "qwen3-bf16", 4},
+      {"GGUF llama F16 (interleaved q/k rows), LoRA r4 on every projection", dir / "llama-f16.gguf", 4},
+  };
+  json jobs = json::array();
+  std::vector<std::pair<double, tensor_map>> ours;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& c = cases[i];
+    auto ckpt = models::checkpoint::open(c.model);
+    REQUIRE(ckpt);
+    auto cfg = read_model_config(*ckpt);
+    REQUIRE(cfg);
+    finetune_options o;
+    o.batch = batch;
+    o.sequence = sequence;
+    o.lora.rank = c.lora_rank;
+    o.lora.alpha = 8;
+    o.lora.targets = lora_target_names();
+    auto m = build_finetune_model(*cfg, *ckpt, o);
+    INFO(c.label << ": " << (m ? "" : m.error().message));
+    REQUIRE(m);
+    json job = {{"model", c.model.string()}, {"out", (dir / ("ref" + std::to_string(i) + ".json")).string()}};
+    if (c.lora_rank > 0) {
+      // B starts at zero, which would leave A without a gradient: start it random here, so that
+      // both adapters' gradients are checked.
+      std::mt19937 rng(7 + static_cast<uint32_t>(i));
+      std::normal_distribution<double> nd(0, 0.05);
+      tensor_map adapters;
+      for (auto& [name, t] : m->state)
+        if (name.find(".lora_") != std::string::npos) {
+          if (name.find(".lora_B.") != std::string::npos) {
+            std::vector<float> v(static_cast<size_t>(t.size()));
+            for (auto& x : v) x = static_cast<float>(nd(rng));
+            t = tensor::from_floats(t.dims, v);
+          }
+          adapters[name] = t;
+        }
+      REQUIRE(adapters.size() == 2 * 7 * static_cast<size_t>(llama.layers));
+      mesh::checkpoint f;
+      f.tensors = adapters;
+      REQUIRE(save_safetensors(dir / ("lora" + std::to_string(i) + ".safetensors"), f));
+      job["lora"] = {{"rank", c.lora_rank}, {"alpha", 8}, {"tensors", (dir / ("lora" + std::to_string(i) + ".safetensors")).string()}};
+    } else {
+      job["lora"] = nullptr;
+    }
+    const auto d = random_batch(llama.vocab, 11 + static_cast<uint32_t>(i));
+    job["tokens"] = rows_of(d.tokens);
+    job["targets"] = rows_of(d.targets);
+    json mask = json::array();
+    for (int64_t r = 0; r < batch; ++r) mask.push_back(std::vector<float>(d.mask.begin() + r * sequence, d.mask.begin() + (r + 1) * sequence));
+    job["mask"] = mask;
+    jobs.push_back(job);
+    ours.push_back(run_gradients(*m, d));
+    // Full fine-tuning trains every tensor of the file; LoRA only the adapters.
+    if (c.lora_rank == 0) CHECK(m->trainable.size() == ckpt->tensors().size());
+    else CHECK(m->trainable.size() == 2 * 7 * static_cast<size_t>(llama.layers));
+  }
+  write_file(dir / "jobs.json", jobs.dump());
+  const auto run = mesh::test::run_command(python + " " MESH_MODELS_TEST_DIR "/ref_train.py " + (dir / "jobs.json").string());
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i].label);
+    std::ifstream f(dir / ("ref" + std::to_string(i) + ".json"));
+    const json ref = json::parse(f);
+    const double ref_loss = ref["loss"].get<double>();
+    CHECK(std::abs(ours[i].first - ref_loss) <= 1e-5 * std::max(1.0, std::abs(ref_loss)));
+    const auto& grads = ref["grads"];
+    CHECK(grads.size() == ours[i].second.size());
+    for (const auto& [name, t] : ours[i].second) {
+      INFO(name);
+      REQUIRE(grads.contains(name));
+      const auto want = grads[name].get<std::vector<double>>();
+      const auto got = t.to_floats();
+      REQUIRE(want.size() == got.size());
+      double largest = 0, error = 0;
+      for (size_t k = 0; k < want.size(); ++k) {
+        largest = std::max(largest, std::abs(want[k]));
+        error = std::max(error, std::abs(want[k] - static_cast<double>(got[k])));
+      }
+      // Relative to the tensor's largest gradient; a gradient that is all zeros in the reference
+      // must be all zeros here.
+      CHECK(error <= 1e-4 * std::max(largest, 1e-6));
+      if (cases[i].lora_rank > 0) CHECK(largest > 0);  // every adapter tensor gets a gradient
+    }
+  }
+}
+
+TEST_CASE("fine-tuning refuses what it cannot train, naming it", "[finetune]") {
+  temp_dir dir;
+  model_spec gpt2;
+  gpt2.arch = architecture::gpt2;
+  write_hf_model(dir / "gpt2", gpt2, "F32");
+  model_spec llama;
+  write_hf_model(dir / "llama", llama, "F32");
+  auto g = models::checkpoint::open(dir / "gpt2");
+  REQUIRE(g);
+  auto gc = read_model_config(*g);
+  REQUIRE(gc);
+  auto r = build_finetune_model(*gc, *g, {});
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("GPT-2"));
+
+  auto l = models::checkpoint::open(dir / "llama");
+  REQUIRE(l);
+  auto lc = read_model_config(*l);
+  REQUIRE(lc);
+  finetune_options o;
+  o.lora.rank = 4;
+  o.lora.targets = {"q_proj", "qkv"};
+  r = build_finetune_model(*lc, *l, o);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("unknown LoRA target \"qkv\""));
+  o = {};
+  o.sequence = llama.context + 1;
+  r = build_finetune_model(*lc, *l, o);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message, Catch::Contains("longer than the model's context"));
+}
