@@ -1,6 +1,7 @@
 #include "client/trainer.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include "graph/autodiff.hpp"
 #include "graph/simplify.hpp"
@@ -38,11 +39,17 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   if (loss < 0) return make_error(error_code::invalid_argument, "the model needs an output \"loss\"");
   std::vector<param_info> params;
   std::vector<node_index> param_ids;
-  for (node_index i = 0; i < model.size(); ++i)
-    if (model[i].op == op_kind::parameter) {
-      params.push_back({model[i].attrs.name, model[i].type, model[i].dims});
-      param_ids.push_back(i);
-    }
+  std::set<std::string> wanted(o.trainable.begin(), o.trainable.end());
+  for (node_index i = 0; i < model.size(); ++i) {
+    if (model[i].op != op_kind::parameter) continue;
+    const std::string& name = model[i].attrs.name;
+    if (!state.count(name)) return make_error(error_code::invalid_argument, "no initial value for parameter \"" + name + "\"");
+    if (!o.trainable.empty() && !wanted.erase(name)) continue;  // frozen
+    params.push_back({name, model[i].type, model[i].dims});
+    param_ids.push_back(i);
+  }
+  if (!wanted.empty())
+    return make_error(error_code::invalid_argument, "train_options::trainable names \"" + *wanted.begin() + "\", which is not a parameter of the model");
   if (params.empty()) return make_error(error_code::invalid_argument, "the model has no parameters to train");
 
   msg::train_spec spec;

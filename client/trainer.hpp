@@ -6,7 +6,7 @@
 ///
 /// The model is a graph whose inputs are the dataset's columns (dimension 0 = `micro_batch`
 /// rows) and whose output "loss" is an f32 scalar, the mean over the micro-batch; every
-/// parameter of the graph is trained. The trainer turns it into the graphs that travel to the
+/// parameter of the graph is trained, or those train_options::trainable names. The trainer turns it into the graphs that travel to the
 /// workers (gradients, optimizer step, DiLoCo's delta and outer step; see train_spec in
 /// wire/messages.hpp) and the node the client is connected to coordinates the run
 /// (actors/train_engine.hpp).
@@ -34,6 +34,10 @@ struct train_options {
   double outer_momentum = 0.9;
   wire_format compression = wire_format::f32;  ///< of the all-reduce
   uint64_t seed = 1;             ///< data order
+  /// The parameters to train, by name; empty: every parameter of the model. The others stay
+  /// frozen at their value in the state (LoRA's base weights): they go to every worker with the
+  /// state, but get no gradient, no optimizer state and no all-reduce.
+  std::vector<std::string> trainable;
   std::variant<optim::adam_options, optim::sgd_options> optimizer = optim::adam_options{};
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
   /// > 0: every this many steps the coordinating node sends the state (parameters and optimizer)
