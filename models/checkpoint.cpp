@@ -159,6 +159,24 @@ const tensor_view* checkpoint::find(std::string_view name) const {
   return it != tensors_.end() && it->name == name ? &*it : nullptr;
 }
 
+expected<void> checkpoint::replace(std::string_view name, tensor_type type, std::vector<uint8_t> bytes) {
+  const tensor_view* found = find(name);
+  if (!found) return make_error(error_code::not_found, path_.string() + ": tensor " + quote_name(name) + " is missing");
+  auto& t = const_cast<tensor_view&>(*found);  // ours: tensors_ is this object's
+  const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+  auto row = row_bytes(type, cols);
+  if (!row) return forward_error(row);
+  const auto want = static_cast<uint64_t>(*row) * static_cast<uint64_t>(t.elements() / std::max<int64_t>(cols, 1));
+  if (bytes.size() != want)
+    return make_error(error_code::shape_mismatch, path_.string() + ": replacing tensor " + quote_name(name) + ": " +
+                                                      std::to_string(bytes.size()) + " bytes of " + to_string(type) + ", its shape " +
+                                                      shape_string(t.shape) + " needs " + std::to_string(want));
+  owned_.push_back(std::make_unique<std::vector<uint8_t>>(std::move(bytes)));
+  t.type = type;
+  t.data = std::span<const uint8_t>(owned_.back()->data(), owned_.back()->size());
+  return {};
+}
+
 expected<const tensor_view*> checkpoint::require(std::string_view name, const std::vector<int64_t>& expected_shape) const {
   const tensor_view* t = find(name);
   if (!t) return make_error(error_code::not_found, path_.string() + ": tensor " + quote_name(name) + " is missing");

@@ -107,6 +107,14 @@ class checkpoint {
   /// are not in it.
   std::optional<file_location> locate(std::span<const uint8_t> bytes) const;
 
+  /// Replaces the data of tensor `name` (same shape) with `bytes` of `type`, held by the
+  /// checkpoint: how a LoRA adapter is merged into its base (peft.hpp). A replaced tensor lies in
+  /// no file (locate: nullopt), so a split whose stages fetch the files refuses it. Errors: no
+  /// such tensor, or `bytes` not the size of its shape in `type`.
+  expected<void> replace(std::string_view name, tensor_type type, std::vector<uint8_t> bytes);
+  /// How many tensors replace() changed.
+  size_t replaced() const { return owned_.size(); }
+
  private:
   checkpoint() = default;
   expected<void> open_gguf(const std::filesystem::path& file);
@@ -122,6 +130,7 @@ class checkpoint {
   std::unique_ptr<gguf_view> gguf_;
   std::unique_ptr<safetensors_shards> shards_;
   std::vector<tensor_view> tensors_;
+  std::vector<std::unique_ptr<std::vector<uint8_t>>> owned_;  ///< replaced tensors' bytes
 };
 
 }  // namespace mesh::models

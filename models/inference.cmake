@@ -8,6 +8,7 @@ add_library(mesh_inference STATIC
   ${CMAKE_CURRENT_LIST_DIR}/layers.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/finetune.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/peft.cpp
   ${CMAKE_CURRENT_LIST_DIR}/session.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp
@@ -16,4 +17,4 @@ add_library(mesh_inference STATIC
 target_include_directories(mesh_inference PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
 # The session drives an executor through gpu/executor.hpp; the gpu layer is defined after this one
 # (the target is resolved when the build is generated).
-target_link_libraries(mesh_inference PUBLIC mesh_checkpoint mesh_text mesh_graph mesh_gpu PRIVATE fmt::fmt)
+target_link_libraries(mesh_inference PUBLIC mesh_checkpoint mesh_text mesh_graph mesh_gpu PRIVATE fmt::fmt nlohmann_json::nlohmann_json)

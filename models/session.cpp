@@ -70,7 +70,10 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
     }
     if (!ok) return make_error(ok.error().code, fmt::format("{}: uploading {}: {}", s.source_, w.param, ok.error().message));
     // The device holds its own copy now: the file's pages need not stay in this process's memory.
-    for (const auto* src : w.sources) advise_range(src->data, access_hint::dont_need);
+    // Only bytes in the file's mapping: a tensor an adapter replaced lies in the heap, where
+    // MADV_DONTNEED would zero the pages (and whatever else they hold).
+    for (const auto* src : w.sources)
+      if (ckpt.locate(src->data)) advise_range(src->data, access_hint::dont_need);
   }
   s.stats_.load_seconds = seconds_since(t0);
   if (options.prepare_decode && s.whole_context_decode_ && s.layers().size() == 0) {

@@ -9,7 +9,10 @@ block definitions). Everything runs in float64 on the weights as the file gives 
 f16/bf16, dequantized from the blocks), so the C++ float32 results are checked against exact math.
 
 usage: ref_llm.py JOBS.json
-  JOBS.json: [{"model": PATH, "tokens": [ids...], "generate": N, "out": PATH}, ...]
+  JOBS.json: [{"model": PATH, "tokens": [ids...], "generate": N, "out": PATH, "adapter": DIR?}, ...]
+  "adapter" (optional): a PEFT LoRA directory (adapter_config.json, adapter_model.safetensors)
+    merged into the weights first, W + lora_alpha / r * B A (LoRA's equation), B's rows of q and k
+    interleaved the way llama.cpp's converter interleaves a GGUF Llama's q and k rows
   writes to each job's "out" a JSON object:
     "logits":  the logits after each prompt token ([len(tokens)][vocab])
     "greedy":  N tokens chosen greedily after the prompt (recomputing the whole sequence each time)
@@ -321,9 +324,38 @@ def forward(c, tokens):
     return rms_norm(x, c.final_norm, c.eps) @ c.lm_head
 
 
+ADAPTER_ROLES = {"self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
+                 "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+
+
+def merge_adapter(c, directory, gguf):
+    cfg = json.load(open(os.path.join(directory, "adapter_config.json")))
+    r, alpha = cfg["r"], cfg["lora_alpha"]
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    t = read_safetensors(os.path.join(directory, "adapter_model.safetensors"))
+    for name in t:
+        if not name.endswith(".lora_A.weight"):
+            continue
+        module = name[len("base_model.model."):-len(".lora_A.weight")]
+        parts = module.split(".")  # model.layers.<i>.<block>.<proj>
+        layer, role = int(parts[2]), ADAPTER_ROLES[".".join(parts[3:])]
+        delta = scale * (t[module_b(name)] @ t[name])
+        if gguf and c.rope_style == "normal" and role in ("q", "k"):
+            heads = c.heads if role == "q" else c.kv_heads
+            # convert_hf_to_gguf.py LlamaModel.permute
+            delta = delta.reshape(heads, 2, delta.shape[0] // heads // 2, delta.shape[1]).swapaxes(1, 2).reshape(delta.shape)
+        c.blocks[layer][role] = c.blocks[layer][role] + delta
+
+
+def module_b(a_name):
+    return a_name[:-len(".lora_A.weight")] + ".lora_B.weight"
+
+
 def run(job):
     path = job["model"]
     c = gguf_model(path) if os.path.isfile(path) else hf_model(path)
+    if job.get("adapter"):
+        merge_adapter(c, job["adapter"], os.path.isfile(path))
     tokens = list(job["tokens"])
     with torch.no_grad():
         out = {"logits": forward(c, tokens).tolist(), "greedy": [], "greedy_logits": [], "greedy_logprobs": [],

@@ -20,6 +20,8 @@
 #include "graph/simplify.hpp"
 #include "model_writer.hpp"
 #include "models/finetune.hpp"
+#include "models/peft.hpp"
+#include "models/session.hpp"
 #include "python_torch.hpp"
 #include "run_command.hpp"
 
@@ -231,4 +233,138 @@ TEST_CASE("fine-tuning refuses what it cannot train, naming it", "[finetune]") {
   r = build_finetune_model(*lc, *l, o);
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message, Catch::Contains("longer than the model's context"));
+}
+
+TEST_CASE("a LoRA adapter saved in PEFT's layout and merged at load gives the logits of the reference's merged weights",
+          "[finetune][peft]") {
+  std::string why;
+  const std::string python = mesh::test::python_with_torch(why);
+  if (python.empty()) {
+    WARN(why);
+    return;
+  }
+  temp_dir dir;
+  model_spec llama;
+  write_hf_model(dir / "llama-f32", llama, "F32");
+  write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+  const std::vector<int32_t> prompt = {256, 17, 104, 101, 108, 108, 111, 33, 290, 3, 77};
+  json jobs = json::array();
+  std::vector<std::vector<float>> ours;
+  const std::vector<std::filesystem::path> bases = {dir / "llama-f32", dir / "llama-f16.gguf"};
+  for (size_t i = 0; i < bases.size(); ++i) {
+    INFO(bases[i]);
+    auto ckpt = models::checkpoint::open(bases[i]);
+    REQUIRE(ckpt);
+    auto cfg = read_model_config(*ckpt);
+    REQUIRE(cfg);
+    finetune_options o;
+    o.lora.rank = 4;
+    o.lora.alpha = 8;
+    o.lora.targets = lora_target_names();
+    auto m = build_finetune_model(*cfg, *ckpt, o);
+    REQUIRE(m);
+    // A trained adapter: B away from zero, so that the merge changes every target.
+    std::mt19937 rng(5);
+    std::normal_distribution<double> nd(0, 0.05);
+    tensor_map state = m->state;
+    for (const auto& name : m->trainable)
+      if (name.find(".lora_B.") != std::string::npos) {
+        std::vector<float> v(static_cast<size_t>(state[name].size()));
+        for (auto& x : v) x = static_cast<float>(nd(rng));
+        state[name] = tensor::from_floats(state[name].dims, v);
+      }
+    const auto adapter_dir = dir / ("adapter" + std::to_string(i));
+    REQUIRE(save_lora_adapter(adapter_dir, *m, state, bases[i].string()));
+
+    // What PEFT reads: its config keys and the tensors under base_model.model.<module>.
+    std::ifstream cf(adapter_dir / "adapter_config.json");
+    const json config = json::parse(cf);
+    CHECK(config["peft_type"] == "LORA");
+    CHECK(config["r"] == 4);
+    CHECK(config["lora_alpha"] == 8);
+    auto saved = load_safetensors(adapter_dir / "adapter_model.safetensors");
+    REQUIRE(saved);
+    CHECK(saved->tensors.size() == m->trainable.size());
+    CHECK(saved->tensors.count("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+
+    auto adapter = read_lora_adapter(adapter_dir);
+    INFO((adapter ? "" : adapter.error().message));
+    REQUIRE(adapter);
+    CHECK(adapter->modules.size() == 7 * static_cast<size_t>(llama.layers));
+    auto base = models::checkpoint::open(bases[i]);
+    REQUIRE(base);
+    REQUIRE(merge_lora_adapter(*base, *cfg, *adapter));
+    CHECK(base->replaced() == 7 * static_cast<size_t>(llama.layers));
+    auto ex = gpu::make_cpu_executor(2);
+    auto s = session::create(*ex, *base, {});
+    INFO((s ? "" : s.error().message));
+    REQUIRE(s);
+    auto logits = s->prefill_all_logits(prompt);
+    REQUIRE(logits);
+    ours.push_back(*logits);
+    jobs.push_back({{"model", bases[i].string()}, {"tokens", prompt}, {"generate", 0}, {"adapter", adapter_dir.string()},
+                    {"out", (dir / ("ref" + std::to_string(i) + ".json")).string()}});
+  }
+  write_file(dir / "jobs.json", jobs.dump());
+  const auto run = mesh::test::run_command(python + " " MESH_MODELS_TEST_DIR "/ref_llm.py " + (dir / "jobs.json").string());
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  for (size_t i = 0; i < bases.size(); ++i) {
+    INFO(bases[i]);
+    std::ifstream f(dir / ("ref" + std::to_string(i) + ".json"));
+    const auto ref = json::parse(f)["logits"].get<std::vector<std::vector<double>>>();
+    const size_t vocab = static_cast<size_t>(llama.vocab);
+    REQUIRE(ours[i].size() == ref.size() * vocab);
+    double worst = 0, scale = 1, moved = 0;
+    for (size_t r = 0; r < ref.size(); ++r)
+      for (size_t j = 0; j < vocab; ++j) {
+        worst = std::max(worst, std::abs(ours[i][r * vocab + j] - ref[r][j]));
+        scale = std::max(scale, std::abs(ref[r][j]));
+      }
+    // The merged model differs from the base: the base's logits are not what was compared.
+    auto plain = models::checkpoint::open(bases[i]);
+    REQUIRE(plain);
+    auto ex = gpu::make_cpu_executor(2);
+    auto s = session::create(*ex, *plain, {});
+    REQUIRE(s);
+    auto base_logits = s->prefill_all_logits(prompt);
+    REQUIRE(base_logits);
+    for (size_t k = 0; k < base_logits->size(); ++k) moved = std::max(moved, static_cast<double>(std::abs((*base_logits)[k] - ours[i][k])));
+    WARN(bases[i].filename().string() << " + adapter: largest logit error " << worst / scale << "; the adapter moves logits by up to " << moved);
+    CHECK(worst / scale <= 1e-4);
+    CHECK(moved > 100 * worst);
+  }
+}
+
+TEST_CASE("PEFT adapter configs meshnode cannot apply exactly are refused with the reason", "[finetune][peft]") {
+  const auto parse = [](const std::string& text) { return parse_lora_config(text, "adapter_config.json"); };
+  const std::string ok = R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "bias": "none"})";
+  auto c = parse(ok);
+  REQUIRE(c);
+  CHECK(c->scale() == 2.0);
+  c = parse(R"({"r": 4, "lora_alpha": 8, "use_rslora": true, "target_modules": ["q_proj"]})");
+  REQUIRE(c);
+  CHECK(c->scale() == 4.0);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"[1, 2]", "not a JSON object"},
+      {R"({"peft_type": "IA3", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]})", "LORA"},
+      {R"({"lora_alpha": 16, "target_modules": ["q_proj"]})", "\"r\""},
+      {R"({"r": 0, "lora_alpha": 16, "target_modules": ["q_proj"]})", "out of range"},
+      {R"({"r": 8, "target_modules": ["q_proj"]})", "lora_alpha"},
+      {R"({"r": 8, "lora_alpha": 16, "use_dora": true, "target_modules": ["q_proj"]})", "DoRA"},
+      {R"({"r": 8, "lora_alpha": 16, "fan_in_fan_out": true, "target_modules": ["q_proj"]})", "fan_in_fan_out"},
+      {R"({"r": 8, "lora_alpha": 16, "rank_pattern": {"q_proj": 4}, "target_modules": ["q_proj"]})", "rank_pattern"},
+      {R"({"r": 8, "lora_alpha": 16, "modules_to_save": ["lm_head"], "target_modules": ["q_proj"]})", "modules_to_save"},
+      {R"({"r": 8, "lora_alpha": 16, "bias": "all", "target_modules": ["q_proj"]})", "biases"},
+      {R"({"r": 8, "lora_alpha": 16, "target_modules": ".*proj"})", "regular expression"},
+      {R"({"r": 8, "lora_alpha": 16, "target_modules": ["embed_tokens"]})", "embed_tokens"},
+      {R"({"r": 8, "lora_alpha": 16, "target_modules": []})", "empty"},
+  };
+  for (const auto& [text, reason] : refused) {
+    INFO(text);
+    auto r = parse(text);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().message, Catch::Contains(reason));
+    CHECK_THAT(r.error().message, Catch::StartsWith("adapter_config.json: "));
+  }
 }
