@@ -22,6 +22,7 @@ expected<models::generate_options> check_request(const msg::generate_request& r,
   if (r.prompt.empty()) return bad("the prompt is empty");
   if (!r.chat_template.empty() && !r.chat) return bad("a chat template was named without chat");
   if (r.chat_template.size() > 64) return bad("the chat template name is longer than 64 bytes");
+  if (r.adapter.size() > 4096) return bad("the adapter path is longer than 4096 bytes");
   if (r.max_tokens == 0) return bad("max_tokens is 0; ask for at least 1 token");
   if (r.max_tokens > limits.max_tokens)
     return bad(fmt::format("max_tokens {} is more than the node allows ({})", r.max_tokens, limits.max_tokens));

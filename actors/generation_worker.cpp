@@ -40,6 +40,7 @@ serving::generation_request to_host(const msg::generate_request& r, const models
   if (r.chat) g.messages.push_back({"user", r.prompt});
   else g.prompt = r.prompt;
   g.chat_template = r.chat_template;
+  g.adapter = r.adapter;
   g.sampling = o.sampling;
   g.max_tokens = o.max_tokens;
   g.cap_to_context = true;  // a node's client asks for "up to N tokens": the context may end it

@@ -3,7 +3,7 @@
 //   meshctl peers | status | jobs | top      readable tables (top refreshes every second)
 //   meshctl invite                           the join token of the local node's mesh (meshnode --join TOKEN)
 //   meshctl --json peers                     the same as JSON, for scripts
-//   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed
+//   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed (--adapter DIR: with a LoRA)
 //   meshctl models [load PATH [--split N] | unload ID | replan ID --split N]
 //                                            the models the node serves (HTTP API, generate)
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file; the mesh
@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -180,6 +181,9 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--chat-template", gen.chat_template,
                       "with --chat: this template family instead of the checkpoint's (chatml, qwen2.5, llama3, llama3.1, llama2, "
                       "mistral, gemma)");
+  gen_cmd->add_option("--adapter", gen.adapter,
+                      "a LoRA adapter directory in PEFT's layout (adapter_config.json, adapter_model.safetensors), merged "
+                      "into the checkpoint when the node loads it (a relative path is made absolute here)");
   std::vector<std::string> models_args;
   mesh::msg::models_request models_req;
   auto* models_cmd = app.add_subcommand("models", "the models the node serves: list (no arguments), load PATH, unload ID, replan ID");
@@ -221,6 +225,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   gen.max_tokens = static_cast<uint32_t>(max_tokens);
+  if (!gen.adapter.empty()) gen.adapter = std::filesystem::absolute(gen.adapter).lexically_normal().string();
 
   // The credential: the secret file, else the token the local node keeps beside its endpoint.
   mesh::client_options opts;

@@ -566,7 +566,8 @@ expected<generation_outcome> client::generate(const std::string& model, const st
     std::lock_guard<std::mutex> lock(impl_->m);
     if (!impl_->up) return make_error(error_code::network, impl_->failure.empty() ? "not connected" : impl_->failure);
     id = impl_->next_id++;
-    msg::generate_request r{id, model, prompt, options.chat, options.chat_template, options.sampling, options.stop, options.max_tokens};
+    msg::generate_request r{id, model, prompt, options.chat, options.chat_template, options.sampling, options.stop, options.max_tokens,
+                            options.adapter};
     auto bytes = msg::encode_message(r);
     if (!bytes) return tl::unexpected(bytes.error());
     call->sent = std::chrono::steady_clock::now();

@@ -71,6 +71,9 @@ struct generation_options {
   bool chat = false;
   /// With chat: a template family by name ("chatml", "llama3", ...); empty: the checkpoint's own.
   std::string chat_template;
+  /// A PEFT LoRA adapter directory on the node (adapter_config.json + adapter_model.safetensors),
+  /// merged into the checkpoint's weights when the node loads it; empty: none.
+  std::string adapter;
   msg::sampling_params sampling;  ///< greedy by default (temperature 0)
   std::vector<std::string> stop;  ///< generation ends before the first of these in the text
   uint32_t max_tokens = 256;      ///< capped by the context left after the prompt (finish `context`)

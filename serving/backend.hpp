@@ -41,6 +41,9 @@ struct generation_request {
   /// `model` may also be a checkpoint path: a loaded model of that path serves it, or the
   /// backend loads it on demand (a node's own clients; never the HTTP API).
   bool by_path = false;
+  /// With by_path: a PEFT LoRA adapter directory merged into the checkpoint at load (the model
+  /// of that path and adapter is another model than the plain checkpoint's).
+  std::string adapter;
   /// A max_tokens past the context is shortened to the room left (the result says
   /// context_capped) instead of refused.
   bool cap_to_context = false;

@@ -11,6 +11,7 @@
 #include "models/chat_template.hpp"
 #include "models/checkpoint.hpp"
 #include "models/checkpoint_tokenizer.hpp"
+#include "models/peft.hpp"
 #include "models/generate.hpp"
 #include "models/session.hpp"
 #include "models/tokenizer.hpp"
@@ -87,6 +88,11 @@ std::string path_key(const std::filesystem::path& path) {
   return ec ? path.string() : p.string();
 }
 
+/// The key of a checkpoint with an adapter merged in: another model than the checkpoint alone.
+std::string model_key(const std::filesystem::path& path, const std::filesystem::path& adapter) {
+  return adapter.empty() ? path_key(path) : path_key(path) + " + adapter " + path_key(adapter);
+}
+
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
 const char* const template_names = "chatml, llama3, llama3.1, llama2, mistral, gemma";
@@ -135,10 +141,19 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   auto m = std::make_shared<model>();
   m->info.id = o.id.empty() ? default_id(o.path) : o.id;
   m->info.path = o.path.string();
-  m->key = path_key(o.path);
+  m->key = model_key(o.path, o.adapter);
   auto ckpt = models::checkpoint::open(o.path);
   if (!ckpt) return forward_error(ckpt);
   m->ckpt = std::make_unique<models::checkpoint>(std::move(*ckpt));
+  if (!o.adapter.empty()) {
+    if (o.split) return make_error(error_code::unsupported, o.path.string() + ": an adapter cannot be merged into a model split over nodes");
+    auto config = models::read_model_config(*m->ckpt);
+    if (!config) return forward_error(config);
+    auto adapter = models::read_lora_adapter(o.adapter);
+    if (!adapter) return forward_error(adapter);
+    if (auto ok = models::merge_lora_adapter(*m->ckpt, *config, *adapter); !ok)
+      return make_error(ok.error().code, o.adapter.string() + ": " + ok.error().message);
+  }
   auto ex = options_.make_executor();
   if (!ex) return in_path(ex.error());
   m->ex = std::move(*ex);
@@ -339,9 +354,9 @@ local_backend_stats local_backend::stats() const {
 
 std::shared_ptr<local_backend::model> local_backend::find(const generation_request& r) const {
   for (const auto& m : models_)
-    if (m->info.id == r.model) return m;
+    if (m->info.id == r.model && r.adapter.empty()) return m;
   if (r.by_path) {
-    const std::string key = path_key(r.model);
+    const std::string key = model_key(r.model, r.adapter);
     for (const auto& m : models_)
       if (m->key == key) return m;
   }
@@ -510,9 +525,10 @@ std::vector<std::shared_ptr<local_backend::job>> local_backend::admit() {
   return admitted;
 }
 
-expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const std::string& path, double& load_seconds) {
+expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const std::string& path, const std::string& adapter,
+                                                                         double& load_seconds) {
   load_seconds = 0;
-  const std::string key = path_key(path);
+  const std::string key = model_key(path, adapter);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& m : models_)
@@ -534,6 +550,7 @@ expected<std::shared_ptr<local_backend::model>> local_backend::path_model(const 
   const auto t0 = clock_type::now();
   local_model_options o;
   o.path = path;
+  o.adapter = adapter;
   o.id = key;
   o.context = options_.path_context;
   o.max_queued = options_.max_path_queued;
@@ -585,7 +602,7 @@ void local_backend::begin(const std::shared_ptr<job>& jp) {
   job& j = *jp;
   if (j.handle->cancelled()) return complete(jp, fail(failure_kind::cancelled, "cancelled while queued"));
   if (!j.m) {
-    auto m = path_model(j.request.model, j.load_seconds);
+    auto m = path_model(j.request.model, j.request.adapter, j.load_seconds);
     if (!m) {
       // A checkpoint that is not there is an unknown model; one that does not load is a bad request.
       const auto kind = m.error().code == error_code::not_found || m.error().code == error_code::io_error

@@ -69,6 +69,9 @@ using split_builder = std::function<expected<std::unique_ptr<split_sequence>>(co
 
 struct local_model_options {
   std::filesystem::path path;  ///< a GGUF file or a Hugging Face directory
+  /// A PEFT LoRA adapter directory merged into the checkpoint's weights at load (models/peft.hpp);
+  /// empty: none. Not with `split` (the stages on other nodes read the checkpoint's files).
+  std::filesystem::path adapter;
   /// The id clients name it by; empty: the file name without `.gguf` (the directory's name).
   std::string id;
   /// A chat template family by name ("chatml", "llama3", ...: models::chat_template_names());
@@ -198,7 +201,7 @@ class local_backend final : public generation_backend {
   /// Ends a request: frees its slot, counts it and calls on_done.
   void complete(const std::shared_ptr<job>& j, generation_outcome outcome);
   /// The model at `path`, loaded on demand (evicting the least recently used such model).
-  expected<std::shared_ptr<model>> path_model(const std::string& path, double& load_seconds);
+  expected<std::shared_ptr<model>> path_model(const std::string& path, const std::string& adapter, double& load_seconds);
 
   local_backend_options options_;
   mutable std::mutex mutex_;

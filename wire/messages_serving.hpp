@@ -42,6 +42,8 @@ struct generate_request {
   sampling_params sampling;
   std::vector<std::string> stop;  ///< generation ends before the first of these in the text
   uint32_t max_tokens = 256;
+  /// A PEFT LoRA adapter directory on the node, merged into the model at load; empty: none.
+  std::string adapter;
   bool operator==(const generate_request&) const = default;
 };
 
@@ -242,7 +244,7 @@ void fields(F& f, sampling_params& x) {
 
 template <class F>
 void fields(F& f, generate_request& x) {
-  f(x.request, x.model, x.prompt, x.chat, x.chat_template, x.sampling, x.stop, x.max_tokens);
+  f(x.request, x.model, x.prompt, x.chat, x.chat_template, x.sampling, x.stop, x.max_tokens, x.adapter);
 }
 
 template <class F>

@@ -8,13 +8,16 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 
 #include "gpu/executor.hpp"
 #include "model_writer.hpp"
 #include "reference_generation.hpp"
 #include "models/checkpoint_tokenizer.hpp"
+#include "models/finetune.hpp"
 #include "models/generate.hpp"
+#include "models/peft.hpp"
 #include "models/session.hpp"
 #include "node_harness.hpp"
 
@@ -124,6 +127,46 @@ TEST_CASE("meshctl generate streams the node's text, reports statistics and clea
     CHECK(cut->finish == finish_reason::cancelled);
     CHECK(cut->tokens < 40);
   }
+
+  // A LoRA adapter in PEFT's layout, merged when the node loads the checkpoint with it: the text
+  // is what the merged checkpoint generates here, and not the base's.
+  {
+    auto ckpt = models::checkpoint::open(model);
+    REQUIRE(ckpt);
+    auto config = models::read_model_config(*ckpt);
+    REQUIRE(config);
+    models::finetune_options fo;
+    fo.lora.rank = 4;
+    fo.lora.alpha = 16;
+    fo.sequence = 16;  // the graph is only built for its adapters' names and shapes
+    auto ft = models::build_finetune_model(*config, *ckpt, fo);
+    REQUIRE(ft);
+    tensor_map state = ft->state;
+    std::mt19937 rng(3);
+    std::normal_distribution<double> nd(0, 0.2);
+    for (const auto& name : ft->trainable)
+      if (name.find(".lora_B.") != std::string::npos) {
+        std::vector<float> v(static_cast<size_t>(state[name].size()));
+        for (auto& x : v) x = static_cast<float>(nd(rng));
+        state[name] = tensor::from_floats(state[name].dims, v);
+      }
+    REQUIRE(models::save_lora_adapter(tmp.path / "adapter", *ft, state, model.string()));
+  }
+  o = {};
+  o.max_tokens = 12;
+  const auto adapted_ref = models::test::reference_generation(model, "hello there", o, tmp.path / "adapter");
+  CHECK(adapted_ref.text != greedy_ref.text);
+  auto adapted = meshctl(state, "generate " + model.string() + " 'hello there' --max-tokens 12 --adapter " + (tmp.path / "adapter").string());
+  INFO(adapted.err);
+  REQUIRE(adapted.status == 0);
+  CHECK(adapted.out == adapted_ref.text);
+  // The plain checkpoint is still served as it was.
+  auto plain = meshctl(state, "generate " + model.string() + " 'hello there' --max-tokens 12");
+  REQUIRE(plain.status == 0);
+  CHECK(plain.out == greedy_ref.text);
+  const auto no_adapter = meshctl(state, "generate " + model.string() + " hi --adapter " + (tmp.path / "nowhere").string());
+  CHECK(no_adapter.status != 0);
+  CHECK(no_adapter.err.find((tmp.path / "nowhere" / "adapter_config.json").string()) != std::string::npos);
 
   // The node is still there and answering.
   CHECK(node.running());

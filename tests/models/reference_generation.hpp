@@ -9,14 +9,23 @@
 #include "gpu/executor.hpp"
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/generate.hpp"
+#include "models/peft.hpp"
 #include "models/session.hpp"
 
 namespace mesh::models::test {
 
+/// With `adapter`: a PEFT LoRA directory merged into the checkpoint first (models/peft.hpp).
 inline generation reference_generation(const std::filesystem::path& path, const std::string& prompt,
-                                       const generate_options& o) {
+                                       const generate_options& o, const std::filesystem::path& adapter = {}) {
   auto ckpt = checkpoint::open(path);
   REQUIRE(ckpt);
+  if (!adapter.empty()) {
+    auto config = read_model_config(*ckpt);
+    REQUIRE(config);
+    auto a = read_lora_adapter(adapter);
+    REQUIRE(a);
+    REQUIRE(merge_lora_adapter(*ckpt, *config, *a));
+  }
   auto cpu = gpu::make_cpu_executor(1);
   auto s = session::create(*cpu, *ckpt);
   REQUIRE(s);

@@ -60,7 +60,7 @@ std::vector<message> samples() {
           train_checkpoint{4, 20, {{"w", t}}},
           cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
           train_ready{4, 7, 1}, ring_go{4, 7, 1},
-          generate_request{11, "/models/tiny.gguf", "Once upon a time", true, "chatml", {0.8f, 40, 0.95f, 0.05f, 1.1f, 1234567890123ull}, {"\n\n", "END"}, 64},
+          generate_request{11, "/models/tiny.gguf", "Once upon a time", true, "chatml", {0.8f, 40, 0.95f, 0.05f, 1.1f, 1234567890123ull}, {"\n\n", "END"}, 64, "/adapters/tiny-lora"},
           generate_piece{11, "d\xc3\xa9j\xc3\xa0", 3},
           generate_done{11, true, finish_reason::context, 5, 59, 0.25, 0.125, 1.5, error_code::internal, ""},
           generate_done{12, false, finish_reason::length, 0, 0, 0, 0, 0, error_code::not_found, "cannot open /m/x.gguf: No such file or directory"},
