@@ -98,7 +98,7 @@ expected<std::vector<int32_t>> tokenizer::encode(std::string_view text, const en
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (options.add_special && p.vocab.add_bos) out.push_back(*p.vocab.bos_id);
-  bool after_special = true;  // SentencePiece: "▁" before the first text and after each special
+  bool after_special = options.space_prefix;  // SentencePiece: "▁" before the first text and after each special
   auto encode_text = [&](std::string_view part) -> expected<void> {
     if (part.empty()) return {};
     if (p.bpe) {

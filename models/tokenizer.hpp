@@ -21,6 +21,10 @@ struct encode_options {
   /// Recognise control tokens (`<|im_start|>`, `<s>`) written in the text. Off for untrusted
   /// text, which then cannot forge turns. User-defined added tokens are always recognised.
   bool parse_special = true;
+  /// SentencePiece: the "▁" that add_space_prefix puts before the text's first piece. Off for text
+  /// that continues text encoded before it (a chat turn's content after its header), so that the
+  /// pieces equal those of encoding both at once. A "▁" after each special token stays.
+  bool space_prefix = true;
 };
 
 struct decode_options {
