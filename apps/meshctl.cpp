@@ -6,6 +6,8 @@
 //   meshctl generate MODEL "prompt" [...]    text from a checkpoint on the node, streamed (--adapter DIR: with a LoRA)
 //   meshctl models [load PATH [--split N] | unload ID | replan ID --split N]
 //                                            the models the node serves (HTTP API, generate)
+//   meshctl train --model M --data F --out D fine-tune a checkpoint across the mesh (apps/meshctl_train.hpp)
+//   meshctl runs                             the training runs started here, their checkpoints
 // The node is --node NODEID@HOST:PORT, or the local node's <state-dir>/endpoint file; the mesh
 // credential is --secret-file, or the token the local node keeps in <state-dir>/mesh.token.
 #include <atomic>
@@ -23,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app_settings.hpp"
+#include "apps/meshctl_train.hpp"
 #include "client/client.hpp"
 #include "transport/join_token.hpp"
 
@@ -184,6 +187,9 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--adapter", gen.adapter,
                       "a LoRA adapter directory in PEFT's layout (adapter_config.json, adapter_model.safetensors), merged "
                       "into the checkpoint when the node loads it (a relative path is made absolute here)");
+  mesh::app::train_args train_args;
+  auto* train_cmd = mesh::app::add_train_command(app, train_args);
+  auto* runs_cmd = mesh::app::add_runs_command(app);
   std::vector<std::string> models_args;
   mesh::msg::models_request models_req;
   auto* models_cmd = app.add_subcommand("models", "the models the node serves: list (no arguments), load PATH, unload ID, replan ID");
@@ -200,9 +206,10 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "print JSON");
   app.add_option("--count", count, "top: stop after this many refreshes (0 = until interrupted)");
   CLI11_PARSE(app, argc, argv);
-  const bool generating = gen_cmd->parsed(), modelling = models_cmd->parsed();
-  if (!generating && !modelling && command.empty()) {
-    std::cerr << "meshctl: say what to do: peers, status, jobs, top, invite, generate or models (--help lists them)\n";
+  const bool generating = gen_cmd->parsed(), modelling = models_cmd->parsed(), training = train_cmd->parsed();
+  if (runs_cmd->parsed()) return mesh::app::list_runs(state_dir, json);
+  if (!generating && !modelling && !training && command.empty()) {
+    std::cerr << "meshctl: say what to do: peers, status, jobs, top, invite, generate, models, train or runs (--help lists them)\n";
     return 2;
   }
   if (modelling) {
@@ -271,6 +278,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (generating) return generate(**c, model, prompt, gen);
+  if (training) return mesh::app::train(**c, train_args, state_dir);
   if (modelling) {
     // A load answers once the model is on the node's device: minutes for a large checkpoint.
     const auto wait = models_req.action == mesh::models_action::load || models_req.action == mesh::models_action::replan
