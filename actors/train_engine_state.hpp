@@ -134,6 +134,8 @@ struct train_engine::worker_run {
     tensor_map initial;  ///< uploaded with the first task
     gpu::program_id apply = 0, delta = 0, outer = 0;
     gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
+    gpu::program_id apply_resident = 0;  ///< the optimizer on the accumulators (resident_apply())
+    bool grads_resident = false;         ///< the accumulators hold the last step's gradients, not sent
     std::vector<gpu::program_id> programs;         ///< all of the above that were loaded
     std::vector<std::string> acc_names;
     std::map<uint32_t, data_order> orders;  ///< each shard's epoch order

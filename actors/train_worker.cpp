@@ -89,6 +89,19 @@ expected<std::pair<graph, graph>> accumulating(const graph& grad, const std::vec
   return out;
 }
 
+/// The optimizer graph reading the gradients from the resident accumulators ("<prefix>grad.<p>",
+/// see accumulating()) instead of inputs: the step of a ring of one, and DiLoCo's inner steps,
+/// whose gradients need not leave the device. Only "scale" stays an input.
+graph resident_apply(const graph& apply, const std::string& prefix) {
+  graph g = apply;
+  for (auto& n : g.nodes)
+    if (n.op == op_kind::input && n.attrs.name.rfind("grad.", 0) == 0) {
+      n.op = op_kind::parameter;
+      n.attrs.name = prefix + n.attrs.name;
+    }
+  return g;
+}
+
 /// This node's answer to a step it cannot take part in.
 msg::train_reduced refusal(const msg::train_step& s, const error& why) {
   msg::train_reduced r;
@@ -288,9 +301,12 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   const auto micro = s.micro;
   const uint64_t step = s.step;
   const uint32_t k = w->micro_batches;
+  // A ring of one reduces nothing: its gradients stay on the device and its commit applies them
+  // there (the held sum is then empty: round_done keeps only the loss).
+  const bool alone = s.ring.size() == 1;
   std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;  // what this step's micro-batches read
   for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
-  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
+  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
     if (!d.loaded) {
@@ -313,6 +329,10 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       d.programs.push_back(*more);
       d.acc_first = *first;
       d.acc_more = *more;
+      auto resident = ex.load(resident_apply(*g.apply, prefix));
+      if (!resident) return tl::unexpected(resident.error());
+      d.programs.push_back(*resident);
+      d.apply_resident = *resident;
       for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
       if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
       d.initial.clear();
@@ -322,9 +342,16 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
       // mean delta (which also resets the local parameters to the new outer ones).
       const bool dp = w->method == train_method::data_parallel;
-      tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
-      in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
-      if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
+      if (dp && commit->sum.empty()) {
+        // The gradients of a ring of one, still in the accumulators.
+        if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
+        if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
+      } else {
+        tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
+        in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
+        if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
+      }
+      d.grads_resident = false;
     }
     train_work_result r;
     if (report) {
@@ -337,9 +364,10 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     size_t grad_total = 0;
     for (auto n : g.grad_sizes) grad_total += static_cast<size_t>(n);
     double loss_sum = 0;
-    // The gradients summed over `batch` micro-batches.
-    const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>& sum) -> expected<void> {
-      sum.assign(grad_total, 0.0f);
+    // The gradients summed over `count` micro-batches, in the accumulators; with `sum`, also
+    // brought to the host.
+    const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>* sum) -> expected<void> {
+      if (sum) sum->assign(grad_total, 0.0f);
       for (size_t i = 0; i < count; ++i) {
         const uint32_t shard = w->plan.shard_of(first[i]);
         const tensor_map& columns = *shards.at(shard);
@@ -350,15 +378,16 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         if (!out) return tl::unexpected(out.error());
         loss_sum += out->at("loss").at(0);
       }
-      if (count == 0) return {};
+      if (count == 0 || !sum) return {};
       auto acc = ex.get_parameters(d.acc_names);
       if (!acc) return tl::unexpected(acc.error());
       tensor_map by_grad;
       for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
-      return accumulate(sum, by_grad, g.grads);
+      return accumulate(*sum, by_grad, g.grads);
     };
     if (w->method == train_method::data_parallel) {
-      if (auto ok = gradients(micro.data(), micro.size(), r.buffer); !ok) return tl::unexpected(ok.error());
+      if (auto ok = gradients(micro.data(), micro.size(), alone ? nullptr : &r.buffer); !ok) return tl::unexpected(ok.error());
+      d.grads_resident = alone && !micro.empty();
     } else {
       // DiLoCo: a redone step starts again from the local state it started from the first time.
       if (d.snapshot_step == step) {
@@ -369,13 +398,12 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         d.snapshot = std::move(*snap);
         d.snapshot_step = step;
       }
+      // The inner steps are local: their gradients never leave the device.
       const size_t per = micro.size() / inner;
-      std::vector<float> sum;
       for (uint64_t h = 0; h < inner && per > 0; ++h) {
-        if (auto ok = gradients(micro.data() + h * per, per, sum); !ok) return tl::unexpected(ok.error());
-        tensor_map in = unflatten(sum, g.grads, g.grad_dims);
-        in["scale"] = f32_scalar(1.0 / static_cast<double>(per));
-        if (auto ok = ex.run(d.apply, in); !ok) return tl::unexpected(ok.error());
+        if (auto ok = gradients(micro.data() + h * per, per, nullptr); !ok) return tl::unexpected(ok.error());
+        if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / static_cast<double>(per))}}); !ok)
+          return tl::unexpected(ok.error());
       }
       auto deltas = ex.run(d.delta, {});
       if (!deltas) return tl::unexpected(deltas.error());

@@ -69,9 +69,6 @@ using split_builder = std::function<expected<std::unique_ptr<split_sequence>>(co
 
 struct local_model_options {
   std::filesystem::path path;  ///< a GGUF file or a Hugging Face directory
-  /// A PEFT LoRA adapter directory merged into the checkpoint's weights at load (models/peft.hpp);
-  /// empty: none. Not with `split` (the stages on other nodes read the checkpoint's files).
-  std::filesystem::path adapter;
   /// The id clients name it by; empty: the file name without `.gguf` (the directory's name).
   std::string id;
   /// A chat template family by name ("chatml", "llama3", ...: models::chat_template_names());
@@ -88,6 +85,9 @@ struct local_model_options {
   int64_t parallel = 0;
   /// Prompt tokens read per worker round for one request (0: the backend's `prefill_chunk`).
   int64_t prefill_chunk = 0;
+  /// A PEFT LoRA adapter directory merged into the checkpoint's weights at load (models/peft.hpp);
+  /// empty: none. Not with `split` (the stages on other nodes read the checkpoint's files).
+  std::filesystem::path adapter;
 };
 
 struct local_backend_options {

@@ -52,7 +52,7 @@ void write_corpus(const std::filesystem::path& path) {
 
 }  // namespace
 
-TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes; runs lists it; generate --adapter serves it",
+TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs lists it, generate --adapter serves it",
           "[apps][train][finetune]") {
   test::three_nodes mesh3;
   const auto& tmp = mesh3.tmp;

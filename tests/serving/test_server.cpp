@@ -222,7 +222,7 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
   CHECK(backend.stats().cancelled == 2);
 
   // A chat needs a template: a model loaded without one refuses chats with a 400 that says how.
-  auto no_template = local_backend::create(cpu_backend_options(), {{served.path, "plain", "", 0, 1, {}, 0}});
+  auto no_template = local_backend::create(cpu_backend_options(), {{served.path, "plain", "", 0, 1, {}, 0, 0, {}}});
   REQUIRE(no_template);
   generation_request chat;
   chat.model = "plain";
@@ -232,7 +232,7 @@ TEST_CASE("local_backend: a full queue refuses, cancelled requests end as cancel
   REQUIRE_FALSE(refused);
   CHECK(refused.error().kind == failure_kind::invalid_request);
   CHECK_THAT(refused.error().message, Catch::Contains("no chat template"));
-  auto typo = local_backend::create(cpu_backend_options(), {{served.path, "t", "chatmlx", 0, 1, {}, 0}});
+  auto typo = local_backend::create(cpu_backend_options(), {{served.path, "t", "chatmlx", 0, 1, {}, 0, 0, {}}});
   REQUIRE_FALSE(typo);
   CHECK_THAT(typo.error().message, Catch::Contains("chatmlx"));
 }

@@ -1,0 +1,239 @@
+// mesh-bench-finetune: fine-tuning throughput of a Llama-shape checkpoint through the mesh, on 1
+// node and on n (one meshnode process per device on this host, loopback), the model built by
+// models/finetune.hpp from a random Hugging Face checkpoint this program writes. Weak scaling:
+// each node takes `--micro` micro-batches of `--batch` x `--sequence` tokens per step.
+// Scaling efficiency = tokens/s on n nodes / (n x tokens/s on 1 node).
+//
+//   mesh-bench-finetune [--nodes 1,2] [--device-prefix "#"] [--steps 8] [--hidden 768] [--layers 12]
+//                       [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 16384] [--batch 4]
+//                       [--sequence 256] [--micro 1] [--lora-rank 0] [--compression f32] [--meshnode PATH]
+//
+// bench/train/finetune_reference.py runs the same model, shapes and optimizer in PyTorch (eager,
+// and DistributedDataParallel over NCCL with --ranks) for the anchor in the same run.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/local_mesh.hpp"
+#include "client/trainer.hpp"
+#include "graph/safetensors.hpp"
+#include "models/checkpoint.hpp"
+#include "models/finetune.hpp"
+#include "models/model_config.hpp"
+
+using namespace mesh;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct settings {
+  std::vector<int> nodes = {1};
+  int steps = 8;
+  int64_t hidden = 768, layers = 12, heads = 12, kv_heads = 4, ffn = 2048, vocab = 16384;
+  int64_t batch = 4, sequence = 256, micro = 1, lora_rank = 0;
+  std::string device_prefix = "#", meshnode;
+  wire_format compression = wire_format::f32;
+};
+
+/// A random Llama checkpoint as a Hugging Face directory: N(0, 0.02) matrices, unit norms.
+void write_checkpoint(const fs::path& dir, const settings& s) {
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json")
+      << "{\"model_type\": \"llama\", \"vocab_size\": " << s.vocab << ", \"hidden_size\": " << s.hidden
+      << ", \"num_hidden_layers\": " << s.layers << ", \"num_attention_heads\": " << s.heads
+      << ", \"num_key_value_heads\": " << s.kv_heads << ", \"intermediate_size\": " << s.ffn
+      << ", \"max_position_embeddings\": " << std::max<int64_t>(s.sequence, 2048)
+      << ", \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}";
+  mesh::checkpoint c;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (auto& x : v) x = normal(rng);
+    c.tensors[name] = tensor::from_floats({rows, cols}, v);
+  };
+  const auto ones = [&](const std::string& name, int64_t n) {
+    c.tensors[name] = tensor::from_floats({n}, std::vector<float>(static_cast<size_t>(n), 1.0f));
+  };
+  const int64_t hd = s.hidden / s.heads;
+  matrix("model.embed_tokens.weight", s.vocab, s.hidden);
+  matrix("lm_head.weight", s.vocab, s.hidden);
+  ones("model.norm.weight", s.hidden);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    ones(p + "input_layernorm.weight", s.hidden);
+    ones(p + "post_attention_layernorm.weight", s.hidden);
+    matrix(p + "self_attn.q_proj.weight", s.heads * hd, s.hidden);
+    matrix(p + "self_attn.k_proj.weight", s.kv_heads * hd, s.hidden);
+    matrix(p + "self_attn.v_proj.weight", s.kv_heads * hd, s.hidden);
+    matrix(p + "self_attn.o_proj.weight", s.hidden, s.heads * hd);
+    matrix(p + "mlp.gate_proj.weight", s.ffn, s.hidden);
+    matrix(p + "mlp.up_proj.weight", s.ffn, s.hidden);
+    matrix(p + "mlp.down_proj.weight", s.hidden, s.ffn);
+  }
+  if (auto ok = save_safetensors(dir / "model.safetensors", c); !ok) {
+    std::fprintf(stderr, "writing the checkpoint: %s\n", ok.error().message.c_str());
+    std::exit(1);
+  }
+}
+
+struct measured {
+  double tokens_per_s = 0, step_ms = 0, mb_per_step = 0, first_step_s = 0;
+};
+
+expected<measured> run(const settings& s, const models::finetune_model& m, int n, const fs::path& dir) {
+  std::vector<std::unique_ptr<app::node_process>> procs;
+  std::string first;
+  for (int i = 0; i < n; ++i) {
+    const std::string dev = s.device_prefix == "cpu" ? "cpu" : s.device_prefix + std::to_string(i);
+    std::vector<std::string> args = {"--port", "0", "--device", dev, "--mdns", "off", "--log-level", "info", "--open"};
+    if (i > 0) args.insert(args.end(), {"--peer", first});
+    procs.push_back(std::make_unique<app::node_process>(s.meshnode, dir / ("n" + std::to_string(n) + "-" + std::to_string(i)), args));
+    auto ep = procs.back()->endpoint(std::chrono::seconds(120));
+    if (!ep) return tl::unexpected(ep.error());
+    if (i == 0) first = *ep;
+  }
+  auto c = client::connect(first);
+  if (!c) return tl::unexpected(c.error());
+  for (int i = 0; i < 300; ++i) {
+    auto st = (*c)->status();
+    size_t healthy = 0;
+    if (st)
+      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
+    if (healthy + 1 >= static_cast<size_t>(n)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // Random tokens: throughput does not depend on what is learnt.
+  const int64_t rows = s.batch * s.micro * n * 2, t = s.sequence;
+  std::mt19937 rng(2);
+  std::vector<int32_t> tokens(static_cast<size_t>(rows * t)), targets(tokens.size());
+  for (auto& v : tokens) v = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab));
+  for (auto& v : targets) v = static_cast<int32_t>(rng() % static_cast<uint32_t>(s.vocab));
+  const tensor_map data{{"tokens", tensor::from_ints({rows, t}, tokens)},
+                        {"targets", tensor::from_ints({rows, t}, targets)},
+                        {"mask", tensor::from_floats({rows, t}, std::vector<float>(tokens.size(), 1.0f))}};
+  train_options o;
+  o.steps = static_cast<uint64_t>(s.steps);
+  o.micro_batches = static_cast<uint32_t>(s.micro * n);
+  o.optimizer = optim::adam_options{.lr = 1e-5};
+  o.compression = s.compression;
+  o.trainable = m.trainable;
+  // Step 1 includes the setup (the state's upload), compiling and the first step; the timing
+  // runs from the end of step 2 to the last step.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t1{}, t2{};
+  uint64_t bytes = 0;
+  auto r = trainer(**c, m.g, m.state, data, o).fit([&](const train_progress_info& p) {
+    if (p.step == 1) t1 = std::chrono::steady_clock::now();
+    if (p.step == 2) t2 = std::chrono::steady_clock::now();
+    if (p.step > 2) bytes += p.bytes_sent;
+    std::fprintf(stderr, "  n=%d step %llu loss %.4f peers %u\n", n, static_cast<unsigned long long>(p.step), p.loss, p.peers);
+  });
+  const auto t_end = std::chrono::steady_clock::now();
+  if (!r) return tl::unexpected(r.error());
+  const double secs = std::chrono::duration<double>(t_end - t2).count();
+  const int timed = s.steps - 2;
+  measured out;
+  out.tokens_per_s = static_cast<double>(timed) * static_cast<double>(o.micro_batches * s.batch * s.sequence) / secs;
+  out.step_ms = 1000 * secs / timed;
+  out.mb_per_step = static_cast<double>(bytes) / timed / 1e6;
+  out.first_step_s = std::chrono::duration<double>(t1 - t0).count();
+  c->reset();
+  procs.clear();
+  return out;
+}
+
+std::vector<int> int_list(const std::string& v) {
+  std::vector<int> out;
+  std::stringstream ss(v);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(std::atoi(x.c_str()));
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings s;
+  s.meshnode = app::meshnode_beside(argv[0]);
+  if (!fs::exists(s.meshnode))  // in the build tree: build/bench/train -> build/apps
+    s.meshnode = (fs::path(s.meshnode).parent_path() / "../../apps/meshnode").lexically_normal().string();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    const auto num = [&] { return std::atoll(v.c_str()); };
+    if (k == "--nodes") s.nodes = int_list(v);
+    else if (k == "--steps") s.steps = std::max(4, static_cast<int>(num()));
+    else if (k == "--hidden") s.hidden = num();
+    else if (k == "--layers") s.layers = num();
+    else if (k == "--heads") s.heads = num();
+    else if (k == "--kv-heads") s.kv_heads = num();
+    else if (k == "--ffn") s.ffn = num();
+    else if (k == "--vocab") s.vocab = num();
+    else if (k == "--batch") s.batch = num();
+    else if (k == "--sequence") s.sequence = num();
+    else if (k == "--micro") s.micro = num();
+    else if (k == "--lora-rank") s.lora_rank = num();
+    else if (k == "--device-prefix") s.device_prefix = v;
+    else if (k == "--meshnode") s.meshnode = v;
+    else if (k == "--compression")
+      s.compression = v == "bf16" ? wire_format::bf16 : v == "f16" ? wire_format::f16 : v == "int8" ? wire_format::int8 : v == "fp4" ? wire_format::fp4 : wire_format::f32;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  char tmpl[] = "/tmp/bench-finetune-XXXXXX";
+  const fs::path dir = mkdtemp(tmpl);
+  write_checkpoint(dir / "model", s);
+  auto ckpt = models::checkpoint::open(dir / "model");
+  if (!ckpt) return std::fprintf(stderr, "%s\n", ckpt.error().message.c_str()), 1;
+  auto config = models::read_model_config(*ckpt);
+  if (!config) return std::fprintf(stderr, "%s\n", config.error().message.c_str()), 1;
+  models::finetune_options fo;
+  fo.batch = s.batch;
+  fo.sequence = s.sequence;
+  fo.lora.rank = s.lora_rank;
+  fo.lora.alpha = 2.0 * static_cast<double>(s.lora_rank);
+  auto m = models::build_finetune_model(*config, *ckpt, fo);
+  if (!m) return std::fprintf(stderr, "%s\n", m.error().message.c_str()), 1;
+  int64_t params = 0, trained = 0;
+  for (const auto& [name, t] : m->state) params += t.size();
+  for (const auto& name : m->trainable) trained += m->state.at(name).size();
+  // 6 flops per trained-through parameter and token (forward 2, backward 4) plus attention's
+  // 12 * layers * hidden * sequence per token (causal: half of it is masked work).
+  const double flops_per_token = 6.0 * static_cast<double>(params) +
+                                 12.0 * static_cast<double>(s.layers * s.hidden * s.sequence);
+  std::printf("Llama shape: hidden %lld, %lld layers, %lld heads (%lld kv), ffn %lld, vocab %lld: %.1f M parameters, %.1f M trained "
+              "(%s); micro-batch %lld x %lld tokens, %lld per node per step; Adam fp32\n",
+              static_cast<long long>(s.hidden), static_cast<long long>(s.layers), static_cast<long long>(s.heads),
+              static_cast<long long>(s.kv_heads), static_cast<long long>(s.ffn), static_cast<long long>(s.vocab), params / 1e6,
+              trained / 1e6, s.lora_rank > 0 ? ("LoRA rank " + std::to_string(s.lora_rank)).c_str() : "full",
+              static_cast<long long>(s.batch), static_cast<long long>(s.sequence), static_cast<long long>(s.micro));
+  std::vector<std::pair<int, measured>> results;
+  for (int n : s.nodes) {
+    auto r = run(s, *m, n, dir);
+    if (!r) {
+      std::fprintf(stderr, "%d nodes: %s\n", n, r.error().message.c_str());
+      return 1;
+    }
+    results.emplace_back(n, *r);
+  }
+  std::printf("%-6s %12s %10s %12s %12s %14s\n", "nodes", "tokens/s", "step ms", "TFLOP/s", "MB/step", "first step s");
+  for (const auto& [n, r] : results)
+    std::printf("%-6d %12.0f %10.1f %12.2f %12.1f %14.1f\n", n, r.tokens_per_s, r.step_ms, r.tokens_per_s * flops_per_token / 1e12,
+                r.mb_per_step, r.first_step_s);
+  for (const auto& [n, r] : results)
+    if (n > 1 && results.front().first == 1)
+      std::printf("scaling efficiency on %d nodes: %.1f%%\n", n, 100 * r.tokens_per_s / (n * results.front().second.tokens_per_s));
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return 0;
+}
