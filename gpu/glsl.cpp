@@ -59,13 +59,37 @@ kernel_source elementwise(const graph& g, const plan& p, const kernel& k, const 
   return s;
 }
 
-/// scatter_add: one workgroup per output element (grid-stride over outputs); its 256 threads
+/// scatter_add where picks spread over many rows (an embedding's gradient): one workgroup per
+/// output row (grid-stride over rows). The picks are taken 256 at a
+/// time: each thread tests one pick's index against the row and marks it in shared memory; when
+/// any of the 256 landed on the row, every thread adds the marked picks' updates, in pick order, to
+/// the columns it owns (col = t, t + 256, ...). Deterministic (pick order, no float atomics), and
+/// a row no pick lands on costs picks / 256 compares per thread, so the embedding gradient of a
+/// large vocabulary (rows >> picks) costs about rows x picks compares in all, not rows x columns x
+/// picks. (llvmpipe ends a shader invocation's loops after 65535 iterations in all, silently: the
+/// loop budget in emit() refuses kernels that could need more.)
+/// Columns of a scatter_add row each of its 256 threads owns.
+int64_t scatter_column_slots(int64_t row_size) { return std::max<int64_t>((row_size + 255) / 256, 1); }
+
+/// Whether scatter_rows does less work than scatter_elements: thread iterations in all, the
+/// element kernel's outputs x picks against the row kernel's 4 x rows x picks for the tests, and
+/// 256 x 256 x column slots per round some pick landed on (at most one round per pick).
+bool scatter_by_rows(int64_t rows, int64_t row_size, int64_t picks) {
+  const double rounds = static_cast<double>((picks + 255) / 256);
+  const double hit_rounds = std::min(static_cast<double>(picks), static_cast<double>(rows) * rounds);
+  const double by_rows = 4.0 * static_cast<double>(rows) * static_cast<double>(picks) +
+                         hit_rounds * 65536.0 * static_cast<double>(scatter_column_slots(row_size));
+  return by_rows < static_cast<double>(rows) * static_cast<double>(row_size) * static_cast<double>(picks);
+}
+
+/// scatter_add where picks crowd onto few rows (a sum of many picks into few outputs): one
+/// workgroup per output element (grid-stride over outputs); its 256 threads
 /// each sum every 256th pick that lands on the element's row, in pick order, and a fixed tree
 /// in shared memory adds the 256 partial sums: deterministic, no atomics. A thread loops
 /// picks / 256 times. (One thread per element, looping over every pick, left all but a few
 /// threads idle when the output is small, and on lavapipe came back wrong past 65535 picks:
 /// llvmpipe ends a shader invocation's loops after 65535 iterations in all, silently.)
-kernel_source scatter(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+kernel_source scatter_elements(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& sa = g[k.root];
   const node_index idx = sa.inputs[0], upd = sa.inputs[1];
@@ -108,6 +132,58 @@ kernel_source scatter(const graph& g, const plan& p, const kernel& k, const devi
   return s;
 }
 
+kernel_source scatter_rows(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const node& sa = g[k.root];
+  const node_index idx = sa.inputs[0], upd = sa.inputs[1];
+  const int64_t outs = element_count(sa.dims), rows = sa.dims[0];
+  const int64_t row_size = rows ? outs / rows : 0, picks = element_count(g[idx].dims);
+  const int64_t slots = scatter_column_slots(row_size);
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const bool is_int = sa.type == dtype::i32;
+  const std::string rs = u(std::max<int64_t>(row_size, 1));
+  std::string test;
+  e.scoped([&] {
+    const std::string ix = e.value(idx, "pk");
+    test = e.body + "        if (" + ix + " == int(row)) h = int(pk);\n";
+    e.body.clear();
+  });
+  std::string add;
+  e.scoped([&] {
+    const std::string v = e.value(upd, "uint(pick) * " + rs + " + col");
+    add = e.body + "              acc[s] += " + v + ";\n";
+    e.body.clear();
+  });
+  std::string out;
+  e.scoped([&] {
+    const std::string v = e.rounded(k.root, "acc[s]");
+    out = e.store(k.root, "o", v);
+  });
+  const std::string acc_type = is_int ? "int" : "float", zero = is_int ? "0" : "0.0";
+  std::string src = "shared int hit[256];\nshared uint hits;\nvoid main() {\n  const uint t = gl_LocalInvocationID.x;\n";
+  src += "  for (uint row = gl_WorkGroupID.x; row < " + u(rows) + "; row += gl_NumWorkGroups.x) {\n";
+  src += "    " + acc_type + " acc[" + u(slots) + "];\n";
+  src += "    for (uint s = 0u; s < " + u(slots) + "; ++s) acc[s] = " + zero + ";\n";
+  src += "    for (uint base = 0u; base < " + u(picks) + "; base += 256u) {\n";
+  src += "      if (t == 0u) hits = 0u;\n      barrier();\n";
+  src += "      const uint pk = base + t;\n      int h = -1;\n      if (pk < " + u(picks) + ") {\n" + test + "      }\n";
+  src += "      hit[t] = h;\n      if (h >= 0) atomicAdd(hits, 1u);\n      barrier();\n";
+  src += "      if (hits > 0u) {\n        for (uint j = 0u; j < 256u; ++j) {\n          const int pick = hit[j];\n";
+  src += "          if (pick >= 0) {\n            for (uint s = 0u; s < " + u(slots) + "; ++s) {\n";
+  src += "              const uint col = t + s * 256u;\n              if (col >= " + u(row_size) + ") break;\n" + add;
+  src += "            }\n          }\n        }\n      }\n      barrier();\n    }\n";
+  src += "    for (uint s = 0u; s < " + u(slots) + "; ++s) {\n      const uint col = t + s * 256u;\n      if (col >= " + u(row_size) +
+         ") break;\n      const uint o = row * " + rs + " + col;\n" + out + "    }\n  }\n}\n";
+  kernel_source s;
+  s.name = "scatr_" + std::to_string(k.root);
+  s.bindings = e.bindings;
+  s.groups = {groups_for(std::max<int64_t>(rows, 1), 1, caps.max_groups[0]), 1, 1};
+  s.bytes = bytes_of(g, s.bindings);
+  s.glsl = header(g, s.bindings, false, 256) + buffer_decls(g, s.bindings, false) + prelude + src;
+  return s;
+}
+
 }  // namespace
 
 expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
@@ -131,11 +207,21 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
                                                      std::to_string(caps.loop_limit) + ": run it on a GPU or the CPU executor");
     };
     if (k.kind == kernel_kind::scatter_add) {
-      // Each workgroup walks ceil(outputs / groups) outputs, each costing picks / 256 iterations
-      // plus the tree's 8 and the walk's own.
-      const int64_t picks = element_count(g[g[k.root].inputs[0]].dims), outs = element_count(g[k.root].dims);
-      const int64_t per_group = (outs + caps.max_groups[0] - 1) / std::max<int64_t>(caps.max_groups[0], 1);
-      const int64_t iterations = per_group * ((picks + 255) / 256 + 10);
+      const node& sa = g[k.root];
+      const int64_t picks = element_count(g[sa.inputs[0]].dims), outs = element_count(sa.dims), rows = sa.dims[0];
+      const int64_t row_size = rows ? outs / rows : 0, groups = std::max<int64_t>(caps.max_groups[0], 1);
+      int64_t iterations = 0;
+      if (scatter_by_rows(rows, row_size, picks)) {
+        // Each workgroup walks ceil(rows / groups) rows; a row takes picks / 256 rounds, and a
+        // round some pick landed on loops 256 marks x the thread's column slots: at worst every
+        // round (all picks on one row).
+        const int64_t slots = scatter_column_slots(row_size), rounds = (picks + 255) / 256;
+        iterations = (rows + groups - 1) / groups * (rounds * (4 + 256 * (slots + 1)) + 2 * slots + 4);
+      } else {
+        // Each workgroup walks ceil(outputs / groups) outputs, each costing picks / 256 iterations
+        // plus the tree's 8 and the walk's own.
+        iterations = (outs + groups - 1) / groups * ((picks + 255) / 256 + 10);
+      }
       if (iterations > budget)
         return too_long("scatter_add of " + std::to_string(outs) + " outputs over " + std::to_string(picks) + " picks", iterations);
     }
@@ -168,7 +254,12 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
     case kernel_kind::elementwise: return elementwise(g, p, k, caps);
     case kernel_kind::reduce: return detail::reduction(g, p, k, caps);
     case kernel_kind::matmul: return detail::matmul(g, p, k, caps);
-    case kernel_kind::scatter_add: return scatter(g, p, k, caps);
+    case kernel_kind::scatter_add: {
+      const node& sa = g[k.root];
+      const int64_t rows = sa.dims[0], outs = element_count(sa.dims);
+      return scatter_by_rows(rows, rows ? outs / rows : 0, element_count(g[sa.inputs[0]].dims)) ? scatter_rows(g, p, k, caps)
+                                                                                                 : scatter_elements(g, p, k, caps);
+    }
     case kernel_kind::rows: return detail::rows_kernel(g, p, k, caps);
     case kernel_kind::linear: return detail::linear(g, p, k, caps);
     case kernel_kind::kv_write: return detail::kv_write(g, p, k, caps);

@@ -7,6 +7,9 @@
 //   mesh-bench-finetune [--nodes 1,2] [--device-prefix "#"] [--steps 8] [--hidden 768] [--layers 12]
 //                       [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 16384] [--batch 4]
 //                       [--sequence 256] [--micro 1] [--lora-rank 0] [--compression f32] [--meshnode PATH]
+//                       [--profile "#0"]
+// --profile DEVICE: instead, the step's gradient program on that Vulkan device in this process,
+// its kernels by time (where a step's time goes).
 //
 // bench/train/finetune_reference.py runs the same model, shapes and optimizer in PyTorch (eager,
 // and DistributedDataParallel over NCCL with --ranks) for the anchor in the same run.
@@ -25,6 +28,9 @@
 
 #include "apps/local_mesh.hpp"
 #include "client/trainer.hpp"
+#include "gpu/executor.hpp"
+#include "graph/autodiff.hpp"
+#include "graph/simplify.hpp"
 #include "graph/safetensors.hpp"
 #include "models/checkpoint.hpp"
 #include "models/finetune.hpp"
@@ -41,6 +47,7 @@ struct settings {
   int64_t hidden = 768, layers = 12, heads = 12, kv_heads = 4, ffn = 2048, vocab = 16384;
   int64_t batch = 4, sequence = 256, micro = 1, lora_rank = 0;
   std::string device_prefix = "#", meshnode;
+  std::string profile;  ///< a Vulkan device ("#0"): time the gradient program's kernels there, in this process
   wire_format compression = wire_format::f32;
 };
 
@@ -152,6 +159,70 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   return out;
 }
 
+/// The step's gradient program as a worker runs it (gradients into resident accumulators), on a
+/// Vulkan executor in this process: the kernels that take the time, median of 5 runs.
+int profile(const settings& s, const models::finetune_model& m) {
+  gpu::vulkan_options vo;
+  vo.device = s.profile;
+  auto ex = gpu::make_vulkan_executor(vo);
+  if (!ex) return std::fprintf(stderr, "vulkan: %s\n", ex.error().message.c_str()), 1;
+  std::vector<node_index> wrt;
+  for (const auto& name : m.trainable)
+    for (node_index i = 0; i < m.g.size(); ++i)
+      if (m.g[i].op == op_kind::parameter && m.g[i].attrs.name == name) wrt.push_back(i);
+  auto gg = grad(m.g, m.g.find_output("loss"), wrt);
+  if (!gg) return std::fprintf(stderr, "grad: %s\n", gg.error().message.c_str()), 1;
+  builder b(gg->g);
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    const expr g = b.at(gg->grads[i]);
+    b.update(b.parameter("acc." + m.trainable[i], dtype::f32, g.dims()), g);
+  }
+  auto done = b.finish();
+  if (!done) return std::fprintf(stderr, "%s\n", done.error().message.c_str()), 1;
+  done->outputs = {{"loss", m.g.find_output("loss")}};
+  if (auto ok = (*ex)->set_parameters(m.state); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto id = (*ex)->load(simplify(*done));
+  if (!id) return std::fprintf(stderr, "load: %s\n", id.error().message.c_str()), 1;
+  std::printf("gradient program on %s: compiled in %.1f s\n", (*ex)->info().name.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const int64_t t = s.sequence;
+  std::vector<int32_t> tokens(static_cast<size_t>(s.batch * t));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(s.vocab));
+  const tensor_map in{{"tokens", tensor::from_ints({s.batch, t}, tokens)},
+                      {"targets", tensor::from_ints({s.batch, t}, tokens)},
+                      {"mask", tensor::from_floats({s.batch, t}, std::vector<float>(tokens.size(), 1.0f))}};
+  std::vector<std::vector<double>> per_kernel;
+  std::vector<gpu::kernel_timing> kernels;
+  std::vector<double> walls;
+  for (int i = 0; i < 6; ++i) {
+    const auto r0 = std::chrono::steady_clock::now();
+    if (auto ok = (*ex)->run(*id, in); !ok) return std::fprintf(stderr, "run: %s\n", ok.error().message.c_str()), 1;
+    if (i == 0) continue;  // warm-up
+    walls.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r0).count());
+    kernels = (*ex)->stats().kernels;
+    per_kernel.resize(kernels.size());
+    for (size_t k = 0; k < kernels.size(); ++k) per_kernel[k].push_back(kernels[k].last_ms);
+  }
+  std::sort(walls.begin(), walls.end());
+  std::vector<std::pair<double, size_t>> order;
+  double total = 0;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    auto& v = per_kernel[k];
+    std::sort(v.begin(), v.end());
+    order.emplace_back(v[v.size() / 2], k);
+    total += v[v.size() / 2];
+  }
+  std::sort(order.rbegin(), order.rend());
+  std::printf("gradient program: %.1f ms a run (wall, median), kernels %.1f ms in all, %zu kernels; the largest:\n", walls[walls.size() / 2],
+              total, kernels.size());
+  for (size_t i = 0; i < std::min<size_t>(order.size(), 20); ++i) {
+    const auto& k = kernels[order[i].second];
+    std::printf("  %-28s %9.3f ms %10.1f MB %10.2f GFLOP\n", k.name.c_str(), order[i].first, static_cast<double>(k.bytes) / 1e6, k.flops / 1e9);
+  }
+  return 0;
+}
+
 std::vector<int> int_list(const std::string& v) {
   std::vector<int> out;
   std::stringstream ss(v);
@@ -183,6 +254,7 @@ int main(int argc, char** argv) {
     else if (k == "--lora-rank") s.lora_rank = num();
     else if (k == "--device-prefix") s.device_prefix = v;
     else if (k == "--meshnode") s.meshnode = v;
+    else if (k == "--profile") s.profile = v;
     else if (k == "--compression")
       s.compression = v == "bf16" ? wire_format::bf16 : v == "f16" ? wire_format::f16 : v == "int8" ? wire_format::int8 : v == "fp4" ? wire_format::fp4 : wire_format::f32;
     else {
@@ -217,6 +289,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.kv_heads), static_cast<long long>(s.ffn), static_cast<long long>(s.vocab), params / 1e6,
               trained / 1e6, s.lora_rank > 0 ? ("LoRA rank " + std::to_string(s.lora_rank)).c_str() : "full",
               static_cast<long long>(s.batch), static_cast<long long>(s.sequence), static_cast<long long>(s.micro));
+  if (!s.profile.empty()) return profile(s, *m);
   std::vector<std::pair<int, measured>> results;
   for (int n : s.nodes) {
     auto r = run(s, *m, n, dir);

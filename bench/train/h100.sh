@@ -6,7 +6,8 @@
 #
 #   bash bench/train/h100.sh [CARRY_DIR]      (CARRY_DIR: .devcarry, from bench/train/devcarry.sh)
 # Environment: NODES (default "1"; "1,2" on a 2-GPU machine), ARGS (shape options passed to both,
-# default: the ~100M shape), STEPS (default 8), BUDGET (seconds, default 560).
+# default: the ~100M shape), STEPS (default 8), BUDGET (seconds, default 560), PROFILE (default
+# 1: also the step's gradient program by kernel, mesh-bench-finetune --profile "#0").
 set -uo pipefail
 D=${1:-.devcarry}
 NODES=${NODES:-1}
@@ -25,6 +26,10 @@ for n in ${NODES//,/ }; do
   echo "== PyTorch, $n GPU(s)"
   timeout "$(( $(left) / 3 ))" python3 bench/train/finetune_reference.py $ARGS --steps "$STEPS" --ranks "$n" 2>&1 | grep -v Warning
 done
+if [ "${PROFILE:-1}" = 1 ]; then
+  echo "== the step's gradient program on GPU 0, by kernel"
+  timeout "$(( $(left) / 3 ))" "$D/mesh-bench-finetune" $ARGS --profile "#0" 2>&1 | tail -24
+fi
 echo "== meshnode, nodes $NODES"
 timeout "$(( $(left) - 5 ))" "$D/mesh-bench-finetune" --nodes "$NODES" $ARGS --steps "$STEPS" --meshnode "$D/meshnode" 2>&1 | tail -60
 echo "== done in $(( $(date +%s) - START )) s"

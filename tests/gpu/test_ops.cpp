@@ -4,6 +4,7 @@
 #include "harness.hpp"
 
 #include "graph/nn.hpp"
+#include "gpu/glsl.hpp"
 #include "gpu/plan.hpp"
 
 using namespace mesh;
@@ -256,6 +257,38 @@ TEST_CASE("ops: gather and scatter_add, out-of-range indices read zero / are dro
   b.output("gather_int", gather(ti, idx));
   check(finish(b), {{"idx", tensor::from_ints({3, 3}, {0, 5, 2, -1, 6, 2, 2, 3, 100})}, {"upd", random_tensor(dtype::f32, {3, 3, 4}, 18)}},
         {{"table", random_tensor(dtype::f32, {6, 4}, 19)}, {"ti", tensor::from_ints({6}, {1, 2, 3, 4, 5, 6})}});
+}
+
+TEST_CASE("ops: scatter_add over many rows (an embedding's gradient: the row kernel) and onto few rows (the element kernel)") {
+  // 200 picks into 4096 rows of 300 (some picks repeat a row, some fall outside), fused with the
+  // gather of an embedding as autodiff builds it; and 5000 picks into 3 rows.
+  std::vector<int32_t> ids(200);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 2654435761u) % 4100) - 2;
+  ids[7] = ids[3];
+  ids[150] = ids[3];
+  std::vector<int32_t> few(5000);
+  for (size_t i = 0; i < few.size(); ++i) few[i] = static_cast<int32_t>(i % 3);
+  builder b;
+  auto idx = b.input("idx", dtype::i32, {200});
+  auto upd = b.input("upd", dtype::f32, {200, 300});
+  b.output("rows", scatter_add(idx, upd * 0.5 + 1.0, {4096, 300}));
+  auto idx_few = b.input("few", dtype::i32, {5000});
+  auto upd_few = b.input("upd_few", dtype::f32, {5000, 2});
+  b.output("crowded", scatter_add(idx_few, upd_few, {3, 2}));
+  const graph g = finish(b);
+  const auto p = gpu::lower(g);
+  std::vector<std::string> names;
+  for (const auto& k : p.kernels)
+    if (k.kind == gpu::kernel_kind::scatter_add) {
+      gpu::device_caps caps;
+      auto src = gpu::emit(g, p, k, caps);
+      REQUIRE(src);
+      names.push_back(src->name.substr(0, src->name.find('_')));
+    }
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"scat", "scatr"});
+  check(g, {{"idx", tensor::from_ints({200}, ids)}, {"upd", random_tensor(dtype::f32, {200, 300}, 21)},
+            {"few", tensor::from_ints({5000}, few)}, {"upd_few", random_tensor(dtype::f32, {5000, 2}, 22)}});
 }
 
 TEST_CASE("ops: empty tensors and scalars") {
