@@ -6,6 +6,10 @@
 // coordinator for an orphaned run). Their state is in train_engine_state.hpp.
 #include "actors/train_engine.hpp"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
 #include <algorithm>
 
 #include "actors/train_engine_state.hpp"
@@ -67,6 +71,20 @@ graph_payload rename_parameters(const graph_payload& p, const std::string& from,
   for (auto& n : w.g.nodes)
     if (n.op == op_kind::parameter && starts_with(n.attrs.name, from)) n.attrs.name = to + n.attrs.name.substr(from.size());
   return graph_payload(std::move(w));
+}
+
+bool timing_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MESH_TRAIN_TIMING");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void timing(const std::string& what) {
+  if (!timing_enabled()) return;
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "train timing: %.1f %s\n", ms, what.c_str());
 }
 
 }  // namespace train_detail

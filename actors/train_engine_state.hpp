@@ -52,6 +52,11 @@ inline tensor_map to_map(const std::vector<named_tensor>& ts) {
 /// The graph `p` with every parameter named `from` + x renamed to `to` + x (absent stays absent).
 graph_payload rename_parameters(const graph_payload& p, const std::string& from, const std::string& to);
 
+/// With MESH_TRAIN_TIMING=1 in the environment: "train timing: <ms on the steady clock> <what>"
+/// on standard error, where a step's time goes (benchmarks read it from the node's log).
+bool timing_enabled();
+void timing(const std::string& what);
+
 }  // namespace train_detail
 
 // ---- the two sides' state ----

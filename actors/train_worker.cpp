@@ -212,6 +212,7 @@ void train_engine::orphan(worker_run& w) {
 }
 
 std::vector<outbound> train_engine::on_step(const node_id& from, const msg::train_step& s) {
+  train_detail::timing("step " + std::to_string(s.step) + " worker: train_step arrives");
   const worker_key key{from, s.train};
   auto it = worker_.find(key);
   if (it == worker_.end()) {
@@ -309,6 +310,8 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
+    const auto mark = [step](const char* what) { train_detail::timing("step " + std::to_string(step) + " worker: " + what); };
+    mark("device work starts");
     if (!d.loaded) {
       for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
                                      std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
@@ -352,6 +355,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
       }
       d.grads_resident = false;
+      mark("commit applied");
     }
     train_work_result r;
     if (report) {
@@ -388,6 +392,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     if (w->method == train_method::data_parallel) {
       if (auto ok = gradients(micro.data(), micro.size(), alone ? nullptr : &r.buffer); !ok) return tl::unexpected(ok.error());
       d.grads_resident = alone && !micro.empty();
+      mark(alone ? "gradients done (kept on the device)" : "gradients done (on the host)");
     } else {
       // DiLoCo: a redone step starts again from the local state it started from the first time.
       if (d.snapshot_step == step) {
@@ -430,6 +435,7 @@ std::vector<train_task> train_engine::take_ready() {
 }
 
 std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now) {
+  train_detail::timing("step " + std::to_string(t.step) + " worker: device work reported");
   now_ = now;
   if (t.cleanup) return {};
   if (t.takeover) return take_over(t, std::move(r));

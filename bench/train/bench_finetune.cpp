@@ -101,7 +101,8 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   std::vector<std::unique_ptr<app::node_process>> procs;
   std::string first;
   for (int i = 0; i < n; ++i) {
-    const std::string dev = s.device_prefix == "cpu" ? "cpu" : s.device_prefix + std::to_string(i);
+    // "#" numbers the GPUs (node i on "#i"); anything else ("cpu", a device name) is every node's.
+    const std::string dev = s.device_prefix == "#" ? "#" + std::to_string(i) : s.device_prefix;
     std::vector<std::string> args = {"--port", "0", "--device", dev, "--mdns", "off", "--log-level", "info", "--open"};
     if (i > 0) args.insert(args.end(), {"--peer", first});
     procs.push_back(std::make_unique<app::node_process>(s.meshnode, dir / ("n" + std::to_string(n) + "-" + std::to_string(i)), args));
@@ -135,19 +136,21 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   o.compression = s.compression;
   o.trainable = m.trainable;
   // Step 1 includes the setup (the state's upload), compiling and the first step; the timing
-  // runs from the end of step 2 to the last step.
+  // runs from step 2's progress report to the last step's.
   const auto t0 = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point t1{}, t2{};
+  std::chrono::steady_clock::time_point t1{}, t2{}, t_last{};
   uint64_t bytes = 0;
   auto r = trainer(**c, m.g, m.state, data, o).fit([&](const train_progress_info& p) {
     if (p.step == 1) t1 = std::chrono::steady_clock::now();
     if (p.step == 2) t2 = std::chrono::steady_clock::now();
+    if (p.step == p.steps) t_last = std::chrono::steady_clock::now();
     if (p.step > 2) bytes += p.bytes_sent;
     std::fprintf(stderr, "  n=%d step %llu loss %.4f peers %u\n", n, static_cast<unsigned long long>(p.step), p.loss, p.peers);
   });
-  const auto t_end = std::chrono::steady_clock::now();
   if (!r) return tl::unexpected(r.error());
-  const double secs = std::chrono::duration<double>(t_end - t2).count();
+  // Steps 3 .. last, each from the previous step's progress to its own; not the result's
+  // transfer after the last (the whole state, parameters and optimizer, to the client).
+  const double secs = std::chrono::duration<double>(t_last - t2).count();
   const int timed = s.steps - 2;
   measured out;
   out.tokens_per_s = static_cast<double>(timed) * static_cast<double>(o.micro_batches * s.batch * s.sequence) / secs;
@@ -156,6 +159,14 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   out.first_step_s = std::chrono::duration<double>(t1 - t0).count();
   c->reset();
   procs.clear();
+  if (const char* v = std::getenv("MESH_TRAIN_TIMING"); v && std::string(v) == "1") {
+    // The coordinating node's device work per step (actors/train_worker.cpp step_timer).
+    std::ifstream log(dir / ("n" + std::to_string(n) + "-0") / "node.log");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(log, line);)
+      if (line.find("train timing") != std::string::npos) lines.push_back(line);
+    for (size_t i = lines.size() > 16 ? lines.size() - 16 : 0; i < lines.size(); ++i) std::fprintf(stderr, "  n=%d %s\n", n, lines[i].c_str());
+  }
   return out;
 }
 
@@ -203,6 +214,35 @@ int profile(const settings& s, const models::finetune_model& m) {
     kernels = (*ex)->stats().kernels;
     per_kernel.resize(kernels.size());
     for (size_t k = 0; k < kernels.size(); ++k) per_kernel[k].push_back(kernels[k].last_ms);
+  }
+  // The optimizer as a ring of one runs it: Adam on the accumulators, in place.
+  {
+    train_options o;
+    o.trainable = m.trainable;
+    o.optimizer = optim::adam_options{.lr = 1e-5};
+    auto spec = make_train_spec(m.g, m.state, in, s.batch, o);
+    if (!spec || !spec->apply.value) return std::fprintf(stderr, "spec: %s\n", spec ? "no optimizer graph" : spec.error().message.c_str()), 1;
+    graph apply = spec->apply.value->g;
+    for (auto& n : apply.nodes)
+      if (n.op == op_kind::input && n.attrs.name.rfind("grad.", 0) == 0) {
+        n.op = op_kind::parameter;
+        n.attrs.name = "acc." + n.attrs.name.substr(5);
+      }
+    tensor_map zeros;
+    for (const auto& n : apply.nodes)
+      if (n.op == op_kind::parameter && n.attrs.name.rfind("opt.", 0) == 0) zeros[n.attrs.name] = tensor::zeros(n.type, n.dims);
+    if (auto ok = (*ex)->set_parameters(zeros); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
+    auto aid = (*ex)->load(apply);
+    if (!aid) return std::fprintf(stderr, "load optimizer: %s\n", aid.error().message.c_str()), 1;
+    std::vector<double> steps;
+    for (int i = 0; i < 4; ++i) {
+      const auto r0 = std::chrono::steady_clock::now();
+      if (auto ok = (*ex)->run(*id, in); !ok) return std::fprintf(stderr, "run: %s\n", ok.error().message.c_str()), 1;
+      if (auto ok = (*ex)->run(*aid, {{"scale", tensor::scalar(1.0)}}); !ok) return std::fprintf(stderr, "run: %s\n", ok.error().message.c_str()), 1;
+      if (i > 0) steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r0).count());
+    }
+    std::sort(steps.begin(), steps.end());
+    std::printf("gradients + Adam in place, as a worker alone runs a step: %.1f ms (median)\n", steps[steps.size() / 2]);
   }
   std::sort(walls.begin(), walls.end());
   std::vector<std::pair<double, size_t>> order;

@@ -21,6 +21,7 @@ ldconfig
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}
 export LD_LIBRARY_PATH=$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export NCCL_NVLS_ENABLE=0
+export MESH_TRAIN_TIMING=${MESH_TRAIN_TIMING:-1}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for n in ${NODES//,/ }; do
   echo "== PyTorch, $n GPU(s)"
@@ -31,5 +32,5 @@ if [ "${PROFILE:-1}" = 1 ]; then
   timeout "$(( $(left) / 3 ))" "$D/mesh-bench-finetune" $ARGS --profile "#0" 2>&1 | tail -24
 fi
 echo "== meshnode, nodes $NODES"
-timeout "$(( $(left) - 5 ))" "$D/mesh-bench-finetune" --nodes "$NODES" $ARGS --steps "$STEPS" --meshnode "$D/meshnode" 2>&1 | tail -60
+timeout "$(( $(left) - 5 ))" "$D/mesh-bench-finetune" --nodes "$NODES" $ARGS --steps "$STEPS" --meshnode "$D/meshnode" 2>&1 | grep -v "^  n=.* loss " | tail -80
 echo "== done in $(( $(date +%s) - START )) s"
