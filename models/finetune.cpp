@@ -164,7 +164,9 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const auto fn = tensor_names(config, l), hn = tensor_names(hf, l);
     const std::string attn = fmt::format("model.layers.{}.self_attn.", l), mlp = fmt::format("model.layers.{}.mlp.", l);
-    const auto vec = [&](const std::string& f, const std::string& h, int64_t n) { return s.f32(load(f, h, {n}, false)); };
+    const auto vec = [&](const std::string& f, const std::string& h, int64_t n, int64_t rope_heads = 0) {
+      return s.f32(load(f, h, {n}, false, rope_heads));
+    };
     const auto mat = [&](const std::string& f, const std::string& h, int64_t out, int64_t in, int64_t rope_heads = 0) {
       return load(f, h, {out, in}, true, rope_heads);
     };
@@ -173,9 +175,9 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
     expr k = s.proj(h1, mat(fn.k, hn.k, KV * hd, d, KV), attn + "k_proj", "k_proj");
     expr v = s.proj(h1, mat(fn.v, hn.v, KV * hd, d), attn + "v_proj", "v_proj");
     if (c.qkv_bias) {
-      // A bias of interleaved rows is interleaved too: reorder it as a column of rows.
-      q = q + vec(fn.q_bias, hn.q_bias, H * hd);
-      k = k + vec(fn.k_bias, hn.k_bias, KV * hd);
+      // The bias of interleaved q/k rows is interleaved too: reordered as a column of rows.
+      q = q + vec(fn.q_bias, hn.q_bias, H * hd, H);
+      k = k + vec(fn.k_bias, hn.k_bias, KV * hd, KV);
       v = v + vec(fn.v_bias, hn.v_bias, KV * hd);
     }
     q = reshape(q, {rows, H, hd});
