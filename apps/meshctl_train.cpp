@@ -108,6 +108,10 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   if (!ckpt) return fail(ckpt.error().message);
   auto config = models::read_model_config(*ckpt);
   if (!config) return fail(config.error().message);
+  // Known before any step runs: a full fine-tune saves as a Hugging Face directory.
+  if (a.lora_rank == 0 && ckpt->format() != models::checkpoint_format::hf_directory)
+    return fail(a.model + " is not a Hugging Face directory: its full fine-tune could not be saved (no config.json or "
+                          "tokenizer files to give it); fine-tune it with LoRA (--lora-rank R)");
   auto vocab = models::load_tokenizer(*ckpt, *config);
   if (!vocab) return fail(vocab.error().message);
   const auto chat_source = vocab->chat_template;

@@ -125,5 +125,9 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
                                        (tmp.path / "run3").string() + " --lora-rank 4 --sequence 16 --lora-targets qkv");
   CHECK(bad_target.status != 0);
   CHECK(bad_target.err.find("unknown LoRA target \"qkv\"") != std::string::npos);
+  auto full_gguf = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " + (tmp.path / "run4").string() +
+                                      " --sequence 16");
+  CHECK(full_gguf.status != 0);
+  CHECK(full_gguf.err.find("fine-tune it with LoRA") != std::string::npos);
   CHECK(mesh3.a->running());
 }

@@ -1,5 +1,5 @@
 // Fine-tuning graphs against an independent reference: small random checkpoints (Hugging Face
-// directories and a GGUF file whose q/k rows llama.cpp's converter interleaved) built into
+// directories and GGUF files, F16 and Q8_0, whose q/k rows llama.cpp's converter interleaved) built into
 // training graphs (models/finetune.hpp), their loss and gradients run on the CPU executor, and
 // ref_train.py, written in PyTorch from the published equations, computes the same loss and
 // gradients by autograd in float64 from the same files. Skipped with a warning without torch.
@@ -111,12 +111,14 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
   qwen3.arch = architecture::qwen3;
   write_hf_model(dir / "qwen3-bf16", qwen3, "BF16");
   write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+  write_gguf_model(dir / "llama-q8_0.gguf", llama, tensor_type::q8_0);
 
   const std::vector<ft_case> cases = {
       {"HF llama f32, full", dir / "llama-f32", 0},
       {"HF qwen2 f32 (q/k/v biases, tied head), full", dir / "qwen2-f32", 0},
       {"HF qwen3 bf16 (q/k norms), LoRA r4 on every projection", dir / "qwen3-bf16", 4},
       {"GGUF llama F16 (interleaved q/k rows), LoRA r4 on every projection", dir / "llama-f16.gguf", 4},
+      {"GGUF llama Q8_0 (a quantized base, frozen as its blocks), LoRA r4 on every projection", dir / "llama-q8_0.gguf", 4},
   };
   json jobs = json::array();
   std::vector<std::pair<double, tensor_map>> ours;
