@@ -86,7 +86,7 @@ std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& f
 }
 
 std::vector<outbound> train_engine::round_done(worker_run& w) {
-  train_detail::timing("step " + std::to_string(w.step) + " worker: all-reduce done");
+  if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(w.step) + " worker: all-reduce done");
   worker_run::held_result h;
   h.end = w.step_end;
   h.sum = w.round->result();

@@ -108,7 +108,7 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
 }
 
 std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
-  train_detail::timing("step " + std::to_string(c.spec.start_step > c.step ? c.spec.start_step : c.step) + " coordinator: issued");
+  if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(c.step) + " coordinator: issued");
   const auto& s = c.spec;
   const size_t k = s.micro_batches;
   c.ph = coord_run::phase::stepping;
@@ -233,7 +233,7 @@ std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::tra
 }
 
 std::vector<outbound> train_engine::advance(uint64_t id, coord_run& c) {
-  train_detail::timing("step " + std::to_string(c.step) + " coordinator: every member reduced");
+  if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(c.step) + " coordinator: every member reduced");
   const auto& s = c.spec;
   const uint64_t inner = s.method == train_method::diloco ? std::min<uint64_t>(s.inner_steps, s.steps - c.step) : 1;
   c.step += inner;

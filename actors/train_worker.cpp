@@ -212,7 +212,7 @@ void train_engine::orphan(worker_run& w) {
 }
 
 std::vector<outbound> train_engine::on_step(const node_id& from, const msg::train_step& s) {
-  train_detail::timing("step " + std::to_string(s.step) + " worker: train_step arrives");
+  if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(s.step) + " worker: train_step arrives");
   const worker_key key{from, s.train};
   auto it = worker_.find(key);
   if (it == worker_.end()) {
@@ -310,7 +310,9 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
-    const auto mark = [step](const char* what) { train_detail::timing("step " + std::to_string(step) + " worker: " + what); };
+    const auto mark = [step](const char* what) {
+      if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(step) + " worker: " + what);
+    };
     mark("device work starts");
     if (!d.loaded) {
       for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
@@ -435,7 +437,7 @@ std::vector<train_task> train_engine::take_ready() {
 }
 
 std::vector<outbound> train_engine::on_executed(const train_task& t, expected<train_work_result> r, clock::time_point now) {
-  train_detail::timing("step " + std::to_string(t.step) + " worker: device work reported");
+  if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(t.step) + " worker: device work reported");
   now_ = now;
   if (t.cleanup) return {};
   if (t.takeover) return take_over(t, std::move(r));

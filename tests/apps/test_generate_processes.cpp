@@ -19,36 +19,11 @@
 #include "models/generate.hpp"
 #include "models/peft.hpp"
 #include "models/session.hpp"
+#include "meshctl_runner.hpp"
 #include "node_harness.hpp"
 
 using namespace mesh;
-
-namespace {
-
-struct ctl_result {
-  int status = -1;
-  std::string out, err;  ///< standard output and standard error, apart
-};
-
-/// Runs meshctl with `args` (shell words) against the node whose state directory is `state`.
-ctl_result meshctl(const std::filesystem::path& state, const std::string& args) {
-  const auto err_file = state / "meshctl.err";
-  const std::string cmd = std::string(MESHCTL_BIN) + " --state-dir " + state.string() + " " + args + " 2>" + err_file.string();
-  ctl_result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::array<char, 4096> buf;
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  std::ifstream f(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return r;
-}
-
-
-}  // namespace
+using mesh::test::meshctl;
 
 TEST_CASE("meshctl generate streams the node's text, reports statistics and clear errors", "[apps][generate]") {
   test::temp_dir tmp;

@@ -15,33 +15,14 @@
 #include "graph/safetensors.hpp"
 #include "model_writer.hpp"
 #include "models/peft.hpp"
+#include "meshctl_runner.hpp"
 #include "node_harness.hpp"
 #include "reference_generation.hpp"
 
 using namespace mesh;
+using mesh::test::meshctl;
 
 namespace {
-
-struct ctl_result {
-  int status = -1;
-  std::string out, err;
-};
-
-ctl_result meshctl(const std::filesystem::path& state, const std::string& args) {
-  const auto err_file = state / "meshctl.err";
-  const std::string cmd = std::string(MESHCTL_BIN) + " --state-dir " + state.string() + " " + args + " 2>" + err_file.string();
-  ctl_result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::array<char, 4096> buf;
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  std::ifstream f(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  return r;
-}
 
 /// Documents a tiny model can learn: the same few sentences, over and over.
 void write_corpus(const std::filesystem::path& path) {
