@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/safetensors.hpp"
+#include "models/json_depth.hpp"
 
 namespace mesh::models {
 namespace {
@@ -16,6 +17,8 @@ using json = nlohmann::json;
 
 constexpr std::string_view peft_prefix = "base_model.model.";
 constexpr int64_t max_rank = 4096;
+constexpr size_t max_config_bytes = size_t{1} << 20;
+constexpr size_t max_config_depth = 16;
 
 /// The role ("q_proj", ...) of a Hugging Face module name, or "".
 std::string role_of(const std::string& module) {
@@ -57,6 +60,8 @@ double lora_config::scale() const {
 
 expected<lora_config> parse_lora_config(std::string_view text, const std::string& source) {
   const auto bad = [&](const std::string& why) { return make_error(error_code::invalid_argument, source + ": " + why); };
+  if (text.size() > max_config_bytes) return bad(fmt::format("larger than {} bytes (an adapter config is a few hundred)", max_config_bytes));
+  if (json_too_deep(text, max_config_depth)) return bad(fmt::format("JSON nested deeper than {} levels", max_config_depth));
   const json doc = json::parse(text.begin(), text.end(), nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) return bad("not a JSON object");
   const auto truthy = [&](const char* key) { return doc.contains(key) && doc[key].is_boolean() && doc[key].get<bool>(); };

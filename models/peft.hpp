@@ -10,10 +10,10 @@
 /// - A full fine-tune as a Hugging Face directory: config.json and model.safetensors (f32) under
 ///   the Hugging Face tensor names, with the base directory's tokenizer files copied beside them.
 ///
-/// Reading an adapter is reading outside input: adapter_config.json is parsed strictly (fuzzed:
-/// fuzz_peft_config), and what meshnode cannot apply exactly is refused with the reason (DoRA,
-/// fan_in_fan_out, per-module rank or alpha patterns, trained biases or modules_to_save, target
-/// modules given as a regular expression).
+/// Reading an adapter is reading outside input: adapter_config.json (at most 1 MiB, 16 levels of
+/// nesting) is parsed strictly (fuzzed: fuzz_peft_config), and what meshnode cannot apply exactly
+/// is refused with the reason (DoRA, fan_in_fan_out, per-module rank or alpha patterns, trained
+/// biases or modules_to_save, target modules given as a regular expression).
 #include <filesystem>
 #include <string>
 #include <string_view>

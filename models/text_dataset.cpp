@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "models/json_depth.hpp"
+
 namespace mesh::models {
 
 namespace {
@@ -24,30 +26,6 @@ std::string where(std::string_view source, int64_t line) {
 
 tl::unexpected<error> bad_record(std::string_view source, int64_t line, std::string_view what) {
   return make_error(error_code::invalid_argument, fmt::format("{}: {}", where(source, line), what));
-}
-
-/// nlohmann's parser recurses per nesting level: a line of a million '[' would overflow the stack,
-/// so the depth is checked with a flat scan first.
-bool too_deep(std::string_view s) {
-  size_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_json_depth) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return false;
 }
 
 /// nlohmann's message without its "[json.exception...] " tag, capped: it quotes what it last read,
@@ -156,7 +134,7 @@ data_format data_format_of(const std::filesystem::path& path) {
 
 expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_number, std::string_view source) {
   auto bad = [&](std::string_view what) { return bad_record(source, line_number, what); };
-  if (too_deep(line)) return bad(fmt::format("JSON nested deeper than {} levels", max_json_depth));
+  if (json_too_deep(line, max_json_depth)) return bad(fmt::format("JSON nested deeper than {} levels", max_json_depth));
   // nlohmann reports syntax and type errors by throwing; they are caught here so none leaves.
   try {
     const json j = json::parse(line);

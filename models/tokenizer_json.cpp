@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "models/json_depth.hpp"
 #include "models/pre_tokenizer.hpp"
 
 namespace mesh::models {
@@ -27,36 +28,12 @@ tl::unexpected<error> unsupported(std::string message) {
   return make_error(error_code::unsupported, "tokenizer.json: " + std::move(message));
 }
 
-/// nlohmann's parser recurses per nesting level: a hostile file of a million '[' would overflow the
-/// stack, so the depth is checked with a flat scan first.
-bool too_deep(std::string_view s) {
-  size_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_json_depth) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return false;
-}
-
 expected<json> parse(std::string_view text, const char* what) {
   if (text.size() > max_tokenizer_json_bytes) {
     return make_error(error_code::limit_exceeded,
                       fmt::format("{}: {} bytes is more than the limit of {}", what, text.size(), max_tokenizer_json_bytes));
   }
-  if (too_deep(text)) {
+  if (json_too_deep(text, max_json_depth)) {
     return make_error(error_code::limit_exceeded, fmt::format("{}: nested deeper than {} levels", what, max_json_depth));
   }
   json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);

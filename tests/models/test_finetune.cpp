@@ -361,6 +361,9 @@ TEST_CASE("PEFT adapter configs meshnode cannot apply exactly are refused with t
       {R"({"r": 8, "lora_alpha": 16, "target_modules": ".*proj"})", "regular expression"},
       {R"({"r": 8, "lora_alpha": 16, "target_modules": ["embed_tokens"]})", "embed_tokens"},
       {R"({"r": 8, "lora_alpha": 16, "target_modules": []})", "empty"},
+      {R"({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "x": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]})", "nested deeper than 16"},
+      {std::string(R"({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"], "x": ")") + std::string(size_t{1} << 20, 'a') + "\"}",
+       "larger than"},
   };
   for (const auto& [text, reason] : refused) {
     INFO(text);
