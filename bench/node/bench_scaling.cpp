@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "apps/local_mesh.hpp"
+#include "bench/bench_mesh.hpp"
 #include "client/trainer.hpp"
 #include "graph/nn.hpp"
 
@@ -41,28 +41,11 @@ struct measured {
 expected<measured> run(const settings& s, int n) {
   char tmpl[] = "/tmp/bench-scaling-XXXXXX";
   const std::filesystem::path dir = mkdtemp(tmpl);
-  std::vector<std::unique_ptr<app::node_process>> procs;
-  std::string first;
-  for (int i = 0; i < n; ++i) {
-    const std::string dev = s.device_prefix == "cpu" ? "cpu" : s.device_prefix + std::to_string(i);
-    // An open mesh: the benchmark measures scaling, not admission, and its client needs no token.
-    std::vector<std::string> args = {"--port", "0", "--device", dev, "--mdns", "off", "--log-level", "info", "--open"};
-    if (i > 0) args.insert(args.end(), {"--peer", first});
-    procs.push_back(std::make_unique<app::node_process>(s.meshnode, dir / ("n" + std::to_string(i)), args));
-    auto ep = procs.back()->endpoint(std::chrono::seconds(120));
-    if (!ep) return tl::unexpected(ep.error());
-    if (i == 0) first = *ep;
-  }
-  auto c = client::connect(first);
-  if (!c) return tl::unexpected(c.error());
-  for (int i = 0; i < 300; ++i) {
-    auto st = (*c)->status();
-    size_t healthy = 0;
-    if (st)
-      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
-    if (healthy + 1 >= static_cast<size_t>(n)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  auto mesh = bench::start_training_mesh(s.meshnode, dir, "n", n, [&](int i) {
+    return s.device_prefix == "cpu" ? std::string("cpu") : s.device_prefix + std::to_string(i);
+  });
+  if (!mesh) return tl::unexpected(mesh.error());
+  auto& c = mesh->first;
   builder b;
   auto x = b.input("x", dtype::f32, {s.rows, 64});
   auto labels = b.input("labels", dtype::i32, {s.rows});
@@ -86,7 +69,7 @@ expected<measured> run(const settings& s, int n) {
   // Steps 1-2 include loading and compiling: time from the end of step 2 to the last one.
   std::chrono::steady_clock::time_point t2{};
   uint64_t bytes = 0;
-  auto r = trainer(**c, *model, nn::init_parameters(*model, 1), data, o).fit([&](const train_progress_info& p) {
+  auto r = trainer(*c, *model, nn::init_parameters(*model, 1), data, o).fit([&](const train_progress_info& p) {
     if (p.step == 2) t2 = std::chrono::steady_clock::now();
     if (p.step > 2) bytes += p.bytes_sent;
     std::fprintf(stderr, "  n=%d step %llu loss %.4f peers %u\n", n, static_cast<unsigned long long>(p.step), p.loss, p.peers);
@@ -99,8 +82,8 @@ expected<measured> run(const settings& s, int n) {
   m.samples_per_s = static_cast<double>(timed) * static_cast<double>(o.micro_batches * s.rows) / secs;
   m.step_ms = 1000 * secs / timed;
   m.mb_per_step = static_cast<double>(bytes) / timed / 1e6;
-  c->reset();
-  procs.clear();
+  c.reset();
+  mesh->nodes.clear();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return m;

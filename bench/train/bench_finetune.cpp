@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "apps/local_mesh.hpp"
+#include "bench/bench_mesh.hpp"
 #include "client/trainer.hpp"
 #include "gpu/executor.hpp"
 #include "graph/autodiff.hpp"
@@ -98,28 +98,12 @@ struct measured {
 };
 
 expected<measured> run(const settings& s, const models::finetune_model& m, int n, const fs::path& dir) {
-  std::vector<std::unique_ptr<app::node_process>> procs;
-  std::string first;
-  for (int i = 0; i < n; ++i) {
-    // "#" numbers the GPUs (node i on "#i"); anything else ("cpu", a device name) is every node's.
-    const std::string dev = s.device_prefix == "#" ? "#" + std::to_string(i) : s.device_prefix;
-    std::vector<std::string> args = {"--port", "0", "--device", dev, "--mdns", "off", "--log-level", "info", "--open"};
-    if (i > 0) args.insert(args.end(), {"--peer", first});
-    procs.push_back(std::make_unique<app::node_process>(s.meshnode, dir / ("n" + std::to_string(n) + "-" + std::to_string(i)), args));
-    auto ep = procs.back()->endpoint(std::chrono::seconds(120));
-    if (!ep) return tl::unexpected(ep.error());
-    if (i == 0) first = *ep;
-  }
-  auto c = client::connect(first);
-  if (!c) return tl::unexpected(c.error());
-  for (int i = 0; i < 300; ++i) {
-    auto st = (*c)->status();
-    size_t healthy = 0;
-    if (st)
-      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
-    if (healthy + 1 >= static_cast<size_t>(n)) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  // "#" numbers the GPUs (node i on "#i"); anything else ("cpu", a device name) is every node's.
+  auto mesh = bench::start_training_mesh(s.meshnode, dir, "n" + std::to_string(n) + "-", n, [&](int i) {
+    return s.device_prefix == "#" ? "#" + std::to_string(i) : s.device_prefix;
+  });
+  if (!mesh) return tl::unexpected(mesh.error());
+  auto& c = mesh->first;
   // Random tokens: throughput does not depend on what is learnt.
   const int64_t rows = s.batch * s.micro * n * 2, t = s.sequence;
   std::mt19937 rng(2);
@@ -140,7 +124,7 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t1{}, t2{}, t_last{};
   uint64_t bytes = 0;
-  auto r = trainer(**c, m.g, m.state, data, o).fit([&](const train_progress_info& p) {
+  auto r = trainer(*c, m.g, m.state, data, o).fit([&](const train_progress_info& p) {
     if (p.step == 1) t1 = std::chrono::steady_clock::now();
     if (p.step == 2) t2 = std::chrono::steady_clock::now();
     if (p.step == p.steps) t_last = std::chrono::steady_clock::now();
@@ -157,8 +141,8 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   out.step_ms = 1000 * secs / timed;
   out.mb_per_step = static_cast<double>(bytes) / timed / 1e6;
   out.first_step_s = std::chrono::duration<double>(t1 - t0).count();
-  c->reset();
-  procs.clear();
+  c.reset();
+  mesh->nodes.clear();
   if (const char* v = std::getenv("MESH_TRAIN_TIMING"); v && std::string(v) == "1") {
     // The coordinating node's device work per step (actors/train_worker.cpp step_timer).
     std::ifstream log(dir / ("n" + std::to_string(n) + "-0") / "node.log");

@@ -1,0 +1,52 @@
+#pragma once
+/// The meshnode processes a training benchmark runs on (bench/node/bench_scaling.cpp,
+/// bench/train/bench_finetune.cpp): n nodes on this host in an open mesh of their own (the
+/// benchmarks measure training, not admission, and their client needs no token), node i on
+/// device_of(i), the others told of the first; and a client of the first once it sees the others
+/// healthy (30 s at most).
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/local_mesh.hpp"
+#include "client/client.hpp"
+
+namespace mesh::bench {
+
+struct local_training_mesh {
+  std::vector<std::unique_ptr<app::node_process>> nodes;  ///< node i's state directory: <dir>/<prefix><i>
+  std::unique_ptr<client> first;                          ///< connected to node 0
+};
+
+inline expected<local_training_mesh> start_training_mesh(const std::string& meshnode, const std::filesystem::path& dir,
+                                                         const std::string& prefix, int n,
+                                                         const std::function<std::string(int)>& device_of) {
+  local_training_mesh m;
+  std::string first;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> args = {"--port", "0", "--device", device_of(i), "--mdns", "off", "--log-level", "info", "--open"};
+    if (i > 0) args.insert(args.end(), {"--peer", first});
+    m.nodes.push_back(std::make_unique<app::node_process>(meshnode, dir / (prefix + std::to_string(i)), args));
+    auto ep = m.nodes.back()->endpoint(std::chrono::seconds(120));
+    if (!ep) return tl::unexpected(ep.error());
+    if (i == 0) first = *ep;
+  }
+  auto c = client::connect(first);
+  if (!c) return tl::unexpected(c.error());
+  m.first = std::move(*c);
+  for (int i = 0; i < 300; ++i) {
+    auto st = m.first->status();
+    size_t healthy = 0;
+    if (st)
+      for (const auto& p : st->peers) healthy += p.health == mesh::peer_health::healthy;
+    if (healthy + 1 >= static_cast<size_t>(n)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return m;
+}
+
+}  // namespace mesh::bench
