@@ -25,6 +25,7 @@
 #include "apps/app_settings.hpp"
 #include "apps/demo_llm.hpp"
 #include "apps/local_mesh.hpp"
+#include "apps/progress_bar.hpp"
 #include "apps/svg_plot.hpp"
 #include "client/trainer.hpp"
 #include "graph/nn.hpp"
@@ -40,11 +41,6 @@ int fail(const std::string& what) {
 }
 
 bool avahi_running() { return std::system("avahi-daemon --check >/dev/null 2>&1") == 0; }
-
-std::string bar(double fraction, int width = 28) {
-  const int full = static_cast<int>(fraction * width + 0.5);
-  return std::string(static_cast<size_t>(full), '#') + std::string(static_cast<size_t>(width - full), '.');
-}
 
 std::atomic<bool> interrupted{false};
 extern "C" void on_interrupt(int) { interrupted = true; }
@@ -239,7 +235,7 @@ int run_demo(int argc, char** argv) {
   trainer t(**c, model, params, demo::make_dataset(task, train_lines), o);
   auto result = t.fit([&](const train_progress_info& p) {
     curve.emplace_back(static_cast<double>(p.step), p.loss);
-    std::printf("\r   [%s] step %4llu/%llu  loss %.3f  %6.0f samples/s  peers %u ", bar(static_cast<double>(p.step) / p.steps).c_str(),
+    std::printf("\r   [%s] step %4llu/%llu  loss %.3f  %6.0f samples/s  peers %u ", app::progress_bar(static_cast<double>(p.step) / p.steps).c_str(),
                 static_cast<unsigned long long>(p.step), static_cast<unsigned long long>(p.steps), p.loss, p.samples_per_s, p.peers);
     std::fflush(stdout);
   });

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "apps/progress_bar.hpp"
 #include "apps/svg_plot.hpp"
 #include "client/client.hpp"
 #include "client/trainer.hpp"
@@ -56,11 +57,6 @@ expected<void> save_result(const fs::path& dir, const models::finetune_model& m,
                            const models::checkpoint& base, const std::string& model_path) {
   if (m.lora.rank > 0) return models::save_lora_adapter(dir, m, state, model_path);
   return models::save_full_model(dir, m, state, base);
-}
-
-std::string bar(double done) {
-  const int width = 24, filled = static_cast<int>(std::clamp(done, 0.0, 1.0) * width);
-  return std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(width - filled), '.');
 }
 
 int fail(const std::string& why) {
@@ -215,7 +211,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
     while (!curve.empty() && curve.back().first >= static_cast<double>(p.step)) curve.pop_back();  // a redone step
     curve.emplace_back(static_cast<double>(p.step), p.loss);
     const double tokens_per_s = p.samples_per_s * static_cast<double>(a.sequence);
-    const auto line = fmt::format("[{}] step {}/{}  loss {:.4f}  {:.0f} tokens/s  peers {}", bar(static_cast<double>(p.step) / p.steps), p.step,
+    const auto line = fmt::format("[{}] step {}/{}  loss {:.4f}  {:.0f} tokens/s  peers {}", progress_bar(static_cast<double>(p.step) / p.steps, 24), p.step,
                                   p.steps, p.loss, tokens_per_s, p.peers);
     // A terminal gets one line redrawn; a log gets a line per step.
     if (tty) std::printf("\r%s ", line.c_str());
