@@ -314,4 +314,90 @@ expected<uint64_t> blob_fetcher::fetch_chunks(const node_id& from, const offered
   return got;
 }
 
+namespace {
+
+/// remote_file's state: the verified chunks and the sparse file they are in.
+struct remote_reader {
+  std::shared_ptr<blob_fetcher> fetcher;
+  std::shared_ptr<blob_store> store;
+  node_id from;
+  offered want;
+  uint64_t read_ahead = 0;
+  bool opened = false;
+  std::vector<bool> verified;
+  blob_store::pin pin;  ///< keeps the blob from eviction while it is read
+  int fd = -1;
+  ~remote_reader() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  expected<void> open() {
+    if (opened) return {};
+    auto list = store->chunk_list_of(want.id);
+    if (!list.empty() && hash_chunk_list(list) != want.chunk_list) {
+      return make_error(error_code::invalid_argument,
+                        fmt::format("blob {} is here in part with another chunk list than node {} offers", to_hex(want.id),
+                                    from.short_string()));
+    }
+    if (list.empty()) {
+      auto fetched = fetcher->fetch_chunk_list(from, want);
+      if (!fetched) return tl::unexpected(fetched.error());
+      if (auto ok = store->open_partial(want.id, want.size, std::move(*fetched)); !ok) return ok;
+    }
+    auto pinned = store->get_chunks(want.id, {});
+    if (!pinned) return tl::unexpected(pinned.error());
+    pin = pinned->in_use;
+    fd = ::open(pinned->path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return make_error(error_code::io_error, fmt::format("cannot open {}: {}", pinned->path.string(), std::strerror(errno)));
+    verified.assign((want.size + chunk_bytes - 1) / chunk_bytes, false);
+    opened = true;
+    return {};
+  }
+
+  expected<size_t> read(uint64_t offset, std::span<char> into) {
+    if (offset >= want.size || into.empty()) return size_t{0};
+    if (auto ok = open(); !ok) return tl::unexpected(ok.error());
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(into.size(), want.size - offset));
+    const uint64_t first = offset / chunk_bytes, last = (offset + n - 1) / chunk_bytes;
+    std::vector<uint64_t> wanted;
+    for (uint64_t c = first; c <= last; ++c)
+      if (!verified[c]) wanted.push_back(c);
+    if (!wanted.empty()) {
+      auto missing = store->missing(want.id, wanted);
+      if (!missing.empty()) {
+        std::vector<uint64_t> ahead;
+        for (uint64_t c = last + 1; c < verified.size() && c <= last + read_ahead; ++c) ahead.push_back(c);
+        for (uint64_t c : store->missing(want.id, ahead)) missing.push_back(c);
+        auto got = fetcher->fetch_chunks(from, want, missing, *store);
+        if (!got) return tl::unexpected(got.error());
+      }
+      auto held = store->get_chunks(want.id, wanted);  // hashes them again: what is read is what was offered
+      if (!held) return tl::unexpected(held.error());
+      for (uint64_t c : wanted) verified[c] = true;
+    }
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::pread(fd, into.data() + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return make_error(error_code::io_error, fmt::format("reading blob {}: {}", to_hex(want.id), r < 0 ? std::strerror(errno) : "short file"));
+      done += static_cast<size_t>(r);
+    }
+    return n;
+  }
+};
+
+}  // namespace
+
+std::function<expected<size_t>(uint64_t offset, std::span<char> into)> remote_file(std::shared_ptr<blob_fetcher> fetcher,
+                                                                                    std::shared_ptr<blob_store> store, node_id from,
+                                                                                    offered want, uint64_t read_ahead) {
+  auto r = std::make_shared<remote_reader>();
+  r->fetcher = std::move(fetcher);
+  r->store = std::move(store);
+  r->from = from;
+  r->want = want;
+  r->read_ahead = read_ahead;
+  return [r](uint64_t offset, std::span<char> into) { return r->read(offset, into); };
+}
+
 }  // namespace mesh::blobs

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -119,5 +120,16 @@ class blob_fetcher {
   uint64_t next_call_ = 1, fetched_ = 0;
   bool closed_ = false;
 };
+
+/// Random access to a file a peer offers, for a reader that wants a few ranges of it (a training
+/// worker's shards of a data file): each read fetches the chunks it touches that the partial
+/// blob in `store` lacks (and up to `read_ahead` missing chunks after them, so a sequential
+/// reader keeps the link busy), checks them against the chunk list, and reads the bytes from the
+/// blob's sparse file. Reads block the calling thread. The result has models::byte_source's
+/// signature: at most `into.size()` bytes at `offset`, fewer only at the end. Errors name the
+/// node and the blob (fetch_chunks's, get_chunks's), or io_error reading the sparse file.
+std::function<expected<size_t>(uint64_t offset, std::span<char> into)> remote_file(
+    std::shared_ptr<blob_fetcher> fetcher, std::shared_ptr<blob_store> store, node_id from, offered want,
+    uint64_t read_ahead = 8);
 
 }  // namespace mesh::blobs

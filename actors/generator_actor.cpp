@@ -164,14 +164,12 @@ caf::behavior generator_actor(caf::stateful_actor<generator_state>* self, contex
   });
   self->state.calls = std::make_shared<generation::stage_calls>(
       [ctx](const node_id& to, const msg::message& m) { return try_send_peer(*ctx, to, m); });
-  self->state.offers = std::make_shared<blobs::blob_offers>(ctx->self_id.short_string());
-  self->state.fetcher = std::make_shared<blobs::blob_fetcher>([ctx](const node_id& to, const msg::message& m) { return try_send_peer(*ctx, to, m); });
+  self->state.offers = ctx->offers;
+  self->state.fetcher = ctx->fetcher;
   generation::stage_host_options so;
   so.make_executor = [device = ctx->cfg.device] { return make_device(device); };
   so.self = ctx->self_id.short_string();
-  // Without a cache (its directory cannot be made), stages need their own copies, as before.
-  if (auto b = blobs::blob_store::open(ctx->cfg.state_dir / "blobs", ctx->cfg.blob_cache_bytes)) so.blobs = *b;
-  else spdlog::warn("no blob cache: {}; split-model stages need their own copy of the file", b.error().message);
+  so.blobs = ctx->blobs;
   so.fetcher = self->state.fetcher;
   so.log = [](const std::string& line) { spdlog::info("stages: {}", line); };
   self->state.stages = std::make_unique<generation::stage_host>(so, [ctx](const node_id& to, const msg::message& m) {

@@ -7,7 +7,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
+#include <thread>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,6 +98,33 @@ void run_ready(jobs_actor_t* self) {
   st.reported_load = load;
 }
 
+/// A client's run on a data file: the file is offered to the peers by digest (hashing it reads
+/// it all once, so on a thread of its own, not the actor's), then the run opens with the offer in
+/// its spec (offered_atom). A client's own idea of the digest is not used.
+void offer_data(jobs_actor_t* self, const context_ptr& ctx, const node_id& client, const msg::open_training& o) {
+  auto m = std::make_shared<msg::message>(o);
+  auto& text = std::get<msg::open_training>(*m).spec.text[0];
+  text.file = {};
+  spdlog::info("training {} of {}: offering its data file {}", o.train, client.short_string(), text.path);
+  std::thread([me = caf::actor_cast<caf::actor>(self), offers = ctx->offers, node = ctx->self_id.short_string(), client, m] {
+    auto& t = std::get<msg::open_training>(*m).spec.text[0];
+    std::string failure;
+    std::error_code ec;
+    if (t.path.empty() || !std::filesystem::path(t.path).is_absolute()) {
+      failure = "the data file must be named by an absolute path on node " + node + ", not \"" + t.path + "\"";
+    } else if (std::filesystem::is_directory(t.path, ec)) {
+      failure = t.path + " is a directory, not a data file";
+    } else if (auto got = offers->offer(t.path); !got) {
+      failure = "node " + node + ": " + got.error().message;
+    } else {
+      t.file.id = got->id;
+      t.file.size = got->size;
+      t.file.chunk_list = got->chunk_list;
+    }
+    caf::anon_send(me, offered_atom::value, client, std::move(m), std::move(failure));
+  }).detach();
+}
+
 caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
   auto& st = self->state;
   const auto& own = ctx->own;
@@ -107,6 +136,14 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
                                                                         static_cast<int64_t>(own.memory_bytes)},
                                            (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id);
+  // A run's data file: read where it is on the node that offers it, fetched chunk by chunk
+  // from that node elsewhere (actors/blob_transfer.hpp, remote_file).
+  st.trainer->set_data_opener([ctx](const node_id& holder, const msg::train_text_data& text) -> expected<models::byte_source> {
+    if (holder == ctx->self_id) return models::file_source(text.path);
+    if (!ctx->blobs || !ctx->fetcher)
+      return make_error(error_code::io_error, "node " + ctx->self_id.short_string() + " has no blob cache to fetch the training data into");
+    return models::byte_source(blobs::remote_file(ctx->fetcher, ctx->blobs, holder, {text.file.id, text.file.size, text.file.chunk_list}));
+  });
   self->send(self, tick_atom::value);
   return {
       [=](wire_atom, actors_ptr a) { self->state.a = *a; },
@@ -137,6 +174,10 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
         }
       },
       [=](inbound_atom, node_id from, message_ptr m) {
+        if (auto* o = std::get_if<msg::open_training>(m.get()); o && o->spec.text.size() == 1) {
+          offer_data(self, ctx, from, *o);
+          return;
+        }
         dispatch(self, *ctx, self->state.engine->on_message(from, *m, std::chrono::steady_clock::now()));
         dispatch(self, *ctx, self->state.trainer->on_message(from, *m, std::chrono::steady_clock::now()));
         report_refused(self, *ctx);
@@ -172,6 +213,20 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
       },
       [=](curves_atom) {
         return std::make_shared<const loss_curves>(self->state.trainer->curves());
+      },
+      // A run's data file is hashed and offered: the run opens now (or fails, saying why).
+      [=](offered_atom, node_id client, message_ptr m, std::string failure) {
+        if (!failure.empty()) {
+          msg::job_result r;
+          r.job = std::get<msg::open_training>(*m).train;
+          r.code = error_code::invalid_argument;
+          r.error = "training refused: " + failure;
+          send_to(self, *ctx, client, r);
+          return;
+        }
+        dispatch(self, *ctx, self->state.trainer->on_message(client, *m, std::chrono::steady_clock::now()));
+        report_refused(self, *ctx);
+        run_ready(self);
       },
       [=](stop_atom) { self->quit(); },
   };

@@ -339,6 +339,12 @@ int run_node(const node_config& cfg, std::atomic<bool>& stop, std::atomic<bool>&
   ctx->board = board;
   ctx->api_url = api_url;
   ctx->memory = std::make_shared<generation::free_memory>(self_id, [memory] { return memory->free_bytes(); });
+  ctx->offers = std::make_shared<blobs::blob_offers>(self_id.short_string());
+  ctx->fetcher = std::make_shared<blobs::blob_fetcher>([raw = ctx.get()](const node_id& to, const msg::message& m) { return try_send_peer(*raw, to, m); });
+  // Without a cache (its directory cannot be made), stages need their own copies of checkpoints,
+  // and training workers can read a data file only on the node that offers it.
+  if (auto b = blobs::blob_store::open(cfg.state_dir / "blobs", cfg.blob_cache_bytes)) ctx->blobs = *b;
+  else spdlog::warn("no blob cache: {}; split-model stages need their own copy of the file", b.error().message);
   auto sup = spawn_supervisor(sys, context_ptr(ctx), bridge_mutex, slots, early, first_device);
 
   int code = 0;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/blob_transfer.hpp"
 #include "actors/free_memory.hpp"
 #include "actors/health.hpp"
 #include "actors/job_engine.hpp"
@@ -82,6 +83,12 @@ struct node_context {
   std::shared_ptr<mesh_board> board = std::make_shared<mesh_board>();
   /// Free device memory: this node's (its probe) and each peer's latest heartbeat's. Never null.
   std::shared_ptr<generation::free_memory> memory = std::make_shared<generation::free_memory>(node_id{}, nullptr);
+  /// Files this node offers its peers by digest (split models' checkpoints, training data), the
+  /// fetches of peers' files, and the cache they land in (null when its directory cannot be
+  /// made: then nothing is fetched). The generator answers blob_get and delivers blob_chunk.
+  std::shared_ptr<blobs::blob_offers> offers;
+  std::shared_ptr<blobs::blob_fetcher> fetcher;
+  std::shared_ptr<blobs::blob_store> blobs;
 };
 using context_ptr = std::shared_ptr<const node_context>;
 
@@ -129,6 +136,7 @@ using view_atom = caf::atom_constant<caf::atom("view")>;
 using greet_atom = caf::atom_constant<caf::atom("greet")>;
 using forget_atom = caf::atom_constant<caf::atom("forget")>;
 using curves_atom = caf::atom_constant<caf::atom("curves")>;  ///< jobs: the loss curves of its runs
+using offered_atom = caf::atom_constant<caf::atom("offered")>;  ///< jobs: a run's data file is hashed
 
 /// A decoded message from a peer, as the bridge hands it to the actor that owns it. It keeps its
 /// delivery receipt (transport/delivery_receipt.hpp): the bytes it came in count against its

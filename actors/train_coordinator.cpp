@@ -85,15 +85,18 @@ std::vector<outbound> train_engine::open(const node_id& client, const msg::open_
   c->prefix = run_prefix(self_, id);
   for (auto* g : {&c->spec.grad, &c->spec.apply, &c->spec.delta, &c->spec.outer}) *g = rename_parameters(*g, "", c->prefix);
   for (auto& t : c->spec.state) t.name = c->prefix + t.name;
-  // The dataset stays here; setups carry its columns with no rows, steps carry the shards.
-  c->data = to_map(c->spec.dataset);
-  c->spec.dataset_rows = static_cast<uint64_t>(c->data.begin()->second.dims[0]);
-  c->plan = shard_plan::make(static_cast<int64_t>(c->spec.dataset_rows), c->spec.micro_batch, c->spec.micro_batches);
-  c->permutation = shard_permutation(static_cast<int64_t>(c->spec.dataset_rows), c->spec.seed);
-  for (auto& column : c->spec.dataset) {
-    column.value.dims[0] = 0;
-    column.value.bytes.clear();
+  if (c->spec.text.empty()) {
+    // The dataset stays here; setups carry its columns with no rows, steps carry the shards.
+    c->data = to_map(c->spec.dataset);
+    c->spec.dataset_rows = static_cast<uint64_t>(c->data.begin()->second.dims[0]);
+    c->permutation = shard_permutation(static_cast<int64_t>(c->spec.dataset_rows), c->spec.seed);
+    for (auto& column : c->spec.dataset) {
+      column.value.dims[0] = 0;
+      column.value.bytes.clear();
+    }
   }
+  // A data file (offered by the shell before the run opened) is read by the workers themselves.
+  c->plan = plan_of(c->spec);
 
   std::vector<outbound> out;
   c->members.push_back(self_);
@@ -142,6 +145,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
     // member's shards move to the survivors with its micro-batches.
     auto& sent = c.shards_sent[c.ring[r]];
     for (const uint64_t micro : m.micro) {
+      if (!s.text.empty()) break;  // the workers read a data file's shards themselves
       const uint32_t shard = c.plan.shard_of(micro);
       if (!sent.insert(shard).second) continue;
       auto rows = take_rows(c.data, shard_rows(c.permutation, c.plan.shards, shard));
@@ -193,6 +197,12 @@ std::vector<outbound> train_engine::on_reduced(const node_id& from, const msg::t
   }
   if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.waiting.count(from))
     return {};  // stale (an earlier attempt) or answered already
+  if (!r.ok && r.code == error_code::decode_error && c.spec.text.size() == 1) {
+    // The data file itself is bad (a record, a shard too small): any worker would fail the same.
+    const std::string tag = std::string(to_string(r.code)) + ": ";  // the worker's error, as error::to_string gives it
+    const std::string why = r.error.rfind(tag, 0) == 0 ? r.error.substr(tag.size()) : r.error;
+    return fail_run(r.train, c, r.code, "node " + from.short_string() + " cannot read the training data: " + why);
+  }
   if (!r.ok) {
     // The worker lost its state (device restart) or failed the step: redo the step without it,
     // and set it up again at the next boundary unless it keeps failing.

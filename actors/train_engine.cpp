@@ -135,6 +135,15 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_r
     if (auto ok = covers_parameters(*t.outer, "DiLoCo outer", state); !ok) return tl::unexpected(ok.error());
   }
 
+  if (!spec.text.empty()) {
+    // The workers read the data from a file: the graph takes its rows' columns.
+    if (spec.text.size() > 1) return bad("a run reads one data file, not " + std::to_string(spec.text.size()));
+    if (!spec.dataset.empty()) return bad("a run reads a dataset or a data file, not both");
+    if (auto ok = check_text_data(spec.text[0]); !ok) return tl::unexpected(ok.error());
+    auto rows = dataset_rows(*t.grad, spec.micro_batch, text_columns(spec.text[0]));
+    if (!rows) return tl::unexpected(rows.error());
+    return t;
+  }
   auto rows = dataset_rows(*t.grad, spec.micro_batch, to_map(spec.dataset));
   if (!rows) return tl::unexpected(rows.error());
   if (with_rows && *rows < static_cast<int64_t>(spec.micro_batch)) return bad("the dataset has fewer rows than one micro-batch");

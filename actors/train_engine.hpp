@@ -58,6 +58,7 @@
 #include "wire/messages.hpp"
 #include "actors/ring_allreduce.hpp"
 #include "actors/train_data.hpp"
+#include "actors/train_text.hpp"
 #include "graph/validate.hpp"
 
 namespace mesh {
@@ -127,6 +128,13 @@ class train_engine {
 
   /// A worker joined; it is used from the next step of every run.
   void peer_up(const node_id& id);
+
+  /// Opens the bytes of a run's data file (msg::train_text_data) for this node's worker:
+  /// `holder` offers it (the run's coordinator; this node itself when it coordinates). Called
+  /// on the executor's thread, which the reads then block. Without an opener, runs on a data
+  /// file fail their steps here (io_error).
+  using data_opener = std::function<expected<models::byte_source>(const node_id& holder, const msg::train_text_data& text)>;
+  void set_data_opener(data_opener opener) { opener_ = std::move(opener); }
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -219,6 +227,7 @@ class train_engine {
 
   node_id self_;
   step_deadlines deadlines_;
+  data_opener opener_;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;

@@ -52,6 +52,13 @@ inline tensor_map to_map(const std::vector<named_tensor>& ts) {
 /// The graph `p` with every parameter named `from` + x renamed to `to` + x (absent stays absent).
 graph_payload rename_parameters(const graph_payload& p, const std::string& from, const std::string& to);
 
+/// The shards a run's micro-batches draw from: a dataset's (cut by its rows), or a data file's,
+/// which the workers cut themselves into one shard per micro-batch slot.
+inline shard_plan plan_of(const msg::train_spec& s) {
+  if (!s.text.empty()) return {s.micro_batches, s.micro_batches, 1};
+  return shard_plan::make(static_cast<int64_t>(s.dataset_rows), s.micro_batch, s.micro_batches);
+}
+
 /// With MESH_TRAIN_TIMING=1 in the environment: "train timing: <ms on the steady clock> <what>"
 /// on standard error, where a step's time goes (benchmarks read it from the node's log).
 bool timing_enabled();
@@ -131,6 +138,8 @@ struct train_engine::worker_run {
   /// The dataset shards received so far (immutable once here: device work shares them).
   std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;
   std::vector<named_tensor> resume_dataset;  ///< from train_resume, for the takeover
+  /// A run on a data file: what the workers read, and the node that offers it (the coordinator).
+  std::shared_ptr<const msg::train_text_data> text;
   std::vector<std::string> state_names, local_names;  ///< all state; DiLoCo: the local part
 
   /// Touched only by the device work, which runs one task at a time on the executor.
@@ -144,6 +153,7 @@ struct train_engine::worker_run {
     std::vector<gpu::program_id> programs;         ///< all of the above that were loaded
     std::vector<std::string> acc_names;
     std::map<uint32_t, data_order> orders;  ///< each shard's epoch order
+    std::unique_ptr<text_data_reader> text;  ///< a run on a data file: opened with the first step
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };

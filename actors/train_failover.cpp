@@ -31,6 +31,11 @@ std::vector<outbound> train_engine::on_resume(const node_id& client, const msg::
     no.error = why;
     return std::vector<outbound>{{client, no}};
   };
+  if (w->text) {
+    return refuse("training " + std::to_string(r.train) + " reads its data from " + w->text->path + " on node " + r.coordinator.short_string() +
+                  ", which coordinated it and is gone: no other node offers that file. Start the run again from its last "
+                  "checkpoint (--checkpoint-every) through a node that has the file");
+  }
   if (r.dataset.empty()) return refuse("train_resume carries no dataset (the new coordinator hands out the shards)");
   // The grant travels on in this node's setups, where every worker checks it before it ends the
   // run's earlier generations: checked here too, so that a bad one fails the resume at once.

@@ -189,7 +189,8 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
   w->graphs = std::move(*graphs);
   w->seed = s.spec.seed;
   w->micro_batch = s.spec.micro_batch;
-  w->plan = shard_plan::make(static_cast<int64_t>(s.spec.dataset_rows), s.spec.micro_batch, s.spec.micro_batches);
+  w->plan = plan_of(s.spec);
+  if (!s.spec.text.empty()) w->text = std::make_shared<const msg::train_text_data>(s.spec.text[0]);
   w->applied = s.spec.start_step;
   w->dev->initial = to_map(s.spec.state);
   for (const auto& [name, t] : w->dev->initial) w->state_names.push_back(name);
@@ -263,7 +264,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // The coordinator's steps come in the order it sent them, each with the shards this node has
   // not been sent yet: a micro-batch of a shard never sent is the coordinator's error.
   for (const uint64_t micro : s.micro)
-    if (!w->shards.count(w->plan.shard_of(micro)))
+    if (!w->text && !w->shards.count(w->plan.shard_of(micro)))
       return refuse(error_code::invalid_argument, "step " + std::to_string(s.step) + " needs dataset shard " +
                                                       std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
   // Whatever round was in progress belongs to an earlier attempt.
@@ -306,8 +307,10 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // there (the held sum is then empty: round_done keeps only the loss).
   const bool alone = s.ring.size() == 1;
   std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;  // what this step's micro-batches read
-  for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
-  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards)](gpu::executor& ex) -> expected<train_work_result> {
+  if (!w->text)
+    for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
+  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards),
+            opener = opener_](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
     const auto mark = [step](const char* what) {
@@ -367,6 +370,24 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     }
     if (!compute) return r;
 
+    // Micro-batch `index`'s rows: from a shard the coordinator sent, or read from the data file.
+    const auto micro_batch_inputs = [&](uint64_t index) -> expected<tensor_map> {
+      const uint32_t shard = w->plan.shard_of(index);
+      if (w->text) {
+        if (!d.text) {
+          if (!opener) return make_error(error_code::io_error, "this node cannot read training data files");
+          auto bytes = opener(w->coordinator, *w->text);
+          if (!bytes) return tl::unexpected(bytes.error());
+          auto reader = text_data_reader::create(*w->text, std::move(*bytes), w->micro_batch, w->plan.shards, w->seed);
+          if (!reader) return tl::unexpected(reader.error());
+          d.text = std::move(*reader);
+        }
+        return d.text->micro_batch(shard, w->plan.draw_of(index));
+      }
+      const tensor_map& columns = *shards.at(shard);
+      auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
+      return take_rows(columns, order->second.rows(w->plan.draw_of(index)));
+    };
     size_t grad_total = 0;
     for (auto n : g.grad_sizes) grad_total += static_cast<size_t>(n);
     double loss_sum = 0;
@@ -375,10 +396,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>* sum) -> expected<void> {
       if (sum) sum->assign(grad_total, 0.0f);
       for (size_t i = 0; i < count; ++i) {
-        const uint32_t shard = w->plan.shard_of(first[i]);
-        const tensor_map& columns = *shards.at(shard);
-        auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
-        auto in = take_rows(columns, order->second.rows(w->plan.draw_of(first[i])));
+        auto in = micro_batch_inputs(first[i]);
         if (!in) return tl::unexpected(in.error());
         auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
         if (!out) return tl::unexpected(out.error());

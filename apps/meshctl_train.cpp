@@ -22,6 +22,7 @@
 #include "models/finetune.hpp"
 #include "models/peft.hpp"
 #include "models/text_dataset.hpp"
+#include "actors/train_text.hpp"
 
 namespace mesh::app {
 namespace {
@@ -89,7 +90,6 @@ CLI::App* add_train_command(CLI::App& app, train_args& a) {
       ->capture_default_str();
   t->add_option("--checkpoint-every", a.checkpoint_every, "save the state every K steps under checkpoint-<step>/ (0: only the result)")
       ->capture_default_str();
-  t->add_option("--max-rows", a.max_rows, "read at most this many rows of the data (-1: all)")->capture_default_str();
   t->add_option("--seed", a.seed, "data order")->capture_default_str();
   return t;
 }
@@ -110,23 +110,12 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
                           "tokenizer files to give it); fine-tune it with LoRA (--lora-rank R)");
   auto vocab = models::load_tokenizer(*ckpt, *config);
   if (!vocab) return fail(vocab.error().message);
-  const auto chat_source = vocab->chat_template;
-  auto tok = models::tokenizer::create(std::move(vocab->vocab));
-  if (!tok) return fail(tok.error().message);
-  std::optional<models::chat_template> chat;
-  if (chat_source) {
-    models::chat_tokens special;
-    const auto& v = tok->vocab();
-    if (v.bos_id) special.bos = tok->piece(*v.bos_id);
-    if (v.eos_id) special.eos = tok->piece(*v.eos_id);
-    if (auto t = models::detect_chat_template(*chat_source, special)) chat = std::move(*t);
-  }
-  models::packing_options po;
-  po.sequence = a.sequence;
-  auto rows = models::pack_file(a.data, *tok, chat ? &*chat : nullptr, po, a.max_rows);
-  if (!rows) return fail(rows.error().message);
-  if (rows->rows() < a.batch)
-    return fail(fmt::format("{} gives {} rows of {} tokens, fewer than one micro-batch ({} sequences)", a.data, rows->rows(), a.sequence, a.batch));
+  // The data is read by the workers, each only its shards, with this tokenizer; the node meshctl
+  // talks to offers the file to the others (a path on that node: this machine's, run locally).
+  const std::string data_path = fs::absolute(a.data).lexically_normal().string();
+  const auto text = make_text_data(data_path, models::data_format_of(a.data), static_cast<uint32_t>(a.sequence), vocab->vocab,
+                                   vocab->chat_template);
+  if (a.sequence < 1) return fail("--sequence must be at least 1");
 
   models::finetune_options fo;
   fo.batch = a.batch;
@@ -148,7 +137,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   const fs::path out = fs::absolute(a.out).lexically_normal();
   run_record run{out, {}};
   run.j = {{"model", fs::absolute(a.model).lexically_normal().string()},
-           {"data", fs::absolute(a.data).lexically_normal().string()},
+           {"data", data_path},
            {"mode", a.lora_rank > 0 ? "lora" : "full"},
            {"lora_rank", a.lora_rank},
            {"lora_alpha", fo.lora.alpha},
@@ -159,7 +148,6 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
            {"micro_batches", a.micro_batches},
            {"method", a.method},
            {"compression", a.compression},
-           {"rows", rows->rows()},
            {"parameters", total},
            {"trained_parameters", trained},
            {"status", "running"},
@@ -199,14 +187,14 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
       run.save();
     };
 
-  std::printf("training %s on %s: %lld rows of %lld tokens; %s, %lld of %lld parameters trained; %llu steps of %u x %lld "
-              "sequences\n",
-              a.model.c_str(), a.data.c_str(), static_cast<long long>(rows->rows()), static_cast<long long>(a.sequence),
+  std::printf("training %s on %s (rows of %lld tokens, read by the workers in %u shards); %s, %lld of %lld parameters "
+              "trained; %llu steps of %u x %lld sequences\n",
+              a.model.c_str(), data_path.c_str(), static_cast<long long>(a.sequence), a.micro_batches,
               a.lora_rank > 0 ? fmt::format("LoRA rank {}", a.lora_rank).c_str() : "full fine-tuning", static_cast<long long>(trained),
               static_cast<long long>(total), static_cast<unsigned long long>(a.steps), a.micro_batches, static_cast<long long>(a.batch));
   const bool tty = ::isatty(STDOUT_FILENO);
   std::vector<std::pair<double, double>> curve;
-  trainer t(c, m->g, m->state, to_columns(*rows), o);
+  trainer t(c, m->g, m->state, text, o);
   auto result = t.fit([&](const train_progress_info& p) {
     while (!curve.empty() && curve.back().first >= static_cast<double>(p.step)) curve.pop_back();  // a redone step
     curve.emplace_back(static_cast<double>(p.step), p.loss);

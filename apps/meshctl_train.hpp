@@ -44,7 +44,6 @@ struct train_args {
   uint32_t inner_steps = 20;
   std::string compression = "f32";
   uint64_t checkpoint_every = 0;
-  int64_t max_rows = -1;    ///< read at most this many rows of the data (-1: all)
   uint64_t seed = 1;
 };
 

@@ -134,6 +134,9 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
 trainer::trainer(client& c, graph model, tensor_map state, tensor_map dataset, train_options options)
     : client_(c), model_(std::move(model)), state_(std::move(state)), dataset_(std::move(dataset)), options_(std::move(options)) {}
 
+trainer::trainer(client& c, graph model, tensor_map state, msg::train_text_data text, train_options options)
+    : client_(c), model_(std::move(model)), state_(std::move(state)), text_(std::move(text)), options_(std::move(options)) {}
+
 expected<train_result> trainer::fit(const std::function<void(const train_progress_info&)>& progress) {
   int64_t micro_batch = -1;
   for (const auto& n : model_.nodes)
@@ -141,6 +144,7 @@ expected<train_result> trainer::fit(const std::function<void(const train_progres
   if (micro_batch < 1) return make_error(error_code::invalid_argument, "the model has no input with a batch dimension");
   auto spec = make_train_spec(model_, state_, dataset_, micro_batch, options_);
   if (!spec) return tl::unexpected(spec.error());
+  if (text_) spec->text = {*text_};
   train_result result;
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<uint64_t> loss_steps;  // the step of each entry of result.losses

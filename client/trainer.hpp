@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -75,6 +76,12 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
 class trainer {
  public:
   trainer(client& c, graph model, tensor_map state, tensor_map dataset, train_options options = {});
+  /// Trains on a data file that the workers read themselves, each only the shards its
+  /// micro-batches draw from (docs/training.md, "Data from files"): `text.path` is a file on the
+  /// node the client is connected to, which offers it to the others; make_text_data
+  /// (actors/train_text.hpp) fills in the tokenizer. The model's inputs are "tokens" and
+  /// "targets" (i32) and "mask" (f32), each [micro_batch, text.sequence].
+  trainer(client& c, graph model, tensor_map state, msg::train_text_data text, train_options options = {});
   /// Trains over the mesh; `progress` runs (on a client thread) after every step. When fit()
   /// returns, neither `progress` nor options.on_checkpoint runs or will run again, also after a
   /// timeout ("training did not finish in time"): the run is then withdrawn from the client
@@ -85,6 +92,7 @@ class trainer {
   client& client_;
   graph model_;
   tensor_map state_, dataset_;
+  std::optional<msg::train_text_data> text_;
   train_options options_;
 };
 

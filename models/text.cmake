@@ -17,6 +17,7 @@ add_library(mesh_text STATIC
   ${CMAKE_CURRENT_LIST_DIR}/tokenizer_json.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stream_decoder.cpp
   ${CMAKE_CURRENT_LIST_DIR}/chat_template.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/text_dataset.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/text_dataset.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/text_shard.cpp)
 target_include_directories(mesh_text PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
 target_link_libraries(mesh_text PUBLIC mesh_base mesh_graph PRIVATE PkgConfig::PCRE2 nlohmann_json::nlohmann_json fmt::fmt)

@@ -6,7 +6,10 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 #include <utility>
 
 #include "models/json_depth.hpp"
@@ -20,13 +23,19 @@ using json = nlohmann::json;
 /// Records are {"text": ...} or {"messages": [{...}]}; other keys may nest, but not without bound.
 constexpr size_t max_json_depth = 64;
 
-std::string where(std::string_view source, int64_t line) {
-  return source.empty() ? fmt::format("line {}", line) : fmt::format("{}:{}", source, line);
+/// "data.jsonl:7", or "data.jsonl: byte 1048611" where the line number is not known (a range read).
+std::string where(std::string_view source, int64_t line, uint64_t offset = 0) {
+  const std::string at = line > 0 ? fmt::format("line {}", line) : fmt::format("byte {}", offset);
+  if (source.empty()) return at;
+  return line > 0 ? fmt::format("{}:{}", source, line) : fmt::format("{}: {}", source, at);
 }
 
-tl::unexpected<error> bad_record(std::string_view source, int64_t line, std::string_view what) {
-  return make_error(error_code::invalid_argument, fmt::format("{}: {}", where(source, line), what));
+tl::unexpected<error> bad_record(std::string_view source, int64_t line, std::string_view what, uint64_t offset = 0) {
+  return make_error(error_code::invalid_argument, fmt::format("{}: {}", where(source, line, offset), what));
 }
+
+/// A record's place in messages.
+tl::unexpected<error> bad_record(const text_record& r, std::string_view what) { return bad_record(r.source, r.line, what, r.offset); }
 
 /// nlohmann's message without its "[json.exception...] " tag, capped: it quotes what it last read,
 /// which may be a long string.
@@ -57,11 +66,11 @@ expected<void> append_segment(tokenized_example& out, std::string_view text, boo
 
 expected<tokenized_example> tokenize_text(const text_record& r, const std::string& text, const tokenizer& tok) {
   if (text.size() > tokenizer::max_text_bytes) {
-    return bad_record(r.source, r.line, fmt::format("the text is {} bytes, more than the limit of {}", text.size(),
+    return bad_record(r, fmt::format("the text is {} bytes, more than the limit of {}", text.size(),
                                                     tokenizer::max_text_bytes));
   }
   auto ids = tok.encode(text, {.add_special = true, .parse_special = false});
-  if (!ids) return bad_record(r.source, r.line, ids.error().message);
+  if (!ids) return bad_record(r, ids.error().message);
   const vocabulary& v = tok.vocab();
   if (v.eos_id && !v.add_eos) ids->push_back(*v.eos_id);
   tokenized_example out;
@@ -86,9 +95,9 @@ expected<tokenized_example> tokenize_chat(const text_record& r, const std::vecto
   }
   const std::span<const chat_message> all(m);
   auto full = chat->render(all, false);
-  if (!full) return bad_record(r.source, r.line, full.error().message);
+  if (!full) return bad_record(r, full.error().message);
   if (full->size() > tokenizer::max_text_bytes) {
-    return bad_record(r.source, r.line, fmt::format("the conversation renders to {} bytes, more than the limit of {}",
+    return bad_record(r, fmt::format("the conversation renders to {} bytes, more than the limit of {}",
                                                     full->size(), tokenizer::max_text_bytes));
   }
   auto not_turn_by_turn = [&](size_t i) {
@@ -108,19 +117,19 @@ expected<tokenized_example> tokenize_chat(const text_record& r, const std::vecto
     }
     // The turn's text is what render(up to it) adds to the prompt render(before it) asks for.
     auto prompt = chat->render(all.first(i), true);
-    if (!prompt) return bad_record(r.source, r.line, prompt.error().message);
+    if (!prompt) return bad_record(r, prompt.error().message);
     auto turn = chat->render(all.first(i + 1), false);
-    if (!turn) return bad_record(r.source, r.line, turn.error().message);
+    if (!turn) return bad_record(r, turn.error().message);
     if (prompt->size() < done || !turn->starts_with(*prompt) || !full->starts_with(*turn)) return not_turn_by_turn(i);
     const std::string_view text(*full);
     if (auto e = append_segment(out, text.substr(done, prompt->size() - done), false, tok); !e)
-      return bad_record(r.source, r.line, e.error().message);
+      return bad_record(r, e.error().message);
     if (auto e = append_segment(out, text.substr(prompt->size(), turn->size() - prompt->size()), true, tok); !e)
-      return bad_record(r.source, r.line, e.error().message);
+      return bad_record(r, e.error().message);
     done = turn->size();
   }
   if (auto e = append_segment(out, std::string_view(*full).substr(done), false, tok); !e)
-    return bad_record(r.source, r.line, e.error().message);
+    return bad_record(r, e.error().message);
   return out;
 }
 
@@ -132,8 +141,8 @@ data_format data_format_of(const std::filesystem::path& path) {
   return ext == ".jsonl" || ext == ".json" ? data_format::jsonl : data_format::text;
 }
 
-expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_number, std::string_view source) {
-  auto bad = [&](std::string_view what) { return bad_record(source, line_number, what); };
+expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_number, std::string_view source, uint64_t offset) {
+  auto bad = [&](std::string_view what) { return bad_record(source, line_number, what, offset); };
   if (json_too_deep(line, max_json_depth)) return bad(fmt::format("JSON nested deeper than {} levels", max_json_depth));
   // nlohmann reports syntax and type errors by throwing; they are caught here so none leaves.
   try {
@@ -145,7 +154,7 @@ expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_num
       return bad(text == j.end() ? "a record needs \"text\" (a string) or \"messages\" (a list of {\"role\", \"content\"})"
                                  : "a record has both \"text\" and \"messages\"; give one");
     }
-    text_record r{.source = std::string(source), .line = line_number, .content = {}};
+    text_record r{.source = std::string(source), .line = line_number, .offset = offset, .content = {}};
     if (text != j.end()) {
       if (!text->is_string()) return bad(fmt::format("\"text\" must be a string, not {}", text->type_name()));
       r.content = text->get<std::string>();
@@ -171,32 +180,124 @@ expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_num
   }
 }
 
-text_record_reader::text_record_reader(std::ifstream in, std::string source, data_format format, size_t max_record_bytes)
-    : in_(std::move(in)), source_(std::move(source)), format_(format), max_record_bytes_(max_record_bytes) {}
-
-expected<text_record_reader> text_record_reader::open(const std::filesystem::path& path, data_format format,
-                                                      size_t max_record_bytes) {
+expected<byte_source> file_source(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return make_error(error_code::io_error, fmt::format("{}: is a directory, not a data file", path.string()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return make_error(error_code::io_error, fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
-  }
-  return text_record_reader(std::move(in), path.string(), format, max_record_bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(error_code::io_error, fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  auto owned = std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  return byte_source([owned, name = path.string()](uint64_t offset, std::span<char> into) -> expected<size_t> {
+    size_t done = 0;
+    while (done < into.size()) {
+      const ssize_t n = ::pread(*owned, into.data() + done, into.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return make_error(error_code::io_error, fmt::format("cannot read {}: {}", name, std::strerror(errno)));
+      if (n == 0) break;
+      done += static_cast<size_t>(n);
+    }
+    return done;
+  });
 }
 
-tl::unexpected<error> text_record_reader::fail(int64_t line, std::string what) {
-  failed_ = error{error_code::invalid_argument, fmt::format("{}: {}", where(source_, line), what)};
+text_record_reader::text_record_reader(byte_source in, std::string source, data_format format, size_t max_record_bytes,
+                                       uint64_t begin, uint64_t end)
+    : in_(std::move(in)), source_(std::move(source)), format_(format), max_record_bytes_(max_record_bytes), end_(end),
+      count_lines_(begin == 0), buf_pos_(begin) {}
+
+expected<text_record_reader> text_record_reader::open(const std::filesystem::path& path, data_format format,
+                                                      size_t max_record_bytes) {
+  auto in = file_source(path);
+  if (!in) return forward_error(in);
+  return text_record_reader(std::move(*in), path.string(), format, max_record_bytes, 0, UINT64_MAX);
+}
+
+expected<text_record_reader> text_record_reader::open_range(byte_source source, std::string name, data_format format,
+                                                            uint64_t begin, uint64_t end, size_t max_record_bytes) {
+  text_record_reader r(std::move(source), std::move(name), format, max_record_bytes, begin, end);
+  if (begin > 0) {
+    if (auto ok = r.seek_record(begin); !ok) return forward_error(ok);
+  }
+  return r;
+}
+
+std::string text_record_reader::where(int64_t line, uint64_t offset) const {
+  return models::where(source_, count_lines_ ? line : 0, offset);
+}
+
+tl::unexpected<error> text_record_reader::fail(int64_t line, uint64_t offset, std::string what) {
+  failed_ = error{error_code::invalid_argument, fmt::format("{}: {}", where(line, offset), what)};
   return tl::unexpected<error>(*failed_);
+}
+
+int text_record_reader::get() {
+  if (at_ == buf_.size()) {
+    if (failed_) return -1;
+    buf_pos_ += buf_.size();
+    buf_.resize(size_t{64} << 10);
+    auto n = in_(buf_pos_, std::span<char>(buf_));
+    if (!n) {
+      failed_ = n.error();
+      buf_.clear();
+      return -1;
+    }
+    buf_.resize(*n);
+    at_ = 0;
+    if (buf_.empty()) return -1;
+  }
+  return static_cast<unsigned char>(buf_[at_++]);
+}
+
+expected<void> text_record_reader::seek_record(uint64_t begin) {
+  // The previous byte: the first line starting at or after `begin` follows its first '\n'.
+  buf_pos_ = begin - 1;
+  for (int c = get(); c != '\n'; c = get())
+    if (c < 0) return failed_ ? tl::unexpected<error>(*failed_) : expected<void>{};
+  if (format_ == data_format::jsonl) return {};
+  // A document starts at a non-blank line after a blank one: the line before this one decides
+  // whether a non-blank line here starts a document or continues one. Read it backwards from its
+  // end, as far as its last non-blank byte or its start.
+  const uint64_t here = buf_pos_ + at_;  // after the '\n' that ends the previous line
+  uint64_t p = here - 1;                 // that '\n'
+  bool previous_blank = true;
+  const auto starts_with_bom = [&] {
+    char bom[3];
+    auto n = in_(0, std::span<char>(bom, 3));
+    return n && *n == 3 && std::memcmp(bom, "\xEF\xBB\xBF", 3) == 0;
+  };
+  char block[4096];
+  while (p > 0 && previous_blank) {
+    const uint64_t from = p >= sizeof block ? p - sizeof block : 0;
+    auto n = in_(from, std::span<char>(block, static_cast<size_t>(p - from)));
+    if (!n) return tl::unexpected<error>(n.error());
+    if (*n != p - from) return make_error(error_code::io_error, fmt::format("{}: the file shrank while read", source_));
+    for (uint64_t i = p; i > from; --i) {
+      const char c = block[i - 1 - from];
+      if (c == '\n') {
+        p = 0;
+        break;
+      }
+      // (A byte order mark at the file's start is no text: the reader drops it from line 1.)
+      if (!std::isspace(static_cast<unsigned char>(c)) && !(i - 1 < 3 && starts_with_bom())) {
+        previous_blank = false;
+        break;
+      }
+    }
+    if (p != 0) p = from;
+  }
+  skip_document_ = !previous_blank;
+  return {};
 }
 
 text_record_reader::line_status text_record_reader::read_line() {
   line_.clear();
-  std::streambuf* in = in_.rdbuf();
+  line_start_ = buf_pos_ + at_;
   bool any = false;
-  for (int c = in->sbumpc(); c != std::char_traits<char>::eof(); c = in->sbumpc()) {
+  for (int c = get(); c >= 0; c = get()) {
     any = true;
     if (c == '\n') break;
     if (line_.size() == max_record_bytes_) {
@@ -205,10 +306,11 @@ text_record_reader::line_status text_record_reader::read_line() {
     }
     line_.push_back(static_cast<char>(c));
   }
+  if (failed_) return line_status::failed;
   if (!any) return line_status::end;
   ++line_number_;
   if (!line_.empty() && line_.back() == '\r') line_.pop_back();
-  if (line_number_ == 1 && line_.starts_with("\xEF\xBB\xBF")) line_.erase(0, 3);
+  if (line_start_ == 0 && line_.starts_with("\xEF\xBB\xBF")) line_.erase(0, 3);
   return line_status::line;
 }
 
@@ -221,12 +323,14 @@ expected<std::optional<text_record>> text_record_reader::next_jsonl() {
   for (;;) {
     switch (read_line()) {
       case line_status::end: return std::nullopt;
+      case line_status::failed: return tl::unexpected<error>(*failed_);
       case line_status::too_long:
-        return fail(line_number_, fmt::format("the line is longer than {} bytes", max_record_bytes_));
+        return fail(line_number_, line_start_, fmt::format("the line is longer than {} bytes", max_record_bytes_));
       case line_status::line: break;
     }
     if (is_blank(line_)) continue;
-    auto r = parse_jsonl_record(line_, line_number_, source_);
+    if (line_start_ >= end_) return std::nullopt;  // the next range's
+    auto r = parse_jsonl_record(line_, count_lines_ ? line_number_ : 0, source_, line_start_);
     if (!r) {
       failed_ = r.error();
       return forward_error(r);
@@ -238,23 +342,34 @@ expected<std::optional<text_record>> text_record_reader::next_jsonl() {
 expected<std::optional<text_record>> text_record_reader::next_document() {
   std::string doc;
   int64_t first = 0;
+  uint64_t first_offset = 0;
   for (;;) {
     const line_status s = read_line();
+    if (s == line_status::failed) return tl::unexpected<error>(*failed_);
     if (s == line_status::too_long) {
-      return fail(line_number_, fmt::format("the line is longer than {} bytes", max_record_bytes_));
+      return fail(line_number_, line_start_, fmt::format("the line is longer than {} bytes", max_record_bytes_));
     }
-    if (s == line_status::end || is_blank(line_)) {
+    const bool blank = s == line_status::end || is_blank(line_);
+    if (skip_document_) {  // the rest of a document that started before this range
+      skip_document_ = !blank;
+      if (s == line_status::end) return std::nullopt;
+      continue;
+    }
+    if (blank) {
       if (first > 0) {
-        return std::optional<text_record>(text_record{.source = source_, .line = first, .content = std::move(doc)});
+        return std::optional<text_record>(text_record{
+            .source = source_, .line = count_lines_ ? first : 0, .offset = first_offset, .content = std::move(doc)});
       }
       if (s == line_status::end) return std::nullopt;
       continue;
     }
     if (first == 0) {
+      if (line_start_ >= end_) return std::nullopt;  // the next range's
       first = line_number_;
+      first_offset = line_start_;
     } else {
       if (doc.size() + 1 + line_.size() > max_record_bytes_) {
-        return fail(first, fmt::format("the document starting here is longer than {} bytes", max_record_bytes_));
+        return fail(first, first_offset, fmt::format("the document starting here is longer than {} bytes", max_record_bytes_));
       }
       doc.push_back('\n');
     }

@@ -19,8 +19,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -42,47 +43,84 @@ data_format data_format_of(const std::filesystem::path& path);
 /// to it again, so the work grows with the square of the count.
 inline constexpr size_t max_record_messages = 1024;
 
+/// Random access to a data file's bytes: reads at most `into.size()` bytes at `offset` and says
+/// how many it read (fewer only at the end of the file, 0 past it). A local file (file_source),
+/// or on a training worker a file of another node whose chunks are fetched as they are read.
+using byte_source = std::function<expected<size_t>(uint64_t offset, std::span<char> into)>;
+
+/// The bytes of a local file, read with pread (the descriptor lives as long as the source).
+/// Errors: io_error naming the file (cannot open, a directory).
+expected<byte_source> file_source(const std::filesystem::path& path);
+
 /// One record of a file, before tokenization.
 struct text_record {
   std::string source;  ///< the file, for messages ("" for none)
-  int64_t line = 0;    ///< 1-based line where the record starts
+  int64_t line = 0;    ///< 1-based line where the record starts; 0 when not known (a shard's read)
+  uint64_t offset = 0; ///< byte of the file where the record starts
   /// A text (a document, or a JSONL "text") or a conversation (JSONL "messages").
   std::variant<std::string, std::vector<chat_message>> content;
 };
 
-/// Parses one JSONL line (not blank) into a record; `line_number` and `source` go into the record
-/// and into errors ("data.jsonl:7: ..."). Invalid JSON, a line that is not an object, neither
+/// Parses one JSONL line (not blank) into a record; `line_number`, `offset` and `source` go into
+/// the record and into errors ("data.jsonl:7: ...", or "data.jsonl: byte 1048611: ..." when
+/// line_number is 0: not known). Invalid JSON, a line that is not an object, neither
 /// "text" nor "messages" (or both), "text" not a string, "messages" not a non-empty list of
 /// objects with a string "role" and "content" are invalid_argument errors. Other keys are ignored.
-expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_number = 1, std::string_view source = {});
+expected<text_record> parse_jsonl_record(std::string_view line, int64_t line_number = 1, std::string_view source = {},
+                                         uint64_t offset = 0);
 
 /// Reads a file record by record, line by line (never the whole file at once). A UTF-8 byte order
 /// mark at the start and a '\r' before each '\n' are dropped.
+///
+/// A reader may also read one byte range of a file: the records that *start* in [begin, end), each
+/// read to its end even past `end`. Cutting a file at any offsets this way hands every record to
+/// exactly one range (a JSONL record starts at its line's first byte, a document at its first
+/// non-blank line's), which is how training workers split a file into shards without reading the
+/// rest of it. Such a reader does not know line numbers: its records and errors name byte offsets.
 class text_record_reader {
  public:
   /// Opens `path` (an io_error when it cannot be read). A JSONL line or a text document longer than
   /// `max_record_bytes` is an error when reached.
   static expected<text_record_reader> open(const std::filesystem::path& path, data_format format,
                                            size_t max_record_bytes = tokenizer::max_text_bytes);
+  /// Reads the records of `source` (named `name` in messages) that start in [begin, end). Errors of
+  /// the source (a fetch that failed) are the reader's errors, unchanged.
+  static expected<text_record_reader> open_range(byte_source source, std::string name, data_format format, uint64_t begin,
+                                                 uint64_t end, size_t max_record_bytes = tokenizer::max_text_bytes);
 
-  /// The next record, or nothing at the end of the file. After an error every call returns it.
+  /// The next record, or nothing at the end of the file (or range). After an error every call
+  /// returns it.
   expected<std::optional<text_record>> next();
 
  private:
-  enum class line_status { line, end, too_long };
+  enum class line_status { line, end, too_long, failed };
 
-  text_record_reader(std::ifstream in, std::string source, data_format format, size_t max_record_bytes);
-  /// Reads the next line into line_ (at most max_record_bytes_ bytes), counting it.
+  text_record_reader(byte_source in, std::string source, data_format format, size_t max_record_bytes, uint64_t begin,
+                     uint64_t end);
+  /// The next byte, or -1 at the end (or on a source error: failed_ is set).
+  int get();
+  /// Reads the next line into line_ (at most max_record_bytes_ bytes), counting it; line_start_ is
+  /// where it starts.
   line_status read_line();
+  /// A range reader starting inside the file: moves to the first record starting at or after begin.
+  expected<void> seek_record(uint64_t begin);
   expected<std::optional<text_record>> next_document();
   expected<std::optional<text_record>> next_jsonl();
-  tl::unexpected<error> fail(int64_t line, std::string what);
+  tl::unexpected<error> fail(int64_t line, uint64_t offset, std::string what);
+  std::string where(int64_t line, uint64_t offset) const;
 
-  std::ifstream in_;
+  byte_source in_;
   std::string source_;
   data_format format_ = data_format::text;
   size_t max_record_bytes_ = 0;
+  uint64_t end_ = UINT64_MAX;   ///< records starting here or later are another range's
+  bool count_lines_ = true;     ///< false for a range starting inside the file
+  bool skip_document_ = false;  ///< started inside a document: its rest belongs to the previous range
   int64_t line_number_ = 0;
+  uint64_t buf_pos_ = 0;        ///< file offset of buf_[0]
+  uint64_t line_start_ = 0;     ///< file offset of line_'s first byte
+  std::vector<char> buf_;
+  size_t at_ = 0;
   std::string line_;
   std::optional<error> failed_;
 };

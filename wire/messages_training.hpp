@@ -19,6 +19,42 @@
 
 namespace mesh::msg {
 
+/// A tokenizer's vocabulary as it travels (models::vocabulary; actors/train_text.hpp converts).
+/// Ids below 0: none.
+struct wire_vocabulary {
+  uint8_t model = 0;  ///< models::vocabulary::kind
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> token_types;
+  std::vector<std::string> merge_left, merge_right;  ///< merge i is (left[i], right[i])
+  std::string pre_tokenizer;
+  std::vector<std::string> pre_tokenizer_patterns;
+  bool ignore_merges = false;
+  bool add_space_prefix = true;
+  int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
+  bool add_bos = false;
+  bool add_eos = false;
+  bool operator==(const wire_vocabulary&) const = default;
+};
+
+/// Training data the workers read themselves from a text or JSONL file (models/text_shard.hpp):
+/// the coordinator offers the file by digest (blob_get, as for split models' checkpoints) and each
+/// worker fetches, tokenizes and packs only the shards its micro-batches draw from. The gradient
+/// graph's inputs are then "tokens" (i32), "targets" (i32) and "mask" (f32), each
+/// [micro_batch, sequence].
+struct train_text_data {
+  /// A client's spec: the file on the node it sends the run to. Kept in setups for messages.
+  std::string path;
+  /// The file as the coordinator offers it (filled by the coordinator; a client's is ignored).
+  blob_file file;
+  uint8_t format = 0;         ///< models::data_format: 0 text, 1 JSONL
+  uint32_t sequence = 0;      ///< tokens per row
+  uint32_t shuffle_rows = 1024;  ///< the shuffle window (text_shard_options::shuffle_rows)
+  wire_vocabulary vocab;
+  std::string chat_template;  ///< the model's (Jinja source); empty: none
+  bool operator==(const train_text_data&) const = default;
+};
+
 /// Everything a worker needs to train: the step graphs (no tensors inside),
 /// the state (initial values of every parameter they name), the dataset and the schedule.
 ///
@@ -47,6 +83,9 @@ struct train_spec {
   /// > 0: the coordinator sends the client the state every this many steps (train_checkpoint),
   /// so a run can be resumed from there even if every node and the client stop.
   uint64_t checkpoint_every = 0;
+  /// Empty, or the one file the workers read their data from (train_text_data); `dataset` is
+  /// then empty.
+  std::vector<train_text_data> text;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -200,7 +239,18 @@ void fields(F& f, ring_go& x) {
 
 template <class F>
 void fields(F& f, train_spec& x) {
-  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every);
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text);
+}
+
+template <class F>
+void fields(F& f, wire_vocabulary& x) {
+  f(x.model, x.tokens, x.scores, x.token_types, x.merge_left, x.merge_right, x.pre_tokenizer, x.pre_tokenizer_patterns,
+    x.ignore_merges, x.add_space_prefix, x.bos_id, x.eos_id, x.unk_id, x.pad_id, x.add_bos, x.add_eos);
+}
+
+template <class F>
+void fields(F& f, train_text_data& x) {
+  f(x.path, x.file, x.format, x.sequence, x.shuffle_rows, x.vocab, x.chat_template);
 }
 
 template <class F>

@@ -99,9 +99,17 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   const auto bad_data = tmp.path / "bad.jsonl";
   std::ofstream(bad_data) << "{\"text\": \"fine\"}\n{\"txt\": \"typo\"}\n";
   auto bad = meshctl(state, "train --model " + model.string() + " --data " + bad_data.string() + " --out " + (tmp.path / "run2").string() +
-                                " --lora-rank 4 --steps 2 --batch 1 --sequence 8");
+                                " --lora-rank 4 --steps 2 --batch 1 --sequence 8 --micro-batches 1");
+  INFO(bad.err);
   CHECK(bad.status != 0);
-  CHECK(bad.err.find(bad_data.string() + ":2:") != std::string::npos);
+  // One shard: the whole file, whose lines its worker counts (a later shard names bytes).
+  CHECK(bad.err.find("cannot read the training data: " + bad_data.string() + ":2: a record needs \"text\"") != std::string::npos);
+  // A file the node does not have is named, and nothing runs.
+  auto missing = meshctl(state, "train --model " + model.string() + " --data " + (tmp.path / "nowhere.txt").string() + " --out " +
+                                    (tmp.path / "run5").string() + " --lora-rank 4 --steps 2 --batch 1 --sequence 8");
+  INFO(missing.err);
+  CHECK(missing.status != 0);
+  CHECK(missing.err.find("nowhere.txt") != std::string::npos);
   auto bad_target = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " +
                                        (tmp.path / "run3").string() + " --lora-rank 4 --sequence 16 --lora-targets qkv");
   CHECK(bad_target.status != 0);
