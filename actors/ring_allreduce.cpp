@@ -123,4 +123,42 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_m
   return out;
 }
 
+bucketed_allreduce::bucketed_allreduce(uint64_t base, int rank, int n, int buckets, int pieces, wire_format format)
+    : base_(base), started_(static_cast<size_t>(buckets), false) {
+  rounds_.reserve(static_cast<size_t>(buckets));
+  for (int b = 0; b < buckets; ++b) rounds_.emplace_back(base + static_cast<uint64_t>(b), rank, n, pieces, format);
+}
+
+std::vector<allreduce_message> bucketed_allreduce::start(int bucket, std::vector<float> data) {
+  started_[static_cast<size_t>(bucket)] = true;
+  return rounds_[static_cast<size_t>(bucket)].start(std::move(data));
+}
+
+expected<std::vector<allreduce_message>> bucketed_allreduce::on_message(const allreduce_message& m) {
+  if (!owns(m.round)) return make_error(error_code::invalid_argument, "a piece of round " + std::to_string(m.round) + ", not of this step");
+  return rounds_[static_cast<size_t>(m.round - base_)].on_message(m);
+}
+
+bool bucketed_allreduce::done() const {
+  return std::all_of(rounds_.begin(), rounds_.end(), [](const ring_allreduce& r) { return r.done(); });
+}
+
+std::vector<float> bucketed_allreduce::result() const {
+  std::vector<float> out;
+  for (const auto& r : rounds_) out.insert(out.end(), r.result().begin(), r.result().end());
+  return out;
+}
+
+uint32_t bucketed_allreduce::taken() const {
+  uint32_t n = 0;
+  for (const auto& r : rounds_) n += r.taken();
+  return n;
+}
+
+uint64_t bucketed_allreduce::bytes_sent() const {
+  uint64_t n = 0;
+  for (const auto& r : rounds_) n += r.bytes_sent();
+  return n;
+}
+
 }  // namespace mesh

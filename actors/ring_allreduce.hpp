@@ -78,4 +78,36 @@ class ring_allreduce {
   uint64_t bytes_sent_ = 0;
 };
 
+/// A step's all-reduce in buckets: one ring round per bucket, round ids base + b, each started as
+/// soon as its bucket of this rank's data is ready (the gradients of the last layers while the
+/// backward pass still computes the first ones). Buckets are independent rounds over the same
+/// ring; the result is their results end to end. A bucket's messages before its data are taken,
+/// as one round takes them.
+class bucketed_allreduce {
+ public:
+  /// `buckets` >= 1 rounds; `base` a multiple of max_buckets.
+  static constexpr int max_buckets = 256;
+  bucketed_allreduce(uint64_t base, int rank, int n, int buckets, int pieces, wire_format format);
+
+  int buckets() const { return static_cast<int>(rounds_.size()); }
+  /// Whether a message of round `round` belongs to one of these buckets.
+  bool owns(uint64_t round) const { return round >= base_ && round < base_ + rounds_.size(); }
+  /// Bucket `bucket`'s data (once); the messages to send.
+  std::vector<allreduce_message> start(int bucket, std::vector<float> data);
+  bool started(int bucket) const { return started_[static_cast<size_t>(bucket)]; }
+  /// A message from the predecessor, for the bucket its round names.
+  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m);
+
+  bool done() const;
+  /// Every bucket's sum, end to end (valid only when done()).
+  std::vector<float> result() const;
+  uint32_t taken() const;
+  uint64_t bytes_sent() const;
+
+ private:
+  uint64_t base_;
+  std::vector<ring_allreduce> rounds_;
+  std::vector<bool> started_;
+};
+
 }  // namespace mesh

@@ -2,8 +2,9 @@
 // (ring_allreduce.hpp does the arithmetic). The round exists from the step's arrival; members
 // send pieces only after the coordinator's ring_go (every member has its round), so a piece
 // never comes before its round. Pieces out to the successor (forward), in from the predecessor
-// (on_piece, accept_piece), the start once the contribution is computed and the go came
-// (start_round), and the finished round's result held until the coordinator's commit
+// (on_piece, accept_piece), the start of each bucket once it is computed and the go came
+// (start_round; a data-parallel step's gradients come in buckets, train_buckets.hpp, each its
+// own ring round), and the finished round's result held until the coordinator's commit
 // (round_done).
 #include "actors/train_engine.hpp"
 
@@ -36,7 +37,7 @@ std::vector<outbound> train_engine::on_piece(const node_id& from, const msg::all
   // here (pieces of a round come only after every member has it: ring_go).
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
-  if (w.orphaned || !w.round || p.round != w.round->round()) return {};
+  if (w.orphaned || !w.round || !w.round->owns(p.round)) return {};
   return accept_piece(w, from, m);
 }
 
@@ -54,9 +55,15 @@ std::vector<outbound> train_engine::on_go(const node_id& from, const msg::ring_g
 }
 
 std::vector<outbound> train_engine::start_round(worker_run& w) {
-  if (!w.go || !w.contribution || !w.round) return {};
-  auto out = forward(w, w.round->start(std::move(*w.contribution)));
-  w.contribution.reset();
+  if (!w.go || w.contribution.empty() || !w.round) return {};
+  std::vector<outbound> out;
+  for (auto& [bucket, data] : w.contribution) {
+    if (train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(bucket) + " all-reduce starts");
+    auto sent = forward(w, w.round->start(bucket, std::move(data)));
+    out.insert(out.end(), std::make_move_iterator(sent.begin()), std::make_move_iterator(sent.end()));
+  }
+  w.contribution.clear();
   if (w.round->done()) {
     auto done = round_done(w);
     out.insert(out.end(), done.begin(), done.end());

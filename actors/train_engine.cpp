@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "actors/train_buckets.hpp"
 #include "actors/train_engine_state.hpp"
 #include "gpu/executor.hpp"
 #include "wire/wire_graph.hpp"
@@ -109,6 +110,8 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_r
   if (!has_loss) return bad("the gradient graph needs an output \"loss\" (f32 scalar)");
   outputs_with_prefix(*t.grad, "grad.", t.grads, t.grad_sizes, t.grad_dims);
   if (t.grads.empty()) return bad("the gradient graph has no \"grad.<parameter>\" outputs");
+  t.bucket_ends = order_into_buckets(*t.grad, t.grads, t.grad_sizes, t.grad_dims,
+                                     spec.method == train_method::data_parallel ? spec.bucket_bytes : 0, bucketed_allreduce::max_buckets);
   for (size_t i = 0; i < t.grads.size(); ++i)
     if (auto ok = has_input(*t.apply, "optimizer", t.grads[i], t.grad_dims[i]); !ok) return tl::unexpected(ok.error());
   if (auto ok = has_input(*t.apply, "optimizer", "scale", {}); !ok) return tl::unexpected(ok.error());

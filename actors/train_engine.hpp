@@ -72,6 +72,10 @@ struct train_graphs {
   std::vector<std::string> grads;    ///< "grad.<p>" outputs of `grad`, in the all-reduce order
   std::vector<int64_t> grad_sizes;   ///< elements of each
   std::vector<shape> grad_dims;
+  /// Data parallel: `grads` in the order the backward pass finishes them, cut into buckets:
+  /// bucket b is grads [bucket_ends[b-1], bucket_ends[b]) (train_buckets.hpp). One bucket for
+  /// DiLoCo, whose deltas travel once after the inner steps.
+  std::vector<size_t> bucket_ends;
   std::vector<std::string> deltas;   ///< "delta.<p>" outputs of `delta` (DiLoCo)
   std::vector<int64_t> delta_sizes;
   std::vector<shape> delta_dims;
@@ -102,6 +106,9 @@ struct train_task {
   bool takeover = false;  ///< reads the state an orphaned run resumes from (train_resume)
   bool report_state = false;  ///< the coordinator waits for this step's state (or its error)
   bool cleanup = false;       ///< frees an ended run's programs and parameters; no result to handle
+  /// The step's gradients come in buckets, a task each (train_buckets.hpp): this task's bucket.
+  /// Its result's buffer is that bucket (the last one ends with the loss sum and count).
+  int bucket = 0;
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 

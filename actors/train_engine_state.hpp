@@ -154,6 +154,14 @@ struct train_engine::worker_run {
     std::vector<std::string> acc_names;
     std::map<uint32_t, data_order> orders;  ///< each shard's epoch order
     std::unique_ptr<text_data_reader> text;  ///< a run on a data file: opened with the first step
+    /// Data parallel in buckets: the gradient programs cut per bucket (train_buckets.hpp), for a
+    /// step's first micro-batch and for later ones; the step's last micro-batch runs them, one
+    /// task per bucket, with these inputs, and its first task leaves the loss sum here.
+    std::vector<gpu::program_id> seg_first, seg_more;
+    std::vector<std::vector<std::string>> seg_first_inputs, seg_more_inputs;  ///< what each reads
+    tensor_map last_inputs;
+    bool last_first = true;
+    double loss_sum = 0;
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };
@@ -175,9 +183,10 @@ struct train_engine::worker_run {
   /// The step's round, made when the step arrives (so it takes the predecessor's pieces while
   /// this node computes); it starts once this node's contribution is computed and the
   /// coordinator said every member is ready (ring_go).
-  std::unique_ptr<ring_allreduce> round;
+  std::unique_ptr<bucketed_allreduce> round;
   bool go = false;
-  std::optional<std::vector<float>> contribution;
+  /// This node's buckets computed and not yet started (waiting for the go).
+  std::map<int, std::vector<float>> contribution;
   bool broken = false;
   bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
   bool stopping = false;

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include <tuple>
+
+#include "actors/train_buckets.hpp"
 #include "actors/train_engine_state.hpp"
 #include "gpu/executor.hpp"
 #include "graph/builder.hpp"
@@ -100,6 +103,34 @@ graph resident_apply(const graph& apply, const std::string& prefix) {
       n.attrs.name = prefix + n.attrs.name;
     }
   return g;
+}
+
+/// Bucket `b` of the last micro-batch's gradients: runs `program`, its segment of the gradient
+/// program (train_buckets.hpp), on that micro-batch's `inputs`, and reads the bucket's
+/// accumulators, which then hold the sum over the step's micro-batches (segment 0 also adds the
+/// micro-batch's loss to `loss`). `empty`: no micro-batch this step (more members than
+/// micro-batches): the bucket is zeros.
+expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id program, const std::vector<std::string>& reads,
+                                        const tensor_map& inputs, const std::vector<std::string>& acc_names, const train_graphs& g,
+                                        int b, bool empty, double& loss) {
+  const size_t from = b ? g.bucket_ends[static_cast<size_t>(b) - 1] : 0, to = g.bucket_ends[static_cast<size_t>(b)];
+  size_t total = 0;
+  for (size_t i = from; i < to; ++i) total += static_cast<size_t>(g.grad_sizes[i]);
+  std::vector<float> out(total, 0.0f);
+  if (empty) return out;
+  tensor_map in;  // the segment's own inputs: it may read fewer than the whole program
+  for (const auto& name : reads) in[name] = inputs.at(name);
+  auto ran = ex.run(program, in);
+  if (!ran) return tl::unexpected(ran.error());
+  if (b == 0) loss += ran->at("loss").at(0);
+  const std::vector<std::string> names(acc_names.begin() + static_cast<ptrdiff_t>(from), acc_names.begin() + static_cast<ptrdiff_t>(to));
+  auto acc = ex.get_parameters(names);
+  if (!acc) return tl::unexpected(acc.error());
+  tensor_map by_grad;
+  for (size_t i = from; i < to; ++i) by_grad[g.grads[i]] = std::move(acc->at(acc_names[i]));
+  const std::vector<std::string> grads(g.grads.begin() + static_cast<ptrdiff_t>(from), g.grads.begin() + static_cast<ptrdiff_t>(to));
+  if (auto ok = accumulate(out, by_grad, grads); !ok) return tl::unexpected(ok.error());
+  return out;
 }
 
 /// This node's answer to a step it cannot take part in.
@@ -208,7 +239,7 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
 void train_engine::orphan(worker_run& w) {
   w.orphaned = true;  // no round or ring of it will go on
   w.round.reset();
-  w.contribution.reset();
+  w.contribution.clear();
   w.ring.clear();
 }
 
@@ -245,7 +276,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     if (s.commit > 0 && s.commit >= w->steps && !w->broken) {
       w->finished_at = now_;
       w->round.reset();
-      w->contribution.reset();
+      w->contribution.clear();
       w->ring.clear();
       return {};
     }
@@ -269,7 +300,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                                                       std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
   // Whatever round was in progress belongs to an earlier attempt.
   w->round.reset();
-  w->contribution.reset();
+  w->contribution.clear();
   w->go = false;
   w->step = s.step;
   w->attempt = s.attempt;
@@ -309,8 +340,11 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   std::map<uint32_t, std::shared_ptr<const tensor_map>> shards;  // what this step's micro-batches read
   if (!w->text)
     for (const uint64_t m : micro) shards[w->plan.shard_of(m)] = w->shards.at(w->plan.shard_of(m));
+  // Data parallel over a ring of two or more: the gradients go in buckets, one task each, so
+  // each bucket's all-reduce runs while the device computes the next (train_buckets.hpp).
+  const int buckets = w->method == train_method::data_parallel && !alone && compute ? static_cast<int>(w->graphs.bucket_ends.size()) : 1;
   t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards),
-            opener = opener_](gpu::executor& ex) -> expected<train_work_result> {
+            opener = opener_, buckets](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
     const auto mark = [step](const char* what) {
@@ -342,6 +376,27 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       d.programs.push_back(*resident);
       d.apply_resident = *resident;
       for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
+      if (g.bucket_ends.size() > 1) {
+        // The gradient programs cut per bucket: the accumulators each bucket's segment updates.
+        std::vector<std::vector<std::string>> groups;
+        for (size_t b = 0; b < g.bucket_ends.size(); ++b)
+          groups.emplace_back(d.acc_names.begin() + static_cast<ptrdiff_t>(b ? g.bucket_ends[b - 1] : 0),
+                              d.acc_names.begin() + static_cast<ptrdiff_t>(g.bucket_ends[b]));
+        for (auto [whole, segs, reads] : {std::tuple{&acc->first, &d.seg_first, &d.seg_first_inputs},
+                                          std::tuple{&acc->second, &d.seg_more, &d.seg_more_inputs}}) {
+          auto cut = segment_by_updates(*whole, groups, prefix + (segs == &d.seg_first ? "f." : "m."));
+          if (!cut) return tl::unexpected(cut.error());
+          *reads = cut->inputs;
+          for (const auto& segment : cut->segments) {
+            auto p = ex.load(segment);
+            if (!p) return tl::unexpected(p.error());
+            d.programs.push_back(*p);
+            segs->push_back(*p);
+          }
+          // Under the accumulators' prefix: dropped with them when the run ends.
+          for (auto& [name, t] : cut->saved) d.initial[name] = std::move(t);
+        }
+      }
       if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
       d.initial.clear();
       d.loaded = true;
@@ -409,6 +464,26 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
       return accumulate(*sum, by_grad, g.grads);
     };
+    if (w->method == train_method::data_parallel && buckets > 1) {
+      // All micro-batches but the last as a whole; the last one's first segment, whose bucket
+      // (the last layers' gradients) this task returns. The next tasks run the other segments.
+      if (auto ok = gradients(micro.data(), micro.empty() ? 0 : micro.size() - 1, nullptr); !ok) return tl::unexpected(ok.error());
+      d.loss_sum = loss_sum;
+      d.last_first = micro.size() <= 1;
+      if (micro.empty()) {
+        d.last_inputs.clear();
+      } else {
+        auto in = micro_batch_inputs(micro.back());
+        if (!in) return tl::unexpected(in.error());
+        d.last_inputs = std::move(*in);
+      }
+      auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
+                           d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum);
+      if (!b0) return tl::unexpected(b0.error());
+      r.buffer = std::move(*b0);
+      mark("bucket 0 done");
+      return r;
+    }
     if (w->method == train_method::data_parallel) {
       if (auto ok = gradients(micro.data(), micro.size(), alone ? nullptr : &r.buffer); !ok) return tl::unexpected(ok.error());
       d.grads_resident = alone && !micro.empty();
@@ -440,11 +515,33 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     r.buffer.push_back(static_cast<float>(loss_sum));
     return r;
   };
+  const train_task first = t;
   ready_.push_back(std::move(t));
+  for (int b = 1; b < buckets; ++b) {
+    train_task next = first;
+    next.report_state = false;
+    next.bucket = b;
+    const bool empty = micro.empty();
+    next.work = [w, b, buckets, empty](gpu::executor& ex) -> expected<train_work_result> {
+      auto& d = *w->dev;
+      train_work_result r;
+      const auto program = (d.last_first ? d.seg_first : d.seg_more)[static_cast<size_t>(b)];
+      const auto& reads = (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[static_cast<size_t>(b)];
+      auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum);
+      if (!got) return tl::unexpected(got.error());
+      r.buffer = std::move(*got);
+      if (b + 1 == buckets) r.buffer.push_back(static_cast<float>(d.loss_sum));
+      if (train_detail::timing_enabled())
+        train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(b) + " done");
+      return r;
+    };
+    ready_.push_back(std::move(next));
+  }
   if (!compute) return {};
   // The round exists from now on and takes the predecessor's pieces; the coordinator lets the
   // members send them once every one of them has said so (ring_go).
-  w->round = std::make_unique<ring_allreduce>(round_id(s.step, s.attempt), w->rank, static_cast<int>(w->ring.size()), ring_pieces, w->format);
+  w->round = std::make_unique<bucketed_allreduce>(round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets, w->rank,
+                                                  static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
   return {{from, msg::train_ready{s.train, s.step, s.attempt}}};
 }
 
@@ -489,8 +586,8 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
     end_run(it);
     return out;
   }
-  if (w->ring.empty() || !w->round) return out;
-  w->contribution = std::move(r->buffer);
+  if (w->ring.empty() || !w->round || t.bucket >= w->round->buckets() || w->round->started(t.bucket)) return out;
+  w->contribution[t.bucket] = std::move(r->buffer);
   auto more = start_round(*w);
   out.insert(out.end(), more.begin(), more.end());
   return out;

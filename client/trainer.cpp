@@ -61,6 +61,7 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   spec.inner_steps = o.method == train_method::diloco ? o.inner_steps : 1;
   spec.compression = o.compression;
   spec.seed = o.seed;
+  spec.bucket_bytes = o.bucket_bytes;
   spec.checkpoint_every = o.on_checkpoint ? o.checkpoint_every : 0;
 
   // Gradients: the model's loss and d loss / d p for every parameter, nothing else.

@@ -34,6 +34,9 @@ struct train_options {
   double outer_lr = 0.7;         ///< DiLoCo: outer Nesterov step
   double outer_momentum = 0.9;
   wire_format compression = wire_format::f32;  ///< of the all-reduce
+  /// Data parallel on 2 or more workers: gradients are all-reduced in buckets of about this many
+  /// bytes, each while the backward pass computes the next (0: one all-reduce after it).
+  uint64_t bucket_bytes = uint64_t{25} << 20;
   uint64_t seed = 1;             ///< data order
   /// The parameters to train, by name; empty: every parameter of the model. The others stay
   /// frozen at their value in the state (LoRA's base weights): they go to every worker with the

@@ -85,7 +85,11 @@ struct train_spec {
   uint64_t checkpoint_every = 0;
   /// Empty, or the one file the workers read their data from (train_text_data); `dataset` is
   /// then empty.
-  std::vector<train_text_data> text;
+  std::vector<train_text_data> text{};
+  /// Data parallel: the gradients are all-reduced in buckets of about this many bytes, each as
+  /// soon as the backward pass has finished it (actors/train_buckets.hpp); 0: one bucket, after
+  /// the whole backward pass.
+  uint64_t bucket_bytes = 0;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -239,7 +243,7 @@ void fields(F& f, ring_go& x) {
 
 template <class F>
 void fields(F& f, train_spec& x) {
-  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text);
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text, x.bucket_bytes);
 }
 
 template <class F>

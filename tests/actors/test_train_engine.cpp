@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "sim_network.hpp"
+#include "actors/train_buckets.hpp"
 #include "actors/train_engine.hpp"
 #include "client/trainer.hpp"
 #include "gpu/executor.hpp"
@@ -321,6 +322,96 @@ TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", 
       for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == three.progress[i].loss);
     }
   CHECK(curves == 1);
+}
+
+TEST_CASE("gradients all-reduced in buckets, each after its segment of the backward pass, give the single-node result",
+          "[actors][train][buckets]") {
+  // Buckets of one gradient each (1 byte closes a bucket): the MLP's 4 gradients in 4 buckets,
+  // a segment and a ring round each, while a step's micro-batches spread over the members (some
+  // with none: 8 nodes, 6 micro-batches).
+  const auto s = two_moons_mlp();
+  auto o = dp_options();
+  o.bucket_bytes = 1;
+  const auto spec = spec_for(s, o);
+  train_sim one(1);
+  const auto reference = one.train(spec);
+  REQUIRE(reference.ok);
+  for (const int nodes : {3, 8}) {
+    INFO(nodes << " nodes");
+    train_sim sim(nodes);
+    sim.net.set_shuffle(true);
+    int buckets_seen = 0;
+    sim.on_tick = [&](train_sim& t) {
+      if (const auto* p = std::get_if<msg::allreduce_piece>(&t.last_message))
+        buckets_seen = std::max(buckets_seen, static_cast<int>(p->round % bucketed_allreduce::max_buckets) + 1);
+    };
+    const auto r = sim.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(buckets_seen == 4);
+    CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+    CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
+  }
+  // A node dying mid-run: its buckets' rounds are redone with the step, nothing applied twice.
+  train_sim sim(3);
+  sim.on_tick = [](train_sim& t) {
+    if (!t.dead.count("node-b") && t.progress.size() == 9) t.kill("node-b");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+}
+
+TEST_CASE("the gradient program cut into segments gives the whole program's updates and outputs", "[actors][train][buckets]") {
+  const auto s = two_moons_mlp();
+  auto spec = spec_for(s, dp_options());
+  auto graphs = check_train_spec(spec);
+  REQUIRE(graphs);
+  // The gradients in the order the backward pass finishes them: the last layer's first.
+  auto grads = graphs->grads;
+  auto sizes = graphs->grad_sizes;
+  auto dims = graphs->grad_dims;
+  const auto ends = order_into_buckets(*graphs->grad, grads, sizes, dims, 1, bucketed_allreduce::max_buckets);
+  REQUIRE(ends.size() == grads.size());
+  CHECK(grads.front().find("mlp.1") != std::string::npos);  // the output layer's (layers mlp.0, mlp.1)
+  CHECK(order_into_buckets(*graphs->grad, grads, sizes, dims, 0, 256) == std::vector<size_t>{grads.size()});
+  // Accumulate every gradient into a parameter, as a worker does, then cut per gradient.
+  builder b(*graphs->grad);
+  std::vector<std::vector<std::string>> groups;
+  for (const auto& name : grads) {
+    const expr g = b.at(graphs->grad->find_output(name));
+    b.update(b.parameter("acc." + name, dtype::f32, g.dims()), g);
+    groups.push_back({"acc." + name});
+  }
+  auto whole = b.finish();
+  REQUIRE(whole);
+  whole->outputs = {{"loss", graphs->grad->find_output("loss")}};
+  auto cut = segment_by_updates(*whole, groups, "seg.");
+  REQUIRE(cut);
+  REQUIRE(cut->segments.size() == grads.size());
+  CHECK(!cut->saved.empty());
+  auto in = take_rows(s.data, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  REQUIRE(in);
+  tensor_map params = s.params;
+  for (const auto& name : grads) params["acc." + name] = tensor::zeros(dtype::f32, dims[static_cast<size_t>(&name - grads.data())]);
+  auto expected_run = evaluate(*whole, *in, params);
+  REQUIRE(expected_run);
+  tensor_map state = params;
+  for (auto& [name, t] : cut->saved) state[name] = t;
+  double loss = 0;
+  for (size_t k = 0; k < cut->segments.size(); ++k) {
+    REQUIRE(validate(cut->segments[k]));
+    tensor_map reads;
+    for (const auto& name : cut->inputs[k]) reads[name] = in->at(name);
+    auto run = evaluate(cut->segments[k], reads, state);
+    INFO("segment " << k << ": " << (run ? std::string() : run.error().message));
+    REQUIRE(run);
+    if (k == 0) loss = run->outputs.at("loss").at(0);
+    state = run->params;
+  }
+  CHECK(loss == expected_run->outputs.at("loss").at(0));
+  for (const auto& name : grads) CHECK(state.at("acc." + name).bytes == expected_run->params.at("acc." + name).bytes);
 }
 
 TEST_CASE("data-parallel training on 3 nodes with AdamW or SGD with momentum equals the single-node reference",

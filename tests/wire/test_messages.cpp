@@ -33,6 +33,32 @@ signature grant_signature() {
   return s;
 }
 
+/// A data file as a training run names it: every field of the vocabulary set.
+train_text_data text_data() {
+  train_text_data d;
+  d.path = "/data/chats.jsonl";
+  d.file = {"", {}, 123456, {}, {}};
+  d.file.id[0] = 9;
+  d.format = 1;
+  d.sequence = 512;
+  d.shuffle_rows = 64;
+  d.vocab.model = 1;
+  d.vocab.tokens = {"<unk>", "<s>", "\xe2\x96\x81" "a"};
+  d.vocab.scores = {0, 0, -1.5f};
+  d.vocab.token_types = {2, 3, 1};
+  d.vocab.merge_left = {"a"};
+  d.vocab.merge_right = {"b"};
+  d.vocab.pre_tokenizer = "llama-bpe";
+  d.vocab.pre_tokenizer_patterns = {"\\s+"};
+  d.vocab.ignore_merges = true;
+  d.vocab.add_space_prefix = false;
+  d.vocab.bos_id = 1;
+  d.vocab.unk_id = 0;
+  d.vocab.add_bos = true;
+  d.chat_template = "{{ messages }}";
+  return d;
+}
+
 std::vector<message> samples() {
   const tensor t = tensor::from_values(dtype::f16, {2, 2}, {1, 2, 3, 4});
   return {hello{7, "llvmpipe", device_kind::cpu, 12.5, 3.25, 1 << 30, false},
@@ -48,7 +74,7 @@ std::vector<message> samples() {
           msg::infer{3, 4, {{"x", t}}},
           close_session{3},
           peer_exchange{{'M', 'P', 'X', 1, 0, 0}},
-          open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, small_graph(false), small_graph(false), small_graph(false), small_graph(false), {{"w", t}}, {{"x", t}}, 0, 10}},
+          open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, small_graph(false), small_graph(false), small_graph(false), small_graph(false), {{"w", t}}, {{"x", t}}, 0, 10, {text_data()}}},
           train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, small_graph(false), small_graph(false), {}, {}, {}, {}}, test::named("client-c"), 4, {3, test::named("node-d"), grant_signature()}},
           train_step{5, 3, 2, {test::named("node-a"), test::named("node-b")}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
           allreduce_piece{5, test::named("node-a"), 77, 2, 1, {1, 2, 3, 4}},
