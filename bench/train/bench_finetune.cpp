@@ -7,7 +7,9 @@
 //   mesh-bench-finetune [--nodes 1,2] [--device-prefix "#"] [--steps 8] [--hidden 768] [--layers 12]
 //                       [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 16384] [--batch 4]
 //                       [--sequence 256] [--micro 1] [--lora-rank 0] [--compression f32] [--meshnode PATH]
-//                       [--profile "#0"]
+//                       [--bucket-mb 25] [--profile "#0"]
+// --bucket-mb: the all-reduce's buckets (train_options::bucket_bytes, in MiB; 0: one all-reduce
+// after the whole backward pass).
 // --profile DEVICE: instead, the step's gradient program on that Vulkan device in this process,
 // its kernels by time (where a step's time goes).
 //
@@ -49,6 +51,7 @@ struct settings {
   std::string device_prefix = "#", meshnode;
   std::string profile;  ///< a Vulkan device ("#0"): time the gradient program's kernels there, in this process
   wire_format compression = wire_format::f32;
+  int64_t bucket_mb = 25;
 };
 
 /// A random Llama checkpoint as a Hugging Face directory: N(0, 0.02) matrices, unit norms.
@@ -118,6 +121,7 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   o.micro_batches = static_cast<uint32_t>(s.micro * n);
   o.optimizer = optim::adam_options{.lr = 1e-5};
   o.compression = s.compression;
+  o.bucket_bytes = static_cast<uint64_t>(s.bucket_mb) << 20;
   o.trainable = m.trainable;
   // Step 1 includes the setup (the state's upload), compiling and the first step; the timing
   // runs from step 2's progress report to the last step's.
@@ -149,7 +153,7 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
     std::vector<std::string> lines;
     for (std::string line; std::getline(log, line);)
       if (line.find("train timing") != std::string::npos) lines.push_back(line);
-    for (size_t i = lines.size() > 16 ? lines.size() - 16 : 0; i < lines.size(); ++i) std::fprintf(stderr, "  n=%d %s\n", n, lines[i].c_str());
+    for (size_t i = lines.size() > 48 ? lines.size() - 48 : 0; i < lines.size(); ++i) std::fprintf(stderr, "  n=%d %s\n", n, lines[i].c_str());
   }
   return out;
 }
@@ -276,6 +280,7 @@ int main(int argc, char** argv) {
     else if (k == "--sequence") s.sequence = num();
     else if (k == "--micro") s.micro = num();
     else if (k == "--lora-rank") s.lora_rank = num();
+    else if (k == "--bucket-mb") s.bucket_mb = num();
     else if (k == "--device-prefix") s.device_prefix = v;
     else if (k == "--meshnode") s.meshnode = v;
     else if (k == "--profile") s.profile = v;
