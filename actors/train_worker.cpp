@@ -515,11 +515,14 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     r.buffer.push_back(static_cast<float>(loss_sum));
     return r;
   };
-  const train_task first = t;
   ready_.push_back(std::move(t));
   for (int b = 1; b < buckets; ++b) {
-    train_task next = first;
-    next.report_state = false;
+    // Not a copy of the first task: its work holds the commit's gradient sum (the whole model's).
+    train_task next;
+    next.coordinator = from;
+    next.train = s.train;
+    next.step = s.step;
+    next.attempt = s.attempt;
     next.bucket = b;
     const bool empty = micro.empty();
     next.work = [w, b, buckets, empty](gpu::executor& ex) -> expected<train_work_result> {
