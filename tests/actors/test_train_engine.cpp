@@ -704,6 +704,30 @@ TEST_CASE("a node joining mid-run is used from the next step", "[actors][train]"
   CHECK(outputs_of(r).at("opt.adam.t").at(0) == 24.0);
 }
 
+TEST_CASE("DiLoCo with 4-bit outer gradients: nodes join and leave between outer steps and the run goes on",
+          "[actors][train]") {
+  const auto s = two_moons_mlp();
+  auto o = diloco_options(60);
+  o.compression = wire_format::fp4;
+  const auto spec = spec_for(s, o);
+  train_sim sim(2);
+  sim.on_tick = [](train_sim& t) {
+    if (!t.nodes.count("node-c") && !t.dead.count("node-c") && t.progress.size() == 3) t.add("node-c");
+    if (!t.dead.count("node-b") && t.progress.size() == 7) t.kill("node-b");
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(reached_step(r) == 60);
+  REQUIRE(sim.progress.size() == 12);  // 60 inner steps in outer steps of 5
+  std::vector<uint32_t> peers;
+  for (const auto& p : sim.progress) peers.push_back(p.peers);
+  CHECK(peers.front() == 2);
+  CHECK(std::find(peers.begin(), peers.end(), 3u) != peers.end());  // node-c took part once it joined
+  CHECK(peers.back() == 2);                                          // and node-b's leaving was survived
+  CHECK(full_loss(s, parameters_only(outputs_of(r))) < full_loss(s, s.params) * 0.8);
+}
+
 TEST_CASE("DiLoCo reaches a loss close to data parallel with far fewer bytes", "[actors][train]") {
   const auto s = two_moons_mlp();
   const auto dp = dp_options(60), dl = diloco_options(60);
