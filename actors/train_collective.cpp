@@ -98,6 +98,7 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   h.end = w.step_end;
   h.sum = w.round->result();
   h.participants = w.participants;
+  h.fragment = w.fragment;
   const float loss_sum = h.sum.back();
   h.sum.pop_back();
   msg::train_reduced r;

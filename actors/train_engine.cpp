@@ -136,6 +136,19 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_r
     if (auto ok = has_input(*t.outer, "DiLoCo outer", "scale", {}); !ok) return tl::unexpected(ok.error());
     if (auto ok = covers_parameters(*t.delta, "DiLoCo delta", state); !ok) return tl::unexpected(ok.error());
     if (auto ok = covers_parameters(*t.outer, "DiLoCo outer", state); !ok) return tl::unexpected(ok.error());
+    if (spec.fragments < 1 || spec.fragments > t.deltas.size())
+      return bad("fragments must be in 1.." + std::to_string(t.deltas.size()) + " (the parameters DiLoCo averages)");
+    int64_t total = 0;
+    for (auto n : t.delta_sizes) total += n;
+    int64_t so_far = 0;
+    for (size_t i = 0; i < t.deltas.size(); ++i) {
+      so_far += t.delta_sizes[i];
+      const size_t left = t.deltas.size() - i - 1, open = spec.fragments - t.fragment_ends.size();
+      // Close a fragment at its share of the elements, keeping one parameter for each one after.
+      if (open > 1 && (left + 1 == open || so_far * static_cast<int64_t>(spec.fragments) >= total * static_cast<int64_t>(t.fragment_ends.size() + 1)))
+        t.fragment_ends.push_back(i + 1);
+    }
+    t.fragment_ends.push_back(t.deltas.size());
   }
 
   if (!spec.text.empty()) {

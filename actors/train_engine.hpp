@@ -77,6 +77,9 @@ struct train_graphs {
   /// DiLoCo, whose deltas travel once after the inner steps.
   std::vector<size_t> bucket_ends;
   std::vector<std::string> deltas;   ///< "delta.<p>" outputs of `delta` (DiLoCo)
+  /// DiLoCo's fragments (train_spec::fragments): fragment f is deltas [fragment_ends[f-1],
+  /// fragment_ends[f]), about equal in elements.
+  std::vector<size_t> fragment_ends;
   std::vector<int64_t> delta_sizes;
   std::vector<shape> delta_dims;
 };

@@ -130,6 +130,8 @@ struct train_engine::worker_run {
   train_method method = train_method::data_parallel;
   uint64_t steps = 0;
   uint32_t micro_batches = 1, inner_steps = 1;
+  uint32_t fragments = 1;  ///< DiLoCo: streaming fragments (train_spec::fragments)
+  uint32_t fragment = 0;   ///< the fragment this step synchronises
   wire_format format = wire_format::f32;
   train_graphs graphs;
   uint64_t seed = 0;
@@ -159,6 +161,8 @@ struct train_engine::worker_run {
     /// task per bucket, with these inputs, and its first task leaves the loss sum here.
     std::vector<gpu::program_id> seg_first, seg_more;
     std::vector<std::vector<std::string>> seg_first_inputs, seg_more_inputs;  ///< what each reads
+    /// Streaming DiLoCo: the outer step of each fragment alone.
+    std::vector<gpu::program_id> outer_fragment;
     tensor_map last_inputs;
     bool last_first = true;
     double loss_sum = 0;
@@ -172,6 +176,7 @@ struct train_engine::worker_run {
     uint64_t end = 0;  ///< the step the state reaches when this result is applied
     std::vector<float> sum;
     uint32_t participants = 1;
+    uint32_t fragment = 0;  ///< DiLoCo: whose deltas `sum` holds (all, with one fragment)
   };
   std::optional<held_result> held;
   uint64_t step = 0;

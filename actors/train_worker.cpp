@@ -61,6 +61,7 @@ msg::train_spec spec_shell(const msg::train_spec& spec) {
   out.micro_batches = spec.micro_batches;
   out.micro_batch = spec.micro_batch;
   out.inner_steps = spec.inner_steps;
+  out.fragments = spec.fragments;
   out.compression = spec.compression;
   out.seed = spec.seed;
   out.grad = spec.grad;
@@ -216,6 +217,7 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
   w->steps = s.spec.steps;
   w->micro_batches = s.spec.micro_batches;
   w->inner_steps = s.spec.inner_steps;
+  w->fragments = s.spec.fragments;
   w->format = s.spec.compression;
   w->graphs = std::move(*graphs);
   w->seed = s.spec.seed;
@@ -312,6 +314,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   w->step_end = s.step + inner;
   // DiLoCo averages the deltas of the members that trained (a member with no micro-batch adds 0).
   w->participants = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(s.ring.size(), w->micro_batches)));
+  w->fragment = w->method == train_method::diloco ? static_cast<uint32_t>((s.step / w->inner_steps) % w->fragments) : 0;
 
   std::optional<worker_run::held_result> commit;
   if (s.commit > w->applied) {
@@ -344,7 +347,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // each bucket's all-reduce runs while the device computes the next (train_buckets.hpp).
   const int buckets = w->method == train_method::data_parallel && !alone && compute ? static_cast<int>(w->graphs.bucket_ends.size()) : 1;
   t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards),
-            opener = opener_, buckets](gpu::executor& ex) -> expected<train_work_result> {
+            opener = opener_, buckets, fragment = w->fragment](gpu::executor& ex) -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto& g = w->graphs;
     const auto mark = [step](const char* what) {
@@ -397,6 +400,24 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           for (auto& [name, t] : cut->saved) d.initial[name] = std::move(t);
         }
       }
+      if (g.fragment_ends.size() > 1) {
+        // Streaming DiLoCo: the outer step cut to each fragment's parameters (their outer copy,
+        // its momentum and the local parameter), reading only that fragment's deltas.
+        const std::string run = run_prefix(w->coordinator, w->train);
+        for (size_t f = 0; f < g.fragment_ends.size(); ++f) {
+          std::vector<std::string> targets;
+          for (size_t i = f ? g.fragment_ends[f - 1] : 0; i < g.fragment_ends[f]; ++i) {
+            const std::string p = g.deltas[i].substr(std::string("delta.").size());
+            for (const auto& name : {run + p, run + "outer." + p, run + "outer.mom." + p}) targets.push_back(name);
+          }
+          auto cut = segment_by_updates(*g.outer, {targets}, prefix + "o.");
+          if (!cut) return tl::unexpected(cut.error());
+          auto p = ex.load(cut->segments.at(0));
+          if (!p) return tl::unexpected(p.error());
+          d.programs.push_back(*p);
+          d.outer_fragment.push_back(*p);
+        }
+      }
       if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
       d.initial.clear();
       d.loaded = true;
@@ -409,6 +430,14 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         // The gradients of a ring of one, still in the accumulators.
         if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
         if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
+      } else if (!dp && g.fragment_ends.size() > 1) {
+        // Streaming DiLoCo: the outer step of the fragment this result holds.
+        const size_t f = commit->fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
+        const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
+        const std::vector<shape> dims(g.delta_dims.begin() + static_cast<ptrdiff_t>(from), g.delta_dims.begin() + static_cast<ptrdiff_t>(to));
+        tensor_map in = unflatten(commit->sum, names, dims);
+        in["scale"] = f32_scalar(1.0 / commit->participants);
+        if (auto ok = ex.run(d.outer_fragment.at(f), in); !ok) return tl::unexpected(ok.error());
       } else {
         tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
         in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
@@ -507,10 +536,13 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       }
       auto deltas = ex.run(d.delta, {});
       if (!deltas) return tl::unexpected(deltas.error());
+      // The deltas of the fragment this step synchronises (all of them with one fragment).
+      const size_t f = fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
+      const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
       size_t delta_total = 0;
-      for (auto n : g.delta_sizes) delta_total += static_cast<size_t>(n);
+      for (size_t i = from; i < to; ++i) delta_total += static_cast<size_t>(g.delta_sizes[i]);
       r.buffer.assign(delta_total, 0.0f);
-      if (auto ok = accumulate(r.buffer, *deltas, g.deltas); !ok) return tl::unexpected(ok.error());
+      if (auto ok = accumulate(r.buffer, *deltas, names); !ok) return tl::unexpected(ok.error());
     }
     r.buffer.push_back(static_cast<float>(loss_sum));
     return r;

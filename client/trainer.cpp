@@ -59,6 +59,10 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   spec.micro_batches = o.micro_batches;
   spec.micro_batch = static_cast<uint32_t>(micro_batch);
   spec.inner_steps = o.method == train_method::diloco ? o.inner_steps : 1;
+  if (o.method == train_method::diloco && o.fragments > 1) {
+    spec.fragments = o.fragments;
+    spec.inner_steps = std::max<uint32_t>(1, o.inner_steps / o.fragments);  // a fragment's turn comes every this many
+  }
   spec.compression = o.compression;
   spec.seed = o.seed;
   spec.bucket_bytes = o.bucket_bytes;

@@ -30,7 +30,11 @@ struct train_options {
   uint64_t steps = 100;          ///< train until this step (DiLoCo: counting inner steps)
   uint64_t start_step = 0;       ///< > 0 to resume: the state passed in must be that step's
   uint32_t micro_batches = 4;    ///< per step, spread over the workers (global batch = this x rows)
-  uint32_t inner_steps = 20;     ///< DiLoCo: local steps between averaging
+  uint32_t inner_steps = 20;     ///< DiLoCo: local steps between averaging (of each fragment)
+  /// DiLoCo: > 1 cuts the parameters into this many fragments synchronised in turn, one every
+  /// inner_steps / fragments local steps (streaming DiLoCo): each fragment still every
+  /// inner_steps, and each all-reduce carries a fragment's share of the bytes.
+  uint32_t fragments = 1;
   double outer_lr = 0.7;         ///< DiLoCo: outer Nesterov step
   double outer_momentum = 0.9;
   wire_format compression = wire_format::f32;  ///< of the all-reduce

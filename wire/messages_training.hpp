@@ -14,6 +14,7 @@
 #include "graph/tensor.hpp"
 #include "wire/graph_codec.hpp"
 #include "wire/graph_payload.hpp"
+#include "wire/messages_serving.hpp"
 #include "wire/states.hpp"
 #include "wire/takeover_grant.hpp"
 
@@ -90,6 +91,10 @@ struct train_spec {
   /// soon as the backward pass has finished it (actors/train_buckets.hpp); 0: one bucket, after
   /// the whole backward pass.
   uint64_t bucket_bytes = 0;
+  /// DiLoCo: the parameters are cut into this many fragments, synchronised in turn (streaming
+  /// DiLoCo): each step of `inner_steps` local steps ends with the all-reduce and outer step of
+  /// one fragment, fragment (step / inner_steps) mod fragments. 1: every parameter each step.
+  uint32_t fragments = 1;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -243,7 +248,7 @@ void fields(F& f, ring_go& x) {
 
 template <class F>
 void fields(F& f, train_spec& x) {
-  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text, x.bucket_bytes);
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text, x.bucket_bytes, x.fragments);
 }
 
 template <class F>
