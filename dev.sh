@@ -132,7 +132,11 @@ run_fuzzers() {
   CC=clang CXX=clang++ cmake -S "$root" -B build/fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMESH_FUZZ=ON -DMESH_BENCH=OFF \
     -DCMAKE_C_FLAGS_DEBUG=-gline-tables-only -DCMAKE_CXX_FLAGS_DEBUG=-gline-tables-only -DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld >/dev/null
   # shellcheck disable=SC2046
-  cmake --build build/fuzz -j "$jobs" --target mesh_header_check $(cat build/fuzz/fuzzers.txt)
+  # (Checked here: this function runs where `set -e` does not stop on a failed command.)
+  if ! cmake --build build/fuzz -j "$jobs" --target mesh_header_check $(cat build/fuzz/fuzzers.txt); then
+    log "the header check or a fuzzer does not build"
+    return 1
+  fi
   # One fuzzer per core at a time (each is single-threaded).
   local failed=0 n=0 f
   while read -r f; do

@@ -454,8 +454,10 @@ std::vector<outbound> train_engine::tick(clock::time_point now) {
 
 train_engine::clock::duration train_engine::step_deadline(const coord_run& c) const {
   // A member computing its first step of the run compiles the graphs and uploads the state.
-  // Once every member is ready only the all-reduce is left, which the measured steps cover.
-  for (const auto& m : c.unready)
+  // Members say ready as a step arrives, before they compute it (train_worker.cpp), so a ready
+  // member that has not finished a step of this run may still be compiling: until every member
+  // of the ring has, the measured steps (none yet, on a run's first step) say nothing.
+  for (const auto& m : c.ring)
     if (!c.proven.count(m)) return deadlines_.first;
   double longest = 0;
   for (double s : c.step_seconds) longest = std::max(longest, s);

@@ -3,7 +3,8 @@
 /// bench/train/bench_finetune.cpp): n nodes on this host in an open mesh of their own (the
 /// benchmarks measure training, not admission, and their client needs no token), node i on
 /// device_of(i), the others told of the first; and a client of the first once it sees the others
-/// healthy (30 s at most).
+/// healthy (30 s at most). A placement puts the nodes elsewhere than loopback (network namespaces:
+/// bench/train/bench_shaped.cpp).
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -22,19 +23,32 @@ struct local_training_mesh {
   std::unique_ptr<client> first;                          ///< connected to node 0
 };
 
+/// Where the nodes of a mesh run; by default all on loopback.
+struct node_placement {
+  /// Called on this thread before node i starts, and with i = n before the client connects: what
+  /// it changes for the thread (setns into a network namespace) the node or the client inherits.
+  std::function<void(int)> enter;
+  /// Node i's --bind address (its endpoint then names it); empty: the default (loopback endpoint).
+  std::function<std::string(int)> bind;
+};
+
 inline expected<local_training_mesh> start_training_mesh(const std::string& meshnode, const std::filesystem::path& dir,
                                                          const std::string& prefix, int n,
-                                                         const std::function<std::string(int)>& device_of) {
+                                                         const std::function<std::string(int)>& device_of,
+                                                         const node_placement& where = {}) {
   local_training_mesh m;
   std::string first;
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> args = {"--port", "0", "--device", device_of(i), "--mdns", "off", "--log-level", "info", "--open"};
+    if (where.bind) args.insert(args.end(), {"--bind", where.bind(i)});
     if (i > 0) args.insert(args.end(), {"--peer", first});
+    if (where.enter) where.enter(i);
     m.nodes.push_back(std::make_unique<app::node_process>(meshnode, dir / (prefix + std::to_string(i)), args));
     auto ep = m.nodes.back()->endpoint(std::chrono::seconds(120));
     if (!ep) return tl::unexpected(ep.error());
     if (i == 0) first = *ep;
   }
+  if (where.enter) where.enter(n);
   auto c = client::connect(first);
   if (!c) return tl::unexpected(c.error());
   m.first = std::move(*c);

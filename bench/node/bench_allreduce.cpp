@@ -2,7 +2,7 @@
 // against PyTorch's Gloo all-reduce on the same links in the same run (issue 7).
 //
 //   bench_allreduce [--ranks 3] [--mib 64] [--iters 10] [--warmup 2] [--pieces 4[,16...]]
-//                   [--formats f32,bf16] [--netns] [--rate 1] [--no-loopback] [--no-gloo]
+//                   [--formats f32,bf16] [--netns] [--rate 1] [--delay-ms 0] [--no-loopback] [--no-gloo]
 //                   [--python /usr/bin/python3] [--gloo-script PATH] [--inject-error]
 //
 // --inject-error is the self-test of the result check: rank 0 adds 1 to one element of its
@@ -31,7 +31,9 @@
 // --netns (root, iproute2, tc tbf): a hub namespace with a bridge and one namespace per rank,
 // each joined to the bridge by a veth pair whose both ends are shaped to --rate Gbit/s by tbf
 // (the rank's upload and download, like a host on a switch port). Everything made is removed on
-// exit, on error and on SIGINT/SIGTERM/SIGHUP. The kernel here has tbf but no netem.
+// exit, on error and on SIGINT/SIGTERM/SIGHUP (bench/netns_topology.hpp). The kernel here has tbf
+// but no netem: --delay-ms D holds each rank's egress packets D ms in an NFQUEUE delay line (a
+// round trip of 2D between ranks).
 //
 // Build Release to measure; never a timed test.
 #include <fcntl.h>
@@ -69,6 +71,7 @@
 #include "transport/endpoint.hpp"
 
 #include "allreduce_common.hpp"
+#include "bench/netns_topology.hpp"
 
 using namespace mesh::bench_allreduce;
 
@@ -78,31 +81,13 @@ namespace {
 // Coordinator: child processes, namespaces, cleanup on any exit
 // ---------------------------------------------------------------------------------------------
 
-/// Everything the coordinator must undo: child processes and network namespaces. Shared with
-/// the signal thread, hence the mutex.
-struct cleanup_registry {
-  std::mutex mu;
-  std::set<pid_t> children;
-  std::vector<std::string> namespaces;
+using mesh::bench::netns_topology;
+using mesh::bench::sh;
+using mesh::bench::tbf_drops;
+using mesh::bench::udp_rcvbuf_errors;
 
-  void kill_children() {
-    std::lock_guard l(mu);
-    for (pid_t p : children) ::kill(p, SIGKILL);
-    for (pid_t p : children) ::waitpid(p, nullptr, 0);
-    children.clear();
-  }
-  void remove_namespaces() {
-    std::lock_guard l(mu);
-    for (auto it = namespaces.rbegin(); it != namespaces.rend(); ++it)
-      (void)std::system(("ip netns del " + *it + " >/dev/null 2>&1").c_str());
-    namespaces.clear();
-  }
-};
-
-cleanup_registry registry;
-
-/// Runs a shell command quietly; true when it exited 0.
-bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+/// Child processes and namespaces to undo on any exit (bench/netns_topology.hpp).
+mesh::bench::cleanup_registry& registry = mesh::bench::cleanup();
 
 /// A child process with a pipe to its stdin and one from its stdout.
 struct child {
@@ -194,7 +179,7 @@ std::optional<child> spawn(const std::vector<std::string>& argv, const std::vect
     if (::getppid() != parent) ::_exit(127);
     sigset_t none;
     sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the coordinator blocks signals for its sigwait thread
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // a clean mask, whatever the forking thread had
     if (!ns_path.empty()) {
       const int fd = ::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(126);
@@ -212,92 +197,6 @@ std::optional<child> spawn(const std::vector<std::string>& argv, const std::vect
   c.in = ::fdopen(to_child[1], "w");
   c.out_fd = from_child[0];
   return c;
-}
-
-/// The namespaces of one --netns topology: a hub with bridge br0, and per rank a namespace whose
-/// eth0 (10.77.0.<r+1>/24) is a veth to the bridge, shaped to `gbit` both ways by tbf.
-struct netns_topology {
-  std::string hub;
-  std::vector<std::string> ranks;
-  std::vector<std::string> addresses;
-
-  static std::optional<netns_topology> create(int n, double gbit) {
-    netns_topology t;
-    const std::string prefix = "mnar-" + std::to_string(::getpid()) + "-";
-    t.hub = prefix + "hub";
-    auto add_ns = [](const std::string& name) {
-      if (!sh("ip netns add " + name)) return false;
-      std::lock_guard l(registry.mu);
-      registry.namespaces.push_back(name);
-      return true;
-    };
-    // tbf needs a bucket of at least one timer tick of traffic; 512 KiB per Gbit/s is what
-    // bench_transport's link uses (and reaches 92-96% of the rate with it).
-    const long burst_kb = std::max(64L, static_cast<long>(512 * gbit));
-    char tbf[160];
-    std::snprintf(tbf, sizeof tbf, "tbf rate %.0fmbit burst %ldkb latency 20ms", gbit * 1000, burst_kb);
-    bool ok = add_ns(t.hub) && sh("ip -n " + t.hub + " link set lo up") &&
-              sh("ip -n " + t.hub + " link add br0 type bridge") && sh("ip -n " + t.hub + " link set br0 up");
-    for (int r = 0; ok && r < n; ++r) {
-      const std::string ns = prefix + "r" + std::to_string(r), hv = "h" + std::to_string(r);
-      const std::string ip = "10.77.0." + std::to_string(r + 1);
-      ok = add_ns(ns) && sh("ip -n " + t.hub + " link add " + hv + " type veth peer name eth0 netns " + ns) &&
-           sh("ip -n " + t.hub + " link set " + hv + " master br0") && sh("ip -n " + t.hub + " link set " + hv + " up") &&
-           sh("ip -n " + ns + " addr add " + ip + "/24 dev eth0") && sh("ip -n " + ns + " link set eth0 up") &&
-           sh("ip -n " + ns + " link set lo up") &&
-           sh("ip netns exec " + ns + " tc qdisc add dev eth0 root " + tbf) &&          // rank -> bridge
-           sh("ip netns exec " + t.hub + " tc qdisc add dev " + hv + " root " + tbf);  // bridge -> rank
-      t.ranks.push_back(ns);
-      t.addresses.push_back(ip);
-    }
-    if (!ok) {
-      registry.remove_namespaces();
-      return std::nullopt;
-    }
-    return t;
-  }
-};
-
-/// Packets the tbf qdiscs of the topology dropped so far (queue full): with a shaped link this is
-/// the loss that congestion control causes and then has to recover from.
-uint64_t tbf_drops(const std::string& hub, const std::vector<std::string>& ranks) {
-  uint64_t total = 0;
-  auto count = [&total](const std::string& cmd) {
-    FILE* p = ::popen((cmd + " 2>/dev/null").c_str(), "r");
-    if (!p) return;
-    char line[512];
-    while (std::fgets(line, sizeof line, p))
-      if (const char* d = std::strstr(line, "dropped ")) total += std::strtoull(d + 8, nullptr, 10);
-    ::pclose(p);
-  };
-  for (const auto& ns : ranks) count("ip netns exec " + ns + " tc -s qdisc show dev eth0");
-  count("ip netns exec " + hub + " tc -s qdisc show");
-  return total;
-}
-
-/// UDP datagrams the ranks' namespaces dropped because a socket's receive buffer was full
-/// (Udp RcvbufErrors, counted per namespace): QUIC loss that no link caused.
-uint64_t udp_rcvbuf_errors(const std::vector<std::string>& ranks) {
-  uint64_t total = 0;
-  for (const auto& ns : ranks) {
-    FILE* p = ::popen(("ip netns exec " + ns + " cat /proc/net/snmp 2>/dev/null").c_str(), "r");
-    if (!p) continue;
-    char line[2048];
-    std::vector<std::string> names;
-    while (std::fgets(line, sizeof line, p)) {
-      if (std::strncmp(line, "Udp: ", 5) != 0) continue;
-      auto w = split(line + 5);
-      if (names.empty()) {
-        names = w;  // the header line comes first, then the values
-        continue;
-      }
-      for (size_t i = 0; i < names.size() && i < w.size(); ++i)
-        if (names[i] == "RcvbufErrors") total += std::strtoull(w[i].c_str(), nullptr, 10);
-      break;
-    }
-    ::pclose(p);
-  }
-  return total;
 }
 
 /// Where the ranks of one measurement run: loopback, or the namespaces.
@@ -629,25 +528,6 @@ void print_table(const bench_config& bc, const std::vector<row>& rows) {
               "receive buffer in the ranks' namespaces (ours only: Gloo is TCP), during the measurement, warm-up included.\n");
 }
 
-/// Blocks the termination signals in every thread and handles them on one: kill the ranks,
-/// remove the namespaces, exit. Must run before any other thread starts.
-void install_signal_cleanup() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set] {
-    int sig = 0;
-    ::sigwait(&set, &sig);
-    std::fprintf(stderr, "\nbench_allreduce: signal %d: stopping the ranks and removing the namespaces\n", sig);
-    registry.kill_children();
-    registry.remove_namespaces();
-    std::_Exit(128 + sig);
-  }).detach();
-}
-
 int coordinator_main(const args& a) {
   bench_config bc;
   bc.inject_error = a.has("--inject-error");
@@ -697,7 +577,7 @@ int coordinator_main(const args& a) {
     bc.gloo_skip = gloo_unavailable(bc.python);
     if (!bc.gloo_skip.empty()) std::printf("Gloo reference skipped: %s\n", bc.gloo_skip.c_str());
   }
-  install_signal_cleanup();
+  mesh::bench::install_signal_cleanup("bench_allreduce");
 
   std::vector<link_setup> links;
   if (!a.has("--no-loopback")) {
@@ -706,13 +586,21 @@ int coordinator_main(const args& a) {
   }
   std::optional<netns_topology> topo;
   if (a.has("--netns")) {
-    topo = netns_topology::create(bc.n, rate);
+    topo = netns_topology::create(bc.n, rate, "mnar");
     if (!topo) {
       std::fprintf(stderr, "bench_allreduce: network namespace set-up failed (needs root, iproute2, tc tbf)\n");
       return 1;
     }
+    const long delay_ms = a.num("--delay-ms", 0);
+    if (delay_ms > 0)
+      if (auto why = topo->add_delay(std::chrono::milliseconds(delay_ms)); !why.empty()) {
+        std::fprintf(stderr, "bench_allreduce: %s\n", why.c_str());
+        registry.remove_namespaces();
+        return 1;
+      }
     char name[64];
-    std::snprintf(name, sizeof name, "netns %g Gbit/s", rate);
+    if (delay_ms > 0) std::snprintf(name, sizeof name, "netns %g Gbit/s %ld ms", rate, delay_ms);
+    else std::snprintf(name, sizeof name, "netns %g Gbit/s", rate);
     links.push_back({name, topo->ranks, topo->addresses, "eth0", rate * 1e9 / 8, topo->hub});
   }
   std::vector<row> rows;
@@ -756,10 +644,11 @@ int main(int argc, char** argv) {
   if (a.has("--help") || a.has("-h")) {
     std::printf(
         "bench_allreduce [--ranks 3] [--mib 64] [--iters 10] [--warmup 2] [--pieces 4[,16..]] [--formats f32,bf16]\n"
-        "                [--netns] [--rate 1] [--no-loopback] [--no-gloo] [--python /usr/bin/python3] [--gloo-script PATH]\n"
+        "                [--netns] [--rate 1] [--delay-ms 0] [--no-loopback] [--no-gloo] [--python /usr/bin/python3] [--gloo-script PATH]\n"
         "                [--inject-error]  (self-test: a wrong input on rank 0 must fail the bench)\n"
         "Ring all-reduce bus bandwidth over the QUIC transport between rank processes, against PyTorch Gloo.\n"
-        "--netns (root): also between network namespaces on a bridge, each rank's link shaped to --rate Gbit/s.\n");
+        "--netns (root): also between network namespaces on a bridge, each rank's link shaped to --rate Gbit/s,\n"
+        "with --delay-ms each way (an NFQUEUE delay line: this kernel has no netem).\n");
     return 0;
   }
   if (a.get("--rank")) return rank_main(a);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench/bench_mesh.hpp"
+#include "bench/train/random_llama.hpp"
 #include "client/trainer.hpp"
 #include "gpu/executor.hpp"
 #include "graph/autodiff.hpp"
@@ -54,43 +55,10 @@ struct settings {
   int64_t bucket_mb = 25;
 };
 
-/// A random Llama checkpoint as a Hugging Face directory: N(0, 0.02) matrices, unit norms.
+/// The random checkpoint of the settings' shape (random_llama.hpp).
 void write_checkpoint(const fs::path& dir, const settings& s) {
-  fs::create_directories(dir);
-  std::ofstream(dir / "config.json")
-      << "{\"model_type\": \"llama\", \"vocab_size\": " << s.vocab << ", \"hidden_size\": " << s.hidden
-      << ", \"num_hidden_layers\": " << s.layers << ", \"num_attention_heads\": " << s.heads
-      << ", \"num_key_value_heads\": " << s.kv_heads << ", \"intermediate_size\": " << s.ffn
-      << ", \"max_position_embeddings\": " << std::max<int64_t>(s.sequence, 2048)
-      << ", \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}";
-  mesh::checkpoint c;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  const auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    std::vector<float> v(static_cast<size_t>(rows * cols));
-    for (auto& x : v) x = normal(rng);
-    c.tensors[name] = tensor::from_floats({rows, cols}, v);
-  };
-  const auto ones = [&](const std::string& name, int64_t n) {
-    c.tensors[name] = tensor::from_floats({n}, std::vector<float>(static_cast<size_t>(n), 1.0f));
-  };
-  const int64_t hd = s.hidden / s.heads;
-  matrix("model.embed_tokens.weight", s.vocab, s.hidden);
-  matrix("lm_head.weight", s.vocab, s.hidden);
-  ones("model.norm.weight", s.hidden);
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    ones(p + "input_layernorm.weight", s.hidden);
-    ones(p + "post_attention_layernorm.weight", s.hidden);
-    matrix(p + "self_attn.q_proj.weight", s.heads * hd, s.hidden);
-    matrix(p + "self_attn.k_proj.weight", s.kv_heads * hd, s.hidden);
-    matrix(p + "self_attn.v_proj.weight", s.kv_heads * hd, s.hidden);
-    matrix(p + "self_attn.o_proj.weight", s.hidden, s.heads * hd);
-    matrix(p + "mlp.gate_proj.weight", s.ffn, s.hidden);
-    matrix(p + "mlp.up_proj.weight", s.ffn, s.hidden);
-    matrix(p + "mlp.down_proj.weight", s.hidden, s.ffn);
-  }
-  if (auto ok = save_safetensors(dir / "model.safetensors", c); !ok) {
+  const bench::llama_shape shape{s.hidden, s.layers, s.heads, s.kv_heads, s.ffn, s.vocab, std::max<int64_t>(s.sequence, 2048)};
+  if (auto ok = bench::write_random_llama(dir, shape); !ok) {
     std::fprintf(stderr, "writing the checkpoint: %s\n", ok.error().message.c_str());
     std::exit(1);
   }
