@@ -14,23 +14,11 @@ using namespace mesh::models;
 
 namespace {
 
-constexpr int32_t endoftext = 256, im_start = 257, im_end = 258, bos = 259;
-
-/// Byte i is token i; then <|endoftext|> (EOS), <|im_start|>, <|im_end|> and <s> (BOS when asked).
-tokenizer byte_tokenizer(bool add_bos) {
-  vocabulary v;
-  v.model = vocabulary::kind::byte_bpe;
-  for (int b = 0; b < 256; ++b) v.tokens.push_back(utf8::gpt2_bytes().to_text[b]);
-  for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"}) v.tokens.push_back(s);
-  v.token_types.assign(v.tokens.size(), static_cast<int32_t>(token_type::normal));
-  for (int32_t id : {endoftext, im_start, im_end, bos}) v.token_types[id] = static_cast<int32_t>(token_type::control);
-  v.eos_id = endoftext;
-  if (add_bos) {
-    v.bos_id = bos;
-    v.add_bos = true;
-  }
-  return *tokenizer::create(v);
-}
+using test::bos;
+using test::byte_tokenizer;
+using test::endoftext;
+using test::im_end;
+using test::im_start;
 
 /// <unk> <s> </s>, byte fallback pieces, and a few merges of "a", "b" and "▁".
 tokenizer spm_tokenizer() {

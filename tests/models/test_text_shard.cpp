@@ -20,18 +20,6 @@ using namespace mesh::models;
 
 namespace {
 
-/// Byte i is token i, then the EOS <|endoftext|> (256).
-tokenizer bytes_tokenizer() {
-  vocabulary v;
-  v.model = vocabulary::kind::byte_bpe;
-  for (int b = 0; b < 256; ++b) v.tokens.push_back(utf8::gpt2_bytes().to_text[b]);
-  v.tokens.push_back("<|endoftext|>");
-  v.token_types.assign(v.tokens.size(), static_cast<int32_t>(token_type::normal));
-  v.token_types[256] = static_cast<int32_t>(token_type::control);
-  v.eos_id = 256;
-  return *tokenizer::create(v);
-}
-
 /// A byte source over a string that records which bytes were read.
 struct string_source {
   std::string bytes;
@@ -180,7 +168,7 @@ std::vector<std::vector<int32_t>> rows_of(const packed_rows& p) {
 }  // namespace
 
 TEST_CASE("a shard's epochs each visit every row once, in a seeded order any draw reaches alike", "[text_dataset][shard]") {
-  const auto tok = bytes_tokenizer();
+  const auto tok = models::test::byte_tokenizer(false);
   string_source file{documents(200), {}};
   text_shard_options o;
   o.name = "docs.txt";
@@ -244,7 +232,7 @@ TEST_CASE("a shard's epochs each visit every row once, in a seeded order any dra
 }
 
 TEST_CASE("a shard's reader reads only around its own bytes, and a shard too small is named", "[text_dataset][shard]") {
-  const auto tok = bytes_tokenizer();
+  const auto tok = models::test::byte_tokenizer(false);
   string_source file{documents(40000), {}};  // about 1.3 MB
   text_shard_options o;
   o.name = "big.txt";

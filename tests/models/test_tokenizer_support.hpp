@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "models/tokenizer.hpp"
+#include "models/utf8.hpp"
 #include "run_command.hpp"
 
 namespace mesh::models::test {
@@ -33,6 +35,24 @@ struct scratch_dir {
   scratch_dir(const scratch_dir&) = delete;
   scratch_dir& operator=(const scratch_dir&) = delete;
 };
+
+inline constexpr int32_t endoftext = 256, im_start = 257, im_end = 258, bos = 259;
+
+/// Byte i is token i; then <|endoftext|> (EOS), <|im_start|>, <|im_end|> and <s> (BOS when asked).
+inline tokenizer byte_tokenizer(bool add_bos) {
+  vocabulary v;
+  v.model = vocabulary::kind::byte_bpe;
+  for (int b = 0; b < 256; ++b) v.tokens.push_back(utf8::gpt2_bytes().to_text[b]);
+  for (const char* s : {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<s>"}) v.tokens.push_back(s);
+  v.token_types.assign(v.tokens.size(), static_cast<int32_t>(token_type::normal));
+  for (int32_t id : {endoftext, im_start, im_end, bos}) v.token_types[id] = static_cast<int32_t>(token_type::control);
+  v.eos_id = endoftext;
+  if (add_bos) {
+    v.bos_id = bos;
+    v.add_bos = true;
+  }
+  return *tokenizer::create(v);
+}
 
 inline void write_file(const std::filesystem::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;
