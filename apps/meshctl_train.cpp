@@ -88,6 +88,10 @@ CLI::App* add_train_command(CLI::App& app, train_args& a) {
   t->add_option("--compression", a.compression, "all-reduce format: f32, bf16, f16, int8, fp4")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "int8", "fp4"}))
       ->capture_default_str();
+  t->add_option("--precision", a.precision,
+                "the dtype products compute in: f32, bf16, or f16 with dynamic loss scaling (master weights stay f32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   t->add_option("--checkpoint-every", a.checkpoint_every, "save the state every K steps under checkpoint-<step>/ (0: only the result)")
       ->capture_default_str();
   t->add_option("--seed", a.seed, "data order")->capture_default_str();
@@ -123,6 +127,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   fo.lora.rank = a.lora_rank;
   fo.lora.alpha = a.lora_alpha > 0 ? a.lora_alpha : 2.0 * static_cast<double>(a.lora_rank);
   fo.lora.targets = a.lora_targets;
+  fo.compute = a.precision == "f16" ? dtype::f16 : a.precision == "bf16" ? dtype::bf16 : dtype::f32;
   auto m = models::build_finetune_model(*config, *ckpt, fo);
   if (!m) return fail(m.error().message);
   int64_t trained = 0, total = 0;
@@ -148,6 +153,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
            {"micro_batches", a.micro_batches},
            {"method", a.method},
            {"compression", a.compression},
+           {"precision", a.precision},
            {"parameters", total},
            {"trained_parameters", trained},
            {"status", "running"},
@@ -174,6 +180,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   o.seed = a.seed;
   o.trainable = m->trainable;
   o.optimizer = optim::adam_options{.lr = a.lr > 0 ? a.lr : (a.lora_rank > 0 ? 2e-4 : 2e-5)};
+  if (fo.compute == dtype::f16) o.loss_scale = optim::loss_scaling{};
   o.checkpoint_every = a.checkpoint_every;
   if (a.checkpoint_every > 0)
     o.on_checkpoint = [&](uint64_t step, const tensor_map& state) {

@@ -43,6 +43,7 @@ struct train_args {
   std::string method = "dp";
   uint32_t inner_steps = 20;
   std::string compression = "f32";
+  std::string precision = "f32";  ///< the products' dtype: f32, bf16 or f16 (with loss scaling)
   uint64_t checkpoint_every = 0;
   uint64_t seed = 1;
 };

@@ -1,6 +1,7 @@
 #include "client/trainer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "graph/autodiff.hpp"
@@ -69,14 +70,21 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
   spec.checkpoint_every = o.on_checkpoint ? o.checkpoint_every : 0;
 
   // Gradients: the model's loss and d loss / d p for every parameter, nothing else.
+  // With loss scaling the backward pass starts from loss x S (S = the state's "opt.loss_scale"):
+  // the gradients come out scaled, and the optimizer step divides them by S again.
   {
-    auto gg = grad(model, loss, param_ids);
-    if (!gg) return tl::unexpected(gg.error());
-    gg->g.outputs.clear();
-    gg->g.updates.clear();
-    gg->g.outputs.push_back({"loss", loss});
-    for (size_t i = 0; i < params.size(); ++i) gg->g.outputs.push_back({"grad." + params[i].name, gg->grads[i]});
-    spec.grad = graph_payload(wire_graph{simplify(gg->g), {}});
+    builder b(model);
+    std::vector<expr> vars;
+    for (auto id : param_ids) vars.push_back(b.at(id));
+    const expr l = b.at(loss);
+    const auto grads = gradients(o.loss_scale ? l * b.parameter(optim::loss_scale_name, dtype::f32, {}) : l, vars);
+    auto g = b.finish();
+    if (!g) return tl::unexpected(g.error());
+    g->outputs.clear();
+    g->updates.clear();
+    g->outputs.push_back({"loss", loss});
+    for (size_t i = 0; i < params.size(); ++i) g->outputs.push_back({"grad." + params[i].name, grads[i].id()});
+    spec.grad = graph_payload(wire_graph{simplify(*g), {}});
   }
   // The optimizer step on gradients summed over micro-batches (scale makes them a mean).
   {
@@ -87,8 +95,9 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
       ps.push_back(b.parameter(p.name, p.type, p.dims));
       gs.push_back(b.input("grad." + p.name, dtype::f32, p.dims) * scale);
     }
-    if (auto* adam = std::get_if<optim::adam_options>(&o.optimizer)) optim::adam(b, ps, gs, *adam);
-    else optim::sgd(b, ps, gs, std::get<optim::sgd_options>(o.optimizer));
+    const expr take = o.loss_scale ? optim::unscale_gradients(b, gs, *o.loss_scale) : expr{};
+    if (auto* adam = std::get_if<optim::adam_options>(&o.optimizer)) optim::adam(b, ps, gs, *adam, take);
+    else optim::sgd(b, ps, gs, std::get<optim::sgd_options>(o.optimizer), take);
     auto apply = payload_of(b);
     if (!apply) return tl::unexpected(apply.error());
     spec.apply = std::move(*apply);
@@ -125,6 +134,12 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
     auto it = state.find(p.name);
     if (it == state.end()) return make_error(error_code::invalid_argument, "no initial value for parameter \"" + p.name + "\"");
     if (o.method == train_method::diloco && !all.count("outer." + p.name)) all["outer." + p.name] = it->second;
+  }
+  if (o.loss_scale) {
+    if (!(o.loss_scale->initial > 0) || !std::isfinite(o.loss_scale->initial) || o.loss_scale->growth_interval < 1)
+      return make_error(error_code::invalid_argument, "loss scaling needs a finite initial scale > 0 and a growth interval >= 1");
+    if (!all.count(optim::loss_scale_name))
+      all[optim::loss_scale_name] = tensor::from_floats({}, {static_cast<float>(o.loss_scale->initial)});
   }
   for (const auto* p : {&spec.apply, &spec.delta, &spec.outer}) {
     if (!p->value) continue;

@@ -47,6 +47,11 @@ struct train_options {
   /// state, but get no gradient, no optimizer state and no all-reduce.
   std::vector<std::string> trainable;
   std::variant<optim::adam_options, optim::sgd_options> optimizer = optim::adam_options{};
+  /// Dynamic loss scaling (graph/optim.hpp): for models whose products run in f16
+  /// (finetune_options::compute), where small gradients would flush to zero. Steps whose gradients
+  /// overflow are skipped (parameters and optimizer state unchanged) and the scale halved. Not
+  /// needed for bf16, whose range is f32's.
+  std::optional<optim::loss_scaling> loss_scale;
   std::chrono::milliseconds timeout{std::chrono::hours(24)};
   /// > 0: every this many steps the coordinating node sends the state (parameters and optimizer)
   /// to `on_checkpoint`, called from the client's network thread; save it (save_safetensors with

@@ -46,10 +46,16 @@ struct builder_state {
     return b.parameter(hf_name, value.type, value.dims);
   }
   expr f32(const expr& x) const { return x.type() == dtype::f32 ? x : cast(x, dtype::f32); }
+  /// An operand of a product in the compute dtype (a quantized weight stays as its blocks).
+  expr low(const expr& x) const {
+    return o.compute == dtype::f32 || x.type() == o.compute || is_quantized(x.type()) ? x : cast(x, o.compute);
+  }
+  /// x W^T in the compute dtype, widened to f32.
+  expr product(const expr& x, const expr& w) const { return f32(mesh::linear(low(x), low(w))); }
 
   /// x W^T (+ bias), with a LoRA adapter when `module` is a target.
   expr proj(const expr& x, const expr& w, const std::string& module, const std::string& role) {
-    expr y = mesh::linear(x, w);
+    expr y = product(x, w);
     const auto& t = o.lora.targets;
     if (o.lora.rank <= 0 || std::find(t.begin(), t.end(), role) == t.end()) return y;
     const int64_t out = w.dims()[0], in = w.dims()[1], r = o.lora.rank;
@@ -59,7 +65,7 @@ struct builder_state {
     for (auto& v : a) v = static_cast<float>(u(rng));
     const expr A = weight(module + ".lora_A.weight", tensor::from_floats({r, in}, a), true);
     const expr B = weight(module + ".lora_B.weight", tensor::zeros(dtype::f32, {out, r}), true);
-    return y + mesh::linear(mesh::linear(x, A), B) * (o.lora.alpha / static_cast<double>(r));
+    return y + product(product(x, A), B) * (o.lora.alpha / static_cast<double>(r));
   }
 };
 
@@ -92,6 +98,8 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
   if (config.max_context > 0 && o.sequence > config.max_context)
     return bad(fmt::format("sequence {} is longer than the model's context ({})", o.sequence, config.max_context));
   if (o.lora.rank < 0) return bad("the LoRA rank must not be negative");
+  if (!is_float(o.compute))
+    return bad(std::string("products compute in f32, f16 or bf16, not ") + to_string(o.compute));
   for (const auto& t : o.lora.targets)
     if (std::find(lora_target_names().begin(), lora_target_names().end(), t) == lora_target_names().end())
       return bad("unknown LoRA target \"" + t + "\" (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
@@ -192,9 +200,10 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
     const expr qg = reshape(permute(reshape(q, {B, T, KV, G, hd}), {0, 2, 3, 1, 4}), {B, KV, G * T, hd});
     const expr kh = permute(reshape(k, {B, T, KV, hd}), {0, 2, 1, 3});
     const expr vh = permute(reshape(v, {B, T, KV, hd}), {0, 2, 1, 3});
-    const expr scores = reshape(matmul(qg, transpose(kh)) * (1.0 / std::sqrt(static_cast<double>(hd))), {B, KV, G, T, T});
+    const expr scores =
+        reshape(s.f32(matmul(s.low(qg), s.low(transpose(kh)))) * (1.0 / std::sqrt(static_cast<double>(hd))), {B, KV, G, T, T});
     const expr probs = nn::softmax(select(visible, scores, -1e30), -1);
-    const expr ctx = matmul(reshape(probs, {B, KV, G * T, T}), vh);  // [B, KV, G * T, hd]
+    const expr ctx = s.f32(matmul(s.low(reshape(probs, {B, KV, G * T, T})), s.low(vh)));  // [B, KV, G * T, hd]
     const expr merged = reshape(permute(reshape(ctx, {B, KV, G, T, hd}), {0, 3, 1, 2, 4}), {rows, H * hd});
     x = x + s.proj(merged, mat(fn.o, hn.o, d, H * hd), attn + "o_proj", "o_proj");
     const expr h2 = layers::rms_norm(x, vec(fn.ffn_norm, hn.ffn_norm, d), c.norm_eps);
@@ -204,7 +213,7 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
   }
   x = layers::rms_norm(x, s.f32(load(file_top.output_norm, hf_top.output_norm, {d}, false)), c.norm_eps);
   const expr head = c.tied_embeddings ? embed : load(file_top.output, hf_top.output, {c.vocab_size, d}, true);
-  const expr logits = mesh::linear(x, head);  // [rows, vocab]
+  const expr logits = s.product(x, head);  // [rows, vocab]
   if (failed) return tl::unexpected(*failed);
 
   // Mean cross-entropy over the counted targets.

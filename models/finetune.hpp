@@ -27,6 +27,9 @@
 /// projection's Hugging Face name without ".weight". A starts uniform in +-1/sqrt(in) (PEFT's
 /// default), B at zero, so training starts from the checkpoint's own outputs.
 ///
+/// Mixed precision (finetune_options::compute): the products' operands in f16 or bf16, everything
+/// else, and the master weights, in f32 (Micikevicius et al., "Mixed Precision Training").
+///
 /// Architectures: the Llama family (Llama, Mistral, Qwen2, Qwen3). GPT-2 is refused.
 #include <cstdint>
 #include <string>
@@ -53,6 +56,12 @@ struct finetune_options {
   int64_t batch = 1;       ///< sequences per micro-batch
   int64_t sequence = 128;  ///< tokens per sequence (at most the model's context)
   lora_options lora;
+  /// The dtype the products run in (mixed precision): f32 (default), f16 or bf16. With f16 or
+  /// bf16 the inputs of every projection, of attention's two products and of the head are rounded
+  /// to it and the products' results widened back to f32; parameters (the master weights), norms,
+  /// softmax, rope, the residual stream and the loss stay f32, and a weight's gradient is widened to
+  /// f32 from the product that makes it. f16 wants loss scaling (train_options::loss_scale).
+  dtype compute = dtype::f32;
 };
 
 /// The projections LoRA may target.

@@ -53,6 +53,7 @@ struct settings {
   std::string profile;  ///< a Vulkan device ("#0"): time the gradient program's kernels there, in this process
   wire_format compression = wire_format::f32;
   int64_t bucket_mb = 25;
+  dtype precision = dtype::f32;  ///< the products' dtype (f16: with dynamic loss scaling)
 };
 
 /// The random checkpoint of the settings' shape (random_llama.hpp).
@@ -91,6 +92,7 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   o.compression = s.compression;
   o.bucket_bytes = static_cast<uint64_t>(s.bucket_mb) << 20;
   o.trainable = m.trainable;
+  if (s.precision == dtype::f16) o.loss_scale = optim::loss_scaling{};
   // Step 1 includes the setup (the state's upload), compiling and the first step; the timing
   // runs from step 2's progress report to the last step's.
   const auto t0 = std::chrono::steady_clock::now();
@@ -249,7 +251,10 @@ int main(int argc, char** argv) {
     else if (k == "--micro") s.micro = num();
     else if (k == "--lora-rank") s.lora_rank = num();
     else if (k == "--bucket-mb") s.bucket_mb = num();
-    else if (k == "--device-prefix") s.device_prefix = v;
+    else if (k == "--precision") {
+      if (v != "f32" && v != "f16" && v != "bf16") return std::fprintf(stderr, "--precision: f32, f16 or bf16\n"), 2;
+      s.precision = v == "f16" ? dtype::f16 : v == "bf16" ? dtype::bf16 : dtype::f32;
+    } else if (k == "--device-prefix") s.device_prefix = v;
     else if (k == "--meshnode") s.meshnode = v;
     else if (k == "--profile") s.profile = v;
     else if (k == "--compression")
@@ -271,6 +276,7 @@ int main(int argc, char** argv) {
   fo.sequence = s.sequence;
   fo.lora.rank = s.lora_rank;
   fo.lora.alpha = 2.0 * static_cast<double>(s.lora_rank);
+  fo.compute = s.precision;
   auto m = models::build_finetune_model(*config, *ckpt, fo);
   if (!m) return std::fprintf(stderr, "%s\n", m.error().message.c_str()), 1;
   int64_t params = 0, trained = 0;
@@ -281,11 +287,12 @@ int main(int argc, char** argv) {
   const double flops_per_token = 6.0 * static_cast<double>(params) +
                                  12.0 * static_cast<double>(s.layers * s.hidden * s.sequence);
   std::printf("Llama shape: hidden %lld, %lld layers, %lld heads (%lld kv), ffn %lld, vocab %lld: %.1f M parameters, %.1f M trained "
-              "(%s); micro-batch %lld x %lld tokens, %lld per node per step; Adam fp32\n",
+              "(%s); micro-batch %lld x %lld tokens, %lld per node per step; products in %s, Adam fp32\n",
               static_cast<long long>(s.hidden), static_cast<long long>(s.layers), static_cast<long long>(s.heads),
               static_cast<long long>(s.kv_heads), static_cast<long long>(s.ffn), static_cast<long long>(s.vocab), params / 1e6,
               trained / 1e6, s.lora_rank > 0 ? ("LoRA rank " + std::to_string(s.lora_rank)).c_str() : "full",
-              static_cast<long long>(s.batch), static_cast<long long>(s.sequence), static_cast<long long>(s.micro));
+              static_cast<long long>(s.batch), static_cast<long long>(s.sequence), static_cast<long long>(s.micro),
+              to_string(s.precision));
   if (!s.profile.empty()) return profile(s, *m);
   std::vector<std::pair<int, measured>> results;
   for (int n : s.nodes) {

@@ -8,7 +8,9 @@ scaling, as mesh-bench-finetune's nodes). Prints tokens/s over the steps after t
 
 usage: finetune_reference.py [--hidden 768] [--layers 12] [--heads 12] [--kv-heads 4] [--ffn 2048]
                              [--vocab 16384] [--batch 4] [--sequence 256] [--micro 1] [--steps 8]
-                             [--ranks 1]
+                             [--ranks 1] [--amp none|bf16|f16]
+--amp: mixed precision with torch.autocast (products in bf16 or f16, fp32 master weights; f16 with
+torch.amp.GradScaler's dynamic loss scaling), against mesh-bench-finetune --precision.
 """
 import argparse
 import os
@@ -90,15 +92,23 @@ def run(rank, a):
     tokens = torch.randint(0, a.vocab, (a.micro, rows, a.sequence), device="cuda", generator=g)
     targets = torch.randint(0, a.vocab, (a.micro, rows, a.sequence), device="cuda", generator=g)
 
+    low = {"none": None, "bf16": torch.bfloat16, "f16": torch.float16}[a.amp]
+    scaler = torch.amp.GradScaler("cuda", enabled=low == torch.float16)
+
+    def loss_of(i):
+        with torch.autocast("cuda", dtype=low or torch.float32, enabled=low is not None):
+            return model(tokens[i], targets[i]) / a.micro
+
     def step():
         opt.zero_grad(set_to_none=True)
         for i in range(a.micro):  # gradient accumulation over the micro-batches, as the mesh does
             if ddp and i + 1 < a.micro:
                 with model.no_sync():
-                    (model(tokens[i], targets[i]) / a.micro).backward()
+                    scaler.scale(loss_of(i)).backward()
             else:
-                (model(tokens[i], targets[i]) / a.micro).backward()
-        opt.step()
+                scaler.scale(loss_of(i)).backward()
+        scaler.step(opt)
+        scaler.update()
 
     for _ in range(2):
         step()
@@ -116,7 +126,7 @@ def run(rank, a):
         torch.distributed.all_reduce(t)
         tok = float(t)
     if rank == 0:
-        what = f"DDP over {a.ranks} GPUs (NCCL)" if ddp else "eager, 1 GPU"
+        what = (f"DDP over {a.ranks} GPUs (NCCL)" if ddp else "eager, 1 GPU") + ("" if a.amp == "none" else f", autocast {a.amp}")
         print(f"torch {torch.__version__} {what}: {params / 1e6:.1f} M parameters, {tok:.0f} tokens/s, "
               f"step {1000 * secs / (a.steps - 2):.1f} ms ({torch.cuda.get_device_name()})", flush=True)
     if ddp:
@@ -128,6 +138,7 @@ def main():
     for k, v in dict(hidden=768, layers=12, heads=12, kv_heads=4, ffn=2048, vocab=16384, batch=4, sequence=256, micro=1,
                      steps=8, ranks=1).items():
         p.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+    p.add_argument("--amp", choices=["none", "bf16", "f16"], default="none")
     a = p.parse_args()
     if a.ranks > 1:
         torch.multiprocessing.spawn(run, args=(a,), nprocs=a.ranks)

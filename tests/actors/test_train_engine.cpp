@@ -1499,7 +1499,7 @@ struct finetune_setup {
   tensor_map data;
 };
 
-finetune_setup tiny_llama_finetune(const std::filesystem::path& dir, int64_t lora_rank) {
+finetune_setup tiny_llama_finetune(const std::filesystem::path& dir, int64_t lora_rank, dtype compute = dtype::f32) {
   models::test::model_spec spec;
   spec.vocab = 64;
   spec.hidden = 32;
@@ -1516,6 +1516,7 @@ finetune_setup tiny_llama_finetune(const std::filesystem::path& dir, int64_t lor
   o.batch = 2;
   o.sequence = 8;
   o.lora.rank = lora_rank;
+  o.compute = compute;
   auto m = models::build_finetune_model(*cfg, *ckpt, o);
   REQUIRE(m);
   finetune_setup s{std::move(*m), {}};
@@ -1577,6 +1578,98 @@ TEST_CASE("LoRA fine-tuning of a checkpoint on 3 nodes equals one node, trains o
   CHECK(step_bytes >= 4 * adapter_bytes);
   CHECK(step_bytes < 5 * adapter_bytes);
   CHECK(step_bytes * 10 < 4 * frozen_bytes);  // a full fine-tune would send 4 x every weight
+}
+
+namespace {
+double scalar_of(const tensor_map& state, const std::string& name) {
+  REQUIRE(state.count(name));
+  return state.at(name).to_doubles().at(0);
+}
+}  // namespace
+
+TEST_CASE("mixed precision: f16 products with loss scaling on 3 nodes equal one node and follow the f32 run",
+          "[actors][train][finetune][mixed]") {
+  models::test::temp_dir dir;
+  const auto f32 = tiny_llama_finetune(dir / "llama", 0);
+  const auto f16 = tiny_llama_finetune(dir / "llama", 0, dtype::f16);
+  train_options o = dp_options(12);
+  o.optimizer = optim::adam_options{.lr = 0.01};
+  auto plain = make_train_spec(f32.model.g, f32.model.state, f32.data, 2, o);
+  REQUIRE(plain);
+  // A scale of 2^20 overflows f16 at first (the first steps are skipped, each halving it), and
+  // a growth interval of 3 doubles it again after 3 finite steps in a row.
+  o.loss_scale = optim::loss_scaling{.initial = 1 << 20, .growth_interval = 3};
+  auto mixed = make_train_spec(f16.model.g, f16.model.state, f16.data, 2, o);
+  REQUIRE(mixed);
+  train_sim one(1), three(3), exact(1);
+  const auto r1 = one.train(*mixed), r3 = three.train(*mixed), rf = exact.train(*plain);
+  INFO(r1.error << r3.error << rf.error);
+  REQUIRE(r1.ok);
+  REQUIRE(r3.ok);
+  REQUIRE(rf.ok);
+  const auto s1 = outputs_of(r1), s3 = outputs_of(r3), sf = outputs_of(rf);
+  // Every node takes the same decisions (they see the same all-reduced gradients).
+  CHECK(max_difference(s3, s1) < 1e-4);
+  const double taken = scalar_of(s1, "opt.adam.t"), scale = scalar_of(s1, optim::loss_scale_name);
+  const double skipped = 12 - taken;
+  WARN("f16 with loss scaling: " << skipped << " of 12 steps skipped, final scale " << scale << ", loss "
+                                 << one.progress.front().loss << " -> " << one.progress.back().loss << "; f32 "
+                                 << exact.progress.front().loss << " -> " << exact.progress.back().loss);
+  CHECK(skipped >= 1);   // 2^20 overflowed
+  CHECK(taken >= 6);     // and the scale came down to where steps go through
+  // S = 2^20 / 2^skipped x 2^growths: a power of two, below the start.
+  const double e = std::log2(scale);
+  CHECK(e == std::round(e));
+  CHECK(scale < (1 << 20));
+  // f16 products follow the f32 run closely (the tiny model's values are far from f16's limits).
+  CHECK(one.progress.back().loss < one.progress.front().loss * 0.9);
+  CHECK(std::abs(one.progress.front().loss - exact.progress.front().loss) < 0.01 * exact.progress.front().loss);
+}
+
+TEST_CASE("loss scaling: a step whose gradients overflow changes nothing but the scale; finite steps grow it",
+          "[actors][train][finetune][mixed]") {
+  models::test::temp_dir dir;
+  const auto s = tiny_llama_finetune(dir / "llama", 0, dtype::f16);
+  SECTION("overflow: skipped, scale halved") {
+    train_options o = dp_options(1);
+    o.loss_scale = optim::loss_scaling{.initial = 0x1p60, .growth_interval = 5};
+    auto spec = make_train_spec(s.model.g, s.model.state, s.data, 2, o);
+    REQUIRE(spec);
+    train_sim two(2);
+    const auto r = two.train(*spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    const auto state = outputs_of(r);
+    for (const auto& [name, t] : s.model.state) {
+      INFO(name);
+      CHECK(state.at(name).bytes == t.bytes);  // the parameters as they were
+      CHECK(max_difference({{"m", state.at("opt.adam.m." + name)}}, {{"m", tensor::zeros(dtype::f32, t.dims)}}) == 0);
+    }
+    CHECK(scalar_of(state, "opt.adam.t") == 0);
+    CHECK(scalar_of(state, optim::loss_scale_name) == 0x1p59);
+    CHECK(scalar_of(state, optim::loss_scale_good_name) == 0);
+  }
+  SECTION("finite: taken, and the scale doubles every growth interval") {
+    train_options o = dp_options(5);
+    o.loss_scale = optim::loss_scaling{.initial = 1, .growth_interval = 2};
+    auto spec = make_train_spec(s.model.g, s.model.state, s.data, 2, o);
+    REQUIRE(spec);
+    train_sim two(2);
+    const auto r = two.train(*spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    const auto state = outputs_of(r);
+    CHECK(scalar_of(state, "opt.adam.t") == 5);
+    CHECK(scalar_of(state, optim::loss_scale_name) == 4);  // doubled after steps 2 and 4
+    CHECK(scalar_of(state, optim::loss_scale_good_name) == 1);
+  }
+  SECTION("a bad scaling option is refused") {
+    train_options o = dp_options(1);
+    o.loss_scale = optim::loss_scaling{.initial = 0};
+    auto spec = make_train_spec(s.model.g, s.model.state, s.data, 2, o);
+    REQUIRE_FALSE(spec);
+    CHECK_THAT(spec.error().message, Catch::Contains("loss scaling"));
+  }
 }
 
 TEST_CASE("train_options::trainable names a parameter the model lacks: refused, naming it", "[actors][train][finetune]") {

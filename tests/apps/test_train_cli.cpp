@@ -95,6 +95,29 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   REQUIRE(g.status == 0);
   CHECK(g.out == ref.text);
 
+  // Mixed precision: f16 products with dynamic loss scaling (steps that overflow are skipped).
+  const auto mixed_out = tmp.path / "run6";
+  auto mixed = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " + mixed_out.string() +
+                                  " --lora-rank 8 --steps 16 --batch 2 --sequence 16 --micro-batches 3 --lr 0.01 --precision f16");
+  INFO(mixed.out << mixed.err);
+  REQUIRE(mixed.status == 0);
+  {
+    std::ifstream f(mixed_out / "losses.csv");
+    std::vector<double> l;
+    std::getline(f, line);
+    while (std::getline(f, line)) l.push_back(std::stod(line.substr(line.find(',') + 1)));
+    REQUIRE(l.size() == 16);
+    WARN("meshctl train --precision f16, LoRA r8 on 3 nodes: loss " << l.front() << " -> " << l.back());
+    CHECK(l.back() < 0.8 * l.front());
+    std::ifstream mf(mixed_out / "run.json");
+    CHECK(nlohmann::json::parse(mf)["precision"] == "f16");
+    CHECK(models::read_lora_adapter(mixed_out));
+  }
+  auto bad_precision = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " +
+                                          (tmp.path / "run7").string() + " --lora-rank 4 --precision f8");
+  CHECK(bad_precision.status != 0);
+  CHECK(bad_precision.err.find("--precision") != std::string::npos);
+
   // Bad input: named, nothing trained, the node still there.
   const auto bad_data = tmp.path / "bad.jsonl";
   std::ofstream(bad_data) << "{\"text\": \"fine\"}\n{\"txt\": \"typo\"}\n";

@@ -7,6 +7,14 @@ written from the papers, not from meshnode's C++), on the weights as the file gi
 LoRA (Hu et al. 2021): a target projection W x becomes W x + (alpha / r) B A x, A [r, in],
 B [out, r]; only A and B get gradients.
 
+Mixed precision ("compute": "f16" or "bf16"; Micikevicius et al. 2018): the operands of every
+product (the projections, attention's q k^T and p v, LoRA's two products, the head) are rounded to
+the compute dtype, the product's result is rounded to it too (the value a half-precision product
+stores), and widened back; the backward pass mirrors it: the gradient entering a product is rounded
+to the compute dtype, and the product's gradients with respect to its operands are rounded
+results of half-precision products. Everything else (norms, softmax, rope, residuals, the loss,
+sums of gradients) stays float64 here.
+
 usage: ref_train.py JOBS.json
   JOBS.json: a list of {"model": PATH, "tokens": [[ids]], "targets": [[ids]], "mask": [[0/1]],
              "lora": null or {"rank": r, "alpha": a, "tensors": PATH.safetensors},
@@ -15,6 +23,7 @@ usage: ref_train.py JOBS.json
   Hugging Face name without ".weight") in Hugging Face's row order. For a GGUF Llama (whose q and k
   rows llama.cpp's converter interleaves for its rope), B's rows of q and k are interleaved here the
   converter's way before the forward pass, which then runs in the file's own layout.
+  "compute" (optional): null, "f16" or "bf16" (mixed precision, above).
   writes {"loss": float, "grads": {name: [flat values]}}: every weight of the model by its Hugging
   Face name (full fine-tuning: HF directories only), or every adapter tensor (LoRA).
 """
@@ -43,16 +52,57 @@ def converter_permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def forward(c, tokens, lora):
-    """Logits [T, vocab] of one sequence; lora: {(layer, role): (A, B, scale)}."""
+def rounder(low):
+    return (lambda x: x) if low is None else (lambda x: x.to(low).to(D))
+
+
+def product_fn(low):
+    """a @ b as mixed precision computes it (module docstring); plain a @ b when low is None."""
+    if low is None:
+        return torch.matmul
+    r = rounder(low)
+
+    class Product(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            a, b = r(a), r(b)
+            ctx.save_for_backward(a, b)
+            return r(a @ b)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            g = r(g)
+            return r(g @ b.transpose(-1, -2)), r(a.transpose(-1, -2) @ g)
+
+    return Product.apply
+
+
+def attention(q, k, v, kv_heads, mm):
+    """R.causal_attention with its two products through mm."""
+    t, h, d = q.shape
+    k = k.repeat_interleave(h // kv_heads, dim=1)
+    v = v.repeat_interleave(h // kv_heads, dim=1)
+    scores = mm(q.transpose(0, 1), k.permute(1, 2, 0)) / math.sqrt(d)  # [h, t, s]
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return mm(p, v.transpose(0, 1)).transpose(0, 1).reshape(t, h * d)
+
+
+def forward(c, tokens, lora, low=None):
+    """Logits [T, vocab] of one sequence; lora: {(layer, role): (A, B, scale)}; low: the compute
+    dtype of mixed precision (None: float64 throughout)."""
     t = len(tokens)
     x = c.embed[torch.tensor(tokens)]
+    mm = product_fn(low)
 
     def proj(h, b, i, role, bias=None):
-        y = R.lin(h, b[role], bias)
+        y = mm(h, b[role].T)
+        if bias is not None:
+            y = y + bias
         if (i, role) in lora:
             a, bb, s = lora[(i, role)]
-            y = y + s * ((h @ a.T) @ bb.T)
+            y = y + s * mm(mm(h, a.T), bb.T)
         return y
 
     for i, b in enumerate(c.blocks):
@@ -63,11 +113,11 @@ def forward(c, tokens, lora):
         if b["q_norm"] is not None:
             q, k = R.rms_norm(q, b["q_norm"], c.eps), R.rms_norm(k, b["k_norm"], c.eps)
         q, k = R.rotary(q, c.inv_freq, c.rope_style), R.rotary(k, c.inv_freq, c.rope_style)
-        x = x + proj(R.causal_attention(q, k, v, c.kv_heads), b, i, "o")
+        x = x + proj(attention(q, k, v, c.kv_heads, mm), b, i, "o")
         h = R.rms_norm(x, b["ffn_norm"], c.eps)
         gate = proj(h, b, i, "gate")
         x = x + proj(gate * torch.sigmoid(gate) * proj(h, b, i, "up"), b, i, "down")
-    return R.rms_norm(x, c.final_norm, c.eps) @ c.lm_head
+    return mm(R.rms_norm(x, c.final_norm, c.eps), c.lm_head)
 
 
 def run(job):
@@ -118,7 +168,8 @@ def run(job):
     total = torch.zeros((), dtype=D)
     count = 0.0
     for tokens, targets, mask in zip(job["tokens"], job["targets"], job["mask"]):
-        logp = torch.log_softmax(forward(c, tokens, lora), -1)
+        low = {None: None, "f16": torch.float16, "bf16": torch.bfloat16}[job.get("compute")]
+        logp = torch.log_softmax(forward(c, tokens, lora, low), -1)
         nll = -logp[torch.arange(len(targets)), torch.tensor(targets)]
         m = torch.tensor(mask, dtype=D)
         total = total + (nll * m).sum()

@@ -89,7 +89,98 @@ struct ft_case {
   std::string label;
   std::filesystem::path model;
   int64_t lora_rank = 0;
+  dtype compute = dtype::f32;  ///< the products' dtype (mixed precision)
 };
+
+/// One case built and run here (loss, gradients), and its job for ref_train.py (`tag` names its
+/// files in `dir`).
+struct prepared_case {
+  json job;
+  std::pair<double, tensor_map> ours;
+  size_t trainable = 0;
+};
+
+prepared_case prepare(const ft_case& c, const std::filesystem::path& dir, const std::string& tag, uint32_t seed) {
+  auto ckpt = models::checkpoint::open(c.model);
+  REQUIRE(ckpt);
+  auto cfg = read_model_config(*ckpt);
+  REQUIRE(cfg);
+  finetune_options o;
+  o.batch = batch;
+  o.sequence = sequence;
+  o.lora.rank = c.lora_rank;
+  o.lora.alpha = 8;
+  o.lora.targets = lora_target_names();
+  o.compute = c.compute;
+  auto m = build_finetune_model(*cfg, *ckpt, o);
+  INFO(c.label << ": " << (m ? "" : m.error().message));
+  REQUIRE(m);
+  prepared_case out;
+  json& job = out.job;
+  job = {{"model", c.model.string()}, {"out", (dir / ("ref" + tag + ".json")).string()}};
+  if (c.compute != dtype::f32) job["compute"] = to_string(c.compute);
+  if (c.lora_rank > 0) {
+    // B starts at zero, which would leave A without a gradient: start it random here, so that
+    // both adapters' gradients are checked.
+    std::mt19937 rng(7 + seed);
+    std::normal_distribution<double> nd(0, 0.05);
+    tensor_map adapters;
+    for (auto& [name, t] : m->state)
+      if (name.find(".lora_") != std::string::npos) {
+        if (name.find(".lora_B.") != std::string::npos) {
+          std::vector<float> v(static_cast<size_t>(t.size()));
+          for (auto& x : v) x = static_cast<float>(nd(rng));
+          t = tensor::from_floats(t.dims, v);
+        }
+        adapters[name] = t;
+      }
+    mesh::checkpoint f;
+    f.tensors = adapters;
+    REQUIRE(save_safetensors(dir / ("lora" + tag + ".safetensors"), f));
+    job["lora"] = {{"rank", c.lora_rank}, {"alpha", 8}, {"tensors", (dir / ("lora" + tag + ".safetensors")).string()}};
+  } else {
+    job["lora"] = nullptr;
+  }
+  const auto d = random_batch(m->config.vocab_size, 11 + seed);
+  job["tokens"] = rows_of(d.tokens);
+  job["targets"] = rows_of(d.targets);
+  json mask = json::array();
+  for (int64_t r = 0; r < batch; ++r) mask.push_back(std::vector<float>(d.mask.begin() + r * sequence, d.mask.begin() + (r + 1) * sequence));
+  job["mask"] = mask;
+  out.ours = run_gradients(*m, d);
+  out.trainable = m->trainable.size();
+  return out;
+}
+
+/// Runs ref_train.py on `jobs` (REQUIREs success) and reads the result of each.
+std::vector<json> reference(const std::string& python, const std::filesystem::path& dir, const std::vector<json>& jobs) {
+  write_file(dir / "jobs.json", json(jobs).dump());
+  const auto run = mesh::test::run_command(python + " " MESH_MODELS_TEST_DIR "/ref_train.py " + (dir / "jobs.json").string());
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  std::vector<json> out;
+  for (const auto& job : jobs) {
+    std::ifstream f(job["out"].get<std::string>());
+    out.push_back(json::parse(f));
+  }
+  return out;
+}
+
+/// The largest difference between `got` and the reference's gradient of `name`, and the largest
+/// magnitude of that gradient.
+std::pair<double, double> gradient_error(const json& ref, const std::string& name, const tensor& got_t) {
+  const auto& grads = ref["grads"];
+  REQUIRE(grads.contains(name));
+  const auto want = grads[name].get<std::vector<double>>();
+  const auto got = got_t.to_floats();
+  REQUIRE(want.size() == got.size());
+  double largest = 0, error = 0;
+  for (size_t k = 0; k < want.size(); ++k) {
+    largest = std::max(largest, std::abs(want[k]));
+    error = std::max(error, std::abs(want[k] - static_cast<double>(got[k])));
+  }
+  return {error, largest};
+}
 
 }  // namespace
 
@@ -120,88 +211,103 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
       {"GGUF llama F16 (interleaved q/k rows), LoRA r4 on every projection", dir / "llama-f16.gguf", 4},
       {"GGUF llama Q8_0 (a quantized base, frozen as its blocks), LoRA r4 on every projection", dir / "llama-q8_0.gguf", 4},
   };
-  json jobs = json::array();
+  std::vector<json> jobs;
   std::vector<std::pair<double, tensor_map>> ours;
   for (size_t i = 0; i < cases.size(); ++i) {
-    const auto& c = cases[i];
-    auto ckpt = models::checkpoint::open(c.model);
-    REQUIRE(ckpt);
-    auto cfg = read_model_config(*ckpt);
-    REQUIRE(cfg);
-    finetune_options o;
-    o.batch = batch;
-    o.sequence = sequence;
-    o.lora.rank = c.lora_rank;
-    o.lora.alpha = 8;
-    o.lora.targets = lora_target_names();
-    auto m = build_finetune_model(*cfg, *ckpt, o);
-    INFO(c.label << ": " << (m ? "" : m.error().message));
-    REQUIRE(m);
-    json job = {{"model", c.model.string()}, {"out", (dir / ("ref" + std::to_string(i) + ".json")).string()}};
-    if (c.lora_rank > 0) {
-      // B starts at zero, which would leave A without a gradient: start it random here, so that
-      // both adapters' gradients are checked.
-      std::mt19937 rng(7 + static_cast<uint32_t>(i));
-      std::normal_distribution<double> nd(0, 0.05);
-      tensor_map adapters;
-      for (auto& [name, t] : m->state)
-        if (name.find(".lora_") != std::string::npos) {
-          if (name.find(".lora_B.") != std::string::npos) {
-            std::vector<float> v(static_cast<size_t>(t.size()));
-            for (auto& x : v) x = static_cast<float>(nd(rng));
-            t = tensor::from_floats(t.dims, v);
-          }
-          adapters[name] = t;
-        }
-      REQUIRE(adapters.size() == 2 * 7 * static_cast<size_t>(llama.layers));
-      mesh::checkpoint f;
-      f.tensors = adapters;
-      REQUIRE(save_safetensors(dir / ("lora" + std::to_string(i) + ".safetensors"), f));
-      job["lora"] = {{"rank", c.lora_rank}, {"alpha", 8}, {"tensors", (dir / ("lora" + std::to_string(i) + ".safetensors")).string()}};
-    } else {
-      job["lora"] = nullptr;
-    }
-    const auto d = random_batch(llama.vocab, 11 + static_cast<uint32_t>(i));
-    job["tokens"] = rows_of(d.tokens);
-    job["targets"] = rows_of(d.targets);
-    json mask = json::array();
-    for (int64_t r = 0; r < batch; ++r) mask.push_back(std::vector<float>(d.mask.begin() + r * sequence, d.mask.begin() + (r + 1) * sequence));
-    job["mask"] = mask;
-    jobs.push_back(job);
-    ours.push_back(run_gradients(*m, d));
+    auto p = prepare(cases[i], dir.path(), std::to_string(i), static_cast<uint32_t>(i));
+    jobs.push_back(p.job);
+    ours.push_back(p.ours);
     // Full fine-tuning trains every tensor of the file; LoRA only the adapters.
-    if (c.lora_rank == 0) CHECK(m->trainable.size() == ckpt->tensors().size());
-    else CHECK(m->trainable.size() == 2 * 7 * static_cast<size_t>(llama.layers));
+    INFO(cases[i].label);
+    if (cases[i].lora_rank == 0) CHECK(p.trainable == models::checkpoint::open(cases[i].model)->tensors().size());
+    else CHECK(p.trainable == 2 * 7 * static_cast<size_t>(llama.layers));
   }
-  write_file(dir / "jobs.json", jobs.dump());
-  const auto run = mesh::test::run_command(python + " " MESH_MODELS_TEST_DIR "/ref_train.py " + (dir / "jobs.json").string());
-  INFO(run.output);
-  REQUIRE(run.status == 0);
+  const auto refs = reference(python, dir.path(), jobs);
 
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO(cases[i].label);
-    std::ifstream f(dir / ("ref" + std::to_string(i) + ".json"));
-    const json ref = json::parse(f);
+    const json& ref = refs[i];
     const double ref_loss = ref["loss"].get<double>();
     CHECK(std::abs(ours[i].first - ref_loss) <= 1e-5 * std::max(1.0, std::abs(ref_loss)));
-    const auto& grads = ref["grads"];
-    CHECK(grads.size() == ours[i].second.size());
+    CHECK(ref["grads"].size() == ours[i].second.size());
     for (const auto& [name, t] : ours[i].second) {
       INFO(name);
-      REQUIRE(grads.contains(name));
-      const auto want = grads[name].get<std::vector<double>>();
-      const auto got = t.to_floats();
-      REQUIRE(want.size() == got.size());
-      double largest = 0, error = 0;
-      for (size_t k = 0; k < want.size(); ++k) {
-        largest = std::max(largest, std::abs(want[k]));
-        error = std::max(error, std::abs(want[k] - static_cast<double>(got[k])));
-      }
+      const auto [error, largest] = gradient_error(ref, name, t);
       // Relative to the tensor's largest gradient; a gradient that is all zeros in the reference
       // must be all zeros here.
       CHECK(error <= 1e-4 * std::max(largest, 1e-6));
       if (cases[i].lora_rank > 0) CHECK(largest > 0);  // every adapter tensor gets a gradient
     }
+  }
+}
+
+TEST_CASE("mixed-precision fine-tuning rounds where PyTorch's half-precision reference rounds", "[finetune][mixed]") {
+  std::string why;
+  const std::string python = mesh::test::python_with_torch(why);
+  if (python.empty()) {
+    WARN(why);
+    return;
+  }
+  temp_dir dir;
+  model_spec llama;
+  llama.layers = 1;
+  write_hf_model(dir / "llama-f32", llama, "F32");
+  model_spec qwen3 = llama;
+  qwen3.arch = architecture::qwen3;
+  write_hf_model(dir / "qwen3-bf16", qwen3, "BF16");
+  write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+  const std::vector<ft_case> cases = {
+      {"HF llama f32, full, f16 products", dir / "llama-f32", 0, dtype::f16},
+      {"HF llama f32, full, bf16 products", dir / "llama-f32", 0, dtype::bf16},
+      {"HF qwen3 bf16, LoRA r4, bf16 products", dir / "qwen3-bf16", 4, dtype::bf16},
+      {"GGUF llama F16, LoRA r4, f16 products", dir / "llama-f16.gguf", 4, dtype::f16},
+  };
+  // Each case against the reference rounding the same way, and against the same reference in
+  // float64 throughout (the job without "compute"). One layer: fewer roundings in a row (below).
+  std::vector<json> jobs;
+  std::vector<std::pair<double, tensor_map>> ours;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto p = prepare(cases[i], dir.path(), std::to_string(i), static_cast<uint32_t>(i));
+    jobs.push_back(p.job);
+    json exact = p.job;
+    exact.erase("compute");
+    exact["out"] = (dir / ("exact" + std::to_string(i) + ".json")).string();
+    jobs.push_back(exact);
+    ours.push_back(p.ours);
+  }
+  const auto refs = reference(python, dir.path(), jobs);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i].label);
+    const json &mixed = refs[2 * i], &exact = refs[2 * i + 1];
+    // Over every gradient entry of the case: the root of the summed squared differences over the
+    // root of the summed squares of the reference (a flip of one rounding here and there moves
+    // this little; a product left unrounded, or rounded where the reference does not, moves it
+    // by the rounding of every entry).
+    double d_mixed = 0, d_exact = 0, norm = 0;
+    for (const auto& [name, t] : ours[i].second) {
+      const auto got = t.to_doubles();
+      const auto want = mixed["grads"][name].get<std::vector<double>>(), plain = exact["grads"][name].get<std::vector<double>>();
+      REQUIRE(want.size() == got.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        d_mixed += (got[k] - want[k]) * (got[k] - want[k]);
+        d_exact += (got[k] - plain[k]) * (got[k] - plain[k]);
+        norm += want[k] * want[k];
+      }
+    }
+    const double e_mixed = std::sqrt(d_mixed / norm), e_exact = std::sqrt(d_exact / norm);
+    const double mixed_loss = mixed["loss"].get<double>(), exact_loss = exact["loss"].get<double>();
+    WARN(cases[i].label << ": gradient error against the rounding reference " << e_mixed << ", against float64 " << e_exact
+                        << "; loss " << ours[i].first << " (reference " << mixed_loss << ", float64 " << exact_loss << ")");
+    // u: the compute dtype's unit roundoff. Two computations that round at the same places still
+    // differ: where their f32 and float64 sums straddle a rounding boundary one value rounds the
+    // other way, and the next roundings carry that on (a third of a layer's values by its end).
+    // So: within 2u of the rounding reference; clearly nearer to it than to float64 (which
+    // a graph rounding at other places, or not at all, would not be); and rounded at all.
+    const double u = cases[i].compute == dtype::f16 ? 0x1p-11 : 0x1p-8;
+    CHECK(e_mixed <= 2 * u);
+    CHECK(e_mixed * 1.4 < e_exact);
+    CHECK(e_exact >= u / 4);
+    CHECK(std::abs(ours[i].first - mixed_loss) <= u * std::abs(mixed_loss));
   }
 }
 
