@@ -8,7 +8,8 @@
 # Environment: NODES (default "1"; "1,2" on a 2-GPU machine), ARGS (shape options passed to both,
 # default: the ~100M shape), STEPS (default 8), BUDGET (seconds, default 560), PROFILE (default
 # 1: also the step's gradient program by kernel, mesh-bench-finetune --profile "#0"), MESH_ARGS
-# (options for mesh-bench-finetune only, e.g. "--bucket-mb 0"), TORCH (default 1; 0 skips PyTorch).
+# (options for mesh-bench-finetune only, e.g. "--bucket-mb 0" or "--precision f16"), TORCH_ARGS
+# (options for the PyTorch anchor only, e.g. "--amp f16"), TORCH (default 1; 0 skips PyTorch).
 set -uo pipefail
 D=${1:-.devcarry}
 NODES=${NODES:-1}
@@ -27,11 +28,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for n in ${NODES//,/ }; do
   [ "${TORCH:-1}" = 1 ] || break
   echo "== PyTorch, $n GPU(s)"
-  timeout "$(( $(left) / 3 ))" python3 bench/train/finetune_reference.py $ARGS --steps "$STEPS" --ranks "$n" 2>&1 | grep -v Warning
+  timeout "$(( $(left) / 3 ))" python3 bench/train/finetune_reference.py $ARGS ${TORCH_ARGS:-} --steps "$STEPS" --ranks "$n" 2>&1 | grep -v Warning
 done
 if [ "${PROFILE:-1}" = 1 ]; then
   echo "== the step's gradient program on GPU 0, by kernel"
-  timeout "$(( $(left) / 3 ))" "$D/mesh-bench-finetune" $ARGS --profile "#0" 2>&1 | tail -24
+  timeout "$(( $(left) / 3 ))" "$D/mesh-bench-finetune" $ARGS ${MESH_ARGS:-} --profile "#0" 2>&1 | tail -24
 fi
 echo "== meshnode, nodes $NODES ${MESH_ARGS:-}"
 timeout "$(( $(left) - 5 ))" "$D/mesh-bench-finetune" --nodes "$NODES" $ARGS ${MESH_ARGS:-} --steps "$STEPS" --meshnode "$D/meshnode" 2>&1 | grep -v "^  n=.* loss " | tail -80

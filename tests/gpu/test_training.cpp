@@ -85,3 +85,89 @@ TEST_CASE("training: an MLP trained with Adam follows the reference loss curve")
     CHECK(last < first * 0.8);  // it did learn
   }
 }
+
+namespace {
+
+/// Mixed-precision training as client/trainer.cpp builds it: `grad`, a two-layer network whose
+/// products run in `low` (f16 or bf16) over f32 parameters, its loss multiplied by the state's
+/// loss scale before the backward pass; `apply`, the Adam step on those gradients, unscaled and
+/// gated by optim::unscale_gradients.
+struct mixed_step {
+  graph grad, apply;
+};
+
+mixed_step mixed_precision_step(dtype low) {
+  mixed_step out;
+  const shape d1 = {12, 8}, d2 = {12, 4};
+  {
+    builder b;
+    auto x = b.input("x", dtype::f32, {16, 8});
+    auto target = b.input("y", dtype::f32, {16, 4});
+    auto w1 = b.parameter("mp.w1", dtype::f32, d1);
+    auto w2 = b.parameter("mp.w2", dtype::f32, d2);
+    const auto lo = [&](const expr& e) { return cast(e, low); };
+    auto h = relu(cast(linear(lo(x), lo(w1)), dtype::f32));
+    auto loss = nn::mse(cast(matmul(lo(h), lo(w2)), dtype::f32), target);
+    auto grads = gradients(loss * b.parameter(optim::loss_scale_name, dtype::f32, {}), {w1, w2});
+    b.output("loss", loss);
+    b.output("grad.mp.w1", grads[0]);
+    b.output("grad.mp.w2", grads[1]);
+    out.grad = finish(b);
+  }
+  builder b;
+  std::vector<expr> params = {b.parameter("mp.w1", dtype::f32, d1), b.parameter("mp.w2", dtype::f32, d2)};
+  std::vector<expr> grads = {b.input("grad.mp.w1", dtype::f32, d1), b.input("grad.mp.w2", dtype::f32, d2)};
+  const expr take = optim::unscale_gradients(b, grads, {.initial = 1, .growth_interval = 3});
+  optim::adam(b, params, grads, {.lr = 0.02}, take);
+  out.apply = finish(b);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("training: mixed-precision products and the loss-scaled Adam step run on Vulkan as on the CPU") {
+  const tensor_map inputs{{"x", random_tensor(dtype::f32, {16, 8}, 5)}, {"y", random_tensor(dtype::f32, {16, 4}, 6)}};
+  for (dtype low : {dtype::f16, dtype::bf16}) {
+    const mixed_step step = mixed_precision_step(low);
+    // f16: a scale that overflows the gradients (f16's range ends at 65,504), and one that does
+    // not: the first step is skipped on every back end, the second taken. bf16 has f32's range.
+    for (const double scale : low == dtype::f16 ? std::vector<double>{0x1p40, 512.0} : std::vector<double>{512.0}) {
+      INFO(to_string(low) << " products, loss scale " << scale);
+      tensor_map init = nn::init_parameters(step.grad, 11);
+      init[optim::loss_scale_name] = tensor::from_floats({}, {static_cast<float>(scale)});
+      for (const auto& n : step.apply.nodes)
+        if (n.op == op_kind::parameter && !init.count(n.attrs.name)) init[n.attrs.name] = tensor::zeros(n.type, n.dims);
+      const bool overflows = scale > 1e6;
+      const reference ref_grad = reference_run(step.grad, inputs, init);
+      tensor_map grads = ref_grad.outputs;
+      grads.erase("loss");
+      const reference ref_apply = reference_run(step.apply, grads, init);
+      for (auto* ex : {&vulkan(), &cpu()}) {
+        INFO(ex->info().name);
+        // The gradients (scaled: inf where they overflowed), then the step on the reference's.
+        const tensor_map out = run_on(*ex, step.grad, inputs, init);
+        for (const auto& [name, want] : grads) {
+          INFO(name);
+          double worst = 0, largest = 0;
+          const auto a = out.at(name).to_doubles(), w = want.to_doubles();
+          for (size_t i = 0; i < a.size(); ++i) {
+            if (overflows) continue;
+            worst = std::max(worst, std::abs(a[i] - w[i]));
+            largest = std::max(largest, std::abs(w[i]));
+          }
+          CHECK(worst <= tolerance_for(low) * std::max(largest, 1e-30));
+          bool finite = true;
+          for (double v : a) finite = finite && std::isfinite(v);
+          CHECK(finite == !overflows);
+        }
+        check_on(*ex, step.apply, grads, init, ref_apply);
+        auto state = ex->get_parameters({"mp.w1", "opt.adam.t", optim::loss_scale_name, optim::loss_scale_good_name});
+        REQUIRE(state);
+        CHECK(state->at("opt.adam.t").at(0) == (overflows ? 0 : 1));
+        CHECK(state->at(optim::loss_scale_name).at(0) == (overflows ? scale / 2 : scale));
+        CHECK(state->at(optim::loss_scale_good_name).at(0) == (overflows ? 0 : 1));
+        CHECK((state->at("mp.w1").bytes == init.at("mp.w1").bytes) == overflows);
+      }
+    }
+  }
+}
