@@ -106,7 +106,8 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   r.step = w.step;
   r.attempt = w.attempt;
   r.ok = true;
-  r.loss = static_cast<double>(loss_sum) / static_cast<double>(w.micro_batches * (w.step_end - w.step));
+  // The inner steps the round's losses come from (with overlap, those before its delta was taken).
+  r.loss = static_cast<double>(loss_sum) / static_cast<double>(w.micro_batches * w.loss_steps);
   r.bytes_sent = w.round->bytes_sent();
   w.held = std::move(h);
   w.round.reset();

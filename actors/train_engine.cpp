@@ -96,6 +96,7 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_r
   if (spec.micro_batches < 1 || spec.micro_batches > 4096) return bad("micro_batches must be in 1..4096");
   if (spec.micro_batch < 1) return bad("micro_batch must be at least 1");
   if (spec.inner_steps < 1 || spec.inner_steps > 100000) return bad("inner_steps must be in 1..100000");
+  if (spec.overlap_steps > 0 && spec.method != train_method::diloco) return bad("overlap_steps is for DiLoCo runs");
   train_graphs t;
   auto g = graph_of(spec.grad, "gradient");
   if (!g) return tl::unexpected(g.error());
@@ -136,6 +137,9 @@ expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_r
     if (auto ok = has_input(*t.outer, "DiLoCo outer", "scale", {}); !ok) return tl::unexpected(ok.error());
     if (auto ok = covers_parameters(*t.delta, "DiLoCo delta", state); !ok) return tl::unexpected(ok.error());
     if (auto ok = covers_parameters(*t.outer, "DiLoCo outer", state); !ok) return tl::unexpected(ok.error());
+    if (spec.overlap_steps >= spec.inner_steps)
+      return bad("overlap_steps (" + std::to_string(spec.overlap_steps) + ") must be fewer than the inner steps of a round (" +
+                 std::to_string(spec.inner_steps) + ")");
     if (spec.fragments < 1 || spec.fragments > t.deltas.size())
       return bad("fragments must be in 1.." + std::to_string(t.deltas.size()) + " (the parameters DiLoCo averages)");
     int64_t total = 0;

@@ -112,6 +112,9 @@ struct train_task {
   /// The step's gradients come in buckets, a task each (train_buckets.hpp): this task's bucket.
   /// Its result's buffer is that bucket (the last one ends with the loss sum and count).
   int bucket = 0;
+  /// DiLoCo with overlap: this task runs the round's last inner steps, after its delta went to
+  /// the all-reduce; its result carries nothing for the round.
+  bool trailing = false;
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 

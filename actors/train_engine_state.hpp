@@ -132,6 +132,8 @@ struct train_engine::worker_run {
   uint32_t micro_batches = 1, inner_steps = 1;
   uint32_t fragments = 1;  ///< DiLoCo: streaming fragments (train_spec::fragments)
   uint32_t fragment = 0;   ///< the fragment this step synchronises
+  uint32_t overlap_steps = 0;  ///< DiLoCo: inner steps run while the round travels (train_spec::overlap_steps)
+  uint64_t loss_steps = 1;     ///< inner steps whose losses the round's all-reduce sums
   wire_format format = wire_format::f32;
   train_graphs graphs;
   uint64_t seed = 0;

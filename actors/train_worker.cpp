@@ -62,6 +62,7 @@ msg::train_spec spec_shell(const msg::train_spec& spec) {
   out.micro_batch = spec.micro_batch;
   out.inner_steps = spec.inner_steps;
   out.fragments = spec.fragments;
+  out.overlap_steps = spec.overlap_steps;
   out.compression = spec.compression;
   out.seed = spec.seed;
   out.grad = spec.grad;
@@ -218,6 +219,7 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
   w->micro_batches = s.spec.micro_batches;
   w->inner_steps = s.spec.inner_steps;
   w->fragments = s.spec.fragments;
+  w->overlap_steps = s.spec.overlap_steps;
   w->format = s.spec.compression;
   w->graphs = std::move(*graphs);
   w->seed = s.spec.seed;
@@ -312,6 +314,10 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   w->stopping = s.stop;
   const uint64_t inner = w->method == train_method::diloco ? std::min<uint64_t>(w->inner_steps, w->steps - std::min(s.step, w->steps)) : 1;
   w->step_end = s.step + inner;
+  // DiLoCo with overlap: the round's last `trailing` inner steps run after its delta was taken,
+  // while the all-reduce travels (a round of no more inner steps than that overlaps nothing).
+  const uint64_t trailing = w->method == train_method::diloco && w->overlap_steps < inner ? w->overlap_steps : 0;
+  w->loss_steps = inner - trailing;
   // DiLoCo averages the deltas of the members that trained (a member with no micro-batch adds 0).
   w->participants = static_cast<uint32_t>(std::max<size_t>(1, std::min<size_t>(s.ring.size(), w->micro_batches)));
   w->fragment = w->method == train_method::diloco ? static_cast<uint32_t>((s.step / w->inner_steps) % w->fragments) : 0;
@@ -346,208 +352,234 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // Data parallel over a ring of two or more: the gradients go in buckets, one task each, so
   // each bucket's all-reduce runs while the device computes the next (train_buckets.hpp).
   const int buckets = w->method == train_method::data_parallel && !alone && compute ? static_cast<int>(w->graphs.bucket_ends.size()) : 1;
-  t.work = [w, commit = std::move(commit), report, compute, micro, step, inner, k, alone, shards = std::move(shards),
-            opener = opener_, buckets, fragment = w->fragment](gpu::executor& ex) -> expected<train_work_result> {
-    auto& d = *w->dev;
-    const auto& g = w->graphs;
-    const auto mark = [step](const char* what) {
-      if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(step) + " worker: " + what);
-    };
-    mark("device work starts");
-    if (!d.loaded) {
-      for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
-                                     std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
-        if (!graph_ptr) continue;
-        auto p = ex.load(*graph_ptr);
-        if (!p) return tl::unexpected(p.error());
-        *slot = *p;
-        d.programs.push_back(*p);
-      }
-      const std::string prefix = accumulator_prefix(w->coordinator, w->train);
-      auto acc = accumulating(*g.grad, g.grads, prefix);
-      if (!acc) return tl::unexpected(acc.error());
-      auto first = ex.load(acc->first);
-      if (!first) return tl::unexpected(first.error());
-      d.programs.push_back(*first);
-      auto more = ex.load(acc->second);
-      if (!more) return tl::unexpected(more.error());
-      d.programs.push_back(*more);
-      d.acc_first = *first;
-      d.acc_more = *more;
-      auto resident = ex.load(resident_apply(*g.apply, prefix));
-      if (!resident) return tl::unexpected(resident.error());
-      d.programs.push_back(*resident);
-      d.apply_resident = *resident;
-      for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
-      if (g.bucket_ends.size() > 1) {
-        // The gradient programs cut per bucket: the accumulators each bucket's segment updates.
-        std::vector<std::vector<std::string>> groups;
-        for (size_t b = 0; b < g.bucket_ends.size(); ++b)
-          groups.emplace_back(d.acc_names.begin() + static_cast<ptrdiff_t>(b ? g.bucket_ends[b - 1] : 0),
-                              d.acc_names.begin() + static_cast<ptrdiff_t>(g.bucket_ends[b]));
-        for (auto [whole, segs, reads] : {std::tuple{&acc->first, &d.seg_first, &d.seg_first_inputs},
-                                          std::tuple{&acc->second, &d.seg_more, &d.seg_more_inputs}}) {
-          auto cut = segment_by_updates(*whole, groups, prefix + (segs == &d.seg_first ? "f." : "m."));
-          if (!cut) return tl::unexpected(cut.error());
-          *reads = cut->inputs;
-          for (const auto& segment : cut->segments) {
-            auto p = ex.load(segment);
+  // The step's device work; `tail`: only the round's trailing inner steps (DiLoCo with overlap).
+  const auto make_work = [&](std::optional<worker_run::held_result> held, bool tail) {
+    return [w, commit = std::move(held), report = report && !tail, compute, micro, step, inner, k, alone, shards, opener = opener_,
+            buckets, fragment = w->fragment, trailing, tail](gpu::executor& ex) -> expected<train_work_result> {
+      auto& d = *w->dev;
+      const auto& g = w->graphs;
+      const auto mark = [step](const char* what) {
+        if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(step) + " worker: " + what);
+      };
+      mark("device work starts");
+      if (!d.loaded) {
+        for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
+                                       std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
+          if (!graph_ptr) continue;
+          auto p = ex.load(*graph_ptr);
+          if (!p) return tl::unexpected(p.error());
+          *slot = *p;
+          d.programs.push_back(*p);
+        }
+        const std::string prefix = accumulator_prefix(w->coordinator, w->train);
+        auto acc = accumulating(*g.grad, g.grads, prefix);
+        if (!acc) return tl::unexpected(acc.error());
+        auto first = ex.load(acc->first);
+        if (!first) return tl::unexpected(first.error());
+        d.programs.push_back(*first);
+        auto more = ex.load(acc->second);
+        if (!more) return tl::unexpected(more.error());
+        d.programs.push_back(*more);
+        d.acc_first = *first;
+        d.acc_more = *more;
+        auto resident = ex.load(resident_apply(*g.apply, prefix));
+        if (!resident) return tl::unexpected(resident.error());
+        d.programs.push_back(*resident);
+        d.apply_resident = *resident;
+        for (const auto& name : g.grads) d.acc_names.push_back(prefix + name);
+        if (g.bucket_ends.size() > 1) {
+          // The gradient programs cut per bucket: the accumulators each bucket's segment updates.
+          std::vector<std::vector<std::string>> groups;
+          for (size_t b = 0; b < g.bucket_ends.size(); ++b)
+            groups.emplace_back(d.acc_names.begin() + static_cast<ptrdiff_t>(b ? g.bucket_ends[b - 1] : 0),
+                                d.acc_names.begin() + static_cast<ptrdiff_t>(g.bucket_ends[b]));
+          for (auto [whole, segs, reads] : {std::tuple{&acc->first, &d.seg_first, &d.seg_first_inputs},
+                                            std::tuple{&acc->second, &d.seg_more, &d.seg_more_inputs}}) {
+            auto cut = segment_by_updates(*whole, groups, prefix + (segs == &d.seg_first ? "f." : "m."));
+            if (!cut) return tl::unexpected(cut.error());
+            *reads = cut->inputs;
+            for (const auto& segment : cut->segments) {
+              auto p = ex.load(segment);
+              if (!p) return tl::unexpected(p.error());
+              d.programs.push_back(*p);
+              segs->push_back(*p);
+            }
+            // Under the accumulators' prefix: dropped with them when the run ends.
+            for (auto& [name, t] : cut->saved) d.initial[name] = std::move(t);
+          }
+        }
+        if (g.fragment_ends.size() > 1) {
+          // Streaming DiLoCo: the outer step cut to each fragment's parameters (their outer copy,
+          // its momentum and the local parameter), reading only that fragment's deltas.
+          const std::string run = run_prefix(w->coordinator, w->train);
+          for (size_t f = 0; f < g.fragment_ends.size(); ++f) {
+            std::vector<std::string> targets;
+            for (size_t i = f ? g.fragment_ends[f - 1] : 0; i < g.fragment_ends[f]; ++i) {
+              const std::string p = g.deltas[i].substr(std::string("delta.").size());
+              for (const auto& name : {run + p, run + "outer." + p, run + "outer.mom." + p}) targets.push_back(name);
+            }
+            auto cut = segment_by_updates(*g.outer, {targets}, prefix + "o.");
+            if (!cut) return tl::unexpected(cut.error());
+            auto p = ex.load(cut->segments.at(0));
             if (!p) return tl::unexpected(p.error());
             d.programs.push_back(*p);
-            segs->push_back(*p);
+            d.outer_fragment.push_back(*p);
           }
-          // Under the accumulators' prefix: dropped with them when the run ends.
-          for (auto& [name, t] : cut->saved) d.initial[name] = std::move(t);
         }
+        if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
+        d.initial.clear();
+        d.loaded = true;
       }
-      if (g.fragment_ends.size() > 1) {
-        // Streaming DiLoCo: the outer step cut to each fragment's parameters (their outer copy,
-        // its momentum and the local parameter), reading only that fragment's deltas.
-        const std::string run = run_prefix(w->coordinator, w->train);
-        for (size_t f = 0; f < g.fragment_ends.size(); ++f) {
-          std::vector<std::string> targets;
-          for (size_t i = f ? g.fragment_ends[f - 1] : 0; i < g.fragment_ends[f]; ++i) {
-            const std::string p = g.deltas[i].substr(std::string("delta.").size());
-            for (const auto& name : {run + p, run + "outer." + p, run + "outer.mom." + p}) targets.push_back(name);
-          }
-          auto cut = segment_by_updates(*g.outer, {targets}, prefix + "o.");
-          if (!cut) return tl::unexpected(cut.error());
-          auto p = ex.load(cut->segments.at(0));
-          if (!p) return tl::unexpected(p.error());
-          d.programs.push_back(*p);
-          d.outer_fragment.push_back(*p);
+      if (commit) {
+        // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
+        // mean delta (which also resets the local parameters to the new outer ones).
+        const bool dp = w->method == train_method::data_parallel;
+        if (dp && commit->sum.empty()) {
+          // The gradients of a ring of one, still in the accumulators.
+          if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
+          if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
+        } else if (!dp && g.fragment_ends.size() > 1) {
+          // Streaming DiLoCo: the outer step of the fragment this result holds.
+          const size_t f = commit->fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
+          const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
+          const std::vector<shape> dims(g.delta_dims.begin() + static_cast<ptrdiff_t>(from), g.delta_dims.begin() + static_cast<ptrdiff_t>(to));
+          tensor_map in = unflatten(commit->sum, names, dims);
+          in["scale"] = f32_scalar(1.0 / commit->participants);
+          if (auto ok = ex.run(d.outer_fragment.at(f), in); !ok) return tl::unexpected(ok.error());
+        } else {
+          tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
+          in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
+          if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
         }
+        d.grads_resident = false;
+        mark("commit applied");
       }
-      if (auto ok = ex.set_parameters(d.initial); !ok) return tl::unexpected(ok.error());
-      d.initial.clear();
-      d.loaded = true;
-    }
-    if (commit) {
-      // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
-      // mean delta (which also resets the local parameters to the new outer ones).
-      const bool dp = w->method == train_method::data_parallel;
-      if (dp && commit->sum.empty()) {
-        // The gradients of a ring of one, still in the accumulators.
-        if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
-        if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
-      } else if (!dp && g.fragment_ends.size() > 1) {
-        // Streaming DiLoCo: the outer step of the fragment this result holds.
-        const size_t f = commit->fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
-        const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
-        const std::vector<shape> dims(g.delta_dims.begin() + static_cast<ptrdiff_t>(from), g.delta_dims.begin() + static_cast<ptrdiff_t>(to));
-        tensor_map in = unflatten(commit->sum, names, dims);
-        in["scale"] = f32_scalar(1.0 / commit->participants);
-        if (auto ok = ex.run(d.outer_fragment.at(f), in); !ok) return tl::unexpected(ok.error());
-      } else {
-        tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
-        in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
-        if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
+      train_work_result r;
+      if (report) {
+        auto st = ex.get_parameters(w->state_names);
+        if (!st) return tl::unexpected(st.error());
+        r.state = std::move(*st);
       }
-      d.grads_resident = false;
-      mark("commit applied");
-    }
-    train_work_result r;
-    if (report) {
-      auto st = ex.get_parameters(w->state_names);
-      if (!st) return tl::unexpected(st.error());
-      r.state = std::move(*st);
-    }
-    if (!compute) return r;
+      if (!compute) return r;
 
-    // Micro-batch `index`'s rows: from a shard the coordinator sent, or read from the data file.
-    const auto micro_batch_inputs = [&](uint64_t index) -> expected<tensor_map> {
-      const uint32_t shard = w->plan.shard_of(index);
-      if (w->text) {
-        if (!d.text) {
-          if (!opener) return make_error(error_code::io_error, "this node cannot read training data files");
-          auto bytes = opener(w->coordinator, *w->text);
-          if (!bytes) return tl::unexpected(bytes.error());
-          auto reader = text_data_reader::create(*w->text, std::move(*bytes), w->micro_batch, w->plan.shards, w->seed);
-          if (!reader) return tl::unexpected(reader.error());
-          d.text = std::move(*reader);
+      // Micro-batch `index`'s rows: from a shard the coordinator sent, or read from the data file.
+      const auto micro_batch_inputs = [&](uint64_t index) -> expected<tensor_map> {
+        const uint32_t shard = w->plan.shard_of(index);
+        if (w->text) {
+          if (!d.text) {
+            if (!opener) return make_error(error_code::io_error, "this node cannot read training data files");
+            auto bytes = opener(w->coordinator, *w->text);
+            if (!bytes) return tl::unexpected(bytes.error());
+            auto reader = text_data_reader::create(*w->text, std::move(*bytes), w->micro_batch, w->plan.shards, w->seed);
+            if (!reader) return tl::unexpected(reader.error());
+            d.text = std::move(*reader);
+          }
+          return d.text->micro_batch(shard, w->plan.draw_of(index));
         }
-        return d.text->micro_batch(shard, w->plan.draw_of(index));
+        const tensor_map& columns = *shards.at(shard);
+        auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
+        return take_rows(columns, order->second.rows(w->plan.draw_of(index)));
+      };
+      size_t grad_total = 0;
+      for (auto n : g.grad_sizes) grad_total += static_cast<size_t>(n);
+      double loss_sum = 0;
+      // The gradients summed over `count` micro-batches, in the accumulators; with `sum`, also
+      // brought to the host.
+      const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>* sum) -> expected<void> {
+        if (sum) sum->assign(grad_total, 0.0f);
+        for (size_t i = 0; i < count; ++i) {
+          auto in = micro_batch_inputs(first[i]);
+          if (!in) return tl::unexpected(in.error());
+          auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
+          if (!out) return tl::unexpected(out.error());
+          loss_sum += out->at("loss").at(0);
+        }
+        if (count == 0 || !sum) return {};
+        auto acc = ex.get_parameters(d.acc_names);
+        if (!acc) return tl::unexpected(acc.error());
+        tensor_map by_grad;
+        for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
+        return accumulate(*sum, by_grad, g.grads);
+      };
+      if (w->method == train_method::data_parallel && buckets > 1) {
+        // All micro-batches but the last as a whole; the last one's first segment, whose bucket
+        // (the last layers' gradients) this task returns. The next tasks run the other segments.
+        if (auto ok = gradients(micro.data(), micro.empty() ? 0 : micro.size() - 1, nullptr); !ok) return tl::unexpected(ok.error());
+        d.loss_sum = loss_sum;
+        d.last_first = micro.size() <= 1;
+        if (micro.empty()) {
+          d.last_inputs.clear();
+        } else {
+          auto in = micro_batch_inputs(micro.back());
+          if (!in) return tl::unexpected(in.error());
+          d.last_inputs = std::move(*in);
+        }
+        auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
+                             d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum);
+        if (!b0) return tl::unexpected(b0.error());
+        r.buffer = std::move(*b0);
+        mark("bucket 0 done");
+        return r;
       }
-      const tensor_map& columns = *shards.at(shard);
-      auto order = d.orders.try_emplace(shard, columns.begin()->second.dims[0], w->micro_batch, shard_seed(w->seed, shard)).first;
-      return take_rows(columns, order->second.rows(w->plan.draw_of(index)));
-    };
-    size_t grad_total = 0;
-    for (auto n : g.grad_sizes) grad_total += static_cast<size_t>(n);
-    double loss_sum = 0;
-    // The gradients summed over `count` micro-batches, in the accumulators; with `sum`, also
-    // brought to the host.
-    const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>* sum) -> expected<void> {
-      if (sum) sum->assign(grad_total, 0.0f);
-      for (size_t i = 0; i < count; ++i) {
-        auto in = micro_batch_inputs(first[i]);
-        if (!in) return tl::unexpected(in.error());
-        auto out = ex.run(i == 0 ? d.acc_first : d.acc_more, *in);
-        if (!out) return tl::unexpected(out.error());
-        loss_sum += out->at("loss").at(0);
-      }
-      if (count == 0 || !sum) return {};
-      auto acc = ex.get_parameters(d.acc_names);
-      if (!acc) return tl::unexpected(acc.error());
-      tensor_map by_grad;
-      for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
-      return accumulate(*sum, by_grad, g.grads);
-    };
-    if (w->method == train_method::data_parallel && buckets > 1) {
-      // All micro-batches but the last as a whole; the last one's first segment, whose bucket
-      // (the last layers' gradients) this task returns. The next tasks run the other segments.
-      if (auto ok = gradients(micro.data(), micro.empty() ? 0 : micro.size() - 1, nullptr); !ok) return tl::unexpected(ok.error());
-      d.loss_sum = loss_sum;
-      d.last_first = micro.size() <= 1;
-      if (micro.empty()) {
-        d.last_inputs.clear();
+      if (w->method == train_method::data_parallel) {
+        if (auto ok = gradients(micro.data(), micro.size(), alone ? nullptr : &r.buffer); !ok) return tl::unexpected(ok.error());
+        d.grads_resident = alone && !micro.empty();
+        mark(alone ? "gradients done (kept on the device)" : "gradients done (on the host)");
       } else {
-        auto in = micro_batch_inputs(micro.back());
-        if (!in) return tl::unexpected(in.error());
-        d.last_inputs = std::move(*in);
+        const size_t per = micro.size() / inner;
+        // One local step: micro-batches [h * per, (h + 1) * per) of the round; their gradients
+        // never leave the device.
+        const auto inner_step = [&](uint64_t h) -> expected<void> {
+          if (auto ok = gradients(micro.data() + h * per, per, nullptr); !ok) return ok;
+          if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / static_cast<double>(per))}}); !ok)
+            return tl::unexpected(ok.error());
+          return {};
+        };
+        if (tail) {
+          // The round's last inner steps, while its delta travels (nothing for the round).
+          for (uint64_t h = inner - trailing; h < inner && per > 0; ++h)
+            if (auto ok = inner_step(h); !ok) return tl::unexpected(ok.error());
+          mark("trailing inner steps done");
+          return r;
+        }
+        // DiLoCo: a redone step starts again from the local state it started from the first time.
+        if (d.snapshot_step == step) {
+          if (auto ok = ex.set_parameters(d.snapshot); !ok) return tl::unexpected(ok.error());
+        } else {
+          auto snap = ex.get_parameters(w->local_names);
+          if (!snap) return tl::unexpected(snap.error());
+          d.snapshot = std::move(*snap);
+          d.snapshot_step = step;
+        }
+        // The inner steps before the delta is taken: all of them without overlap.
+        for (uint64_t h = 0; h < inner - trailing && per > 0; ++h)
+          if (auto ok = inner_step(h); !ok) return tl::unexpected(ok.error());
+        auto deltas = ex.run(d.delta, {});
+        if (!deltas) return tl::unexpected(deltas.error());
+        // The deltas of the fragment this step synchronises (all of them with one fragment).
+        const size_t f = fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
+        const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
+        size_t delta_total = 0;
+        for (size_t i = from; i < to; ++i) delta_total += static_cast<size_t>(g.delta_sizes[i]);
+        r.buffer.assign(delta_total, 0.0f);
+        if (auto ok = accumulate(r.buffer, *deltas, names); !ok) return tl::unexpected(ok.error());
       }
-      auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
-                           d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum);
-      if (!b0) return tl::unexpected(b0.error());
-      r.buffer = std::move(*b0);
-      mark("bucket 0 done");
+      r.buffer.push_back(static_cast<float>(loss_sum));
       return r;
-    }
-    if (w->method == train_method::data_parallel) {
-      if (auto ok = gradients(micro.data(), micro.size(), alone ? nullptr : &r.buffer); !ok) return tl::unexpected(ok.error());
-      d.grads_resident = alone && !micro.empty();
-      mark(alone ? "gradients done (kept on the device)" : "gradients done (on the host)");
-    } else {
-      // DiLoCo: a redone step starts again from the local state it started from the first time.
-      if (d.snapshot_step == step) {
-        if (auto ok = ex.set_parameters(d.snapshot); !ok) return tl::unexpected(ok.error());
-      } else {
-        auto snap = ex.get_parameters(w->local_names);
-        if (!snap) return tl::unexpected(snap.error());
-        d.snapshot = std::move(*snap);
-        d.snapshot_step = step;
-      }
-      // The inner steps are local: their gradients never leave the device.
-      const size_t per = micro.size() / inner;
-      for (uint64_t h = 0; h < inner && per > 0; ++h) {
-        if (auto ok = gradients(micro.data() + h * per, per, nullptr); !ok) return tl::unexpected(ok.error());
-        if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / static_cast<double>(per))}}); !ok)
-          return tl::unexpected(ok.error());
-      }
-      auto deltas = ex.run(d.delta, {});
-      if (!deltas) return tl::unexpected(deltas.error());
-      // The deltas of the fragment this step synchronises (all of them with one fragment).
-      const size_t f = fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
-      const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
-      size_t delta_total = 0;
-      for (size_t i = from; i < to; ++i) delta_total += static_cast<size_t>(g.delta_sizes[i]);
-      r.buffer.assign(delta_total, 0.0f);
-      if (auto ok = accumulate(r.buffer, *deltas, names); !ok) return tl::unexpected(ok.error());
-    }
-    r.buffer.push_back(static_cast<float>(loss_sum));
-    return r;
+    };
   };
+  t.work = make_work(std::move(commit), false);
   ready_.push_back(std::move(t));
+  if (trailing > 0 && compute) {
+    train_task rest;
+    rest.coordinator = from;
+    rest.train = s.train;
+    rest.step = s.step;
+    rest.attempt = s.attempt;
+    rest.trailing = true;
+    rest.work = make_work(std::nullopt, true);
+    ready_.push_back(std::move(rest));
+  }
   for (int b = 1; b < buckets; ++b) {
     // Not a copy of the first task: its work holds the commit's gradient sum (the whole model's).
     train_task next;
@@ -601,6 +633,12 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
   auto it = worker_.find(key);
   if (it == worker_.end()) return out;
   auto w = it->second;
+  if (t.trailing) {
+    // The round's last inner steps (DiLoCo with overlap): nothing for the round, which may have
+    // ended already; a failure leaves the local state unknown, so the run's next step fails.
+    if (!r) w->broken = true;
+    return out;
+  }
   if (t.step != w->step || t.attempt != w->attempt) return out;  // superseded by a newer attempt
   if (r && w->broken) r = make_error(error_code::device, "the device was restarted during the step");
   if (!r) {

@@ -64,6 +64,15 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
     spec.fragments = o.fragments;
     spec.inner_steps = std::max<uint32_t>(1, o.inner_steps / o.fragments);  // a fragment's turn comes every this many
   }
+  if (o.overlap_steps > 0) {
+    if (o.method != train_method::diloco) return make_error(error_code::invalid_argument, "overlap_steps is for DiLoCo runs");
+    if (o.overlap_steps >= spec.inner_steps)
+      return make_error(error_code::invalid_argument, "overlap_steps (" + std::to_string(o.overlap_steps) +
+                                                          ") must be fewer than the inner steps of a round (" +
+                                                          std::to_string(spec.inner_steps) + ")");
+    if (!(o.overlap_mix >= 0 && o.overlap_mix <= 1)) return make_error(error_code::invalid_argument, "overlap_mix must be in [0, 1]");
+    spec.overlap_steps = o.overlap_steps;
+  }
   spec.compression = o.compression;
   spec.seed = o.seed;
   spec.bucket_bytes = o.bucket_bytes;
@@ -121,7 +130,9 @@ expected<msg::train_spec> make_train_spec(const graph& model, const tensor_map& 
       const expr next = outer - (delta + mom1 * o.outer_momentum) * o.outer_lr;
       b.update(mom, mom1);
       b.update(outer, next);
-      b.update(b.parameter(p.name, p.type, p.dims), next);
+      // With overlap the local parameters moved on after the delta was taken: mixed, not reset.
+      const expr local = b.parameter(p.name, p.type, p.dims);
+      b.update(local, o.overlap_steps > 0 ? local * o.overlap_mix + next * (1 - o.overlap_mix) : next);
     }
     auto outer = payload_of(b);
     if (!outer) return tl::unexpected(outer.error());

@@ -35,6 +35,14 @@ struct train_options {
   /// inner_steps / fragments local steps (streaming DiLoCo): each fragment still every
   /// inner_steps, and each all-reduce carries a fragment's share of the bytes.
   uint32_t fragments = 1;
+  /// DiLoCo: the last this many inner steps of each round (of inner_steps / fragments local steps)
+  /// run while the round's all-reduce travels: the delta is taken before them, so communication
+  /// overlaps computation (Streaming DiLoCo's overlap). When the round's outer step arrives, the
+  /// parameters it resets become overlap_mix x local + (1 - overlap_mix) x the new outer values,
+  /// keeping part of what the local steps since the delta learnt. The round's reported loss is
+  /// the mean over the inner steps before the delta. 0: no overlap.
+  uint32_t overlap_steps = 0;
+  double overlap_mix = 0.5;
   double outer_lr = 0.7;         ///< DiLoCo: outer Nesterov step
   double outer_momentum = 0.9;
   wire_format compression = wire_format::f32;  ///< of the all-reduce

@@ -34,7 +34,7 @@ namespace mesh::msg {
 /// boxes carry a session and a sequence number). Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 22;
+inline constexpr uint16_t protocol_version = 23;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The

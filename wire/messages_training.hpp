@@ -95,6 +95,10 @@ struct train_spec {
   /// DiLoCo): each step of `inner_steps` local steps ends with the all-reduce and outer step of
   /// one fragment, fragment (step / inner_steps) mod fragments. 1: every parameter each step.
   uint32_t fragments = 1;
+  /// DiLoCo: the last this many inner steps of each round run while its all-reduce travels (the
+  /// round's delta is taken before them; the outer graph mixes the local parameters it resets, see
+  /// train_options::overlap_steps). 0: the all-reduce follows every inner step of the round.
+  uint32_t overlap_steps = 0;
   bool operator==(const train_spec&) const = default;
 };
 
@@ -248,7 +252,7 @@ void fields(F& f, ring_go& x) {
 
 template <class F>
 void fields(F& f, train_spec& x) {
-  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text, x.bucket_bytes, x.fragments);
+  f(x.method, x.start_step, x.steps, x.micro_batches, x.micro_batch, x.inner_steps, x.compression, x.seed, x.grad, x.apply, x.delta, x.outer, x.state, x.dataset, x.dataset_rows, x.checkpoint_every, x.text, x.bucket_bytes, x.fragments, x.overlap_steps);
 }
 
 template <class F>

@@ -772,6 +772,85 @@ TEST_CASE("streaming DiLoCo: fragments synchronised in turn, each all-reduce a f
   CHECK(bad.error.find("fragments must be in 1..4") != std::string::npos);
 }
 
+TEST_CASE("DiLoCo with overlap: the delta is taken before the round's last inner steps, which the outer step mixes in",
+          "[actors][train][overlap]") {
+  const auto s = two_moons_mlp();
+  // Outer learning rate 1 and no momentum: the new outer parameters are the local ones the delta
+  // was taken from, so the result follows from plain runs of 2 and 4 inner steps.
+  auto base = diloco_options(4);
+  base.inner_steps = 4;
+  base.outer_lr = 1;
+  base.outer_momentum = 0;
+  auto overlapped = base;
+  overlapped.overlap_steps = 2;
+  overlapped.overlap_mix = 0.25;
+  auto half = base;
+  half.steps = 2;
+  half.inner_steps = 2;
+  train_sim a(1), b(1), c(1);
+  const auto r_overlap = a.train(spec_for(s, overlapped)), r_four = b.train(spec_for(s, base)), r_two = c.train(spec_for(s, half));
+  INFO(r_overlap.error << r_four.error << r_two.error);
+  REQUIRE(r_overlap.ok);
+  REQUIRE(r_four.ok);
+  REQUIRE(r_two.ok);
+  const auto o = outputs_of(r_overlap), four = outputs_of(r_four), two = outputs_of(r_two);
+  double worst_outer = 0, worst_local = 0;
+  for (const auto& [name, t] : s.params) {
+    const auto outer = o.at("outer." + name).to_doubles(), local = o.at(name).to_doubles();
+    const auto after2 = two.at(name).to_doubles(), after4 = four.at(name).to_doubles();
+    for (size_t i = 0; i < outer.size(); ++i) {
+      worst_outer = std::max(worst_outer, std::abs(outer[i] - after2[i]));                                   // the delta: 2 steps in
+      worst_local = std::max(worst_local, std::abs(local[i] - (0.25 * after4[i] + 0.75 * after2[i])));  // mixed with 4 steps in
+    }
+  }
+  CHECK(worst_outer < 1e-6);
+  CHECK(worst_local < 1e-6);
+  // The round's loss is over the 2 inner steps before the delta: the 2-step run's.
+  REQUIRE(a.progress.size() == 1);
+  REQUIRE(c.progress.size() == 1);
+  CHECK(a.progress[0].loss == Approx(c.progress[0].loss).epsilon(1e-6));
+}
+
+TEST_CASE("streaming DiLoCo with overlap on 3 nodes: the same bytes, the loss falls, a death mid-run is survived",
+          "[actors][train][overlap]") {
+  const auto s = two_moons_mlp();
+  auto plain = diloco_options(60);
+  plain.inner_steps = 10;
+  plain.fragments = 2;
+  auto overlapped = plain;
+  overlapped.overlap_steps = 2;  // of each round's 5 inner steps
+  train_sim a(3), b(3);
+  const auto r1 = a.train(spec_for(s, plain)), r2 = b.train(spec_for(s, overlapped));
+  INFO(r1.error << r2.error);
+  REQUIRE(r1.ok);
+  REQUIRE(r2.ok);
+  CHECK(reached_step(r2) == 60);
+  REQUIRE(b.progress.size() == a.progress.size());
+  uint64_t bytes1 = 0, bytes2 = 0;
+  for (const auto& p : a.progress) bytes1 += p.bytes_sent;
+  for (const auto& p : b.progress) bytes2 += p.bytes_sent;
+  CHECK(bytes2 == bytes1);
+  const double start = full_loss(s, s.params), l1 = full_loss(s, parameters_only(outputs_of(r1))),
+               l2 = full_loss(s, parameters_only(outputs_of(r2)));
+  WARN("streaming DiLoCo, 2 fragments: loss " << start << " -> " << l1 << " without overlap, " << l2 << " with 2 of 5 steps overlapped");
+  CHECK(l2 < start * 0.8);
+  CHECK(l2 < l1 * 1.5);
+  // A member dies mid-run: its round is redone on the survivors (from the local state each round
+  // started from) and the run finishes.
+  train_sim c(3);
+  c.on_tick = [](train_sim& sim) {
+    if (!sim.progress.empty() && sim.progress.size() == 5 && !sim.dead.count("node-c")) sim.kill("node-c");
+  };
+  const auto r3 = c.train(spec_for(s, overlapped));
+  INFO(r3.error);
+  REQUIRE(r3.ok);
+  CHECK(reached_step(r3) == 60);
+  CHECK(full_loss(s, parameters_only(outputs_of(r3))) < start * 0.8);
+  // More overlapped steps than a round has: refused.
+  overlapped.overlap_steps = 5;
+  CHECK_FALSE(make_train_spec(s.model, s.params, s.data, s.micro_batch, overlapped));
+}
+
 TEST_CASE("DiLoCo reaches a loss close to data parallel with far fewer bytes", "[actors][train]") {
   const auto s = two_moons_mlp();
   const auto dp = dp_options(60), dl = diloco_options(60);
