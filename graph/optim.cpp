@@ -36,7 +36,7 @@ void adam(builder& b, const std::vector<expr>& params, const std::vector<expr>& 
   }
   const expr t = b.parameter("opt.adam.t", dtype::f32, {}, loc);
   // A skipped step does not count: bias correction follows the steps taken.
-  const expr t1 = t + (take.ok() ? cast(take, dtype::f32, loc) : b.scalar(1.0));
+  const expr t1 = take.ok() ? t + cast(take, dtype::f32, loc) : t + 1.0;
   b.update(t, t1, loc);
   const expr correction1 = 1.0 - pow(b.scalar(o.beta1), t1);
   const expr correction2 = 1.0 - pow(b.scalar(o.beta2), t1);

@@ -2,7 +2,7 @@
 // meshnode processes over shaped links (issue 25): wall time to a target held-out loss, the final
 // held-out loss, and the bytes each node sends.
 //
-//   mesh-bench-shaped [--nodes 3] [--rate 1] [--delay-ms 10] [--methods dp,diloco,diloco-int8,diloco-fp4]
+//   mesh-bench-shaped [--nodes 3] [--rate 1] [--delay-ms 10] [--methods dp,diloco,diloco-int8,diloco-fp4,...]
 //                     [--steps 200] [--inner-steps 20] [--lr 3e-3] [--outer-lr 0.7] [--outer-momentum 0.9]
 //                     [--hidden 256] [--layers 4] [--heads 4] [--kv-heads 2] [--ffn 768] [--vocab 256]
 //                     [--batch 4] [--sequence 64] [--micro 1] [--eval-rows 48] [--eval-every H]
@@ -27,6 +27,10 @@
 // columns tokens/targets/mask go straight to mesh::trainer. The training rows are one epoch's
 // worth (steps x global batch), the held-out rows (--eval-rows) are walks of the same chain
 // drawn apart from them.
+//
+// Methods (--methods): dp or diloco, then any of -bf16 -int8 -fp4 (the all-reduce format), and for
+// DiLoCo -pN (N streaming fragments), -oN (N inner steps of each round overlapped with its
+// all-reduce) and -mP (overlap_mix = P / 100, default 50): "diloco-fp4-p4-o2-m50".
 //
 // Every method runs the same steps per node (DiLoCo counts inner steps), the same global batch
 // (--micro micro-batches of --batch rows per node per step), the same data order (--seed) and the
@@ -196,16 +200,32 @@ struct method_spec {
   std::string name;
   train_method method = train_method::data_parallel;
   wire_format wire = wire_format::f32;
+  uint32_t fragments = 1;      ///< DiLoCo: streaming fragments (-pN)
+  uint32_t overlap_steps = 0;  ///< DiLoCo: inner steps overlapped with each round's all-reduce (-oN)
+  double overlap_mix = 0.5;    ///< DiLoCo with overlap: train_options::overlap_mix (-mP: P percent)
 };
 
+/// "dp" or "diloco", then any of -bf16 -int8 -fp4 (the all-reduce format), and for DiLoCo -pN
+/// (N fragments), -oN (N inner steps of each round overlapped) and -mP (overlap_mix = P / 100):
+/// "diloco-fp4-p4-o2-m50".
 std::optional<method_spec> parse_method(const std::string& m) {
-  if (m == "dp") return method_spec{m, train_method::data_parallel, wire_format::f32};
-  if (m == "dp-int8") return method_spec{m, train_method::data_parallel, wire_format::int8};
-  if (m == "diloco") return method_spec{m, train_method::diloco, wire_format::f32};
-  if (m == "diloco-bf16") return method_spec{m, train_method::diloco, wire_format::bf16};
-  if (m == "diloco-int8") return method_spec{m, train_method::diloco, wire_format::int8};
-  if (m == "diloco-fp4") return method_spec{m, train_method::diloco, wire_format::fp4};
-  return std::nullopt;
+  std::vector<std::string> parts;
+  std::stringstream ss(m);
+  for (std::string p; std::getline(ss, p, '-');) parts.push_back(p);
+  if (parts.empty() || (parts[0] != "dp" && parts[0] != "diloco")) return std::nullopt;
+  method_spec out{m, parts[0] == "dp" ? train_method::data_parallel : train_method::diloco};
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    const bool numbered = p.size() > 1 && std::all_of(p.begin() + 1, p.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (p == "bf16") out.wire = wire_format::bf16;
+    else if (p == "int8") out.wire = wire_format::int8;
+    else if (p == "fp4") out.wire = wire_format::fp4;
+    else if (numbered && p[0] == 'p' && out.method == train_method::diloco) out.fragments = static_cast<uint32_t>(std::stoul(p.substr(1)));
+    else if (numbered && p[0] == 'o' && out.method == train_method::diloco) out.overlap_steps = static_cast<uint32_t>(std::stoul(p.substr(1)));
+    else if (numbered && p[0] == 'm' && out.method == train_method::diloco) out.overlap_mix = std::min(100.0, std::stod(p.substr(1))) / 100;
+    else return std::nullopt;
+  }
+  return out;
 }
 
 struct eval_point {
@@ -243,6 +263,9 @@ expected<run_result> run_method(const bench_context& x, const method_spec& m) {
   train_options o;
   o.method = m.method;
   o.compression = m.wire;
+  o.fragments = m.fragments;
+  o.overlap_steps = m.overlap_steps;
+  o.overlap_mix = m.overlap_mix;
   o.steps = static_cast<uint64_t>(s.steps);
   o.inner_steps = static_cast<uint32_t>(s.inner_steps);
   o.outer_lr = s.outer_lr;
@@ -343,7 +366,9 @@ void usage() {
       "Data parallel against DiLoCo (f32, int8, fp4 outer gradients) on meshnode processes in network namespaces,\n"
       "each link shaped to --rate Gbit/s (tbf) with --delay-ms each way (NFQUEUE): time to data parallel's\n"
       "held-out loss x 1.02, final held-out loss, bytes sent per node. Needs root unless --loopback.\n"
-      "Methods: dp, dp-int8, diloco, diloco-bf16, diloco-int8, diloco-fp4 (dp first: it sets the target).\n");
+      "Methods: dp or diloco, then any of -bf16 -int8 -fp4 (all-reduce format) and for DiLoCo -pN (N streaming\n"
+      "fragments), -oN (N inner steps of each round overlapped with its all-reduce) and -mP (overlap_mix P/100):\n"
+      "dp, dp-int8, diloco-fp4, diloco-fp4-p4-o2-m50 (dp first: it sets the target).\n");
 }
 
 std::string fmt_seconds(std::optional<double> s) {
