@@ -30,7 +30,7 @@
 //
 // Methods (--methods): dp or diloco, then any of -bf16 -int8 -fp4 (the all-reduce format), and for
 // DiLoCo -pN (N streaming fragments), -oN (N inner steps of each round overlapped with its
-// all-reduce) and -mP (overlap_mix = P / 100, default 50): "diloco-fp4-p4-o2-m50".
+// all-reduce) and -mP (overlap_mix = P / 100, default 25): "diloco-fp4-p4-o1-m25".
 //
 // Every method runs the same steps per node (DiLoCo counts inner steps), the same global batch
 // (--micro micro-batches of --batch rows per node per step), the same data order (--seed) and the
@@ -202,7 +202,7 @@ struct method_spec {
   wire_format wire = wire_format::f32;
   uint32_t fragments = 1;      ///< DiLoCo: streaming fragments (-pN)
   uint32_t overlap_steps = 0;  ///< DiLoCo: inner steps overlapped with each round's all-reduce (-oN)
-  double overlap_mix = 0.5;    ///< DiLoCo with overlap: train_options::overlap_mix (-mP: P percent)
+  double overlap_mix = 0.25;   ///< DiLoCo with overlap: train_options::overlap_mix (-mP: P percent)
 };
 
 /// "dp" or "diloco", then any of -bf16 -int8 -fp4 (the all-reduce format), and for DiLoCo -pN
