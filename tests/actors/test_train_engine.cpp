@@ -1705,7 +1705,7 @@ TEST_CASE("mixed precision: f16 products with loss scaling on 3 nodes equal one 
   CHECK(std::abs(one.progress.front().loss - exact.progress.front().loss) < 0.01 * exact.progress.front().loss);
 }
 
-TEST_CASE("loss scaling: a step whose gradients overflow changes nothing but the scale; finite steps grow it",
+TEST_CASE("loss scaling: a step whose gradients overflow changes nothing but the scale, finite steps grow it",
           "[actors][train][finetune][mixed]") {
   models::test::temp_dir dir;
   const auto s = tiny_llama_finetune(dir / "llama", 0, dtype::f16);
