@@ -85,6 +85,11 @@ CLI::App* add_train_command(CLI::App& app, train_args& a) {
   t->add_option("--lr", a.lr, "Adam learning rate (0: 2e-4 with LoRA, 2e-5 full)")->capture_default_str();
   t->add_option("--method", a.method, "dp (data parallel) or diloco")->check(CLI::IsMember({"dp", "diloco"}))->capture_default_str();
   t->add_option("--inner-steps", a.inner_steps, "DiLoCo: local steps between averaging")->capture_default_str();
+  t->add_option("--fragments", a.fragments, "DiLoCo: parameters averaged in this many fragments, in turn (streaming DiLoCo)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  t->add_option("--overlap-steps", a.overlap_steps, "DiLoCo: the last this many local steps of each round run while its all-reduce travels")
+      ->capture_default_str();
   t->add_option("--compression", a.compression, "all-reduce format: f32, bf16, f16, int8, fp4")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "int8", "fp4"}))
       ->capture_default_str();
@@ -154,6 +159,8 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
            {"method", a.method},
            {"compression", a.compression},
            {"precision", a.precision},
+           {"fragments", a.fragments},
+           {"overlap_steps", a.overlap_steps},
            {"parameters", total},
            {"trained_parameters", trained},
            {"status", "running"},
@@ -172,6 +179,8 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   o.micro_batches = a.micro_batches;
   o.method = a.method == "diloco" ? train_method::diloco : train_method::data_parallel;
   o.inner_steps = a.inner_steps;
+  o.fragments = a.fragments;
+  o.overlap_steps = a.overlap_steps;
   o.compression = a.compression == "bf16"   ? wire_format::bf16
                   : a.compression == "f16"  ? wire_format::f16
                   : a.compression == "int8" ? wire_format::int8

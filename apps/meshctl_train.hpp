@@ -43,7 +43,9 @@ struct train_args {
   std::string method = "dp";
   uint32_t inner_steps = 20;
   std::string compression = "f32";
-  std::string precision = "f32";  ///< the products' dtype: f32, bf16 or f16 (with loss scaling)
+  std::string precision = "f32";
+  uint32_t fragments = 1;      ///< DiLoCo: streaming fragments
+  uint32_t overlap_steps = 0;  ///< DiLoCo: inner steps of each round overlapped with its all-reduce  ///< the products' dtype: f32, bf16 or f16 (with loss scaling)
   uint64_t checkpoint_every = 0;
   uint64_t seed = 1;
 };

@@ -117,6 +117,10 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
                                           (tmp.path / "run7").string() + " --lora-rank 4 --precision f8");
   CHECK(bad_precision.status != 0);
   CHECK(bad_precision.err.find("--precision") != std::string::npos);
+  auto bad_overlap = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " +
+                                        (tmp.path / "run8").string() + " --lora-rank 4 --sequence 16 --overlap-steps 2");
+  CHECK(bad_overlap.status != 0);
+  CHECK(bad_overlap.err.find("overlap_steps is for DiLoCo runs") != std::string::npos);
 
   // Bad input: named, nothing trained, the node still there.
   const auto bad_data = tmp.path / "bad.jsonl";
