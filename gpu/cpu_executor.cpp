@@ -1,9 +1,10 @@
 // The CPU back end: node-by-node typed loops (float for f32/f16/bf16 with rounding after each op,
 // int32 for i32), split across a persistent thread pool for large tensors. Used where no Vulkan
 // device exists. matmul and linear go to the blocked GEMM and the linear kernels (cpu_gemm.hpp,
-// cpu_linear.hpp: AVX2+FMA where the CPU has it); quantized leaves stay as their blocks, which
-// linear decodes by the row; kv_write takes over its cache's working copy and writes back only
-// the slice.
+// cpu_linear.hpp: AVX2+FMA where the CPU has it; q8_0, q4_0, q4_k and q6_k products on x rounded
+// to 8 bits, a decode step's in integers, unless cpu_options or MESH_CPU_LINEAR=f32 say f32);
+// quantized leaves stay as their blocks, which linear decodes by the row; kv_write takes over its
+// cache's working copy and writes back only the slice.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -43,8 +44,10 @@ T nan_min(T x, T y) {
 
 class cpu_executor final : public executor {
  public:
-  explicit cpu_executor(unsigned threads)
-      : threads_(threads ? threads : std::max(1u, std::thread::hardware_concurrency())), pool_(std::make_unique<thread_pool>(threads_)) {
+  explicit cpu_executor(const cpu_options& o)
+      : threads_(o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency())),
+        pool_(std::make_unique<thread_pool>(threads_)),
+        linear_x_(o.int8_linear < 0 ? default_linear_x() : (o.int8_linear ? linear_x::int8 : linear_x::f32)) {
     info_.name = "cpu (" + std::to_string(threads_) + " threads)";
     info_.kind = "cpu";
     info_.fp16 = info_.bf16_storage = true;
@@ -630,12 +633,14 @@ class cpu_executor final : public executor {
     la.x = v[n.inputs[0]].f.data();
     la.rows = nn ? element_count(n.dims) / nn : 0;
     la.y = out.f.data();
+    la.x_mode = linear_x_;
     linear_f32(la, isa_, pool_.get());
     if (n.type != dtype::f32) round_all(n.type, out.f);
   }
 
   unsigned threads_;
   std::unique_ptr<thread_pool> pool_;  ///< threads_ threads, the calling one included
+  linear_x linear_x_;                  ///< whether linears round x to 8 bits (integer dots)
   cpu_isa isa_ = default_isa();        ///< which kernels matmul and linear use
   device_info info_;
   std::vector<graph> programs_;
@@ -684,6 +689,12 @@ class cpu_executor final : public executor {
 
 }  // namespace
 
-std::unique_ptr<executor> make_cpu_executor(unsigned threads) { return std::make_unique<cpu_executor>(threads); }
+std::unique_ptr<executor> make_cpu_executor(unsigned threads) {
+  cpu_options o;
+  o.threads = threads;
+  return std::make_unique<cpu_executor>(o);
+}
+
+std::unique_ptr<executor> make_cpu_executor(const cpu_options& options) { return std::make_unique<cpu_executor>(options); }
 
 }  // namespace mesh::gpu

@@ -1,16 +1,15 @@
 #include "gpu/cpu_linear.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "graph/quant.hpp"
 #include "gpu/cpu_gemm.hpp"
+#include "gpu/cpu_quant_dot.hpp"
+#include "gpu/cpu_simd.hpp"
 #include "gpu/cpu_thread_pool.hpp"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 namespace mesh::gpu {
 namespace {
@@ -67,32 +66,14 @@ void rows_by_gemm(const linear_args& a, int64_t rb, int64_t j0, int64_t j1, cpu_
 // y[r * ldy] for r < R. `xs` (ldxs apart) holds each x row's 32-element slice sums (q4_k's
 // minimum terms). Integer codes become floats (exactly) and are dotted with x; a block's or
 // sub-block's scale multiplies its partial sum.
-#define MESH_AVX2 __attribute__((target("avx2,fma,f16c")))
+using namespace simd;
 
 using dot_fn = void (*)(const uint8_t* w, int64_t k, const float* x, int64_t ldx, const float* xs, int64_t ldxs, float* y, int64_t ldy);
 
-MESH_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-MESH_AVX2 inline float f16_at(const uint8_t* p) {
-  uint16_t h = 0;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 /// The low 8 bytes of v, signed (unsigned), as 8 floats.
 MESH_AVX2 inline __m256 i8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 MESH_AVX2 inline __m256 u8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 MESH_AVX2 inline __m128i high8(__m128i v) { return _mm_srli_si128(v, 8); }
-
-/// Fetches the weight bytes prefetch_ahead bytes on into L1 while this block is computed: one row's
-/// blocks stream through once, and the hardware prefetcher alone leaves the loads waiting.
-MESH_AVX2 inline void prefetch(const uint8_t* p, int lines) {
-  for (int l = 0; l < lines; ++l) _mm_prefetch(reinterpret_cast<const char*>(p + 64 * l), _MM_HINT_T0);
-}
-constexpr int64_t prefetch_ahead = 1024;
 
 /// 8 weights from element c on: kind 0 f32, 1 f16, 2 bf16 (its bits are a float's upper half).
 template <int kind>
@@ -188,18 +169,6 @@ MESH_AVX2 void dot_q4_0(const uint8_t* w, int64_t k, const float* x, int64_t ldx
     block32<R>(f, _mm256_set1_ps(f16_at(w)), x + 32 * b, ldx, acc);
   }
   for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]);
-}
-
-/// A block's 8 q4_k scales (bytes 0-7) and 8 mins (bytes 8-15) from its 12 packed bytes
-/// (graph/quant.hpp), unpacked with word operations as ggml does.
-inline void q4_k_scales_mins(const uint8_t* packed, uint32_t u[4]) {
-  constexpr uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
-  std::memcpy(u, packed, 12);
-  u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);  // mins 4-7
-  const uint32_t mins_lo = u[1] & low6;                        // mins 0-3
-  u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);          // scales 4-7
-  u[2] = mins_lo;
-  u[0] &= low6;  // scales 0-3
 }
 
 /// q4_k: 144-byte blocks of 256: x = d*sc * q - dmin*m per sub-block of 32, so a sub-block adds
@@ -312,9 +281,29 @@ void rows_in_registers(const linear_args& a, int64_t rb, int64_t j0, int64_t j1,
       register_dot(a.type, R)(a.w + j * rb, a.k, a.x + r0 * a.k, a.k, xs ? xs + r0 * ldxs : nullptr, ldxs, a.y + r0 * a.n + j, a.n);
     }
 }
+
+/// Few rows, x quantized to 8 bits (`xq`, rows `ldxq` bytes apart): integer dots of weight rows
+/// [j0, j1) with up to 4 rows of x at a time.
+void rows_int8(const linear_args& a, int64_t rb, int64_t j0, int64_t j1, const uint8_t* xq, int64_t ldxq) {
+  for (int64_t r0 = 0; r0 < a.rows; r0 += 4) {
+    const int64_t R = std::min<int64_t>(4, a.rows - r0);
+    const int8_dot_fn dot = int8_dot(a.type, R);
+    for (int64_t j = j0; j < j1; ++j) dot(a.w + j * rb, a.k, xq + r0 * ldxq, ldxq, a.y + r0 * a.n + j, a.n);
+  }
+}
 #endif
 
 }  // namespace
+
+linear_x default_linear_x() {
+  static const linear_x mode = [] {
+    const char* v = std::getenv("MESH_CPU_LINEAR");
+    return v && std::strcmp(v, "f32") == 0 ? linear_x::f32 : linear_x::int8;
+  }();
+  return mode;
+}
+
+bool takes_int8_dots(dtype t, cpu_isa isa) { return isa == cpu_isa::avx2 && int8_dot(t, 1) != nullptr; }
 
 bool decodes_in_registers(dtype t, cpu_isa isa) {
 #if defined(__x86_64__)
@@ -332,8 +321,25 @@ void linear_f32(const linear_args& a, cpu_isa isa, thread_pool* pool) {
     return;
   }
   const int64_t rb = *row_bytes(a.type, a.k);
-  const bool by_gemm = a.rows >= linear_gemm_rows;
-  const bool in_registers = !by_gemm && decodes_in_registers(a.type, isa);
+  // With x in 8 bits the integer dots take every number of rows: a row's result is then the
+  // same bit for bit whether it came alone (a decode step) or with others (a prompt, or the
+  // tokens a split model replays on its survivors after a stage node died), which the f32 GEMM
+  // on the same rounded x is not (its sums round differently, and a greedy stream can diverge).
+  const bool int8 = a.x_mode == linear_x::int8 && takes_int8_dots(a.type, isa);
+  const bool by_gemm = !int8 && a.rows >= linear_gemm_rows;
+  const bool in_registers = !by_gemm && !int8 && decodes_in_registers(a.type, isa);
+  // x quantized to 8 bits once for every weight row (a buffer of the calling thread, which the
+  // workers only read; 64-byte aligned).
+  const uint8_t* xq = nullptr;
+  const int64_t ldxq = int8 ? int8_x_row_bytes(a.type, a.k) : 0;
+  if (int8) {
+    thread_local std::vector<uint8_t> buf;
+    const size_t need = static_cast<size_t>(a.rows * ldxq) + 64;
+    if (buf.size() < need) buf.resize(need);
+    uint8_t* base = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+    quantize_x_int8(a.type, a.x, a.rows, a.k, a.k, base);
+    xq = base;
+  }
   // q4_k's minimum terms need each x row's 32-element slice sums: computed once here, for every
   // weight row (a buffer of the calling thread, which the workers only read).
   const float* xs = nullptr;
@@ -358,6 +364,7 @@ void linear_f32(const linear_args& a, cpu_isa isa, thread_pool* pool) {
     const int64_t j0 = q * chunk, j1 = std::min(a.n, j0 + chunk);
     if (by_gemm) return rows_by_gemm(a, rb, j0, j1, isa);
 #if defined(__x86_64__)
+    if (int8) return rows_int8(a, rb, j0, j1, xq, ldxq);
     if (in_registers) return rows_in_registers(a, rb, j0, j1, xs);
 #endif
     rows_by_buffer(a, rb, j0, j1);

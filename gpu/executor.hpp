@@ -131,4 +131,16 @@ expected<std::unique_ptr<executor>> make_vulkan_executor(const vulkan_options& o
 /// The CPU back end: `threads` workers (0: hardware concurrency).
 std::unique_ptr<executor> make_cpu_executor(unsigned threads = 0);
 
+struct cpu_options {
+  unsigned threads = 0;  ///< workers, the calling thread included (0: hardware concurrency)
+  /// Linears of q8_0, q4_0, q4_k and q6_k weights where the CPU has AVX2: x quantized to 8 bits
+  /// (a decode step's products in integers; results differ from f32 x by x's rounding: the error
+  /// bound in cpu_quant_dot.hpp), or x kept in f32 (within f32 rounding of the dequantized weights).
+  /// -1: 8 bits unless the environment variable MESH_CPU_LINEAR is "f32"; 0: f32; 1: 8 bits.
+  int int8_linear = -1;
+};
+
+/// The CPU back end with `options`.
+std::unique_ptr<executor> make_cpu_executor(const cpu_options& options);
+
 }  // namespace mesh::gpu

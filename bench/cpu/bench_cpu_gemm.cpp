@@ -1,7 +1,8 @@
 // The CPU executor's kernels against anchors measured in the same run:
 // - f32 GEMM (gemm_f32, AVX2 and portable kernels) beside OpenBLAS cblas_sgemm, square sizes,
 //   GFLOP/s best and median of the repetitions and the ratio of the bests;
-// - linear with one row of x (a decode step) per weight dtype: weight bytes streamed per second,
+// - linear with one row of x (a decode step) per weight dtype: weight bytes streamed per second
+//   with the integer dots (x quantized to 8 bits: q4_k, q6_k, q8_0, q4_0 on AVX2) and with f32 x,
 //   beside a plain read of the same bytes with the same threads (the memory's ceiling).
 //
 // usage: mesh-bench-cpu-gemm [--threads N] [--reps R] [--sizes 512,1024,2048] [--no-linear] [--linear-rows N]
@@ -141,8 +142,13 @@ void bench_linear(dtype t, int64_t n, int reps, thread_pool& pool, unsigned thre
   linear_args la;
   la.type = t, la.w = w.data(), la.n = n, la.k = k, la.x = x.data(), la.rows = 1, la.y = y.data();
   const double bytes = static_cast<double>(w.size());
-  auto run = [&](cpu_isa isa) { return time_it(reps, [&] { linear_f32(la, isa, &pool); }); };
-  const timing avx = run(supported_isa()), portable = run(cpu_isa::portable);
+  auto run = [&](cpu_isa isa, linear_x mode) {
+    la.x_mode = mode;
+    return time_it(reps, [&] { linear_f32(la, isa, &pool); });
+  };
+  const bool int8 = takes_int8_dots(t, supported_isa());
+  const timing avx = run(supported_isa(), linear_x::f32), portable = run(cpu_isa::portable, linear_x::f32);
+  const timing avx8 = int8 ? run(supported_isa(), linear_x::int8) : avx;
   // The ceiling: the same bytes read (summed as 64-bit words) by the same threads.
   std::vector<uint64_t> sums(64);
   const int64_t parts = 64, words = static_cast<int64_t>(w.size() / 8);
@@ -158,9 +164,11 @@ void bench_linear(dtype t, int64_t n, int reps, thread_pool& pool, unsigned thre
       sums[static_cast<size_t>(p)] = s;
     });
   });
-  std::printf("linear %-5s [%lld x %lld] x 1 row, %u threads: mesh %s %6.2f GB/s (%5.2f ms), portable %6.2f GB/s, plain read %6.2f GB/s: %.0f%% of it\n",
-              to_string(t), static_cast<long long>(n), static_cast<long long>(k), threads, to_string(supported_isa()), bytes / avx.median * 1e-9,
-              avx.median * 1e3, bytes / portable.median * 1e-9, bytes / read.median * 1e-9, 100.0 * read.median / avx.median);
+  std::printf("linear %-5s [%lld x %lld] x 1 row, %u threads: mesh %s", to_string(t), static_cast<long long>(n), static_cast<long long>(k), threads,
+              to_string(supported_isa()));
+  if (int8) std::printf(" int8 %6.2f GB/s (%5.2f ms, %.0f%% of the read),", bytes / avx8.median * 1e-9, avx8.median * 1e3, 100.0 * read.median / avx8.median);
+  std::printf(" f32 x %6.2f GB/s (%5.2f ms, %.0f%%), portable %6.2f GB/s, plain read %6.2f GB/s\n", bytes / avx.median * 1e-9, avx.median * 1e3,
+              100.0 * read.median / avx.median, bytes / portable.median * 1e-9, bytes / read.median * 1e-9);
 }
 
 }  // namespace
@@ -195,7 +203,7 @@ int main(int argc, char** argv) {
   std::vector<gemm_result> results;
   for (const int64_t size : sizes) results.push_back(bench_gemm(size, reps, pool));
   if (linear)
-    for (const dtype t : {dtype::q4_k, dtype::q6_k, dtype::q8_0, dtype::f16}) bench_linear(t, linear_n, reps * 4, pool, threads);
+    for (const dtype t : {dtype::q4_k, dtype::q6_k, dtype::q8_0, dtype::q4_0, dtype::f16}) bench_linear(t, linear_n, reps * 4, pool, threads);
   const openblas blas(threads);
   std::printf("anchor: %s\n", blas.sgemm ? ("OpenBLAS " + blas.version + ", " + std::to_string(threads) + " threads").c_str()
                                           : "none (OpenBLAS not found at build time or not loadable)");

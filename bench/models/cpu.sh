@@ -15,6 +15,9 @@
 #   SKIP_LLAMA=1 / SKIP_MESH=1   one side only (results already in OUT are kept and tabled; a
 #              later result for the same file replaces an earlier one)
 #   CASE_TIMEOUT  seconds per file and side (default 900); PROMPT, GENERATE (default 128, 32)
+#   MESH_VARIANTS  space-separated environment settings, meshnode run once with each after
+#              llama.cpp on every file, one table each (e.g. "MESH_CPU_LINEAR=f32
+#              MESH_CPU_LINEAR=int8": the f32 and the integer decode kernels, docs/gpu.md)
 # llama-bench runs -p 128 -n 32 -d 0,128 (tg32 at an empty cache and after 128 positions, which is
 # where meshnode's generation runs). Both run THREADS threads (llama-bench -t, mesh --threads).
 # One file at a time, llama.cpp then meshnode, so that the two of a file see about the same load
@@ -59,21 +62,36 @@ llama_one() {
 }
 
 mesh_one() {
-  local f=$1 rc
-  log "+ mesh-bench-generate $f --cpu (load $(load))"
-  timeout "${CASE_TIMEOUT:-900}" "$MESH" "$f" --cpu --prompt "$P" --generate "$G" --context $((P + G)) \
-    --runs "$REPS" --threads "$THREADS" >"$O/mesh.out" 2>"$O/mesh.err"
+  local f=$1 v=${2:-} rc
+  local d=$O${v:+/$v}
+  mkdir -p "$d"
+  log "+ ${v:+$v }mesh-bench-generate $f --cpu (load $(load))"
+  env $v timeout "${CASE_TIMEOUT:-900}" "$MESH" "$f" --cpu --prompt "$P" --generate "$G" --context $((P + G)) \
+    --runs "$REPS" --threads "$THREADS" >"$d/mesh.out" 2>"$d/mesh.err"
   rc=$?
-  cat "$O/mesh.out"; tail -5 "$O/mesh.err"
+  cat "$d/mesh.out"; tail -5 "$d/mesh.err"
   [ $rc = 0 ] || log "mesh-bench-generate exit $rc$([ $rc = 124 ] && echo ' (timed out)')"
-  cat "$O/mesh.out" >>"$O/mesh.txt"
+  cat "$d/mesh.out" >>"$d/mesh.txt"
 }
 
 for f in "${FILES[@]}"; do
   [ -s "$f" ] || { log "missing $f"; continue; }
   [ "${SKIP_LLAMA:-0}" = 1 ] || llama_one "$f"
-  [ "${SKIP_MESH:-0}" = 1 ] || mesh_one "$f"
+  if [ "${SKIP_MESH:-0}" != 1 ]; then
+    if [ -n "${MESH_VARIANTS:-}" ]; then
+      for v in $MESH_VARIANTS; do mesh_one "$f" "$v"; done
+    else mesh_one "$f"; fi
+  fi
 done
 
 log "done (load $(load)); table (also in $O/table.md):"
-/usr/bin/python3 "$HERE/bench_table.py" "$O" "$P" "$G" "${FILES[@]}" | tee "$O/table.md"
+if [ -n "${MESH_VARIANTS:-}" ]; then
+  for v in $MESH_VARIANTS; do
+    for x in llama.jsonl llama-rss.txt; do [ -e "$O/$x" ] && ln -sf "$O/$x" "$O/$v/$x"; done
+    echo "meshnode with $v:"
+    /usr/bin/python3 "$HERE/bench_table.py" "$O/$v" "$P" "$G" "${FILES[@]}"
+    echo
+  done | tee "$O/table.md"
+else
+  /usr/bin/python3 "$HERE/bench_table.py" "$O" "$P" "$G" "${FILES[@]}" | tee "$O/table.md"
+fi

@@ -41,8 +41,24 @@ inline executor& vulkan() {
   return *ex;
 }
 
+/// The CPU back end with x kept in f32 in every linear, so that its results are within f32
+/// rounding of the reference; cpu_int8() is the default, which rounds x to 8 bits for q8_0, q4_0,
+/// q4_k and q6_k weights where the CPU has AVX2 (tests/gpu/test_cpu_kernels.cpp checks it).
 inline executor& cpu() {
-  static std::unique_ptr<executor> ex = make_cpu_executor(2);
+  static std::unique_ptr<executor> ex = [] {
+    cpu_options o;
+    o.threads = 2, o.int8_linear = 0;
+    return make_cpu_executor(o);
+  }();
+  return *ex;
+}
+
+inline executor& cpu_int8() {
+  static std::unique_ptr<executor> ex = [] {
+    cpu_options o;
+    o.threads = 2, o.int8_linear = 1;
+    return make_cpu_executor(o);
+  }();
   return *ex;
 }
 

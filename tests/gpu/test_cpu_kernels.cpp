@@ -2,17 +2,24 @@
 // double-precision loop (odd, empty and batched shapes, strided and transposed operands, NaN and
 // infinity), the linear kernels against dequantize_row() and a double dot for every weight dtype
 // (extreme block scales, x of large and small magnitude), each on the AVX2 path (where this CPU
-// has it) and the portable one, with and without the thread pool; then linear and matmul graphs
-// on the CPU executor against mesh::evaluate. No Vulkan needed.
+// has it) and the portable one, with and without the thread pool; the integer dots (x quantized
+// to 8 bits) against x quantized as cpu_quant_dot.hpp publishes it and against the published error
+// bound; then linear and matmul graphs on the CPU executor (x in f32, and the default 8-bit x)
+// against mesh::evaluate. No Vulkan needed.
 #include "harness.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "graph/quant.hpp"
 #include "gpu/cpu_gemm.hpp"
 #include "gpu/cpu_isa.hpp"
 #include "gpu/cpu_linear.hpp"
+#include "gpu/cpu_quant_dot.hpp"
 #include "gpu/cpu_thread_pool.hpp"
 
 using namespace mesh;
@@ -175,17 +182,26 @@ std::vector<uint8_t> extreme_weight(dtype t, int64_t n, int64_t k, uint64_t seed
   return w;
 }
 
-/// |d*sc*q| of q4_k's elements can pass |x| by dmin*m, which the register kernel subtracts
-/// after the sum: per element, that offset (0 for the other dtypes).
-std::vector<double> q4_k_offsets(const uint8_t* row, int64_t k) {
+/// The register kernels sum larger terms than the weights' own values and subtract an offset
+/// after the sum: q4_k's d*sc*q against dmin*m; with `int8` (the integer dots) also q6_k's
+/// d*sc*u against d*sc*32 (u = q + 32). Per element, that offset's magnitude (0 for the other
+/// dtypes), which the tolerances count as part of the products' magnitudes.
+std::vector<double> weight_offsets(dtype t, const uint8_t* row, int64_t k, bool int8) {
   std::vector<double> off(static_cast<size_t>(k), 0.0);
   for (int64_t blk = 0; blk < k / 256; ++blk) {
-    const uint8_t* b = row + blk * 144;
-    const double dmin = half_to_float(static_cast<uint16_t>(b[2] | b[3] << 8));
-    const uint8_t* s = b + 4;
-    for (int j = 0; j < 8; ++j) {
-      const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-      for (int e = 0; e < 32; ++e) off[static_cast<size_t>(blk * 256 + 32 * j + e)] = std::abs(dmin * m);
+    if (t == dtype::q4_k) {
+      const uint8_t* b = row + blk * 144;
+      const double dmin = half_to_float(static_cast<uint16_t>(b[2] | b[3] << 8));
+      const uint8_t* s = b + 4;
+      for (int j = 0; j < 8; ++j) {
+        const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+        for (int e = 0; e < 32; ++e) off[static_cast<size_t>(blk * 256 + 32 * j + e)] = std::abs(dmin * m);
+      }
+    } else if (t == dtype::q6_k && int8) {
+      const uint8_t* b = row + blk * 210;
+      const double d = half_to_float(static_cast<uint16_t>(b[208] | b[209] << 8));
+      for (int j = 0; j < 16; ++j)
+        for (int e = 0; e < 16; ++e) off[static_cast<size_t>(blk * 256 + 16 * j + e)] = std::abs(d * static_cast<int8_t>(b[192 + j]) * 32);
     }
   }
   return off;
@@ -208,7 +224,7 @@ void check_linear_kernel(dtype t, int64_t n, int64_t k, int64_t rows, cpu_isa is
   int64_t bad = 0;
   for (int64_t j = 0; j < n; ++j) {
     REQUIRE(dequantize_row(t, {w.data() + j * rb, static_cast<size_t>(rb)}, wrow).has_value());
-    const std::vector<double> off = t == dtype::q4_k ? q4_k_offsets(w.data() + j * rb, k) : std::vector<double>(static_cast<size_t>(k), 0.0);
+    const std::vector<double> off = weight_offsets(t, w.data() + j * rb, k, false);
     for (int64_t r = 0; r < rows; ++r) {
       double want = 0, scale = 0;
       for (int64_t c = 0; c < k; ++c) {
@@ -221,6 +237,151 @@ void check_linear_kernel(dtype t, int64_t n, int64_t k, int64_t rows, cpu_isa is
     }
   }
   CHECK(bad == 0);
+}
+
+// ---- the integer dots (x quantized to 8 bits) ----
+
+/// x quantized as cpu_quant_dot.hpp publishes it, written here from that text: per block of B,
+/// d = max|x| / 127 in f32, q = x / d rounded to nearest (ties to even) and clamped to +-127.
+/// Returns d*q per element (exact in double) and, in `half_step`, d/2 per element (the rounding
+/// bound).
+std::vector<double> quantized_x(const float* x, int64_t k, int64_t block, std::vector<double>& half_step) {
+  std::vector<double> out(static_cast<size_t>(k));
+  half_step.assign(static_cast<size_t>(k), 0.0);
+  for (int64_t b = 0; b < k / block; ++b) {
+    float m = 0;
+    for (int64_t i = 0; i < block; ++i) m = std::max(m, std::abs(x[b * block + i]));
+    const float d = m / 127.0f;
+    for (int64_t i = 0; i < block; ++i) {
+      const size_t e = static_cast<size_t>(b * block + i);
+      const float q = d == 0.0f ? 0.0f : std::clamp(std::nearbyint(x[e] / d), -127.0f, 127.0f);
+      out[e] = static_cast<double>(q) * d;
+      half_step[e] = 0.5 * d;
+    }
+  }
+  return out;
+}
+
+/// How x's rows are made: uniform of magnitude 1, 1e4 and 1e-4 in turn; with `specials`, some
+/// rows also get one huge element (1e6), a block of zeros, or every element at +-1 (all codes
+/// +-127: the integer sums at their largest).
+std::vector<float> int8_test_x(int64_t rows, int64_t k, uint64_t seed, bool specials) {
+  std::vector<float> x = uniform(static_cast<size_t>(rows * k), seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x.data() + r * k;
+    const float mag = r % 3 == 1 ? 1e4f : (r % 3 == 2 ? 1e-4f : 1.0f);
+    for (int64_t c = 0; c < k; ++c) xr[c] *= mag;
+    if (!specials) continue;
+    if (r % 4 == 0) xr[(5 + 37 * r) % k] = 1e6f;
+    if (r % 4 == 1) std::fill(xr, xr + std::min<int64_t>(k, 256), 0.0f);
+    if (r % 4 == 2)
+      for (int64_t c = 0; c < k; ++c) xr[c] = c % 64 < 32 ? 1.0f : -1.0f;
+  }
+  return x;
+}
+
+/// An n x k weight of dtype t whose blocks are random bytes (every code, 6-bit scale and minimum,
+/// q6_k's -128 scales, q8_0's -128 codes) with the f16 scale fields set to normal values in
+/// [2^-10, 2); with `saturated`, every code and sub-block scale at its largest magnitude instead
+/// (q8_0 codes -128, q4_0 nibbles 15, q4_k nibbles 15 with 6-bit scales and minimums 63, q6_k
+/// codes 63 with scales -128).
+std::vector<uint8_t> random_block_weight(dtype t, int64_t n, int64_t k, uint64_t seed, bool saturated) {
+  const int64_t rb = *row_bytes(t, k), be = block_elements(t), bb = block_bytes(t);
+  std::vector<uint8_t> w(static_cast<size_t>(n * rb));
+  std::mt19937_64 rng(seed);
+  for (auto& b : w) b = saturated ? (t == dtype::q8_0 || t == dtype::q6_k ? 0x80 : 0xff) : static_cast<uint8_t>(rng());
+  const int64_t blocks = n * k / be;
+  if (saturated && t == dtype::q6_k)
+    for (int64_t blk = 0; blk < blocks; ++blk) std::fill_n(w.data() + blk * bb, 192, uint8_t{0xff});
+  std::uniform_int_distribution<int> exponent(5, 15), mantissa(0, 1023);  // 2^-10 .. 2 (f16 bias 15)
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (const int64_t f : scale_fields(t)) {
+      const uint16_t h = static_cast<uint16_t>(exponent(rng) << 10 | mantissa(rng));
+      w[static_cast<size_t>(blk * bb + f)] = static_cast<uint8_t>(h), w[static_cast<size_t>(blk * bb + f + 1)] = static_cast<uint8_t>(h >> 8);
+    }
+  return w;
+}
+
+struct int8_case {
+  dtype t;
+  int64_t n, k, rows;
+  int weight = 0;  ///< 0: extreme_weight (the reference quantizer, extreme f16 scales); 1: random bytes; 2: saturated
+};
+
+/// y = x W^T by linear_f32 with linear_x::int8 against two references, element by element. Where
+/// `isa` takes integer dots for the dtype: (1) dequantize_row() of the weight and a double dot
+/// with x quantized as published (quantized_x), within 2e-6 of the sum of the products'
+/// magnitudes, whatever the number of rows (f32 rounding of the block scales and of the float accumulation, a few roundings of
+/// 6e-8 each; weight_offsets counts in the terms subtracted after the sums); the largest term's x
+/// code off by one, or the first block's scale doubled, exceeds it in at least 9 of 10 rows
+/// (checked below); (2) the dot with x itself, within the published
+/// bound sum |w_i| * d_i / 2 plus 1e-5 of the sum of the products' magnitudes. Elsewhere (the portable path)
+/// x stays f32: within f32 rounding of the dot with x.
+void check_int8_kernel(const int8_case& c, cpu_isa isa, thread_pool* pool) {
+  const dtype t = c.t;
+  const int64_t n = c.n, k = c.k, rows = c.rows;
+  INFO("dtype " << to_string(t) << " n " << n << " k " << k << " rows " << rows << " weight " << c.weight << " isa " << to_string(isa)
+                << " pool " << (pool != nullptr));
+  const uint64_t seed = 1000 + static_cast<uint64_t>(k * 7 + n * 3 + rows);
+  const std::vector<uint8_t> w = c.weight == 0 ? extreme_weight(t, n, k, seed) : random_block_weight(t, n, k, seed, c.weight == 2);
+  const std::vector<float> x = int8_test_x(rows, k, seed + 1, true);
+  std::vector<float> y(static_cast<size_t>(rows * n), NAN);
+  linear_args a;
+  a.type = t, a.w = w.data(), a.n = n, a.k = k, a.x = x.data(), a.rows = rows, a.y = y.data(), a.x_mode = linear_x::int8;
+  linear_f32(a, isa, pool);
+  const bool int8 = takes_int8_dots(t, isa);
+  std::vector<std::vector<double>> xq(static_cast<size_t>(rows)), half(static_cast<size_t>(rows));
+  if (int8)
+    for (int64_t r = 0; r < rows; ++r) xq[static_cast<size_t>(r)] = quantized_x(x.data() + r * k, k, int8_x_block(t), half[static_cast<size_t>(r)]);
+  const int64_t rb = *row_bytes(t, k), first = block_elements(t);
+  std::vector<float> wrow(static_cast<size_t>(k));
+  int64_t bad = 0, caught = 0, probes = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    REQUIRE(dequantize_row(t, {w.data() + j * rb, static_cast<size_t>(rb)}, wrow).has_value());
+    const std::vector<double> off = weight_offsets(t, w.data() + j * rb, k, int8);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + r * k;
+      const float got = y[static_cast<size_t>(r * n + j)];
+      double exact = 0, scale = 0;
+      for (int64_t e = 0; e < k; ++e) {
+        exact += static_cast<double>(xr[e]) * wrow[static_cast<size_t>(e)];
+        scale += std::abs(static_cast<double>(xr[e])) * (std::abs(wrow[static_cast<size_t>(e)]) + 2 * off[static_cast<size_t>(e)]);
+      }
+      if (!int8) {
+        if (!close(got, exact, scale, 1e-5) && bad++ < 5) CHECK(got == Approx(exact));
+        continue;
+      }
+      const std::vector<double>& q = xq[static_cast<size_t>(r)];
+      const std::vector<double>& h = half[static_cast<size_t>(r)];
+      double want = 0, qscale = 0, bound = 0, first_block = 0, first_mag = 0, one_code = 0;
+      for (int64_t e = 0; e < k; ++e) {
+        const double wv = wrow[static_cast<size_t>(e)], qv = q[static_cast<size_t>(e)], step = 2 * h[static_cast<size_t>(e)];
+        want += wv * qv;
+        qscale += std::abs(qv) * (std::abs(wv) + 2 * off[static_cast<size_t>(e)]);
+        bound += std::abs(wv) * h[static_cast<size_t>(e)];
+        if (e < first) first_block += wv * qv, first_mag += std::abs(wv * qv);
+        one_code = std::max(one_code, std::abs(wv * step));
+      }
+      const double tight = 2e-6 * qscale + 1e-35;
+      const double loose = bound * (1 + 1e-6) + 1e-5 * scale + 1e-35;
+      const double diff_q = std::abs(static_cast<double>(got) - want), diff_x = std::abs(static_cast<double>(got) - exact);
+      if ((!(diff_q <= tight) || !(diff_x <= loose)) && bad++ < 5) {
+        INFO("row of x " << r << ", weight row " << j << ": exact " << exact << ", bound " << loose);
+        CHECK(got == Approx(want));
+        CHECK(diff_q <= tight);
+        CHECK(diff_x <= loose);
+      }
+      // The tight check can fail: the first block's scale doubled, or the largest single term's
+      // x code off by one, would leave it (counted where those terms are not zero and the first
+      // block's terms do not cancel: the +-1 rows against saturated weights sum to about 0).
+      if (std::abs(first_block) > 1e-3 * first_mag) ++probes, caught += std::abs(first_block) > tight;
+      if (one_code != 0) ++probes, caught += one_code > tight;
+    }
+  }
+  CHECK(bad == 0);
+  // (With extreme_weight's scales a block of 65504 can dominate the sum, leaving a change in a
+  // tiny block below f32 rounding: the count holds for the weights of normal scales.)
+  if (c.weight != 0) CHECK(caught * 10 >= probes * 9);
 }
 
 }  // namespace
@@ -261,6 +422,84 @@ TEST_CASE("cpu linear: plain dtypes with k not a multiple of the vector width, a
   for (const float v : y) CHECK(v == 0.0f);
 }
 
+TEST_CASE("cpu linear int8: q8_0, q4_0, q4_k and q6_k against dequantize_row and x quantized as published, every kernel set") {
+  for (const cpu_isa isa : isas())
+    for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+      const int64_t b = block_elements(t);
+      for (const int64_t k : {b, 3 * b, 7 * b, 2048 + b})  // odd numbers of blocks, a short tail of 4 rows
+        for (const int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 13})
+          for (int weight = 0; weight < 3; ++weight) {
+            const int64_t n = rows % 3 == 0 ? 1 : (rows % 3 == 1 ? 19 : 37);  // no multiple of the 16-row chunk or 4 rows of x
+            check_int8_kernel({t, n, k, rows, weight}, isa, (rows + weight) % 2 ? &pool2() : nullptr);
+          }
+    }
+}
+
+TEST_CASE("cpu linear int8: a row's result is the same bit for bit alone or among a prompt's rows") {
+  // What a split model's failover relies on: the survivors replay the stream's tokens as a
+  // prompt, whose rows must give what the tokens gave when each was decoded alone.
+  if (supported_isa() == cpu_isa::portable) {
+    WARN("this CPU has no AVX2/FMA/F16C: no integer dots to check");
+    return;
+  }
+  thread_pool pool(2);
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+    INFO(to_string(t));
+    const int64_t n = 37, k = 512, rows = 13;
+    const std::vector<uint8_t> w = random_block_weight(t, n, k, 77, false);
+    const std::vector<float> x = int8_test_x(rows, k, 78, false);
+    std::vector<float> all(static_cast<size_t>(rows * n)), one(static_cast<size_t>(n));
+    linear_args a;
+    a.type = t, a.w = w.data(), a.n = n, a.k = k, a.x = x.data(), a.rows = rows, a.y = all.data(), a.x_mode = linear_x::int8;
+    linear_f32(a, cpu_isa::avx2, &pool);
+    for (int64_t r = 0; r < rows; ++r) {
+      a.x = x.data() + r * k, a.rows = 1, a.y = one.data();
+      linear_f32(a, cpu_isa::avx2, nullptr);
+      CHECK(std::memcmp(one.data(), all.data() + r * n, one.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("cpu linear int8: NaN and infinity in x make their rows' results NaN, zero rows give zeros") {
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+    INFO(to_string(t));
+    const int64_t n = 5, k = 512, rows = 4;
+    const std::vector<uint8_t> w = random_block_weight(t, n, k, 9, false);
+    std::vector<float> x = uniform(static_cast<size_t>(rows * k), 10);
+    x[3] = NAN;                                                // row 0
+    x[static_cast<size_t>(k + 300)] = INFINITY;                // row 1
+    std::fill(x.begin() + 3 * k, x.end(), 0.0f);               // row 3: zeros; row 2 finite
+    std::vector<float> y(static_cast<size_t>(rows * n), 1.0f);
+    linear_args a;
+    a.type = t, a.w = w.data(), a.n = n, a.k = k, a.x = x.data(), a.rows = rows, a.y = y.data(), a.x_mode = linear_x::int8;
+    for (const cpu_isa isa : isas()) {
+      INFO(to_string(isa));
+      linear_f32(a, isa, &pool2());
+      for (int64_t j = 0; j < n; ++j) {
+        CHECK(std::isnan(y[static_cast<size_t>(j)]));
+        CHECK(!std::isfinite(y[static_cast<size_t>(n + j)]));
+        CHECK(std::isfinite(y[static_cast<size_t>(2 * n + j)]));
+        CHECK(y[static_cast<size_t>(3 * n + j)] == 0.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu linear int8: which dtypes take integer dots, and the MESH_CPU_LINEAR switch") {
+  for (const dtype t : {dtype::f32, dtype::f16, dtype::bf16, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q5_k}) {
+    CHECK_FALSE(takes_int8_dots(t, cpu_isa::avx2));
+    CHECK(int8_x_block(t) == 0);
+  }
+  for (const dtype t : {dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k}) {
+    CHECK_FALSE(takes_int8_dots(t, cpu_isa::portable));
+    CHECK(int8_x_block(t) == block_elements(t));
+    CHECK(int8_x_row_bytes(t, 2048) % 64 == 0);
+    if (supported_isa() == cpu_isa::avx2) CHECK(takes_int8_dots(t, cpu_isa::avx2));
+  }
+  const char* v = std::getenv("MESH_CPU_LINEAR");
+  CHECK(default_linear_x() == (v && std::string(v) == "f32" ? linear_x::f32 : linear_x::int8));
+}
+
 TEST_CASE("cpu thread pool: every part runs once, nested runs stay on their thread") {
   thread_pool pool(3);
   CHECK(pool.size() == 3);
@@ -293,7 +532,14 @@ TEST_CASE("cpu executor: linear of every weight dtype, few rows and many, agains
       std::uniform_real_distribution<double> u(-1, 1);
       for (auto& v : wv) v = u(rng);
       const tensor_map params{{"w" + tag, tensor::from_values(wt, {n, k}, wv)}};
-      check_on(cpu(), g, {{"x", random_tensor(dtype::f32, xs, static_cast<uint64_t>(seed))}}, params, 1e-5);
+      const tensor_map inputs{{"x", random_tensor(dtype::f32, xs, static_cast<uint64_t>(seed))}};
+      const reference ref = reference_run(g, inputs, params);
+      check_on(cpu(), g, inputs, params, ref, 1e-5);
+      // The default executor rounds x to 8 bits for q8_0/q4_0/q4_k/q6_k (integer dots for a decode
+      // step's rows): at most 1/254 of a block's largest |x| per element (cpu_quant_dot.hpp), about
+      // 1e-3 of these outputs' range; the kernel tests above hold them to the published
+      // quantization exactly.
+      check_on(cpu_int8(), g, inputs, params, ref, takes_int8_dots(wt, default_isa()) ? 1e-2 : 1e-5);
     }
   // f16 activations: the result rounded to f16 as the reference rounds it.
   builder b;
@@ -303,7 +549,11 @@ TEST_CASE("cpu executor: linear of every weight dtype, few rows and many, agains
   const graph g = finish(b);
   std::vector<double> wv(33 * 256);
   for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::sin(static_cast<double>(i));
-  check_on(cpu(), g, {{"x", random_tensor(dtype::f16, {5, 256}, 3)}}, {{"w_f16x", tensor::from_values(dtype::q4_k, {33, 256}, wv)}});
+  const tensor_map inputs{{"x", random_tensor(dtype::f16, {5, 256}, 3)}};
+  const tensor_map params{{"w_f16x", tensor::from_values(dtype::q4_k, {33, 256}, wv)}};
+  const reference ref = reference_run(g, inputs, params);
+  check_on(cpu(), g, inputs, params, ref);
+  check_on(cpu_int8(), g, inputs, params, ref, takes_int8_dots(dtype::q4_k, default_isa()) ? 1e-2 : -1);
 }
 
 TEST_CASE("cpu executor: matmul batched, broadcast and f16 against the reference evaluator") {

@@ -35,6 +35,10 @@ constexpr int greedy_tokens = 64;
 // Every dtype computes in f32 once its weights are widened or dequantized, so one bound serves
 // them all: the largest logit error over the largest reference logit (at least 1).
 constexpr double logit_tolerance = 1e-4;
+// With x quantized to 8 bits in the decode linears (the CPU executor's default where the CPU has
+// AVX2): each x element is off by at most 1/254 of its block's largest |x|; through the small
+// models' layers that measured 0.5e-2 to 3.3e-2 (Q6_K to Q8_0), and a wrong kernel gives O(1).
+constexpr double int8_logit_tolerance = 0.1;
 
 struct model_case {
   std::string label;
@@ -122,6 +126,34 @@ double compare(gpu::executor& ex, const model_case& c, const json& ref) {
   return worst;
 }
 
+// The CPU executor's default decode linears (x quantized to 8 bits, integer dot products where
+// the CPU has AVX2) against the same reference: the prompt (11 rows: f32), then the reference's
+// own greedy tokens fed back one at a time (so the sequence cannot diverge at a near tie), each
+// step's logits within int8_logit_tolerance. Returns the largest logit error.
+double compare_int8_decode(const model_case& c, const json& ref) {
+  INFO(c.label << " with int8 decode linears");
+  gpu::cpu_options o;
+  o.threads = 2, o.int8_linear = 1;
+  auto ex = gpu::make_cpu_executor(o);
+  auto ckpt = checkpoint::open(c.path);
+  REQUIRE(ckpt);
+  auto s = session::create(*ex, *ckpt, {});
+  REQUIRE(s);
+  const auto ref_greedy_logits = ref["greedy_logits"].get<std::vector<std::vector<double>>>();
+  const auto ref_greedy = ref["greedy"].get<std::vector<int32_t>>();
+  auto logits = s->prefill(prompt);
+  REQUIRE(logits);
+  double worst = row_error(logits->data(), ref_greedy_logits[0]);
+  for (size_t i = 0; i + 1 < ref_greedy.size(); ++i) {
+    logits = s->decode(ref_greedy[i]);
+    REQUIRE(logits);
+    worst = std::max(worst, row_error(logits->data(), ref_greedy_logits[i + 1]));
+  }
+  INFO("largest logit error " << worst);
+  CHECK(worst <= int8_logit_tolerance);
+  return worst;
+}
+
 // Continuous batching against the same reference: one session of 3 slots, in which slot 1 holds
 // another sequence (the prompt reversed, fed a token each step) while slots 0 and 2 decode the
 // prompt greedily, slot 2 starting 3 steps after slot 0. Every decode step is one batch of the
@@ -190,9 +222,14 @@ void run_cases(const temp_dir& dir, const std::vector<model_case>& cases, backen
   if (refs.empty()) return;
   if (where == backend::cpu) {
     for (size_t i = 0; i < cases.size(); ++i) {
-      auto cpu = gpu::make_cpu_executor(2);  // one executor per model: sessions name their parameters alike
+      // One executor per model (sessions name their parameters alike), x kept in f32: the model
+      // within f32 rounding of the reference; then the default integer decode linears.
+      gpu::cpu_options o;
+      o.threads = 2, o.int8_linear = 0;
+      auto cpu = gpu::make_cpu_executor(o);
       compare(*cpu, cases[i], refs[i]);
       if (cases[i].batched) compare_batched(*cpu, cases[i], refs[i]);
+      compare_int8_decode(cases[i], refs[i]);
     }
     return;
   }
