@@ -20,6 +20,7 @@
 #include "graph/safetensors.hpp"
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/finetune.hpp"
+#include "models/hf_export.hpp"
 #include "models/peft.hpp"
 #include "models/text_dataset.hpp"
 #include "actors/train_text.hpp"
@@ -113,12 +114,14 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
   if (!ckpt) return fail(ckpt.error().message);
   auto config = models::read_model_config(*ckpt);
   if (!config) return fail(config.error().message);
-  // Known before any step runs: a full fine-tune saves as a Hugging Face directory.
-  if (a.lora_rank == 0 && ckpt->format() != models::checkpoint_format::hf_directory)
-    return fail(a.model + " is not a Hugging Face directory: its full fine-tune could not be saved (no config.json or "
-                          "tokenizer files to give it); fine-tune it with LoRA (--lora-rank R)");
   auto vocab = models::load_tokenizer(*ckpt, *config);
   if (!vocab) return fail(vocab.error().message);
+  // Known before any step runs: a full fine-tune saves as a Hugging Face directory, whose config
+  // and tokenizer a GGUF base's metadata must give exactly.
+  if (a.lora_rank == 0 && ckpt->format() == models::checkpoint_format::gguf)
+    if (auto ok = models::check_hf_export(*config, *vocab); !ok)
+      return fail(a.model + ": its full fine-tune could not be saved as a Hugging Face directory: " + ok.error().message +
+                  "; fine-tune it with LoRA (--lora-rank R)");
   // The data is read by the workers, each only its shards, with this tokenizer; the node meshctl
   // talks to offers the file to the others (a path on that node: this machine's, run locally).
   const std::string data_path = fs::absolute(a.data).lexically_normal().string();

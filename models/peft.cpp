@@ -3,11 +3,14 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "graph/safetensors.hpp"
+#include "models/checkpoint_tokenizer.hpp"
+#include "models/hf_export.hpp"
 #include "models/json_depth.hpp"
 
 namespace mesh::models {
@@ -203,10 +206,16 @@ expected<void> save_lora_adapter(const std::filesystem::path& dir, const finetun
 expected<void> save_full_model(const std::filesystem::path& dir, const finetune_model& m, const tensor_map& state,
                                const checkpoint& base) {
   if (m.lora.rank > 0) return make_error(error_code::invalid_argument, "save_full_model: the model was fine-tuned with LoRA (save the adapter)");
-  if (base.format() != checkpoint_format::hf_directory)
-    return make_error(error_code::invalid_argument, base.path().string() +
-                                                        ": a full fine-tune is saved as a Hugging Face directory, which needs the base's "
-                                                        "config.json and tokenizer files; a GGUF base has neither: fine-tune it with LoRA");
+  if (base.format() != checkpoint_format::hf_directory && base.format() != checkpoint_format::gguf)
+    return make_error(error_code::invalid_argument, base.path().string() + ": a lone safetensors file has no config or tokenizer to save beside the model");
+  // A GGUF base: its config and vocabulary written as Hugging Face files (checked before the weights).
+  std::optional<checkpoint_tokenizer> gguf_tokenizer;
+  if (base.format() == checkpoint_format::gguf) {
+    auto t = read_gguf_tokenizer(*base.gguf());
+    if (!t) return forward_error(t);
+    if (auto ok = check_hf_export(m.config, *t); !ok) return make_error(ok.error().code, base.path().string() + ": " + ok.error().message);
+    gguf_tokenizer = std::move(*t);
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return make_error(error_code::io_error, "cannot create " + dir.string() + ": " + ec.message());
@@ -218,6 +227,7 @@ expected<void> save_full_model(const std::filesystem::path& dir, const finetune_
   }
   file.metadata["format"] = "pt";
   if (auto ok = save_safetensors(dir / "model.safetensors", file); !ok) return ok;
+  if (gguf_tokenizer) return write_hf_export(dir, m.config, *gguf_tokenizer);
   // The tensors are f32 now, whatever the base stored.
   json config = json::parse(base.config_json(), nullptr, false);
   if (!config.is_object()) return make_error(error_code::decode_error, base.config_path().string() + ": not a JSON object");

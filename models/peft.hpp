@@ -7,8 +7,10 @@
 ///   projection (f32), module being the projection's Hugging Face name. PEFT's
 ///   `PeftModel.from_pretrained` loads it onto the Hugging Face model; meshnode merges it into the
 ///   base at load (merge_lora_adapter).
-/// - A full fine-tune as a Hugging Face directory: config.json and model.safetensors (f32) under
-///   the Hugging Face tensor names, with the base directory's tokenizer files copied beside them.
+/// - A full fine-tune as a Hugging Face directory: model.safetensors (f32) under the Hugging Face
+///   tensor names beside config.json and the tokenizer files: the base directory's copied (its
+///   config's torch_dtype set to float32), or, for a GGUF base, written from its metadata and
+///   vocabulary (hf_export.hpp).
 ///
 /// Reading an adapter is reading outside input: adapter_config.json (at most 1 MiB, 16 levels of
 /// nesting) is parsed strictly (fuzzed: fuzz_peft_config), and what meshnode cannot apply exactly
@@ -65,9 +67,11 @@ expected<void> merge_lora_adapter(checkpoint& base, const model_config& config, 
 expected<void> save_lora_adapter(const std::filesystem::path& dir, const finetune_model& m, const tensor_map& state,
                                  const std::string& base_model);
 
-/// Saves every parameter of a fully fine-tuned `state` as a Hugging Face directory beside a copy
-/// of the base's config.json and tokenizer files. The base must be a Hugging Face directory (a
-/// GGUF base has no config.json or tokenizer.json to give the result: fine-tune it with LoRA).
+/// Saves every parameter of a fully fine-tuned `state` as a Hugging Face directory: beside a copy
+/// of a Hugging Face base's config.json and tokenizer files, or beside config.json and tokenizer
+/// files written from a GGUF base's config (m.config) and vocabulary (write_hf_export; what they
+/// cannot hold exactly is refused before anything is written: check_hf_export says so before
+/// training).
 expected<void> save_full_model(const std::filesystem::path& dir, const finetune_model& m, const tensor_map& state,
                                const checkpoint& base);
 

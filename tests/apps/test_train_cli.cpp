@@ -1,7 +1,8 @@
 // meshctl train against real meshnode processes: a small random Llama checkpoint (GGUF F16 with
 // its vocabulary) fine-tuned with LoRA on a text file the test writes, over 3 nodes. The loss
 // falls, the adapter is saved in PEFT's layout with its checkpoints, `meshctl runs` lists the run,
-// and `meshctl generate --adapter` serves it; bad input is a clear error.
+// and `meshctl generate --adapter` serves it; a full fine-tune of the same file saves as a Hugging
+// Face directory that `meshctl generate` serves; bad input is a clear error.
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -14,6 +15,7 @@
 
 #include "graph/safetensors.hpp"
 #include "model_writer.hpp"
+#include "models/checkpoint_tokenizer.hpp"
 #include "models/peft.hpp"
 #include "meshctl_runner.hpp"
 #include "node_harness.hpp"
@@ -141,9 +143,54 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
                                        (tmp.path / "run3").string() + " --lora-rank 4 --sequence 16 --lora-targets qkv");
   CHECK(bad_target.status != 0);
   CHECK(bad_target.err.find("unknown LoRA target \"qkv\"") != std::string::npos);
-  auto full_gguf = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " + (tmp.path / "run4").string() +
-                                      " --sequence 16");
-  CHECK(full_gguf.status != 0);
-  CHECK(full_gguf.err.find("fine-tune it with LoRA") != std::string::npos);
+  // A full fine-tune of the GGUF file: a Hugging Face directory whose config and tokenizer are the
+  // file's, served by meshctl generate as the checkpoint it is.
+  const auto full_out = tmp.path / "run4";
+  auto full_gguf = meshctl(state, "train --model " + model.string() + " --data " + data.string() + " --out " + full_out.string() +
+                                      " --steps 3 --batch 2 --sequence 16 --micro-batches 3 --lr 0.001");
+  INFO(full_gguf.out << full_gguf.err);
+  REQUIRE(full_gguf.status == 0);
+  CHECK(full_gguf.out.find("step 3/3") != std::string::npos);
+  {
+    auto base = models::checkpoint::open(model);
+    REQUIRE(base);
+    auto base_config = models::read_model_config(*base);
+    REQUIRE(base_config);
+    auto saved = models::checkpoint::open(full_out);
+    REQUIRE(saved);
+    CHECK(saved->format() == models::checkpoint_format::hf_directory);
+    auto config = models::read_model_config(*saved);
+    INFO((config ? "" : config.error().message));
+    REQUIRE(config);
+    CHECK(config->arch == base_config->arch);
+    CHECK(config->vocab_size == base_config->vocab_size);
+    CHECK(config->hidden_size == base_config->hidden_size);
+    CHECK(config->n_layers == base_config->n_layers);
+    CHECK(config->n_kv_heads == base_config->n_kv_heads);
+    CHECK(config->norm_eps == base_config->norm_eps);
+    CHECK(config->eos_token_ids == base_config->eos_token_ids);
+    auto tok = models::load_tokenizer(*saved, *config);
+    INFO((tok ? "" : tok.error().message));
+    REQUIRE(tok);
+    CHECK(tok->vocab.tokens.size() == static_cast<size_t>(spec.vocab));
+    const auto ref_full = models::test::reference_generation(full_out, "the cat", o);
+    auto gen = meshctl(state, "generate " + full_out.string() + " 'the cat' --max-tokens 10");
+    INFO(gen.err);
+    REQUIRE(gen.status == 0);
+    CHECK(gen.out == ref_full.text);
+  }
+  // A GGUF whose config a Hugging Face directory cannot hold exactly: refused before any step.
+  models::test::model_spec llama3 = spec;
+  llama3.llama3_scaling = true;
+  const auto llama3_model = tmp.path / "tiny-llama3.gguf";
+  models::test::write_gguf_model(llama3_model, llama3, models::tensor_type::f16);
+  auto refused = meshctl(state, "train --model " + llama3_model.string() + " --data " + data.string() + " --out " +
+                                    (tmp.path / "run9").string() + " --steps 2 --sequence 16");
+  INFO(refused.out << refused.err);
+  CHECK(refused.status != 0);
+  CHECK(refused.err.find("rope_freqs.weight") != std::string::npos);
+  CHECK(refused.err.find("fine-tune it with LoRA") != std::string::npos);
+  CHECK(refused.out.find("step") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(tmp.path / "run9" / "run.json"));
   CHECK(mesh3.a->running());
 }

@@ -10,11 +10,14 @@ if(TARGET mesh_inference)
     SOURCES test_reference_llm.cpp
     LIBS mesh_inference nlohmann_json::nlohmann_json)
   target_compile_definitions(models_reference_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
-  # Fine-tuning graphs: loss and gradients against ref_train.py (PyTorch autograd, float64).
+  # Fine-tuning graphs: loss and gradients against ref_train.py (PyTorch autograd, float64); full
+  # fine-tunes of GGUF bases saved as Hugging Face directories (test_hf_export.cpp; tokenizers.js
+  # from npm installed into the build tree reads their tokenizers).
   mesh_add_test(models_finetune_tests
-    SOURCES test_finetune.cpp
+    SOURCES test_finetune.cpp test_hf_export.cpp
     LIBS mesh_inference nlohmann_json::nlohmann_json)
-  target_compile_definitions(models_finetune_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}")
+  target_compile_definitions(models_finetune_tests PRIVATE MESH_MODELS_TEST_DIR="${CMAKE_CURRENT_SOURCE_DIR}"
+                                                         MESH_MODELS_NPM_DIR="${CMAKE_CURRENT_BINARY_DIR}/npm")
   # Pipeline stages: the planner's splits, chains of stage sessions and the pipeline that drives
   # them against the whole model.
   mesh_add_test(models_stage_tests

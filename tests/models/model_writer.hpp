@@ -27,6 +27,10 @@ struct model_spec {
   double eps = 1e-5;
   uint32_t seed = 1;
   std::string chat_template;  ///< GGUF: written as tokenizer.chat_template when not empty
+  /// GGUF vocabulary: byte-level BPE with this pre-tokenizer (tokenizer.ggml.pre), or
+  /// SentencePiece-style (add_gguf_sentencepiece_vocabulary).
+  std::string pre_tokenizer = "gpt2";
+  bool sentencepiece = false;
 };
 
 /// One tensor in HF naming and layout ([out, in]; GPT-2's Conv1D [in, out]).
@@ -218,7 +222,7 @@ inline bytes random_quantized(tensor_type t, int64_t rows, int64_t cols, double 
 
 /// A byte-level vocabulary of `n` tokens: GPT-2's 256 byte characters, "<s>" (256, BOS), "</s>"
 /// (257, EOS) and pieces "ab", "cd", ... made by merges.
-inline void add_gguf_vocabulary(gguf_writer& w, int64_t n) {
+inline void add_gguf_vocabulary(gguf_writer& w, int64_t n, const std::string& pre = "gpt2") {
   std::vector<std::string> tokens;
   const auto& bytes_map = utf8::gpt2_bytes();
   for (int i = 0; i < 256; ++i) tokens.push_back(bytes_map.to_text[static_cast<size_t>(i)]);
@@ -236,12 +240,69 @@ inline void add_gguf_vocabulary(gguf_writer& w, int64_t n) {
   std::vector<int32_t> types(tokens.size(), 1);
   types[256] = types[257] = 3;
   w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", "gpt2");
+  w.add_string("tokenizer.ggml.pre", pre);
   w.add_array_strings("tokenizer.ggml.tokens", tokens);
   w.add_array_i32("tokenizer.ggml.token_type", types);
   w.add_array_strings("tokenizer.ggml.merges", merges);
   w.add_u32("tokenizer.ggml.bos_token_id", 256);
   w.add_u32("tokenizer.ggml.eos_token_id", 257);
+}
+
+/// A SentencePiece-style vocabulary of `n` tokens (at least 300), as llama.cpp's converter writes
+/// Llama 2's: "<unk>" (0), "<s>" (1, BOS), "</s>" (2, EOS), the byte pieces <0x00>..<0xFF>, the
+/// characters "▁", a-z, 0-9 and ".,!", then pieces made of two earlier ones (never "▁" inside),
+/// each scoring below the one before, as BPE-trained SentencePiece models score them; and a
+/// user-defined "<|tool|>".
+inline void add_gguf_sentencepiece_vocabulary(gguf_writer& w, int64_t n) {
+  const std::string mark = "\xE2\x96\x81";
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  std::vector<float> scores = {0, 0, 0};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+    tokens.push_back(hex);
+    types.push_back(6);
+    scores.push_back(0);
+  }
+  tokens.push_back("<|tool|>");
+  types.push_back(4);
+  scores.push_back(0);
+  std::vector<std::string> pieces = {mark};
+  for (char c = 'a'; c <= 'z'; ++c) pieces.emplace_back(1, c);
+  for (char c = '0'; c <= '9'; ++c) pieces.emplace_back(1, c);
+  for (char c : std::string(".,!")) pieces.emplace_back(1, c);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    tokens.push_back(pieces[i]);
+    types.push_back(1);
+    scores.push_back(-1000.0f - static_cast<float>(i));
+  }
+  const size_t singles = pieces.size();
+  std::mt19937 rng(11);
+  float score = 0;
+  for (int tries = 0; static_cast<int64_t>(tokens.size()) < n && tries < 100000; ++tries) {
+    // Early pieces: "▁" or a letter, then a letter; later ones join any two (the right one without "▁").
+    const size_t pool = std::min(pieces.size(), singles + static_cast<size_t>(tries / 8));
+    const std::string& l = pieces[std::uniform_int_distribution<size_t>(0, pool - 1)(rng)];
+    const std::string& r = pieces[std::uniform_int_distribution<size_t>(1, pool - 1)(rng)];
+    const std::string piece = l + r;
+    if (r.rfind(mark, 0) == 0 || piece.find(mark, 1) != std::string::npos || piece.size() > 8 ||
+        std::find(tokens.begin(), tokens.end(), piece) != tokens.end())
+      continue;
+    pieces.push_back(piece);
+    tokens.push_back(piece);
+    types.push_back(1);
+    scores.push_back(score);
+    score -= 1;
+  }
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_array_strings("tokenizer.ggml.tokens", tokens);
+  w.add_array_f32("tokenizer.ggml.scores", scores);
+  w.add_array_i32("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
 
 /// The GGUF name of an HF tensor name (the converter's renaming).
@@ -290,7 +351,8 @@ inline void write_gguf_model(const std::filesystem::path& path, const model_spec
     w.add_f32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(s.eps));
     w.add_f32(a + ".rope.freq_base", static_cast<float>(s.theta));
   }
-  add_gguf_vocabulary(w, s.vocab);
+  if (s.sentencepiece) add_gguf_sentencepiece_vocabulary(w, s.vocab);
+  else add_gguf_vocabulary(w, s.vocab, s.pre_tokenizer);
   if (!s.chat_template.empty()) w.add_string("tokenizer.chat_template", s.chat_template);
   std::mt19937 rng(s.seed + 1000);
   auto tensors = model_tensors(s);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "npm_package.hpp"
 #include "serving_fixture.hpp"
 
 using namespace mesh;
@@ -55,28 +56,16 @@ async function main() {
 main().catch((e) => { console.error('client failed:', e); process.exit(1); });
 )JS";
 
-/// The package's folder, installing it on first use. Exits 77 (skipped) only when the registry
-/// cannot be reached; any other failure fails the test.
+/// The package's node_modules, installing it on first use. Exits 77 (skipped) only when the
+/// registry cannot be reached; any other failure fails the test.
 std::filesystem::path openai_package() {
-  const std::filesystem::path dir = MESH_SERVING_NPM_DIR;
-  if (std::filesystem::exists(dir / "node_modules" / "openai" / "package.json")) return dir;
-  std::filesystem::create_directories(dir);
-  auto npm = mesh::test::run_command("npm --version");
-  if (npm.status != 0) FAIL("npm is not installed (./dev.sh deps installs it): " << npm.output);
-  auto r = mesh::test::run_command("cd '" + dir.string() +
-                                   "' && npm install --no-audit --no-fund --no-save --prefix . openai@4 --fetch-retries=1 "
-                                   "--fetch-timeout=30000");
-  if (r.status != 0) {
-    for (const char* sign : {"ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH", "network"})
-      if (r.output.find(sign) != std::string::npos) {
-        std::cerr << "SKIPPED: the npm registry cannot be reached, so the openai package cannot be installed:\n"
-                  << r.output << std::endl;
-        std::exit(77);
-      }
-    FAIL("npm install openai failed:\n" << r.output);
+  auto r = mesh::test::npm_package(MESH_SERVING_NPM_DIR, "openai", "4");
+  if (r.unreachable) {
+    std::cerr << "SKIPPED: the npm registry cannot be reached, so the openai package cannot be installed:\n" << r.error << std::endl;
+    std::exit(77);
   }
-  REQUIRE(std::filesystem::exists(dir / "node_modules" / "openai" / "package.json"));
-  return dir;
+  if (r.node_modules.empty()) FAIL(r.error);
+  return r.node_modules;
 }
 
 }  // namespace
@@ -95,7 +84,7 @@ TEST_CASE("the openai npm package: a non-streamed and a streamed chat", "[servin
   const auto expected_scored = ref.chat({{"system", "you are terse"}, {"user", "hello there"}}, opts);
 
   models::test::write_file(served.dir / "client.cjs", std::string(client_script));
-  auto r = mesh::test::run_command("NODE_PATH='" + (package_dir / "node_modules").string() + "' node '" +
+  auto r = mesh::test::run_command("NODE_PATH='" + package_dir.string() + "' node '" +
                                    (served.dir / "client.cjs").string() + "' " + served.url("/v1") + " sk-node");
   INFO(r.output);
   REQUIRE(r.status == 0);
