@@ -22,6 +22,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <tuple>
 
 #include "graph/attention_rows.hpp"
 #include "gpu/glsl_emitter.hpp"
@@ -119,8 +121,9 @@ kernel_source attention_tiled(const graph& g, const plan& p, const kernel& k, co
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, r = tid / 4u, c4 = tid % 4u;\n";
   src += "  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
   src += "  for (uint wg = gl_WorkGroupID.x; wg < " + u(groups_total) + "; wg += gl_NumWorkGroups.x) {\n";
-  src += "    const uint qt = wg % " + u(q_tiles) + ", j = (wg / " + u(q_tiles) + ") % " + H + ", b = wg / " + u(q_tiles * h) +
-         ", kvh = j / " + u(group) + ", i = qt * " + BQ + " + r;\n";
+  // Row tiles longest first (as `attnc`).
+  src += "    const uint qt = " + u(q_tiles - 1) + " - wg / " + u(as.batch * h) + ", j = wg % " + H + ", b = (wg / " + H + ") % " +
+         u(as.batch) + ", kvh = j / " + u(group) + ", i = qt * " + BQ + " + r;\n";
   // This thread's row: its visible keys [first, last) (none for rows past the last).
   src += "    int first = 0, last = 0;\n    if (i < " + L + ") {\n      const int p = int(load_pos(b * " + L + " + i));\n";
   src += "      last = clamp(p + 1, 0, " + Ti + ");\n      first = " +
@@ -171,10 +174,231 @@ kernel_source attention_tiled(const graph& g, const plan& p, const kernel& k, co
   return s;
 }
 
+/// Keys per tile of `attnc` (0: it does not fit the device's shared memory): the k and v tiles
+/// [bk, d + 8] and the q tile, later the weights, [64, max(d, bk) + 8] in f16; the scores
+/// [64, bk + 4], the row map [16, 16], a float per thread and per row, two ints per row in f32.
+int64_t coopmat_attention_keys(int64_t d, const device_caps& caps) {
+  for (const int64_t bk : {int64_t{64}, int64_t{32}}) {
+    const int64_t halves = 2 * bk * (d + 8) + 64 * (std::max(d, bk) + 8);
+    const int64_t floats = 64 * (bk + 4) + 256 + 128 + 64 + 2 * 64;
+    if (2 * halves + 4 * floats <= static_cast<int64_t>(caps.shared_memory_bytes)) return bk;
+  }
+  return 0;
+}
+
+/// The materialised f32 or f16 tensor that `x` reads with its own element index (through
+/// reshapes, and slices keeping a prefix of the leading axis: a KV cache's first rows), or
+/// nullopt.
+std::optional<node_index> same_index_buffer(const graph& g, const plan& p, node_index x) {
+  for (;;) {
+    if (p.materialised[x]) {
+      if (g[x].type != dtype::f32 && g[x].type != dtype::f16) return std::nullopt;
+      return x;
+    }
+    const node& n = g[x];
+    if (n.op == op_kind::slice) {
+      const shape& in = g[n.inputs[0]].dims;
+      for (size_t i = 0; i < in.size(); ++i)
+        if (n.attrs.starts[i] != 0 || (i > 0 && n.attrs.stops[i] != in[i])) return std::nullopt;
+    } else if (n.op != op_kind::reshape) {
+      return std::nullopt;
+    }
+    x = n.inputs[0];
+  }
+}
+
+/// Attention in one kernel on tensor cores (GL_NV_cooperative_matrix 16x16x16, f16 operands, f32
+/// accumulation), flash-attention style: a workgroup of 4 subgroups per (batch, head, tile of 64
+/// query rows), each subgroup owning 16 rows. q (scaled by 1/sqrt(d)), and each tile of bk keys'
+/// k and v, are rounded to f16 as they are staged in shared memory; the next tile's k and v are
+/// fetched into registers while the current one is used (4 values a load where k and v are
+/// buffers read at their own index, as a KV cache's first rows are). Per key tile a subgroup
+/// multiplies its q fragments (held in registers for the whole row tile) by k^T into f32 score
+/// fragments, which go through shared memory for the softmax: two lanes per row (even and odd
+/// columns) take the row's running maximum, the weights exp(s - m) (rounded to f16 into shared
+/// memory: the next product's A operand) and their sum; then the subgroup's output fragments (f32,
+/// in registers) are rescaled per row by exp(m_old - m_new) and accumulate weights x v. A
+/// fragment's elements are matched to their rows through a row map: a fragment of the same type
+/// loaded from a matrix whose every element is its row number (NV cooperative matrices leave the
+/// element layout to the implementation, but it is the same for every fragment of one type).
+/// Masking as `attnt`: a key a row does not see gets weight 0 (its v is a real cache row; keys
+/// outside the tile's span read as 0). nullopt when the device has no cooperative matrices, d is
+/// not a multiple of 16, or the tiles do not fit its shared memory.
+std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& at = g[k.root];
+  const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
+  const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);
+  const int64_t l = as.l, h = as.h, d = as.d, t = as.t, kv = as.kv, window = as.window, group = h / kv;
+  if (!caps.coopmat_f16 || caps.variants.attention == "f32" || caps.subgroup_size != 32 || d % 16 != 0 || t == 0) return std::nullopt;
+  const int64_t bk = coopmat_attention_keys(d, caps);
+  if (bk == 0) return std::nullopt;
+  constexpr int64_t bq = 64, threads = 128;
+  const int64_t q_tiles = (l + bq - 1) / bq, groups_total = as.batch * h * q_tiles, fd = d / 16, fk = bk / 16;
+  const int64_t hs = d + 8, ps = bk + 8, ss = bk + 4, half = bk / 2;  // row strides (16-byte multiples)
+  const std::string D = u(d), HS = u(hs), PS = u(ps), SS = u(ss), T = u(t), KV = u(kv), L = u(l), H = u(h);
+  const std::string BKi = std::to_string(bk), Ti = std::to_string(t);
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+
+  emitter e(g, p, false);
+  e.bind(k.root);
+  std::string store;
+  e.scoped([&] {
+    store = e.store(k.root, "((b * " + L + " + i) * " + H + " + j) * " + D + " + x", "res");
+    store = e.body + store;
+    e.body.clear();
+  });
+  // k and v four values a load when both are buffers read at their own index that nothing else
+  // in the kernel reads (their bindings are then declared as vec4 / f16 x 4 arrays).
+  const auto kb = same_index_buffer(g, p, kk), vb = same_index_buffer(g, p, v);
+  std::vector<node_index> others;
+  inline_nodes(g, p, q, -1, others);
+  inline_nodes(g, p, pos, -1, others);
+  inline_nodes(g, p, k.root, k.anchor, others);
+  const bool wide = kb && vb && *kb != *vb && d % 4 == 0 && std::count(others.begin(), others.end(), *kb) == 0 &&
+                    std::count(others.begin(), others.end(), *vb) == 0;
+  int k_binding = -1, v_binding = -1;
+  std::string fetch_fns;
+  if (wide) {
+    k_binding = e.bind(*kb);
+    v_binding = e.bind(*vb);
+    for (const auto& [name, bnd, id] : {std::tuple{"fetch_k", k_binding, *kb}, std::tuple{"fetch_v", v_binding, *vb}})
+      fetch_fns += "vec4 " + std::string(name) + "(uint i) { " +
+                   (g[id].type == dtype::f32 ? "return b" + std::to_string(bnd) + ".v[i];"
+                                             : "const uvec2 w = b" + std::to_string(bnd) +
+                                                   ".v[i]; return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));") +
+                   " }\n";
+  }
+  const std::string lq = loader(e, "load_q", q), lp = loader(e, "load_pos", pos);
+  const std::string lk = wide ? "" : loader(e, "load_k", kk), lv = wide ? "" : loader(e, "load_v", v);
+  const std::string frag16 = "fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>", frag32 = "fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>";
+  const auto loop = [](const char* var, int64_t count) {
+    return std::string("[[unroll]] for (uint ") + var + " = 0u; " + var + " < " + u(count) + "; ++" + var + ") ";
+  };
+  const std::string sync = "subgroupMemoryBarrierShared();\n      subgroupBarrier();\n";
+
+  // A tile's k and v: `per` items of `width` values per thread (every thread has the same count:
+  // bk * d is a multiple of 4 * 128).
+  const int64_t width = wide ? 4 : 1, per = bk * d / width / threads, row_items = d / width;
+  const std::string vt = wide ? "vec4" : "float";
+  const auto fetch = [&](const std::string& t0) {
+    std::string f = "      " + loop("n", per) + "{\n        const uint el = tid + n * " + u(threads) + ", c = el / " + u(row_items) +
+                    ", x = el % " + u(row_items) + ";\n        const int key = " + t0 + " + int(c);\n";
+    f += "        const bool in_range = key >= lo && key < hi;\n        const uint ko = ((b * " + T + " + uint(clamp(key, 0, " +
+         std::to_string(t - 1) + "))) * " + KV + " + kvh) * " + u(row_items) + " + x;\n";
+    f += wide ? "        gk[n] = in_range ? fetch_k(ko) : vec4(0.0);\n        gv[n] = in_range ? fetch_v(ko) : vec4(0.0);\n"
+              : "        gk[n] = in_range ? load_k(ko) : 0.0;\n        gv[n] = in_range ? load_v(ko) : 0.0;\n";
+    return f + "      }\n";
+  };
+  // Ks and Vs are f16 x 4 (uvec2) arrays on the wide path (one 64-bit store per item), f16 ones
+  // otherwise; fragment offsets and strides count their elements.
+  const std::string kunit = wide ? "4u" : "1u";
+  std::string stash = "      " + loop("n", per) + "{\n        const uint el = tid + n * " + u(threads) + ", c = el / " + u(row_items) +
+                      ", x = el % " + u(row_items) + ";\n";
+  stash += wide ? "        Ks[c * " + u(hs / 4) + " + x] = uvec2(packHalf2x16(gk[n].xy), packHalf2x16(gk[n].zw));\n        Vs[c * " + u(hs / 4) +
+                      " + x] = uvec2(packHalf2x16(gv[n].xy), packHalf2x16(gv[n].zw));\n"
+                : "        Ks[c * " + HS + " + x] = float16_t(gk[n]);\n        Vs[c * " + HS + " + x] = float16_t(gv[n]);\n";
+  stash += "      }\n";
+
+  std::string src = lq + lk + lv + lp + fetch_fns;
+  const std::string kv_type = wide ? "uvec2" : "float16_t";
+  src += "shared " + kv_type + " Ks[" + u(bk * hs / width) + "];\nshared " + kv_type + " Vs[" + u(bk * hs / width) + "];\n";
+  src += "shared float16_t Hs[" + u(bq * (std::max(d, bk) + 8)) + "];  // the q tile, then each key tile's weights\n";
+  src += "shared float Ss[" + u(bq * ss) + "];\nshared float Rs[256];\nshared float pair[" + u(threads) + "];\nshared float corr_s[" +
+         u(bq) + "];\nshared int span[" + u(2 * bq) + "];\n";
+  src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
+  src += "  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+  // The row map: element e of any f32 fragment is in row rowmap[e] of that fragment.
+  src += "  for (uint e = tid; e < 256u; e += " + u(threads) + ") Rs[e] = float(e / 16u);\n  barrier();\n";
+  src += "  " + frag32 + " rowmap;\n  coopMatLoadNV(rowmap, Rs, 0u, 16u, false);\n";
+  // This lane's row of the subgroup's 16 (two lanes a row: even and odd columns of a key tile).
+  src += "  const uint row = sg * 16u + lane / 2u, side = lane & 1u;\n";
+  src += "  " + vt + " gk[" + u(per) + "], gv[" + u(per) + "];\n";
+  src += "  for (uint wg = gl_WorkGroupID.x; wg < " + u(groups_total) + "; wg += gl_NumWorkGroups.x) {\n";
+  // Row tiles longest first (causal: a later tile sees more keys), so that the short ones fill
+  // the device at the end instead of the long ones running alone.
+  src += "    const uint qt = " + u(q_tiles - 1) + " - wg / " + u(as.batch * h) + ", j = wg % " + H + ", b = (wg / " + H + ") % " +
+         u(as.batch) + ", kvh = j / " + u(group) + ";\n";
+  src += "    if (tid < " + u(bq) + ") {\n      const uint i = qt * " + u(bq) + " + tid;\n      int first = 0, last = 0;\n";
+  src += "      if (i < " + L + ") {\n        const int p = int(load_pos(b * " + L + " + i));\n        last = clamp(p + 1, 0, " + Ti + ");\n";
+  src += "        first = " + (window > 0 ? "clamp(p - " + std::to_string(window - 1) + ", 0, last)" : std::string("0")) + ";\n      }\n";
+  src += "      span[tid] = first < last ? first : " + Ti + ";\n      span[" + u(bq) + " + tid] = first < last ? last : 0;\n    }\n";
+  src += "    for (uint e = tid; e < " + u(bq * d) + "; e += " + u(threads) + ") {\n      const uint rr = e / " + D + ", x = e % " + D +
+         ", ii = qt * " + u(bq) + " + rr;\n      Hs[rr * " + HS + " + x] = float16_t(ii < " + L + " ? load_q(((b * " + L + " + ii) * " + H +
+         " + j) * " + D + " + x) * " + scale + " : 0.0);\n    }\n    barrier();\n";
+  src += "    int lo = " + Ti + ", hi = 0;\n    for (uint rr = 0u; rr < " + u(bq) + "; ++rr) {\n      lo = min(lo, span[rr]);\n      hi = max(hi, span[" +
+         u(bq) + " + rr]);\n    }\n";
+  src += "    const int first = span[row], last = span[" + u(bq) + " + row];\n";
+  src += "    " + frag16 + " fq[" + u(fd) + "];\n    " + loop("f", fd) + "coopMatLoadNV(fq[f], Hs, sg * " + u(16 * hs) + " + f * 16u, " + HS +
+         ", false);\n";
+  src += "    " + frag32 + " fo[" + u(fd) + "];\n    " + loop("f", fd) + "fo[f] = " + frag32 + "(0.0);\n";
+  src += "    float m = neg_inf, total = 0.0;\n    const int t_first = lo - lo % " + BKi + ";\n";
+  src += "    if (t_first < hi) {\n" + fetch("t_first") + "    }\n";
+  src += "    for (int t0 = t_first; t0 < hi; t0 += " + BKi + ") {\n";
+  src += "      barrier();  // q is in registers; the previous tile's k, v and weights are no longer read\n";
+  src += stash + "      barrier();\n";
+  // The next tile's loads are in flight while this one is multiplied.
+  src += "      if (t0 + " + BKi + " < hi) {\n" + fetch("(t0 + " + BKi + ")") + "      }\n";
+  // Scores of the subgroup's 16 rows: q [16, d] x k^T [d, bk] (k's rows read column-major).
+  src += "      " + loop("n", fk) + "{\n        " + frag32 + " acc = " + frag32 + "(0.0);\n";
+  src += "        " + loop("f", fd) + "{\n          " + frag16 + " fkt;\n          coopMatLoadNV(fkt, Ks, (n * " + u(16 * hs) + " + f * 16u) / " +
+         kunit + ", " + HS + " / " + kunit + ", true);\n          acc = coopMatMulAddNV(fq[f], fkt, acc);\n        }\n";
+  src += "        coopMatStoreNV(acc, Ss, sg * " + u(16 * ss) + " + n * 16u, " + SS + ", false);\n      }\n      " + sync;
+  // The softmax step of this lane's columns of its row (side, side + 2, ...).
+  src += "      float s[" + u(half) + "];\n      float top = neg_inf;\n      " + loop("c", half) + "{\n        const uint col = 2u * c + side;\n" +
+         "        const int key = t0 + int(col);\n        s[c] = key >= first && key < last ? Ss[row * " + SS + " + col] : neg_inf;\n" +
+         "        top = max(top, s[c]);\n      }\n";
+  src += "      pair[tid] = top;\n      " + sync + "      const float mn = max(m, max(top, pair[tid ^ 1u]));\n";
+  // mn = -inf: the row has seen nothing yet (its weights are 0, nothing to rescale).
+  src += "      const float corr = mn == neg_inf ? 1.0 : exp(m - mn);\n      float part = 0.0;\n";
+  src += "      " + loop("c", half) + "{\n        const float w = s[c] == neg_inf ? 0.0 : exp(s[c] - mn);\n        Hs[row * " + PS +
+         " + 2u * c + side] = float16_t(w);\n        part += w;\n      }\n";
+  src += "      " + sync + "      pair[tid] = part;\n      if (side == 0u) corr_s[row] = corr;\n      " + sync;
+  src += "      total = total * corr + (part + pair[tid ^ 1u]);\n      m = mn;\n";
+  // Rescale the output rows, then add weights [16, bk] x v [bk, d].
+  src += "      " + loop("f", fd) + "for (uint e = 0u; e < uint(rowmap.length()); ++e) fo[f][e] *= corr_s[sg * 16u + uint(rowmap[e])];\n";
+  src += "      " + loop("c", fk) + "{\n        " + frag16 + " fp;\n        coopMatLoadNV(fp, Hs, sg * " + u(16 * ps) + " + c * 16u, " + PS +
+         ", false);\n";
+  src += "        " + loop("f", fd) + "{\n          " + frag16 + " fv;\n          coopMatLoadNV(fv, Vs, (c * " + u(16 * hs) + " + f * 16u) / " +
+         kunit + ", " + HS + " / " + kunit + ", false);\n          fo[f] = coopMatMulAddNV(fp, fv, fo[f]);\n        }\n      }\n";
+  src += "    }\n";
+  // Divide each row by its sum (0 for a row that saw nothing) and store through the epilogue,
+  // a fragment at a time through the subgroup's rows of Ss.
+  src += "    " + sync + "    if (side == 0u) corr_s[row] = total > 0.0 ? 1.0 / total : 0.0;\n    " + sync;
+  src += "    " + loop("f", fd) + "{\n      for (uint e = 0u; e < uint(rowmap.length()); ++e) fo[f][e] *= corr_s[sg * 16u + uint(rowmap[e])];\n";
+  src += "      coopMatStoreNV(fo[f], Ss, sg * " + u(16 * ss) + ", " + SS + ", false);\n      " + sync;
+  src += "      " + loop("r", 8) + "{\n        const uint li = lane + r * 32u, rr = sg * 16u + li / 16u, i = qt * " + u(bq) +
+         " + rr, x = f * 16u + li % 16u;\n";
+  src += "        if (i < " + L + ") {\n          const float res = Ss[rr * " + SS + " + li % 16u];\n" + store + "        }\n      }\n      " + sync + "    }\n";
+  src += "    barrier();  // Hs and span are rewritten for the next tile of rows\n  }\n}\n";
+
+  std::string decl;
+  for (size_t i = 0; i < e.bindings.size(); ++i) {
+    const int bi = static_cast<int>(i);
+    if (bi == k_binding || bi == v_binding)
+      decl += "layout(std430, binding = " + std::to_string(i) + ") readonly restrict buffer B" + std::to_string(i) + " { " +
+              (g[e.bindings[i]].type == dtype::f32 ? "vec4" : "uvec2") + " v[]; } b" + std::to_string(i) + ";\n";
+    else
+      decl += buffer_decl(g, e.bindings[i], i, false);
+  }
+  kernel_source ks;
+  ks.name = "attnc64x" + std::to_string(bk) + (wide ? "" : "s") + "_" + std::to_string(k.root);
+  ks.bindings = e.bindings;
+  ks.groups = {groups_for(groups_total, 1, caps.max_groups[0]), 1, 1};
+  ks.bytes = bytes_of(g, ks.bindings);
+  ks.flops = 4.0 * static_cast<double>(as.batch * l * h) * static_cast<double>(t) * static_cast<double>(d);
+  ks.glsl = coopmat_header(threads) + decl + prelude + src;
+  return ks;
+}
+
 }  // namespace
 
 kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
-  if (k.pass == 0) return attention_tiled(g, p, k, caps);
+  if (k.pass == 0) {
+    if (auto on_tensor_cores = attention_coopmat(g, p, k, caps)) return *on_tensor_cores;
+    return attention_tiled(g, p, k, caps);
+  }
   const node& at = g[k.root];
   const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
   const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);

@@ -19,8 +19,9 @@
 // --matvec V1,V2,... keeps only the decode matrix-vector kernels: for each MESH_MATVEC value
 // ("default" is the default kernel) a new executor, then f16, q8_0, q4_k and q6_k weights on the
 // Llama-3.2-1B projection shapes, each checked on 64 outputs, timed in weight GB/s.
-// --attention: causal attention, 8 heads x 4096 rows x 4096 keys, d = 64, one kernel (`attnt`),
-// checked on sampled rows; bench/gpu/sdpa_reference.py times PyTorch's SDPA on the same shape.
+// --attention: causal attention, 8 heads x 4096 rows x 4096 keys, d = 64, one kernel (`attnc` on
+// tensor cores where the device has them, then `attnt` in f32: MESH_ATTENTION=f32), checked on
+// sampled rows; bench/gpu/sdpa_reference.py times PyTorch's SDPA on the same shape.
 // --prefill V1,V2,... the same with 512 rows of x (a prompt) for each MESH_LINEAR value ("default":
 // `mmctl` on tensor cores where the device has them; "f32": the f32 matmul kernels), in GFLOP/s.
 //
@@ -467,6 +468,7 @@ bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::stri
   else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
   else if (var == "MESH_MATVEC") o.variants.matvec = value;
   else if (var == "MESH_LINEAR") o.variants.linear = value;
+  else if (var == "MESH_ATTENTION") o.variants.attention = value;
   else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));
   else if ((var == "MESH_SPLIT_REDUCE" || var == "MESH_FUSE_ROWS") && (value == "0" || value == "1"))
     (var == "MESH_SPLIT_REDUCE" ? o.split_reductions : o.fuse_rows) = value[0] - '0';
@@ -593,14 +595,16 @@ void time_linears(const std::vector<std::string>& variants, bool quick, bool pre
 }
 
 /// --attention: causal attention, 8 heads x 4096 query rows x 4096 keys, d = 64 (a prompt's
-/// shape; bench/gpu/sdpa_reference.py times PyTorch's scaled_dot_product_attention on it), f32, as
-/// the models' prompts run it (one kernel, `attnt`). Checked on 6 sampled rows of every head
-/// against a host computation in double; GFLOP/s count the causal half, 4 h d l (l + 1) / 2.
-void time_attention(bool quick) {
+/// shape; bench/gpu/sdpa_reference.py times PyTorch's scaled_dot_product_attention on it), f32
+/// tensors, as the models' prompts run it (one kernel: `attnc` on tensor cores where the device
+/// has cooperative matrices, `attnt` in f32 with MESH_ATTENTION=f32 or without them). Checked on
+/// 6 sampled rows of every head against a host computation in double (to 1e-4, or 5e-3 for
+/// `attnc`'s f16 operands); GFLOP/s count the causal half, 4 h d l (l + 1) / 2.
+void time_attention(bool quick, const char* variant) {
   const int64_t l = quick ? 96 : 4096, h = 8, d = 64;
-  auto ex = gpu::make_vulkan_executor(options);
+  auto ex = executor_with("MESH_ATTENTION", variant);
   if (!ex) return;
-  gpu::executor& vex = **ex;
+  gpu::executor& vex = *ex;
   builder b;
   auto q = b.parameter("at.q", dtype::f32, {l, h, d});
   auto k = b.parameter("at.k", dtype::f32, {l, h, d});
@@ -660,12 +664,12 @@ void time_attention(bool quick) {
         worst = std::max(worst, std::abs(got->at("at.y").at((i * h + j) * d + x) - want / total));
       }
     }
-  if (worst > 1e-4) {
-    std::printf("CHECK FAILED: attention, worst error %.3g\n", worst);
+  if (worst > (r.variant.rfind("attnc", 0) == 0 ? 5e-3 : 1e-4)) {
+    std::printf("CHECK FAILED: attention (%s), worst error %.3g\n", r.variant.c_str(), worst);
     ++failures;
   }
   const std::string size = std::to_string(h) + "x" + std::to_string(l) + "x" + std::to_string(l) + " d" + std::to_string(d);
-  row("attention causal f32", size, r, 4.0 * static_cast<double>(h * d) * static_cast<double>(l) * static_cast<double>(l + 1) / 2, "GFLOP/s");
+  row(r.variant.rfind("attnc", 0) == 0 ? "attention causal f16 ops" : "attention causal f32", size, r, 4.0 * static_cast<double>(h * d) * static_cast<double>(l) * static_cast<double>(l + 1) / 2, "GFLOP/s");
 }
 
 /// --variants VAR=v1,v2,...: for each value, a new executor with VAR=value, its matmuls checked
@@ -846,7 +850,7 @@ int main(int argc, char** argv) {
     return failures ? 2 : 0;
   }
   if (attention_only) {
-    time_attention(quick);
+    for (const char* variant : {"", "f32"}) time_attention(quick, variant);
     if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
     std::filesystem::remove_all(cache);
     return failures ? 2 : 0;

@@ -10,7 +10,8 @@
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
 // core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec),
 // MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`), MESH_LINEAR=f32
-// keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear);
+// keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear), MESH_ATTENTION=f32
+// their attention off `attnc` (kernel_variants::attention);
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
 // MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
 // (session_options::fuse_projections off: one matrix-vector product per q, k, v, gate and up).
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
     if (const char* gm = std::getenv("MESH_GEMM")) vo.variants.gemm = gm;  // e.g. noskinny
     if (const char* li = std::getenv("MESH_LINEAR")) vo.variants.linear = li;  // f32: prompts without `mmctl`
+    if (const char* at = std::getenv("MESH_ATTENTION")) vo.variants.attention = at;  // f32: prompts without `attnc`
     // GPU timestamps around the kernels only for --kernels (a node runs without them);
     // MESH_TIMESTAMPS=0 or 1 overrides (what they cost a decode step).
     vo.kernel_timestamps = kernels;

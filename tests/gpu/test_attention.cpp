@@ -24,6 +24,7 @@ struct attention_case {
   int64_t l = 1, h = 4, kv = 2, d = 64, t = 8, window = 0;
   std::vector<int32_t> pos;  ///< batch * l positions
   dtype cache = dtype::f32;
+  int64_t offset = 0;  ///< k and v are rows [offset, offset + t) of larger inputs (read through a slice)
 };
 
 /// The composed form: scores q k^T / sqrt(d), keys past pos (or outside the window) at -inf
@@ -60,8 +61,12 @@ void check_attention(const attention_case& c, uint64_t seed) {
     return s;
   };
   auto q = b.input("q", dtype::f32, with({c.l, c.h, c.d}));
-  auto k = b.input("k", c.cache, with({c.t, c.kv, c.d}));
-  auto v = b.input("v", c.cache, with({c.t, c.kv, c.d}));
+  auto k = b.input("k", c.cache, with({c.t + c.offset, c.kv, c.d}));
+  auto v = b.input("v", c.cache, with({c.t + c.offset, c.kv, c.d}));
+  if (c.offset) {
+    k = slice_axis(k, c.batch ? 1 : 0, c.offset, c.offset + c.t);
+    v = slice_axis(v, c.batch ? 1 : 0, c.offset, c.offset + c.t);
+  }
   auto pos = b.input("pos", dtype::i32, with({c.l}));
   b.output("fused", attention(q, k, v, pos, c.window));
   b.output("composed", composed(b, q, k, v, pos, c));
@@ -70,14 +75,23 @@ void check_attention(const attention_case& c, uint64_t seed) {
   for (size_t i = 0; i < c.pos.size(); ++i) p.set(static_cast<int64_t>(i), c.pos[i]);
   // Scores up to about +-8: softmax weights far from uniform.
   const tensor_map inputs{{"q", random_tensor(dtype::f32, with({c.l, c.h, c.d}), seed, -1.5, 1.5)},
-                          {"k", random_tensor(c.cache, with({c.t, c.kv, c.d}), seed + 1, -1.5, 1.5)},
-                          {"v", random_tensor(c.cache, with({c.t, c.kv, c.d}), seed + 2)},
+                          {"k", random_tensor(c.cache, with({c.t + c.offset, c.kv, c.d}), seed + 1, -1.5, 1.5)},
+                          {"v", random_tensor(c.cache, with({c.t + c.offset, c.kv, c.d}), seed + 2)},
                           {"pos", p}};
   const reference ref = reference_run(g, inputs, {});
   // The composed form rounds every intermediate to f32 in the reference; the op rounds once.
   CHECK(normalised_error(ref.outputs.at("fused"), ref.outputs.at("composed")) <= 1e-6);
   check_on(cpu(), g, inputs, {}, ref, 1e-5);
-  check_on(vulkan(), g, inputs, {}, ref, 1e-5);
+  // On a device with cooperative matrices a prompt's attention runs on tensor cores (`attnc`:
+  // q, k, v and the softmax weights rounded to f16), within f16 rounding; elsewhere in f32.
+  executor& vk = vulkan();
+  const bool halves = vk.info().coopmat && c.l >= attention_tiled_min_rows && c.d % 16 == 0 && c.t > 0;
+  check_on(vk, g, inputs, {}, ref, halves ? tolerance_for(dtype::f16) : 1e-5);
+  if (halves) {
+    bool on_tensor_cores = false;
+    for (const auto& kt : vk.stats().kernels) on_tensor_cores |= kt.name.rfind("attnc", 0) == 0;
+    CHECK(on_tensor_cores);
+  }
 }
 
 }  // namespace
@@ -108,7 +122,8 @@ TEST_CASE("attention: prompt-sized query rows take one kernel, on every back end
   // At least gpu::attention_tiled_min_rows (17) rows: `attnt`, tiles of query rows against
   // tiles of keys. A prompt after 20 cached positions; rows past the last tile's end; a head
   // size that 4 does not divide; a sliding window; positions out of order with a padding row
-  // (-1: sees nothing); d = 128 with an f16 cache; a batch.
+  // (-1: sees nothing); d = 128 with an f16 cache; a batch; k and v at an offset into their
+  // inputs.
   {
     attention_case c{.l = 40, .h = 4, .kv = 2, .d = 64, .t = 60, .pos = {}};
     for (int32_t i = 0; i < 40; ++i) c.pos.push_back(20 + i);
@@ -128,6 +143,13 @@ TEST_CASE("attention: prompt-sized query rows take one kernel, on every back end
                    .pos = {30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
                            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}},
                   24);
+  {
+    // k and v read through slices at an offset (on tensor cores: element by element, not four
+    // values a load); 150 keys: three tiles of 64, the last partial.
+    attention_case c{.l = 90, .h = 4, .kv = 2, .d = 32, .t = 150, .pos = {}, .cache = dtype::f16, .offset = 7};
+    for (int32_t i = 0; i < 90; ++i) c.pos.push_back(60 + i);
+    check_attention(c, 25);
+  }
   // The plan: one kernel for the prompt, two passes for a decode step.
   builder b;
   auto k = b.input("k", dtype::f32, {32, 2, 64});

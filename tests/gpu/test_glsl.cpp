@@ -262,6 +262,66 @@ TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16 an
   }
 }
 
+TEST_CASE("glsl: a prompt's attention takes the tensor-core kernel attnc where it fits, and it compiles") {
+  // d 64 and 128 (keys per tile 64 and 32), 16; a sliding window; an f16 cache read through a
+  // reshape; a batch; rows past the last tile's end; k and v read at an offset (a slice not at
+  // the start: element by element, `attnc64x64s`). d 40 (not a multiple of 16), a device without
+  // cooperative matrices and kernel_variants::attention "f32" keep `attnt`.
+  struct attention_shape_case {
+    int64_t batch, l, h, kv, d, t, window;
+    dtype cache;
+    const char* want;
+    int64_t offset = 0;  ///< k and v start this many rows into their inputs
+  };
+  const attention_shape_case cases[] = {{0, 100, 4, 2, 64, 130, 0, dtype::f32, "attnc64x64_"},
+                                        {0, 17, 2, 1, 128, 40, 0, dtype::f16, "attnc64x32_"},
+                                        {2, 70, 3, 3, 16, 90, 20, dtype::f32, "attnc64x64_"},
+                                        {0, 40, 2, 2, 64, 50, 0, dtype::f16, "attnc64x64s_", 3},
+                                        {0, 40, 2, 2, 40, 50, 0, dtype::f32, "attnt"}};
+  gpu::shader_cache cache("", "test", false);
+  for (const auto& c : cases) {
+    builder b;
+    const shape lead = c.batch ? shape{c.batch} : shape{};
+    auto with = [&](shape tail) {
+      shape r = lead;
+      r.insert(r.end(), tail.begin(), tail.end());
+      return r;
+    };
+    auto q = b.input("q", dtype::f32, with({c.l, c.h, c.d}));
+    auto k = reshape(b.input("k", c.cache, with({c.t, c.kv * c.d})), with({c.t, c.kv, c.d}));
+    auto v = b.input("v", c.cache, with({c.t + c.offset, c.kv, c.d}));
+    if (c.offset) {
+      k = slice_axis(b.input("k2", c.cache, with({c.t + c.offset, c.kv, c.d})), c.batch ? 1 : 0, c.offset, c.t + c.offset);
+      v = slice_axis(v, c.batch ? 1 : 0, c.offset, c.t + c.offset);
+    }
+    b.output("y", relu(attention(q, k, v, b.input("pos", dtype::i32, with({c.l})), c.window)));
+    const graph g = done(b);
+    const auto p = gpu::lower(g);
+    gpu::device_caps caps;
+    caps.storage16 = true;
+    caps.subgroup_arithmetic = true;
+    caps.shared_memory_bytes = 49152;
+    caps.coopmat_f16 = true;
+    int found = 0;
+    for (const auto& kn : p.kernels) {
+      if (kn.kind != gpu::kernel_kind::attention) continue;
+      ++found;
+      auto src = gpu::emit(g, p, kn, caps);
+      REQUIRE(src.has_value());
+      INFO(src->name << "\n" << src->glsl);
+      CHECK(src->name.rfind(c.want, 0) == 0);
+      auto spirv = cache.get(src->name, src->glsl);
+      if (!spirv) FAIL(spirv.error().message);
+      gpu::device_caps no_coopmat = caps, f32 = caps;
+      no_coopmat.coopmat_f16 = false;
+      f32.variants.attention = "f32";
+      CHECK(gpu::emit(g, p, kn, no_coopmat)->name.rfind("attnt", 0) == 0);
+      CHECK(gpu::emit(g, p, kn, f32)->name.rfind("attnt", 0) == 0);
+    }
+    CHECK(found == 1);
+  }
+}
+
 TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shapes) compiles") {
   // Small (64x64 tiles) and large (enough 128-wide tiles to fill a GPU) problems, a weight
   // broadcast over the batch (read straight from its buffer), a transposed operand (loader), and
