@@ -1,6 +1,6 @@
 // attention (op_kind::attention): causal grouped-query attention against a KV cache. Many query
-// rows (a prompt: plan.cpp's add_attention, attention_tiled_min_rows) take one kernel, `attnt`,
-// flash-attention style (attention_tiled below). Few rows (decode) take two kernels,
+// rows (a prompt: plan.cpp's add_attention, attention_tiled_min_rows) take one kernel, `attnc` on
+// tensor cores (attention_coopmat below) or `attnt` in f32 (attention_tiled), flash-attention style. Few rows (decode) take two kernels,
 // flash-decoding style (add_attention makes the passes and their scratch buffer of partials,
 // d + 2 floats per query row, head and slice):
 // - pass 1 (`attn1`): a workgroup of 64 threads per query row, head and slice of the keys (a
@@ -12,6 +12,9 @@
 //   weight x v[x] over the tile's keys (what earlier tiles added rescaled by exp(m_old - m)).
 //   It writes m, l and the d sums. A slice with no visible key writes m = -inf, l = 0; with no
 //   keys at all, nothing is read.
+// - pass 1 for a group of query heads (`attn1g`, attention_pass1_grouped below): the same
+//   partials for every query head of one key/value head from one workgroup, so that k and v are
+//   read once per group; taken where the group and its tiles fit.
 // - pass 2 (`attn2`): a workgroup per query row and head combines the slices: M = max m, the
 //   result sum(exp(m - M) acc) / sum(exp(m - M) l), or 0 where no key is visible.
 // Keys past the visible range are read at a clamped index and their values replaced, never
@@ -392,6 +395,124 @@ std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, co
   return ks;
 }
 
+/// `vec4 name(vec4 x)`: the workgroup's component-wise max or sum of x (every thread gets it),
+/// through subgroup arithmetic and shared memory (`red4`), or a shared-memory tree without subgroups.
+std::string workgroup_reduce4(const std::string& name, bool max, bool sg, int64_t local) {
+  const std::string combine = max ? "a = max(a, red4[s]);" : "a += red4[s];";
+  if (sg)
+    return "vec4 " + name + "(vec4 x) {\n  vec4 a = " + (max ? "subgroupMax" : "subgroupAdd") +
+           "(x);\n  if (subgroupElect()) red4[gl_SubgroupID] = a;\n  barrier();\n  a = red4[0];\n  for (uint s = 1u; s < gl_NumSubgroups; ++s) " +
+           combine + "\n  barrier();\n  return a;\n}\n";
+  const std::string tree = max ? "red4[i] = max(red4[i], red4[i + s]);" : "red4[i] += red4[i + s];";
+  return "vec4 " + name + "(vec4 x) {\n  const uint i = gl_LocalInvocationID.x;\n  red4[i] = x;\n  barrier();\n  for (uint s = " + u(local / 2) +
+         "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  vec4 a = red4[0];\n  barrier();\n  return a;\n}\n";
+}
+
+/// Query heads per key/value head that the grouped pass 1 (`attn1g`) takes at most.
+constexpr int64_t grouped_attention_max_group = 16;
+
+/// Shared memory of `attn1g`: the k tile [64, d + 1], the group's query rows [group, d], the
+/// weights [group, 64] and the reductions' vec4 per thread.
+int64_t grouped_attention_shared_bytes(int64_t d, int64_t group) {
+  return 4 * (attention_slice_keys * (d + 1) + group * d + group * attention_slice_keys + 4 * 64);
+}
+
+/// Flash-decoding pass 1 for every query head of one key/value head at once (`attn1g`): a
+/// workgroup of 64 threads per (query row, key/value head, slice of the keys) computes what `attn1`
+/// computes for each of the `group` query heads that share the key/value head, so each k and v
+/// element is read once for all of them. The key tile [64, d] is copied to shared memory first
+/// (consecutive threads read consecutive elements: coalesced), rows padded by one float, then
+/// thread c scores key c against every query head of the group; the group's running maxima and
+/// sums go through vec4 workgroup reductions; thread x adds weight x v[x] for every head. It
+/// writes the same partials (m, l and the d sums per query head and slice) as `attn1`, which pass
+/// 2 (`attn2`) combines.
+kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const node& at = g[k.root];
+  const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
+  const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);
+  const int64_t l = as.l, h = as.h, d = as.d, t = as.t, kv = as.kv, window = as.window;
+  const int64_t group = h / kv, slices = k.slices, C = attention_slice_keys, chunks = (group + 3) / 4;
+  constexpr int64_t local = 64;
+  const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
+  const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices), units = as.batch * l * kv * slices;
+  const std::string D = u(d), DS = u(d + 1), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2), G = u(group);
+  const std::string SPAN = u(tiles_per_slice * C), NA = u((d + local - 1) / local);
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+
+  emitter e(g, p, false);
+  e.bind(scratch_id(g, k.scratch));  // binding 0: written
+  const std::string lq = loader(e, "load_q", q), lk = loader(e, "load_k", kk), lv = loader(e, "load_v", v), lp = loader(e, "load_pos", pos);
+  const auto each_head = [&](const std::string& body) { return "[[unroll]] for (uint hq = 0u; hq < " + G + "; ++hq) " + body; };
+  std::string src = lq + lk + lv + lp;
+  src += "shared float Ks[" + u(C * (d + 1)) + "];\nshared float qs[" + u(group * d) + "];\nshared float w[" + u(group * C) +
+         "];\nshared vec4 red4[" + u(local) + "];\n";
+  src += workgroup_reduce4("wg_max4", true, sg, local) + workgroup_reduce4("wg_sum4", false, sg, local);
+  src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+  src += "  for (uint ws = gl_WorkGroupID.x; ws < " + u(units) + "; ws += gl_NumWorkGroups.x) {\n";
+  src += "    const uint rk = ws / " + S + ", sl = ws % " + S + ", b = rk / " + u(l * kv) + ", i = (rk / " + KV + ") % " + L + ", kvh = rk % " +
+         KV + ";\n";
+  src += "    const int p = int(load_pos(b * " + L + " + i));\n    const uint last = uint(clamp(p + 1, 0, " + std::to_string(t) +
+         ")), first = " + (window > 0 ? "uint(clamp(p - " + std::to_string(window - 1) + ", 0, int(last)))" : std::string("0u")) + ";\n";
+  // The group's query rows: heads kvh * group + hq, scaled by 1/sqrt(d).
+  src += "    const uint q0 = ((b * " + L + " + i) * " + H + " + kvh * " + G + ") * " + D + ";\n";
+  src += "    for (uint e = lid; e < " + u(group * d) + "; e += " + u(local) + ") qs[e] = load_q(q0 + e) * " + scale + ";\n";
+  src += "    const uint t_begin = sl * " + SPAN + ", t_end = min(t_begin + " + SPAN + ", last);\n";
+  src += "    const uint t_first = t_begin + (max(first, t_begin) - t_begin) / " + u(C) + " * " + u(C) + ";\n";
+  src += "    float m[" + G + "], total[" + G + "], acc[" + G + "][" + NA + "];\n";
+  src += "    " + each_head("{\n      m[hq] = neg_inf;\n      total[hq] = 0.0;\n      [[unroll]] for (uint a = 0u; a < " + NA +
+                              "; ++a) acc[hq][a] = 0.0;\n    }\n");
+  src += "    for (uint t0 = t_first; t0 < t_end; t0 += " + u(C) + ") {\n";
+  src += "      barrier();  // qs written; the previous tile's k and weights are no longer read\n";
+  // Loops unrolled where the device wants it (GPUs: their loads are then in flight together).
+  const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
+  src += "      " + unroll + "for (uint n = 0u; n < " + u(d) + "; ++n) {\n        const uint e = lid + n * " + u(local) + ", c = e / " + D +
+         ", x = e % " + D + ";\n        Ks[c * " + DS + " + x] = load_k(((b * " + T + " + min(t0 + c, " + u(t - 1) + ")) * " + KV +
+         " + kvh) * " + D + " + x);\n      }\n";
+  src += "      barrier();\n";
+  src += "      const uint key = t0 + lid;\n      const bool seen = key >= first && key < t_end;\n";
+  src += "      float s[" + G + "];\n      " + each_head("s[hq] = 0.0;\n");
+  src += "      " + unroll + "for (uint x = 0u; x < " + D + "; ++x) {\n        const float kx = Ks[lid * " + DS + " + x];\n        " +
+         each_head("s[hq] = fma(qs[hq * " + D + " + x], kx, s[hq]);\n") + "      }\n";
+  // A key the row does not see (or past the slice) never enters the maximum or the sums.
+  src += "      float corr[" + G + "];\n";
+  src += "      [[unroll]] for (uint c4 = 0u; c4 < " + u(chunks) + "; ++c4) {\n        vec4 mine = vec4(neg_inf);\n";
+  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G + ") mine[r] = seen ? s[c4 * 4u + r] : neg_inf;\n";
+  src += "        const vec4 top = wg_max4(mine);\n";
+  // Every tile holds a visible key, so the new maximum is finite; m = -inf before the first: corr 0.
+  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G +
+         ") {\n          const uint hq = c4 * 4u + r;\n          const float mn = max(m[hq], top[r]);\n          corr[hq] = exp(m[hq] - mn);\n"
+         "          m[hq] = mn;\n        }\n      }\n";
+  src += "      " + each_head("w[hq * " + u(C) + " + lid] = seen ? exp(s[hq] - m[hq]) : 0.0;\n");
+  src += "      [[unroll]] for (uint c4 = 0u; c4 < " + u(chunks) + "; ++c4) {\n        vec4 mine = vec4(0.0);\n";
+  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G + ") mine[r] = w[(c4 * 4u + r) * " + u(C) + " + lid];\n";
+  src += "        const vec4 part = wg_sum4(mine);  // its barrier also publishes w[]\n";
+  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G +
+         ") total[c4 * 4u + r] = total[c4 * 4u + r] * corr[c4 * 4u + r] + part[r];\n      }\n";
+  src += "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = lid + a * " + u(local) + ";\n        " +
+         each_head("acc[hq][a] *= corr[hq];\n");
+  src += "        if (x < " + D + ")\n          " + unroll + "for (uint c = 0u; c < " + u(C) + "; ++c) {\n            const uint kc = t0 + c;\n";
+  src += "            const float vv = load_v(((b * " + T + " + min(kc, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n";
+  src += "            const float vx = kc >= first && kc < t_end ? vv : 0.0;\n            " +
+         each_head("acc[hq][a] = fma(w[hq * " + u(C) + " + c], vx, acc[hq][a]);\n") + "          }\n      }\n";
+  src += "    }\n";
+  src += "    " + each_head("{\n      const uint po = (((b * " + L + " + i) * " + H + " + kvh * " + G + " + hq) * " + S + " + sl) * " + W +
+                              ";\n      if (lid == 0u) {\n        b0.v[po] = m[hq];\n        b0.v[po + 1u] = total[hq];\n      }\n" +
+                              "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = lid + a * " + u(local) +
+                              ";\n        if (x < " + D + ") b0.v[po + 2u + x] = acc[hq][a];\n      }\n    }\n");
+  src += "    barrier();  // qs is rewritten for the next unit\n  }\n}\n";
+
+  kernel_source ks;
+  ks.name = "attn1g" + std::to_string(group) + "_" + std::to_string(k.root);
+  ks.bindings = e.bindings;
+  ks.groups = {groups_for(units, 1, caps.max_groups[0]), 1, 1};
+  ks.bytes = bytes_of(g, ks.bindings) + static_cast<uint64_t>(as.batch * l * h * slices * (d + 2)) * 4;
+  ks.flops = 4.0 * static_cast<double>(as.batch * l * h) * static_cast<double>(t) * static_cast<double>(d);
+  ks.glsl = header(g, ks.bindings, sg, local) + split_decls(g, p, k, ks.bindings) + prelude + src;
+  return ks;
+}
+
 }  // namespace
 
 kernel_source attention(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
@@ -406,6 +527,10 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
   const int64_t group = h / kv, rows = as.batch * l * h, slices = k.slices, C = attention_slice_keys;
   constexpr int64_t local = 64;
   static_assert(attention_slice_keys == local, "a key per thread");
+  // Pass 1 for every query head of a key/value head at once where the group and the tiles fit.
+  if (k.pass == 1 && t > 0 && group <= grouped_attention_max_group && caps.variants.attention != "ungrouped" &&
+      grouped_attention_shared_bytes(d, group) <= static_cast<int64_t>(caps.shared_memory_bytes))
+    return attention_pass1_grouped(g, p, k, caps);
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
   const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices);
   const std::string D = u(d), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2);

@@ -40,9 +40,11 @@ struct kernel_variants {
   /// are staged, f32 accumulation: about 3 decimal digits, and values past 65504 overflow), else
   /// the f32 matmul kernels reading the weight transposed; "f32" always takes the f32 kernels.
   std::string linear;
-  /// attention over many query rows (a prompt): "" on devices with cooperative matrices takes
-  /// `attnc` (q, k, v and the softmax weights rounded to f16, f32 accumulation; d a multiple of
-  /// 16), else `attnt` in f32; "f32" always takes `attnt`.
+  /// attention: "" takes, for many query rows (a prompt), `attnc` on devices with cooperative
+  /// matrices (q, k, v and the softmax weights rounded to f16, f32 accumulation; d a multiple of
+  /// 16), else `attnt` in f32, and for few rows (decode) the grouped pass 1 `attn1g` (every query
+  /// head of a key/value head in one workgroup) where it fits; "f32" always takes `attnt` for
+  /// prompts, "ungrouped" `attn1` (a workgroup per query head) for decode.
   std::string attention;
 };
 

@@ -87,11 +87,15 @@ void check_attention(const attention_case& c, uint64_t seed) {
   executor& vk = vulkan();
   const bool halves = vk.info().coopmat && c.l >= attention_tiled_min_rows && c.d % 16 == 0 && c.t > 0;
   check_on(vk, g, inputs, {}, ref, halves ? tolerance_for(dtype::f16) : 1e-5);
-  if (halves) {
-    bool on_tensor_cores = false;
-    for (const auto& kt : vk.stats().kernels) on_tensor_cores |= kt.name.rfind("attnc", 0) == 0;
-    CHECK(on_tensor_cores);
-  }
+  auto ran = [&](const char* prefix) {
+    for (const auto& kt : vk.stats().kernels)
+      if (kt.name.rfind(prefix, 0) == 0) return true;
+    return false;
+  };
+  if (halves) CHECK(ran("attnc"));
+  // Decode rows: pass 1 takes every query head of a key/value head at once (`attn1g`) for groups
+  // of up to 16 heads whose tiles fit the device's shared memory (d = 64 everywhere).
+  if (c.l < attention_tiled_min_rows && c.t > 0 && c.d <= 64) CHECK(ran("attn1g") == (c.h / c.kv <= 16));
 }
 
 }  // namespace
@@ -101,6 +105,7 @@ TEST_CASE("attention: one sequence against a cache, grouped-query heads, every b
   check_attention({.l = 3, .h = 6, .kv = 2, .d = 64, .t = 300, .pos = {297, 298, 299}}, 2);  // three tiles of keys
   check_attention({.l = 2, .h = 2, .kv = 2, .d = 80, .t = 20, .pos = {0, 19}}, 3);        // d does not divide 128
   check_attention({.l = 1, .h = 4, .kv = 1, .d = 160, .t = 9, .pos = {8}}, 4);            // d over 128
+  check_attention({.l = 2, .h = 24, .kv = 1, .d = 16, .t = 70, .pos = {40, 69}}, 8);      // 24 heads a group: a workgroup each
   check_attention({.l = 2, .h = 4, .kv = 4, .d = 32, .t = 200, .window = 64, .pos = {150, 199}}, 5);  // sliding window
   check_attention({.l = 2, .h = 2, .kv = 1, .d = 64, .t = 16, .pos = {-1, 3}, .cache = dtype::f16}, 6);  // row 0 sees no key
   // 128 rows x heads of d = 64: the partials of one slice per 64 keys would pass
