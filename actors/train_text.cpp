@@ -101,12 +101,8 @@ expected<std::unique_ptr<text_data_reader>> text_data_reader::create(const msg::
   if (!tok) return tl::unexpected(as_data_error(tok.error()));
   std::optional<models::chat_template> chat;
   if (!text.chat_template.empty()) {
-    models::chat_tokens special;
-    const auto& v = tok->vocab();
-    if (v.bos_id) special.bos = tok->piece(*v.bos_id);
-    if (v.eos_id) special.eos = tok->piece(*v.eos_id);
     // A template that is not recognised leaves chat records without one: they fail by name.
-    if (auto t = models::detect_chat_template(text.chat_template, special)) chat = std::move(*t);
+    if (auto t = models::detect_chat_template(text.chat_template, models::chat_tokens_of(*tok))) chat = std::move(*t);
   }
   std::unique_ptr<text_data_reader> r(new text_data_reader(std::move(*tok), std::move(chat)));
   r->bytes_ = std::move(bytes);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "models/tokenizer.hpp"
 #include "models/utf8.hpp"
 
 namespace mesh::models {
@@ -265,6 +266,14 @@ expected<std::string> chat_template::render(std::span<const chat_message> messag
     case chat_family::gemma: return render_gemma(*this, messages, add_generation_prompt);
   }
   return make_error(error_code::internal, "chat template: unknown family");
+}
+
+chat_tokens chat_tokens_of(const tokenizer& t) {
+  chat_tokens c;
+  const auto& v = t.vocab();
+  if (v.bos_id) c.bos = t.piece(*v.bos_id);
+  if (v.eos_id) c.eos = t.piece(*v.eos_id);
+  return c;
 }
 
 }  // namespace mesh::models

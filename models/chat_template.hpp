@@ -34,6 +34,11 @@ struct chat_tokens {
   std::string eos;
 };
 
+class tokenizer;
+
+/// The BOS and EOS pieces of `t`'s vocabulary (empty where it has none).
+chat_tokens chat_tokens_of(const tokenizer& t);
+
 /// A recognised template: the family and what of the checkpoint's template text it keeps.
 struct chat_template {
   chat_family family = chat_family::chatml;

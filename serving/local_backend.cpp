@@ -181,9 +181,7 @@ expected<std::shared_ptr<local_backend::model>> local_backend::open_model(const 
   auto tok = models::tokenizer::create(std::move(vocab->vocab));
   if (!tok) return forward_error(tok);
   m->tok.emplace(std::move(*tok));
-  const auto& v = m->tok->vocab();
-  if (v.bos_id) m->special.bos = m->tok->piece(*v.bos_id);
-  if (v.eos_id) m->special.eos = m->tok->piece(*v.eos_id);
+  m->special = models::chat_tokens_of(*m->tok);
   if (!o.chat_template.empty()) {
     // A template named by the operator must exist: a typo is a load error, not a model that
     // silently refuses chats.

@@ -294,8 +294,7 @@ TEST_CASE("a full fine-tune of a GGUF base saves as a Hugging Face directory wit
     REQUIRE(got);
     auto texts = texts_for(*want);
     if (base_tok->chat_template) {
-      const chat_tokens specials{want->vocab().tokens[static_cast<size_t>(*want->vocab().bos_id)],
-                                 want->vocab().tokens[static_cast<size_t>(*want->vocab().eos_id)]};
+      const chat_tokens specials = chat_tokens_of(*want);
       auto a = detect_chat_template(*base_tok->chat_template, specials), b = detect_chat_template(*tok->chat_template, specials);
       REQUIRE(a);
       REQUIRE(b);
