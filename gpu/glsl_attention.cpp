@@ -48,6 +48,14 @@ std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t
          "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  float a = red[0];\n  barrier();\n  return a;\n}\n";
 }
 
+/// 1/sqrt(d) as a GLSL float literal.
+std::string scale_literal(int64_t d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
+  if (!std::strpbrk(text, ".e")) std::strcat(text, ".0");
+  return text;
+}
+
 /// Rows and keys per tile of the one-kernel attention (`attnt`), the largest that fit the
 /// device's shared memory: q tile [bq, d], k and v tiles [bk, d] (rows padded by one float), the
 /// weights [bq, bk] and two floats per thread for row reductions. 4 threads per query row.
@@ -82,9 +90,7 @@ kernel_source attention_tiled(const graph& g, const plan& p, const kernel& k, co
   const int64_t groups_total = as.batch * h * q_tiles, nx = (d + 3) / 4, ds = d + 1;
   const std::string D = u(d), DS = u(ds), BQ = u(bq), BK = u(bk), T = u(t), KV = u(kv), L = u(l), H = u(h);
   const std::string BKi = std::to_string(bk), Ti = std::to_string(t);
-  char scale[32];
-  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
-  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+  const std::string scale = scale_literal(d);
 
   emitter e(g, p, false);
   e.bind(k.root);
@@ -225,7 +231,7 @@ std::optional<node_index> same_index_buffer(const graph& g, const plan& p, node_
 /// loaded from a matrix whose every element is its row number (NV cooperative matrices leave the
 /// element layout to the implementation, but it is the same for every fragment of one type).
 /// Masking as `attnt`: a key a row does not see gets weight 0 (its v is a real cache row; keys
-/// outside the tile's span read as 0). nullopt when the device has no cooperative matrices, d is
+/// outside the tile's span read as 0). Row tiles go longest first, as `attnt`'s. nullopt when the device has no cooperative matrices, d is
 /// not a multiple of 16, or the tiles do not fit its shared memory.
 std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const node& at = g[k.root];
@@ -240,9 +246,7 @@ std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, co
   const int64_t hs = d + 8, ps = bk + 8, ss = bk + 4, half = bk / 2;  // row strides (16-byte multiples)
   const std::string D = u(d), HS = u(hs), PS = u(ps), SS = u(ss), T = u(t), KV = u(kv), L = u(l), H = u(h);
   const std::string BKi = std::to_string(bk), Ti = std::to_string(t);
-  char scale[32];
-  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
-  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+  const std::string scale = scale_literal(d);
 
   emitter e(g, p, false);
   e.bind(k.root);
@@ -437,9 +441,7 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
   const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices), units = as.batch * l * kv * slices;
   const std::string D = u(d), DS = u(d + 1), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2), G = u(group);
   const std::string SPAN = u(tiles_per_slice * C), NA = u((d + local - 1) / local);
-  char scale[32];
-  std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
-  if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+  const std::string scale = scale_literal(d);
 
   emitter e(g, p, false);
   e.bind(scratch_id(g, k.scratch));  // binding 0: written
@@ -555,9 +557,7 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
   } else if (k.pass == 1) {
     e.bind(scratch_id(g, k.scratch));  // binding 0: written
     const std::string lq = loader(e, "load_q", q), lk = loader(e, "load_k", kk), lv = loader(e, "load_v", v), lp = loader(e, "load_pos", pos);
-    char scale[32];
-    std::snprintf(scale, sizeof scale, "%.9g", 1.0 / std::sqrt(static_cast<double>(d)));
-    if (!std::strpbrk(scale, ".e")) std::strcat(scale, ".0");
+    const std::string scale = scale_literal(d);
     src += lq + lk + lv + lp;
     src += "shared float qs[" + D + "];\nshared float w[" + u(C) + "];\nshared float red[" + u(local) + "];\n";
     src += workgroup_reduce("wg_max", true, sg, local) + workgroup_reduce("wg_sum", false, sg, local);
