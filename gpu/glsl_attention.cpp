@@ -35,17 +35,33 @@
 namespace mesh::gpu::detail {
 namespace {
 
-/// `float name(float x)`: the workgroup's max or sum of x (every thread gets it), through
-/// subgroup arithmetic and shared memory, or a shared-memory tree without subgroups.
-std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t local) {
-  const std::string combine = max ? "a = max(a, red[s]);" : "a += red[s];";
+/// `<type> name(<type> x)`: the workgroup's (component-wise) max or sum of x, every thread getting
+/// it, through subgroup arithmetic and the shared array `red` (of `type`, one per thread), or a
+/// shared-memory tree without subgroups. `type`: "float" or "vec4".
+std::string workgroup_reduce(const std::string& name, bool max, bool sg, int64_t local, const std::string& type = "float",
+                             const std::string& red = "red") {
+  const std::string combine = max ? "a = max(a, " + red + "[s]);" : "a += " + red + "[s];";
   if (sg)
-    return "float " + name + "(float x) {\n  float a = " + (max ? "subgroupMax" : "subgroupAdd") +
-           "(x);\n  if (subgroupElect()) red[gl_SubgroupID] = a;\n  barrier();\n  a = red[0];\n  for (uint s = 1u; s < gl_NumSubgroups; ++s) " +
-           combine + "\n  barrier();\n  return a;\n}\n";
-  const std::string tree = max ? "red[i] = max(red[i], red[i + s]);" : "red[i] += red[i + s];";
-  return "float " + name + "(float x) {\n  const uint i = gl_LocalInvocationID.x;\n  red[i] = x;\n  barrier();\n  for (uint s = " + u(local / 2) +
-         "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  float a = red[0];\n  barrier();\n  return a;\n}\n";
+    return type + " " + name + "(" + type + " x) {\n  " + type + " a = " + (max ? "subgroupMax" : "subgroupAdd") +
+           "(x);\n  if (subgroupElect()) " + red + "[gl_SubgroupID] = a;\n  barrier();\n  a = " + red +
+           "[0];\n  for (uint s = 1u; s < gl_NumSubgroups; ++s) " + combine + "\n  barrier();\n  return a;\n}\n";
+  const std::string tree = max ? red + "[i] = max(" + red + "[i], " + red + "[i + s]);" : red + "[i] += " + red + "[i + s];";
+  return type + " " + name + "(" + type + " x) {\n  const uint i = gl_LocalInvocationID.x;\n  " + red + "[i] = x;\n  barrier();\n  for (uint s = " +
+         u(local / 2) + "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  " + type + " a = " + red +
+         "[0];\n  barrier();\n  return a;\n}\n";
+}
+
+/// The statements that store `res` as output element (b, i, j, x) of an attention node of l query
+/// rows, h heads and head size d (root bound first: binding 0), through its epilogue.
+std::string output_store(emitter& e, node_index root, int64_t l, int64_t h, int64_t d) {
+  e.bind(root);
+  std::string store;
+  e.scoped([&] {
+    store = e.store(root, "((b * " + u(l) + " + i) * " + u(h) + " + j) * " + u(d) + " + x", "res");
+    store = e.body + store;
+    e.body.clear();
+  });
+  return store;
 }
 
 /// 1/sqrt(d) as a GLSL float literal.
@@ -93,13 +109,7 @@ kernel_source attention_tiled(const graph& g, const plan& p, const kernel& k, co
   const std::string scale = scale_literal(d);
 
   emitter e(g, p, false);
-  e.bind(k.root);
-  std::string store;
-  e.scoped([&] {
-    store = e.store(k.root, "((b * " + L + " + i) * " + H + " + j) * " + D + " + x", "res");
-    store = e.body + store;
-    e.body.clear();
-  });
+  const std::string store = output_store(e, k.root, l, h, d);
   kernel_source s;
   s.name = "attnt" + std::to_string(bq) + "x" + std::to_string(bk) + "_" + std::to_string(k.root);
   if (t == 0) {
@@ -249,13 +259,7 @@ std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, co
   const std::string scale = scale_literal(d);
 
   emitter e(g, p, false);
-  e.bind(k.root);
-  std::string store;
-  e.scoped([&] {
-    store = e.store(k.root, "((b * " + L + " + i) * " + H + " + j) * " + D + " + x", "res");
-    store = e.body + store;
-    e.body.clear();
-  });
+  const std::string store = output_store(e, k.root, l, h, d);
   // k and v four values a load when both are buffers read at their own index that nothing else
   // in the kernel reads (their bindings are then declared as vec4 / f16 x 4 arrays).
   const auto kb = same_index_buffer(g, p, kk), vb = same_index_buffer(g, p, v);
@@ -399,19 +403,6 @@ std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, co
   return ks;
 }
 
-/// `vec4 name(vec4 x)`: the workgroup's component-wise max or sum of x (every thread gets it),
-/// through subgroup arithmetic and shared memory (`red4`), or a shared-memory tree without subgroups.
-std::string workgroup_reduce4(const std::string& name, bool max, bool sg, int64_t local) {
-  const std::string combine = max ? "a = max(a, red4[s]);" : "a += red4[s];";
-  if (sg)
-    return "vec4 " + name + "(vec4 x) {\n  vec4 a = " + (max ? "subgroupMax" : "subgroupAdd") +
-           "(x);\n  if (subgroupElect()) red4[gl_SubgroupID] = a;\n  barrier();\n  a = red4[0];\n  for (uint s = 1u; s < gl_NumSubgroups; ++s) " +
-           combine + "\n  barrier();\n  return a;\n}\n";
-  const std::string tree = max ? "red4[i] = max(red4[i], red4[i + s]);" : "red4[i] += red4[i + s];";
-  return "vec4 " + name + "(vec4 x) {\n  const uint i = gl_LocalInvocationID.x;\n  red4[i] = x;\n  barrier();\n  for (uint s = " + u(local / 2) +
-         "; s > 0u; s >>= 1) {\n    if (i < s) " + tree + "\n    barrier();\n  }\n  vec4 a = red4[0];\n  barrier();\n  return a;\n}\n";
-}
-
 /// Query heads per key/value head that the grouped pass 1 (`attn1g`) takes at most.
 constexpr int64_t grouped_attention_max_group = 16;
 
@@ -450,7 +441,7 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
   std::string src = lq + lk + lv + lp;
   src += "shared float Ks[" + u(C * (d + 1)) + "];\nshared float qs[" + u(group * d) + "];\nshared float w[" + u(group * C) +
          "];\nshared vec4 red4[" + u(local) + "];\n";
-  src += workgroup_reduce4("wg_max4", true, sg, local) + workgroup_reduce4("wg_sum4", false, sg, local);
+  src += workgroup_reduce("wg_max4", true, sg, local, "vec4", "red4") + workgroup_reduce("wg_sum4", false, sg, local, "vec4", "red4");
   src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
   src += "  for (uint ws = gl_WorkGroupID.x; ws < " + u(units) + "; ws += gl_NumWorkGroups.x) {\n";
   src += "    const uint rk = ws / " + S + ", sl = ws % " + S + ", b = rk / " + u(l * kv) + ", i = (rk / " + KV + ") % " + L + ", kvh = rk % " +

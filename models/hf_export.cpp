@@ -1,12 +1,12 @@
 #include "models/hf_export.hpp"
 
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "base/durable_file.hpp"
 #include "models/pre_tokenizer.hpp"
 #include "models/tokenizer_json.hpp"
 #include "models/utf8.hpp"
@@ -348,14 +348,6 @@ expected<hf_tokenizer_files> tokenizer_files(const vocabulary& v, const std::opt
   return out;
 }
 
-expected<void> write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) return make_error(error_code::io_error, "cannot write " + path.string());
-  return {};
-}
-
 }  // namespace
 
 expected<std::string> config_json_of(const model_config& c) {
@@ -437,9 +429,9 @@ expected<void> write_hf_export(const std::filesystem::path& dir, const model_con
   if (!config) return forward_error(config);
   auto tok = tokenizer_json_of(t.vocab, t.chat_template, c.max_context);
   if (!tok) return forward_error(tok);
-  if (auto ok = write_text(dir / "config.json", *config); !ok) return ok;
-  if (auto ok = write_text(dir / "tokenizer.json", tok->tokenizer_json); !ok) return ok;
-  return write_text(dir / "tokenizer_config.json", tok->tokenizer_config_json);
+  if (auto ok = write_text_durably(dir / "config.json", *config); !ok) return ok;
+  if (auto ok = write_text_durably(dir / "tokenizer.json", tok->tokenizer_json); !ok) return ok;
+  return write_text_durably(dir / "tokenizer_config.json", tok->tokenizer_config_json);
 }
 
 }  // namespace mesh::models

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "base/durable_file.hpp"
 #include "graph/safetensors.hpp"
 #include "models/checkpoint_tokenizer.hpp"
 #include "models/hf_export.hpp"
@@ -44,14 +45,6 @@ std::string file_name_of(const model_config& config, const std::string& module) 
     for (const auto& [hn, fn] : roles)
       if (*hn == module + ".weight") return *fn;
   }
-  return {};
-}
-
-expected<void> write_text(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) return make_error(error_code::io_error, "cannot write " + path.string());
   return {};
 }
 
@@ -200,7 +193,7 @@ expected<void> save_lora_adapter(const std::filesystem::path& dir, const finetun
             {"inference_mode", true},    {"use_rslora", false},     {"use_dora", false},
             {"modules_to_save", nullptr}, {"init_lora_weights", true}, {"layers_to_transform", nullptr},
             {"rank_pattern", json::object()}, {"alpha_pattern", json::object()}};
-  return write_text(dir / "adapter_config.json", c.dump(2) + "\n");
+  return write_text_durably(dir / "adapter_config.json", c.dump(2) + "\n");
 }
 
 expected<void> save_full_model(const std::filesystem::path& dir, const finetune_model& m, const tensor_map& state,
@@ -232,7 +225,7 @@ expected<void> save_full_model(const std::filesystem::path& dir, const finetune_
   json config = json::parse(base.config_json(), nullptr, false);
   if (!config.is_object()) return make_error(error_code::decode_error, base.config_path().string() + ": not a JSON object");
   config["torch_dtype"] = "float32";
-  if (auto ok = write_text(dir / "config.json", config.dump(2) + "\n"); !ok) return ok;
+  if (auto ok = write_text_durably(dir / "config.json", config.dump(2) + "\n"); !ok) return ok;
   const auto from = base.path();
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
     if (std::filesystem::exists(from / name, ec)) {
