@@ -18,6 +18,17 @@ graph done(builder& b) {
   REQUIRE(g.has_value());
   return *g;
 }
+
+/// A device like the NVIDIA GPUs the tensor-core kernels are for: 16-bit storage, subgroup
+/// arithmetic, 48 KiB of shared memory and cooperative matrices.
+gpu::device_caps tensor_core_caps() {
+  gpu::device_caps caps;
+  caps.storage16 = true;
+  caps.subgroup_arithmetic = true;
+  caps.shared_memory_bytes = 49152;
+  caps.coopmat_f16 = true;
+  return caps;
+}
 }  // namespace
 
 TEST_CASE("glsl: every kernel of a varied graph compiles with shaderc, for both reduction variants") {
@@ -237,11 +248,7 @@ TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16 an
     b.output("decode", linear(reshape(xs, {42, 256}), w));
     const graph g = done(b);
     const auto p = gpu::lower(g);
-    gpu::device_caps caps;
-    caps.storage16 = true;
-    caps.subgroup_arithmetic = true;
-    caps.shared_memory_bytes = 49152;
-    caps.coopmat_f16 = true;
+    gpu::device_caps caps = tensor_core_caps();
     std::vector<std::string> names;
     for (const auto& k : p.kernels) {
       if (k.kind != gpu::kernel_kind::linear) continue;
@@ -297,11 +304,7 @@ TEST_CASE("glsl: a prompt's attention takes the tensor-core kernel attnc where i
     b.output("y", relu(attention(q, k, v, b.input("pos", dtype::i32, with({c.l})), c.window)));
     const graph g = done(b);
     const auto p = gpu::lower(g);
-    gpu::device_caps caps;
-    caps.storage16 = true;
-    caps.subgroup_arithmetic = true;
-    caps.shared_memory_bytes = 49152;
-    caps.coopmat_f16 = true;
+    const gpu::device_caps caps = tensor_core_caps();
     int found = 0;
     for (const auto& kn : p.kernels) {
       if (kn.kind != gpu::kernel_kind::attention) continue;
