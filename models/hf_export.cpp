@@ -43,11 +43,6 @@ bool mergeable(token_type t) {
   return t == token_type::normal || t == token_type::undefined || t == token_type::user_defined;
 }
 
-bool is_byte_piece(const std::string& t) {
-  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
-  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && hex(t[3]) && hex(t[4]) && t[5] == '>';
-}
-
 /// The character boundaries of `s` after the first and before the end.
 std::vector<size_t> inner_boundaries(const std::string& s) {
   std::vector<size_t> out;

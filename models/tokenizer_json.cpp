@@ -65,11 +65,6 @@ const json null_json;
 const json empty_object = json::object();
 const json empty_array = json::array();
 
-bool is_byte_piece(const std::string& t) {
-  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
-  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && hex(t[3]) && hex(t[4]) && t[5] == '>';
-}
-
 struct pre_steps {
   std::vector<std::string> patterns;
   bool byte_level = false;

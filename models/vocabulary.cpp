@@ -12,6 +12,11 @@ token_type vocabulary::type_of(int32_t id) const {
   return static_cast<token_type>(token_types[static_cast<size_t>(id)]);
 }
 
+bool is_byte_piece(const std::string& text) {
+  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
+  return text.size() == 6 && text.compare(0, 3, "<0x") == 0 && hex(text[3]) && hex(text[4]) && text[5] == '>';
+}
+
 std::string printable_token(const std::string& text) {
   std::string out;
   out.reserve(text.size() + 2);

@@ -81,4 +81,8 @@ struct vocabulary {
 /// Printable form of a token's text for error messages (control bytes escaped, length capped).
 std::string printable_token(const std::string& text);
 
+/// Whether `text` is written as a SentencePiece byte-fallback piece: `<0xXX>`, XX two uppercase
+/// hex digits.
+bool is_byte_piece(const std::string& text);
+
 }  // namespace mesh::models
