@@ -77,8 +77,9 @@ CLI::App* add_train_command(CLI::App& app, train_args& a) {
   t->add_option("--out", a.out, "directory for the result, its checkpoints, loss.svg and run.json")->required();
   t->add_option("--lora-rank", a.lora_rank, "LoRA rank (0: full fine-tuning)")->capture_default_str();
   t->add_option("--lora-alpha", a.lora_alpha, "LoRA alpha (0: twice the rank)")->capture_default_str();
-  t->add_option("--lora-targets", a.lora_targets, "projections that get adapters (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj)")
-      ->capture_default_str();
+  t->add_option("--lora-targets", a.lora_targets,
+                "projections that get adapters: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj (default q_proj k_proj "
+                "v_proj o_proj); GPT-2: c_attn c_proj c_fc (default c_attn)");
   t->add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
   t->add_option("--batch", a.batch, "sequences per micro-batch")->capture_default_str();
   t->add_option("--sequence", a.sequence, "tokens per sequence")->capture_default_str();
@@ -154,7 +155,7 @@ int train(mesh::client& c, const train_args& a, const std::string& state_dir) {
            {"mode", a.lora_rank > 0 ? "lora" : "full"},
            {"lora_rank", a.lora_rank},
            {"lora_alpha", fo.lora.alpha},
-           {"lora_targets", a.lora_targets},
+           {"lora_targets", m->lora.targets},
            {"steps", a.steps},
            {"batch", a.batch},
            {"sequence", a.sequence},

@@ -34,7 +34,7 @@ struct train_args {
   std::string model, data, out;
   int64_t lora_rank = 0;
   double lora_alpha = 0;  ///< 0: twice the rank
-  std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  std::vector<std::string> lora_targets;  ///< empty: the architecture's default (models::default_lora_targets)
   uint64_t steps = 100;
   int64_t batch = 4;        ///< sequences per micro-batch
   int64_t sequence = 256;   ///< tokens per sequence

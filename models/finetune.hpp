@@ -30,9 +30,16 @@
 /// Mixed precision (finetune_options::compute): the products' operands in f16 or bf16, everything
 /// else, and the master weights, in f32 (Micikevicius et al., "Mixed Precision Training").
 ///
-/// Architectures: the Llama family (Llama, Mistral, Qwen2, Qwen3). GPT-2 is refused.
+/// Architectures: the Llama family (Llama, Mistral, Qwen2, Qwen3) and GPT-2. GPT-2's parameters
+/// are named as transformers' GPT2LMHeadModel names them ("transformer.h.0.attn.c_attn.weight",
+/// the weights in its Conv1D layout [in, out], used as x W + b); its LoRA targets are c_attn (the
+/// fused q/k/v projection), c_proj (the attention's and the MLP's output projections, as PEFT
+/// matches the name) and c_fc, with A [rank, in] and B [out, rank] as for the Llama family. A GGUF
+/// GPT-2's projections are [out, in] in the file: transposed to [in, out] when trained in full,
+/// kept as the file has them (and read x W^T) when frozen beside adapters.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/error.hpp"
@@ -46,9 +53,9 @@ namespace mesh::models {
 struct lora_options {
   int64_t rank = 0;  ///< 0: full fine-tuning
   double alpha = 16;
-  /// The projections that get adapters, by their Hugging Face module name: q_proj, k_proj,
-  /// v_proj, o_proj, gate_proj, up_proj, down_proj.
-  std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  /// The projections that get adapters, by their Hugging Face module name (lora_target_names);
+  /// empty: the architecture's default (default_lora_targets).
+  std::vector<std::string> targets;
   uint64_t seed = 1;  ///< of A's starting values
 };
 
@@ -64,8 +71,18 @@ struct finetune_options {
   dtype compute = dtype::f32;
 };
 
-/// The projections LoRA may target.
-const std::vector<std::string>& lora_target_names();
+/// `c` with the names of the fine-tuned parameters (tensor_names of the result): Hugging Face's,
+/// GPT-2's under "transformer." as GPT2LMHeadModel's state dict has them.
+model_config hf_naming(model_config c);
+
+/// The projections LoRA may target in a model of `arch`: q_proj, k_proj, v_proj, o_proj,
+/// gate_proj, up_proj, down_proj (the Llama family); c_attn, c_proj, c_fc (GPT-2).
+const std::vector<std::string>& lora_target_names(architecture arch);
+/// The targets when none are given: q_proj, k_proj, v_proj and o_proj for the Llama family (PEFT's
+/// own default is q_proj and v_proj); c_attn for GPT-2 (PEFT's default).
+const std::vector<std::string>& default_lora_targets(architecture arch);
+/// Whether `name` is a projection LoRA may target in any architecture.
+bool is_lora_target_name(std::string_view name);
 
 /// A checkpoint ready to train.
 struct finetune_model {
@@ -73,7 +90,7 @@ struct finetune_model {
   tensor_map state;   ///< the starting value of every parameter of g
   std::vector<std::string> trainable;  ///< the parameters to train (LoRA: only the adapters)
   model_config config;  ///< the model, in Hugging Face layout (rope neox where the file had interleaved rows)
-  lora_options lora;
+  lora_options lora;  ///< its targets resolved (never empty)
   /// The file's q and k rows were interleaved (GGUF Llama): an adapter merged into that file
   /// interleaves B's rows of q_proj and k_proj the same way (peft.hpp).
   bool interleaved_qk = false;
@@ -81,7 +98,7 @@ struct finetune_model {
 
 /// The training graph and starting state of `ckpt`. Errors name what does not fit: a missing or
 /// misshapen tensor (the checkpoint's message), an unknown LoRA target, a sequence longer than
-/// the model's context, GPT-2.
+/// the model's context, an architecture's projection it does not have.
 expected<finetune_model> build_finetune_model(const model_config& config, const checkpoint& ckpt,
                                               const finetune_options& options);
 

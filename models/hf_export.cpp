@@ -345,9 +345,47 @@ expected<hf_tokenizer_files> tokenizer_files(const vocabulary& v, const std::opt
 
 }  // namespace
 
+namespace {
+
+/// GPT2LMHeadModel's config: learned positions, LayerNorm, gelu (tanh form: "gelu_new"), biases
+/// everywhere, one key/value head per head.
+expected<std::string> gpt2_config_json(const model_config& c) {
+  if (c.n_kv_heads != c.n_heads) return config_refused("GPT-2 with grouped key/value heads");
+  if (c.head_dim * c.n_heads != c.hidden_size)
+    return config_refused(fmt::format("GPT-2 with {} heads of {} over a width of {}", c.n_heads, c.head_dim, c.hidden_size));
+  if (!c.layer_norm || !c.qkv_bias || c.rope != rope_style::none || c.sliding_window > 0)
+    return config_refused("a GPT-2 without LayerNorm, biases or learned positions, or with a sliding window");
+  json j = {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", c.vocab_size},
+            {"n_embd", c.hidden_size},
+            {"n_layer", c.n_layers},
+            {"n_head", c.n_heads},
+            {"n_inner", c.ffn_size},
+            {"n_positions", c.max_context},
+            {"n_ctx", c.max_context},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", c.norm_eps},
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"initializer_range", 0.02},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", c.tied_embeddings},
+            {"use_cache", true}};
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
 expected<std::string> config_json_of(const model_config& c) {
-  if (c.arch == architecture::gpt2 || c.layer_norm || c.rope == rope_style::none)
-    return config_refused("GPT-2 (only the Llama family is written: Llama, Mistral, Qwen2, Qwen3)");
+  if (c.arch == architecture::gpt2) return gpt2_config_json(c);
+  if (c.layer_norm || c.rope == rope_style::none)
+    return config_refused(fmt::format("{} with LayerNorm or without rotary embeddings", to_string(c.arch)));
   if (c.rope_dims != c.head_dim)
     return config_refused(fmt::format("partial rotary embeddings (rope over {} of the head's {} dimensions)", c.rope_dims, c.head_dim));
   if (c.rope_freqs_tensor)

@@ -6,8 +6,9 @@
 ///
 /// Only what is written exactly is written; the rest is refused with what it is:
 /// - config.json: the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-///   Qwen3ForCausalLM). A Llama with a sliding window is written as Mistral (Mistral's GGUF files
-///   say "llama"). Refused: GPT-2, partial rotary embeddings, Llama 3 rope scaling given only as a
+///   Qwen3ForCausalLM) and GPT-2 (GPT2LMHeadModel, activation gelu_new). A Llama with a sliding
+///   window is written as Mistral (Mistral's GGUF files say "llama"). Refused: partial rotary
+///   embeddings, Llama 3 rope scaling given only as a
 ///   rope_freqs.weight tensor (its four numbers are not in the file), q/k/v biases on a Llama,
 ///   Mistral or Qwen3 (transformers' attention_bias adds an o_proj bias too).
 ///   The weights beside it are in Hugging Face's order (finetune.hpp), so rope is rotate-half

@@ -24,26 +24,27 @@ constexpr int64_t max_rank = 4096;
 constexpr size_t max_config_bytes = size_t{1} << 20;
 constexpr size_t max_config_depth = 16;
 
-/// The role ("q_proj", ...) of a Hugging Face module name, or "".
+/// The role ("q_proj", "c_attn", ...) of a Hugging Face module name, or "".
 std::string role_of(const std::string& module) {
-  for (const auto& r : lora_target_names())
-    if (module.size() > r.size() && module.compare(module.size() - r.size(), r.size(), r) == 0 &&
-        module[module.size() - r.size() - 1] == '.')
-      return r;
+  for (const architecture a : {architecture::llama, architecture::gpt2})
+    for (const auto& r : lora_target_names(a))
+      if (module.size() > r.size() && module.compare(module.size() - r.size(), r.size(), r) == 0 &&
+          module[module.size() - r.size() - 1] == '.')
+        return r;
   return {};
 }
 
-/// The file's name of a Hugging Face projection "model.layers.<l>.<...>.<role>" of `config`, or "".
+/// The file's name of Hugging Face projection `module` ("model.layers.<l>.<...>.<role>",
+/// "transformer.h.<l>.<...>.<role>") of `config`, or "".
 std::string file_name_of(const model_config& config, const std::string& module) {
-  model_config hf = config;
-  hf.naming = tensor_naming::hf;
-  hf.name_prefix.clear();
+  const model_config hf = hf_naming(config);
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const auto h = tensor_names(hf, l), f = tensor_names(config, l);
-    const std::pair<const std::string*, const std::string*> roles[] = {
-        {&h.q, &f.q}, {&h.k, &f.k}, {&h.v, &f.v}, {&h.o, &f.o}, {&h.gate, &f.gate}, {&h.up, &f.up}, {&h.down, &f.down}};
+    const std::pair<const std::string*, const std::string*> roles[] = {{&h.q, &f.q},       {&h.k, &f.k},   {&h.v, &f.v},
+                                                                       {&h.qkv, &f.qkv},   {&h.o, &f.o},   {&h.gate, &f.gate},
+                                                                       {&h.up, &f.up},     {&h.down, &f.down}};
     for (const auto& [hn, fn] : roles)
-      if (*hn == module + ".weight") return *fn;
+      if (!hn->empty() && *hn == module + ".weight") return *fn;
   }
   return {};
 }
@@ -75,7 +76,8 @@ expected<lora_config> parse_lora_config(std::string_view text, const std::string
   if (!std::isfinite(c.alpha)) return bad("\"lora_alpha\" is not finite");
   c.rslora = truthy("use_rslora");
   if (truthy("use_dora")) return bad("DoRA adapters (use_dora) are not supported");
-  if (truthy("fan_in_fan_out")) return bad("fan_in_fan_out adapters (Conv1D layouts) are not supported");
+  // fan_in_fan_out is not read: PEFT itself overrides it by the module's kind (true for GPT-2's
+  // Conv1D, false for nn.Linear), and so does the merge here (the base's layout decides).
   if (non_empty("rank_pattern") || non_empty("alpha_pattern")) return bad("per-module rank_pattern / alpha_pattern are not supported");
   if (non_empty("modules_to_save")) return bad("modules_to_save (fully trained modules beside the adapters) are not supported");
   if (non_empty("layers_to_transform")) return bad("layers_to_transform is not supported");
@@ -86,8 +88,10 @@ expected<lora_config> parse_lora_config(std::string_view text, const std::string
   for (const auto& t : doc["target_modules"]) {
     if (!t.is_string()) return bad("\"target_modules\" holds a value that is not a string");
     const auto name = t.get<std::string>();
-    if (std::find(lora_target_names().begin(), lora_target_names().end(), name) == lora_target_names().end())
-      return bad("target module \"" + name + "\" is not a projection meshnode adapts (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+    if (!is_lora_target_name(name))
+      return bad("target module \"" + name +
+                 "\" is not a projection meshnode adapts (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; GPT-2: "
+                 "c_attn, c_proj, c_fc)");
     c.targets.push_back(name);
   }
   if (c.targets.empty()) return bad("\"target_modules\" is empty");
@@ -141,9 +145,12 @@ expected<void> merge_lora_adapter(checkpoint& base, const model_config& config, 
     const tensor_view* w = base.find(file_name);
     if (!w) return make_error(error_code::not_found, base.path().string() + ": tensor " + quote_name(file_name) + " is missing");
     const int64_t out = p.b.dims[0], in = p.a.dims[1], r = p.a.dims[0];
-    if (w->shape != std::vector<int64_t>{out, in})
-      return make_error(error_code::shape_mismatch, fmt::format("adapter module {} is [{}, {}], but {} has shape {}", quote_name(module), out,
-                                                                in, quote_name(file_name), shape_string(w->shape)));
+    // A Hugging Face GPT-2 stores its projections as Conv1D, [in, out]: the delta goes in transposed.
+    const bool in_out = config.weights_in_out;
+    if (w->shape != (in_out ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}))
+      return make_error(error_code::shape_mismatch, fmt::format("adapter module {} is [{}, {}], but {} has shape {}{}", quote_name(module), out,
+                                                                in, quote_name(file_name), shape_string(w->shape),
+                                                                in_out ? " (stored [in, out])" : ""));
     // W as f32, then + scale * B A, row by row.
     tensor wt;
     wt.type = to_dtype(w->type);
@@ -165,7 +172,11 @@ expected<void> merge_lora_adapter(checkpoint& base, const model_config& config, 
       delta_bytes = reorder_rope_rows(delta_bytes, role == "q_proj" ? config.n_heads : config.n_kv_heads, out,
                                       in * static_cast<int64_t>(sizeof(float)), false);
     std::memcpy(delta.data(), delta_bytes.data(), delta_bytes.size());
-    for (size_t i = 0; i < merged.size(); ++i) merged[i] += delta[i];
+    if (in_out)
+      for (int64_t i = 0; i < out; ++i)
+        for (int64_t j = 0; j < in; ++j) merged[static_cast<size_t>(j * out + i)] += delta[static_cast<size_t>(i * in + j)];
+    else
+      for (size_t i = 0; i < merged.size(); ++i) merged[i] += delta[i];
     std::vector<uint8_t> bytes(merged.size() * sizeof(float));
     std::memcpy(bytes.data(), merged.data(), bytes.size());
     if (auto ok = base.replace(file_name, tensor_type::f32, std::move(bytes)); !ok) return ok;
@@ -189,7 +200,7 @@ expected<void> save_lora_adapter(const std::filesystem::path& dir, const finetun
   if (auto ok = save_safetensors(dir / "adapter_model.safetensors", file); !ok) return ok;
   json c = {{"peft_type", "LORA"},       {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", base_model},
             {"r", m.lora.rank},          {"lora_alpha", m.lora.alpha}, {"lora_dropout", 0.0},
-            {"target_modules", m.lora.targets}, {"bias", "none"},   {"fan_in_fan_out", false},
+            {"target_modules", m.lora.targets}, {"bias", "none"},   {"fan_in_fan_out", m.config.arch == architecture::gpt2},
             {"inference_mode", true},    {"use_rslora", false},     {"use_dora", false},
             {"modules_to_save", nullptr}, {"init_lora_weights", true}, {"layers_to_transform", nullptr},
             {"rank_pattern", json::object()}, {"alpha_pattern", json::object()}};

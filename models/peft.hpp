@@ -4,9 +4,10 @@
 /// - LoRA adapters in PEFT's layout: a directory with adapter_config.json (peft_type "LORA", r,
 ///   lora_alpha, target_modules, ...) and adapter_model.safetensors holding
 ///   "base_model.model.<module>.lora_A.weight" [r, in] and "...lora_B.weight" [out, r] per target
-///   projection (f32), module being the projection's Hugging Face name. PEFT's
-///   `PeftModel.from_pretrained` loads it onto the Hugging Face model; meshnode merges it into the
-///   base at load (merge_lora_adapter).
+///   projection (f32), module being the projection's Hugging Face name ("model.layers.0.self_attn.
+///   q_proj"; GPT-2's "transformer.h.0.attn.c_attn", with fan_in_fan_out true as PEFT sets it for
+///   Conv1D). PEFT's `PeftModel.from_pretrained` loads it onto the Hugging Face model; meshnode
+///   merges it into the base at load (merge_lora_adapter).
 /// - A full fine-tune as a Hugging Face directory: model.safetensors (f32) under the Hugging Face
 ///   tensor names beside config.json and the tokenizer files: the base directory's copied (its
 ///   config's torch_dtype set to float32), or, for a GGUF base, written from its metadata and
@@ -14,8 +15,9 @@
 ///
 /// Reading an adapter is reading outside input: adapter_config.json (at most 1 MiB, 16 levels of
 /// nesting) is parsed strictly (fuzzed: fuzz_peft_config), and what meshnode cannot apply exactly
-/// is refused with the reason (DoRA, fan_in_fan_out, per-module rank or alpha patterns, trained
-/// biases or modules_to_save, target modules given as a regular expression).
+/// is refused with the reason (DoRA, per-module rank or alpha patterns, trained biases or
+/// modules_to_save, target modules given as a regular expression). fan_in_fan_out is not read:
+/// PEFT decides it by the module's kind, and the merge by the base's layout.
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -59,7 +61,8 @@ expected<lora_adapter> read_lora_adapter(const std::filesystem::path& dir);
 
 /// Merges the adapter into the base's weights: W += scale * B A for each module, the merged
 /// tensor stored as f32 (a quantized or 16-bit W is widened) and held by the checkpoint
-/// (checkpoint::replace). A GGUF Llama's q and k rows are interleaved as the file's are. Errors
+/// (checkpoint::replace). A GGUF Llama's q and k rows are interleaved as the file's are; a Hugging
+/// Face GPT-2's Conv1D weights [in, out] get the delta transposed. Errors
 /// name the module the base lacks or whose shape differs.
 expected<void> merge_lora_adapter(checkpoint& base, const model_config& config, const lora_adapter& adapter);
 

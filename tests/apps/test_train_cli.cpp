@@ -2,7 +2,8 @@
 // its vocabulary) fine-tuned with LoRA on a text file the test writes, over 3 nodes. The loss
 // falls, the adapter is saved in PEFT's layout with its checkpoints, `meshctl runs` lists the run,
 // and `meshctl generate --adapter` serves it; a full fine-tune of the same file saves as a Hugging
-// Face directory that `meshctl generate` serves; bad input is a clear error.
+// Face directory that `meshctl generate` serves; a GPT-2 file trains LoRA on c_attn and is served
+// with its adapter; bad input is a clear error.
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -192,5 +193,39 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   CHECK(refused.err.find("fine-tune it with LoRA") != std::string::npos);
   CHECK(refused.out.find("step") == std::string::npos);
   CHECK_FALSE(std::filesystem::exists(tmp.path / "run9" / "run.json"));
+
+  // GPT-2 (a GGUF Q8_0 base, frozen as its blocks): LoRA on its default target, c_attn, learns
+  // the corpus; the adapter is PEFT's for GPT-2 and generate --adapter serves it.
+  models::test::model_spec gpt2 = spec;
+  gpt2.arch = models::architecture::gpt2;
+  gpt2.kv_heads = gpt2.heads;
+  const auto gpt2_model = tmp.path / "tiny-gpt2-q8_0.gguf";
+  models::test::write_gguf_model(gpt2_model, gpt2, models::tensor_type::q8_0);
+  const auto gpt2_out = tmp.path / "run10";
+  auto gpt2_run = meshctl(state, "train --model " + gpt2_model.string() + " --data " + data.string() + " --out " +
+                                     gpt2_out.string() + " --lora-rank 8 --steps 16 --batch 2 --sequence 16 --micro-batches 3 --lr 0.01");
+  INFO(gpt2_run.out << gpt2_run.err);
+  REQUIRE(gpt2_run.status == 0);
+  {
+    std::ifstream f(gpt2_out / "losses.csv");
+    std::vector<double> l;
+    std::getline(f, line);
+    while (std::getline(f, line)) l.push_back(std::stod(line.substr(line.find(',') + 1)));
+    REQUIRE(l.size() == 16);
+    WARN("meshctl train, GPT-2 Q8_0, LoRA r8 on c_attn, 3 nodes: loss " << l.front() << " -> " << l.back());
+    CHECK(l.back() < 0.8 * l.front());
+    std::ifstream rf2(gpt2_out / "run.json");
+    CHECK(nlohmann::json::parse(rf2)["lora_targets"] == nlohmann::json::array({"c_attn"}));
+    auto gpt2_adapter = models::read_lora_adapter(gpt2_out);
+    INFO((gpt2_adapter ? "" : gpt2_adapter.error().message));
+    REQUIRE(gpt2_adapter);
+    CHECK(gpt2_adapter->modules.size() == static_cast<size_t>(gpt2.layers));
+    CHECK(gpt2_adapter->modules.count("transformer.h.0.attn.c_attn") == 1);
+    const auto ref_gpt2 = models::test::reference_generation(gpt2_model, "the cat", o, gpt2_out);
+    auto gen = meshctl(state, "generate " + gpt2_model.string() + " 'the cat' --max-tokens 10 --adapter " + gpt2_out.string());
+    INFO(gen.err);
+    REQUIRE(gen.status == 0);
+    CHECK(gen.out == ref_gpt2.text);
+  }
   CHECK(mesh3.a->running());
 }

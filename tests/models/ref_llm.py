@@ -155,7 +155,8 @@ def hf_model(path):
                                  o=(b("attn.c_proj.weight"), b("attn.c_proj.bias")), ln2=(b("ln_2.weight"), b("ln_2.bias")),
                                  fc=(b("mlp.c_fc.weight"), b("mlp.c_fc.bias")), proj=(b("mlp.c_proj.weight"), b("mlp.c_proj.bias"))))
         c.final_norm = (g("ln_f.weight"), g("ln_f.bias"))
-        c.lm_head = c.embed.T  # tied
+        # GPT2LMHeadModel's head: its own lm_head.weight where the file has one, else the embedding.
+        c.lm_head = (w["lm_head.weight"] if "lm_head.weight" in w else c.embed).T
         return c
     c.d, c.layers, c.heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
     c.kv_heads = cfg.get("num_key_value_heads", c.heads)
@@ -326,6 +327,8 @@ def forward(c, tokens):
 
 ADAPTER_ROLES = {"self_attn.q_proj": "q", "self_attn.k_proj": "k", "self_attn.v_proj": "v", "self_attn.o_proj": "o",
                  "mlp.gate_proj": "gate", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+# GPT-2's modules (transformer.h.<i>.<module>) and their blocks' keys; the weights are Conv1D [in, out].
+GPT2_ADAPTER_ROLES = {"attn.c_attn": "qkv", "attn.c_proj": "o", "mlp.c_fc": "fc", "mlp.c_proj": "proj"}
 
 
 def merge_adapter(c, directory, gguf):
@@ -337,9 +340,14 @@ def merge_adapter(c, directory, gguf):
         if not name.endswith(".lora_A.weight"):
             continue
         module = name[len("base_model.model."):-len(".lora_A.weight")]
-        parts = module.split(".")  # model.layers.<i>.<block>.<proj>
+        parts = module.split(".")  # model.layers.<i>.<block>.<proj>, transformer.h.<i>.<block>.<proj>
+        delta = scale * (t[module_b(name)] @ t[name])  # [out, in]
+        if c.arch == "gpt2":
+            layer, role = int(parts[2]), GPT2_ADAPTER_ROLES[".".join(parts[3:])]
+            w, b = c.blocks[layer][role]
+            c.blocks[layer][role] = (w + delta.T, b)
+            continue
         layer, role = int(parts[2]), ADAPTER_ROLES[".".join(parts[3:])]
-        delta = scale * (t[module_b(name)] @ t[name])
         if gguf and c.rope_style == "normal" and role in ("q", "k"):
             heads = c.heads if role == "q" else c.kv_heads
             # convert_hf_to_gguf.py LlamaModel.permute

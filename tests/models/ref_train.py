@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Independent reference for fine-tuning: the causal language-model loss of a Llama-family
-checkpoint and its gradients, by PyTorch autograd in float64, from the published equations
-(ref_llm.py's RMSNorm, rotary embeddings, grouped-query causal attention and SwiGLU, which are
-written from the papers, not from meshnode's C++), on the weights as the file gives them.
+"""Independent reference for fine-tuning: the causal language-model loss of a Llama-family or
+GPT-2 checkpoint and its gradients, by PyTorch autograd in float64, from the published equations
+(ref_llm.py's RMSNorm, rotary embeddings, grouped-query causal attention and SwiGLU; GPT-2's
+LayerNorm, learned positions and tanh GELU; written from the papers, not from meshnode's C++), on
+the weights as the file gives them.
 
 LoRA (Hu et al. 2021): a target projection W x becomes W x + (alpha / r) B A x, A [r, in],
 B [out, r]; only A and B get gradients.
@@ -25,7 +26,9 @@ usage: ref_train.py JOBS.json
   converter's way before the forward pass, which then runs in the file's own layout.
   "compute" (optional): null, "f16" or "bf16" (mixed precision, above).
   writes {"loss": float, "grads": {name: [flat values]}}: every weight of the model by its Hugging
-  Face name (full fine-tuning: HF directories only), or every adapter tensor (LoRA).
+  Face name (full fine-tuning: HF directories only for the Llama family; GPT-2 from either, its
+  Conv1D weights [in, out] as GPT2LMHeadModel names them, "transformer.h.0.attn.c_attn.weight"),
+  or every adapter tensor (LoRA; GPT-2's modules "transformer.h.<i>.attn.c_attn", ...).
 """
 import json
 import math
@@ -120,6 +123,57 @@ def forward(c, tokens, lora, low=None):
     return mm(R.rms_norm(x, c.final_norm, c.eps), c.lm_head)
 
 
+GPT2_ROLES = {"qkv": "attn.c_attn", "o": "attn.c_proj", "fc": "mlp.c_fc", "proj": "mlp.c_proj"}
+GPT2_NORMS = {"ln1": "ln_1", "ln2": "ln_2"}
+
+
+def gpt2_forward(c, tokens, lora, low=None):
+    """GPT-2's logits [T, vocab] (ref_llm.py's LayerNorm, learned positions, tanh GELU; Conv1D
+    weights [in, out]: y = x W + b); lora: {(layer, role): (A, B, scale)} with A [r, in], B [out, r]."""
+    t = len(tokens)
+    x = c.embed[torch.tensor(tokens)] + c.pos_embed[torch.arange(t)]
+    mm = product_fn(low)
+
+    def proj(h, b, i, role):
+        w, bias = b[role]
+        y = mm(h, w) + bias
+        if (i, role) in lora:
+            a, bb, s = lora[(i, role)]
+            y = y + s * mm(mm(h, a.T), bb.T)
+        return y
+
+    for i, b in enumerate(c.blocks):
+        h = R.layer_norm(x, b["ln1"], c.eps)
+        q, k, v = proj(h, b, i, "qkv").split(c.d, dim=-1)
+        shape = (t, c.heads, c.head_dim)
+        x = x + proj(attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), c.heads, mm), b, i, "o")
+        h = R.layer_norm(x, b["ln2"], c.eps)
+        x = x + proj(R.gelu_tanh(proj(h, b, i, "fc")), b, i, "proj")
+    return mm(R.layer_norm(x, c.final_norm, c.eps), c.lm_head)
+
+
+def gpt2_leaves(c, tied):
+    """Every GPT-2 weight made a leaf, by its name in GPT2LMHeadModel's state dict (the Conv1D
+    weights [in, out], whatever the file's layout)."""
+    leaves = {}
+
+    def leaf(name, value):
+        v = value.clone().requires_grad_(True)
+        leaves[name] = v
+        return v
+
+    c.embed = leaf("transformer.wte.weight", c.embed)
+    c.pos_embed = leaf("transformer.wpe.weight", c.pos_embed)
+    for i, b in enumerate(c.blocks):
+        p = f"transformer.h.{i}."
+        for role, hf in list(GPT2_ROLES.items()) + list(GPT2_NORMS.items()):
+            w, bias = b[role]
+            b[role] = (leaf(p + hf + ".weight", w), leaf(p + hf + ".bias", bias))
+    c.final_norm = (leaf("transformer.ln_f.weight", c.final_norm[0]), leaf("transformer.ln_f.bias", c.final_norm[1]))
+    c.lm_head = c.embed.T if tied else leaf("lm_head.weight", c.lm_head.T).T
+    return leaves
+
+
 def run(job):
     path = job["model"]
     gguf = os.path.isfile(path) and open(path, "rb").read(4) == b"GGUF"
@@ -135,18 +189,23 @@ def run(job):
                 continue
             module = name[: -len(".lora_A.weight")]
             layer = int(module.split(".")[2])
-            role = next(r for r, hf in ROLES.items() if module.endswith(hf))
+            roles = GPT2_ROLES if c.arch == "gpt2" else ROLES
+            role = next(r for r, hf in roles.items() if module.endswith(hf))
             a = raw[name].clone().requires_grad_(True)
             b = raw[module + ".lora_B.weight"].clone().requires_grad_(True)
             leaves[module + ".lora_A.weight"] = a
             leaves[module + ".lora_B.weight"] = b
             b_used = b
-            if gguf and c.rope_style == "normal" and role in ("q", "k"):
+            if gguf and c.arch != "gpt2" and c.rope_style == "normal" and role in ("q", "k"):
                 b_used = converter_permute(b, c.heads if role == "q" else c.kv_heads)
             lora[(layer, role)] = (a, b_used, s)
+    elif c.arch == "gpt2":
+        names = R.read_gguf(path)[1] if gguf else R.read_safetensors(os.path.join(path, "model.safetensors"))
+        tied = not any(n in names for n in ("output.weight", "lm_head.weight", "transformer.lm_head.weight"))
+        leaves = gpt2_leaves(c, tied)
     else:
         if gguf:
-            raise SystemExit("full fine-tuning reference: Hugging Face directories only")
+            raise SystemExit("full fine-tuning reference for the Llama family: Hugging Face directories only")
         tied = "lm_head.weight" not in R.read_safetensors(os.path.join(path, "model.safetensors"))
         c.embed = c.embed.clone().requires_grad_(True)
         leaves["model.embed_tokens.weight"] = c.embed
@@ -169,7 +228,8 @@ def run(job):
     count = 0.0
     for tokens, targets, mask in zip(job["tokens"], job["targets"], job["mask"]):
         low = {None: None, "f16": torch.float16, "bf16": torch.bfloat16}[job.get("compute")]
-        logp = torch.log_softmax(forward(c, tokens, lora, low), -1)
+        logits = gpt2_forward(c, tokens, lora, low) if c.arch == "gpt2" else forward(c, tokens, lora, low)
+        logp = torch.log_softmax(logits, -1)
         nll = -logp[torch.arange(len(targets)), torch.tensor(targets)]
         m = torch.tensor(mask, dtype=D)
         total = total + (nll * m).sum()

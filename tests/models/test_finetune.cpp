@@ -1,5 +1,6 @@
-// Fine-tuning graphs against an independent reference: small random checkpoints (Hugging Face
-// directories and GGUF files, F16 and Q8_0, whose q/k rows llama.cpp's converter interleaved) built into
+// Fine-tuning graphs against an independent reference: small random checkpoints of the Llama
+// family and GPT-2 (Hugging Face directories and GGUF files, F16 and Q8_0; a GGUF Llama's q/k rows
+// as llama.cpp's converter interleaved them, a GGUF GPT-2's projections [out, in]) built into
 // training graphs (models/finetune.hpp), their loss and gradients run on the CPU executor, and
 // ref_train.py, written in PyTorch from the published equations, computes the same loss and
 // gradients by autograd in float64 from the same files. Skipped with a warning without torch.
@@ -114,7 +115,7 @@ prepared_case prepare(const ft_case& c, const std::filesystem::path& dir, const 
   o.sequence = sequence;
   o.lora.rank = c.lora_rank;
   o.lora.alpha = 8;
-  o.lora.targets = lora_target_names();
+  o.lora.targets = lora_target_names(cfg->arch);
   o.compute = c.compute;
   auto m = build_finetune_model(*cfg, *ckpt, o);
   INFO(c.label << ": " << (m ? "" : m.error().message));
@@ -207,6 +208,12 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
   write_hf_model(dir / "qwen3-bf16", qwen3, "BF16");
   write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
   write_gguf_model(dir / "llama-q8_0.gguf", llama, tensor_type::q8_0);
+  model_spec gpt2 = llama;
+  gpt2.arch = architecture::gpt2;
+  gpt2.kv_heads = gpt2.heads;
+  write_hf_model(dir / "gpt2-f32", gpt2, "F32");
+  write_gguf_model(dir / "gpt2-f16.gguf", gpt2, tensor_type::f16);
+  write_gguf_model(dir / "gpt2-q8_0.gguf", gpt2, tensor_type::q8_0);
 
   const std::vector<ft_case> cases = {
       {"HF llama f32, full", dir / "llama-f32", 0},
@@ -214,6 +221,10 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
       {"HF qwen3 bf16 (q/k norms), LoRA r4 on every projection", dir / "qwen3-bf16", 4},
       {"GGUF llama F16 (interleaved q/k rows), LoRA r4 on every projection", dir / "llama-f16.gguf", 4},
       {"GGUF llama Q8_0 (a quantized base, frozen as its blocks), LoRA r4 on every projection", dir / "llama-q8_0.gguf", 4},
+      {"HF gpt2 f32 (Conv1D weights [in, out], tied head), full", dir / "gpt2-f32", 0},
+      {"HF gpt2 f32, LoRA r4 on c_attn, c_proj and c_fc", dir / "gpt2-f32", 4},
+      {"GGUF gpt2 F16 (projections [out, in], trained transposed), full", dir / "gpt2-f16.gguf", 0},
+      {"GGUF gpt2 Q8_0 (frozen as its blocks), LoRA r4 on c_attn, c_proj and c_fc", dir / "gpt2-q8_0.gguf", 4},
   };
   std::vector<json> jobs;
   std::vector<std::pair<double, tensor_map>> ours;
@@ -223,8 +234,10 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
     ours.push_back(p.ours);
     // Full fine-tuning trains every tensor of the file; LoRA only the adapters.
     INFO(cases[i].label);
+    // Adapted projections a layer: 7 in the Llama family; GPT-2's c_attn, two c_proj and c_fc.
+    const size_t per_layer = cases[i].label.find("gpt2") != std::string::npos ? 4 : 7;
     if (cases[i].lora_rank == 0) CHECK(p.trainable == models::checkpoint::open(cases[i].model)->tensors().size());
-    else CHECK(p.trainable == 2 * 7 * static_cast<size_t>(llama.layers));
+    else CHECK(p.trainable == 2 * per_layer * static_cast<size_t>(llama.layers));
   }
   const auto refs = reference(python, dir.path(), jobs);
 
@@ -260,8 +273,13 @@ TEST_CASE("mixed-precision fine-tuning rounds where PyTorch's half-precision ref
   qwen3.arch = architecture::qwen3;
   write_hf_model(dir / "qwen3-bf16", qwen3, "BF16");
   write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+  model_spec gpt2 = llama;
+  gpt2.arch = architecture::gpt2;
+  gpt2.kv_heads = gpt2.heads;
+  write_hf_model(dir / "gpt2-f32", gpt2, "F32");
   const std::vector<ft_case> cases = {
       {"HF llama f32, full, f16 products", dir / "llama-f32", 0, dtype::f16},
+      {"HF gpt2 f32, full, bf16 products", dir / "gpt2-f32", 0, dtype::bf16},
       {"HF llama f32, full, bf16 products", dir / "llama-f32", 0, dtype::bf16},
       {"HF qwen3 bf16, LoRA r4, bf16 products", dir / "qwen3-bf16", 4, dtype::bf16},
       {"GGUF llama F16, LoRA r4, f16 products", dir / "llama-f16.gguf", 4, dtype::f16},
@@ -326,20 +344,28 @@ TEST_CASE("fine-tuning refuses what it cannot train, naming it", "[finetune]") {
   REQUIRE(g);
   auto gc = read_model_config(*g);
   REQUIRE(gc);
-  auto r = build_finetune_model(*gc, *g, {});
+  finetune_options o;
+  o.lora.rank = 4;
+  auto r = build_finetune_model(*gc, *g, o);
+  REQUIRE(r);
+  CHECK(r->lora.targets == std::vector<std::string>{"c_attn"});  // PEFT's default for GPT-2
+  o.lora.targets = {"c_attn", "q_proj"};
+  r = build_finetune_model(*gc, *g, o);
   REQUIRE_FALSE(r);
-  CHECK_THAT(r.error().message, Catch::Contains("GPT-2"));
+  CHECK_THAT(r.error().message, Catch::Contains("unknown LoRA target \"q_proj\" for gpt2 (its projections: c_attn, c_proj, c_fc)"));
 
   auto l = models::checkpoint::open(dir / "llama");
   REQUIRE(l);
   auto lc = read_model_config(*l);
   REQUIRE(lc);
-  finetune_options o;
-  o.lora.rank = 4;
   o.lora.targets = {"q_proj", "qkv"};
   r = build_finetune_model(*lc, *l, o);
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message, Catch::Contains("unknown LoRA target \"qkv\""));
+  o.lora.targets = {};
+  r = build_finetune_model(*lc, *l, o);
+  REQUIRE(r);
+  CHECK(r->lora.targets == std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"});
   o = {};
   o.sequence = llama.context + 1;
   r = build_finetune_model(*lc, *l, o);
@@ -359,10 +385,17 @@ TEST_CASE("a LoRA adapter saved in PEFT's layout and merged at load gives the lo
   model_spec llama;
   write_hf_model(dir / "llama-f32", llama, "F32");
   write_gguf_model(dir / "llama-f16.gguf", llama, tensor_type::f16);
+  model_spec gpt2 = llama;
+  gpt2.arch = architecture::gpt2;
+  gpt2.kv_heads = gpt2.heads;
+  write_hf_model(dir / "gpt2-f32", gpt2, "F32");
+  write_gguf_model(dir / "gpt2-f16.gguf", gpt2, tensor_type::f16);
   const std::vector<int32_t> prompt = {256, 17, 104, 101, 108, 108, 111, 33, 290, 3, 77};
   json jobs = json::array();
   std::vector<std::vector<float>> ours;
-  const std::vector<std::filesystem::path> bases = {dir / "llama-f32", dir / "llama-f16.gguf"};
+  // GPT-2: a Hugging Face base stores its projections [in, out] (the delta goes in transposed), a
+  // GGUF base [out, in].
+  const std::vector<std::filesystem::path> bases = {dir / "llama-f32", dir / "llama-f16.gguf", dir / "gpt2-f32", dir / "gpt2-f16.gguf"};
   for (size_t i = 0; i < bases.size(); ++i) {
     INFO(bases[i]);
     auto ckpt = models::checkpoint::open(bases[i]);
@@ -372,7 +405,9 @@ TEST_CASE("a LoRA adapter saved in PEFT's layout and merged at load gives the lo
     finetune_options o;
     o.lora.rank = 4;
     o.lora.alpha = 8;
-    o.lora.targets = lora_target_names();
+    o.lora.targets = lora_target_names(cfg->arch);
+    const bool is_gpt2 = cfg->arch == architecture::gpt2;
+    const size_t per_layer = is_gpt2 ? 4 : 7;
     auto m = build_finetune_model(*cfg, *ckpt, o);
     REQUIRE(m);
     // A trained adapter: B away from zero, so that the merge changes every target.
@@ -394,19 +429,23 @@ TEST_CASE("a LoRA adapter saved in PEFT's layout and merged at load gives the lo
     CHECK(config["peft_type"] == "LORA");
     CHECK(config["r"] == 4);
     CHECK(config["lora_alpha"] == 8);
+    CHECK(config["fan_in_fan_out"] == is_gpt2);  // as PEFT sets it for GPT-2's Conv1D
     auto saved = load_safetensors(adapter_dir / "adapter_model.safetensors");
     REQUIRE(saved);
     CHECK(saved->tensors.size() == m->trainable.size());
-    CHECK(saved->tensors.count("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+    CHECK(saved->tensors.count(is_gpt2 ? "base_model.model.transformer.h.1.mlp.c_proj.lora_B.weight"
+                                       : "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
 
     auto adapter = read_lora_adapter(adapter_dir);
     INFO((adapter ? "" : adapter.error().message));
     REQUIRE(adapter);
-    CHECK(adapter->modules.size() == 7 * static_cast<size_t>(llama.layers));
+    CHECK(adapter->modules.size() == per_layer * static_cast<size_t>(llama.layers));
     auto base = models::checkpoint::open(bases[i]);
     REQUIRE(base);
-    REQUIRE(merge_lora_adapter(*base, *cfg, *adapter));
-    CHECK(base->replaced() == 7 * static_cast<size_t>(llama.layers));
+    auto merged = merge_lora_adapter(*base, *cfg, *adapter);
+    INFO((merged ? "" : merged.error().message));
+    REQUIRE(merged);
+    CHECK(base->replaced() == per_layer * static_cast<size_t>(llama.layers));
     auto ex = gpu::make_cpu_executor(2);
     auto s = session::create(*ex, *base, {});
     INFO((s ? "" : s.error().message));
@@ -457,6 +496,10 @@ TEST_CASE("PEFT adapter configs meshnode cannot apply exactly are refused with t
   c = parse(R"({"r": 4, "lora_alpha": 8, "use_rslora": true, "target_modules": ["q_proj"]})");
   REQUIRE(c);
   CHECK(c->scale() == 4.0);
+  // GPT-2's, as PEFT writes it for Conv1D.
+  c = parse(R"({"r": 4, "lora_alpha": 8, "fan_in_fan_out": true, "target_modules": ["c_attn", "c_proj", "c_fc"]})");
+  REQUIRE(c);
+  CHECK(c->targets == std::vector<std::string>{"c_attn", "c_proj", "c_fc"});
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"[1, 2]", "not a JSON object"},
       {R"({"peft_type": "IA3", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]})", "LORA"},
@@ -464,7 +507,6 @@ TEST_CASE("PEFT adapter configs meshnode cannot apply exactly are refused with t
       {R"({"r": 0, "lora_alpha": 16, "target_modules": ["q_proj"]})", "out of range"},
       {R"({"r": 8, "target_modules": ["q_proj"]})", "lora_alpha"},
       {R"({"r": 8, "lora_alpha": 16, "use_dora": true, "target_modules": ["q_proj"]})", "DoRA"},
-      {R"({"r": 8, "lora_alpha": 16, "fan_in_fan_out": true, "target_modules": ["q_proj"]})", "fan_in_fan_out"},
       {R"({"r": 8, "lora_alpha": 16, "rank_pattern": {"q_proj": 4}, "target_modules": ["q_proj"]})", "rank_pattern"},
       {R"({"r": 8, "lora_alpha": 16, "modules_to_save": ["lm_head"], "target_modules": ["q_proj"]})", "modules_to_save"},
       {R"({"r": 8, "lora_alpha": 16, "bias": "all", "target_modules": ["q_proj"]})", "biases"},

@@ -228,6 +228,13 @@ TEST_CASE("a full fine-tune of a GGUF base saves as a Hugging Face directory wit
     cases.push_back(c);
   }
   {
+    export_case c{"gpt2 (LayerNorm, learned positions, Conv1D weights transposed from GGUF's), F16", {}, tensor_type::f16};
+    c.spec.arch = architecture::gpt2;
+    c.spec.kv_heads = c.spec.heads;
+    c.spec.seed = 4;
+    cases.push_back(c);
+  }
+  {
     export_case c{"llama, SentencePiece vocabulary, Q8_0", {}, tensor_type::q8_0};
     c.spec.sentencepiece = true;
     c.spec.vocab = 420;
@@ -279,7 +286,8 @@ TEST_CASE("a full fine-tune of a GGUF base saves as a Hugging Face directory wit
     INFO((config ? "" : config.error().message));
     REQUIRE(config);
     check_same_config(*base_config, *config);
-    CHECK(config->rope == rope_style::neox);  // the rows are in Hugging Face's order
+    // The rows are in Hugging Face's order (GPT-2 has no rotary embeddings).
+    CHECK(config->rope == (c.spec.arch == architecture::gpt2 ? rope_style::none : rope_style::neox));
     CHECK(json::parse(read_text(out / "config.json"))["torch_dtype"] == "float32");
 
     // The tokenizer.
@@ -373,12 +381,13 @@ TEST_CASE("a full fine-tune of a GGUF base saves as a Hugging Face directory wit
   }
 }
 
-TEST_CASE("config.json is written for each architecture of the Llama family and reads back the same", "[finetune][hf_export]") {
+TEST_CASE("config.json is written for each architecture and reads back the same", "[finetune][hf_export]") {
   temp_dir dir;
-  for (const auto arch : {architecture::llama, architecture::qwen2, architecture::qwen3}) {
+  for (const auto arch : {architecture::llama, architecture::qwen2, architecture::qwen3, architecture::gpt2}) {
     model_spec s;
     s.arch = arch;
     s.tied = arch == architecture::qwen3;
+    if (arch == architecture::gpt2) s.kv_heads = s.heads;
     write_gguf_model(dir / "m.gguf", s, tensor_type::f32);
     auto ckpt = models::checkpoint::open(dir / "m.gguf");
     REQUIRE(ckpt);
@@ -482,7 +491,9 @@ TEST_CASE("what a Hugging Face directory cannot hold exactly is refused, naming 
     c.ffn_size = 128, c.max_context = 128, c.rope = rope_style::neox, c.rope_dims = 16;
     REQUIRE(config_json_of(c));
     const std::vector<std::pair<std::function<void(model_config&)>, std::string>> refused = {
-        {[](model_config& x) { x.arch = architecture::gpt2, x.layer_norm = true, x.rope = rope_style::none; }, "GPT-2"},
+        {[](model_config& x) { x.arch = architecture::gpt2, x.layer_norm = true, x.rope = rope_style::none, x.qkv_bias = true; },
+         "GPT-2 with grouped key/value heads"},
+        {[](model_config& x) { x.layer_norm = true; }, "llama with LayerNorm or without rotary embeddings"},
         {[](model_config& x) { x.rope_dims = 8; }, "partial rotary embeddings (rope over 8 of the head's 16 dimensions)"},
         {[](model_config& x) { x.qkv_bias = true; }, "q/k/v biases on llama"},
         {[](model_config& x) { x.arch = architecture::qwen2; }, "Qwen2 without q/k/v biases"},
