@@ -347,6 +347,15 @@ expected<hf_tokenizer_files> tokenizer_files(const vocabulary& v, const std::opt
 
 namespace {
 
+/// `j` with the special token ids and the dtype of the saved weights (f32), as text.
+std::string finished(json& j, const model_config& c) {
+  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  j["torch_dtype"] = "float32";
+  return j.dump(2) + "\n";
+}
+
 /// GPT2LMHeadModel's config: learned positions, LayerNorm, gelu (tanh form: "gelu_new"), biases
 /// everywhere, one key/value head per head.
 expected<std::string> gpt2_config_json(const model_config& c) {
@@ -373,11 +382,7 @@ expected<std::string> gpt2_config_json(const model_config& c) {
             {"scale_attn_weights", true},
             {"tie_word_embeddings", c.tied_embeddings},
             {"use_cache", true}};
-  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
-  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  j["torch_dtype"] = "float32";
-  return j.dump(2) + "\n";
+  return finished(j, c);
 }
 
 }  // namespace
@@ -439,11 +444,7 @@ expected<std::string> config_json_of(const model_config& c) {
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["use_cache"] = true;
-  if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
-  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
-  j["torch_dtype"] = "float32";
-  return j.dump(2) + "\n";
+  return finished(j, c);
 }
 
 expected<hf_tokenizer_files> tokenizer_json_of(const vocabulary& v, const std::optional<std::string>& chat_template,

@@ -34,6 +34,16 @@ void write_corpus(const std::filesystem::path& path) {
   for (int i = 0; i < 60; ++i) f << lines[i % 3] << "\n\n";
 }
 
+/// The losses of a run's losses.csv ("step,loss" rows after a header).
+std::vector<double> read_losses(const std::filesystem::path& out) {
+  std::ifstream csv(out / "losses.csv");
+  std::vector<double> losses;
+  std::string line;
+  std::getline(csv, line);
+  while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  return losses;
+}
+
 }  // namespace
 
 TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs lists it, generate --adapter serves it",
@@ -59,11 +69,7 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   CHECK(r.out.find("step 24/24") != std::string::npos);
   CHECK(r.out.find("peers 3") != std::string::npos);
   // The curve: it falls.
-  std::ifstream csv(out / "losses.csv");
-  std::vector<double> losses;
-  std::string line;
-  std::getline(csv, line);
-  while (std::getline(csv, line)) losses.push_back(std::stod(line.substr(line.find(',') + 1)));
+  const auto losses = read_losses(out);
   REQUIRE(losses.size() == 24);
   WARN("meshctl train, LoRA r8 on 3 nodes: loss " << losses.front() << " -> " << losses.back());
   CHECK(losses.back() < 0.7 * losses.front());
@@ -105,10 +111,7 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   INFO(mixed.out << mixed.err);
   REQUIRE(mixed.status == 0);
   {
-    std::ifstream f(mixed_out / "losses.csv");
-    std::vector<double> l;
-    std::getline(f, line);
-    while (std::getline(f, line)) l.push_back(std::stod(line.substr(line.find(',') + 1)));
+    const auto l = read_losses(mixed_out);
     REQUIRE(l.size() == 16);
     WARN("meshctl train --precision f16, LoRA r8 on 3 nodes: loss " << l.front() << " -> " << l.back());
     CHECK(l.back() < 0.8 * l.front());
@@ -207,10 +210,7 @@ TEST_CASE("meshctl train fine-tunes a checkpoint with LoRA over 3 nodes, runs li
   INFO(gpt2_run.out << gpt2_run.err);
   REQUIRE(gpt2_run.status == 0);
   {
-    std::ifstream f(gpt2_out / "losses.csv");
-    std::vector<double> l;
-    std::getline(f, line);
-    while (std::getline(f, line)) l.push_back(std::stod(line.substr(line.find(',') + 1)));
+    const auto l = read_losses(gpt2_out);
     REQUIRE(l.size() == 16);
     WARN("meshctl train, GPT-2 Q8_0, LoRA r8 on c_attn, 3 nodes: loss " << l.front() << " -> " << l.back());
     CHECK(l.back() < 0.8 * l.front());

@@ -92,6 +92,14 @@ def attention(q, k, v, kv_heads, mm):
     return mm(p, v.transpose(0, 1)).transpose(0, 1).reshape(t, h * d)
 
 
+def with_adapter(y, h, adapter, mm):
+    """y + scale B A h for a LoRA adapter (A, B, scale); y without one."""
+    if adapter is None:
+        return y
+    a, b, s = adapter
+    return y + s * mm(mm(h, a.T), b.T)
+
+
 def forward(c, tokens, lora, low=None):
     """Logits [T, vocab] of one sequence; lora: {(layer, role): (A, B, scale)}; low: the compute
     dtype of mixed precision (None: float64 throughout)."""
@@ -103,10 +111,7 @@ def forward(c, tokens, lora, low=None):
         y = mm(h, b[role].T)
         if bias is not None:
             y = y + bias
-        if (i, role) in lora:
-            a, bb, s = lora[(i, role)]
-            y = y + s * mm(mm(h, a.T), bb.T)
-        return y
+        return with_adapter(y, h, lora.get((i, role)), mm)
 
     for i, b in enumerate(c.blocks):
         h = R.rms_norm(x, b["attn_norm"], c.eps)
@@ -136,11 +141,7 @@ def gpt2_forward(c, tokens, lora, low=None):
 
     def proj(h, b, i, role):
         w, bias = b[role]
-        y = mm(h, w) + bias
-        if (i, role) in lora:
-            a, bb, s = lora[(i, role)]
-            y = y + s * mm(mm(h, a.T), bb.T)
-        return y
+        return with_adapter(mm(h, w) + bias, h, lora.get((i, role)), mm)
 
     for i, b in enumerate(c.blocks):
         h = R.layer_norm(x, b["ln1"], c.eps)
