@@ -123,7 +123,6 @@ std::string emitter::sum_terms(const std::vector<std::string>& terms) {
 
 std::string emitter::value(node_index id, const std::string& idx_in) {
   if (auto it = fixed_.find(id); it != fixed_.end()) return it->second;
-  if (auto it = fixed_arrays_.find(id); it != fixed_arrays_.end()) return it->second + "[" + idx_in + "]";
   const std::string idx = index_var(idx_in);
   auto key = std::make_pair(id, idx);
   if (auto it = cse_.find(key); it != cse_.end()) return it->second;
@@ -358,7 +357,7 @@ plan with_root_inline(const plan& p, node_index root) {
 }
 
 std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc,
-                     std::string* value, bool store) {
+                     std::string* value) {
   const node_index anchor = k.anchor;
   std::string a = acc;
   if (g[anchor].type == dtype::f16) a = "mesh_round_f16(" + acc + ")";
@@ -369,7 +368,7 @@ std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::str
     const std::string v = e.value(k.root, idx);
     out = e.body;
     e.body.clear();
-    if (store) out += e.store(k.root, idx, v);
+    out += e.store(k.root, idx, v);
     if (value) *value = v;
   });
   return out;

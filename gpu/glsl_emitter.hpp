@@ -71,9 +71,6 @@ class emitter {
   /// Makes `var` the value of `id` at every index: a rows kernel's result for the current row,
   /// which the plan guarantees is only read at that row.
   void fix(node_index id, const std::string& var) { fixed_[id] = var; }
-  /// Makes `array`[idx] the value of `id` at idx: results computed before the kernel's main
-  /// work for every index the kernel reads (a matrix-vector kernel's folded norm statistics).
-  void fix_indexed(node_index id, const std::string& array) { fixed_arrays_[id] = array; }
 
   /// Runs `f` in a nested scope: temporaries made there are forgotten after.
   template <class F>
@@ -112,7 +109,6 @@ class emitter {
   std::map<std::pair<node_index, std::string>, std::string> cse_;
   std::map<std::string, std::string> index_cse_;
   std::map<node_index, std::string> fixed_;
-  std::map<node_index, std::string> fixed_arrays_;
 };
 
 /// Nodes computed inline in the expression of `root` (stops at materialised nodes), plus the
@@ -185,11 +181,11 @@ uint64_t bytes_of(const graph& g, const std::vector<node_index>& bindings);
 /// treating the root as inline while emitting its expression.
 plan with_root_inline(const plan& p, node_index root);
 
-/// Epilogue: the value of the root once the anchor's value at `idx` is `acc`, stored unless
-/// `store` is false. `value`, when given, receives the name holding the root's value (in scope
-/// right after the returned statements).
+/// Epilogue: the value of the root once the anchor's value at `idx` is `acc`.
+/// `value`, when given, receives the name holding the root's value (in scope right after the
+/// returned statements).
 std::string epilogue(emitter& e, const graph& g, const kernel& k, const std::string& idx, const std::string& acc,
-                     std::string* value = nullptr, bool store = true);
+                     std::string* value = nullptr);
 
 /// `float name(uint xi)`: the value of `operand` at flat index xi (prologue index arithmetic).
 std::string loader(emitter& e, const std::string& name, node_index operand);

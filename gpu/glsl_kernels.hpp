@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include "gpu/glsl.hpp"
 
@@ -19,17 +18,6 @@ kernel_source reduction(const graph& g, const plan& p, const kernel& k, const de
 
 /// kernel_kind::rows: a workgroup per row runs every member kernel over it. glsl_reduce.cpp.
 kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
-
-/// A linear's folded row reductions (kernel::members, fold_rows_into_matvec) for each of `rows`
-/// rows of `len` elements, computed by a workgroup of `threads` before it reads x: the shared
-/// arrays to declare and the statements for main. Each member's result is then read from shared
-/// memory (pv<j>[row], emitter::fix_indexed) wherever the kernel's expressions read it.
-/// glsl_reduce.cpp.
-struct row_prologue {
-  std::string shared, main;
-};
-row_prologue folded_rows(emitter& e, const graph& g, const std::vector<kernel>& members, int64_t rows, int64_t len,
-                         uint32_t threads, bool subgroups);
 
 /// kernel_kind::matmul: the tiled cooperative-matrix kernel, the first cooperative-matrix kernel,
 /// the warp-tiled f32 kernel or the classic one, the first that applies. glsl_matmul.cpp.

@@ -64,10 +64,6 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
 
   emitter e(g, q, false);
   e.bind(k.root);
-  // A norm folded into this kernel (fold_rows_into_matvec): its row statistics first, computed by
-  // every workgroup into shared memory; x is then the norm's expression, read through load_x.
-  const bool folded = !k.members.empty();
-  const row_prologue norm = folded ? folded_rows(e, g, k.members, m, kd, local, sg) : row_prologue{};
   // The coalesced kernel for the quantized dtypes that have a lane decoder (on subgroups), with x
   // read 4 floats at a time when it is an f32 buffer of its own.
   const bool lanes = quant && sg && caps.variants.matvec != "chunk" && !quant_lane_decoder(wt, "b", kd).glsl.empty();
@@ -91,12 +87,8 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   // (q4_k: each lane reads 16 floats of x in a row, 64 bytes apart from its neighbour's, which
   // from memory takes 16 cache lines per subgroup load; docs/gpu.md has the measurements), when
   // it fits (kernel_variants::matvec "xglobal" keeps it in memory). x4 reads 4 aligned floats.
-  // A folded norm's x is also staged there by every kernel that reads x as vec4s: computing it
-  // once per workgroup, not once per weight row.
-  const bool x_shared = ((lanes && !ld.swizzle.empty()) || (folded && (lanes || wide_passes))) && kd % 4 == 0 &&
-                        caps.variants.matvec != "xglobal" &&
-                        static_cast<uint64_t>(m * kd) * 4 + 4 * (local + m * k.members.size()) <= caps.shared_memory_bytes;
-  const std::string swizzle = ld.swizzle.empty() ? "p" : ld.swizzle;
+  const bool x_shared = lanes && !ld.swizzle.empty() && kd % 4 == 0 && caps.variants.matvec != "xglobal" &&
+                        static_cast<uint64_t>(m * kd) * 4 <= caps.shared_memory_bytes;
 
   const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
   std::string src = sg ? "" : "shared float red[64];\n";
@@ -116,7 +108,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     }
     src += "}\n";
   }
-  src += norm.shared + lx + lw;
+  src += lx + lw;
   if (lanes || wide_passes) {
     src += ld.glsl;
     const std::string from_x = x_vec4     ? xb + ".v[i >> 2]"
@@ -124,12 +116,12 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
                                           : "vec4(load_x(i), load_x(i + 1u), load_x(i + 2u), load_x(i + 3u))";
     if (x_shared) {
       src += "shared vec4 xs[" + u(m * kd / 4) + "];\nvec4 x4g(uint i) { return " + from_x + "; }\n";
-      src += "uint swizzle(uint p) { return " + swizzle + "; }\nvec4 x4(uint i) { return xs[swizzle(i >> 2)]; }\n";
+      src += "uint swizzle(uint p) { return " + ld.swizzle + "; }\nvec4 x4(uint i) { return xs[swizzle(i >> 2)]; }\n";
     } else {
       src += "vec4 x4(uint i) { return " + from_x + "; }\n";
     }
   }
-  src += "void main() {\n" + norm.main;
+  src += "void main() {\n";
   // Every row of a workgroup reads all of x: read it from memory once, into shared memory.
   if (x_shared)
     src += "  for (uint i = gl_LocalInvocationID.x; i < " + u(m * kd / 4) + "; i += " + u(local) + ") xs[swizzle(i)] = x4g(4u * i);\n  barrier();\n";
@@ -215,9 +207,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   }
 
   kernel_source s;
-  // "n" after the kind: a norm folded in.
-  s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (folded ? "n" : "") +
-           (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
+  s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size * R : 1;
   // With x in shared memory, a workgroup takes several rows in turn (the grid-stride loop), so

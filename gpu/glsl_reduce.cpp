@@ -345,27 +345,4 @@ kernel_source rows_kernel(const graph& g, const plan& p, const kernel& k, const 
   return s;
 }
 
-row_prologue folded_rows(emitter& e, const graph& g, const std::vector<kernel>& members, int64_t rows, int64_t len,
-                         uint32_t threads, bool subgroups) {
-  row_prologue out;
-  out.shared = "shared float sh[" + u(threads) + "];\n";
-  for (size_t j = 0; j < members.size(); ++j) {
-    const kernel& m = members[j];
-    const auto ops = reduction_of(g[m.anchor]);
-    const std::string slot = "pv" + std::to_string(j);
-    out.shared += "shared float " + slot + "[" + u(rows) + "];\n";
-    std::string& s = out.main;
-    s += "  for (uint mi = 0u; mi < " + u(rows) + "; ++mi) {\n    const uint base = mi * " + u(len) + ";\n";
-    s += "    float acc = " + ops.init + ";\n";
-    s += "    for (uint r = gl_LocalInvocationID.x; r < " + u(len) + "; r += " + u(threads) + ") {\n" +
-         fold_input(e, g, m, ops, "(base + r)", "      ") + "    }\n";
-    s += workgroup_combine(ops, subgroups, threads);
-    std::string v;
-    const std::string epi = epilogue(e, g, m, "mi", "acc", &v, false);
-    s += epi + "      " + slot + "[mi] = " + v + ";\n" + "    }\n    barrier();  // sh is rewritten for the next row\n  }\n";
-    e.fix_indexed(m.root, slot);  // later members and the kernel read it from here
-  }
-  return out;
-}
-
 }  // namespace mesh::gpu::detail

@@ -33,9 +33,7 @@ struct kernel_variants {
   /// devices without subgroup arithmetic run), "rows1", "rows2" and "rows4" give each subgroup
   /// of `lmvc` 1, 2 or 4 weight rows whatever the rows of x (by default 2 from 8 rows of x on, so
   /// that every x load serves both: `lmvc2r`; else 1; docs/gpu.md), "xglobal" keeps x in memory
-  /// where `lmvc` would copy it to shared memory (q4_k weights), "nofold" keeps a norm before a
-  /// matrix-vector product as its own rows kernel instead of folding it into the product
-  /// (fold_rows_into_matvec).
+  /// where `lmvc` would copy it to shared memory (q4_k weights).
   std::string matvec;
   /// linear with more than 16 rows of x (a prompt): "" on devices with cooperative matrices
   /// takes `mmctl` for f16 and quantized weights (x and the decoded weight rounded to f16 as they

@@ -239,50 +239,7 @@ void fuse_row_kernels(const graph& g, plan& p, int64_t min_length) {
   p.kernels = std::move(out);
 }
 
-void fold_rows_into_matvec(const graph& g, plan& p, const fold_options& o) {
-  std::set<node_index> pinned;
-  for (const auto& o : g.outputs) pinned.insert(o.id);
-  for (const auto& u : g.updates) pinned.insert(u.value);
-  // Whether a kernel's inline expressions (from its root's inputs, its members' roots' inputs)
-  // read one of `ids`.
-  const auto reads = [&](const kernel& k, const std::set<node_index>& ids) {
-    for (auto in : g[k.root].inputs)
-      if (touches(g, p, in, ids)) return true;
-    for (const auto& m : k.members)
-      for (auto in : g[m.root].inputs)
-        if (touches(g, p, in, ids)) return true;
-    return false;
-  };
-  for (size_t i = 0; i + 1 < p.kernels.size(); ++i) {
-    const kernel& r = p.kernels[i];
-    kernel& lin = p.kernels[i + 1];
-    if (r.kind != kernel_kind::rows || r.members.back().kind != kernel_kind::elementwise) continue;
-    if (lin.kind != kernel_kind::linear || !lin.members.empty()) continue;
-    const node_index h = r.root;
-    const node& a = g[lin.anchor];
-    node_index x = a.inputs[0];
-    while (x != h && !p.materialised[x] && g[x].op == op_kind::reshape) x = g[x].inputs[0];
-    const int64_t kd = g[a.inputs[0]].dims.back(), n = a.dims.back(), m = n ? element_count(a.dims) / n : 0;
-    const shape& rows = g[h].dims;
-    if (x != h || pinned.count(h) || m < 1 || m > o.max_rows || m * kd > o.max_x_elements || rows.empty() || rows.back() != kd ||
-        element_count(rows) != m * kd)
-      continue;
-    std::set<node_index> results{h};
-    bool ok = true;
-    for (size_t j = 0; j + 1 < r.members.size(); ++j) {
-      ok = ok && r.members[j].kind == kernel_kind::reduce && !pinned.count(r.members[j].root);
-      results.insert(r.members[j].root);
-    }
-    for (size_t j = 0; ok && j < p.kernels.size(); ++j)
-      if (j != i && j != i + 1 && reads(p.kernels[j], results)) ok = false;
-    if (!ok) continue;
-    lin.members.assign(r.members.begin(), r.members.end() - 1);
-    for (const node_index id : results) p.materialised[id] = false;
-    p.kernels.erase(p.kernels.begin() + static_cast<std::ptrdiff_t>(i));
-  }
-}
-
-plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from, const fold_options& fold) {
+plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from) {
   const auto n = static_cast<size_t>(g.size());
   std::vector<std::vector<node_index>> users(n);
   for (node_index id = 0; id < g.size(); ++id)
@@ -390,7 +347,6 @@ plan lower(const graph& g, const split_options& split, int64_t fuse_rows_from, c
     else p.kernels.push_back(k);
   }
   if (fuse_rows_from > 0) fuse_row_kernels(g, p, fuse_rows_from);
-  if (fold.max_rows > 0) fold_rows_into_matvec(g, p, fold);
   return p;
 }
 

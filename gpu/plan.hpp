@@ -48,10 +48,6 @@ struct kernel {
   /// kernel of that shape. Later members read earlier members' results only at their own row,
   /// so a workgroup keeps them in registers and reads each row from memory once (softmax,
   /// layer norm: 1 kernel instead of 3). root is the last member's root.
-  /// kernel_kind::linear of few rows (the matrix-vector kernel): the row reductions that a
-  /// rows kernel before it computed for the rows of x (an RMSNorm's or a layer norm's statistics,
-  /// fold_rows_into_matvec), computed again by every workgroup of this kernel before it reads x,
-  /// which is then the norm's expression computed inline instead of a buffer.
   std::vector<kernel> members;
 };
 
@@ -133,28 +129,13 @@ int64_t slice_length(int64_t reduced, int64_t slices);
 /// True for a constant holding one value for all elements (emitted as a literal).
 bool is_splat(const node& n);
 
-/// Which linears a norm is folded into (fold_rows_into_matvec): those of at most `max_rows` rows
-/// of x whose x has at most `max_x_elements` elements (it fits in shared memory, where the
-/// matrix-vector kernel computes it once per workgroup). 0: none.
-struct fold_options {
-  int64_t max_rows = 0;
-  int64_t max_x_elements = 0;
-};
-
 /// Lowers a valid graph. Runs of kernels over rows of at least `fuse_rows_from` elements become
-/// one kernel_kind::rows kernel (0: never); such a kernel that only normalises the x of a linear
-/// within `fold` is folded into it (fold_rows_into_matvec).
-plan lower(const graph& g, const split_options& split = {}, int64_t fuse_rows_from = 2, const fold_options& fold = {});
+/// one kernel_kind::rows kernel (0: never).
+plan lower(const graph& g, const split_options& split = {}, int64_t fuse_rows_from = 2);
 
 /// Merges runs of consecutive kernels over the same rows (of at least `min_length` elements)
 /// into kernel_kind::rows kernels (see kernel::members); part of lower().
 void fuse_row_kernels(const graph& g, plan& p, int64_t min_length = 2);
-
-/// Folds each rows kernel whose elementwise result is read only as the x of the next kernel, a
-/// linear over its rows within `o` (a decode step's RMSNorm before a projection), into that
-/// linear: its reductions become the linear's members and neither their results nor the
-/// normalised x get a buffer. Part of lower().
-void fold_rows_into_matvec(const graph& g, plan& p, const fold_options& o);
 
 /// "ew(%5<-%3,%4) mm(%7+epi %9)": a compact listing for logs and tests.
 std::string describe(const graph& g, const plan& p);

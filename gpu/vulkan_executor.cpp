@@ -17,7 +17,6 @@
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
 #include "gpu/glsl.hpp"
-#include "gpu/glsl_kernels.hpp"
 #include "gpu/plan.hpp"
 #include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
@@ -60,15 +59,6 @@ int64_t fuse_rows_from(const vk_device& d, const vulkan_options& vo) {
   return d.props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 256 : 32;
 }
 
-/// Norms are folded into the matrix-vector products after them (fold_rows_into_matvec) where x
-/// fits in shared memory beside the kernel's reduction arrays; kernel_variants::matvec "nofold"
-/// keeps them apart.
-fold_options fold_options_for(const vk_device& d, const vulkan_options& vo) {
-  if (vo.variants.matvec == "nofold") return {};
-  const int64_t spare = static_cast<int64_t>(d.props.limits.maxComputeSharedMemorySize) - 4096;
-  return {detail::matvec_max_rows, std::max<int64_t>(spare, 0) / 4};
-}
-
 using allocation = memory_pool::allocation;
 
 struct compiled_kernel {
@@ -107,7 +97,6 @@ class vulkan_executor final : public executor {
         host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0),
         split_(split_options_for(*d_, o)),
         fuse_rows_from_(fuse_rows_from(*d_, o)),
-        fold_(fold_options_for(*d_, o)),
         timestamps_(d_->timestamps && o.kernel_timestamps) {
     cache_.warm_up();
   }
@@ -390,7 +379,7 @@ class vulkan_executor final : public executor {
 
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
-    pr.p = lower(g, split_, fuse_rows_from_, fold_);
+    pr.p = lower(g, split_, fuse_rows_from_);
     const auto n = static_cast<size_t>(g.size());
     // Views past the graph's nodes are the plan's scratch buffers (scratch_id).
     pr.owned.resize(n + pr.p.scratch.size());
@@ -738,7 +727,6 @@ class vulkan_executor final : public executor {
   memory_pool device_pool_, host_pool_;
   split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)
   int64_t fuse_rows_from_;  ///< kernels over rows this long or longer are fused (read at creation)
-  fold_options fold_;  ///< the linears a norm before them is folded into
   bool timestamps_;  ///< GPU timestamps around kernels: the device has them and the options want them
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;

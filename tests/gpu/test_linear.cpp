@@ -5,7 +5,6 @@
 // validation layer on, against the reference evaluator, and the layer must stay quiet.
 #include "harness.hpp"
 
-#include <algorithm>
 #include <random>
 
 #include "graph/quant.hpp"
@@ -186,123 +185,6 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   auto shared = emit(g, p, p.kernels[0], caps);
   REQUIRE(shared);
   CHECK(shared->name == "lmvs_q4_k_" + std::to_string(p.kernels[0].root));
-}
-
-namespace {
-
-/// The norm before a decode step's projection, as models/layers.cpp writes RMSNorm, or a layer
-/// norm (two statistics, the second reading the first) as graph/nn.cpp writes it.
-expr norm_of(const expr& x, const expr& gain, const expr& bias, bool layer) {
-  if (!layer) return x * rsqrt(mean(x * x, {-1}, true) + 1e-5) * gain;
-  const expr centred = x - mean(x, {-1}, true);
-  return centred * rsqrt(mean(centred * centred, {-1}, true) + 1e-5) * gain + bias;
-}
-
-/// A Vulkan executor that fuses rows kernels over rows of every length (vulkan_options::fuse_rows
-/// = 1), as a GPU does for a model's rows of 32 or more, with a matvec variant.
-std::unique_ptr<executor> rows_fused(const std::string& variant) {
-  vulkan();
-  vulkan_options o;
-  o.validation = true;
-  o.cache_dir = "-";
-  o.fuse_rows = 1;
-  o.variants.matvec = variant;
-  auto e = make_vulkan_executor(o);
-  if (!e) FAIL("no Vulkan executor: " << e.error().to_string());
-  return std::move(*e);
-}
-
-}  // namespace
-
-TEST_CASE("linear: a norm before a matrix-vector product is folded into it, and the result is the unfolded one's") {
-  // The plan: RMSNorm -> linear, with the residual added in the epilogue: one kernel, the norm's
-  // statistic a member of the linear; no buffer for the normalised x or the statistic.
-  {
-    builder b;
-    auto x = b.input("x", dtype::f32, {2, 256});
-    auto gain = b.parameter("g", dtype::f32, {256});
-    auto w = b.parameter("w", dtype::q4_k, {16, 256});
-    auto res = b.input("r", dtype::f32, {2, 16});
-    const expr h = norm_of(x, gain, gain, false);
-    b.output("y", linear(h, w) + res);
-    const graph g = finish(b);
-    const plan unfolded = lower(g, {}, 2), p = lower(g, {}, 2, {16, 4096});
-    REQUIRE(unfolded.kernels.size() == 2);
-    CHECK(unfolded.kernels[0].kind == kernel_kind::rows);
-    REQUIRE(p.kernels.size() == 1);
-    CHECK(p.kernels[0].kind == kernel_kind::linear);
-    REQUIRE(p.kernels[0].members.size() == 1);
-    CHECK_FALSE(p.materialised[h.id()]);
-    CHECK_FALSE(p.materialised[p.kernels[0].members[0].root]);
-    device_caps caps;
-    caps.subgroup_arithmetic = true;
-    caps.shared_memory_bytes = 48 << 10;
-    auto s = emit(g, p, p.kernels[0], caps);
-    REQUIRE(s);
-    CHECK(s->name == "lmvcn_q4_k_" + std::to_string(p.kernels[0].root));
-    CHECK(s->glsl.find("shared float pv0[2u]") != std::string::npos);
-    // More rows than the matrix-vector kernel takes, or an x that does not fit in shared memory:
-    // the rows kernel stays.
-    CHECK(lower(g, {}, 2, {1, 4096}).kernels.size() == 2);
-    CHECK(lower(g, {}, 2, {16, 511}).kernels.size() == 2);
-  }
-  // Not folded: the normalised x also an output, or read by two products.
-  {
-    builder b;
-    auto x = b.input("x", dtype::f32, {1, 64});
-    auto gain = b.parameter("g", dtype::f32, {64});
-    auto w = b.parameter("w", dtype::f16, {8, 64});
-    const expr h = norm_of(x, gain, gain, false);
-    b.output("h", h);
-    b.output("y", linear(h, w));
-    const graph g = finish(b);
-    CHECK(lower(g, {}, 2, {16, 4096}).kernels.size() == 2);
-  }
-  {
-    builder b;
-    auto x = b.input("x", dtype::f32, {1, 64});
-    auto gain = b.parameter("g", dtype::f32, {64});
-    auto w1 = b.parameter("w1", dtype::f16, {8, 64});
-    auto w2 = b.parameter("w2", dtype::q8_0, {8, 64});
-    const expr h = norm_of(x, gain, gain, false);
-    b.output("y", linear(h, w1) + linear(h, w2));
-    const graph g = finish(b);
-    const plan p = lower(g, {}, 2, {16, 4096});
-    CHECK(std::count_if(p.kernels.begin(), p.kernels.end(), [](const kernel& k) { return k.kind == kernel_kind::rows; }) == 1);
-  }
-
-  // On Vulkan (rows fused at every length, as a GPU does from 32): RMSNorm before a product of
-  // a float, an 8-bit and two k-quant weights (the wide kernel, the coalesced one with x in
-  // shared memory or read through load_x), 1, 3 and 16 rows of x (16: two weight rows per
-  // subgroup), and a layer norm (two statistics) at 3 rows, against the reference; at 3 rows also
-  // unfolded and through the chunk kernel.
-  auto vk = rows_fused(""), unfolded = rows_fused("nofold"), chunk = rows_fused("chunk");
-  for (const dtype wt : {dtype::f16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
-    for (const auto& [m, k] : {std::pair<int64_t, int64_t>{1, 256}, {3, 512}, {16, 256}})
-      for (const bool layer : {false, true}) {
-        if (layer && m != 3) continue;
-        INFO(to_string(wt) << " x [" << m << ", " << k << "], " << (layer ? "layer norm" : "RMSNorm"));
-        const std::string tag = std::string(to_string(wt)) + std::to_string(m) + "_" + std::to_string(k) + (layer ? "l" : "r");
-        builder b;
-        auto x = b.input("x", dtype::f32, {m, k});
-        auto gain = b.parameter("g" + tag, dtype::f32, {k});
-        auto bias = b.parameter("c" + tag, dtype::f32, {k});
-        auto w = b.parameter("w" + tag, wt, {33, k});
-        b.output("y", linear(norm_of(x, gain, bias, layer), w) * 0.5 + 1.0);
-        const graph g = finish(b);
-        const tensor_map inputs{{"x", random_tensor(dtype::f32, {m, k}, 51)}};
-        const tensor_map params{{"g" + tag, random_tensor(dtype::f32, {k}, 52)}, {"c" + tag, random_tensor(dtype::f32, {k}, 53)},
-                                {"w" + tag, weights(wt, {33, k}, 54)}};
-        const reference ref = reference_run(g, inputs, params);
-        check_on(*vk, g, inputs, params, ref, 1e-4);
-        if (m == 3) {
-          check_on(*unfolded, g, inputs, params, ref, 1e-4);
-          check_on(*chunk, g, inputs, params, ref, 1e-4);
-        }
-      }
-  CHECK(vk->stats().validation_errors == 0);
-  CHECK(unfolded->stats().validation_errors == 0);
-  CHECK(chunk->stats().validation_errors == 0);
 }
 
 TEST_CASE("linear: a float weight in a buffer is read as uvec4 chunks when its rows allow") {
