@@ -81,7 +81,13 @@ struct builder_state {
   /// x W^T, or x W for a weight stored [in, out] (`in_out`: GPT-2's Conv1D), with a LoRA adapter
   /// when `role` is a target.
   expr proj(const expr& x, const expr& w, const std::string& module, const std::string& role, bool in_out = false) {
-    expr y = in_out ? f32(matmul(low(x), low(w))) : product(x, w);
+    expr y;
+    if (in_out) {  // matmul takes operands of one dtype: a 16-bit frozen weight is widened as it is read
+      const expr xl = low(x), wl = low(w);
+      y = f32(matmul(xl, wl.type() == xl.type() ? wl : cast(wl, xl.type())));
+    } else {
+      y = product(x, w);
+    }
     const auto& t = m.lora.targets;
     if (m.lora.rank <= 0 || std::find(t.begin(), t.end(), role) == t.end()) return y;
     const int64_t out = w.dims()[in_out ? 1 : 0], in = w.dims()[in_out ? 0 : 1], r = m.lora.rank;

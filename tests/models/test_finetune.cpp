@@ -212,6 +212,7 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
   gpt2.arch = architecture::gpt2;
   gpt2.kv_heads = gpt2.heads;
   write_hf_model(dir / "gpt2-f32", gpt2, "F32");
+  write_hf_model(dir / "gpt2-bf16", gpt2, "BF16");
   write_gguf_model(dir / "gpt2-f16.gguf", gpt2, tensor_type::f16);
   write_gguf_model(dir / "gpt2-q8_0.gguf", gpt2, tensor_type::q8_0);
 
@@ -223,6 +224,7 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
       {"GGUF llama Q8_0 (a quantized base, frozen as its blocks), LoRA r4 on every projection", dir / "llama-q8_0.gguf", 4},
       {"HF gpt2 f32 (Conv1D weights [in, out], tied head), full", dir / "gpt2-f32", 0},
       {"HF gpt2 f32, LoRA r4 on c_attn, c_proj and c_fc", dir / "gpt2-f32", 4},
+      {"HF gpt2 bf16 (frozen Conv1D weights widened as read), LoRA r4 on c_attn, c_proj and c_fc", dir / "gpt2-bf16", 4},
       {"GGUF gpt2 F16 (projections [out, in], trained transposed), full", dir / "gpt2-f16.gguf", 0},
       {"GGUF gpt2 Q8_0 (frozen as its blocks), LoRA r4 on c_attn, c_proj and c_fc", dir / "gpt2-q8_0.gguf", 4},
   };
