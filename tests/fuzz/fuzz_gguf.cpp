@@ -2,17 +2,14 @@
 // user points meshnode at: any bytes give an error or a view whose every tensor lies inside the
 // input with exactly row_bytes(type, ne0) x rows bytes, whose metadata values all decode, and
 // whose model config (when the metadata has one) is within its bounds.
-#include <cstdlib>
-
 #include "models/dequantize.hpp"
 #include "models/gguf.hpp"
 #include "models/model_config.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();
-}
+using mesh::fuzz::check;
 
 bool inside(std::span<const uint8_t> part, const uint8_t* data, size_t size) {
   return part.empty() || (part.data() >= data && part.data() + part.size() <= data + size);

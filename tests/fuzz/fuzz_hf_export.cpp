@@ -9,18 +9,16 @@
 // the token's first byte is its type modulo 7; with scores: the next is its score), a 0xFE byte,
 // then merges as pairs of token indices, and after a second 0xFE the chat template.
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <string>
 
 #include "models/hf_export.hpp"
 #include "models/tokenizer_json.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();
-}
+using mesh::fuzz::check;
 
 }  // namespace
 

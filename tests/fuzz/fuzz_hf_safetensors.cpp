@@ -3,17 +3,15 @@
 // first input byte picks the decoder. What decodes is consistent: every tensor's span lies inside
 // the input and holds exactly shape x dtype bytes; shard names stay beside the index; configs stay
 // within their bounds.
-#include <cstdlib>
 #include <string_view>
 
 #include "models/model_config.hpp"
 #include "models/safetensors_view.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();
-}
+using mesh::fuzz::check;
 
 }  // namespace
 

@@ -3,16 +3,14 @@
 // target modules that are all projections it adapts.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string_view>
 
 #include "models/peft.hpp"
+#include "tests/fuzz/fuzz_check.hpp"
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();
-}
+using mesh::fuzz::check;
 
 }  // namespace
 
