@@ -40,9 +40,11 @@ struct builder_state {
   const checkpoint& ckpt;
   const finetune_options& o;
   finetune_model& m;
-  bool full;  ///< full fine-tuning: every tensor trained, as f32
   std::mt19937_64 rng;
   std::optional<error> failed;  ///< the first tensor that could not be loaded
+
+  /// Full fine-tuning (no LoRA rank): every tensor trained, as f32.
+  bool full() const { return m.lora.rank == 0; }
 
   /// Checkpoint tensor `file_name` of shape `dims` as parameter `hf_name` (trained when full;
   /// a frozen matrix keeps the file's dtype). `rope_heads`: its rows are a GGUF Llama's
@@ -55,13 +57,13 @@ struct builder_state {
       if (!failed) failed = v.error();
       return b.fill(0, dtype::f32, transpose ? std::vector<int64_t>{dims[1], dims[0]} : dims);
     }
-    tensor t = host_tensor(**v, full || !matrix || transpose);
+    tensor t = host_tensor(**v, full() || !matrix || transpose);
     if (rope_heads > 0 && m.interleaved_qk) {
       const int64_t rows = dims[0], row_bytes = static_cast<int64_t>(t.bytes.size()) / rows;
       t.bytes = reorder_rope_rows(t.bytes, rope_heads, rows, row_bytes, true);
     }
     if (transpose) t = transposed(t);
-    return weight(hf_name, t, full);
+    return weight(hf_name, t, full());
   }
 
   /// A parameter of the checkpoint, under its Hugging Face name, trained or frozen.
@@ -211,7 +213,7 @@ expr gpt2_body(builder_state& s, const model_config& file_config, expr x) {
   // GGUF's [out, in] turned so when trained in full).
   const auto mat = [&](const std::string& f, const std::string& h, int64_t in, int64_t out) -> std::pair<expr, bool> {
     if (!gguf) return {s.load(f, h, {in, out}, true), true};
-    if (s.full) return {s.load(f, h, {out, in}, true, 0, true), true};
+    if (s.full()) return {s.load(f, h, {out, in}, true, 0, true), true};
     return {s.load(f, h, {out, in}, true), false};
   };
   const auto proj = [&](const expr& in, const std::pair<expr, bool>& w, const std::string& module, const std::string& role,
@@ -303,10 +305,9 @@ expected<finetune_model> build_finetune_model(const model_config& config, const 
   m.config = config;
   if (m.interleaved_qk) m.config.rope = rope_style::neox;
   const model_config& c = m.config;
-  const bool full = o.lora.rank == 0;
 
   builder b;
-  builder_state s{b, ckpt, o, m, full, std::mt19937_64(o.lora.seed), std::nullopt};
+  builder_state s{b, ckpt, o, m, std::mt19937_64(o.lora.seed), std::nullopt};
   const int64_t rows = o.batch * o.sequence, d = c.hidden_size;
   const expr tokens = b.input("tokens", dtype::i32, {o.batch, o.sequence});
   const expr targets = b.input("targets", dtype::i32, {o.batch, o.sequence});
