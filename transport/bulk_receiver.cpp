@@ -8,13 +8,32 @@ namespace {
 constexpr uint64_t max_reserve = uint64_t{1} << 30;  // larger messages grow past it as they arrive
 }
 
-bulk_receiver::bulk_receiver(config cfg) : cfg_(cfg), budget_left_(std::max(cfg.budget, cfg.limits.bulk)) {}
+bulk_receiver::bulk_receiver(config cfg)
+    : cfg_(cfg), budget_(std::max(cfg.budget, cfg.limits.bulk)), budget_left_(budget_) {}
 
-uint64_t bulk_receiver::reserve_for(uint64_t length) const {
+uint64_t bulk_receiver::reserve_for(int64_t sid, uint64_t length) const {
   // Whole (one allocation, or a pooled buffer) when it will get budget at once; else one
   // stream window, which is all a waiting message can receive.
-  const bool budget_now = admitted_ && queue_.empty() && length <= budget_left();
+  const bool budget_now = (queue_.empty() || sid < queue_.front()) && fits(sid, length);
   return budget_now ? std::min(length, max_reserve) : std::min(length, cfg_.stream_window);
+}
+
+bool bulk_receiver::fits(int64_t sid, uint64_t size) const {
+  if (!admitted_ || size > budget_left()) return false;
+  if (sid <= inbox_next_) return true;  // handed over as it finishes: never waits in the inbox
+  // It may finish before the message the inbox waits for, and so may every other message ahead
+  // of it that has budget: all of them must fit the inbox beside what it holds. Otherwise, while
+  // that message has not even announced itself (its first packet lost), later ones granted here
+  // could all finish first and overflow the inbox, which then cuts off a peer that only ever
+  // sent what it was credited.
+  uint64_t ahead = inbox_held_;
+  for (const auto& [id, st] : streams_)
+    if (st.has_budget && id > inbox_next_) ahead += st.budgeted;
+  return ahead <= budget_ && size <= budget_ - ahead;
+}
+
+void bulk_receiver::enqueue(int64_t sid) {
+  queue_.insert(std::upper_bound(queue_.begin(), queue_.end(), sid), sid);
 }
 
 void bulk_receiver::grant(stream& s, uint64_t size) {
@@ -29,7 +48,7 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
   auto it = streams_.find(sid);
   if (it == streams_.end()) {
     it = streams_.emplace(sid, stream{frame_decoder(cfg_.limits, cfg_.stream_window, cfg_.pool), {}}).first;
-    it->second.decoder.set_reserve_rule([this](uint64_t length) { return reserve_for(length); });
+    it->second.decoder.set_reserve_rule([this, sid](uint64_t length) { return reserve_for(sid, length); });
   }
   stream& s = it->second;
   auto fed = s.decoder.feed(bytes, s.frames);
@@ -48,13 +67,16 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
     s.uncredited += bytes.size();
     if (!s.queued) {
       if (auto size = s.size()) {  // the header is complete (before that it fits any window)
-        if (admitted_ && queue_.empty() && *size <= budget_left()) {
+        // Streams wait in the order the peer opened them, not the order their headers arrive
+        // (a lost packet reorders those): the inbox hands messages over in stream order, so the
+        // message it waits for goes first. Nothing waiting ahead of this one: it may go now.
+        if ((queue_.empty() || sid < queue_.front()) && fits(sid, *size)) {
           grant(s, *size);
           r.credit = s.uncredited;
           s.uncredited = 0;
         } else {
           s.queued = true;
-          queue_.push_back(sid);
+          enqueue(sid);
         }
       }
     }
@@ -64,6 +86,9 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
   if (complete) {
     r.message = std::move(s.frames.front().payload);
     delivered_ += r.message->size();  // its budget goes back below, and it is about to be delivered
+    // Or, finished before the message the inbox waits for, it is about to wait there: counted
+    // so before forget() hands its budget on (set_inbox() then says the same).
+    if (sid > inbox_next_) inbox_held_ += r.message->size();
   }
   forget(sid);
   if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
@@ -86,6 +111,13 @@ void bulk_receiver::set_delivered(uint64_t bytes) {
   if (lower) grant_waiting();
 }
 
+void bulk_receiver::set_inbox(int64_t next_sid, uint64_t held) {
+  const bool freed = held < inbox_held_ || next_sid != inbox_next_;
+  inbox_next_ = next_sid;
+  inbox_held_ = held;
+  if (freed) grant_waiting();
+}
+
 void bulk_receiver::admit() {
   admitted_ = true;
   grant_waiting();
@@ -97,7 +129,7 @@ void bulk_receiver::grant_waiting() {
     const int64_t sid = queue_.front();
     stream& s = streams_.at(sid);  // forget() takes streams out of the queue
     const uint64_t size = s.size().value_or(0);
-    if (size > budget_left()) return;
+    if (!fits(sid, size)) return;  // the ones behind it wait too: none overtakes it
     queue_.pop_front();
     grant(s, size);
     if (s.uncredited) grants_.emplace_back(sid, s.uncredited);

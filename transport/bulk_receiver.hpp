@@ -7,9 +7,13 @@
 //
 // The budget: a message gets credit beyond the peer's initial stream window only once the peer
 // is admitted and the message's announced size fits what the budget has left. Messages that do
-// not fit wait in the order their headers arrived (a stream of small ones cannot starve a large
-// one) and are granted as earlier ones finish or are dropped. So what one peer can make a node
-// hold in unfinished messages is the budget plus one stream window per open stream.
+// not fit wait in the order the peer sent them, by stream id (a stream of small ones cannot starve
+// a large one), and are granted as earlier ones finish or are dropped. So what one peer can make a
+// node hold in unfinished messages is the budget plus one stream window per open stream.
+// The connection hands messages over in that same order (ordered_inbox.hpp): one that finishes
+// before an earlier one waits in its inbox, under a budget of the same size. A message ahead of
+// the one the inbox waits for is therefore granted only while the inbox has room for it too
+// (set_inbox), so credit given here never puts a peer that keeps to it past the inbox's budget.
 // Delivered messages the application still holds (set_delivered, delivery_receipt.hpp) count
 // against the same budget: they are granted nothing while those fill it.
 #include <cstdint>
@@ -53,6 +57,13 @@ class bulk_receiver {
   /// The bytes of delivered messages the application holds now: they take their share of the
   /// budget. Lowering it grants waiting messages what it frees (take_grants()).
   void set_delivered(uint64_t bytes);
+  /// Where the connection's inbox stands: `next_sid` is the stream whose message it hands over
+  /// next, `held` the bytes waiting there for an earlier message (its budget is this one). A
+  /// message on a later stream may finish first and wait there: it is granted budget only while
+  /// what the inbox holds, plus the messages ahead granted already, plus it, fit. Lowering `held`
+  /// or moving `next_sid` on grants waiting messages what it frees (take_grants()). Until this is
+  /// called no stream counts as ahead.
+  void set_inbox(int64_t next_sid, uint64_t held);
   /// Credit owed to waiting streams that were granted budget by forget() or admit() (or by the
   /// end of another stream inside on_data) since the last call: (stream, bytes) pairs.
   std::vector<std::pair<int64_t, uint64_t>> take_grants();
@@ -78,17 +89,24 @@ class bulk_receiver {
       return frames.empty() ? decoder.receiving_length() : std::optional(uint64_t{frames.front().payload.size()});
     }
   };
-  uint64_t reserve_for(uint64_t length) const;
+  uint64_t reserve_for(int64_t sid, uint64_t length) const;
+  /// Whether stream `sid`'s message of `size` bytes may be granted now (budget and inbox).
+  bool fits(int64_t sid, uint64_t size) const;
+  /// Waits for budget (`queue_`), in stream order.
+  void enqueue(int64_t sid);
   void grant(stream& s, uint64_t size);
   void grant_waiting();
 
   config cfg_;
   bool admitted_ = false;
+  uint64_t budget_;       // the budget, and the inbox's
   uint64_t budget_left_;  // the budget less what unfinished messages were granted
   uint64_t delivered_ = 0;
   uint64_t receiving_ = 0, peak_ = 0;
   std::map<int64_t, stream> streams_;
-  std::deque<int64_t> queue_;  // waiting for budget, oldest first
+  std::deque<int64_t> queue_;  // waiting for budget, in stream order (the peer's send order)
+  int64_t inbox_next_ = INT64_MAX;  // set_inbox(): streams after it may finish early
+  uint64_t inbox_held_ = 0;
   std::vector<std::pair<int64_t, uint64_t>> grants_;
 };
 

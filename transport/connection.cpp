@@ -20,6 +20,11 @@ namespace {
 /// order it queued the messages: stream id n is its (n >> 2)-th unidirectional stream, and bulk
 /// message number (n >> 2) - 1.
 uint64_t bulk_ordinal(int64_t sid) { return (static_cast<uint64_t>(sid) >> 2) - 1; }
+/// The peer's stream that carries its bulk message number `ordinal` (a client's unidirectional
+/// stream ids end in binary 10, a server's in 11).
+int64_t bulk_sid(uint64_t ordinal, bool peer_is_client) {
+  return static_cast<int64_t>(((ordinal + 1) << 2) | (peer_is_client ? 2u : 3u));
+}
 
 
 /// Complete messages a peer may get us to hold before its admission proof arrives (they can
@@ -218,6 +223,7 @@ connection::connection(connection_owner& owner, const endpoint_config& cfg, bool
       inbox_(std::max(cfg.bulk_receive_budget, cfg.limits.bulk)) {
   remote_ = remote;
   account_->hub = owner.releases();
+  bulk_rx_.set_inbox(bulk_sid(0, inbound_), 0);  // the inbox waits for the first bulk message (deliver())
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
                          : cfg.max_udp_payload;
@@ -486,6 +492,9 @@ void connection::deliver(std::vector<ordered_inbox::message> messages) {
     delivery_receipt receipt(account_, m.bytes.size());
     owner_.on_message(*this, m.bulk ? channel::bulk : channel::control, std::move(m.bytes), std::move(receipt));
   }
+  // The inbox may have handed messages over, or taken in one that finished early: bulk_rx_
+  // grants budget ahead of the message it waits for only as far as the inbox has room.
+  bulk_rx_.set_inbox(bulk_sid(inbox_.next_bulk(), inbound_), inbox_.held_bytes());
   bulk_rx_.set_delivered(account_->held.load());  // what the application kept takes its share
   apply_bulk_grants();
   update_starved();
@@ -493,19 +502,34 @@ void connection::deliver(std::vector<ordered_inbox::message> messages) {
 
 void connection::update_starved() {
   // Messages waiting for budget, or control credit withheld: a release must wake the I/O thread.
-  account_->starved = bulk_rx_.waiting() > 0 || control_uncredited_ > 0;
+  const bool starved = bulk_rx_.waiting() > 0 || control_uncredited_ > 0;
+  if (!starved) {
+    account_->starved = false;
+    return;
+  }
+  // Just raised: a receipt released (on another thread) after `held` was last read here but
+  // before the flag went up saw no flag and woke nothing, and with the peer held nothing else
+  // may come to read `held` again. So it is read once more now the flag is up; any later release
+  // sees the flag (both sides are seq_cst). Should that free everything, the flag stays up until
+  // the next refresh: one wake-up too many, never one too few.
+  if (!account_->starved.exchange(true)) give_back_credit();
 }
 
 uint64_t connection::control_credit(int64_t sid, uint64_t len) {
   control_in_sid_ = sid;
   if (account_->held.load() <= receive_budget_ && control_uncredited_ == 0) return len;
   control_uncredited_ += len;
-  account_->starved = true;
+  update_starved();
   return 0;
 }
 
 void connection::refresh_credit() {
   if (ended()) return;
+  give_back_credit();
+  update_starved();
+}
+
+void connection::give_back_credit() {
   const uint64_t held = account_->held.load();
   bulk_rx_.set_delivered(held);
   apply_bulk_grants();
@@ -513,7 +537,6 @@ void connection::refresh_credit() {
     ngtcp2_conn_extend_max_stream_offset(conn_, control_in_sid_, control_uncredited_);
     control_uncredited_ = 0;
   }
-  update_starved();
 }
 
 void connection::close(close_code code, std::string reason) {

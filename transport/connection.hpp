@@ -257,6 +257,8 @@ class connection {
   uint64_t control_credit(int64_t sid, uint64_t len);
   /// Whether a release must wake the I/O thread (something waits for the budget).
   void update_starved();
+  /// Gives waiting bulk messages and the control stream the credit `held` has room for now.
+  void give_back_credit();
   uint64_t admission_deadline_ = UINT64_MAX;  // the peer's proof must come by then (inbound: TLS too)
   bool accept_timed_out_ = false;
   uint64_t uncredited_before_admission_ = 0;  // connection credit held until the peer is admitted

@@ -45,6 +45,8 @@ class ordered_inbox {
   /// Whether bulk message `ordinal` is still to be handed over and not here yet (a peer that
   /// resets its stream then breaks its order).
   bool expects(uint64_t ordinal) const { return ordinal >= delivered_bulk_ && !early_bulk_.count(ordinal); }
+  /// The bulk message (its ordinal) handed over next: until it is, later ones wait here.
+  uint64_t next_bulk() const { return delivered_bulk_; }
   /// Bytes of messages waiting for an earlier one.
   uint64_t held_bytes() const { return held_bytes_; }
   /// Messages waiting (control messages queued, bulk messages finished early).

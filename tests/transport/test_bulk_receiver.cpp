@@ -163,3 +163,57 @@ TEST_CASE("bulk_receiver: delivered messages the application holds take their sh
   rx.set_delivered(0);
   CHECK(rx.budget_left() == 1000);
 }
+
+TEST_CASE("bulk_receiver: waiting messages are granted in stream order, not the order their headers came",
+          "[transport][bulk_receiver]") {
+  // The peer sent streams 3, 7, 11, 15 in that order; stream 3's first packet was lost, so its
+  // header comes last. Granted in header order, 15 would get the budget before 3: it and 7 would
+  // both finish before 3 and wait in the inbox, and two of them do not fit its budget.
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  rx.set_inbox(3, 0);
+  const auto m3 = message_stream(400, 3, cfg.limits), m7 = message_stream(400, 7, cfg.limits),
+             m11 = message_stream(300, 11, cfg.limits), m15 = message_stream(400, 15, cfg.limits);
+  REQUIRE(rx.on_data(7, part(m7, 0, 50), false)->credit == 50);
+  REQUIRE(rx.on_data(11, part(m11, 0, 50), false)->credit == 50);
+  REQUIRE(rx.on_data(15, part(m15, 0, 50), false)->credit == 0);  // waits: 400 > 300 left
+  REQUIRE(rx.on_data(3, part(m3, 0, 50), false)->credit == 0);    // waits too, ahead of 15
+  CHECK(rx.waiting() == 2);
+  auto early = rx.on_data(7, part(m7, 50, m7.size() - 50), true);  // finishes before 3
+  REQUIRE(early);
+  REQUIRE(early->message);
+  rx.set_inbox(3, 400);  // it waits in the inbox for 3
+  rx.set_delivered(0);  // 700 left: 3 goes first, and 15 waits behind it
+  auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{3, 50});
+  CHECK(rx.waiting() == 1);
+}
+
+TEST_CASE("bulk_receiver: a message ahead of the inbox's next one is granted only while the inbox has room for it",
+          "[transport][bulk_receiver][security]") {
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  rx.set_inbox(3, 500);  // control messages wait in the inbox behind stream 3's message
+  const auto m3 = message_stream(400, 3, cfg.limits), m7 = message_stream(400, 7, cfg.limits),
+             m11 = message_stream(400, 11, cfg.limits);
+  REQUIRE(rx.on_data(7, part(m7, 0, 50), false)->credit == 50);  // could wait there: 500 + 400 fit
+  // The budget has room, the inbox not: beside 7's message and the control messages it may
+  // have to wait for 3 too (500 + 400 + 400 > 1000).
+  REQUIRE(rx.on_data(11, part(m11, 0, 50), false)->credit == 0);
+  CHECK(rx.waiting() == 1);
+  CHECK(rx.budget_left() == 600);
+  // The message the inbox waits for needs only the budget: it never waits there.
+  REQUIRE(rx.on_data(3, part(m3, 0, 50), false)->credit == 50);
+  auto first = rx.on_data(3, part(m3, 50, m3.size() - 50), true);
+  REQUIRE(first);
+  REQUIRE(first->message);
+  CHECK(rx.take_grants().empty());
+  rx.set_inbox(7, 0);  // 3 and the control messages behind it handed over
+  rx.set_delivered(0);
+  auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{11, 50});
+}
