@@ -25,6 +25,9 @@ struct device_info {
   bool fp16 = false;          ///< 16-bit storage: f16/bf16 tensors supported
   bool bf16_storage = false;  ///< bf16 tensors (stored as 16-bit words, computed in f32)
   bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (f16 matmuls use it: docs/gpu.md)
+  /// Packed 8-bit integer dot products enabled (VK_KHR_shader_integer_dot_product), and whether
+  /// the device calls them accelerated: decode's matrix-vector products on 8-bit x (docs/gpu.md).
+  bool integer_dot = false, integer_dot_fast = false;
   /// The driver's deviceUUID (Vulkan); zeros for the CPU back end. Tells identical GPUs apart.
   std::array<uint8_t, 16> uuid{};
 };

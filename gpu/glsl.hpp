@@ -27,6 +27,12 @@ struct device_caps {
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;
+  /// VK_KHR_shader_integer_dot_product is enabled: kernels may dot packed 8-bit integers
+  /// (OpSDot through GL_EXT_spirv_intrinsics).
+  bool integer_dot = false;
+  /// The device says its packed signed 8-bit dot product is accelerated (a dp4a-like instruction;
+  /// NVIDIA: yes, lavapipe: no): the decode matrix-vector kernels take x in 8 bits by default.
+  bool integer_dot_fast = false;
   /// Loop iterations one shader invocation may run in all, 0 for no limit: llvmpipe (lavapipe)
   /// ends an invocation's loops after 65535 iterations, silently. Kernels that cannot keep
   /// under it are refused with an error instead of returning short results.

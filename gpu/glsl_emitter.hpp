@@ -148,9 +148,20 @@ struct lane_decoder {
   std::string valid = "true";
   bool uvec4 = false;
   std::string swizzle;
+  bool sums = false;  ///< (8-bit x) the dot reads xsum, the sums of x's codes over each 16
   int per_lane() const { return groups * group_len; }
 };
 lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k);
+
+/// The same lanes for a kernel whose x is quantized to 8 bits (q8_0, q4_k and q6_k weights):
+/// the weight's share stays in integers and is dotted with x's codes 4 at a time (OpSDot). The
+/// glsl defines `struct <p>_W`, `void <p>_iload(uint r, uint s, uint lane, out <p>_W w)` (the
+/// lane's quants and scales of row r, step s) and `float <p>_idot(<p>_W w, uint e)` (their dot
+/// with x from element e, the lane's `first`, of the kernel's x row), over the kernel's shared
+/// arrays `uvec4 xq[]` (x's codes, 16 a vector), `float xd[]` (the scale of each 32 codes),
+/// `float xsum[]` (`sums`: scale times the sum of each 16 codes) and its `int idot4(uint, uint)`.
+/// Empty glsl: the dtype has none.
+lane_decoder quant_int8_lane_decoder(dtype t, const std::string& p, int64_t k);
 
 /// One storage buffer: binding b holds node `id`; binding 0 is the one written. A quantized
 /// node's buffer comes with its decoders (quant_decoders).

@@ -48,6 +48,49 @@ int64_t matvec_rows(const std::string& variant, int64_t m) {
   return m >= matvec_two_rows_from ? 2 : 1;
 }
 
+/// Whether the 8-bit x kernel (`lmvi`) may replace `lmvc` (kernel_variants::matvec_x): "int8"
+/// wherever the device has an integer dot product, "" where it is accelerated, never with "f32"
+/// or with a matvec variant that names another kernel or another x.
+bool int8_matvec(const device_caps& caps) {
+  const std::string& v = caps.variants.matvec;
+  if (!caps.integer_dot || v == "chunk" || v == "shared" || v == "xglobal") return false;
+  return caps.variants.matvec_x == "int8" || (caps.variants.matvec_x.empty() && caps.integer_dot_fast);
+}
+
+/// Shared memory of the 8-bit x of `m` rows of `k` (k a multiple of 32): the codes, a scale per
+/// 32, and with `sums` a sum per 16.
+uint64_t int8_x_shared_bytes(int64_t m, int64_t k, bool sums) {
+  const auto e = static_cast<uint64_t>(m * k);
+  return e + e / 32 * 4 + (sums ? e / 16 * 4 : 0);
+}
+
+/// The shared arrays of quant_int8_lane_decoder, `int idot4(uint, uint)` (OpSDot on packed 8-bit
+/// vectors) and `void quantize_x()`, which fills them from x4g(i) (4 floats of x from element i):
+/// a thread per block of 32, as the CPU's integer dots quantize x (cpu_quant_dot.hpp), d =
+/// max |x| / 127, codes round-to-even(x / d) clamped to +-127; a block holding NaN or infinity
+/// gets d = NaN and codes 0, so that every product it enters is NaN.
+std::string int8_x_shared(int64_t m, int64_t k, uint32_t local, bool sums) {
+  const std::string blocks = u(m * k / 32);
+  std::string s = "shared uvec4 xq[" + u(m * k / 16) + "];\nshared float xd[" + blocks + "];\n";
+  if (sums) s += "shared float xsum[" + u(m * k / 16) + "];\n";
+  s += "spirv_instruction(extensions = [\"SPV_KHR_integer_dot_product\"], capabilities = [6018, 6019], id = 4450)\n"
+       "int sdot_packed(uint a, uint b, spirv_literal int packed_format);\n"
+       "int idot4(uint a, uint b) { return sdot_packed(a, b, 0); }\n";
+  s += "vec4 x4g(uint i);\n";
+  s += "void quantize_x() {\n  for (uint b = gl_LocalInvocationID.x; b < " + blocks + "; b += " + u(local) + ") {\n";
+  s += "    vec4 v[8];\n    float mx = 0.0;\n    bool bad = false;\n";
+  s += "    [[unroll]] for (uint i = 0u; i < 8u; ++i) {\n      v[i] = x4g(32u * b + 4u * i);\n      vec4 a = abs(v[i]);\n";
+  s += "      mx = max(mx, max(max(a.x, a.y), max(a.z, a.w)));\n      bad = bad || any(isnan(v[i])) || any(isinf(v[i]));\n    }\n";
+  s += "    float d = bad ? uintBitsToFloat(0x7fc00000u) : mx / 127.0;\n    int sum[2] = int[2](0, 0);\n";
+  s += "    [[unroll]] for (uint i = 0u; i < 8u; ++i) {\n";
+  s += "      ivec4 q = bad || d == 0.0 ? ivec4(0) : ivec4(clamp(roundEven(v[i] / d), vec4(-127.0), vec4(127.0)));\n";
+  s += "      xq[2u * b + i / 4u][i % 4u] = (uint(q.x) & 255u) | ((uint(q.y) & 255u) << 8) | ((uint(q.z) & 255u) << 16) | (uint(q.w) << 24);\n";
+  s += "      sum[i / 4u] += q.x + q.y + q.z + q.w;\n    }\n    xd[b] = d;\n";
+  if (sums) s += "    xsum[2u * b] = d * float(sum[0]);\n    xsum[2u * b + 1u] = d * float(sum[1]);\n";
+  s += "  }\n}\n";
+  return s;
+}
+
 kernel_source matvec(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const plan q = with_root_inline(p, k.root);
   const node& lin = g[k.anchor];
@@ -87,7 +130,10 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   // (q4_k: each lane reads 16 floats of x in a row, 64 bytes apart from its neighbour's, which
   // from memory takes 16 cache lines per subgroup load; docs/gpu.md has the measurements), when
   // it fits (kernel_variants::matvec "xglobal" keeps it in memory). x4 reads 4 aligned floats.
-  const bool x_shared = lanes && !ld.swizzle.empty() && kd % 4 == 0 && caps.variants.matvec != "xglobal" &&
+  // x quantized to 8 bits in shared memory, the weight's share dotted in integers (int8_matvec).
+  const lane_decoder ild = lanes && x_buffer && kd % 32 == 0 && int8_matvec(caps) ? quant_int8_lane_decoder(wt, wb, kd) : lane_decoder{};
+  const bool int8 = !ild.glsl.empty() && int8_x_shared_bytes(m, kd, ild.sums) <= caps.shared_memory_bytes;
+  const bool x_shared = !int8 && lanes && !ld.swizzle.empty() && kd % 4 == 0 && caps.variants.matvec != "xglobal" &&
                         static_cast<uint64_t>(m * kd) * 4 <= caps.shared_memory_bytes;
 
   const std::string mloop = "[[unroll]] for (uint mi = 0u; mi < " + u(m) + "; ++mi) ";
@@ -110,11 +156,13 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   }
   src += lx + lw;
   if (lanes || wide_passes) {
-    src += ld.glsl;
+    src += int8 ? int8_x_shared(m, kd, local, ild.sums) + ild.glsl : ld.glsl;
     const std::string from_x = x_vec4     ? xb + ".v[i >> 2]"
                                : x_buffer ? "vec4(" + xb + ".v[i], " + xb + ".v[i + 1u], " + xb + ".v[i + 2u], " + xb + ".v[i + 3u])"
                                           : "vec4(load_x(i), load_x(i + 1u), load_x(i + 2u), load_x(i + 3u))";
-    if (x_shared) {
+    if (int8) {
+      src += "vec4 x4g(uint i) { return " + from_x + "; }\n";
+    } else if (x_shared) {
       src += "shared vec4 xs[" + u(m * kd / 4) + "];\nvec4 x4g(uint i) { return " + from_x + "; }\n";
       src += "uint swizzle(uint p) { return " + ld.swizzle + "; }\nvec4 x4(uint i) { return xs[swizzle(i >> 2)]; }\n";
     } else {
@@ -125,6 +173,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   // Every row of a workgroup reads all of x: read it from memory once, into shared memory.
   if (x_shared)
     src += "  for (uint i = gl_LocalInvocationID.x; i < " + u(m * kd / 4) + "; i += " + u(local) + ") xs[swizzle(i)] = x4g(4u * i);\n  barrier();\n";
+  if (int8) src += "  quantize_x();\n  barrier();\n";
   const int64_t R = lanes ? matvec_rows(caps.variants.matvec, m) : 1;
   const std::string RR = u(R);
   if (lanes) {
@@ -143,13 +192,21 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     const int64_t total = (kd + ld.step - 1) / ld.step * 32;
     const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total), PL = std::to_string(ld.per_lane());
     src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
-    src += "      float v[" + U + "][" + RR + "][" + PL + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    if (int8)
+      src += "      " + wb + "_W v[" + U + "][" + RR + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    else
+      src += "      float v[" + U + "][" + RR + "][" + PL + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
     src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
     src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
     src += "        e0[j] = " + ld.first + ";\n";
-    src += "        [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + wb + "_lane(min(row0 + r, " + u(n - 1) + "), s, vl, v[j][r]);\n      }\n";
+    src += "        [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + wb + (int8 ? "_iload" : "_lane") + "(min(row0 + r, " + u(n - 1) +
+           "), s, vl, v[j][r]);\n      }\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
+    if (int8)
+      src += "          [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) accr[r][mi] += " + wb + "_idot(v[j][r], mi * " + u(kd) +
+             " + e0[j]);\n        }\n    }\n";
+    else {
     src += "          [[unroll]] for (uint g = 0u; g < " + u(ld.groups) + "; ++g)\n";
     src += "            [[unroll]] for (uint c = 0u; c < " + u(ld.group_len / 4) + "; ++c) {\n";
     src += "              const uint i = g * " + u(ld.group_len) + " + 4u * c;\n";
@@ -157,6 +214,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "              [[unroll]] for (uint r = 0u; r < " + RR + "; ++r)\n";
     src += "                accr[r][mi] += dot(vec4(v[j][r][i], v[j][r][i + 1u], v[j][r][i + 2u], v[j][r][i + 3u]), xa);\n";
     src += "            }\n        }\n    }\n";
+    }
     // Each row's sums, then its epilogue (row is uniform in the subgroup: subgroupAdd is safe).
     src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n      const uint row = row0 + r;\n";
     src += "      if (row >= " + u(n) + ") break;\n";
@@ -207,12 +265,12 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
   }
 
   kernel_source s;
-  s.name = std::string(lanes ? (R > 1 ? "lmvc" + std::to_string(R) + "r" : "lmvc") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
+  s.name = std::string(lanes ? (int8 ? "lmvi" : "lmvc") + (R > 1 ? std::to_string(R) + "r" : "") : sg ? "lmv" : "lmvs") + (quant || wide ? std::string("_") + to_string(wt) : "") + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
   const int64_t rows_per_group = sg ? local / caps.subgroup_size * R : 1;
   // With x in shared memory, a workgroup takes several rows in turn (the grid-stride loop), so
   // that fewer workgroups read x.
-  s.groups = {groups_for(n, rows_per_group, x_shared ? std::min<uint32_t>(caps.max_groups[0], matvec_shared_x_groups) : caps.max_groups[0]), 1, 1};
+  s.groups = {groups_for(n, rows_per_group, x_shared || int8 ? std::min<uint32_t>(caps.max_groups[0], matvec_shared_x_groups) : caps.max_groups[0]), 1, 1};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(kd);
   std::string decls;
@@ -222,6 +280,7 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
                                           std::to_string(b) + " { uvec4 v[]; } " + wb + ";\n"
                                     : buffer_decl(g, s.bindings[b], b, false);
   s.glsl = header(g, s.bindings, sg, local) + decls + prelude + src;
+  if (int8) s.glsl.insert(s.glsl.find('\n') + 1, "#extension GL_EXT_spirv_intrinsics : require\n");
   return s;
 }
 

@@ -51,6 +51,15 @@ std::string block32_decoder(const std::string& head, const std::string& p, int q
   return s;
 }
 
+/// `vec2 <p>_lane_sm(uvec3 w, uint i)`: a q4_k block's sub-block i scale and minimum (6 bits
+/// each) from header words 1..3 without branches: bytes i & 3 of them (a0, a1, a2) give i < 4:
+/// scale a0 & 63, min a1 & 63; else scale (a2 & 15) | (a0 >> 6) << 4, min (a2 >> 4) | (a1 >> 6) << 4.
+std::string q4_k_lane_scale_min(const std::string& p) {
+  return "vec2 " + p + "_lane_sm(uvec3 w, uint i) {\n  uvec3 a = (w >> (8u * (i & 3u))) & 255u;\n" +
+         "  return i < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
+         "                : vec2(float((a.z & 15u) | ((a.x >> 6) << 4)), float((a.z >> 4) | ((a.y >> 6) << 4)));\n}\n";
+}
+
 /// `<p>_w<n>(o, out uint q[n])`: n 32-bit words from the even byte offset o, without branches
 /// (a block of 34 or 210 bytes sits at a 2-byte offset every other block). Aligned, the last
 /// load repeats the one before it, so nothing past the words is read.
@@ -190,9 +199,7 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
       d.first = "1024u * s + 256u * (vl / 8u) + 64u * ((vl % 8u) / 2u) + 16u * (vl % 2u)";
       d.valid = "4u * s + vl / 8u < " + u(blocks);
       d.swizzle = "p ^ ((p >> 4) & 3u)";  // lane j of a block reads groups 16 (j / 2) + 4 (j % 2) + c (+ 8)
-      d.glsl = "vec2 " + p + "_lane_sm(uvec3 w, uint i) {\n  uvec3 a = (w >> (8u * (i & 3u))) & 255u;\n" +
-               "  return i < 4u ? vec2(float(a.x & 63u), float(a.y & 63u))\n" +
-               "                : vec2(float((a.z & 15u) | ((a.x >> 6) << 4)), float((a.z >> 4) | ((a.y >> 6) << 4)));\n}\n";
+      d.glsl = q4_k_lane_scale_min(p);
       d.glsl += head(32) + "  uint base = r * " + u(*rb / 16) + " + (4u * s + lane / 8u) * 9u, j = lane % 8u;\n  uvec4 hd = " + p +
                 ".v[base], q = " + p + ".v[base + 1u + j];\n  vec2 dm = unpackHalf2x16(hd.x);\n  vec2 a = " + p +
                 "_lane_sm(hd.yzw, j & 6u) * dm, b = " + p + "_lane_sm(hd.yzw, (j & 6u) + 1u) * dm;\n";
@@ -236,6 +243,70 @@ lane_decoder quant_lane_decoder(dtype t, const std::string& p, int64_t k) {
                     ", -1.5 * " + A + ");\n";
         }
       d.glsl += "}\n";
+      return d;
+    }
+    default: return {};
+  }
+}
+
+lane_decoder quant_int8_lane_decoder(dtype t, const std::string& p, int64_t k) {
+  lane_decoder d = quant_lane_decoder(t, p, k);  // the same lanes, steps and runs of the row
+  const auto rb = row_bytes(t, k);
+  if (d.glsl.empty() || !rb) return {};
+  d.glsl.clear();
+  const std::string row = "r * " + u(*rb), W = p + "_W";
+  // x's codes of elements e .. e + 3 (e a multiple of 4) as one packed word.
+  const std::string xw = "xq[(e) >> 4][((e) >> 2) & 3u]";
+  switch (t) {
+    case dtype::q8_0: {
+      // The lane's 16 codes are the weight's own bytes: 4 dots, one scale product per lane.
+      d.glsl = words_reader(p, 4) + "struct " + W + " { uint q[4]; float d; };\n";
+      d.glsl += "void " + p + "_iload(uint r, uint s, uint lane, out " + W + " w) {\n  uint o = " + row +
+                " + (16u * s + lane / 2u) * 34u;\n  " + p + "_w4(o + 2u + 16u * (lane % 2u), w.q);\n  w.d = " + p + "_f16(o);\n}\n";
+      d.glsl += "float " + p + "_idot(" + W + " w, uint e) {\n  uvec4 x = xq[e >> 4];\n";
+      d.glsl += "  int s = idot4(w.q[0], x.x) + idot4(w.q[1], x.y) + idot4(w.q[2], x.z) + idot4(w.q[3], x.w);\n";
+      d.glsl += "  return w.d * xd[e >> 5] * float(s);\n}\n";
+      return d;
+    }
+    case dtype::q4_k: {
+      // Low nibbles (sub-block 2g) and high nibbles (2g + 1) of the lane's 16 bytes, each 4 bytes
+      // a packed word of codes 0..15; the minimum's term takes the x codes' sum over the run.
+      d.sums = true;
+      d.glsl = q4_k_lane_scale_min(p) + "struct " + W + " { uvec4 q; vec4 a; };\n";
+      d.glsl += "void " + p + "_iload(uint r, uint s, uint lane, out " + W + " w) {\n  uint base = r * " + u(*rb / 16) +
+                " + (4u * s + lane / 8u) * 9u, j = lane % 8u;\n  uvec4 hd = " + p + ".v[base];\n  w.q = " + p +
+                ".v[base + 1u + j];\n  vec2 dm = unpackHalf2x16(hd.x);\n  w.a = vec4(" + p + "_lane_sm(hd.yzw, j & 6u) * dm, " + p +
+                "_lane_sm(hd.yzw, (j & 6u) + 1u) * dm);\n}\n";
+      d.glsl += "float " + p + "_idot(" + W + " w, uint e) {\n  uvec4 xa = xq[e >> 4], xb = xq[(e + 32u) >> 4];\n";
+      d.glsl += "  uvec4 lo = w.q & 0x0f0f0f0fu, hi = (w.q >> 4) & 0x0f0f0f0fu;\n";
+      d.glsl += "  int sa = idot4(lo.x, xa.x) + idot4(lo.y, xa.y) + idot4(lo.z, xa.z) + idot4(lo.w, xa.w);\n";
+      d.glsl += "  int sb = idot4(hi.x, xb.x) + idot4(hi.y, xb.y) + idot4(hi.z, xb.z) + idot4(hi.w, xb.w);\n";
+      d.glsl += "  return w.a.x * xd[e >> 5] * float(sa) - w.a.y * xsum[e >> 4] + w.a.z * xd[(e + 32u) >> 5] * float(sb) - w.a.w * xsum[(e + 32u) >> 4];\n}\n";
+      return d;
+    }
+    case dtype::q6_k: {
+      // Quarter qa's 8 codes u = low nibble | top 2 bits << 4 (0..63) become the signed bytes
+      // u - 32 without borrows between bytes: ((u | 0x80) - 0x20) ^ 0x80 per byte.
+      d.glsl = words_reader(p, 2) + "struct " + W + " { uint ql0[2], ql1[2], qh[2]; vec4 a; };\n";
+      d.glsl += "void " + p + "_iload(uint r, uint s, uint lane, out " + W + " w) {\n  uint o = " + row +
+                " + (4u * s + lane / 8u) * 210u, j = lane % 8u, h = j / 4u, l0 = 8u * (j % 4u);\n  uint sc[2];\n  " + p +
+                "_w2(o + 64u * h + l0, w.ql0);\n  " + p + "_w2(o + 64u * h + 32u + l0, w.ql1);\n  " + p + "_w2(o + 128u + 32u * h + l0, w.qh);\n  " +
+                p + "_w2(o + 192u + 8u * h, sc);\n  float d = " + p + "_f16(o + 208u);\n  uint sh = 24u - 8u * (l0 / 16u);\n";
+      d.glsl += "  w.a = d * vec4(float(int(sc[0] << sh) >> 24), float(int(sc[0] << (sh - 16u)) >> 24), float(int(sc[1] << sh) >> 24),\n"
+                "                 float(int(sc[1] << (sh - 16u)) >> 24));\n}\n";
+      d.glsl += "float " + p + "_idot(" + W + " w, uint e0) {\n  float acc = 0.0;\n";
+      for (int qa = 0; qa < 4; ++qa) {
+        const std::string Q = std::to_string(qa), lo = qa & 1 ? "w.ql1" : "w.ql0";
+        d.glsl += "  {\n    uint e = e0 + " + u(32 * qa) + ";\n    int s = 0;\n";
+        for (int i = 0; i < 2; ++i) {
+          const std::string I = "[" + std::to_string(i) + "]";
+          d.glsl += "    s += idot4((((((" + lo + I + (qa >= 2 ? " >> 4)" : ")") + " & 0x0f0f0f0fu) | (((w.qh" + I + " >> " +
+                    std::to_string(2 * qa) + ") & 0x03030303u) << 4)) | 0x80808080u) - 0x20202020u) ^ 0x80808080u, " +
+                    (i == 0 ? xw : "xq[(e + 4u) >> 4][((e + 4u) >> 2) & 3u]") + ");\n";
+        }
+        d.glsl += "    acc += w.a[" + Q + "] * xd[e >> 5] * float(s);\n  }\n";
+      }
+      d.glsl += "  return acc;\n}\n";
       return d;
     }
     default: return {};

@@ -35,6 +35,13 @@ struct kernel_variants {
   /// that every x load serves both: `lmvc2r`; else 1; docs/gpu.md), "xglobal" keeps x in memory
   /// where `lmvc` would copy it to shared memory (q4_k weights).
   std::string matvec;
+  /// x of the matrix-vector kernel for q8_0, q4_k and q6_k weights: "" quantizes it to 8 bits
+  /// (blocks of 32, as the CPU's integer dots do) and dots the weight's quants with its codes in
+  /// integers (`lmvi`) on devices whose packed 8-bit dot product is accelerated, else keeps it in
+  /// f32; "f32" always keeps f32; "int8" takes `lmvi` wherever the device has an integer dot
+  /// product (lavapipe's, emulated: for tests). The matvec variants that name another kernel
+  /// ("chunk", "shared") or another x ("xglobal") keep theirs.
+  std::string matvec_x;
   /// linear with more than 16 rows of x (a prompt): "" on devices with cooperative matrices
   /// takes `mmctl` for f16 and quantized weights (x and the decoded weight rounded to f16 as they
   /// are staged, f32 accumulation: about 3 decimal digits, and values past 65504 overflow), else

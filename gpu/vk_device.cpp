@@ -292,6 +292,26 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     }
   }
 
+  // Packed 8-bit integer dot products (the decode matrix-vector kernels on 8-bit x).
+  auto dot_features = vk_struct<VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR);
+  if (has_extension(chosen, VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME)) {
+    auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    query.pNext = &dot_features;
+    vkGetPhysicalDeviceFeatures2(chosen, &query);
+    if (dot_features.shaderIntegerDotProduct) {
+      auto dot_props = vk_struct<VkPhysicalDeviceShaderIntegerDotProductPropertiesKHR>(
+          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES_KHR);
+      auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+      props.pNext = &dot_props;
+      vkGetPhysicalDeviceProperties2(chosen, &props);
+      caps.integer_dot = true;
+      caps.integer_dot_fast = dot_props.integerDotProduct4x8BitPackedSignedAccelerated == VK_TRUE;
+      info.integer_dot = true, info.integer_dot_fast = caps.integer_dot_fast;
+      extensions.push_back(VK_KHR_SHADER_INTEGER_DOT_PRODUCT_EXTENSION_NAME);
+    }
+  }
+
   // Compiler statistics of each pipeline, for tuning kernels (off by default: capturing them
   // may cost pipeline-creation time).
   auto exec_features = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
@@ -316,6 +336,10 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   if (d->pipeline_stats) {
     exec_features.pNext = enable16.pNext;
     enable16.pNext = &exec_features;
+  }
+  if (caps.integer_dot) {
+    dot_features.pNext = enable16.pNext;
+    enable16.pNext = &dot_features;
   }
   dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   dci.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();

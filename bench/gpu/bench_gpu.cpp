@@ -467,6 +467,7 @@ bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::stri
   if (var == "MESH_GEMM") o.variants.gemm = value;
   else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
   else if (var == "MESH_MATVEC") o.variants.matvec = value;
+  else if (var == "MESH_MATVEC_X") o.variants.matvec_x = value;
   else if (var == "MESH_LINEAR") o.variants.linear = value;
   else if (var == "MESH_ATTENTION") o.variants.attention = value;
   else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));

@@ -8,7 +8,8 @@
 // and decode of each shape include building and loading their programs: a warm-up run of the same shapes comes first and is not timed; then
 // --runs timed runs (default 1), reported as mean and standard deviation of tokens/s per run (as
 // llama-bench reports its repetitions). --threads: the CPU executor's threads (default: every
-// core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec),
+// core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec), MESH_MATVEC_X=f32
+// keeps its x in f32 where the device would quantize it to 8 bits (kernel_variants::matvec_x),
 // MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`), MESH_LINEAR=f32
 // keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear), MESH_ATTENTION=f32
 // their attention off `attnc` (kernel_variants::attention);
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
     gpu::vulkan_options vo;
     if (const char* mv = std::getenv("MESH_MATVEC")) vo.variants.matvec = mv;
     if (const char* gm = std::getenv("MESH_GEMM")) vo.variants.gemm = gm;  // e.g. noskinny
+    if (const char* mx = std::getenv("MESH_MATVEC_X")) vo.variants.matvec_x = mx;  // f32: decode's x never in 8 bits
     if (const char* li = std::getenv("MESH_LINEAR")) vo.variants.linear = li;  // f32: prompts without `mmctl`
     if (const char* at = std::getenv("MESH_ATTENTION")) vo.variants.attention = at;  // f32: prompts without `attnc`
     // GPU timestamps around the kernels only for --kernels (a node runs without them);

@@ -182,31 +182,6 @@ std::vector<uint8_t> extreme_weight(dtype t, int64_t n, int64_t k, uint64_t seed
   return w;
 }
 
-/// The register kernels sum larger terms than the weights' own values and subtract an offset
-/// after the sum: q4_k's d*sc*q against dmin*m; with `int8` (the integer dots) also q6_k's
-/// d*sc*u against d*sc*32 (u = q + 32). Per element, that offset's magnitude (0 for the other
-/// dtypes), which the tolerances count as part of the products' magnitudes.
-std::vector<double> weight_offsets(dtype t, const uint8_t* row, int64_t k, bool int8) {
-  std::vector<double> off(static_cast<size_t>(k), 0.0);
-  for (int64_t blk = 0; blk < k / 256; ++blk) {
-    if (t == dtype::q4_k) {
-      const uint8_t* b = row + blk * 144;
-      const double dmin = half_to_float(static_cast<uint16_t>(b[2] | b[3] << 8));
-      const uint8_t* s = b + 4;
-      for (int j = 0; j < 8; ++j) {
-        const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-        for (int e = 0; e < 32; ++e) off[static_cast<size_t>(blk * 256 + 32 * j + e)] = std::abs(dmin * m);
-      }
-    } else if (t == dtype::q6_k && int8) {
-      const uint8_t* b = row + blk * 210;
-      const double d = half_to_float(static_cast<uint16_t>(b[208] | b[209] << 8));
-      for (int j = 0; j < 16; ++j)
-        for (int e = 0; e < 16; ++e) off[static_cast<size_t>(blk * 256 + 16 * j + e)] = std::abs(d * static_cast<int8_t>(b[192 + j]) * 32);
-    }
-  }
-  return off;
-}
-
 /// y = x W^T by linear_f32 against dequantize_row and a double dot, element by element. Rows of
 /// x take magnitudes 1, 1e4 and 1e-4 in turn.
 void check_linear_kernel(dtype t, int64_t n, int64_t k, int64_t rows, cpu_isa isa, thread_pool* pool) {

@@ -5,6 +5,8 @@
 // validation layer on, against the reference evaluator, and the layer must stay quiet.
 #include "harness.hpp"
 
+#include <algorithm>
+#include <limits>
 #include <random>
 
 #include "graph/quant.hpp"
@@ -21,14 +23,16 @@ constexpr dtype weight_types[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::
                                    dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
 
 /// A Vulkan executor with the validation layer on; `variant` picks linear's matrix-vector kernel
-/// (kernel_variants::matvec). Each test destroys its own, while harness.hpp's keeps the driver
-/// loaded (as test_runtime.cpp does).
-std::unique_ptr<executor> validated(const std::string& variant = "") {
+/// (kernel_variants::matvec), `x` its x ("f32" unless a test says otherwise: the f32 tolerances
+/// below are for it; "int8" takes the 8-bit x kernel). Each test destroys its own, while
+/// harness.hpp's keeps the driver loaded (as test_runtime.cpp does).
+std::unique_ptr<executor> validated(const std::string& variant = "", const std::string& x = "f32") {
   vulkan();
   vulkan_options o;
   o.validation = true;
   o.cache_dir = "-";
   o.variants.matvec = variant;
+  o.variants.matvec_x = x;
   auto e = make_vulkan_executor(o);
   if (!e) FAIL("no Vulkan executor with validation: " << e.error().to_string());
   return std::move(*e);
@@ -185,6 +189,107 @@ TEST_CASE("linear: the plan fuses epilogues and the kernels take the path by row
   auto shared = emit(g, p, p.kernels[0], caps);
   REQUIRE(shared);
   CHECK(shared->name == "lmvs_q4_k_" + std::to_string(p.kernels[0].root));
+}
+
+namespace {
+
+/// x for the 8-bit kernel: uniform of magnitude 1, 1e4 and 1e-4 by row; row 0 also has one huge
+/// element (1e6: its block's other codes coarsen), row 1 a block of zeros, row 2 every element
+/// at +-1 (every code +-127: the integer sums at their largest).
+std::vector<float> int8_x(int64_t rows, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(rows * k));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* xr = x.data() + r * k;
+    const float mag = r % 3 == 1 ? 1e4f : (r % 3 == 2 ? 1e-4f : 1.0f);
+    for (int64_t c = 0; c < k; ++c) xr[c] = u(rng) * mag;
+    if (r % 4 == 0) xr[(5 + 37 * r) % k] = 1e6f;
+    if (r % 4 == 1) std::fill(xr, xr + 32, 0.0f);
+    if (r % 4 == 2)
+      for (int64_t c = 0; c < k; ++c) xr[c] = c % 64 < 32 ? 1.0f : -1.0f;
+  }
+  return x;
+}
+
+/// linear(x, w) on `vk` through `lmvi` (x quantized to 8 bits in blocks of 32, the weight's
+/// quants dotted with its codes in integers) against two references written from the published
+/// rule (docs/gpu.md; cpu_quant_dot.hpp's, blocks of 32): (1) the double dot of the dequantized
+/// weight with x quantized by that rule, within f32 rounding (2e-6 of the products' magnitudes,
+/// weight_offsets counting the terms subtracted after the sums) plus one code off by one (a
+/// near-tie that the GPU's division rounds the other way); (2) the double dot with x itself,
+/// within the published bound sum |w_i| d_i / 2 plus 1e-5 of the magnitudes.
+void check_int8_linear(executor& vk, dtype t, int64_t rows, int64_t k, int64_t n, uint64_t seed) {
+  INFO("w " << to_string(t) << "[" << n << "," << k << "], x [" << rows << "," << k << "] on " << vk.info().name);
+  const std::string tag = std::string(to_string(t)) + "_" + std::to_string(rows) + "_" + std::to_string(k) + "_" + std::to_string(n);
+  builder b;
+  auto x = b.input("x", dtype::f32, {rows, k});
+  auto w = b.parameter("w" + tag, t, {n, k});
+  b.output("y", linear(x, w));
+  const graph g = finish(b);
+  const std::vector<float> xv = int8_x(rows, k, seed);
+  const tensor wt = weights(t, {n, k}, seed + 1);
+  const tensor_map out = run_on(vk, g, {{"x", tensor::from_floats({rows, k}, xv)}}, {{"w" + tag, wt}});
+  bool lmvi = false;
+  for (const auto& kt : vk.stats().kernels) lmvi = lmvi || kt.name.rfind("lmvi", 0) == 0;
+  CHECK(lmvi);
+  const std::vector<float> y = out.at("y").to_floats();
+  const std::vector<double> wd = wt.to_doubles();
+  const int64_t rb = *row_bytes(t, k);
+  int64_t bad = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const std::vector<double> off = weight_offsets(t, wt.bytes.data() + j * rb, k, true);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xv.data() + r * k;
+      double exact = 0, quantized = 0, bound = 0, mag = 0, one_code = 0;
+      for (int64_t blk = 0; blk < k / 32; ++blk) {
+        float m = 0;
+        for (int64_t i = 0; i < 32; ++i) m = std::max(m, std::abs(xr[blk * 32 + i]));
+        const float d = m / 127.0f;
+        for (int64_t i = 0; i < 32; ++i) {
+          const int64_t c = blk * 32 + i;
+          const double wv = wd[static_cast<size_t>(j * k + c)], xc = xr[c];
+          const float q = d == 0.0f ? 0.0f : std::clamp(std::nearbyint(xr[c] / d), -127.0f, 127.0f);
+          exact += xc * wv;
+          quantized += static_cast<double>(q) * d * wv;
+          bound += std::abs(wv) * d / 2;
+          mag += std::abs(xc) * (std::abs(wv) + 2 * off[static_cast<size_t>(c)]);
+          one_code = std::max(one_code, std::abs(wv) * d);
+        }
+      }
+      const double got = y[static_cast<size_t>(r * n + j)];
+      const bool ok = std::abs(got - quantized) <= 2e-6 * mag + one_code && std::abs(got - exact) <= bound + 1e-5 * mag;
+      if (!ok && bad++ < 5) CHECK(got == Approx(quantized));
+    }
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("linear: x in 8 bits through integer dot products (lmvi) for q8_0, q4_k and q6_k weights, within the published bound") {
+  auto vk = validated("", "int8");
+  if (!vk->info().integer_dot) {
+    WARN(vk->info().name << " has no packed 8-bit integer dot product: lmvi not checked");
+    return;
+  }
+  for (dtype t : {dtype::q8_0, dtype::q4_k, dtype::q6_k}) {
+    // One row, a partial last step (q8_0: 3 blocks; the k-quants: a step is 4 blocks of 256),
+    // n past the last subgroup's rows; 3 rows; 16 rows (a batched decode step).
+    check_int8_linear(*vk, t, 1, t == dtype::q8_0 ? 96 : 256, 7, 51);
+    check_int8_linear(*vk, t, 3, 1280, 5, 52);
+    check_int8_linear(*vk, t, 16, 512, 9, 53);
+  }
+  // x holding NaN or infinity: that block's products are NaN, as in the CPU's integer dots.
+  builder b;
+  auto x = b.input("x", dtype::f32, {1, 64});
+  auto w = b.parameter("wnan", dtype::q8_0, {3, 64});
+  b.output("y", linear(x, w));
+  std::vector<float> xv(64, 0.5f);
+  xv[40] = std::numeric_limits<float>::infinity();
+  const tensor_map out = run_on(*vk, finish(b), {{"x", tensor::from_floats({1, 64}, xv)}}, {{"wnan", weights(dtype::q8_0, {3, 64}, 54)}});
+  for (float v : out.at("y").to_floats()) CHECK(std::isnan(v));
+  CHECK(vk->stats().validation_errors == 0);
 }
 
 TEST_CASE("linear: a float weight in a buffer is read as uvec4 chunks when its rows allow") {
