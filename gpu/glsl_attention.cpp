@@ -406,10 +406,29 @@ std::optional<kernel_source> attention_coopmat(const graph& g, const plan& p, co
 /// Query heads per key/value head that the grouped pass 1 (`attn1g`) takes at most.
 constexpr int64_t grouped_attention_max_group = 16;
 
+/// Passes of 64 columns over a head of d.
+int64_t column_passes(int64_t d) { return (d + 63) / 64; }
+
+int64_t grouped_attention_shared_bytes(int64_t d, int64_t group, int64_t parts);
+
+/// Parts of 64 threads in `attn1g` (each adds a share of a tile's keys into v's weighted sum): 4
+/// where their shared memory fits (on the H200 a Llama-1B decode step's pass 1 took 8.6 µs
+/// against 11.9 with one part: each thread runs a quarter of the dependent loads), else 1;
+/// kernel_variants::attention "parts1" keeps 1. 0: not even one part fits (`attn1` then).
+int64_t grouped_attention_parts(const device_caps& caps, int64_t d, int64_t group) {
+  for (const int64_t parts : {4, 1})
+    if ((parts == 1 || caps.variants.attention != "parts1") &&
+        grouped_attention_shared_bytes(d, group, parts) <= static_cast<int64_t>(caps.shared_memory_bytes))
+      return parts;
+  return 0;
+}
+
 /// Shared memory of `attn1g`: the k tile [64, d + 1], the group's query rows [group, d], the
-/// weights [group, 64] and the reductions' vec4 per thread.
-int64_t grouped_attention_shared_bytes(int64_t d, int64_t group) {
-  return 4 * (attention_slice_keys * (d + 1) + group * d + group * attention_slice_keys + 4 * 64);
+/// weights [group, 64], the reductions' vec4 per thread and, with several parts, the partial
+/// sums of all parts but the first.
+int64_t grouped_attention_shared_bytes(int64_t d, int64_t group, int64_t parts) {
+  return 4 * (attention_slice_keys * (d + 1) + group * d + group * attention_slice_keys + 4 * 64 * parts +
+              (parts - 1) * group * column_passes(d) * 64);
 }
 
 /// Flash-decoding pass 1 for every query head of one key/value head at once (`attn1g`): a
@@ -420,15 +439,19 @@ int64_t grouped_attention_shared_bytes(int64_t d, int64_t group) {
 /// thread c scores key c against every query head of the group; the group's running maxima and
 /// sums go through vec4 workgroup reductions; thread x adds weight x v[x] for every head. It
 /// writes the same partials (m, l and the d sums per query head and slice) as `attn1`, which pass
-/// 2 (`attn2`) combines.
+/// 2 (`attn2`) combines. With `parts` > 1 the workgroup has 64 x parts threads: the tile copy is
+/// shared among them all, and part p (threads 64p ..) adds keys [64p / parts, 64(p + 1) / parts)
+/// of each tile into v's sums, which are added up in shared memory at the end: each thread runs
+/// a parts-th of the dependent loads.
 kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   const node& at = g[k.root];
   const node_index q = at.inputs[0], kk = at.inputs[1], v = at.inputs[2], pos = at.inputs[3];
   const attention_shape as = attention_shape_of(g[q].dims, g[kk].dims, at.attrs.axis);
   const int64_t l = as.l, h = as.h, d = as.d, t = as.t, kv = as.kv, window = as.window;
   const int64_t group = h / kv, slices = k.slices, C = attention_slice_keys, chunks = (group + 3) / 4;
-  constexpr int64_t local = 64;
-  const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
+  constexpr int64_t local = 64;  // columns of v a pass, and keys of a tile
+  const int64_t parts = grouped_attention_parts(caps, d, group), threads = local * parts, per_part = C / parts;
+  const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= threads;
   const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices), units = as.batch * l * kv * slices;
   const std::string D = u(d), DS = u(d + 1), T = u(t), H = u(h), L = u(l), KV = u(kv), S = u(slices), W = u(d + 2), G = u(group);
   const std::string SPAN = u(tiles_per_slice * C), NA = u((d + local - 1) / local);
@@ -440,9 +463,11 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
   const auto each_head = [&](const std::string& body) { return "[[unroll]] for (uint hq = 0u; hq < " + G + "; ++hq) " + body; };
   std::string src = lq + lk + lv + lp;
   src += "shared float Ks[" + u(C * (d + 1)) + "];\nshared float qs[" + u(group * d) + "];\nshared float w[" + u(group * C) +
-         "];\nshared vec4 red4[" + u(local) + "];\n";
-  src += workgroup_reduce("wg_max4", true, sg, local, "vec4", "red4") + workgroup_reduce("wg_sum4", false, sg, local, "vec4", "red4");
-  src += "void main() {\n  const uint lid = gl_LocalInvocationID.x;\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
+         "];\nshared vec4 red4[" + u(threads) + "];\n";
+  if (parts > 1) src += "shared float pacc[" + u((parts - 1) * group * column_passes(d) * local) + "];\n";
+  src += workgroup_reduce("wg_max4", true, sg, threads, "vec4", "red4") + workgroup_reduce("wg_sum4", false, sg, threads, "vec4", "red4");
+  src += "void main() {\n  const uint lid = gl_LocalInvocationID.x, col = lid % " + u(local) + ", part = lid / " + u(local) +
+         ";\n  const float neg_inf = uintBitsToFloat(0xff800000u);\n";
   src += "  for (uint ws = gl_WorkGroupID.x; ws < " + u(units) + "; ws += gl_NumWorkGroups.x) {\n";
   src += "    const uint rk = ws / " + S + ", sl = ws % " + S + ", b = rk / " + u(l * kv) + ", i = (rk / " + KV + ") % " + L + ", kvh = rk % " +
          KV + ";\n";
@@ -450,7 +475,7 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
          ")), first = " + (window > 0 ? "uint(clamp(p - " + std::to_string(window - 1) + ", 0, int(last)))" : std::string("0u")) + ";\n";
   // The group's query rows: heads kvh * group + hq, scaled by 1/sqrt(d).
   src += "    const uint q0 = ((b * " + L + " + i) * " + H + " + kvh * " + G + ") * " + D + ";\n";
-  src += "    for (uint e = lid; e < " + u(group * d) + "; e += " + u(local) + ") qs[e] = load_q(q0 + e) * " + scale + ";\n";
+  src += "    for (uint e = lid; e < " + u(group * d) + "; e += " + u(threads) + ") qs[e] = load_q(q0 + e) * " + scale + ";\n";
   src += "    const uint t_begin = sl * " + SPAN + ", t_end = min(t_begin + " + SPAN + ", last);\n";
   src += "    const uint t_first = t_begin + (max(first, t_begin) - t_begin) / " + u(C) + " * " + u(C) + ";\n";
   src += "    float m[" + G + "], total[" + G + "], acc[" + G + "][" + NA + "];\n";
@@ -460,13 +485,17 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
   src += "      barrier();  // qs written; the previous tile's k and weights are no longer read\n";
   // Loops unrolled where the device wants it (GPUs: their loads are then in flight together).
   const std::string unroll = caps.unroll_loops ? "[[unroll]] " : "";
-  src += "      " + unroll + "for (uint n = 0u; n < " + u(d) + "; ++n) {\n        const uint e = lid + n * " + u(local) + ", c = e / " + D +
-         ", x = e % " + D + ";\n        Ks[c * " + DS + " + x] = load_k(((b * " + T + " + min(t0 + c, " + u(t - 1) + ")) * " + KV +
-         " + kvh) * " + D + " + x);\n      }\n";
+  // The tile's C x d elements, threads-strided (consecutive threads, consecutive elements).
+  const int64_t copies = (C * d + threads - 1) / threads;
+  src += "      " + unroll + "for (uint n = 0u; n < " + u(copies) + "; ++n) {\n        const uint e = lid + n * " + u(threads) + ", c = e / " + D +
+         ", x = e % " + D + ";\n        " + (copies * threads == C * d ? "" : "if (e < " + u(C * d) + ") ") + "Ks[c * " + DS +
+         " + x] = load_k(((b * " + T + " + min(t0 + c, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n      }\n";
   src += "      barrier();\n";
-  src += "      const uint key = t0 + lid;\n      const bool seen = key >= first && key < t_end;\n";
+  // Thread c < C scores key t0 + c; the others (parts > 1) take part in the reductions only.
+  src += "      const uint kl = min(lid, " + u(C - 1) + "), key = t0 + lid;\n      const bool seen = lid < " + u(C) +
+         " && key >= first && key < t_end;\n";
   src += "      float s[" + G + "];\n      " + each_head("s[hq] = 0.0;\n");
-  src += "      " + unroll + "for (uint x = 0u; x < " + D + "; ++x) {\n        const float kx = Ks[lid * " + DS + " + x];\n        " +
+  src += "      " + unroll + "for (uint x = 0u; x < " + D + "; ++x) {\n        const float kx = Ks[kl * " + DS + " + x];\n        " +
          each_head("s[hq] = fma(qs[hq * " + D + " + x], kx, s[hq]);\n") + "      }\n";
   // A key the row does not see (or past the slice) never enters the maximum or the sums.
   src += "      float corr[" + G + "];\n";
@@ -477,32 +506,42 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
   src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G +
          ") {\n          const uint hq = c4 * 4u + r;\n          const float mn = max(m[hq], top[r]);\n          corr[hq] = exp(m[hq] - mn);\n"
          "          m[hq] = mn;\n        }\n      }\n";
-  src += "      " + each_head("w[hq * " + u(C) + " + lid] = seen ? exp(s[hq] - m[hq]) : 0.0;\n");
+  src += "      if (lid < " + u(C) + ") " + each_head("w[hq * " + u(C) + " + lid] = seen ? exp(s[hq] - m[hq]) : 0.0;\n");
   src += "      [[unroll]] for (uint c4 = 0u; c4 < " + u(chunks) + "; ++c4) {\n        vec4 mine = vec4(0.0);\n";
-  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G + ") mine[r] = w[(c4 * 4u + r) * " + u(C) + " + lid];\n";
+  src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G + ") mine[r] = lid < " + u(C) + " ? w[(c4 * 4u + r) * " +
+         u(C) + " + lid] : 0.0;\n";
   src += "        const vec4 part = wg_sum4(mine);  // its barrier also publishes w[]\n";
   src += "        [[unroll]] for (uint r = 0u; r < 4u; ++r) if (c4 * 4u + r < " + G +
          ") total[c4 * 4u + r] = total[c4 * 4u + r] * corr[c4 * 4u + r] + part[r];\n      }\n";
-  src += "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = lid + a * " + u(local) + ";\n        " +
+  src += "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = col + a * " + u(local) + ";\n        " +
          each_head("acc[hq][a] *= corr[hq];\n");
-  src += "        if (x < " + D + ")\n          " + unroll + "for (uint c = 0u; c < " + u(C) + "; ++c) {\n            const uint kc = t0 + c;\n";
+  src += "        if (x < " + D + ")\n          " + unroll + "for (uint c = part * " + u(per_part) + "; c < part * " + u(per_part) + " + " +
+         u(per_part) + "; ++c) {\n            const uint kc = t0 + c;\n";
   src += "            const float vv = load_v(((b * " + T + " + min(kc, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n";
   src += "            const float vx = kc >= first && kc < t_end ? vv : 0.0;\n            " +
          each_head("acc[hq][a] = fma(w[hq * " + u(C) + " + c], vx, acc[hq][a]);\n") + "          }\n      }\n";
   src += "    }\n";
+  if (parts > 1) {
+    // Every part's sums into part 0's, through shared memory.
+    const std::string slot = "((part - 1u) * " + G + " + hq) * " + u(column_passes(d) * local) + " + a * " + u(local) + " + col";
+    src += "    if (part > 0u) " + each_head("[[unroll]] for (uint a = 0u; a < " + NA + "; ++a) pacc[" + slot + "] = acc[hq][a];\n");
+    src += "    barrier();\n    if (part == 0u) " +
+           each_head("[[unroll]] for (uint a = 0u; a < " + NA + "; ++a)\n        [[unroll]] for (uint pp = 1u; pp < " + u(parts) + "; ++pp) acc[hq][a] += pacc[((pp - 1u) * " +
+                     G + " + hq) * " + u(column_passes(d) * local) + " + a * " + u(local) + " + col];\n");
+  }
   src += "    " + each_head("{\n      const uint po = (((b * " + L + " + i) * " + H + " + kvh * " + G + " + hq) * " + S + " + sl) * " + W +
                               ";\n      if (lid == 0u) {\n        b0.v[po] = m[hq];\n        b0.v[po + 1u] = total[hq];\n      }\n" +
-                              "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = lid + a * " + u(local) +
-                              ";\n        if (x < " + D + ") b0.v[po + 2u + x] = acc[hq][a];\n      }\n    }\n");
+                              "      [[unroll]] for (uint a = 0u; a < " + NA + "; ++a) {\n        const uint x = col + a * " + u(local) +
+                              ";\n        if (part == 0u && x < " + D + ") b0.v[po + 2u + x] = acc[hq][a];\n      }\n    }\n");
   src += "    barrier();  // qs is rewritten for the next unit\n  }\n}\n";
 
   kernel_source ks;
-  ks.name = "attn1g" + std::to_string(group) + "_" + std::to_string(k.root);
+  ks.name = "attn1g" + std::to_string(group) + (parts > 1 ? "p" + std::to_string(parts) : "") + "_" + std::to_string(k.root);
   ks.bindings = e.bindings;
   ks.groups = {groups_for(units, 1, caps.max_groups[0]), 1, 1};
   ks.bytes = bytes_of(g, ks.bindings) + static_cast<uint64_t>(as.batch * l * h * slices * (d + 2)) * 4;
   ks.flops = 4.0 * static_cast<double>(as.batch * l * h) * static_cast<double>(t) * static_cast<double>(d);
-  ks.glsl = header(g, ks.bindings, sg, local) + split_decls(g, p, k, ks.bindings) + prelude + src;
+  ks.glsl = header(g, ks.bindings, sg, static_cast<uint32_t>(threads)) + split_decls(g, p, k, ks.bindings) + prelude + src;
   return ks;
 }
 
@@ -522,7 +561,7 @@ kernel_source attention(const graph& g, const plan& p, const kernel& k, const de
   static_assert(attention_slice_keys == local, "a key per thread");
   // Pass 1 for every query head of a key/value head at once where the group and the tiles fit.
   if (k.pass == 1 && t > 0 && group <= grouped_attention_max_group && caps.variants.attention != "ungrouped" &&
-      grouped_attention_shared_bytes(d, group) <= static_cast<int64_t>(caps.shared_memory_bytes))
+      grouped_attention_parts(caps, d, group) > 0)
     return attention_pass1_grouped(g, p, k, caps);
   const bool sg = caps.subgroup_arithmetic && caps.subgroup_size >= 4 && caps.subgroup_size <= local;
   const int64_t tiles_per_slice = attention_tiles_per_slice(t, slices);

@@ -1,6 +1,7 @@
 #include "models/sampler.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <numeric>
 #include <unordered_set>
@@ -48,10 +49,27 @@ token_logprob token_log_probabilities(std::span<const float> logits, int32_t cho
   return out;
 }
 
+int32_t first_argmax(std::span<const float> logits) {
+  // Eight independent running maxima (no loop-carried compare chain); x > m keeps m for NaN.
+  constexpr size_t lanes = 8;
+  float m[lanes];
+  std::fill(std::begin(m), std::end(m), -std::numeric_limits<float>::infinity());
+  const size_t n = logits.size(), whole = n - n % lanes;
+  for (size_t i = 0; i < whole; i += lanes)
+    for (size_t j = 0; j < lanes; ++j) m[j] = logits[i + j] > m[j] ? logits[i + j] : m[j];
+  for (size_t i = whole; i < n; ++i) m[0] = logits[i] > m[0] ? logits[i] : m[0];
+  const float top = *std::max_element(std::begin(m), std::end(m));
+  for (size_t i = 0; i < n; ++i)
+    if (logits[i] == top) return static_cast<int32_t>(i);
+  return 0;  // every logit NaN
+}
+
 double sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   const auto n = static_cast<int32_t>(logits.size());
+  const bool greedy = options_.temperature <= 0.0f || n == 1;
+  if (greedy && options_.repetition_penalty == 1.0f) return first_argmax(logits);  // no copy of the logits
   std::vector<float> x(logits.begin(), logits.end());
   if (options_.repetition_penalty != 1.0f) {
     std::unordered_set<int32_t> seen(history.begin(), history.end());
@@ -61,8 +79,7 @@ int32_t sampler::sample(std::span<const float> logits, std::span<const int32_t> 
                                                                  : x[static_cast<size_t>(t)] * options_.repetition_penalty;
     }
   }
-  if (options_.temperature <= 0.0f || n == 1)
-    return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());  // first maximum
+  if (greedy) return first_argmax(x);
 
   // Candidates sorted by logit, highest first (ties by id, so the order is deterministic).
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -52,6 +52,12 @@ struct token_logprob {
 /// tokens (clamped to [0, max_top_logprobs] and to the vocabulary).
 token_logprob token_log_probabilities(std::span<const float> logits, int32_t chosen, int32_t top);
 
+/// The index of the first largest logit (greedy decoding); NaN logits are passed over (all NaN:
+/// 0). Two passes that the compiler vectorises (the largest value, then its first index): on a
+/// 128,256-token vocabulary several times faster than std::max_element's compare-and-branch
+/// chain, which a decode step pays every token.
+int32_t first_argmax(std::span<const float> logits);
+
 class sampler {
  public:
   /// Checks the options (temperature finite, top_p in (0, 1], min_p in [0, 1], penalty > 0,

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "gpu/executor.hpp"
+#include "models/sampler.hpp"
 #include "models/session.hpp"
 
 using namespace mesh;
@@ -175,7 +176,7 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < gen_n; ++i) {
       for (int64_t slot = 0; slot < batch; ++slot) {
         const auto& l = logits[static_cast<size_t>(slot)];
-        step[static_cast<size_t>(slot)] = {slot, static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin())};
+        step[static_cast<size_t>(slot)] = {slot, models::first_argmax(l)};  // greedy, as the sampler picks
       }
       if (batch == 1) {
         auto l = s->decode(step[0].token);

@@ -50,7 +50,8 @@ expr composed(builder& b, const expr& q, const expr& k, const expr& v, const exp
   return c.batch ? out : reshape(out, {c.l, c.h, c.d});
 }
 
-void check_attention(const attention_case& c, uint64_t seed) {
+/// `on`: the Vulkan executor to check (default: harness.hpp's).
+void check_attention(const attention_case& c, uint64_t seed, executor* on = nullptr) {
   INFO("batch " << c.batch << " l " << c.l << " h " << c.h << " kv " << c.kv << " d " << c.d << " t " << c.t << " window " << c.window
                 << " cache " << to_string(c.cache));
   builder b;
@@ -84,7 +85,7 @@ void check_attention(const attention_case& c, uint64_t seed) {
   check_on(cpu(), g, inputs, {}, ref, 1e-5);
   // On a device with cooperative matrices a prompt's attention runs on tensor cores (`attnc`:
   // q, k, v and the softmax weights rounded to f16), within f16 rounding; elsewhere in f32.
-  executor& vk = vulkan();
+  executor& vk = on ? *on : vulkan();
   const bool halves = vk.info().coopmat && c.l >= attention_tiled_min_rows && c.d % 16 == 0 && c.t > 0;
   check_on(vk, g, inputs, {}, ref, halves ? tolerance_for(dtype::f16) : 1e-5);
   auto ran = [&](const char* prefix) {
@@ -102,6 +103,9 @@ void check_attention(const attention_case& c, uint64_t seed) {
 
 TEST_CASE("attention: one sequence against a cache, grouped-query heads, every back end") {
   check_attention({.l = 1, .h = 4, .kv = 2, .d = 64, .t = 8, .pos = {5}}, 1);            // a decode step
+  bool parts4 = false;  // 4 parts of 64 threads, where they fit (lavapipe's 32 KiB: d = 64 does)
+  for (const auto& kt : vulkan().stats().kernels) parts4 = parts4 || kt.name.rfind("attn1g2p4_", 0) == 0;
+  CHECK(parts4);
   check_attention({.l = 3, .h = 6, .kv = 2, .d = 64, .t = 300, .pos = {297, 298, 299}}, 2);  // three tiles of keys
   check_attention({.l = 2, .h = 2, .kv = 2, .d = 80, .t = 20, .pos = {0, 19}}, 3);        // d does not divide 128
   check_attention({.l = 1, .h = 4, .kv = 1, .d = 160, .t = 9, .pos = {8}}, 4);            // d over 128
@@ -121,6 +125,25 @@ TEST_CASE("attention: one sequence against a cache, grouped-query heads, every b
     c.pos = {2499, 1700, 1000, 100};
     check_attention(c, 13);
   }
+}
+
+TEST_CASE("attention: the grouped decode pass in one part of 64 threads (attn1g, parts1)") {
+  vulkan();  // keeps the driver loaded while this test's executor comes and goes
+  vulkan_options o;
+  o.validation = true;
+  o.cache_dir = "-";
+  o.variants.attention = "parts1";  // the default takes 4 parts where they fit
+  auto vk = make_vulkan_executor(o);
+  if (!vk) FAIL("no Vulkan executor with validation: " << vk.error().to_string());
+  check_attention({.l = 1, .h = 4, .kv = 2, .d = 64, .t = 8, .pos = {5}}, 31, vk->get());
+  check_attention({.l = 3, .h = 6, .kv = 2, .d = 64, .t = 300, .pos = {297, 298, 299}}, 32, vk->get());
+  check_attention({.l = 2, .h = 2, .kv = 2, .d = 80, .t = 20, .pos = {0, 19}}, 33, vk->get());  // two column passes
+  check_attention({.l = 2, .h = 4, .kv = 4, .d = 32, .t = 200, .window = 64, .pos = {150, 199}}, 34, vk->get());
+  check_attention({.l = 2, .h = 2, .kv = 1, .d = 64, .t = 16, .pos = {-1, 3}, .cache = dtype::f16}, 35, vk->get());
+  bool one_part = false;  // the last case's pass 1 (2 heads a group)
+  for (const auto& kt : (*vk)->stats().kernels) one_part = one_part || kt.name.rfind("attn1g2_", 0) == 0;
+  CHECK(one_part);
+  CHECK((*vk)->stats().validation_errors == 0);
 }
 
 TEST_CASE("attention: prompt-sized query rows take one kernel, on every back end") {

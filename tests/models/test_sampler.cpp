@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "models/sampler.hpp"
@@ -29,6 +30,28 @@ TEST_CASE("greedy picks the highest logit, the lowest id on a tie", "[models][sa
   CHECK(k1.sample(logits, {}) == 1);
   auto p = make({.temperature = 1.0f, .top_p = 0.01f});
   CHECK(p.sample(logits, {}) == 1);
+}
+
+TEST_CASE("first_argmax: the first largest logit at any length and position, NaN passed over", "[models][sampler]") {
+  // Lengths around the 8 running maxima (tails of 0..7), the largest value at every position,
+  // ties resolved to the lowest id, as std::max_element would.
+  for (size_t n = 1; n <= 37; ++n)
+    for (size_t at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = std::sin(static_cast<float>(i) * 1.7f);
+      x[at] = 5.0f;
+      if (at + 3 < n) x[at + 3] = 5.0f;  // a later tie
+      INFO("n " << n << " at " << at);
+      CHECK(first_argmax(x) == static_cast<int32_t>(at));
+    }
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  CHECK(first_argmax(std::vector<float>{nan, 1.0f, 2.0f, nan, 2.0f}) == 2);
+  CHECK(first_argmax(std::vector<float>{nan, nan}) == 0);
+  CHECK(first_argmax(std::vector<float>{-inf, -inf, -inf}) == 0);
+  CHECK(first_argmax(std::vector<float>{-inf, 1.0f, inf, 3.0f}) == 2);
+  std::vector<float> big(128256, -2.0f);
+  big[128255] = -1.0f;
+  CHECK(first_argmax(big) == 128255);
 }
 
 TEST_CASE("the same seed gives the same draws, another seed others", "[models][sampler]") {
