@@ -192,10 +192,9 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     const int64_t total = (kd + ld.step - 1) / ld.step * 32;
     const std::string U = std::to_string(matvec_unroll(caps.variants.matvec)) + "u", T = u(total), PL = std::to_string(ld.per_lane());
     src += "    for (uint t0 = lane; t0 < " + T + "; t0 += lanes * " + U + ") {\n";
-    if (int8)
-      src += "      " + wb + "_W v[" + U + "][" + RR + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
-    else
-      src += "      float v[" + U + "][" + RR + "][" + PL + "];\n      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
+    // A lane's share of each step: decoded floats, or (int8) the quants and scales as loaded.
+    src += "      " + (int8 ? wb + "_W v[" + U + "][" + RR + "]" : "float v[" + U + "][" + RR + "][" + PL + "]") + ";\n";
+    src += "      uint e0[" + U + "];\n      bool keep[" + U + "];\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j) {\n";
     src += "        const uint t = min(t0 + j * lanes, " + T + " - 1u), s = t / 32u;\n        uint vl = t % 32u;\n";
     src += "        keep[j] = t0 + j * lanes < " + T + " && (" + ld.valid + ");\n        if (!keep[j]) vl = 0u;\n";
@@ -203,17 +202,17 @@ kernel_source matvec(const graph& g, const plan& p, const kernel& k, const devic
     src += "        [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) " + wb + (int8 ? "_iload" : "_lane") + "(min(row0 + r, " + u(n - 1) +
            "), s, vl, v[j][r]);\n      }\n";
     src += "      [[unroll]] for (uint j = 0u; j < " + U + "; ++j)\n        if (keep[j]) " + mloop + "{\n";
-    if (int8)
+    if (int8) {
       src += "          [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) accr[r][mi] += " + wb + "_idot(v[j][r], mi * " + u(kd) +
              " + e0[j]);\n        }\n    }\n";
-    else {
-    src += "          [[unroll]] for (uint g = 0u; g < " + u(ld.groups) + "; ++g)\n";
-    src += "            [[unroll]] for (uint c = 0u; c < " + u(ld.group_len / 4) + "; ++c) {\n";
-    src += "              const uint i = g * " + u(ld.group_len) + " + 4u * c;\n";
-    src += "              const vec4 xa = x4(mi * " + u(kd) + " + e0[j] + g * " + u(ld.group_stride) + " + 4u * c);\n";
-    src += "              [[unroll]] for (uint r = 0u; r < " + RR + "; ++r)\n";
-    src += "                accr[r][mi] += dot(vec4(v[j][r][i], v[j][r][i + 1u], v[j][r][i + 2u], v[j][r][i + 3u]), xa);\n";
-    src += "            }\n        }\n    }\n";
+    } else {
+      src += "          [[unroll]] for (uint g = 0u; g < " + u(ld.groups) + "; ++g)\n";
+      src += "            [[unroll]] for (uint c = 0u; c < " + u(ld.group_len / 4) + "; ++c) {\n";
+      src += "              const uint i = g * " + u(ld.group_len) + " + 4u * c;\n";
+      src += "              const vec4 xa = x4(mi * " + u(kd) + " + e0[j] + g * " + u(ld.group_stride) + " + 4u * c);\n";
+      src += "              [[unroll]] for (uint r = 0u; r < " + RR + "; ++r)\n";
+      src += "                accr[r][mi] += dot(vec4(v[j][r][i], v[j][r][i + 1u], v[j][r][i + 2u], v[j][r][i + 3u]), xa);\n";
+      src += "            }\n        }\n    }\n";
     }
     // Each row's sums, then its epilogue (row is uniform in the subgroup: subgroupAdd is safe).
     src += "    [[unroll]] for (uint r = 0u; r < " + RR + "; ++r) {\n      const uint row = row0 + r;\n";
