@@ -257,8 +257,12 @@ class vulkan_executor final : public executor {
     tensor_map out;
     for (const auto& o : pr.g.outputs) {
       const node& n = pr.g[o.id];
-      tensor t = tensor::zeros(n.type, n.dims);
-      if (!t.bytes.empty()) std::memcpy(t.bytes.data(), pr.staging->mapped + pr.output_offsets.at(o.name), t.bytes.size());
+      // Copied straight from staging (no zero fill first: a decode step's logits are 513 KB).
+      tensor t;
+      t.type = n.type;
+      t.dims = n.dims;
+      const uint8_t* from = pr.staging->mapped + pr.output_offsets.at(o.name);
+      t.bytes.assign(from, from + bytes_of(n));
       out[o.name] = std::move(t);
     }
     ++runs_;
