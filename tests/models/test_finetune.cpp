@@ -97,12 +97,17 @@ struct ft_case {
   dtype compute = dtype::f32;  ///< the products' dtype (mixed precision)
 };
 
+/// Projections a layer that LoRA on every target of lora_target_names(a) adapts: 7 in the Llama
+/// family (q, k, v, o, gate, up, down); GPT-2's c_attn, c_fc and c_proj, which names two.
+size_t adapted_per_layer(architecture a) { return a == architecture::gpt2 ? 4 : 7; }
+
 /// One case built and run here (loss, gradients), and its job for ref_train.py (`tag` names its
 /// files in `dir`).
 struct prepared_case {
   json job;
   std::pair<double, tensor_map> ours;
   size_t trainable = 0;
+  size_t adapted_per_layer = 0;  ///< of the case's architecture
 };
 
 prepared_case prepare(const ft_case& c, const std::filesystem::path& dir, const std::string& tag, uint32_t seed) {
@@ -121,6 +126,7 @@ prepared_case prepare(const ft_case& c, const std::filesystem::path& dir, const 
   INFO(c.label << ": " << (m ? "" : m.error().message));
   REQUIRE(m);
   prepared_case out;
+  out.adapted_per_layer = adapted_per_layer(cfg->arch);
   json& job = out.job;
   job = {{"model", c.model.string()}, {"out", (dir / ("ref" + tag + ".json")).string()}};
   if (c.compute != dtype::f32) job["compute"] = to_string(c.compute);
@@ -236,10 +242,8 @@ TEST_CASE("fine-tuning gradients match PyTorch autograd on the same checkpoint a
     ours.push_back(p.ours);
     // Full fine-tuning trains every tensor of the file; LoRA only the adapters.
     INFO(cases[i].label);
-    // Adapted projections a layer: 7 in the Llama family; GPT-2's c_attn, two c_proj and c_fc.
-    const size_t per_layer = cases[i].label.find("gpt2") != std::string::npos ? 4 : 7;
     if (cases[i].lora_rank == 0) CHECK(p.trainable == models::checkpoint::open(cases[i].model)->tensors().size());
-    else CHECK(p.trainable == 2 * per_layer * static_cast<size_t>(llama.layers));
+    else CHECK(p.trainable == 2 * p.adapted_per_layer * static_cast<size_t>(llama.layers));
   }
   const auto refs = reference(python, dir.path(), jobs);
 
@@ -409,7 +413,7 @@ TEST_CASE("a LoRA adapter saved in PEFT's layout and merged at load gives the lo
     o.lora.alpha = 8;
     o.lora.targets = lora_target_names(cfg->arch);
     const bool is_gpt2 = cfg->arch == architecture::gpt2;
-    const size_t per_layer = is_gpt2 ? 4 : 7;
+    const size_t per_layer = adapted_per_layer(cfg->arch);
     auto m = build_finetune_model(*cfg, *ckpt, o);
     REQUIRE(m);
     // A trained adapter: B away from zero, so that the merge changes every target.
