@@ -20,15 +20,16 @@ uint64_t bulk_receiver::reserve_for(int64_t sid, uint64_t length) const {
 
 bool bulk_receiver::fits(int64_t sid, uint64_t size) const {
   if (!admitted_ || size > budget_left()) return false;
-  if (sid <= inbox_next_) return true;  // handed over as it finishes: never waits in the inbox
-  // It may finish before the message the inbox waits for, and so may every other message ahead
-  // of it that has budget: all of them must fit the inbox beside what it holds. Otherwise, while
-  // that message has not even announced itself (its first packet lost), later ones granted here
-  // could all finish first and overflow the inbox, which then cuts off a peer that only ever
-  // sent what it was credited.
+  if (!waits_in_inbox(sid)) return true;  // handed over as it finishes
+  // It may finish before the message the inbox waits for (or before that message's marker
+  // comes), and so may every other such message that has budget: all of them must fit the inbox
+  // beside what it holds. Otherwise, while that message has not even announced itself (its first
+  // packet lost), later ones granted here could all finish first and overflow the inbox, which
+  // then cuts off a peer that only ever sent what it was credited. The awaited message waits for
+  // room only until its marker comes (the control stream is reliable): then it needs budget alone.
   uint64_t ahead = inbox_held_;
   for (const auto& [id, st] : streams_)
-    if (st.has_budget && id > inbox_next_) ahead += st.budgeted;
+    if (st.has_budget && waits_in_inbox(id)) ahead += st.budgeted;
   return ahead <= budget_ && size <= budget_ - ahead;
 }
 
@@ -88,7 +89,7 @@ expected<bulk_receiver::result> bulk_receiver::on_data(int64_t sid, std::span<co
     delivered_ += r.message->size();  // its budget goes back below, and it is about to be delivered
     // Or, finished before the message the inbox waits for, it is about to wait there: counted
     // so before forget() hands its budget on (set_inbox() then says the same).
-    if (sid > inbox_next_) inbox_held_ += r.message->size();
+    if (waits_in_inbox(sid)) inbox_held_ += r.message->size();
   }
   forget(sid);
   if (!complete) return make_error(error_code::decode_error, "bulk stream ended inside its frame");
@@ -111,9 +112,10 @@ void bulk_receiver::set_delivered(uint64_t bytes) {
   if (lower) grant_waiting();
 }
 
-void bulk_receiver::set_inbox(int64_t next_sid, uint64_t held) {
-  const bool freed = held < inbox_held_ || next_sid != inbox_next_;
+void bulk_receiver::set_inbox(int64_t next_sid, uint64_t held, bool next_marked) {
+  const bool freed = held < inbox_held_ || next_sid != inbox_next_ || next_marked != inbox_next_marked_;
   inbox_next_ = next_sid;
+  inbox_next_marked_ = next_marked;
   inbox_held_ = held;
   if (freed) grant_waiting();
 }

@@ -58,12 +58,13 @@ class bulk_receiver {
   /// budget. Lowering it grants waiting messages what it frees (take_grants()).
   void set_delivered(uint64_t bytes);
   /// Where the connection's inbox stands: `next_sid` is the stream whose message it hands over
-  /// next, `held` the bytes waiting there for an earlier message (its budget is this one). A
-  /// message on a later stream may finish first and wait there: it is granted budget only while
-  /// what the inbox holds, plus the messages ahead granted already, plus it, fit. Lowering `held`
-  /// or moving `next_sid` on grants waiting messages what it frees (take_grants()). Until this is
-  /// called no stream counts as ahead.
-  void set_inbox(int64_t next_sid, uint64_t held);
+  /// next, `held` the bytes waiting there for an earlier message (its budget is this one),
+  /// `next_marked` whether the marker of `next_sid`'s message has come (without it, that message
+  /// too waits there when it completes). A message that may wait there (a later stream, or
+  /// `next_sid` unmarked) is granted budget only while what the inbox holds, plus such messages
+  /// granted already, plus it, fit. A change that frees room grants waiting messages what it
+  /// frees (take_grants()). Until this is called no stream counts as ahead.
+  void set_inbox(int64_t next_sid, uint64_t held, bool next_marked);
   /// Credit owed to waiting streams that were granted budget by forget() or admit() (or by the
   /// end of another stream inside on_data) since the last call: (stream, bytes) pairs.
   std::vector<std::pair<int64_t, uint64_t>> take_grants();
@@ -106,7 +107,10 @@ class bulk_receiver {
   std::map<int64_t, stream> streams_;
   std::deque<int64_t> queue_;  // waiting for budget, in stream order (the peer's send order)
   int64_t inbox_next_ = INT64_MAX;  // set_inbox(): streams after it may finish early
+  bool inbox_next_marked_ = true;   // and it too, while its marker has not come
   uint64_t inbox_held_ = 0;
+  /// Whether stream `sid`'s message, complete, would wait in the inbox (set_inbox).
+  bool waits_in_inbox(int64_t sid) const { return sid > inbox_next_ || (sid == inbox_next_ && !inbox_next_marked_); }
   std::vector<std::pair<int64_t, uint64_t>> grants_;
 };
 

@@ -223,7 +223,7 @@ connection::connection(connection_owner& owner, const endpoint_config& cfg, bool
       inbox_(std::max(cfg.bulk_receive_budget, cfg.limits.bulk)) {
   remote_ = remote;
   account_->hub = owner.releases();
-  bulk_rx_.set_inbox(bulk_sid(0, inbound_), 0);  // the inbox waits for the first bulk message (deliver())
+  bulk_rx_.set_inbox(bulk_sid(0, inbound_), 0, false);  // the inbox waits for the first bulk message (deliver())
   max_udp_payload_ = remote.is_loopback() && cfg.loopback_udp_payload > 0
                          ? std::max(cfg.max_udp_payload, cfg.loopback_udp_payload)
                          : cfg.max_udp_payload;
@@ -494,7 +494,7 @@ void connection::deliver(std::vector<ordered_inbox::message> messages) {
   }
   // The inbox may have handed messages over, or taken in one that finished early: bulk_rx_
   // grants budget ahead of the message it waits for only as far as the inbox has room.
-  bulk_rx_.set_inbox(bulk_sid(inbox_.next_bulk(), inbound_), inbox_.held_bytes());
+  bulk_rx_.set_inbox(bulk_sid(inbox_.next_bulk(), inbound_), inbox_.held_bytes(), inbox_.next_bulk_marked());
   bulk_rx_.set_delivered(account_->held.load());  // what the application kept takes its share
   apply_bulk_grants();
   update_starved();

@@ -47,6 +47,10 @@ class ordered_inbox {
   bool expects(uint64_t ordinal) const { return ordinal >= delivered_bulk_ && !early_bulk_.count(ordinal); }
   /// The bulk message (its ordinal) handed over next: until it is, later ones wait here.
   uint64_t next_bulk() const { return delivered_bulk_; }
+  /// Whether that message's marker is here (anything queued starts with it: flush() hands over
+  /// what comes before), so that it is handed over the moment it completes; without its marker
+  /// a completed message waits here too.
+  bool next_bulk_marked() const { return !queue_.empty(); }
   /// Bytes of messages waiting for an earlier one.
   uint64_t held_bytes() const { return held_bytes_; }
   /// Messages waiting (control messages queued, bulk messages finished early).

@@ -172,7 +172,7 @@ TEST_CASE("bulk_receiver: waiting messages are granted in stream order, not the 
   const auto cfg = small_config();
   bulk_receiver rx(cfg);
   rx.admit();
-  rx.set_inbox(3, 0);
+  rx.set_inbox(3, 0, true);
   const auto m3 = message_stream(400, 3, cfg.limits), m7 = message_stream(400, 7, cfg.limits),
              m11 = message_stream(300, 11, cfg.limits), m15 = message_stream(400, 15, cfg.limits);
   REQUIRE(rx.on_data(7, part(m7, 0, 50), false)->credit == 50);
@@ -183,7 +183,7 @@ TEST_CASE("bulk_receiver: waiting messages are granted in stream order, not the 
   auto early = rx.on_data(7, part(m7, 50, m7.size() - 50), true);  // finishes before 3
   REQUIRE(early);
   REQUIRE(early->message);
-  rx.set_inbox(3, 400);  // it waits in the inbox for 3
+  rx.set_inbox(3, 400, true);  // it waits in the inbox for 3
   rx.set_delivered(0);  // 700 left: 3 goes first, and 15 waits behind it
   auto grants = rx.take_grants();
   REQUIRE(grants.size() == 1);
@@ -196,7 +196,7 @@ TEST_CASE("bulk_receiver: a message ahead of the inbox's next one is granted onl
   const auto cfg = small_config();
   bulk_receiver rx(cfg);
   rx.admit();
-  rx.set_inbox(3, 500);  // control messages wait in the inbox behind stream 3's message
+  rx.set_inbox(3, 500, true);  // control messages wait in the inbox behind stream 3's message
   const auto m3 = message_stream(400, 3, cfg.limits), m7 = message_stream(400, 7, cfg.limits),
              m11 = message_stream(400, 11, cfg.limits);
   REQUIRE(rx.on_data(7, part(m7, 0, 50), false)->credit == 50);  // could wait there: 500 + 400 fit
@@ -211,9 +211,30 @@ TEST_CASE("bulk_receiver: a message ahead of the inbox's next one is granted onl
   REQUIRE(first);
   REQUIRE(first->message);
   CHECK(rx.take_grants().empty());
-  rx.set_inbox(7, 0);  // 3 and the control messages behind it handed over
+  rx.set_inbox(7, 0, true);  // 3 and the control messages behind it handed over
   rx.set_delivered(0);
   auto grants = rx.take_grants();
   REQUIRE(grants.size() == 1);
   CHECK(grants[0] == std::pair<int64_t, uint64_t>{11, 50});
+}
+
+TEST_CASE("bulk_receiver: the awaited message whose marker has not come is granted only while the inbox has room, then on budget alone",
+          "[transport][bulk_receiver][security]") {
+  // Without its marker, stream 3's message would wait in the inbox when it completes (the inbox
+  // hands it over only in its place): beside 500 bytes of control messages and stream 7's 400
+  // it would pass the inbox's budget of 1000, though the receive budget has room for it.
+  const auto cfg = small_config();
+  bulk_receiver rx(cfg);
+  rx.admit();
+  rx.set_inbox(3, 500, false);
+  const auto m3 = message_stream(400, 3, cfg.limits), m7 = message_stream(400, 7, cfg.limits);
+  REQUIRE(rx.on_data(7, part(m7, 0, 50), false)->credit == 50);  // 500 + 400 fit
+  REQUIRE(rx.on_data(3, part(m3, 0, 50), false)->credit == 0);   // 500 + 400 + 400 do not
+  CHECK(rx.waiting() == 1);
+  CHECK(rx.budget_left() == 600);
+  rx.set_inbox(3, 500, true);  // the marker came: stream 3's message is handed over as it completes
+  auto grants = rx.take_grants();
+  REQUIRE(grants.size() == 1);
+  CHECK(grants[0] == std::pair<int64_t, uint64_t>{3, 50});
+  CHECK(rx.waiting() == 0);
 }
