@@ -491,12 +491,13 @@ kernel_source attention_pass1_grouped(const graph& g, const plan& p, const kerne
          ", x = e % " + D + ";\n        " + (copies * threads == C * d ? "" : "if (e < " + u(C * d) + ") ") + "Ks[c * " + DS +
          " + x] = load_k(((b * " + T + " + min(t0 + c, " + u(t - 1) + ")) * " + KV + " + kvh) * " + D + " + x);\n      }\n";
   src += "      barrier();\n";
-  // Thread c < C scores key t0 + c; the others (parts > 1) take part in the reductions only.
-  src += "      const uint kl = min(lid, " + u(C - 1) + "), key = t0 + lid;\n      const bool seen = lid < " + u(C) +
-         " && key >= first && key < t_end;\n";
+  // Thread c < C scores key t0 + c; the others (parts > 1: whole subgroups past the first 64
+  // threads, so the branch does not diverge within one) skip the scores and take part in the
+  // reductions only.
+  src += "      const uint key = t0 + lid;\n      const bool seen = lid < " + u(C) + " && key >= first && key < t_end;\n";
   src += "      float s[" + G + "];\n      " + each_head("s[hq] = 0.0;\n");
-  src += "      " + unroll + "for (uint x = 0u; x < " + D + "; ++x) {\n        const float kx = Ks[kl * " + DS + " + x];\n        " +
-         each_head("s[hq] = fma(qs[hq * " + D + " + x], kx, s[hq]);\n") + "      }\n";
+  src += "      if (lid < " + u(C) + ")\n        " + unroll + "for (uint x = 0u; x < " + D + "; ++x) {\n          const float kx = Ks[lid * " + DS +
+         " + x];\n          " + each_head("s[hq] = fma(qs[hq * " + D + " + x], kx, s[hq]);\n") + "        }\n";
   // A key the row does not see (or past the slice) never enters the maximum or the sums.
   src += "      float corr[" + G + "];\n";
   src += "      [[unroll]] for (uint c4 = 0u; c4 < " + u(chunks) + "; ++c4) {\n        vec4 mine = vec4(neg_inf);\n";
