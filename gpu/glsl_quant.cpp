@@ -255,8 +255,8 @@ lane_decoder quant_int8_lane_decoder(dtype t, const std::string& p, int64_t k) {
   if (d.glsl.empty() || !rb) return {};
   d.glsl.clear();
   const std::string row = "r * " + u(*rb), W = p + "_W";
-  // x's codes of elements e .. e + 3 (e a multiple of 4) as one packed word.
-  const std::string xw = "xq[(e) >> 4][((e) >> 2) & 3u]";
+  // x's codes of elements i .. i + 3 (i a multiple of 4, a GLSL expression) as one packed word.
+  const auto x_word = [](const std::string& i) { return "xq[(" + i + ") >> 4][((" + i + ") >> 2) & 3u]"; };
   switch (t) {
     case dtype::q8_0: {
       // The lane's 16 codes are the weight's own bytes: 4 dots, one scale product per lane.
@@ -302,7 +302,7 @@ lane_decoder quant_int8_lane_decoder(dtype t, const std::string& p, int64_t k) {
           const std::string I = "[" + std::to_string(i) + "]";
           d.glsl += "    s += idot4((((((" + lo + I + (qa >= 2 ? " >> 4)" : ")") + " & 0x0f0f0f0fu) | (((w.qh" + I + " >> " +
                     std::to_string(2 * qa) + ") & 0x03030303u) << 4)) | 0x80808080u) - 0x20202020u) ^ 0x80808080u, " +
-                    (i == 0 ? xw : "xq[(e + 4u) >> 4][((e + 4u) >> 2) & 3u]") + ");\n";
+                    x_word(i == 0 ? "e" : "e + 4u") + ");\n";
         }
         d.glsl += "    acc += w.a[" + Q + "] * xd[e >> 5] * float(s);\n  }\n";
       }
