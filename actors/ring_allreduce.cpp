@@ -149,6 +149,12 @@ std::vector<float> bucketed_allreduce::result() const {
   return out;
 }
 
+std::vector<std::vector<float>> bucketed_allreduce::take_results() {
+  std::vector<std::vector<float>> out;
+  for (auto& r : rounds_) out.push_back(r.take_result());
+  return out;
+}
+
 uint32_t bucketed_allreduce::taken() const {
   uint32_t n = 0;
   for (const auto& r : rounds_) n += r.taken();

@@ -50,6 +50,9 @@ class ring_allreduce {
   bool done() const { return final_pieces_ == total_pieces(); }
   /// The sum over all ranks (valid only when done()).
   const std::vector<float>& result() const { return data_; }
+  /// Moves the sum out (valid only when done(); the round holds no data after): the buffer the
+  /// round was started with, so a caller may keep reusing it.
+  std::vector<float> take_result() { return std::move(data_); }
   uint64_t round() const { return round_; }
   /// Messages taken from the predecessor so far (a stalled round's coordinator asks: the member
   /// after a silent one has taken the fewest).
@@ -101,6 +104,8 @@ class bucketed_allreduce {
   bool done() const;
   /// Every bucket's sum, end to end (valid only when done()).
   std::vector<float> result() const;
+  /// Each bucket's sum, moved out (valid only when done(); the rounds hold no data after).
+  std::vector<std::vector<float>> take_results();
   uint32_t taken() const;
   uint64_t bytes_sent() const;
 

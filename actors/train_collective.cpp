@@ -96,11 +96,11 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(w.step) + " worker: all-reduce done");
   worker_run::held_result h;
   h.end = w.step_end;
-  h.sum = w.round->result();
+  h.sum = w.round->take_results();
   h.participants = w.participants;
   h.fragment = w.fragment;
-  const float loss_sum = h.sum.back();
-  h.sum.pop_back();
+  const float loss_sum = h.sum.back().back();  // the last bucket ends with the loss sum
+  h.sum.back().pop_back();
   msg::train_reduced r;
   r.train = w.train;
   r.step = w.step;

@@ -150,7 +150,7 @@ struct train_engine::worker_run {
   struct device_side {
     bool loaded = false;
     tensor_map initial;  ///< uploaded with the first task
-    gpu::program_id apply = 0, delta = 0, outer = 0;
+    gpu::program_id delta = 0, outer = 0;
     gpu::program_id acc_first = 0, acc_more = 0;  ///< see accumulating()
     gpu::program_id apply_resident = 0;  ///< the optimizer on the accumulators (resident_apply())
     bool grads_resident = false;         ///< the accumulators hold the last step's gradients, not sent
@@ -168,6 +168,10 @@ struct train_engine::worker_run {
     tensor_map last_inputs;
     bool last_first = true;
     double loss_sum = 0;
+    /// Host buffers the gradients of each bucket are read into, and get back once a commit has
+    /// written their sum to the device: reused step after step, so a step allocates and
+    /// first-touches no memory for the hundreds of MB of a large model's gradients.
+    std::vector<std::vector<float>> spare;
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };
@@ -176,7 +180,9 @@ struct train_engine::worker_run {
   uint64_t applied = 0;  ///< steps before this one are applied
   struct held_result {
     uint64_t end = 0;  ///< the step the state reaches when this result is applied
-    std::vector<float> sum;
+    /// Each bucket's sum (one bucket unless data parallel in buckets), without the loss; every
+    /// bucket empty for a ring of one (its gradients stay in the accumulators).
+    std::vector<std::vector<float>> sum;
     uint32_t participants = 1;
     uint32_t fragment = 0;  ///< DiLoCo: whose deltas `sum` holds (all, with one fragment)
   };

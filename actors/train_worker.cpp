@@ -50,6 +50,26 @@ expected<void> accumulate(std::vector<float>& buf, const tensor_map& outs, const
   return {};
 }
 
+std::span<uint8_t> bytes_of(std::vector<float>& v) { return {reinterpret_cast<uint8_t*>(v.data()), v.size() * sizeof(float)}; }
+
+/// A host buffer of `count` floats for a bucket's gradients: `reuse` (the buffer the bucket's
+/// last commit gave back) when there is one, so its pages are not allocated and touched again;
+/// room for one more value (the last bucket carries the loss sum). Its values are whatever it
+/// held: the caller overwrites them.
+std::vector<float> bucket_buffer(std::vector<float> reuse, size_t count) {
+  reuse.reserve(count + 1);
+  reuse.resize(count);
+  return reuse;
+}
+
+/// The accumulators of bucket `b` of `buckets` (one bucket: all of them).
+std::vector<std::string> bucket_names(const std::vector<std::string>& acc_names, const std::vector<size_t>& bucket_ends, size_t b,
+                                      size_t buckets) {
+  if (buckets == 1) return acc_names;
+  const size_t from = b ? bucket_ends[b - 1] : 0, to = bucket_ends[b];
+  return {acc_names.begin() + static_cast<ptrdiff_t>(from), acc_names.begin() + static_cast<ptrdiff_t>(to)};
+}
+
 tensor f32_scalar(double v) { return tensor::scalar(v, dtype::f32); }
 
 /// `spec` without its tensors (dataset and state): what a worker keeps to reopen the run.
@@ -109,30 +129,34 @@ graph resident_apply(const graph& apply, const std::string& prefix) {
 
 /// Bucket `b` of the last micro-batch's gradients: runs `program`, its segment of the gradient
 /// program (train_buckets.hpp), on that micro-batch's `inputs`, and reads the bucket's
-/// accumulators, which then hold the sum over the step's micro-batches (segment 0 also adds the
-/// micro-batch's loss to `loss`). `empty`: no micro-batch this step (more members than
-/// micro-batches): the bucket is zeros.
+/// accumulators, which then hold the sum over the step's micro-batches, into `buffer` (segment 0
+/// also adds the micro-batch's loss to `loss`). `empty`: no micro-batch this step (more members
+/// than micro-batches): the bucket is zeros.
 expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id program, const std::vector<std::string>& reads,
                                         const tensor_map& inputs, const std::vector<std::string>& acc_names, const train_graphs& g,
-                                        int b, bool empty, double& loss) {
+                                        int b, bool empty, double& loss, std::vector<float> buffer) {
   const size_t from = b ? g.bucket_ends[static_cast<size_t>(b) - 1] : 0, to = g.bucket_ends[static_cast<size_t>(b)];
   size_t total = 0;
   for (size_t i = from; i < to; ++i) total += static_cast<size_t>(g.grad_sizes[i]);
-  std::vector<float> out(total, 0.0f);
-  if (empty) return out;
+  std::vector<float> out = bucket_buffer(std::move(buffer), total);
+  if (empty) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return out;
+  }
   tensor_map in;  // the segment's own inputs: it may read fewer than the whole program
   for (const auto& name : reads) in[name] = inputs.at(name);
   auto ran = ex.run(program, in);
   if (!ran) return tl::unexpected(ran.error());
   if (b == 0) loss += ran->at("loss").at(0);
-  const std::vector<std::string> names(acc_names.begin() + static_cast<ptrdiff_t>(from), acc_names.begin() + static_cast<ptrdiff_t>(to));
-  auto acc = ex.get_parameters(names);
-  if (!acc) return tl::unexpected(acc.error());
-  tensor_map by_grad;
-  for (size_t i = from; i < to; ++i) by_grad[g.grads[i]] = std::move(acc->at(acc_names[i]));
-  const std::vector<std::string> grads(g.grads.begin() + static_cast<ptrdiff_t>(from), g.grads.begin() + static_cast<ptrdiff_t>(to));
-  if (auto ok = accumulate(out, by_grad, grads); !ok) return tl::unexpected(ok.error());
+  const auto names = bucket_names(acc_names, g.bucket_ends, static_cast<size_t>(b), g.bucket_ends.size());
+  if (auto ok = ex.read_parameters(names, bytes_of(out)); !ok) return tl::unexpected(ok.error());
   return out;
+}
+
+/// Bucket `b`'s buffer from the last commit (device_side::spare), or none.
+template <class Device>
+std::vector<float> spare_of(Device& d, size_t b) {
+  return b < d.spare.size() ? std::move(d.spare[b]) : std::vector<float>{};
 }
 
 /// This node's answer to a step it cannot take part in.
@@ -355,7 +379,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // The step's device work; `tail`: only the round's trailing inner steps (DiLoCo with overlap).
   const auto make_work = [&](std::optional<worker_run::held_result> held, bool tail) {
     return [w, commit = std::move(held), report = report && !tail, compute, micro, step, inner, k, alone, shards, opener = opener_,
-            buckets, fragment = w->fragment, trailing, tail](gpu::executor& ex) -> expected<train_work_result> {
+            buckets, fragment = w->fragment, trailing, tail](gpu::executor& ex) mutable -> expected<train_work_result> {
       auto& d = *w->dev;
       const auto& g = w->graphs;
       const auto mark = [step](const char* what) {
@@ -363,8 +387,9 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       };
       mark("device work starts");
       if (!d.loaded) {
-        for (auto [graph_ptr, slot] : {std::pair{g.apply.get(), &d.apply},
-                                       std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
+        // The optimizer itself runs as resident_apply() on the accumulators (a data-parallel
+        // commit writes the reduced gradients there).
+        for (auto [graph_ptr, slot] : {std::pair{g.delta.get(), &d.delta}, std::pair{g.outer.get(), &d.outer}}) {
           if (!graph_ptr) continue;
           auto p = ex.load(*graph_ptr);
           if (!p) return tl::unexpected(p.error());
@@ -434,22 +459,32 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
         // mean delta (which also resets the local parameters to the new outer ones).
         const bool dp = w->method == train_method::data_parallel;
-        if (dp && commit->sum.empty()) {
+        const bool resident = std::all_of(commit->sum.begin(), commit->sum.end(), [](const auto& b) { return b.empty(); });
+        if (dp && resident) {
           // The gradients of a ring of one, still in the accumulators.
           if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
           if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
-        } else if (!dp && g.fragment_ends.size() > 1) {
+        } else if (dp) {
+          // The reduced gradients go into the accumulators, bucket by bucket, and the optimizer
+          // reads them there; the buffers are kept for the next step's gradients.
+          for (size_t b = 0; b < commit->sum.size(); ++b)
+            if (auto ok = ex.write_parameters(bucket_names(d.acc_names, g.bucket_ends, b, commit->sum.size()), bytes_of(commit->sum[b])); !ok)
+              return tl::unexpected(ok.error());
+          if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
+          d.spare = std::move(commit->sum);
+        } else if (g.fragment_ends.size() > 1) {
           // Streaming DiLoCo: the outer step of the fragment this result holds.
           const size_t f = commit->fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
           const std::vector<std::string> names(g.deltas.begin() + static_cast<ptrdiff_t>(from), g.deltas.begin() + static_cast<ptrdiff_t>(to));
           const std::vector<shape> dims(g.delta_dims.begin() + static_cast<ptrdiff_t>(from), g.delta_dims.begin() + static_cast<ptrdiff_t>(to));
-          tensor_map in = unflatten(commit->sum, names, dims);
+          tensor_map in = unflatten(commit->sum.at(0), names, dims);
           in["scale"] = f32_scalar(1.0 / commit->participants);
           if (auto ok = ex.run(d.outer_fragment.at(f), in); !ok) return tl::unexpected(ok.error());
         } else {
-          tensor_map in = dp ? unflatten(commit->sum, g.grads, g.grad_dims) : unflatten(commit->sum, g.deltas, g.delta_dims);
-          in["scale"] = f32_scalar(dp ? 1.0 / k : 1.0 / commit->participants);
-          if (auto ok = ex.run(dp ? d.apply : d.outer, in); !ok) return tl::unexpected(ok.error());
+          // DiLoCo: the outer step on the mean delta.
+          tensor_map in = unflatten(commit->sum.at(0), g.deltas, g.delta_dims);
+          in["scale"] = f32_scalar(1.0 / commit->participants);
+          if (auto ok = ex.run(d.outer, in); !ok) return tl::unexpected(ok.error());
         }
         d.grads_resident = false;
         mark("commit applied");
@@ -486,7 +521,6 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       // The gradients summed over `count` micro-batches, in the accumulators; with `sum`, also
       // brought to the host.
       const auto gradients = [&](const uint64_t* first, size_t count, std::vector<float>* sum) -> expected<void> {
-        if (sum) sum->assign(grad_total, 0.0f);
         for (size_t i = 0; i < count; ++i) {
           auto in = micro_batch_inputs(first[i]);
           if (!in) return tl::unexpected(in.error());
@@ -494,12 +528,13 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           if (!out) return tl::unexpected(out.error());
           loss_sum += out->at("loss").at(0);
         }
-        if (count == 0 || !sum) return {};
-        auto acc = ex.get_parameters(d.acc_names);
-        if (!acc) return tl::unexpected(acc.error());
-        tensor_map by_grad;
-        for (size_t i = 0; i < g.grads.size(); ++i) by_grad[g.grads[i]] = std::move(acc->at(d.acc_names[i]));
-        return accumulate(*sum, by_grad, g.grads);
+        if (!sum) return {};
+        *sum = bucket_buffer(spare_of(d, 0), grad_total);
+        if (count == 0) {
+          std::fill(sum->begin(), sum->end(), 0.0f);
+          return {};
+        }
+        return ex.read_parameters(d.acc_names, bytes_of(*sum));
       };
       if (w->method == train_method::data_parallel && buckets > 1) {
         // All micro-batches but the last as a whole; the last one's first segment, whose bucket
@@ -515,7 +550,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           d.last_inputs = std::move(*in);
         }
         auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
-                             d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum);
+                             d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, spare_of(d, 0));
         if (!b0) return tl::unexpected(b0.error());
         r.buffer = std::move(*b0);
         mark("bucket 0 done");
@@ -594,7 +629,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       train_work_result r;
       const auto program = (d.last_first ? d.seg_first : d.seg_more)[static_cast<size_t>(b)];
       const auto& reads = (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[static_cast<size_t>(b)];
-      auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum);
+      auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum, spare_of(d, static_cast<size_t>(b)));
       if (!got) return tl::unexpected(got.error());
       r.buffer = std::move(*got);
       if (b + 1 == buckets) r.buffer.push_back(static_cast<float>(d.loss_sum));

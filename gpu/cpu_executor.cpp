@@ -106,6 +106,28 @@ class cpu_executor final : public executor {
     return out;
   }
 
+  expected<void> read_parameters(const std::vector<std::string>& names, std::span<uint8_t> out) override {
+    auto list = parameters_of(names, out.size(), "read_parameters");
+    if (!list) return tl::unexpected(list.error());
+    size_t at = 0;
+    for (const tensor* t : *list) {
+      if (!t->bytes.empty()) std::memcpy(out.data() + at, t->bytes.data(), t->bytes.size());
+      at += t->bytes.size();
+    }
+    return {};
+  }
+
+  expected<void> write_parameters(const std::vector<std::string>& names, std::span<const uint8_t> bytes) override {
+    auto list = parameters_of(names, bytes.size(), "write_parameters");
+    if (!list) return tl::unexpected(list.error());
+    size_t at = 0;
+    for (tensor* t : *list) {
+      if (!t->bytes.empty()) std::memcpy(t->bytes.data(), bytes.data() + at, t->bytes.size());
+      at += t->bytes.size();
+    }
+    return {};
+  }
+
   void unload(program_id id) override {
     if (id >= programs_.size() || !loaded_[id]) return;
     programs_[id] = graph{};
@@ -141,6 +163,22 @@ class cpu_executor final : public executor {
   }
 
  private:
+  /// The parameters `names`, checked to hold `size` bytes together (read/write_parameters).
+  expected<std::vector<tensor*>> parameters_of(const std::vector<std::string>& names, size_t size, const char* what) {
+    std::vector<tensor*> out;
+    size_t total = 0;
+    for (const auto& n : names) {
+      auto it = params_.find(n);
+      if (it == params_.end()) return make_error(error_code::not_found, std::string(what) + ": no parameter \"" + n + "\"");
+      out.push_back(&it->second);
+      total += it->second.bytes.size();
+    }
+    if (total != size)
+      return make_error(error_code::invalid_argument, std::string(what) + ": the parameters hold " + std::to_string(total) +
+                                                          " bytes, the buffer " + std::to_string(size));
+    return out;
+  }
+
   template <class F>
   void parallel(int64_t n, F f) const {
     const int64_t chunk = 16384;

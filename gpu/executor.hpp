@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,15 @@ class executor {
   /// end keeps its own copy (that is its device memory).
   virtual expected<void> set_parameter_view(const std::string& name, const tensor_view& value) = 0;
   virtual expected<tensor_map> get_parameters(const std::vector<std::string>& names) = 0;
+  /// Copies the parameters `names` into `out` end to end, each as the bytes it holds on the
+  /// device, in the order named; `out` must be exactly their size together. Where
+  /// get_parameters makes a tensor of each, this moves many parameters in few transfers into a
+  /// buffer the caller keeps and reuses (a training step's gradients leave the device this way:
+  /// no allocation, no page of fresh memory touched per step).
+  virtual expected<void> read_parameters(const std::vector<std::string>& names, std::span<uint8_t> out) = 0;
+  /// The reverse of read_parameters: overwrites the existing parameters `names` from `bytes`,
+  /// their values end to end (exactly their size together).
+  virtual expected<void> write_parameters(const std::vector<std::string>& names, std::span<const uint8_t> bytes) = 0;
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;
   /// Frees a loaded program (its buffers and command buffer); its id is not used again. Unknown
@@ -126,6 +136,10 @@ struct vulkan_options {
   bool kernel_timestamps = true;
   /// Kernel variants other than the defaults, for comparing kernels (the benchmark).
   kernel_variants variants;
+  /// Where device memory is host-visible (lavapipe, integrated GPUs), map it and copy tensors
+  /// straight in and out. false moves them through staging buffers and copy commands, as on a
+  /// discrete GPU: the tests run that path on lavapipe.
+  bool map_device_memory = true;
 };
 
 /// A Vulkan executor on the chosen device, or an error saying why none is available.

@@ -34,6 +34,8 @@ uint64_t buffer_bytes(const node& n) { return (bytes_of(n) + 3) & ~uint64_t{3}; 
 
 /// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
 constexpr uint64_t upload_chunk = 16ull << 20;
+/// Staging for read_parameters / write_parameters: one submission moves this much at most.
+constexpr uint64_t transfer_chunk = 32ull << 20;
 
 /// Whether reductions may run in two passes: vulkan_options::split_reductions; by default on GPUs
 /// only (on lavapipe a 1M-element mean took twice as long split: its workgroups are run by a few
@@ -92,7 +94,7 @@ class vulkan_executor final : public executor {
   vulkan_executor(std::unique_ptr<vk_device> d, const vulkan_options& o)
       : d_(std::move(d)),
         cache_(o.cache_dir == "-" ? "" : (o.cache_dir.empty() ? default_cache_dir() : o.cache_dir), d_->key()),
-        device_pool_(*d_, d_->device_memory_type, d_->device_memory_type == d_->host_memory_type, o.block_bytes,
+        device_pool_(*d_, d_->device_memory_type, o.map_device_memory && d_->device_memory_type == d_->host_memory_type, o.block_bytes,
                      &budget_used_, o.memory_limit),
         host_pool_(*d_, d_->host_memory_type, true, std::min<uint64_t>(o.block_bytes, 64ull << 20), &host_used_, 0),
         split_(split_options_for(*d_, o)),
@@ -223,6 +225,16 @@ class vulkan_executor final : public executor {
       out[name] = std::move(t);
     }
     return out;
+  }
+
+  expected<void> read_parameters(const std::vector<std::string>& names, std::span<uint8_t> out) override {
+    if (lost_) return lost_error();
+    return transfer(names, out.data(), out.size(), false, "read_parameters");
+  }
+
+  expected<void> write_parameters(const std::vector<std::string>& names, std::span<const uint8_t> bytes) override {
+    if (lost_) return lost_error();
+    return transfer(names, const_cast<uint8_t*>(bytes.data()), bytes.size(), true, "write_parameters");
   }
 
   void unload(program_id id) override {
@@ -370,6 +382,74 @@ class vulkan_executor final : public executor {
       vkCmdCopyBuffer(cmd, src.buffer, st->buffer, 1, &c);
     });
     if (ok) std::memcpy(bytes.data(), st->mapped, bytes.size());
+    host_pool_.release(*st);
+    return ok;
+  }
+
+  /// Moves the parameters `names` between the device and `host` (their bytes end to end, `size`
+  /// in all; read from `host` when `to_device`, else written): straight through the mapping
+  /// where device memory is host-visible, else through one staging range of at most
+  /// transfer_chunk bytes, each fill of it one submission with a copy per parameter piece.
+  expected<void> transfer(const std::vector<std::string>& names, uint8_t* host, size_t size, bool to_device, const char* what) {
+    std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
+    uint64_t total = 0;
+    bool mapped = true;
+    for (const auto& name : names) {
+      auto it = params_.find(name);
+      if (it == params_.end()) return make_error(error_code::not_found, std::string(what) + ": no parameter \"" + name + "\" on the device");
+      const uint64_t n = bytes_of(node{op_kind::parameter, it->second.type, it->second.dims, {}, {}});
+      list.emplace_back(&it->second.buffer, n);
+      total += n;
+      mapped = mapped && it->second.buffer.mapped;
+    }
+    if (total != size)
+      return make_error(error_code::invalid_argument, std::string(what) + ": the parameters hold " + std::to_string(total) +
+                                                          " bytes, the buffer " + std::to_string(size));
+    if (mapped) {
+      uint64_t at = 0;
+      for (const auto& [a, n] : list) {
+        if (to_device) std::memcpy(a->mapped, host + at, n);
+        else std::memcpy(host + at, a->mapped, n);
+        at += n;
+      }
+      return {};
+    }
+    if (total == 0) return {};
+    const uint64_t chunk = std::min<uint64_t>(total, transfer_chunk);
+    auto st = host_pool_.allocate(chunk);
+    if (!st) return tl::unexpected(st.error());
+    struct piece {
+      const allocation* a;
+      uint64_t offset, staged, len;  // in the parameter, in staging, bytes
+    };
+    std::vector<piece> pieces;
+    expected<void> ok;
+    size_t i = 0;
+    uint64_t in_param = 0;
+    for (uint64_t at = 0; at < total && ok;) {
+      pieces.clear();
+      uint64_t fill = 0;
+      while (fill < chunk && i < list.size()) {
+        const uint64_t len = std::min(list[i].second - in_param, chunk - fill);
+        if (len > 0) pieces.push_back({list[i].first, in_param, fill, len});
+        fill += len;
+        in_param += len;
+        if (in_param == list[i].second) {
+          ++i;
+          in_param = 0;
+        }
+      }
+      if (to_device) std::memcpy(st->mapped, host + at, fill);
+      ok = one_shot([&](VkCommandBuffer cmd) {
+        for (const auto& p : pieces) {
+          VkBufferCopy c{st->range.offset + p.staged, p.a->range.offset + p.offset, p.len};
+          if (!to_device) std::swap(c.srcOffset, c.dstOffset);
+          vkCmdCopyBuffer(cmd, to_device ? st->buffer : p.a->buffer, to_device ? p.a->buffer : st->buffer, 1, &c);
+        }
+      });
+      if (ok && !to_device) std::memcpy(host + at, st->mapped, fill);
+      at += fill;
+    }
     host_pool_.release(*st);
     return ok;
   }

@@ -85,7 +85,8 @@ expected<measured> run(const settings& s, int n) {
   c.reset();
   mesh->nodes.clear();
   std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  if (std::getenv("MESH_BENCH_KEEP")) std::fprintf(stderr, "  the nodes' logs: %s/n*/node.log\n", dir.c_str());  // MESH_TRAIN_TIMING's lines
+  else std::filesystem::remove_all(dir, ec);
   return m;
 }
 

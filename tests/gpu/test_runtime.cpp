@@ -222,6 +222,64 @@ TEST_CASE("runtime: unloading programs and dropping parameters gives their memor
   }
 }
 
+TEST_CASE("runtime: read_parameters and write_parameters move many parameters end to end, on both back ends") {
+  // A training step's gradients leave the device this way, and its reduced sum comes back.
+  // "big" is larger than one staging range (32 MiB), so a transfer takes several submissions
+  // and a parameter is split between two of them.
+  const std::vector<std::string> names = {"rw.a", "rw.big", "rw.h", "rw.i"};
+  const tensor_map params{{"rw.a", random_tensor(dtype::f32, {3, 5}, 1)},
+                          {"rw.big", random_tensor(dtype::f32, {10'500'001}, 2)},
+                          {"rw.h", random_tensor(dtype::f16, {7}, 3)},
+                          {"rw.i", tensor::from_ints({3}, {4, -5, 6})}};
+  size_t total = 0;
+  for (const auto& n : names) total += params.at(n).bytes.size();
+  vulkan_options staged;  // every transfer through staging buffers and copy commands
+  staged.cache_dir = "-";
+  staged.map_device_memory = false;
+  auto through_staging = make_vulkan_executor(staged);
+  REQUIRE(through_staging);
+  for (executor* ex : {&vulkan(), through_staging->get(), &cpu()}) {
+    INFO(ex->info().name << (ex == through_staging->get() ? " (through staging)" : ""));
+    REQUIRE(ex->set_parameters(params));
+    std::vector<uint8_t> out(total, 0xee);
+    REQUIRE(ex->read_parameters(names, out));
+    size_t at = 0;
+    for (const auto& n : names) {
+      const auto& b = params.at(n).bytes;
+      CHECK(std::equal(b.begin(), b.end(), out.begin() + static_cast<ptrdiff_t>(at)));
+      at += b.size();
+    }
+    // Written back changed, read as tensors: each parameter got its own bytes.
+    for (auto& v : out) v = static_cast<uint8_t>(v ^ 0x5a);
+    REQUIRE(ex->write_parameters(names, out));
+    auto got = ex->get_parameters(names);
+    REQUIRE(got);
+    at = 0;
+    for (const auto& n : names) {
+      const auto& b = got->at(n).bytes;
+      CHECK(std::equal(b.begin(), b.end(), out.begin() + static_cast<ptrdiff_t>(at)));
+      at += b.size();
+    }
+    // A buffer of another size, or an unknown name: an error that says which, nothing written.
+    std::vector<uint8_t> short_by_one(total - 1);
+    auto wrong = ex->read_parameters(names, short_by_one);
+    REQUIRE_FALSE(wrong);
+    CHECK(wrong.error().code == error_code::invalid_argument);
+    CHECK_THAT(wrong.error().message, Catch::Contains(std::to_string(total)));
+    const std::vector<uint8_t> other(60, 0x11);
+    auto unknown = ex->write_parameters({"rw.a", "rw.nothing"}, other);
+    REQUIRE_FALSE(unknown);
+    CHECK(unknown.error().code == error_code::not_found);
+    CHECK_THAT(unknown.error().message, Catch::Contains("rw.nothing"));
+    auto still = ex->get_parameters({"rw.a"});
+    REQUIRE(still);
+    CHECK(std::equal(still->at("rw.a").bytes.begin(), still->at("rw.a").bytes.end(), out.begin()));
+    REQUIRE(ex->read_parameters({}, std::span<uint8_t>{}));
+    CHECK(ex->drop_parameters("rw.") == 4);
+    CHECK(ex->stats().validation_errors == 0);
+  }
+}
+
 TEST_CASE("runtime: MemAvailable is read from /proc/meminfo's text, and malformed text is refused") {
   CHECK(parse_mem_available("MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20480000 kB\n") ==
         uint64_t{20480000} * 1024);
