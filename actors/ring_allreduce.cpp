@@ -65,7 +65,7 @@ std::vector<allreduce_message> ring_allreduce::start(std::vector<float> data) {
   has_data_ = true;
   auto out = start();
   for (const auto& m : std::exchange(taken_, {})) {
-    auto more = apply(m);
+    auto more = apply({m.round, m.step, m.piece, m.payload});
     // A piece of the wrong size (the only check that needs the data) is dropped as it would
     // have been on arrival.
     if (more) out.insert(out.end(), more->begin(), more->end());
@@ -73,7 +73,7 @@ std::vector<allreduce_message> ring_allreduce::start(std::vector<float> data) {
   return out;
 }
 
-expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allreduce_message& m) {
+expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allreduce_piece_ref& m) {
   if (m.round != round_)
     return make_error(error_code::invalid_argument, "all-reduce: message of round " + std::to_string(m.round) +
                                                         " during round " + std::to_string(round_));
@@ -84,7 +84,7 @@ expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allred
   if (seen_[slot]) return make_error(error_code::invalid_argument, "all-reduce: duplicate message");
   if (!has_data_) {
     seen_[slot] = true;
-    taken_.push_back(m);
+    taken_.push_back({m.round, m.step, m.piece, {m.payload.begin(), m.payload.end()}});
     return std::vector<allreduce_message>{};
   }
   auto out = apply(m);
@@ -92,7 +92,7 @@ expected<std::vector<allreduce_message>> ring_allreduce::on_message(const allred
   return out;
 }
 
-expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_message& m) {
+expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_piece_ref& m) {
   const uint32_t steps = 2 * static_cast<uint32_t>(n_ - 1);
   const int chunk = chunk_at(m.step, true);
   const int piece = static_cast<int>(m.piece);
@@ -103,9 +103,18 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_m
   std::vector<allreduce_message> out;
   const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
   if (m.step <= last_rs) {
-    received_.resize(e - b);
-    decode(m.payload.data(), e - b, format_, received_.data());
-    for (size_t i = b; i < e; ++i) data_[i] = received_[i - b] + data_[i];
+    if (format_ == wire_format::f32) {
+      // Added straight from the payload (f32 on the wire is the values' bytes).
+      for (size_t i = b; i < e; ++i) {
+        float v;
+        std::memcpy(&v, m.payload.data() + (i - b) * sizeof(float), sizeof(float));
+        data_[i] = v + data_[i];
+      }
+    } else {
+      received_.resize(e - b);
+      decode(m.payload.data(), e - b, format_, received_.data());
+      for (size_t i = b; i < e; ++i) data_[i] = received_[i - b] + data_[i];
+    }
     if (m.step < last_rs) {
       out.push_back(make(m.step + 1, chunk, piece));
     } else {
@@ -134,7 +143,7 @@ std::vector<allreduce_message> bucketed_allreduce::start(int bucket, std::vector
   return rounds_[static_cast<size_t>(bucket)].start(std::move(data));
 }
 
-expected<std::vector<allreduce_message>> bucketed_allreduce::on_message(const allreduce_message& m) {
+expected<std::vector<allreduce_message>> bucketed_allreduce::on_message(const allreduce_piece_ref& m) {
   if (!owns(m.round)) return make_error(error_code::invalid_argument, "a piece of round " + std::to_string(m.round) + ", not of this step");
   return rounds_[static_cast<size_t>(m.round - base_)].on_message(m);
 }

@@ -12,6 +12,7 @@
 /// data, so nothing is half applied. Messages carry the round id; stale ones are rejected.
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "base/error.hpp"
@@ -25,6 +26,13 @@ struct allreduce_message {
   uint32_t step = 0;   ///< 0 .. 2(n-1)-1; the first n-1 are reduce-scatter
   uint32_t piece = 0;  ///< 0 .. pieces-1
   std::vector<uint8_t> payload;  ///< the piece's values in the round's wire format
+};
+
+/// A received piece without a copy of its payload (the message it came in still holds it).
+struct allreduce_piece_ref {
+  uint64_t round = 0;
+  uint32_t step = 0, piece = 0;
+  std::span<const uint8_t> payload;
 };
 
 class ring_allreduce {
@@ -45,7 +53,10 @@ class ring_allreduce {
 
   /// A message from the predecessor. Returns what to forward, or an error for a message that
   /// does not belong to this round (wrong round, step, piece or size, or a duplicate).
-  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m);
+  expected<std::vector<allreduce_message>> on_message(const allreduce_piece_ref& m);
+  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m) {
+    return on_message(allreduce_piece_ref{m.round, m.step, m.piece, m.payload});
+  }
 
   bool done() const { return final_pieces_ == total_pieces(); }
   /// The sum over all ranks (valid only when done()).
@@ -67,7 +78,7 @@ class ring_allreduce {
   allreduce_message make(uint32_t step, int chunk, int piece);
   int chunk_at(uint32_t step, bool received) const;
   /// Adds or copies a checked message (its slot marked seen) into the data; what to forward.
-  expected<std::vector<allreduce_message>> apply(const allreduce_message& m);
+  expected<std::vector<allreduce_message>> apply(const allreduce_piece_ref& m);
 
   uint64_t round_;
   int rank_, n_, pieces_;
@@ -99,7 +110,10 @@ class bucketed_allreduce {
   std::vector<allreduce_message> start(int bucket, std::vector<float> data);
   bool started(int bucket) const { return started_[static_cast<size_t>(bucket)]; }
   /// A message from the predecessor, for the bucket its round names.
-  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m);
+  expected<std::vector<allreduce_message>> on_message(const allreduce_piece_ref& m);
+  expected<std::vector<allreduce_message>> on_message(const allreduce_message& m) {
+    return on_message(allreduce_piece_ref{m.round, m.step, m.piece, m.payload});
+  }
 
   bool done() const;
   /// Every bucket's sum, end to end (valid only when done()).

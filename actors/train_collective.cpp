@@ -31,7 +31,7 @@ std::vector<outbound> train_engine::forward(worker_run& w, std::vector<allreduce
 
 std::vector<outbound> train_engine::on_piece(const node_id& from, const msg::allreduce_piece& p) {
   const worker_key key{p.coordinator, p.train};
-  allreduce_message m{p.round, p.ring_step, p.piece, p.payload};
+  const allreduce_piece_ref m{p.round, p.ring_step, p.piece, p.payload};  // the payload stays in the message
   auto it = worker_.find(key);
   // No run, or another round than this step's: the piece belongs to a run or attempt that ended
   // here (pieces of a round come only after every member has it: ring_go).
@@ -71,7 +71,7 @@ std::vector<outbound> train_engine::start_round(worker_run& w) {
   return out;
 }
 
-std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& from, const allreduce_message& m) {
+std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& from, const allreduce_piece_ref& m) {
   if (w.rank < 0 || w.ring.empty()) return {};
   const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
   if (from != prev) {

@@ -224,7 +224,7 @@ class train_engine {
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
-  std::vector<outbound> accept_piece(worker_run& w, const node_id& from, const allreduce_message& m);
+  std::vector<outbound> accept_piece(worker_run& w, const node_id& from, const allreduce_piece_ref& m);
   /// Coordinator: a member has its round for the step; when all have, ring_go to each.
   std::vector<outbound> on_ready(const node_id& from, const msg::train_ready& r);
   /// Worker: every member has its round; start ours if the contribution is computed.

@@ -4,6 +4,8 @@
 // each node takes `--micro` micro-batches of `--batch` x `--sequence` tokens per step.
 // Scaling efficiency = tokens/s on n nodes / (n x tokens/s on 1 node).
 //
+// MESH_BENCH_KEEP=DIR copies each node's log (with MESH_TRAIN_TIMING=1: where its steps' time
+// goes) into DIR.
 //   mesh-bench-finetune [--nodes 1,2] [--device-prefix "#"] [--steps 8] [--hidden 768] [--layers 12]
 //                       [--heads 12] [--kv-heads 4] [--ffn 2048] [--vocab 16384] [--batch 4]
 //                       [--sequence 256] [--micro 1] [--lora-rank 0] [--compression f32] [--meshnode PATH]
@@ -311,6 +313,15 @@ int main(int argc, char** argv) {
     if (n > 1 && results.front().first == 1)
       std::printf("scaling efficiency on %d nodes: %.1f%%\n", n, 100 * r.tokens_per_s / (n * results.front().second.tokens_per_s));
   std::error_code ec;
+  if (const char* keep = std::getenv("MESH_BENCH_KEEP"); keep && *keep) {
+    // The nodes' logs (MESH_TRAIN_TIMING's lines of every node, not only the first's): copied to
+    // the directory MESH_BENCH_KEEP names.
+    for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+      if (e.path().filename() == "node.log") {
+        const fs::path to = fs::path(keep) / (e.path().parent_path().filename().string() + ".log");
+        fs::copy_file(e.path(), to, fs::copy_options::overwrite_existing, ec);
+      }
+  }
   fs::remove_all(dir, ec);
   return 0;
 }
