@@ -53,8 +53,12 @@ size_t encoded_bytes(size_t count, wire_format f) {
 }
 
 void encode(const float* xs, size_t count, wire_format f, std::vector<uint8_t>& out) {
-  out.assign(encoded_bytes(count, f), 0);
-  uint8_t* o = out.data();
+  out.resize(encoded_bytes(count, f));
+  encode_into(xs, count, f, out.data());
+}
+
+void encode_into(const float* xs, size_t count, wire_format f, uint8_t* o) {
+  if (f == wire_format::fp4) std::memset(o, 0, encoded_bytes(count, f));  // codes are or-ed in by halves
   if (f == wire_format::f32) {
     if (count) std::memcpy(o, xs, count * 4);
     return;

@@ -26,6 +26,8 @@ size_t encoded_bytes(size_t count, wire_format f);
 
 /// `count` values in format `f` into `out` (resized to encoded_bytes).
 void encode(const float* xs, size_t count, wire_format f, std::vector<uint8_t>& out);
+/// The same into `out`, which has room for encoded_bytes(count, f) (a shared region's place).
+void encode_into(const float* xs, size_t count, wire_format f, uint8_t* out);
 
 /// Decodes `count` values of `in` (encoded_bytes(count, f) long: the caller checks) into `ys`.
 void decode(const uint8_t* in, size_t count, wire_format f, float* ys);

@@ -75,7 +75,10 @@ void report_refused(jobs_actor_t* self, const node_context& ctx) {
     spdlog::warn("refused {} from {}: {}", r.kind, r.from.short_string(), r.why);
     ctx.refusals->record(r.from, r.kind + ": " + r.why);
   }
-  for (const auto& n : self->state.trainer->take_notices()) spdlog::warn("{}", n);
+  for (const auto& n : self->state.trainer->take_notices()) {
+    if (n.warning) spdlog::warn("{}", n.text);
+    else spdlog::info("{}", n.text);
+  }
 }
 
 /// Hands ready stages to the executor and tells health our load (heartbeats carry it).
@@ -136,6 +139,7 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
                                                                         static_cast<int64_t>(own.memory_bytes)},
                                            (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id);
+  if (ctx->cfg.shared_memory) st.trainer->set_shared_memory(train_engine::host_shared_memory());
   // A run's data file: read where it is on the node that offers it, fetched chunk by chunk
   // from that node elsewhere (actors/blob_transfer.hpp, remote_file).
   st.trainer->set_data_opener([ctx](const node_id& holder, const msg::train_text_data& text) -> expected<models::byte_source> {

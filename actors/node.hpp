@@ -28,6 +28,9 @@ struct node_config {
   uint16_t port = 0;                   ///< 0 = any free port (written to <state_dir>/endpoint)
   std::vector<std::string> peers;      ///< static peers, "nodeid@host:port"
   bool mdns = true;                    ///< announce and browse with mDNS (avahi-daemon)
+  /// All-reduce pieces to ring neighbours on this host through shared memory
+  /// (train_engine::set_shared_memory); off: always through the transport.
+  bool shared_memory = true;
   std::string device = "auto";         ///< auto | cpu | vulkan | a device name substring
   std::string log_level = "info";
   std::chrono::milliseconds heartbeat{250};

@@ -48,8 +48,17 @@ allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {
   m.step = step;
   m.piece = static_cast<uint32_t>(piece);
   auto [b, e] = range(chunk, piece);
+  const size_t bytes = encoded_bytes(e - b, format_);
+  bytes_sent_ += bytes;
+  if (placer_)
+    if (auto at = placer_(bytes)) {
+      encode_into(data_.data() + b, e - b, format_, at->first);
+      m.placed = true;
+      m.placed_offset = at->second;
+      m.placed_bytes = bytes;
+      return m;
+    }
   encode(data_.data() + b, e - b, format_, m.payload);
-  bytes_sent_ += m.payload.size();
   return m;
 }
 

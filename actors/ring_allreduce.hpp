@@ -12,7 +12,10 @@
 /// data, so nothing is half applied. Messages carry the round id; stale ones are rejected.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "base/error.hpp"
@@ -26,7 +29,15 @@ struct allreduce_message {
   uint32_t step = 0;   ///< 0 .. 2(n-1)-1; the first n-1 are reduce-scatter
   uint32_t piece = 0;  ///< 0 .. pieces-1
   std::vector<uint8_t> payload;  ///< the piece's values in the round's wire format
+  /// Written by the payload_placer instead (payload empty): `placed_bytes` at `placed_offset`.
+  bool placed = false;
+  uint64_t placed_offset = 0, placed_bytes = 0;
 };
+
+/// Where a rank's outgoing payloads may go instead of into their messages (its shared region,
+/// train_engine::set_shared_memory): for a payload of `bytes`, a place to encode it (the address,
+/// and the offset the message names), or none (the payload goes in the message).
+using payload_placer = std::function<std::optional<std::pair<uint8_t*, uint64_t>>(size_t bytes)>;
 
 /// A received piece without a copy of its payload (the message it came in still holds it).
 struct allreduce_piece_ref {
@@ -45,6 +56,8 @@ class ring_allreduce {
   /// at most one round's worth (each step and piece once), so nothing here grows without bound.
   ring_allreduce(uint64_t round, int rank, int n, int pieces, wire_format format);
 
+  /// Payloads made from now on go where `place` says, when it gives a place.
+  void set_placer(payload_placer place) { placer_ = std::move(place); }
   /// The messages to send to the successor when the round starts (the data was given).
   std::vector<allreduce_message> start();
   /// Gives this rank's data to a round made without it: what to send to the successor, the
@@ -90,6 +103,7 @@ class ring_allreduce {
   std::vector<float> received_;           ///< a reduce-scatter piece, decoded
   size_t final_pieces_ = 0;
   uint64_t bytes_sent_ = 0;
+  payload_placer placer_;
 };
 
 /// A step's all-reduce in buckets: one ring round per bucket, round ids base + b, each started as
@@ -104,6 +118,10 @@ class bucketed_allreduce {
   bucketed_allreduce(uint64_t base, int rank, int n, int buckets, int pieces, wire_format format);
 
   int buckets() const { return static_cast<int>(rounds_.size()); }
+  /// ring_allreduce::set_placer for every bucket's round.
+  void set_placer(const payload_placer& place) {
+    for (auto& r : rounds_) r.set_placer(place);
+  }
   /// Whether a message of round `round` belongs to one of these buckets.
   bool owns(uint64_t round) const { return round >= base_ && round < base_ + rounds_.size(); }
   /// Bucket `bucket`'s data (once); the messages to send.

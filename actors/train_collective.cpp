@@ -10,13 +10,112 @@
 
 #include "actors/train_engine_state.hpp"
 
+#include <cstring>
+
 namespace mesh {
 using namespace train_detail;
+
+train_engine::shared_memory train_engine::host_shared_memory() {
+  shared_memory s;
+  s.create = [](uint64_t bytes) -> expected<std::shared_ptr<shared_region>> {
+    auto r = shared_region::create(bytes);
+    if (!r) return tl::unexpected(r.error());
+    return std::make_shared<shared_region>(std::move(*r));
+  };
+  s.open = [](const region_locator& where) -> expected<std::shared_ptr<shared_region>> {
+    auto r = shared_region::open(where);
+    if (!r) return tl::unexpected(r.error());
+    return std::make_shared<shared_region>(std::move(*r));
+  };
+  return s;
+}
+
+payload_placer train_engine::region_placer(worker_run& w) {
+  // The round belongs to `w`, so `w` outlives it. Pieces go into the region once the successor
+  // has mapped it, each at the next 64-byte boundary of this step's part; none past its end.
+  return [&w](size_t bytes) -> std::optional<std::pair<uint8_t*, uint64_t>> {
+    if (!w.region || w.rank < 0 || w.ring.size() < 2) return std::nullopt;
+    if (!w.successor_mapped.count(w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()])) return std::nullopt;
+    if (bytes > w.region->data_bytes() - w.region_used) return std::nullopt;
+    const uint64_t at = w.region_used;
+    w.region_used = std::min(w.region->data_bytes(), at + ((bytes + 63) & ~uint64_t{63}));
+    return std::pair{w.region->data() + at, at};
+  };
+}
+
+std::vector<outbound> train_engine::offer_region(worker_run& w) {
+  if (!shared_.create || w.rank < 0 || w.ring.size() < 2 || w.region_failed) return {};
+  const node_id& next = w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()];
+  if (w.successor_mapped.count(next) || w.region_offers[next] >= worker_run::max_region_offers) return {};
+  if (!w.region) {
+    // Room for a step's pieces: a bucket of v values sends 2(n-1) pieces of v/n values, under
+    // 2v; f32 is the widest wire format; and some room for each piece's alignment.
+    uint64_t values = 1;
+    for (auto n : w.method == train_method::data_parallel ? w.graphs.grad_sizes : w.graphs.delta_sizes) values += static_cast<uint64_t>(n);
+    auto r = shared_.create(2 * values * sizeof(float) + (uint64_t{1} << 20));
+    if (!r) {
+      w.region_failed = true;
+      notices_.push_back(notice{true, "training " + std::to_string(w.train) + ": no shared memory for the all-reduce (" + r.error().message +
+                         "): its pieces travel in messages"});
+      return {};
+    }
+    w.region = std::move(*r);
+  }
+  ++w.region_offers[next];
+  const region_locator& at = w.region->locator();
+  msg::shared_region_offer o{w.train, w.coordinator, at.pid, at.fd, at.size, {at.nonce.begin(), at.nonce.end()}};
+  return {{next, std::move(o)}};
+}
+
+std::vector<outbound> train_engine::on_region_offer(const node_id& from, const msg::shared_region_offer& o) {
+  msg::shared_region_answer a{o.train, o.coordinator, o.pid, o.fd, false, ""};
+  auto it = worker_.find(worker_key{o.coordinator, o.train});
+  if (!shared_.open) {
+    a.error = "this node takes no pieces through shared memory";
+  } else if (it == worker_.end()) {
+    a.error = "no training run " + std::to_string(o.train) + " of that coordinator is set up here yet";
+  } else {
+    region_locator where{o.pid, o.fd, o.size, {}};
+    std::copy(o.nonce.begin(), o.nonce.end(), where.nonce.begin());  // 16 bytes: the decoder checked
+    auto r = shared_.open(where);
+    if (r) {
+      it->second->predecessor_region[from] = std::move(*r);
+      a.ok = true;
+    } else {
+      a.error = r.error().message;
+    }
+  }
+  return {{from, std::move(a)}};
+}
+
+void train_engine::on_region_answer(const node_id& from, const msg::shared_region_answer& a) {
+  auto it = worker_.find(worker_key{a.coordinator, a.train});
+  if (it == worker_.end()) return;
+  worker_run& w = *it->second;
+  // An answer to another region than this run's (one made before) or to no offer: ignored.
+  if (!w.region || !w.region_offers.count(from) || a.pid != w.region->locator().pid || a.fd != w.region->locator().fd) return;
+  if (a.ok && !w.successor_mapped.count(from)) {
+    w.successor_mapped[from] = true;
+    notices_.push_back(notice{false, "training " + std::to_string(w.train) + ": all-reduce pieces to " + from.short_string() +
+                                         " go through shared memory (same host)"});
+  } else if (!a.ok) {
+    // Turned down (or a piece's region did not open there): pieces go in messages, and the region
+    // is offered again at a later step, up to max_region_offers (on another host they run out).
+    w.successor_mapped.erase(from);
+  }
+}
 
 std::vector<outbound> train_engine::forward(worker_run& w, std::vector<allreduce_message> ms) {
   std::vector<outbound> out;
   const node_id& next = w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()];
   for (auto& m : ms) {
+    if (m.placed) {
+      // The payload is in the region (region_placer); only its place travels.
+      const region_locator& at = w.region->locator();
+      out.push_back({next, msg::allreduce_piece_shared{w.train, w.coordinator, m.round, m.step, m.piece, at.pid, at.fd, at.size,
+                                                       {at.nonce.begin(), at.nonce.end()}, m.placed_offset, m.placed_bytes}});
+      continue;
+    }
     msg::allreduce_piece p;
     p.train = w.train;
     p.coordinator = w.coordinator;
@@ -38,6 +137,40 @@ std::vector<outbound> train_engine::on_piece(const node_id& from, const msg::all
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
   if (w.orphaned || !w.round || !w.round->owns(p.round)) return {};
+  return accept_piece(w, from, m);
+}
+
+std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const msg::allreduce_piece_shared& p) {
+  auto it = worker_.find(worker_key{p.coordinator, p.train});
+  if (it == worker_.end()) return {};
+  worker_run& w = *it->second;
+  // The sender's region, mapped when it offered it or now (this run was set up again since, or
+  // the offer's answer crossed this piece). Whatever the piece's round: one in a region that
+  // does not open here, or past its end, is no piece a member following the protocol sends.
+  region_locator where{p.pid, p.fd, p.size, {}};
+  std::copy(p.nonce.begin(), p.nonce.end(), where.nonce.begin());  // 16 bytes: the decoder checked
+  auto& mapped = w.predecessor_region[from];
+  if (!mapped || mapped->locator() != where) {
+    expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
+    if (shared_.open) r = shared_.open(where);
+    if (!r) {
+      w.predecessor_region.erase(from);
+      note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the piece's shared region: " + r.error().message);
+      // Told, the sender sends its pieces in messages again (the round redone by the coordinator).
+      return {{from, msg::shared_region_answer{p.train, p.coordinator, p.pid, p.fd, false, r.error().message}}};
+    }
+    mapped = std::move(*r);
+  }
+  const shared_region& r = *mapped;
+  if (p.offset > r.data_bytes() || p.length > r.data_bytes() - p.offset) {
+    note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": bytes [" + std::to_string(p.offset) + ", +" +
+                                                     std::to_string(p.length) + ") past its shared region's " +
+                                                     std::to_string(r.data_bytes()));
+    return {};
+  }
+  if (w.orphaned || !w.round || !w.round->owns(p.round)) return {};
+  // Read in place: the ring adds (or copies) the payload into its data before this returns.
+  const allreduce_piece_ref m{p.round, p.ring_step, p.piece, {r.data() + p.offset, p.length}};
   return accept_piece(w, from, m);
 }
 

@@ -485,8 +485,8 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
       for (const auto& m : fresh) {
         if (!stop_member(id, c, m, out)) continue;
         if (++c.failures[m] < max_failures && peers_.count(m)) c.newcomers.insert(m);
-        notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) +
-                           " ms); redoing it without " + m.short_string() + ", new to the run, which joins again at the next step boundary");
+        notices_.push_back(notice{true, "the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) +
+                           " ms); redoing it without " + m.short_string() + ", new to the run, which joins again at the next step boundary"});
       }
       auto more = issue_step(id, c);
       out.insert(out.end(), more.begin(), more.end());
@@ -530,7 +530,7 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
     if (c.stalled_step == c.step)
       return fail_run(id, c, error_code::timeout, "the all-reduce of " + step + " stalled twice after every member was ready (" + std::to_string(waited) + " ms)");
     c.stalled_step = c.step;
-    notices_.push_back("the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) + " ms); redoing it once");
+    notices_.push_back(notice{true, "the all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) + " ms); redoing it once"});
     return issue_step(id, c);
   }
   for (const auto& m : late) leave_out(id, c, m, step + ": not ready after " + std::to_string(waited) + " ms; left out of the run", out);

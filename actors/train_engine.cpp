@@ -246,6 +246,12 @@ std::vector<outbound> train_engine::on_message(const node_id& from, const msg::m
   if (auto* s = std::get_if<msg::train_setup>(&m)) return on_setup(from, *s);
   if (auto* s = std::get_if<msg::train_step>(&m)) return on_step(from, *s);
   if (auto* p = std::get_if<msg::allreduce_piece>(&m)) return on_piece(from, *p);
+  if (auto* p = std::get_if<msg::allreduce_piece_shared>(&m)) return on_piece_shared(from, *p);
+  if (auto* o = std::get_if<msg::shared_region_offer>(&m)) return on_region_offer(from, *o);
+  if (auto* a = std::get_if<msg::shared_region_answer>(&m)) {
+    on_region_answer(from, *a);
+    return {};
+  }
   if (auto* r = std::get_if<msg::train_ready>(&m)) return on_ready(from, *r);
   if (auto* g = std::get_if<msg::ring_go>(&m)) return on_go(from, *g);
   if (auto* r = std::get_if<msg::train_reduced>(&m)) return on_reduced(from, *r);

@@ -57,6 +57,7 @@
 #include "actors/refused_message.hpp"
 #include "wire/messages.hpp"
 #include "actors/ring_allreduce.hpp"
+#include "actors/shared_region.hpp"
 #include "actors/train_data.hpp"
 #include "actors/train_text.hpp"
 #include "graph/validate.hpp"
@@ -148,6 +149,18 @@ class train_engine {
   /// file fail their steps here (io_error).
   using data_opener = std::function<expected<models::byte_source>(const node_id& holder, const msg::train_text_data& text)>;
   void set_data_opener(data_opener opener) { opener_ = std::move(opener); }
+  /// Memory shared with ring neighbours on this host (actors/shared_region.hpp): how a worker
+  /// makes the region it puts its all-reduce pieces into, and maps its predecessor's. Without it
+  /// (the default) every piece travels in its message; with it, a worker offers its region to
+  /// its successor, and once the successor has mapped it (it is on this host) pieces go through
+  /// the region and only their place travels (docs/training.md, "Peers on one host").
+  struct shared_memory {
+    std::function<expected<std::shared_ptr<shared_region>>(uint64_t data_bytes)> create;
+    std::function<expected<std::shared_ptr<shared_region>>(const region_locator& where)> open;
+  };
+  void set_shared_memory(shared_memory s) { shared_ = std::move(s); }
+  /// Regions of this process (shared_region::create / open).
+  static shared_memory host_shared_memory();
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -165,8 +178,8 @@ class train_engine {
   /// it, and resume the run on another node: that node's setup then stops this run).
   static constexpr std::chrono::seconds client_grace{30};
 
-  /// Training messages (open_training, train_setup, train_step, allreduce_piece,
-  /// train_reduced, train_state, train_resume); others are ignored.
+  /// Training messages (open_training, train_setup, train_step, allreduce_piece(_shared),
+  /// shared_region_offer/answer, train_reduced, train_state, train_resume); others are ignored.
   std::vector<outbound> on_message(const node_id& from, const msg::message& m, clock::time_point now);
   /// Device work ready to run; the shell runs each and calls on_executed.
   std::vector<train_task> take_ready();
@@ -176,8 +189,13 @@ class train_engine {
   /// takeover, a piece or step answer from outside the ring), and members left out of a run for
   /// missing a step's deadline (kind "train_step deadline"); the shell logs and counts them.
   std::vector<refused_message> take_refused() { return std::exchange(refused_messages_, {}); }
-  /// Other events the shell should log since the last call (a stalled all-reduce redone).
-  std::vector<std::string> take_notices() { return std::exchange(notices_, {}); }
+  /// Other events the shell should log since the last call: warnings (a stalled all-reduce
+  /// redone, no shared memory) and news (pieces to a successor go through shared memory).
+  struct notice {
+    bool warning = true;
+    std::string text;
+  };
+  std::vector<notice> take_notices() { return std::exchange(notices_, {}); }
 
   /// Runs this node coordinates, for status ("training" jobs).
   std::vector<msg::job_status> jobs(clock::time_point now) const;
@@ -198,6 +216,13 @@ class train_engine {
   /// Its coordinator is gone (or its client moved it): keep the state, stop everything else.
   static void orphan(worker_run& w);
   std::vector<outbound> on_piece(const node_id& from, const msg::allreduce_piece& p);
+  std::vector<outbound> on_piece_shared(const node_id& from, const msg::allreduce_piece_shared& p);
+  /// Worker: where the round's pieces go in this run's region (ring_allreduce::set_placer).
+  static payload_placer region_placer(worker_run& w);
+  /// Worker: offers this run's region to the step's successor, once it has none mapped.
+  std::vector<outbound> offer_region(worker_run& w);
+  std::vector<outbound> on_region_offer(const node_id& from, const msg::shared_region_offer& o);
+  void on_region_answer(const node_id& from, const msg::shared_region_answer& a);
   std::vector<outbound> on_reduced(const node_id& from, const msg::train_reduced& r);
   std::vector<outbound> on_state(const node_id& from, const msg::train_state& s);
   std::vector<outbound> on_resume(const node_id& client, const msg::train_resume& r);
@@ -241,6 +266,7 @@ class train_engine {
   node_id self_;
   step_deadlines deadlines_;
   data_opener opener_;
+  shared_memory shared_;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;
@@ -251,7 +277,7 @@ class train_engine {
   std::map<worker_key, error> refused_;
   std::vector<train_task> ready_;
   std::vector<refused_message> refused_messages_;
-  std::vector<std::string> notices_;
+  std::vector<notice> notices_;
 };
 
 }  // namespace mesh

@@ -200,6 +200,21 @@ struct train_engine::worker_run {
   bool go = false;
   /// This node's buckets computed and not yet started (waiting for the go).
   std::map<int, std::vector<float>> contribution;
+  /// All-reduce pieces through shared memory (train_engine::set_shared_memory). This worker's
+  /// region, for the pieces it sends its successor: each step's pieces take it from the start
+  /// (the successor has read every piece of a step before the coordinator issues the next, and
+  /// a piece of an attempt given up is read into a round that is dropped).
+  std::shared_ptr<shared_region> region;
+  bool region_failed = false;  ///< making it failed: pieces travel in their messages
+  uint64_t region_used = 0;    ///< bytes this step's pieces take
+  /// Per successor: whether it mapped the region (absent: not offered yet), and how many offers
+  /// it has turned down (an offer may come before its setup: offered again at later steps, up to
+  /// max_region_offers).
+  std::map<node_id, bool> successor_mapped;
+  std::map<node_id, int> region_offers;
+  static constexpr int max_region_offers = 4;
+  /// The predecessors' regions mapped here, by sender (the latest each named).
+  std::map<node_id, std::shared_ptr<shared_region>> predecessor_region;
   bool broken = false;
   bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
   bool stopping = false;

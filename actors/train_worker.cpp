@@ -644,7 +644,11 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // members send them once every one of them has said so (ring_go).
   w->round = std::make_unique<bucketed_allreduce>(round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets, w->rank,
                                                   static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
-  return {{from, msg::train_ready{s.train, s.step, s.attempt}}};
+  w->region_used = 0;  // the pieces of earlier steps were read (train_engine_state.hpp)
+  if (shared_.create) w->round->set_placer(region_placer(*w));
+  std::vector<outbound> out = offer_region(*w);
+  out.push_back({from, msg::train_ready{s.train, s.step, s.attempt}});
+  return out;
 }
 
 std::vector<train_task> train_engine::take_ready() {

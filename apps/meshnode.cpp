@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   std::string api_bind = "127.0.0.1:8080", api_key_file;
   bool print_id = false, open_mesh = false;
   std::string join_token;
-  std::string mdns = "on";
+  std::string mdns = "on", shared_memory = "on";
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, with _)")->envname("MESH_CONFIG");
   auto* o_state = app.add_option("--state-dir", state_dir, "identity and state directory")->envname("MESH_STATE_DIR");
   auto* o_secret = app.add_option("--secret-file", secret_file, "mesh secret (32 bytes or 64 hex chars) naming the mesh; by default the node "
@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   auto* o_hb = app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval")->envname("MESH_HEARTBEAT_MS");
   auto* o_dead = app.add_option("--dead-after-ms", dead_after_ms, "silence after which a peer is dead")->envname("MESH_DEAD_AFTER_MS");
   auto* o_mdns = app.add_option("--mdns", mdns, "find peers on the LAN with mDNS: on or off")->envname("MESH_MDNS")->check(CLI::IsMember({"on", "off"}))->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  auto* o_shm = app.add_option("--shared-memory", shared_memory, "all-reduce pieces to peers on this host through shared memory "
+                               "(on), or always through the network (off: e.g. nodes in network namespaces meant to see a shaped link)")
+                    ->envname("MESH_SHARED_MEMORY")->check(CLI::IsMember({"on", "off"}))->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto* o_model = app.add_option("--model", models, "checkpoint to serve: a GGUF file or a Hugging Face directory (repeatable)")->envname("MESH_MODELS")->delimiter(',');
   auto* o_api = app.add_option("--api-bind", api_bind, "HOST:PORT of the OpenAI-compatible API, dashboard and metrics, or off (default 127.0.0.1:8080, another free port if taken)")->envname("MESH_API_BIND");
   auto* o_key = app.add_option("--api-key-file", api_key_file, "file with the bearer key the HTTP API asks for (none: no key)")->envname("MESH_API_KEY_FILE");
@@ -126,13 +129,17 @@ int main(int argc, char** argv) {
     fill(o_jbytes, "max_job_bytes", max_job_bytes);
     fill(o_api, "api_bind", api_bind);
     fill(o_key, "api_key_file", api_key_file);
-    if (auto m = t["mdns"]) {  // true/false, or "on"/"off" as on the command line
+    const auto fill_switch = [&](CLI::Option* o, const char* key, std::string& value) {
+      auto m = t[key];  // true/false, or "on"/"off" as on the command line
+      if (!m) return;
       std::optional<std::string> v;
       if (auto b = m.value_exact<bool>()) v = *b ? "on" : "off";
       else if (auto str = m.value_exact<std::string>(); str && (*str == "on" || *str == "off")) v = *str;
-      if (!v) complain("mdns", "true, false, \"on\" or \"off\"");
-      else if (o_mdns->count() == 0) mdns = *v;
-    }
+      if (!v) complain(key, "true, false, \"on\" or \"off\"");
+      else if (o->count() == 0) value = *v;
+    };
+    fill_switch(o_mdns, "mdns", mdns);
+    fill_switch(o_shm, "shared_memory", shared_memory);
     const auto fill_list = [&](CLI::Option* o, const char* key, std::vector<std::string>& value, const char* example) {
       auto node = t[key];
       if (!node) return;
@@ -150,7 +157,7 @@ int main(int argc, char** argv) {
     fill_list(o_model, "models", models, "an array of strings, e.g. models = [\"/models/qwen2.5-0.5b-q4_k_m.gguf\"]");
     const std::vector<std::string> known = {"state_dir", "secret_file", "join", "open", "bind", "port", "device", "log_level", "heartbeat_ms",
                                             "dead_after_ms", "mdns", "peers", "models", "api_bind", "api_key_file", "blob_cache_bytes",
-                                            "parallel", "max_job_gflop", "max_job_bytes"};
+                                            "parallel", "max_job_gflop", "max_job_bytes", "shared_memory"};
     for (const auto& [key, value] : t)
       if (std::find(known.begin(), known.end(), std::string(key.str())) == known.end() && bad.empty()) {
         bad = "unknown setting '" + std::string(key.str()) + "' (known:";
@@ -204,6 +211,7 @@ int main(int argc, char** argv) {
   cfg.bind = bind;
   cfg.device = device;
   cfg.mdns = mdns == "on";
+  cfg.shared_memory = shared_memory == "on";
   cfg.heartbeat = std::chrono::milliseconds(heartbeat_ms);
   cfg.dead_after = std::chrono::milliseconds(dead_after_ms);
   for (const auto& p : peers) {

@@ -30,6 +30,9 @@ struct node_placement {
   std::function<void(int)> enter;
   /// Node i's --bind address (its endpoint then names it); empty: the default (loopback endpoint).
   std::function<std::string(int)> bind;
+  /// false: the nodes never take all-reduce pieces through shared memory (--shared-memory off),
+  /// so that nodes of this host in network namespaces exchange them over the links between them.
+  bool shared_memory = true;
 };
 
 inline expected<local_training_mesh> start_training_mesh(const std::string& meshnode, const std::filesystem::path& dir,
@@ -41,6 +44,7 @@ inline expected<local_training_mesh> start_training_mesh(const std::string& mesh
   for (int i = 0; i < n; ++i) {
     std::vector<std::string> args = {"--port", "0", "--device", device_of(i), "--mdns", "off", "--log-level", "info", "--open"};
     if (where.bind) args.insert(args.end(), {"--bind", where.bind(i)});
+    if (!where.shared_memory) args.insert(args.end(), {"--shared-memory", "off"});
     if (i > 0) args.insert(args.end(), {"--peer", first});
     if (where.enter) where.enter(i);
     m.nodes.push_back(std::make_unique<app::node_process>(meshnode, dir / (prefix + std::to_string(i)), args));

@@ -13,7 +13,8 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "train_progress", "job_progress", "train_resume", "train_checkpoint",
                                   "cancel_stages", "stage_accepted", "route_open", "train_ready", "ring_go", "generate_request",
                                   "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply", "stage_open", "stage_step",
-                                  "stage_close", "stage_reply", "blob_get", "blob_chunk"};
+                                  "stage_close", "stage_reply", "blob_get", "blob_chunk", "shared_region_offer",
+                                  "shared_region_answer", "allreduce_piece_shared"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
@@ -43,6 +44,10 @@ expected<void> check(const message& m) {
   if (auto* c = std::get_if<train_checkpoint>(&m)) return check_tensors(c->state);
   if (auto* s = std::get_if<stage_step>(&m)) return s->input.check();
   if (auto* r = std::get_if<stage_reply>(&m)) return r->output.check();
+  if (auto* o = std::get_if<shared_region_offer>(&m); o && o->nonce.size() != 16)
+    return make_error(error_code::decode_error, "shared_region_offer: a nonce of " + std::to_string(o->nonce.size()) + " bytes, not 16");
+  if (auto* p = std::get_if<allreduce_piece_shared>(&m); p && p->nonce.size() != 16)
+    return make_error(error_code::decode_error, "allreduce_piece_shared: a nonce of " + std::to_string(p->nonce.size()) + " bytes, not 16");
   return {};
 }
 

@@ -34,7 +34,7 @@ namespace mesh::msg {
 /// boxes carry a session and a sequence number). Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 23;
+inline constexpr uint16_t protocol_version = 24;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -278,7 +278,8 @@ using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage
                              train_progress, job_progress, train_resume, train_checkpoint, cancel_stages,
                              stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
                              generate_done, generate_cancel, models_request, models_reply, stage_open, stage_step,
-                             stage_close, stage_reply, blob_get, blob_chunk>;
+                             stage_close, stage_reply, blob_get, blob_chunk, shared_region_offer, shared_region_answer,
+                             allreduce_piece_shared>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);

@@ -161,6 +161,48 @@ struct allreduce_piece {
   bool operator==(const allreduce_piece&) const = default;
 };
 
+/// Worker -> its ring successor, which may run on the same host: the region this worker puts
+/// its all-reduce pieces into (actors/shared_region.hpp). The successor maps it and answers.
+struct shared_region_offer {
+  uint64_t train = 0;
+  node_id coordinator;
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  uint64_t size = 0;
+  std::vector<uint8_t> nonce;  ///< 16 bytes
+  bool operator==(const shared_region_offer&) const = default;
+};
+
+/// Successor -> worker: whether it mapped the region offered (`pid`, `fd`); if it did, pieces
+/// may come as allreduce_piece_shared from now on.
+struct shared_region_answer {
+  uint64_t train = 0;
+  node_id coordinator;
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  bool ok = false;
+  std::string error;  ///< why not (another host, ...)
+  bool operator==(const shared_region_answer&) const = default;
+};
+
+/// Worker -> next worker in the ring: an allreduce_piece whose payload is not in the message but
+/// in the sender's shared region (named as in its offer: the receiver maps it if it has not, e.g.
+/// after it was set up again), bytes [offset, offset + length) of its data.
+struct allreduce_piece_shared {
+  uint64_t train = 0;
+  node_id coordinator;
+  uint64_t round = 0;
+  uint32_t ring_step = 0;
+  uint32_t piece = 0;
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  uint64_t size = 0;
+  std::vector<uint8_t> nonce;  ///< 16 bytes
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  bool operator==(const allreduce_piece_shared&) const = default;
+};
+
 /// Ring member -> coordinator: step `step` (this attempt) is set up here, its round ready for
 /// the predecessor's pieces. With `probe`: the answer to a probing ring_go, saying how many
 /// pieces its round has taken from its predecessor.
@@ -248,6 +290,21 @@ void fields(F& f, train_ready& x) {
 template <class F>
 void fields(F& f, ring_go& x) {
   f(x.train, x.step, x.attempt, x.probe);
+}
+
+template <class F>
+void fields(F& f, shared_region_offer& x) {
+  f(x.train, x.coordinator, x.pid, x.fd, x.size, x.nonce);
+}
+
+template <class F>
+void fields(F& f, shared_region_answer& x) {
+  f(x.train, x.coordinator, x.pid, x.fd, x.ok, x.error);
+}
+
+template <class F>
+void fields(F& f, allreduce_piece_shared& x) {
+  f(x.train, x.coordinator, x.round, x.ring_step, x.piece, x.pid, x.fd, x.size, x.nonce, x.offset, x.length);
 }
 
 template <class F>

@@ -568,6 +568,7 @@ int main(int argc, char** argv) {
     const std::string root_ns = "/proc/" + std::to_string(::getpid()) + "/task/" + std::to_string(::gettid()) + "/ns/net";
     const int root_fd = ::open(root_ns.c_str(), O_RDONLY | O_CLOEXEC);
     bench::node_placement where;
+    where.shared_memory = false;  // the pieces must cross the shaped links
     if (topo) {
       where.enter = [&](int i) {
         if (!enter_netns("/run/netns/" + topo->ranks[static_cast<size_t>(i < s.nodes ? i : 0)]))

@@ -28,6 +28,9 @@
 #include "models/finetune.hpp"
 #include "transport/identity.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 using namespace mesh;
 
 namespace {
@@ -104,8 +107,11 @@ struct train_sim {
   std::chrono::milliseconds idle_step{0};
   int idle_ticks = 2000;
   step_deadlines deadlines;
+  /// Nodes added from now on take pieces through shared memory (all of them are in this
+  /// process, so each maps the others' regions: train_engine::host_shared_memory).
+  bool shared_memory = false;
 
-  explicit train_sim(int n, step_deadlines d = {}) : deadlines(d) {
+  explicit train_sim(int n, step_deadlines d = {}, bool shared = false) : deadlines(d), shared_memory(shared) {
     for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
   }
 
@@ -114,6 +120,7 @@ struct train_sim {
 
   void add(const std::string& id) {
     node nd{std::make_unique<train_engine>(test::named(id), deadlines), gpu::make_cpu_executor(1)};
+    if (shared_memory) nd.engine->set_shared_memory(train_engine::host_shared_memory());
     nd.engine->set_data_opener([this, id](const node_id&, const msg::train_text_data& t) -> expected<models::byte_source> {
       auto file = models::file_source(t.path);
       if (!file) return file;
@@ -180,7 +187,8 @@ struct train_sim {
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
       if (dead.count(from) || hung.count(to)) continue;
-      if (mute.count(from) && std::holds_alternative<msg::allreduce_piece>(o.m)) continue;
+      if (mute.count(from) && (std::holds_alternative<msg::allreduce_piece>(o.m) || std::holds_alternative<msg::allreduce_piece_shared>(o.m)))
+        continue;
       if (to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
         if (auto* r = std::get_if<msg::job_result>(&o.m)) results.push_back(*r);
@@ -361,6 +369,96 @@ TEST_CASE("gradients all-reduced in buckets, each after its segment of the backw
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+}
+
+TEST_CASE("all-reduce pieces through shared memory give the result of pieces in messages, bit for bit", "[actors][train][shm]") {
+  // Every node of the simulation is in this process, so each maps its predecessor's region as
+  // nodes on one host do. Data parallel in buckets, and DiLoCo with int8 outer gradients (a
+  // block format), each against the same run with every piece in its message.
+  const auto s = two_moons_mlp();
+  auto dp = dp_options();
+  dp.bucket_bytes = 1;
+  auto diloco = diloco_options(20);
+  diloco.compression = wire_format::int8;
+  for (const auto& o : {dp, diloco}) {
+    INFO((o.method == train_method::diloco ? "DiLoCo int8" : "data parallel in buckets"));
+    const auto spec = spec_for(s, o);
+    train_sim inline_pieces(3);
+    const auto expected_result = inline_pieces.train(spec);
+    REQUIRE(expected_result.ok);
+    train_sim shared(3, {}, true);
+    std::map<std::string, int> kinds;
+    std::vector<uint64_t> inline_steps;  // the steps whose pieces still went in messages
+    shared.on_tick = [&](train_sim& t) {
+      ++kinds[msg::kind_name(t.last_message)];
+      if (std::holds_alternative<msg::allreduce_piece>(t.last_message)) inline_steps.push_back(t.progress.size());
+    };
+    const auto r = shared.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(outputs_of(r) == outputs_of(expected_result));
+    CHECK(kinds["shared_region_offer"] >= 3);  // each member offers its successor
+    CHECK(kinds["shared_region_answer"] == kinds["shared_region_offer"]);
+    CHECK(kinds["allreduce_piece_shared"] > 0);
+    // Pieces go in messages only until the successors have answered: in the first round.
+    for (uint64_t step : inline_steps) CHECK(step == 0);
+    CHECK(kinds["allreduce_piece_shared"] > 4 * kinds["allreduce_piece"]);
+  }
+}
+
+TEST_CASE("shared-memory pieces and offers a node cannot trust are refused, and the run goes on", "[actors][train][shm][security]") {
+  const auto s = two_moons_mlp();
+  const auto spec = spec_for(s, dp_options(6));
+  train_sim sim(3, {}, true);
+  std::vector<msg::shared_region_answer> answers;
+  std::map<std::string, std::string> successor;  // from the offers: each member offers its successor
+  msg::shared_region_offer offer_to_a;            // node-a's predecessor's region
+  bool sent = false;
+  const int not_a_region = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  REQUIRE(not_a_region >= 0);
+  sim.on_tick = [&](train_sim& t) {
+    if (const auto* o = std::get_if<msg::shared_region_offer>(&t.last_message)) {
+      successor[t.last_from] = t.last_to;
+      if (t.last_to == "node-a") offer_to_a = *o;
+    }
+    if (const auto* a = std::get_if<msg::shared_region_answer>(&t.last_message); a) answers.push_back(*a);
+    if (sent || t.progress.size() != 2) return;
+    sent = true;
+    const node_id coordinator = test::named("node-a");
+    std::string predecessor, other;  // of node-a in the ring
+    for (const auto& [from, to] : successor)
+      if (to == "node-a") predecessor = from;
+    for (const auto* n : {"node-b", "node-c"})
+      if (n != predecessor) other = n;
+    REQUIRE(!predecessor.empty());
+    // Another member sends node-a a piece in a "region" that is a file of this process but no
+    // region; node-a's predecessor one past the end of its real region; and node-a offers a file
+    // that is no region.
+    const auto& o = offer_to_a;
+    t.send(other, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, static_cast<uint32_t>(getpid()),
+                                                          static_cast<uint32_t>(not_a_region), 4096, std::vector<uint8_t>(16, 1), 0, 64}}});
+    t.send(predecessor, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, o.pid, o.fd, o.size, o.nonce, o.size, 64}}});
+    t.send("node-a", {{other, msg::shared_region_offer{1, coordinator, static_cast<uint32_t>(getpid()),
+                                                       static_cast<uint32_t>(not_a_region), 4096, std::vector<uint8_t>(16, 1)}}});
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(outputs_of(r).at("opt.adam.t").at(0) == 6.0);
+  ::close(not_a_region);
+  bool refused_unmapped = false, refused_bounds = false;
+  for (const auto& [node, r] : sim.refused) {
+    if (r.kind != "allreduce_piece_shared") continue;
+    CHECK(node == "node-a");
+    refused_unmapped = refused_unmapped || r.why.find("the piece's shared region: ") != std::string::npos;
+    refused_bounds = refused_bounds || r.why.find("past its shared region") != std::string::npos;
+  }
+  CHECK(refused_unmapped);
+  CHECK(refused_bounds);
+  // node-a's offer was turned down, and so was the piece in no region, with the reason.
+  int told = 0;
+  for (const auto& a : answers) told += !a.ok && a.error.find("not a shared region") != std::string::npos;
+  CHECK(told == 2);
 }
 
 TEST_CASE("the gradient program cut into segments gives the whole program's updates and outputs", "[actors][train][buckets]") {

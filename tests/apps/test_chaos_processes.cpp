@@ -162,18 +162,19 @@ TEST_CASE("chaos: 10% packet loss on every link between the nodes: the run ends 
   const auto reference = single_node_state(p, steps);
   // Each node reaches the others only through a proxy that drops 10% of the datagrams both ways
   // (this kernel has no netem) and delays each by 1 ms. The client talks to a directly.
+  // The nodes share this host: --shared-memory off keeps their all-reduce pieces on the links.
   temp_dir tmp;
-  node_process a(tmp.path / "a");
+  node_process a(tmp.path / "a", {"--shared-memory", "off"});
   const std::string ea = a.endpoint();
   const auto port_of = [](const std::string& e) { return static_cast<uint16_t>(std::stoi(e.substr(e.rfind(':') + 1))); };
   const auto via = [](const std::string& e, const impairment_proxy& proxy) {
     return node_id_of(e) + "@127.0.0.1:" + std::to_string(proxy.port());
   };
   impairment_proxy b_to_a(port_of(ea), 0.10, 1ms), c_to_a(port_of(ea), 0.10, 1ms);
-  node_process b(tmp.path / "b", {"--peer", via(ea, b_to_a)});
+  node_process b(tmp.path / "b", {"--peer", via(ea, b_to_a), "--shared-memory", "off"});
   const std::string eb = b.endpoint();
   impairment_proxy c_to_b(port_of(eb), 0.10, 1ms);
-  node_process cn(tmp.path / "c", {"--peer", via(ea, c_to_a), "--peer", via(eb, c_to_b)});
+  node_process cn(tmp.path / "c", {"--peer", via(ea, c_to_a), "--peer", via(eb, c_to_b), "--shared-memory", "off"});
   cn.endpoint();
   auto c = client::connect(ea, member_options());
   REQUIRE(c);

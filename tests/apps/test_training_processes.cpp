@@ -49,6 +49,25 @@ TEST_CASE("data-parallel training over 3 meshnode processes equals a single node
   REQUIRE(before);
   REQUIRE(after);
   CHECK(*after < *before * 0.8);
+  // The three processes share this host: their pieces went through shared memory.
+  int shared = 0;
+  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) shared += n->log().find("go through shared memory") != std::string::npos;
+  CHECK(shared == 3);
+}
+
+TEST_CASE("with --shared-memory off every all-reduce piece crosses the transport, and the result is the same", "[apps][train]") {
+  const auto p = moons();
+  const auto reference = single_node_state(p, 12);
+  three_nodes mesh({"--shared-memory", "off"});
+  auto c = client::connect(mesh.ea, member_options());
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  auto r = trainer(**c, p.model, p.params, p.data, options(12)).fit();
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(r->workers.size() == 3);
+  CHECK(max_difference(r->state, reference) < 1e-4);
+  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) CHECK(n->log().find("shared memory") == std::string::npos);
 }
 
 TEST_CASE("a peer killed with SIGKILL mid-training: the run completes with every step applied once",

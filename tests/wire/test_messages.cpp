@@ -109,9 +109,29 @@ std::vector<message> samples() {
           stage_reply{21, false, error_code::not_found, "node 1a2b3c4d has no file /models/big.gguf", tensor::zeros(dtype::f32, {0})},
           blob_get{31, {9, 8, 7}, uint64_t{3} << 32, 1u << 20},
           blob_chunk{31, true, error_code::internal, "", uint64_t{3} << 32, {4, 5, 6}, {0, 1, 2, 255, 128}},
-          blob_chunk{32, false, error_code::not_found, "node 1a2b3c4d: offers no blob 0909", 0, {}, {}}};
+          blob_chunk{32, false, error_code::not_found, "node 1a2b3c4d: offers no blob 0909", 0, {}, {}},
+          shared_region_offer{5, test::named("node-a"), 4242, 17, (uint64_t{1} << 32) + 64,
+                              {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 255}},
+          shared_region_answer{5, test::named("node-a"), 4242, 17, true, ""},
+          shared_region_answer{5, test::named("node-a"), 4242, 17, false, "no shared region at /proc/4242/fd/17 on this host"},
+          allreduce_piece_shared{5, test::named("node-a"), 77, 2, 1, 4242, 17, (uint64_t{1} << 32) + 64, std::vector<uint8_t>(16, 9),
+                                 uint64_t{5} << 30, 4096}};
 }
 }  // namespace
+
+TEST_CASE("a shared region offer or piece whose nonce is not 16 bytes is refused, naming it", "[wire][messages]") {
+  for (size_t n : {0, 15, 17}) {
+    for (const message& m : {message(shared_region_offer{5, test::named("node-a"), 1, 2, 4096, std::vector<uint8_t>(n, 7)}),
+                             message(allreduce_piece_shared{5, test::named("node-a"), 1, 0, 0, 1, 2, 4096, std::vector<uint8_t>(n, 7), 0, 8})}) {
+      auto bytes = encode_message(m);
+      REQUIRE(bytes);
+      auto r = decode_message(bytes->data(), bytes->size());
+      REQUIRE_FALSE(r);
+      CHECK(r.error().code == error_code::decode_error);
+      CHECK(r.error().message.find(std::string(kind_name(m)) + ": a nonce of " + std::to_string(n) + " bytes, not 16") != std::string::npos);
+    }
+  }
+}
 
 TEST_CASE("non-finite and subnormal floating-point values round-trip bit for bit", "[wire][messages]") {
   // A diverged training reports an infinite loss. CAF 0.17's float packing never returned for
