@@ -3,7 +3,7 @@
 // a generate request or a stage message to the checks a node runs before it touches a model
 // (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
 // training engine first gets a valid setup from that peer, so that steps (with their dataset
-// shards), pieces and resumes reach a live run. The chunks of a checkpoint file fetched between
+// shards), pieces (also in shared regions) and resumes reach a live run. The chunks of a checkpoint file fetched between
 // nodes (blob_get, blob_chunk) go to their checks and to a fetch's assembly.
 #include <cstdint>
 #include <vector>
@@ -172,6 +172,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   mesh::job_engine jobs(self, {"self-bbbb", 1e-6, 1e3, 1e3, int64_t{1} << 30});
   mesh::train_engine train(self);
+  // Offers and pieces in shared memory name files by pid and descriptor: the real checks run on
+  // hostile locators (shared_region::open maps nothing they do not pass).
+  train.set_shared_memory(mesh::train_engine::host_shared_memory());
   train.peer_up(peer);
   static const mesh::msg::train_setup setup = tiny_setup();
   (void)train.on_message(peer, setup, {});
