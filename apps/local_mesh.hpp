@@ -1,5 +1,6 @@
 #pragma once
 /// Starts meshnode processes on this machine (for the demo and the examples) and stops them.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -27,9 +28,17 @@ class node_process {
     std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     std::filesystem::remove(dir_ / "endpoint");
     args.insert(args.begin(), {binary, "--state-dir", dir_.string()});
+    // Everything the child needs is made here: a child of a threaded process may only make
+    // async-signal-safe calls before exec (an allocation could wait for ever on a lock another
+    // thread held at the fork).
+    const std::string log_path = (dir_ / "node.log").string();
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
     const pid_t parent = ::getpid();
-    pid_ = fork();
+    pid_ = log < 0 ? -1 : fork();
     if (pid_ == 0) {
       // The node goes when this process does, however it ends: a crash or SIGKILL runs no
       // destructor that could stop it, and an orphaned node would keep its port and state
@@ -37,15 +46,12 @@ class node_process {
       // from threads that live as long as the process.)
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       if (::getppid() != parent) _exit(0);  // it died before the signal was asked for
-      const std::string log = (dir_ / "node.log").string();
-      if (!std::freopen(log.c_str(), "a", stdout)) _exit(126);
-      dup2(1, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
+      dup2(log, 1);
+      dup2(log, 2);
       execv(argv[0], argv.data());
       _exit(127);
     }
+    if (log >= 0) ::close(log);
   }
   node_process(const node_process&) = delete;
   node_process& operator=(const node_process&) = delete;

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <csignal>
+#include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <memory>
 #include <fstream>
@@ -68,28 +70,33 @@ class node_process {
     const auto names = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
     if (join_test_mesh && !names("--join") && !names("--secret-file") && !names("--open"))
       args.insert(args.end(), {"--join", test_token()});
+    // Everything the child needs is made here: this process has threads (clients, streams), and
+    // a child of a threaded process may only make async-signal-safe calls before exec (an
+    // allocation could wait for ever on a lock another thread held at the fork).
+    const std::string log_path = (dir_ / "node.log").string();
+    const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log < 0) FAIL("cannot open " << log_path);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     std::fflush(nullptr);  // or the child re-prints what the parent had buffered
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string log = (dir_ / "node.log").string();
-      FILE* f = std::freopen(log.c_str(), "a", stdout);
-      (void)f;
-      dup2(1, 2);
-      if (!hidden.empty() && (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)) {
-        std::perror("node_process: cannot make a mount namespace");
+      const auto fail = [](const char* why) {
+        const ssize_t n = ::write(2, why, std::strlen(why));
+        (void)n;
         _exit(126);
-      }
+      };
+      dup2(log, 1);
+      dup2(log, 2);
+      if (!hidden.empty() && (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0))
+        fail("node_process: cannot make a mount namespace\n");
       for (const auto& h : hidden)
-        if (mount("tmpfs", h.c_str(), "tmpfs", 0, "size=1m") != 0) {
-          std::perror(("node_process: cannot hide " + h.string()).c_str());
-          _exit(126);
-        }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
+        if (mount("tmpfs", h.c_str(), "tmpfs", 0, "size=1m") != 0) fail("node_process: cannot hide a directory with a tmpfs\n");
       execv(argv[0], argv.data());
       _exit(127);
     }
+    ::close(log);
   }
   ~node_process() { kill(SIGKILL); }
 
