@@ -144,8 +144,17 @@ std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const m
   auto it = worker_.find(worker_key{p.coordinator, p.train});
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
-  // The sender's region, mapped when it offered it or now (this run was set up again since, or
-  // the offer's answer crossed this piece). Whatever the piece's round: one in a region that
+  if (w.rank < 0 || w.ring.empty()) return {};
+  const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
+  if (from != prev) {
+    // Only the ring predecessor's region is ever mapped here (accept_piece's rule, before any
+    // file is opened for the sender).
+    note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the sender is not this node's ring predecessor " +
+                                                     prev.short_string());
+    return {};
+  }
+  // The predecessor's region, mapped when it offered it or now (this run was set up again since,
+  // or the offer's answer crossed this piece). Whatever the piece's round: one in a region that
   // does not open here, or past its end, is no piece a member following the protocol sends.
   region_locator where{p.pid, p.fd, p.size, {}};
   std::copy(p.nonce.begin(), p.nonce.end(), where.nonce.begin());  // 16 bytes: the decoder checked

@@ -431,13 +431,15 @@ TEST_CASE("shared-memory pieces and offers a node cannot trust are refused, and 
     for (const auto* n : {"node-b", "node-c"})
       if (n != predecessor) other = n;
     REQUIRE(!predecessor.empty());
-    // Another member sends node-a a piece in a "region" that is a file of this process but no
-    // region; node-a's predecessor one past the end of its real region; and node-a offers a file
-    // that is no region.
+    // node-a's predecessor sends it a piece in a "region" that is a file of this process but no
+    // region, and one past the end of its real region; the other member a piece in its region
+    // (not the predecessor's: refused before anything is opened); node-a offers a file that is
+    // no region.
     const auto& o = offer_to_a;
-    t.send(other, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, static_cast<uint32_t>(getpid()),
-                                                          static_cast<uint32_t>(not_a_region), 4096, std::vector<uint8_t>(16, 1), 0, 64}}});
+    t.send(predecessor, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, static_cast<uint32_t>(getpid()),
+                                                                static_cast<uint32_t>(not_a_region), 4096, std::vector<uint8_t>(16, 1), 0, 64}}});
     t.send(predecessor, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, o.pid, o.fd, o.size, o.nonce, o.size, 64}}});
+    t.send(other, {{"node-a", msg::allreduce_piece_shared{1, coordinator, 0, 0, 0, o.pid, o.fd, o.size, o.nonce, 0, 64}}});
     t.send("node-a", {{other, msg::shared_region_offer{1, coordinator, static_cast<uint32_t>(getpid()),
                                                        static_cast<uint32_t>(not_a_region), 4096, std::vector<uint8_t>(16, 1)}}});
   };
@@ -446,15 +448,17 @@ TEST_CASE("shared-memory pieces and offers a node cannot trust are refused, and 
   REQUIRE(r.ok);
   CHECK(outputs_of(r).at("opt.adam.t").at(0) == 6.0);
   ::close(not_a_region);
-  bool refused_unmapped = false, refused_bounds = false;
+  bool refused_unmapped = false, refused_bounds = false, refused_stranger = false;
   for (const auto& [node, r] : sim.refused) {
     if (r.kind != "allreduce_piece_shared") continue;
     CHECK(node == "node-a");
     refused_unmapped = refused_unmapped || r.why.find("the piece's shared region: ") != std::string::npos;
     refused_bounds = refused_bounds || r.why.find("past its shared region") != std::string::npos;
+    refused_stranger = refused_stranger || r.why.find("not this node's ring predecessor") != std::string::npos;
   }
   CHECK(refused_unmapped);
   CHECK(refused_bounds);
+  CHECK(refused_stranger);
   // node-a's offer was turned down, and so was the piece in no region, with the reason.
   int told = 0;
   for (const auto& a : answers) told += !a.ok && a.error.find("not a shared region") != std::string::npos;
