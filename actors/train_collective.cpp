@@ -10,10 +10,29 @@
 
 #include "actors/train_engine_state.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace mesh {
 using namespace train_detail;
+
+namespace {
+
+/// A region as messages name it (shared_region_offer, allreduce_piece_shared), whose nonce the
+/// decoder checked to be 16 bytes.
+region_locator locator_of(uint32_t pid, uint32_t fd, uint64_t size, const std::vector<uint8_t>& nonce) {
+  region_locator at{pid, fd, size, {}};
+  std::copy_n(nonce.begin(), std::min(nonce.size(), at.nonce.size()), at.nonce.begin());
+  return at;
+}
+
+/// The worker's ring predecessor in the current step, or none (no ring yet).
+const node_id* predecessor_of(const std::vector<node_id>& ring, int rank) {
+  if (rank < 0 || ring.empty()) return nullptr;
+  return &ring[static_cast<size_t>(rank + static_cast<int>(ring.size()) - 1) % ring.size()];
+}
+
+}  // namespace
 
 train_engine::shared_memory train_engine::host_shared_memory() {
   shared_memory s;
@@ -75,9 +94,7 @@ std::vector<outbound> train_engine::on_region_offer(const node_id& from, const m
   } else if (it == worker_.end()) {
     a.error = "no training run " + std::to_string(o.train) + " of that coordinator is set up here yet";
   } else {
-    region_locator where{o.pid, o.fd, o.size, {}};
-    std::copy(o.nonce.begin(), o.nonce.end(), where.nonce.begin());  // 16 bytes: the decoder checked
-    auto r = shared_.open(where);
+    auto r = shared_.open(locator_of(o.pid, o.fd, o.size, o.nonce));
     if (r) {
       it->second->predecessor_region[from] = std::move(*r);
       a.ok = true;
@@ -144,20 +161,19 @@ std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const m
   auto it = worker_.find(worker_key{p.coordinator, p.train});
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
-  if (w.rank < 0 || w.ring.empty()) return {};
-  const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
-  if (from != prev) {
+  const node_id* prev = predecessor_of(w.ring, w.rank);
+  if (!prev) return {};
+  if (from != *prev) {
     // Only the ring predecessor's region is ever mapped here (accept_piece's rule, before any
     // file is opened for the sender).
     note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the sender is not this node's ring predecessor " +
-                                                     prev.short_string());
+                                                     prev->short_string());
     return {};
   }
   // The predecessor's region, mapped when it offered it or now (this run was set up again since,
   // or the offer's answer crossed this piece). Whatever the piece's round: one in a region that
   // does not open here, or past its end, is no piece a member following the protocol sends.
-  region_locator where{p.pid, p.fd, p.size, {}};
-  std::copy(p.nonce.begin(), p.nonce.end(), where.nonce.begin());  // 16 bytes: the decoder checked
+  const region_locator where = locator_of(p.pid, p.fd, p.size, p.nonce);
   auto& mapped = w.predecessor_region[from];
   if (!mapped || mapped->locator() != where) {
     expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
@@ -214,8 +230,9 @@ std::vector<outbound> train_engine::start_round(worker_run& w) {
 }
 
 std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& from, const allreduce_piece_ref& m) {
-  if (w.rank < 0 || w.ring.empty()) return {};
-  const node_id& prev = w.ring[static_cast<size_t>(w.rank + static_cast<int>(w.ring.size()) - 1) % w.ring.size()];
+  const node_id* predecessor = predecessor_of(w.ring, w.rank);
+  if (!predecessor) return {};
+  const node_id& prev = *predecessor;
   if (from != prev) {
     // Only our predecessor in the ring sends pieces of this round (an earlier round's pieces
     // were dropped by their round id): anyone else would add numbers of its own to the sum.

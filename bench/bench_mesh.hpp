@@ -6,6 +6,7 @@
 /// healthy (30 s at most). A placement puts the nodes elsewhere than loopback (network namespaces:
 /// bench/train/bench_shaped.cpp).
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -65,6 +66,19 @@ inline expected<local_training_mesh> start_training_mesh(const std::string& mesh
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return m;
+}
+
+/// With MESH_BENCH_KEEP=DIR in the environment: copies each node's log under `dir` (node.log of
+/// every state directory; with MESH_TRAIN_TIMING=1 where each node's steps' time goes) into DIR
+/// as <node>.log, before the caller removes `dir`.
+inline void keep_node_logs(const std::filesystem::path& dir) {
+  const char* keep = std::getenv("MESH_BENCH_KEEP");
+  if (!keep || !*keep) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec))
+    if (e.path().filename() == "node.log")
+      std::filesystem::copy_file(e.path(), std::filesystem::path(keep) / (e.path().parent_path().filename().string() + ".log"),
+                                 std::filesystem::copy_options::overwrite_existing, ec);
 }
 
 }  // namespace mesh::bench

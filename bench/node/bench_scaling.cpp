@@ -5,6 +5,7 @@
 //   bench_scaling [--nodes 4] [--device-prefix "#"] [--steps 12] [--width 2048] [--rows 4096]
 //                 [--micro 8] [--compression f32|bf16|f16|int8|fp4] [--meshnode PATH]
 // --device-prefix "#" gives node i the device "#i" (the i-th GPU); "cpu" gives every node the CPU.
+// MESH_BENCH_KEEP=DIR copies each node's log into DIR (bench/bench_mesh.hpp, keep_node_logs).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -85,8 +86,8 @@ expected<measured> run(const settings& s, int n) {
   c.reset();
   mesh->nodes.clear();
   std::error_code ec;
-  if (std::getenv("MESH_BENCH_KEEP")) std::fprintf(stderr, "  the nodes' logs: %s/n*/node.log\n", dir.c_str());  // MESH_TRAIN_TIMING's lines
-  else std::filesystem::remove_all(dir, ec);
+  bench::keep_node_logs(dir);  // MESH_BENCH_KEEP=DIR: MESH_TRAIN_TIMING's lines of every node
+  std::filesystem::remove_all(dir, ec);
   return m;
 }
 

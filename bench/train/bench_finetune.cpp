@@ -313,15 +313,7 @@ int main(int argc, char** argv) {
     if (n > 1 && results.front().first == 1)
       std::printf("scaling efficiency on %d nodes: %.1f%%\n", n, 100 * r.tokens_per_s / (n * results.front().second.tokens_per_s));
   std::error_code ec;
-  if (const char* keep = std::getenv("MESH_BENCH_KEEP"); keep && *keep) {
-    // The nodes' logs (MESH_TRAIN_TIMING's lines of every node, not only the first's): copied to
-    // the directory MESH_BENCH_KEEP names.
-    for (const auto& e : fs::recursive_directory_iterator(dir, ec))
-      if (e.path().filename() == "node.log") {
-        const fs::path to = fs::path(keep) / (e.path().parent_path().filename().string() + ".log");
-        fs::copy_file(e.path(), to, fs::copy_options::overwrite_existing, ec);
-      }
-  }
+  bench::keep_node_logs(dir);  // every node's MESH_TRAIN_TIMING lines, not only the first's
   fs::remove_all(dir, ec);
   return 0;
 }
