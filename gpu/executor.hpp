@@ -97,6 +97,14 @@ class executor {
   virtual expected<void> write_parameters(const std::vector<std::string>& names, std::span<const uint8_t> bytes) = 0;
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;
+  /// Runs a loaded program `times` times back to back with the same inputs, each run's updates
+  /// applied before the next begins, and returns the last run's outputs (1 <= times <=
+  /// max_repeated_runs). For a program whose parameters carry its state from one run to the
+  /// next, as a greedy decode step that feeds the token it picked to the following step
+  /// (models::session::decode_greedy): Vulkan submits the command buffer `times` times in one
+  /// submission, so the device goes from run to run without waiting for the host.
+  virtual expected<tensor_map> run_repeated(program_id id, const tensor_map& inputs, int64_t times) = 0;
+  static constexpr int64_t max_repeated_runs = 1024;
   /// Frees a loaded program (its buffers and command buffer); its id is not used again. Unknown
   /// or already unloaded ids are ignored. A node loads programs for as long as it runs: without
   /// this, device memory only grew.

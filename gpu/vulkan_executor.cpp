@@ -251,8 +251,14 @@ class vulkan_executor final : public executor {
     return drop_unused(params_, prefix, used, [&](const param& pr) { device_pool_.release(pr.buffer); });
   }
 
-  expected<tensor_map> run(program_id id, const tensor_map& inputs) override {
+  expected<tensor_map> run(program_id id, const tensor_map& inputs) override { return run_repeated(id, inputs, 1); }
+
+  expected<tensor_map> run_repeated(program_id id, const tensor_map& inputs, int64_t times) override {
     if (lost_) return lost_error();
+    if (times < 1 || times > max_repeated_runs)
+      return make_error(error_code::invalid_argument,
+                        "run_repeated: " + std::to_string(times) + " runs asked for; 1 to " +
+                                                          std::to_string(max_repeated_runs) + " are possible");
     if (id >= programs_.size() || !programs_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
     program& pr = *programs_[id];
     const auto t0 = std::chrono::steady_clock::now();
@@ -262,7 +268,7 @@ class vulkan_executor final : public executor {
       if (!b.empty()) std::memcpy(pr.staging->mapped + off, b.data(), b.size());
     }
     const auto t1 = std::chrono::steady_clock::now();
-    if (auto ok = submit(pr.cmd); !ok) return tl::unexpected(ok.error());
+    if (auto ok = submit(pr.cmd, static_cast<uint32_t>(times)); !ok) return tl::unexpected(ok.error());
     submit_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
     if (pr.queries) read_timings(pr);
     last_run_ = static_cast<int>(id);
@@ -277,7 +283,7 @@ class vulkan_executor final : public executor {
       t.bytes.assign(from, from + bytes_of(n));
       out[o.name] = std::move(t);
     }
-    ++runs_;
+    runs_ += static_cast<uint64_t>(times);
     run_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
@@ -332,10 +338,13 @@ class vulkan_executor final : public executor {
     vkCmdPipelineBarrier(cmd, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
   }
 
-  expected<void> submit(VkCommandBuffer cmd) {
+  /// Submits `cmd` `times` times in one submission (a program's command buffer is recorded for
+  /// simultaneous use: see record()) and waits for it.
+  expected<void> submit(VkCommandBuffer cmd, uint32_t times = 1) {
+    const std::vector<VkCommandBuffer> cmds(times, cmd);
     auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &cmd;
+    si.commandBufferCount = times;
+    si.pCommandBuffers = cmds.data();
     VkResult r = vkQueueSubmit(d_->queue, 1, &si, fence_);
     if (r == VK_SUCCESS) {
       r = vkWaitForFences(d_->device, 1, &fence_, VK_TRUE, 120ull * 1000 * 1000 * 1000);
@@ -666,6 +675,10 @@ class vulkan_executor final : public executor {
       if (VkResult r = vkCreateQueryPool(d_->device, &qi, nullptr, &pr.queries); r != VK_SUCCESS) pr.queries = VK_NULL_HANDLE;
     }
     auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    // run_repeated lists the command buffer several times in one submission. Each copy's last
+    // barrier orders its updates before the next copy's commands (a barrier's scopes reach
+    // across command buffers in submission order).
+    bi.flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT;
     VkCommandBuffer cmd = pr.cmd;
     vkBeginCommandBuffer(cmd, &bi);
     if (pr.queries) vkCmdResetQueryPool(cmd, pr.queries, 0, static_cast<uint32_t>(pr.timed.size() + 1));

@@ -180,7 +180,25 @@ void generation_run::prompt_done(double seconds) {
   s_->t0 = clock::now();
 }
 
+bool generation_run::greedy() const {
+  const auto& o = s_->options;
+  return o.sampling.temperature <= 0.0f && o.sampling.repetition_penalty == 1.0f && o.logprobs < 0;
+}
+
 expected<std::optional<int32_t>> generation_run::next(std::span<const float> logits) {
+  state& s = *s_;
+  if (s.ended || static_cast<int64_t>(s.out.tokens.size()) >= s.options.max_tokens) return accept(0, std::nullopt);
+  const int32_t next = s.smp.sample(logits, s.history);
+  std::optional<token_logprob> entry;
+  if (s.options.logprobs >= 0) entry = token_log_probabilities(logits, next, s.options.logprobs);
+  return accept(next, std::move(entry));
+}
+
+size_t generation_run::generated() const { return s_->out.tokens.size(); }
+
+expected<std::optional<int32_t>> generation_run::next_token(int32_t token) { return accept(token, std::nullopt); }
+
+expected<std::optional<int32_t>> generation_run::accept(int32_t next, std::optional<token_logprob> entry) {
   state& s = *s_;
   generation& out = s.out;
   const auto end = [&](stop_reason r) -> std::optional<int32_t> {
@@ -189,9 +207,6 @@ expected<std::optional<int32_t>> generation_run::next(std::span<const float> log
     return std::nullopt;
   };
   if (s.ended || static_cast<int64_t>(out.tokens.size()) >= s.options.max_tokens) return end(out.reason);
-  const int32_t next = s.smp.sample(logits, s.history);
-  std::optional<token_logprob> entry;
-  if (s.options.logprobs >= 0) entry = token_log_probabilities(logits, next, s.options.logprobs);
   out.tokens.push_back(next);
   s.history.push_back(next);
   if (s.options.on_token && !s.options.on_token(static_cast<int64_t>(out.tokens.size())))
@@ -235,12 +250,31 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
   auto logits = s.prefill(prompt);
   if (!logits) return forward_error(logits);
   run->prompt_done(std::chrono::duration<double>(clock::now() - t0).count());
-  for (;;) {
-    auto next = run->next(*logits);
-    if (!next) return forward_error(next);
-    if (!*next) break;
+  auto next = run->next(*logits);
+  if (!next) return forward_error(next);
+  const int64_t chunk = run->greedy() ? s.greedy_chunk() : 0;
+  while (*next && chunk > 0) {
+    // Greedy on the device: chunks of steps with no host between them. A stop inside a chunk
+    // drops the positions decoded past it, so the model stands where the one-step loop would.
+    const int64_t from = s.position();
+    const int64_t left = options.max_tokens - static_cast<int64_t>(run->generated());
+    auto picked = s.decode_greedy(0, **next, std::min(chunk, left));
+    if (!picked) return forward_error(picked);
+    int64_t used = 0;
+    for (const int32_t t : *picked) {
+      ++used;
+      next = run->next_token(t);
+      if (!next) return forward_error(next);
+      if (!*next) break;
+    }
+    if (!*next && from + used < s.position())
+      if (auto ok = s.rewind(0, from + used); !ok) return forward_error(ok);
+  }
+  while (*next) {
     logits = s.decode(**next);
     if (!logits) return forward_error(logits);
+    next = run->next(*logits);
+    if (!next) return forward_error(next);
   }
   return run->finish();
 }

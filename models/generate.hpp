@@ -97,6 +97,14 @@ class generation_run {
   /// the generation has ended (then finish()). An error (a token the tokenizer cannot decode)
   /// ends it too.
   expected<std::optional<int32_t>> next(std::span<const float> logits);
+  /// next() for a token picked elsewhere (greedy decoding on the device: the sampling options
+  /// must be greedy, without logprobs).
+  expected<std::optional<int32_t>> next_token(int32_t token);
+  /// Whether next() would pick the first index of the largest logit and report nothing else of
+  /// the logits (greedy, no repetition penalty, no logprobs): then next_token may take its place.
+  bool greedy() const;
+  /// Tokens generated so far.
+  size_t generated() const;
   /// Ends the generation (emitting what was held back when it ended by EOS or max_tokens) and
   /// returns it. Call once, after next() returned nullopt.
   generation finish();
@@ -104,6 +112,8 @@ class generation_run {
  private:
   struct state;
   explicit generation_run(std::unique_ptr<state> s);
+  /// Records `token` as the next one (with its logprobs entry) and emits its text.
+  expected<std::optional<int32_t>> accept(int32_t token, std::optional<token_logprob> entry);
   std::unique_ptr<state> s_;
 };
 

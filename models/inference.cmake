@@ -11,6 +11,7 @@ add_library(mesh_inference STATIC
   ${CMAKE_CURRENT_LIST_DIR}/peft.cpp
   ${CMAKE_CURRENT_LIST_DIR}/hf_export.cpp
   ${CMAKE_CURRENT_LIST_DIR}/session.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/sequence_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/stage_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/sampler.cpp

@@ -53,6 +53,20 @@ class sequence_model {
   virtual void reset() = 0;
   virtual int64_t position() const = 0;
 
+  /// Greedy decoding of the sequence in `slot`: appends `token`, picks the next token as the
+  /// first index of the largest logit (first_argmax), appends that, and so on until `count`
+  /// tokens are picked; the last one picked is not appended yet (as after decode and
+  /// first_argmax of its logits). Returns the picked tokens. Errors as decode's, and `count`
+  /// positions past the context. This default runs decode and first_argmax; a session runs the
+  /// steps on the device back to back, without the host between them.
+  virtual expected<std::vector<int32_t>> decode_greedy(int64_t slot, int32_t token, int64_t count);
+  /// Tokens decode_greedy is best given at once (0: it has no faster path than decode).
+  virtual int64_t greedy_chunk() const { return 0; }
+  /// Forgets the positions of the sequence in `slot` from `position` on (0 <= position <=
+  /// position(slot)): what decode_greedy appended past a stop is dropped. The default refuses
+  /// (unsupported).
+  virtual expected<void> rewind(int64_t slot, int64_t position);
+
   /// Positions each sequence can hold.
   virtual int64_t context() const = 0;
   virtual const model_config& config() const = 0;

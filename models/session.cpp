@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -215,6 +216,81 @@ expected<std::vector<float>> session::prefill(std::span<const int32_t> tokens) {
 expected<std::vector<float>> session::decode(int32_t token) {
   if (auto ok = need_whole("decode"); !ok) return forward_error(ok);
   return step(0, std::span<const int32_t>(&token, 1), {}, false);
+}
+
+int64_t session::greedy_chunk() const {
+  // Long enough that the device rarely waits for the host between chunks, short enough that a
+  // stream's pieces come often and little is decoded past a stop.
+  return layers().whole(config_.n_layers) ? 16 : 0;
+}
+
+expected<std::vector<int32_t>> session::decode_greedy(int64_t slot, int32_t token, int64_t count) {
+  if (greedy_chunk() == 0) return sequence_model::decode_greedy(slot, token, count);
+  if (auto ok = check_slot(slot); !ok) return forward_error(ok);
+  int64_t& position = positions_[static_cast<size_t>(slot)];
+  if (count < 1 || count > gpu::executor::max_repeated_runs)
+    return make_error(error_code::invalid_argument, fmt::format("{}: decode_greedy of {} tokens; 1 to {} are possible",
+                                                                source_, count, gpu::executor::max_repeated_runs));
+  if (auto ok = check_token(token); !ok) return forward_error(ok);
+  if (position + count > context_)
+    return make_error(error_code::limit_exceeded,
+                      fmt::format("{}: {} more tokens after {} would pass the context of {} positions", source_, count,
+                                  position, context_));
+  const auto t0 = clock::now();
+  const int64_t attended = attended_for(1, position + count);
+  auto it = greedy_programs_.find(attended);
+  if (it == greedy_programs_.end()) {
+    step_shape shape{1, context_, attended, false, layers(), slots(), false, true};
+    auto g = build_step_graph(config_, *weights_, shape, options_.prefix);
+    if (!g) return forward_error(g);
+    auto id = ex_->load(*g);
+    if (!id) return make_error(id.error().code, fmt::format("{}: loading the greedy step graph ({} attended): {}",
+                                                            source_, attended, id.error().message));
+    it = greedy_programs_.emplace(attended, *id).first;
+    stats_.compile_seconds += seconds_since(t0);
+    ++stats_.programs;
+  }
+  const std::vector<std::string> state = {greedy_token_name(options_.prefix), greedy_position_name(options_.prefix)};
+  const int32_t values[2] = {token, static_cast<int32_t>(position)};
+  if (auto ok = ex_->write_parameters(state, std::span(reinterpret_cast<const uint8_t*>(values), sizeof values)); !ok)
+    return make_error(ok.error().code, source_ + ": setting the greedy step's token: " + ok.error().message);
+  tensor_map inputs;
+  if (slots() > 1) inputs.emplace("slot", tensor::from_ints({1}, {static_cast<int32_t>(slot)}));
+  auto out = ex_->run_repeated(it->second, inputs, count);
+  if (!out) return make_error(out.error().code, source_ + ": running greedy steps: " + out.error().message);
+  greedy_history_.resize(static_cast<size_t>(slots() * context_) * sizeof(float));
+  if (auto ok = ex_->read_parameters({greedy_history_name(options_.prefix)}, greedy_history_); !ok)
+    return make_error(ok.error().code, source_ + ": reading the greedy steps' tokens: " + ok.error().message);
+  std::vector<int32_t> picked;
+  picked.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    float f;
+    const int64_t row = slot * context_ + position + i;  // the history's rows are the cache's
+    std::memcpy(&f, greedy_history_.data() + static_cast<size_t>(row) * sizeof(float), sizeof f);
+    const auto t = static_cast<int32_t>(f);
+    if (!(f >= 0 && f < static_cast<float>(config_.vocab_size))) {
+      position += i;  // the steps before it are appended
+      return make_error(error_code::invalid_argument,
+                        fmt::format("{}: the logits after position {} have no largest value (NaN weights?)", source_,
+                                    position));
+    }
+    picked.push_back(t);
+  }
+  position += count;
+  stats_.decode_tokens += count;
+  stats_.decode_steps += count;
+  stats_.decode_seconds += seconds_since(t0);
+  return picked;
+}
+
+expected<void> session::rewind(int64_t slot, int64_t position) {
+  if (auto ok = check_slot(slot); !ok) return forward_error(ok);
+  int64_t& at = positions_[static_cast<size_t>(slot)];
+  if (position < 0 || position > at)
+    return make_error(error_code::invalid_argument, fmt::format("{}: cannot rewind slot {} to position {} (it stands at {})",
+                                                                source_, slot, position, at));
+  at = position;  // later cache rows are never read before they are written again
+  return {};
 }
 
 expected<std::vector<float>> session::forward(std::span<const int32_t> tokens, bool all_logits) {

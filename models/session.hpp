@@ -126,6 +126,14 @@ class session final : public sequence_model {
   expected<std::vector<float>> prefill(std::span<const int32_t> tokens) override;
   /// Same as prefill of one token.
   expected<std::vector<float>> decode(int32_t token) override;
+  /// sequence_model::decode_greedy on the device: a step graph that picks its token itself and
+  /// feeds it to the next run (step_shape::greedy), run `count` times in one submission
+  /// (executor::run_repeated); only the picked tokens come back, not the logits. Needs the whole
+  /// model (otherwise: the default, decode and first_argmax on the host). A step whose logits
+  /// hold no maximum (NaN) is an error naming its position; the steps before it stay appended.
+  expected<std::vector<int32_t>> decode_greedy(int64_t slot, int32_t token, int64_t count) override;
+  int64_t greedy_chunk() const override;
+  expected<void> rewind(int64_t slot, int64_t position) override;
   /// Appends `tokens` and returns the logits after each of them, [tokens.size() * vocab] (tests
   /// and scoring; one batch, at most max_batch tokens).
   expected<std::vector<float>> prefill_all_logits(std::span<const int32_t> tokens);
@@ -218,6 +226,8 @@ class session final : public sequence_model {
   bool whole_context_decode_ = false;
   std::vector<int64_t> positions_ = {0};  ///< per slot
   std::map<std::tuple<int64_t, int64_t, bool, bool>, gpu::program_id> programs_;
+  std::map<int64_t, gpu::program_id> greedy_programs_;  ///< by attended rows
+  std::vector<uint8_t> greedy_history_;                  ///< read back after decode_greedy
   session_stats stats_;
 };
 

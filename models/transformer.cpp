@@ -126,6 +126,26 @@ int64_t kv_cache_bytes(const model_config& c, int64_t context) {
   return 2 * context * c.n_kv_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
 }
 
+std::string greedy_token_name(const std::string& prefix) { return prefix + "greedy.token"; }
+std::string greedy_position_name(const std::string& prefix) { return prefix + "greedy.position"; }
+std::string greedy_history_name(const std::string& prefix) { return prefix + "greedy.history"; }
+
+namespace {
+
+/// The first index of the largest of logits [1, vocab], as i32 [1]; vocab where none equals the
+/// maximum (NaN), which the caller reports.
+expr first_argmax(const expr& logits, int64_t vocab) {
+  builder& b = *logits.owner();
+  const expr top = max_over(logits, {-1}, true);  // [1, 1]
+  const expr index = reshape(nn::iota(b, vocab), {1, vocab});
+  // The largest of -index among the maxima is minus the first index.
+  const expr candidates = select(compare(logits, top, compare_kind::eq), -cast(index, dtype::f32),
+                                 -static_cast<double>(vocab));
+  return cast(-max_over(candidates, {-1}), dtype::i32);  // [1]
+}
+
+}  // namespace
+
 expected<graph> build_step_graph(const model_config& c, const model_weights& w, const step_shape& s,
                                  const std::string& prefix) {
   if (s.tokens < 1 || s.context < 1 || s.attended < 1 || s.attended > s.context || s.slots < 1 ||
@@ -139,6 +159,10 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
                                   c.max_context, s.context));
   auto range = resolve_layers(s.layers, c.n_layers);
   if (!range) return make_error(range.error().code, "step graph: " + range.error().message);
+  if (s.greedy && (s.tokens != 1 || s.batched || s.all_logits || !range->takes_tokens() ||
+                   !range->returns_logits(c.n_layers)))
+    return make_error(error_code::invalid_argument,
+                      "step graph: a greedy step is one token of one sequence through the whole model");
   builder b;
   const context cx{b, c, w, prefix};
   const auto top = tensor_names(c);
@@ -146,8 +170,16 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
   step_inputs in;
   // The first input is the tokens (the first stage) or the stream from the previous stage.
   expr x;
-  if (range->takes_tokens()) in.tokens = b.input("tokens", dtype::i32, {s.tokens});
-  else x = b.input("hidden", dtype::f32, {s.tokens, c.hidden_size});
+  expr greedy_token, greedy_position;
+  if (s.greedy) {
+    greedy_token = b.parameter(greedy_token_name(prefix), dtype::i32, {1});
+    greedy_position = b.parameter(greedy_position_name(prefix), dtype::i32, {1});
+    in.tokens = greedy_token;
+  } else if (range->takes_tokens()) {
+    in.tokens = b.input("tokens", dtype::i32, {s.tokens});
+  } else {
+    x = b.input("hidden", dtype::f32, {s.tokens, c.hidden_size});
+  }
   const expr row = nn::iota(b, s.tokens);
   if (s.batched) {
     // Row i is the next token of the sequence in slot slots[i]; an idle row (position -1)
@@ -157,8 +189,8 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
     in.positions = maximum(given, 0.0);
     in.dest = select(compare(given, 0.0, compare_kind::ge), in.row_slots * static_cast<double>(s.context) + given, -1.0);
   } else {
-    in.start = b.input("start", dtype::i32, {1});
-    in.count = b.input("count", dtype::i32, {1});
+    in.start = s.greedy ? greedy_position : b.input("start", dtype::i32, {1});
+    in.count = s.greedy ? b.constant(tensor::from_ints({1}, {1})) : b.input("count", dtype::i32, {1});
     // Padding rows may run past the cache: their positions are clamped, and they write nothing.
     in.positions = minimum(row + in.start, static_cast<double>(s.context - 1));
     expr first_row = in.start;  // the cache row of the step's first position
@@ -190,7 +222,17 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
   if (range->returns_logits(c.n_layers)) {
     if (!s.all_logits && !s.batched) x = gather(x, in.count - 1.0);  // the last real row: [1, d]
     x = cx.norm(x, top.output_norm, top.output_norm_bias);
-    b.output("logits", layers::linear(x, cx.param(top.output)));
+    const expr logits = layers::linear(x, cx.param(top.output));
+    if (s.greedy) {
+      const expr next = first_argmax(logits, c.vocab_size);
+      const expr history = b.parameter(greedy_history_name(prefix), dtype::f32, {s.slots * s.context, 1});
+      b.update(history, kv_write(history, reshape(cast(next, dtype::f32), {1, 1}), in.dest, 0));
+      b.update(greedy_token, next);
+      b.update(greedy_position, greedy_position + 1.0);
+      b.output("token", next);
+    } else {
+      b.output("logits", logits);
+    }
   } else {
     b.output("hidden", x);  // every row: the next stage's batch has the same rows
   }

@@ -51,7 +51,21 @@ struct step_shape {
   /// A decode step of several sequences: row i is the next token of the sequence in its own
   /// slot (input "slots"; tokens <= slots), at its own position; logits of every row.
   bool batched = false;
+  /// A greedy decode step that keeps its state on the device, to be run many times back to back
+  /// (executor::run_repeated; session::decode_greedy). One token of one sequence, the whole
+  /// model. The token it runs is parameter greedy_token_name (i32 [1]), its position
+  /// greedy_position_name (i32 [1]); with several slots input "slot" names the sequence. It
+  /// picks the next token on the device (the first index of the largest logit; `vocab` when no
+  /// logit equals the maximum, i.e. NaN), writes it (as f32) into greedy_history_name (f32
+  /// [slots * context, 1]) at the row of the cache it wrote, and updates the token to it and the
+  /// position to position + 1. Output: "token" i32 [1].
+  bool greedy = false;
 };
+
+/// The parameters of a greedy step (step_shape::greedy).
+std::string greedy_token_name(const std::string& prefix);
+std::string greedy_position_name(const std::string& prefix);
+std::string greedy_history_name(const std::string& prefix);
 
 /// The KV-cache parameter of a layer: "<prefix>kv.<layer>.k" or ".v".
 std::string kv_cache_name(const std::string& prefix, int64_t layer, bool value);

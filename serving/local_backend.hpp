@@ -198,6 +198,12 @@ class local_backend final : public generation_backend {
   bool others_waiting(const model& m, size_t running) const;
   /// Hands the logits after a request's last token to its generation; ends it when it is done.
   void advance(const std::shared_ptr<job>& j, std::span<const float> logits);
+  /// A request decoding alone, greedily, on a model that decodes greedily on the device
+  /// (sequence_model::greedy_chunk): a chunk of steps with no host between them, the tokens then
+  /// handed to its generation one by one; positions decoded past a stop are dropped (rewind).
+  void decode_greedy(const std::shared_ptr<model>& m, const std::shared_ptr<job>& j);
+  /// The rest of advance(): the generation's answer for the request's next token.
+  void settle(const std::shared_ptr<job>& j, expected<std::optional<int32_t>> next);
   /// Ends a request: frees its slot, counts it and calls on_done.
   void complete(const std::shared_ptr<job>& j, generation_outcome outcome);
   /// The model at `path`, loaded on demand (evicting the least recently used such model).

@@ -1,5 +1,5 @@
 // mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] [--runs N]
-//                     [--kernels] [--prompt-kernels] [--unfused] [--batch N]
+//                     [--kernels] [--prompt-kernels] [--unfused] [--batch N] [--host-argmax] [--chunk N]
 // Loads a checkpoint (GGUF file or HF directory) into a session, prefills a prompt of N token ids
 // (a fixed pseudo-random sequence, so any vocabulary works), decodes N tokens greedily, and prints
 // load time, prompt and generation tokens/s and the process's peak resident memory beside the
@@ -20,11 +20,17 @@
 // steps of N rows (continuous batching's step); tokens/s counts every sequence's tokens, and
 // --kernels lists an N-row step's kernels. --prompt-kernels also runs one more prompt alone and sums
 // its kernels' GPU times by kind.
+// One sequence decodes as generate() does greedily: session::decode_greedy in chunks of
+// session::greedy_chunk() steps (--chunk N: N), each chunk's steps run back to back on the device
+// with the next token picked there; --host-argmax runs one step at a time instead, the logits
+// read back and the next token picked on the host (first_argmax), as sampling other than greedy
+// does.
 // "decode host" splits a decode step's wall time (Vulkan): inside executor::run, of that from queue
 // submission to the fence's signal, and outside (session, argmax).
 // The last line is machine-readable, key=value pairs:
 //   bench_generate device=... prompt=N prompt_tps=X prompt_tps_sd=X generate=N gen_tps=X
-//   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N fused=0|1 file=PATH
+//   gen_tps_sd=X peak_rss_mib=X file_mib=X load_s=X compile_s=X programs=N context=N fused=0|1 batch=N
+//   greedy=device|host file=PATH
 // (the device name has its spaces replaced by '_'; PATH is last and may hold spaces).
 // Generation starts after the prompt (positions prompt .. prompt+generate-1), like llama-bench's
 // tg test at depth `prompt` (`-d`), not its default tg at an empty cache.
@@ -63,7 +69,7 @@ uint64_t path_bytes(const std::filesystem::path& p) {
 int usage() {
   std::fprintf(stderr,
                "usage: mesh-bench-generate CHECKPOINT [--cpu] [--threads N] [--prompt N] [--generate N] [--context N] "
-               "[--runs N] [--kernels] [--prompt-kernels] [--unfused] [--batch N]\n");
+               "[--runs N] [--kernels] [--prompt-kernels] [--unfused] [--batch N] [--host-argmax] [--chunk N]\n");
   return 2;
 }
 
@@ -87,8 +93,8 @@ mean_sd summarize(const std::vector<double>& v) {
 int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::filesystem::path path = argv[1];
-  bool cpu = false, kernels = false, prompt_kernels = false, unfused = false;
-  int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0, batch = 1;
+  bool cpu = false, kernels = false, prompt_kernels = false, unfused = false, host_argmax = false;
+  int64_t prompt_n = 128, gen_n = 64, context = 0, runs = 1, threads = 0, batch = 1, chunk = 0;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> int64_t { return i + 1 < argc ? std::atoll(argv[++i]) : -1; };
@@ -102,9 +108,11 @@ int main(int argc, char** argv) {
     else if (a == "--prompt-kernels") prompt_kernels = kernels = true;
     else if (a == "--unfused") unfused = true;
     else if (a == "--batch") batch = next();
+    else if (a == "--host-argmax") host_argmax = true;
+    else if (a == "--chunk") chunk = next();
     else return usage();
   }
-  if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0 || batch < 1) return usage();
+  if (prompt_n < 1 || gen_n < 1 || runs < 1 || threads < 0 || batch < 1 || chunk < 0) return usage();
 
   auto ckpt = checkpoint::open(path);
   if (!ckpt) {
@@ -173,7 +181,17 @@ int main(int argc, char** argv) {
     const auto before = ex->stats();
     t0 = now();
     std::vector<slot_token> step(static_cast<size_t>(batch));
-    for (int64_t i = 0; i < gen_n; ++i) {
+    if (batch == 1 && !host_argmax) {
+      const int64_t per_chunk = chunk > 0 ? chunk : std::max<int64_t>(1, s->greedy_chunk());
+      int32_t token = models::first_argmax(logits[0]);
+      for (int64_t done = 0; done < gen_n;) {
+        auto picked = s->decode_greedy(0, token, std::min(per_chunk, gen_n - done));
+        if (!picked) return std::fprintf(stderr, "%s\n", picked.error().message.c_str()), false;
+        done += static_cast<int64_t>(picked->size());
+        token = picked->back();
+      }
+    }
+    for (int64_t i = 0; i < gen_n && (batch > 1 || host_argmax); ++i) {
       for (int64_t slot = 0; slot < batch; ++slot) {
         const auto& l = logits[static_cast<size_t>(slot)];
         step[static_cast<size_t>(slot)] = {slot, models::first_argmax(l)};  // greedy, as the sampler picks
@@ -233,6 +251,31 @@ int main(int argc, char** argv) {
                 "it (session, argmax)\n",
                 split.wall_s * 1e3 / n, split.run_ms / n, split.submit_ms / n, split.wall_s * 1e3 / n - split.run_ms / n);
   }
+  if (batch == 1 && !host_argmax) {
+    // The device's greedy tokens against the host's first_argmax of each step's logits, from
+    // the same prompt: they should be the same tokens (the same logits feed both).
+    const int64_t n = std::min<int64_t>(gen_n, 64);
+    s->reset(0);
+    auto l = s->prefill(0, prompt);
+    if (!l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), 1;
+    const int32_t first = models::first_argmax(*l);
+    auto on_device = s->decode_greedy(0, first, n);
+    if (!on_device) return std::fprintf(stderr, "%s\n", on_device.error().message.c_str()), 1;
+    s->reset(0);
+    l = s->prefill(0, prompt);
+    int64_t same = 0;
+    int32_t token = first;
+    for (int64_t i = 0; i < n && l; ++i) {
+      l = s->decode(token);
+      if (!l) break;
+      token = models::first_argmax(*l);
+      if (token != (*on_device)[static_cast<size_t>(i)]) break;
+      ++same;
+    }
+    if (!l) return std::fprintf(stderr, "%s\n", l.error().message.c_str()), 1;
+    std::printf("greedy check      the device's first %lld of %lld tokens equal the host argmax's\n",
+                static_cast<long long>(same), static_cast<long long>(n));
+  }
   if (kernels) {
     auto ks = ex->stats().kernels;
     double total = 0;
@@ -264,9 +307,10 @@ int main(int argc, char** argv) {
   std::replace(device.begin(), device.end(), ' ', '_');
   std::printf("bench_generate device=%s prompt=%lld prompt_tps=%.2f prompt_tps_sd=%.2f generate=%lld gen_tps=%.2f "
               "gen_tps_sd=%.2f peak_rss_mib=%.1f file_mib=%.1f load_s=%.3f compile_s=%.3f programs=%lld context=%lld "
-              "fused=%d batch=%lld file=%s\n",
+              "fused=%d batch=%lld greedy=%s file=%s\n",
               device.c_str(), static_cast<long long>(prompt_n), pt.mean, pt.sd, static_cast<long long>(gen_n), gt.mean,
               gt.sd, rss_mib, file_mib, st.load_seconds, st.compile_seconds, static_cast<long long>(st.programs),
-              static_cast<long long>(s->context()), unfused ? 0 : 1, static_cast<long long>(batch), path.c_str());
+              static_cast<long long>(s->context()), unfused ? 0 : 1, static_cast<long long>(batch),
+              batch == 1 && !host_argmax ? "device" : "host", path.c_str());
   return 0;
 }

@@ -280,6 +280,54 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
   }
 }
 
+TEST_CASE("runtime: run_repeated runs a program back to back, each run seeing the updates of the one before") {
+  // A counter that each run reads, writes into a history at its own value (kv_write), and
+  // increments: the state a greedy decode step carries from run to run. Through staging too
+  // (the input and output copies of every run in the submission).
+  builder b;
+  const expr count = b.parameter("rep.count", dtype::i32, {1});
+  const expr history = b.parameter("rep.history", dtype::f32, {8, 1});
+  const expr step = b.input("step", dtype::f32, {1});
+  const expr value = reshape(cast(count, dtype::f32) * step, {1, 1});
+  b.update(history, kv_write(history, value, count, 0));
+  b.update(count, count + 1.0);
+  b.output("seen", count * 10.0);
+  auto g = b.finish();
+  REQUIRE(g);
+  vulkan_options staged;
+  staged.cache_dir = "-";
+  staged.map_device_memory = false;
+  auto through_staging = make_vulkan_executor(staged);
+  REQUIRE(through_staging);
+  for (executor* ex : {&vulkan(), through_staging->get(), &cpu()}) {
+    INFO(ex->info().name << (ex == through_staging->get() ? " (through staging)" : ""));
+    auto id = ex->load(*g);
+    REQUIRE(id);
+    const tensor_map in{{"step", tensor::from_floats({1}, {0.5f})}};
+    auto out = ex->run_repeated(*id, in, 5);
+    REQUIRE(out);
+    CHECK(out->at("seen").to_floats() == std::vector<float>{40.0f});  // the last run's: count 4
+    auto state = ex->get_parameters({"rep.count", "rep.history"});
+    REQUIRE(state);
+    CHECK(state->at("rep.count").to_floats() == std::vector<float>{5.0f});
+    CHECK(state->at("rep.history").to_floats() == std::vector<float>{0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 0.0f, 0.0f, 0.0f});
+    const auto runs = ex->stats().runs;
+    REQUIRE(ex->run_repeated(*id, in, 1));  // one more: as run()
+    CHECK(ex->get_parameters({"rep.count"})->at("rep.count").to_floats() == std::vector<float>{6.0f});
+    if (ex != &cpu()) CHECK(ex->stats().runs == runs + 1);
+    for (const int64_t n : {int64_t{0}, executor::max_repeated_runs + 1}) {
+      auto bad = ex->run_repeated(*id, in, n);
+      REQUIRE_FALSE(bad);
+      CHECK(bad.error().code == error_code::invalid_argument);
+      CHECK_THAT(bad.error().message, Catch::Contains(std::to_string(n)));
+    }
+    CHECK(ex->get_parameters({"rep.count"})->at("rep.count").to_floats() == std::vector<float>{6.0f});
+    ex->unload(*id);
+    CHECK(ex->drop_parameters("rep.") == 2);
+    CHECK(ex->stats().validation_errors == 0);
+  }
+}
+
 TEST_CASE("runtime: MemAvailable is read from /proc/meminfo's text, and malformed text is refused") {
   CHECK(parse_mem_available("MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20480000 kB\n") ==
         uint64_t{20480000} * 1024);

@@ -4,7 +4,7 @@
 if(TARGET mesh_inference)
   find_package(nlohmann_json REQUIRED)
   mesh_add_test(models_inference_tests
-    SOURCES test_gguf_tokenizer.cpp test_sampler.cpp test_session.cpp
+    SOURCES test_gguf_tokenizer.cpp test_sampler.cpp test_session.cpp test_greedy_decode.cpp
     LIBS mesh_inference)
   mesh_add_test(models_reference_tests
     SOURCES test_reference_llm.cpp
