@@ -1,9 +1,9 @@
 // `mmctl`: a prompt-sized linear (x [rows, k] times a weight [n, k] read transposed) on tensor
 // cores. The tiled cooperative-matrix kernel (glsl_coopmat.cpp) reads both operands as f16
-// buffers; a linear's weight is quantized or f16 and stored row by row along k, and its x is
-// usually f32. Here both are converted while they are staged: each thread reads a 32-element
+// buffers; a linear's weight is quantized, f16 or bf16 and stored row by row along k, and its x
+// is usually f32. Here both are converted while they are staged: each thread reads a 32-element
 // chunk of one weight row (quantized: decoded in registers by the dtype's chunk decoder,
-// glsl_quant.cpp; f16: four 16-byte loads), rounds it to f16 and stores it as a row of the shared
+// glsl_quant.cpp; f16 and bf16: four 16-byte loads), rounds it to f16 and stores it as a row of the shared
 // B tile, which is laid out [n][k] and loaded as column-major fragments; x is read as vec4s (f32)
 // or uvec4s (f16) and rounded to f16 on its way to the shared A tile. Accumulation is f32, the
 // epilogue runs per element as in every matmul. Rounding x and the weight to f16 is what
@@ -28,7 +28,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   const dtype xt = g[x].type;
   if (!q.materialised[x] || !q.materialised[w] || (xt != dtype::f32 && xt != dtype::f16)) return std::nullopt;
   const bool quant = is_quantized(wt);
-  if (quant ? quant_chunk_decoder(wt, "b").empty() : wt != dtype::f16) return std::nullopt;
+  if (quant ? quant_chunk_decoder(wt, "b").empty() : wt != dtype::f16 && wt != dtype::bf16) return std::nullopt;
   if (d.m <= matvec_max_rows || d.kd % 8 != 0 || d.kd == 0 || d.n == 0) return std::nullopt;
   if (read_elsewhere(g, q, k, x, w) || read_elsewhere(g, q, k, w, d.a)) return std::nullopt;
   auto tile = pick_coop_tile(d, caps);
@@ -76,6 +76,8 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   else
     src += "  return " + X + ".v[i >> 3];\n";
   src += "}\n";
+  if (wt == dtype::bf16)
+    src += "uint bf2h(uint p) { return packHalf2x16(vec2(uintBitsToFloat(p << 16), uintBitsToFloat(p & 0xffff0000u))); }\n";
   // Chunk c (32 elements) of weight row r, as 16 packed halves; zeros past k.
   src += "void w32(uint r, uint c, out uvec4 h[4]) {\n";
   if (quant) {
@@ -84,6 +86,11 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
            " packHalf2x16(vec2(v[8u * j + 4u], v[8u * j + 5u])), packHalf2x16(vec2(v[8u * j + 6u], v[8u * j + 7u])));\n";
   } else {
     src += "  " + loop("j", 4) + "h[j] = c * 32u + j * 8u < " + u(kd) + " ? " + W + ".v[(r * " + u(kd) + " + c * 32u + j * 8u) >> 3] : uvec4(0u);\n";
+    // bf16 pairs (a word each: the lower element in the low half) become f16 pairs: exact within
+    // f16's normal range (6.1e-5 to 65504 in magnitude; bf16's 8 bits of mantissa fit f16's
+    // 11), smaller values lose bits as f16 subnormals, larger ones become infinite.
+    if (wt == dtype::bf16)
+      src += "  " + loop("j", 4) + "h[j] = uvec4(bf2h(h[j].x), bf2h(h[j].y), bf2h(h[j].z), bf2h(h[j].w));\n";
   }
   src += "}\n";
 

@@ -521,7 +521,7 @@ void time_linears(const std::vector<std::string>& variants, bool quick, bool pre
   for (const auto& variant : variants) {
     auto vex = executor_with(var, variant == "default" ? "" : variant.c_str());
     if (!vex) continue;
-    for (dtype wt : {dtype::f16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
+    for (dtype wt : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
       for (const auto& c : cases) {
         const std::string p = "mv" + std::to_string(tag++) + ".";
         builder b;

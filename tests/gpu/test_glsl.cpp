@@ -229,10 +229,10 @@ TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices
   if (!spirv) FAIL(spirv.error().message << "\n" << src->glsl);
 }
 
-TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16 and quantized weights, and it compiles") {
+TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, bf16 and quantized weights, and it compiles") {
   // x f32 and f16 (a reshape of a buffer), ragged rows and weight rows, an epilogue reading
   // another buffer; a small problem (64x64 tiles) and a large one (128x128).
-  const dtype types[] = {dtype::f16, dtype::q8_0, dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
+  const dtype types[] = {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_1, dtype::q5_0, dtype::q5_1, dtype::q4_k, dtype::q5_k, dtype::q6_k};
   gpu::shader_cache cache("", "test", false);
   for (dtype wt : types) {
     builder b;

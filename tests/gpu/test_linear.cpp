@@ -76,7 +76,8 @@ void check_linear(executor& vk, dtype wt, const linear_case& c, dtype xt, uint64
   // error relative to the largest output. A device with cooperative matrices runs a prompt's
   // linear (more than 16 rows) on tensor cores with x and the weight rounded to f16 (`mmctl`).
   const double tol = xt == dtype::f32 ? 1e-4 : tolerance_for(xt);
-  const bool halves = vk.info().coopmat && element_count(c.x) / k > 16 && (wt == dtype::f16 || is_quantized(wt));
+  const bool halves =
+      vk.info().coopmat && element_count(c.x) / k > 16 && (wt == dtype::f16 || wt == dtype::bf16 || is_quantized(wt));
   check_on(vk, g, inputs, params, ref, halves ? std::max(tol, tolerance_for(dtype::f16)) : tol);
   if (with_cpu) check_on(cpu(), g, inputs, params, ref, tol);
 }
