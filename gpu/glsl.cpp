@@ -261,7 +261,14 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
                                                                                                  : scatter_elements(g, p, k, caps);
     }
     case kernel_kind::rows: return detail::rows_kernel(g, p, k, caps);
-    case kernel_kind::linear: return detail::linear(g, p, k, caps);
+    case kernel_kind::linear:
+      if (k.pass == 2) return detail::linear_split_sum(g, p, k, caps);
+      if (k.pass == 1) {
+        auto slice = detail::linear_coopmat(g, with_root_inline(p, k.root), k, caps);
+        if (!slice) return make_error(error_code::internal, "a linear split along k (split_linears) has no tensor-core kernel");
+        return *slice;
+      }
+      return detail::linear(g, p, k, caps);
     case kernel_kind::kv_write: return detail::kv_write(g, p, k, caps);
     case kernel_kind::attention: return detail::attention(g, p, k, caps);
   }

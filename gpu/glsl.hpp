@@ -50,6 +50,12 @@ struct kernel_source {
   double flops = 0;     ///< matmul: 2*m*n*k*batch
 };
 
+/// Splits along k the prompt-sized linears of f16 and bf16 weights that `mmctl` (tensor cores)
+/// would run in too few workgroups to fill the device: each becomes pass 1 (slices of k into a scratch buffer of the
+/// plan) and pass 2 (the slices added in order, then the epilogue). Run on a plan from lower()
+/// for a device with `caps`; a no-op where `mmctl` does not apply (no cooperative matrices).
+void split_linears(const graph& g, plan& p, const device_caps& caps);
+
 /// Emits the kernel `k` of plan `p`. Fails (unsupported) when the device lacks what it needs,
 /// e.g. 16-bit storage for f16/bf16 tensors.
 expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps);

@@ -9,6 +9,13 @@
 // epilogue runs per element as in every matmul. Rounding x and the weight to f16 is what
 // llama.cpp's CUDA back end does for its cuBLAS path too; values beyond f16's range (65504)
 // become infinite, which kernel_variants::linear "f32" avoids.
+//
+// Split k (split_linears): a product of an f16 or bf16 weight whose tiles leave a GPU
+// under-filled (the o and down projections of a prompt: 512 x 2048 outputs are 256 tiles of
+// 64 x 64) runs as two kernels.
+// Pass 1 is this kernel with a third grid dimension: workgroup z takes slice z of the k tiles
+// and stores its raw f32 sums into a scratch buffer [slices, m, n]; pass 2 (`mmctls2`) adds
+// each output's slices in slice order (deterministic, no atomics) and runs the epilogue.
 #include <algorithm>
 
 #include "gpu/glsl_emitter.hpp"
@@ -20,6 +27,7 @@ namespace mesh::gpu::detail {
 
 std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps) {
   if (!caps.coopmat_f16 || caps.variants.linear == "f32" || caps.variants.coopmat == "64") return std::nullopt;
+  const bool pass1 = k.pass == 1;  // a slice of k into the scratch buffer (split_linears)
   const mm_dims d = dims_of(g, k);
   const node_index w = d.b;
   const dtype wt = g[w].type;
@@ -39,15 +47,24 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   const int64_t threads = t.threads();
   if (16 * 2 * (bm + bn) * rs + t.sgm * t.sgn * 256 * 4 > static_cast<int64_t>(caps.shared_memory_bytes)) return std::nullopt;
 
+  const int64_t tiles = (kd + bk - 1) / bk, slices = pass1 ? k.slices : 1;
+  if (pass1 && (slices < 2 || tiles % slices != 0)) return std::nullopt;
+  const int64_t slice_tiles = tiles / slices;
+
   emitter e(g, q, false);
-  e.bind(k.root);
+  e.bind(pass1 ? scratch_id(g, k.scratch) : k.root);
   const int xb = e.bind(x), wb = e.bind(w);
   std::string store;
-  e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[sg * 256u + li]"); });
+  if (pass1)
+    store = "          b0.v[bz * " + u(m * n) + " + ci] = Cs[sg * 256u + li];\n";
+  else
+    e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[sg * 256u + li]"); });
   std::string decl;
   for (size_t i = 0; i < e.bindings.size(); ++i) {
     const std::string b = std::to_string(i);
-    if (static_cast<int>(i) == xb)
+    if (pass1 && i == 0)
+      decl += "layout(std430, binding = 0) restrict buffer B0 { float v[]; } b0;\n";
+    else if (static_cast<int>(i) == xb)
       decl += "layout(std430, binding = " + b + ") readonly restrict buffer B" + b + " { " + (xt == dtype::f32 ? "vec4" : "uvec4") +
               " v[]; } b" + b + ";\n";
     else if (static_cast<int>(i) == wb && !quant)
@@ -128,22 +145,23 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
     return m_;
   };
 
-  const int64_t tiles = (kd + bk - 1) / bk;
   src += "shared uvec4 As[" + std::to_string(2 * bm * rs) + "];\nshared uvec4 Bs[" + std::to_string(2 * bn * rs) + "];\n";
   src += "shared float Cs[" + std::to_string(t.sgm * t.sgn * 256) + "];\n";
   src += "void main() {\n  const uint tid = gl_LocalInvocationID.x, sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;\n";
   src += "  const uint wm = sg / " + u(t.sgn) + ", wn = sg % " + u(t.sgn) + ";\n";
-  src += tile_loops(1, m, n, bm, bn, caps.variants.gemm_swizzle);
-  src += "    const uint bz = 0u;\n";
+  // Pass 1: bz is the slice of k tiles (tile_loops' batch loop), k0 its first element.
+  src += tile_loops(slices, m, n, bm, bn, caps.variants.gemm_swizzle);
+  if (!pass1) src += "    const uint bz = 0u;\n";
+  src += "    const uint k0 = bz * " + u(slice_tiles * bk) + ";\n";
   src += "    " + frag32 + " acc[" + std::to_string(t.fm) + "][" + std::to_string(t.fn) + "];\n";
   src += "    " + loop("i", t.fm) + loop("j", t.fn) + "acc[i][j] = " + frag32 + "(0.0);\n";
   src += "    uvec4 ga[" + std::to_string(a_per) + "], gb[" + std::to_string(b_per) + "][4];\n";
   // As in the tiled f16 kernel: the next tile in registers while this one is multiplied, one
   // barrier per tile, the last tile peeled off so the loop body has no branches.
-  src += "    {\n" + fetch("0u") + stash("0u") + "    }\n    barrier();\n";
-  src += "    for (uint t = 0u; t < " + u(tiles - 1) + "; ++t) {\n      const uint cur = t & 1u;\n      {\n" + fetch("(t + 1u) * " + u(bk)) +
-         "      }\n" + math("cur") + stash("cur ^ 1u") + "      barrier();\n    }\n";
-  src += math(u(tiles - 1) + " & 1u");
+  src += "    {\n" + fetch("k0") + stash("0u") + "    }\n    barrier();\n";
+  src += "    for (uint t = 0u; t < " + u(slice_tiles - 1) + "; ++t) {\n      const uint cur = t & 1u;\n      {\n" +
+         fetch("(k0 + (t + 1u) * " + u(bk) + ")") + "      }\n" + math("cur") + stash("cur ^ 1u") + "      barrier();\n    }\n";
+  src += math(u(slice_tiles - 1) + " & 1u");
   src += "    " + loop("i", t.fm) + loop("j", t.fn) + "{\n";
   src += "      coopMatStoreNV(acc[i][j], Cs, sg * 256u, 16u, false);\n      subgroupMemoryBarrierShared();\n      subgroupBarrier();\n";
   src += "      " + loop("r", 8) + "{\n        uint li = lane + r * 32u, gm = m0 + wm * " + u(t.fm * 16) + " + i * 16u + li / 16u, gn = n0 + wn * " +
@@ -154,13 +172,91 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   src += "    barrier();\n  }\n}\n";
 
   kernel_source s;
-  s.name = "mmctl" + std::to_string(bm) + "x" + std::to_string(bn) + "_" + to_string(wt) + "_" + std::to_string(k.root);
+  s.name = "mmctl" + std::to_string(bm) + "x" + std::to_string(bn) + (pass1 ? "s" + std::to_string(slices) : "") + "_" +
+           to_string(wt) + "_" + std::to_string(k.root);
   s.bindings = e.bindings;
-  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), 1};
-  s.bytes = bytes_of(g, s.bindings);
+  s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
+              static_cast<uint32_t>(std::min<int64_t>(slices, caps.max_groups[2]))};
+  s.bytes = pass1 ? bytes_of(g, {x, w}) + static_cast<uint64_t>(slices * m * n) * 4 : bytes_of(g, s.bindings);
   s.flops = d.flops();
   s.glsl = coopmat_header(threads) + decl + prelude + src;
   return s;
 }
 
+kernel_source linear_split_sum(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  const plan q = with_root_inline(p, k.root);
+  const mm_dims d = dims_of(g, k);
+  const int64_t outputs = d.m * d.n;
+  emitter e(g, q, false);
+  e.bind(k.root);
+  const std::string part = "b" + std::to_string(e.bind(scratch_id(g, k.scratch))) + ".v";
+  std::string main;
+  main += "  for (uint o = gl_GlobalInvocationID.x; o < " + u(outputs) + "; o += gl_NumWorkGroups.x * 256u) {\n";
+  main += "    float acc = 0.0;\n";
+  main += "    for (uint s = 0u; s < " + u(k.slices) + "; ++s) acc += " + part + "[s * " + u(outputs) + " + o];\n";
+  main += epilogue(e, g, k, "o", "acc") + "  }\n";
+  kernel_source src;
+  src.name = "mmctls2_" + std::to_string(k.root);
+  src.bindings = e.bindings;
+  src.groups = {groups_for(outputs, 256, caps.max_groups[0]), 1, 1};
+  src.bytes = bytes_of(g, src.bindings) + static_cast<uint64_t>(k.slices * outputs) * 4;
+  src.glsl = header(g, src.bindings, false, 256) + split_decls(g, q, k, src.bindings) + prelude + "void main() {\n" + main + "}\n";
+  return src;
+}
+
+int64_t linear_split_slices(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
+  if (k.kind != kernel_kind::linear || k.pass != 0 || caps.variants.linear == "nosplit") return 0;
+  const mm_dims d = dims_of(g, k);
+  // Float weights only: a quantized weight's decoding bounds its products (on the H200 a
+  // q8_0 down projection gained 9% in 4 slices, its o projection lost 9%).
+  const dtype wt = g[d.b].type;
+  if (wt != dtype::f16 && wt != dtype::bf16) return 0;
+  if (d.m <= matvec_max_rows || !linear_coopmat(g, with_root_inline(p, k.root), k, caps)) return 0;
+  auto tile = pick_coop_tile(d, caps);
+  if (!tile) return 0;
+  const int64_t tiles = (d.kd + 31) / 32;  // mmctl's tiles are 32 deep
+  const int64_t groups = ((d.m + tile->bm() - 1) / tile->bm()) * ((d.n + tile->bn() - 1) / tile->bn());
+  int64_t forced = 0;
+  if (caps.variants.linear.rfind("split", 0) == 0) forced = std::atoll(caps.variants.linear.c_str() + 5);
+  if (forced == 0 && groups >= linear_split_max_groups) return 0;
+  int64_t best = 0;
+  for (const int64_t s : {2, 4, 8}) {
+    if (tiles % s != 0 || tiles / s < linear_split_min_tiles) continue;  // each slice a long k loop
+    if (forced) {
+      if (s == forced) return s;
+      continue;
+    }
+    best = s;
+    if (groups * s >= linear_split_target_groups) break;  // the fewest slices that fill the device
+  }
+  return forced ? 0 : best;
+}
+
 }  // namespace mesh::gpu::detail
+
+namespace mesh::gpu {
+
+void split_linears(const graph& g, plan& p, const device_caps& caps) {
+  std::vector<kernel> out;
+  out.reserve(p.kernels.size());
+  for (const kernel& k : p.kernels) {
+    const int64_t slices = detail::linear_split_slices(g, p, k, caps);
+    if (slices < 2) {
+      out.push_back(k);
+      continue;
+    }
+    const detail::mm_dims d = detail::dims_of(g, k);
+    kernel first = k;
+    first.pass = 1;
+    first.slices = slices;
+    first.scratch = static_cast<int>(p.scratch.size());
+    p.scratch.push_back({dtype::f32, slices * d.m * d.n});
+    kernel second = first;
+    second.pass = 2;
+    out.push_back(first);
+    out.push_back(second);
+  }
+  p.kernels = std::move(out);
+}
+
+}  // namespace mesh::gpu

@@ -51,6 +51,19 @@ std::string coopmat_header(int64_t threads);
 /// quantized and decoded in registers) rounded to f16 as they are staged (`mmctl`,
 /// glsl_coopmat_linear.cpp); nullopt when the kernel does not apply.
 std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const kernel& k, const device_caps& caps);
+/// Pass 2 of a linear split along k (`mmctls2`): each output's slices added in order, then the
+/// epilogue. glsl_coopmat_linear.cpp.
+kernel_source linear_split_sum(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+/// Slices of k for linear kernel `k` (split_linears): 0 unless the weight is f16 or bf16, `mmctl`
+/// applies and its tiles number
+/// fewer than linear_split_max_groups; then the fewest of 2, 4, 8 that dividing the 32-deep k
+/// tiles evenly, with at least linear_split_min_tiles each, reach linear_split_target_groups
+/// workgroups (or the most that qualify). kernel_variants::linear "nosplit" never splits,
+/// "split2" / "split4" / "split8" split every product that the count qualifies for.
+int64_t linear_split_slices(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+inline constexpr int64_t linear_split_max_groups = 512;
+inline constexpr int64_t linear_split_target_groups = 1024;
+inline constexpr int64_t linear_split_min_tiles = 8;
 
 /// A matmul operand read straight from a buffer: the materialised node `id`, whose consecutive
 /// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like

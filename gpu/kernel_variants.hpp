@@ -46,6 +46,8 @@ struct kernel_variants {
   /// takes `mmctl` for f16 and quantized weights (x and the decoded weight rounded to f16 as they
   /// are staged, f32 accumulation: about 3 decimal digits, and values past 65504 overflow), else
   /// the f32 matmul kernels reading the weight transposed; "f32" always takes the f32 kernels.
+  /// `mmctl` products in too few tiles are split along k (split_linears): "nosplit" keeps them
+  /// whole, "split2" / "split4" / "split8" force that many slices where k allows.
   std::string linear;
   /// attention: "" takes, for many query rows (a prompt), `attnc` on devices with cooperative
   /// matrices (q, k, v and the softmax weights rounded to f16, f32 accumulation; d a multiple of

@@ -365,7 +365,7 @@ std::string describe(const graph& g, const plan& p) {
       case kernel_kind::reduce: s += k.pass ? "red" + std::to_string(k.pass) : "red"; break;
       case kernel_kind::matmul: s += "mm"; break;
       case kernel_kind::scatter_add: s += "scat"; break;
-      case kernel_kind::linear: s += "lin"; break;
+      case kernel_kind::linear: s += k.pass ? "lin" + std::to_string(k.pass) : "lin"; break;
       case kernel_kind::kv_write: s += "kvw"; break;
       case kernel_kind::attention: s += "attn"; break;
       case kernel_kind::rows: break;

@@ -473,6 +473,7 @@ class vulkan_executor final : public executor {
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
     pr.p = lower(g, split_, fuse_rows_from_);
+    split_linears(g, pr.p, d_->caps);
     const auto n = static_cast<size_t>(g.size());
     // Views past the graph's nodes are the plan's scratch buffers (scratch_id).
     pr.owned.resize(n + pr.p.scratch.size());

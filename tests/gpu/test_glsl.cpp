@@ -229,6 +229,62 @@ TEST_CASE("glsl: the cooperative-matrix f16 matmul compiles (run only on devices
   if (!spirv) FAIL(spirv.error().message << "\n" << src->glsl);
 }
 
+TEST_CASE("glsl: a prompt's linear in few tiles is split along k into two kernels, and both compile") {
+  // 40 x 72 outputs are 2 tiles of 64 x 64: far too few for a GPU. k = 512 is 16 tiles of 32,
+  // two slices of 8 (the least a slice may have). The epilogue (bias, relu) runs in pass 2.
+  builder b;
+  auto x = b.input("x", dtype::f32, {40, 512});
+  auto w = b.parameter("w", dtype::bf16, {72, 512});
+  auto bias = b.parameter("bias", dtype::f32, {72});
+  b.output("y", relu(linear(x, w) + bias));
+  // A quantized weight of the same shape stays one kernel (its decoding bounds it).
+  auto wq = b.parameter("wq", dtype::q8_0, {72, 512});
+  b.output("quantized", linear(x, wq));
+  // Outputs enough for the device (2048 x 4096: 512 tiles of 128 x 128) stay one kernel.
+  auto xl = b.input("xl", dtype::f32, {2048, 512});
+  auto wl = b.parameter("wl", dtype::f16, {4096, 512});
+  b.output("large", linear(xl, wl));
+  const graph g = done(b);
+  gpu::shader_cache cache("", "test", false);
+  gpu::device_caps caps = tensor_core_caps();
+  auto p = gpu::lower(g);
+  const size_t before = p.kernels.size();
+  gpu::split_linears(g, p, caps);
+  REQUIRE(p.kernels.size() == before + 1);
+  REQUIRE(p.scratch.size() == 1);
+  CHECK(p.scratch[0].elements == 2 * 40 * 72);
+  CHECK_THAT(gpu::describe(g, p), Catch::Contains(" x2)") && Catch::Contains("lin2("));
+  std::vector<std::string> names;
+  for (const auto& k : p.kernels) {
+    if (k.kind != gpu::kernel_kind::linear) continue;
+    auto src = gpu::emit(g, p, k, caps);
+    REQUIRE(src.has_value());
+    INFO(src->name << "\n" << src->glsl);
+    names.push_back(src->name);
+    if (k.pass == 1) CHECK(src->groups[2] == 2);
+    auto spirv = cache.get(src->name, src->glsl);
+    if (!spirv) FAIL(spirv.error().message);
+  }
+  REQUIRE(names.size() == 4);
+  CHECK(names[0].rfind("mmctl64x64s2_bf16", 0) == 0);
+  CHECK(names[1].rfind("mmctls2_", 0) == 0);
+  CHECK(names[2].rfind("mmctl64x64_q8_0", 0) == 0);
+  CHECK(names[3].rfind("mmctl128x128_f16", 0) == 0);
+  // "nosplit" keeps it whole; "split4" would leave slices of 4 tiles: not allowed, so none;
+  // without cooperative matrices there is no mmctl to split.
+  for (const char* v : {"nosplit", "split4"}) {
+    caps.variants.linear = v;
+    auto q = gpu::lower(g);
+    gpu::split_linears(g, q, caps);
+    CHECK(q.kernels.size() == before);
+  }
+  caps = tensor_core_caps();
+  caps.coopmat_f16 = false;
+  auto r = gpu::lower(g);
+  gpu::split_linears(g, r, caps);
+  CHECK(r.kernels.size() == before);
+}
+
 TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, bf16 and quantized weights, and it compiles") {
   // x f32 and f16 (a reshape of a buffer), ragged rows and weight rows, an epilogue reading
   // another buffer; a small problem (64x64 tiles) and a large one (128x128).

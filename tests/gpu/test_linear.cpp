@@ -119,6 +119,19 @@ TEST_CASE("linear: every weight dtype on the tiled path (many rows, batch dims)"
   CHECK(vk->stats().validation_errors == 0);
 }
 
+TEST_CASE("linear: a prompt's product in few tiles, split along k on tensor cores (split_linears)") {
+  // 40 x 72 outputs (2 tiles) over k = 1024 (32 tiles of 32): on a device with cooperative
+  // matrices pass 1 takes 4 slices of 8 tiles, pass 2 adds them and runs the epilogue; 3 x 20
+  // rows over k = 512 into 70 ragged columns: 2 slices. f16 and bf16 weights only (a quantized
+  // one stays whole). Elsewhere (lavapipe) the f32 kernels.
+  auto vk = validated();
+  for (dtype wt : {dtype::f16, dtype::bf16, dtype::q8_0}) {
+    check_linear(*vk, wt, {{40, 1024}, 72}, dtype::f32, 31, false);
+    check_linear(*vk, wt, {{3, 20, 512}, 70}, dtype::f32, 32, false);
+  }
+  CHECK(vk->stats().validation_errors == 0);
+}
+
 TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk matrix-vector kernels") {
   auto vk = validated(), shared = validated("shared"), chunk = validated("chunk");
   for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0, dtype::q5_0, dtype::q6_k})
