@@ -227,7 +227,9 @@ expected<graph> build_step_graph(const model_config& c, const model_weights& w, 
       const expr next = first_argmax(logits, c.vocab_size);
       const expr history = b.parameter(greedy_history_name(prefix), dtype::f32, {s.slots * s.context, 1});
       b.update(history, kv_write(history, reshape(cast(next, dtype::f32), {1, 1}), in.dest, 0));
-      b.update(greedy_token, next);
+      // The history keeps `vocab` for a step without a maximum (the host reports it); the next
+      // step's embedding reads a row that exists.
+      b.update(greedy_token, minimum(next, static_cast<double>(c.vocab_size - 1)));
       b.update(greedy_position, greedy_position + 1.0);
       b.output("token", next);
     } else {

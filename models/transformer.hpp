@@ -57,8 +57,9 @@ struct step_shape {
   /// greedy_position_name (i32 [1]); with several slots input "slot" names the sequence. It
   /// picks the next token on the device (the first index of the largest logit; `vocab` when no
   /// logit equals the maximum, i.e. NaN), writes it (as f32) into greedy_history_name (f32
-  /// [slots * context, 1]) at the row of the cache it wrote, and updates the token to it and the
-  /// position to position + 1. Output: "token" i32 [1].
+  /// [slots * context, 1]) at the row of the cache it wrote, and updates the token to it (at
+  /// most vocab - 1, so the next step reads an embedding row) and the position to position + 1.
+  /// Output: "token" i32 [1].
   bool greedy = false;
 };
 

@@ -85,6 +85,37 @@ void check_against_host_loop(gpu::executor& ex, const std::filesystem::path& mod
   CHECK(*again == std::vector<int32_t>(want.begin() + 11, want.begin() + 16));
 }
 
+// The final norm's weight (f32) made NaN: every logit is NaN, no step has a maximum. The
+// chunk's first step reports it, and the sequence stays where it was.
+void check_nan_error(gpu::executor& ex, const checkpoint& ckpt) {
+  session s = make_session(ex, ckpt, "nan.");
+  REQUIRE(s.prefill(prompt_of(4)));
+  auto norm = ex.get_parameters({"nan.w.output_norm.weight"});
+  REQUIRE(norm);
+  const tensor& w = norm->at("nan.w.output_norm.weight");
+  REQUIRE(w.type == dtype::f32);
+  const std::vector<double> nans(static_cast<size_t>(element_count(w.dims)), std::nan(""));
+  REQUIRE(ex.set_parameters({{"nan.w.output_norm.weight", tensor::from_values(w.type, w.dims, nans)}}));
+  auto r = s.decode_greedy(0, 1, 5);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code == error_code::invalid_argument);
+  CHECK(r.error().message.find("after position 4 have no largest value") != std::string::npos);
+  CHECK(s.position() == 4);
+}
+
+// The test model (Q8_0 GGUF) and a one-thread CPU executor.
+struct tiny_q8 {
+  temp_dir dir;
+  std::optional<checkpoint> ckpt;
+  std::unique_ptr<gpu::executor> cpu = gpu::make_cpu_executor(1);
+  tiny_q8() {
+    write_gguf_model(dir / "m.gguf", model_spec{}, tensor_type::q8_0);
+    auto c = checkpoint::open(dir / "m.gguf");
+    REQUIRE(c);
+    ckpt.emplace(std::move(*c));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("decode_greedy picks the one-step loop's tokens on the CPU executor", "[models][greedy]") {
@@ -110,15 +141,15 @@ TEST_CASE("decode_greedy picks the one-step loop's tokens on Vulkan (lavapipe in
   write_hf_model(dir / "hf", spec, "F16");
   check_against_host_loop(***vk, dir / "q8.gguf");
   check_against_host_loop(***vk, dir / "hf");
+  auto q8 = checkpoint::open(dir / "q8.gguf");
+  REQUIRE(q8);
+  check_nan_error(***vk, *q8);
 }
 
 TEST_CASE("decode_greedy errors change nothing", "[models][greedy]") {
-  temp_dir dir;
-  model_spec spec;
-  write_gguf_model(dir / "m.gguf", spec, tensor_type::q8_0);
-  auto ckpt = checkpoint::open(dir / "m.gguf");
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
+  const tiny_q8 t;
+  gpu::executor* cpu = t.cpu.get();
+  const checkpoint* ckpt = &*t.ckpt;
   session s = make_session(*cpu, *ckpt, "");
   REQUIRE(s.prefill(prompt_of(9)));
   for (const int64_t n : {int64_t{0}, int64_t{-3}, gpu::executor::max_repeated_runs + 1}) {
@@ -146,12 +177,9 @@ TEST_CASE("decode_greedy errors change nothing", "[models][greedy]") {
 }
 
 TEST_CASE("decode_greedy of one slot leaves the other slots as they were", "[models][greedy]") {
-  temp_dir dir;
-  model_spec spec;
-  write_gguf_model(dir / "m.gguf", spec, tensor_type::q8_0);
-  auto ckpt = checkpoint::open(dir / "m.gguf");
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
+  const tiny_q8 t;
+  gpu::executor* cpu = t.cpu.get();
+  const checkpoint* ckpt = &*t.ckpt;
   session one = make_session(*cpu, *ckpt, "one.");
   session three = make_session(*cpu, *ckpt, "three.", 3);
   const std::vector<int32_t> want = host_loop(one, prompt_of(6), 12);
@@ -176,12 +204,9 @@ TEST_CASE("decode_greedy of one slot leaves the other slots as they were", "[mod
 
 TEST_CASE("generate() in greedy chunks equals the one-step loop, also when a callback stops it mid-chunk",
           "[models][greedy]") {
-  temp_dir dir;
-  model_spec spec;
-  write_gguf_model(dir / "m.gguf", spec, tensor_type::q8_0);
-  auto ckpt = checkpoint::open(dir / "m.gguf");
-  REQUIRE(ckpt);
-  auto cpu = gpu::make_cpu_executor(1);
+  const tiny_q8 t;
+  gpu::executor* cpu = t.cpu.get();
+  const checkpoint* ckpt = &*t.ckpt;
   session chunked = make_session(*cpu, *ckpt, "a.");
   session stepped = make_session(*cpu, *ckpt, "b.");
   REQUIRE(chunked.greedy_chunk() == 16);
@@ -220,4 +245,9 @@ TEST_CASE("generate() in greedy chunks equals the one-step loop, also when a cal
   // Only the greedy run took the device loop: its session's greedy step holds its history.
   CHECK(cpu->get_parameters({"a.greedy.history"}));
   CHECK_FALSE(cpu->get_parameters({"b.greedy.history"}));
+}
+
+TEST_CASE("decode_greedy: logits with no largest value (NaN weights) are an error naming the position", "[models][greedy]") {
+  const tiny_q8 t;
+  check_nan_error(*t.cpu, *t.ckpt);
 }
