@@ -85,6 +85,9 @@ expected<session> session::create(gpu::executor& ex, const checkpoint& ckpt, con
   } else if (options.prepare_decode && s.whole_context_decode_) {
     // The programs decode() and batched forward() pick: one row for a single sequence, else rows
     // min(slots, a power of two), a row for each sequence of the step.
+    // ... and decode_greedy's (whole model), which attends over the whole context too.
+    if (s.greedy_chunk() > 0)
+      if (auto id = s.greedy_program(s.context_); !id) return forward_error(id);
     if (s.slots() == 1) {
       if (auto id = s.program(1, s.context_, false); !id) return forward_error(id);
     } else {
@@ -224,6 +227,21 @@ int64_t session::greedy_chunk() const {
   return layers().whole(config_.n_layers) ? 16 : 0;
 }
 
+expected<gpu::program_id> session::greedy_program(int64_t attended) {
+  if (auto it = greedy_programs_.find(attended); it != greedy_programs_.end()) return it->second;
+  const auto t0 = clock::now();
+  step_shape shape{1, context_, attended, false, layers(), slots(), false, true};
+  auto g = build_step_graph(config_, *weights_, shape, options_.prefix);
+  if (!g) return forward_error(g);
+  auto id = ex_->load(*g);
+  if (!id) return make_error(id.error().code, fmt::format("{}: loading the greedy step graph ({} attended): {}", source_,
+                                                          attended, id.error().message));
+  greedy_programs_.emplace(attended, *id);
+  stats_.compile_seconds += seconds_since(t0);
+  ++stats_.programs;
+  return *id;
+}
+
 expected<std::vector<int32_t>> session::decode_greedy(int64_t slot, int32_t token, int64_t count) {
   if (greedy_chunk() == 0) return sequence_model::decode_greedy(slot, token, count);
   if (auto ok = check_slot(slot); !ok) return forward_error(ok);
@@ -237,26 +255,15 @@ expected<std::vector<int32_t>> session::decode_greedy(int64_t slot, int32_t toke
                       fmt::format("{}: {} more tokens after {} would pass the context of {} positions", source_, count,
                                   position, context_));
   const auto t0 = clock::now();
-  const int64_t attended = attended_for(1, position + count);
-  auto it = greedy_programs_.find(attended);
-  if (it == greedy_programs_.end()) {
-    step_shape shape{1, context_, attended, false, layers(), slots(), false, true};
-    auto g = build_step_graph(config_, *weights_, shape, options_.prefix);
-    if (!g) return forward_error(g);
-    auto id = ex_->load(*g);
-    if (!id) return make_error(id.error().code, fmt::format("{}: loading the greedy step graph ({} attended): {}",
-                                                            source_, attended, id.error().message));
-    it = greedy_programs_.emplace(attended, *id).first;
-    stats_.compile_seconds += seconds_since(t0);
-    ++stats_.programs;
-  }
+  auto program = greedy_program(attended_for(1, position + count));
+  if (!program) return forward_error(program);
   const std::vector<std::string> state = {greedy_token_name(options_.prefix), greedy_position_name(options_.prefix)};
   const int32_t values[2] = {token, static_cast<int32_t>(position)};
   if (auto ok = ex_->write_parameters(state, std::span(reinterpret_cast<const uint8_t*>(values), sizeof values)); !ok)
     return make_error(ok.error().code, source_ + ": setting the greedy step's token: " + ok.error().message);
   tensor_map inputs;
   if (slots() > 1) inputs.emplace("slot", tensor::from_ints({1}, {static_cast<int32_t>(slot)}));
-  auto out = ex_->run_repeated(it->second, inputs, count);
+  auto out = ex_->run_repeated(*program, inputs, count);
   if (!out) return make_error(out.error().code, source_ + ": running greedy steps: " + out.error().message);
   greedy_history_.resize(static_cast<size_t>(slots() * context_) * sizeof(float));
   if (auto ok = ex_->read_parameters({greedy_history_name(options_.prefix)}, greedy_history_); !ok)

@@ -76,7 +76,8 @@ struct session_options {
   toggle whole_context_decode = toggle::automatic;
   /// With whole_context_decode in effect: load the decode step's programs for every batch size
   /// (up to the slots held and layers::fused_attention_max_rows rows) when the session is
-  /// created, so that no request waits for one to load (a server: each costs seconds on a GPU).
+  /// created, so that no request waits for one to load (a server: each costs seconds on a GPU);
+  /// a whole-model session loads decode_greedy's program too.
   /// A session of the head alone loads head()'s programs for 1 to `slots` rows (its slots being
   /// the sequences of the pipeline it serves).
   bool prepare_decode = false;
@@ -226,6 +227,8 @@ class session final : public sequence_model {
   bool whole_context_decode_ = false;
   std::vector<int64_t> positions_ = {0};  ///< per slot
   std::map<std::tuple<int64_t, int64_t, bool, bool>, gpu::program_id> programs_;
+  /// decode_greedy's step graph attending over `attended` rows, loaded on first use.
+  expected<gpu::program_id> greedy_program(int64_t attended);
   std::map<int64_t, gpu::program_id> greedy_programs_;  ///< by attended rows
   std::vector<uint8_t> greedy_history_;                  ///< read back after decode_greedy
   session_stats stats_;

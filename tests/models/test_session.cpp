@@ -251,7 +251,8 @@ TEST_CASE("decode steps over the whole context give the bucketed steps' logits w
     ex.push_back(gpu::make_cpu_executor(1));
     auto s = session::create(*ex.back(), *ckpt, o);
     REQUIRE(s);
-    const int64_t prepared = slots == 1 ? 1 : slots == 3 ? 3 : 3;  // 1 row; 1, 2, 3 rows; 1, 2, 4 rows
+    // 1 row; 1, 2, 3 rows; 1, 2, 4 rows; and decode_greedy's step.
+    const int64_t prepared = (slots == 1 ? 1 : 3) + 1;
     CHECK(s->stats().programs == prepared);
     for (int64_t slot = 0; slot < slots; ++slot) REQUIRE(s->prefill(slot, std::vector<int32_t>{1, 2, 3}));
     const int64_t after_prompts = s->stats().programs;  // the prompts' program is not a decode step's
@@ -260,6 +261,7 @@ TEST_CASE("decode steps over the whole context give the bucketed steps' logits w
       batch.push_back({slot, 7});
       REQUIRE(s->decode(batch));
     }
+    REQUIRE(s->decode_greedy(0, 5, 3));
     CHECK(s->stats().programs == after_prompts);
   }
   // A session of the head alone for a pipeline of 5 sequences: head()'s programs for 1, 2, 4 and
