@@ -222,6 +222,21 @@ TEST_CASE("runtime: unloading programs and dropping parameters gives their memor
   }
 }
 
+namespace {
+
+/// A Vulkan executor that moves every transfer through staging buffers and copy commands, as on
+/// a discrete GPU, even where device memory is host-visible (lavapipe).
+std::unique_ptr<executor> staged_vulkan() {
+  vulkan_options staged;
+  staged.cache_dir = "-";
+  staged.map_device_memory = false;
+  auto ex = make_vulkan_executor(staged);
+  REQUIRE(ex);
+  return std::move(*ex);
+}
+
+}  // namespace
+
 TEST_CASE("runtime: read_parameters and write_parameters move many parameters end to end, on both back ends") {
   // A training step's gradients leave the device this way, and its reduced sum comes back.
   // "big" is larger than one staging range (32 MiB), so a transfer takes several submissions
@@ -233,13 +248,9 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
                           {"rw.i", tensor::from_ints({3}, {4, -5, 6})}};
   size_t total = 0;
   for (const auto& n : names) total += params.at(n).bytes.size();
-  vulkan_options staged;  // every transfer through staging buffers and copy commands
-  staged.cache_dir = "-";
-  staged.map_device_memory = false;
-  auto through_staging = make_vulkan_executor(staged);
-  REQUIRE(through_staging);
-  for (executor* ex : {&vulkan(), through_staging->get(), &cpu()}) {
-    INFO(ex->info().name << (ex == through_staging->get() ? " (through staging)" : ""));
+  const auto through_staging = staged_vulkan();
+  for (executor* ex : {&vulkan(), through_staging.get(), &cpu()}) {
+    INFO(ex->info().name << (ex == through_staging.get() ? " (through staging)" : ""));
     REQUIRE(ex->set_parameters(params));
     std::vector<uint8_t> out(total, 0xee);
     REQUIRE(ex->read_parameters(names, out));
@@ -294,13 +305,9 @@ TEST_CASE("runtime: run_repeated runs a program back to back, each run seeing th
   b.output("seen", count * 10.0);
   auto g = b.finish();
   REQUIRE(g);
-  vulkan_options staged;
-  staged.cache_dir = "-";
-  staged.map_device_memory = false;
-  auto through_staging = make_vulkan_executor(staged);
-  REQUIRE(through_staging);
-  for (executor* ex : {&vulkan(), through_staging->get(), &cpu()}) {
-    INFO(ex->info().name << (ex == through_staging->get() ? " (through staging)" : ""));
+  const auto through_staging = staged_vulkan();
+  for (executor* ex : {&vulkan(), through_staging.get(), &cpu()}) {
+    INFO(ex->info().name << (ex == through_staging.get() ? " (through staging)" : ""));
     auto id = ex->load(*g);
     REQUIRE(id);
     const tensor_map in{{"step", tensor::from_floats({1}, {0.5f})}};
