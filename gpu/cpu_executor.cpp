@@ -145,10 +145,7 @@ class cpu_executor final : public executor {
   }
 
   expected<tensor_map> run_repeated(program_id id, const tensor_map& inputs, int64_t times) override {
-    if (times < 1 || times > max_repeated_runs)
-      return make_error(error_code::invalid_argument, "run_repeated: " + std::to_string(times) +
-                                                          " runs asked for; 1 to " + std::to_string(max_repeated_runs) +
-                                                          " are possible");
+    if (auto ok = check_repeated_runs(times); !ok) return tl::unexpected(ok.error());
     for (int64_t i = 1; i < times; ++i)
       if (auto r = run(id, inputs); !r) return r;
     return run(id, inputs);

@@ -105,6 +105,16 @@ class executor {
   /// submission, so the device goes from run to run without waiting for the host.
   virtual expected<tensor_map> run_repeated(program_id id, const tensor_map& inputs, int64_t times) = 0;
   static constexpr int64_t max_repeated_runs = 1024;
+
+ protected:
+  /// run_repeated's refusal of `times` outside [1, max_repeated_runs], shared by the back ends.
+  static expected<void> check_repeated_runs(int64_t times) {
+    if (times >= 1 && times <= max_repeated_runs) return {};
+    return make_error(error_code::invalid_argument, "run_repeated: " + std::to_string(times) + " runs asked for; 1 to " +
+                                                        std::to_string(max_repeated_runs) + " are possible");
+  }
+
+ public:
   /// Frees a loaded program (its buffers and command buffer); its id is not used again. Unknown
   /// or already unloaded ids are ignored. A node loads programs for as long as it runs: without
   /// this, device memory only grew.

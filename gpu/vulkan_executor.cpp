@@ -255,10 +255,7 @@ class vulkan_executor final : public executor {
 
   expected<tensor_map> run_repeated(program_id id, const tensor_map& inputs, int64_t times) override {
     if (lost_) return lost_error();
-    if (times < 1 || times > max_repeated_runs)
-      return make_error(error_code::invalid_argument,
-                        "run_repeated: " + std::to_string(times) + " runs asked for; 1 to " +
-                                                          std::to_string(max_repeated_runs) + " are possible");
+    if (auto ok = check_repeated_runs(times); !ok) return tl::unexpected(ok.error());
     if (id >= programs_.size() || !programs_[id]) return make_error(error_code::not_found, "no program " + std::to_string(id));
     program& pr = *programs_[id];
     const auto t0 = std::chrono::steady_clock::now();

@@ -196,6 +196,25 @@ expected<std::optional<int32_t>> generation_run::next(std::span<const float> log
 
 size_t generation_run::generated() const { return s_->out.tokens.size(); }
 
+expected<generation_run::chunk_result> generation_run::decode_chunk(sequence_model& model, int64_t slot, int32_t token) {
+  const int64_t from = model.position(slot);
+  const int64_t left = s_->options.max_tokens - static_cast<int64_t>(generated());
+  auto picked = model.decode_greedy(slot, token, std::clamp<int64_t>(left, 1, std::max<int64_t>(model.greedy_chunk(), 1)));
+  if (!picked) return forward_error(picked);
+  chunk_result r;
+  r.decoded = static_cast<int64_t>(picked->size());
+  int64_t used = 0;
+  for (const int32_t t : *picked) {
+    ++used;
+    r.next = next_token(t);
+    if (!r.next || !*r.next) break;
+  }
+  // Ended inside the chunk: drop the positions decoded past the stop.
+  if ((!r.next || !*r.next) && from + used < model.position(slot))
+    if (auto ok = model.rewind(slot, from + used); !ok) return forward_error(ok);
+  return r;
+}
+
 expected<std::optional<int32_t>> generation_run::next_token(int32_t token) { return accept(token, std::nullopt); }
 
 expected<std::optional<int32_t>> generation_run::accept(int32_t next, std::optional<token_logprob> entry) {
@@ -252,23 +271,12 @@ expected<generation> generate(sequence_model& s, const tokenizer& tok, std::span
   run->prompt_done(std::chrono::duration<double>(clock::now() - t0).count());
   auto next = run->next(*logits);
   if (!next) return forward_error(next);
-  const int64_t chunk = run->greedy() ? s.greedy_chunk() : 0;
-  while (*next && chunk > 0) {
-    // Greedy on the device: chunks of steps with no host between them. A stop inside a chunk
-    // drops the positions decoded past it, so the model stands where the one-step loop would.
-    const int64_t from = s.position();
-    const int64_t left = options.max_tokens - static_cast<int64_t>(run->generated());
-    auto picked = s.decode_greedy(0, **next, std::min(chunk, left));
-    if (!picked) return forward_error(picked);
-    int64_t used = 0;
-    for (const int32_t t : *picked) {
-      ++used;
-      next = run->next_token(t);
-      if (!next) return forward_error(next);
-      if (!*next) break;
-    }
-    if (!*next && from + used < s.position())
-      if (auto ok = s.rewind(0, from + used); !ok) return forward_error(ok);
+  // Greedy on the device: chunks of steps with no host between them.
+  while (*next && run->greedy() && s.greedy_chunk() > 0) {
+    auto chunk = run->decode_chunk(s, 0, **next);
+    if (!chunk) return forward_error(chunk);
+    next = std::move(chunk->next);
+    if (!next) return forward_error(next);
   }
   while (*next) {
     logits = s.decode(**next);

@@ -103,6 +103,18 @@ class generation_run {
   /// Whether next() would pick the first index of the largest logit and report nothing else of
   /// the logits (greedy, no repetition penalty, no logprobs): then next_token may take its place.
   bool greedy() const;
+  /// What decode_chunk did: the tokens the model decoded, and the generation's answer after the
+  /// last one it took (as next_token's).
+  struct chunk_result {
+    int64_t decoded = 0;
+    expected<std::optional<int32_t>> next = std::optional<int32_t>{};
+  };
+  /// Greedy decoding on the device, a chunk at a time: `token` (the one to decode next) and then
+  /// up to model.greedy_chunk() - 1 more through model.decode_greedy for the sequence in `slot`,
+  /// each picked token handed to next_token; when the generation ends inside the chunk the model
+  /// is rewound to where one step at a time would have left it. Errors: the model's
+  /// (decode_greedy, rewind). For greedy() runs on a model with greedy_chunk() > 0.
+  expected<chunk_result> decode_chunk(sequence_model& model, int64_t slot, int32_t token);
   /// Tokens generated so far.
   size_t generated() const;
   /// Ends the generation (emitting what was held back when it ended by EOS or max_tokens) and

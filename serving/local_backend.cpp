@@ -746,29 +746,15 @@ void local_backend::decode_lane(const std::shared_ptr<model>& m, const std::vect
 }
 
 void local_backend::decode_greedy(const std::shared_ptr<model>& m, const std::shared_ptr<job>& jp) {
-  job& j = *jp;
-  const int64_t from = m->seq->position(j.slot);
-  const int64_t left = j.options.max_tokens - static_cast<int64_t>(j.run->generated());
-  auto picked = m->seq->decode_greedy(j.slot, j.next, std::min(m->seq->greedy_chunk(), std::max<int64_t>(left, 1)));
-  if (!picked) return complete(jp, fail(kind_of(picked.error()), picked.error().message));
+  auto chunk = jp->run->decode_chunk(*m->seq, jp->slot, jp->next);
+  if (!chunk) return complete(jp, fail(kind_of(chunk.error()), chunk.error().message));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stats_.decode_steps += static_cast<int64_t>(picked->size());
-    stats_.decoded_tokens += static_cast<int64_t>(picked->size());
+    stats_.decode_steps += chunk->decoded;
+    stats_.decoded_tokens += chunk->decoded;
     stats_.widest_step = std::max<int64_t>(stats_.widest_step, 1);
   }
-  expected<std::optional<int32_t>> next = std::optional<int32_t>{};
-  int64_t used = 0;
-  for (const int32_t t : *picked) {
-    ++used;
-    next = j.run->next_token(t);
-    if (!next || !*next) break;
-  }
-  // Ended inside the chunk: the model stands where one step at a time would have left it.
-  if ((!next || !*next) && from + used < m->seq->position(j.slot))
-    if (auto ok = m->seq->rewind(j.slot, from + used); !ok)
-      return complete(jp, fail(kind_of(ok.error()), ok.error().message));
-  settle(jp, std::move(next));
+  settle(jp, std::move(chunk->next));
 }
 
 void local_backend::advance(const std::shared_ptr<job>& jp, std::span<const float> logits) {
