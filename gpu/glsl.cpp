@@ -271,6 +271,7 @@ expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, con
       return detail::linear(g, p, k, caps);
     case kernel_kind::kv_write: return detail::kv_write(g, p, k, caps);
     case kernel_kind::attention: return detail::attention(g, p, k, caps);
+    case kernel_kind::weight_decode: return detail::weight_decode(g, p, k, caps);
   }
   return make_error(error_code::internal, "unknown kernel kind");
 }

@@ -56,6 +56,16 @@ struct kernel_source {
 /// for a device with `caps`; a no-op where `mmctl` does not apply (no cooperative matrices).
 void split_linears(const graph& g, plan& p, const device_caps& caps);
 
+/// Gives each prompt-sized linear of a quantized weight that `mmctl` runs a kernel before it that
+/// decodes the weight to f16 into a scratch buffer (`dqw`, kernel_kind::weight_decode), which the
+/// product then reads as an f16 weight (kernel::weight): the tensor cores then wait on no block
+/// decoding. All such linears of the plan share one scratch buffer, as large as the largest of
+/// their weights in f16 (the executor orders each decode after the previous product's reads).
+/// Which linears qualify: kernel_variants::linear_decode (by default a whole prompt's, 512 rows,
+/// and products in few tiles). Run on a plan from lower() before
+/// split_linears (a decoded weight is an f16 weight there); a no-op without cooperative matrices.
+void predecode_linears(const graph& g, plan& p, const device_caps& caps);
+
 /// Emits the kernel `k` of plan `p`. Fails (unsupported) when the device lacks what it needs,
 /// e.g. 16-bit storage for f16/bf16 tensors.
 expected<kernel_source> emit(const graph& g, const plan& p, const kernel& k, const device_caps& caps);

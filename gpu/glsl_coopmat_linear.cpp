@@ -30,7 +30,9 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   const bool pass1 = k.pass == 1;  // a slice of k into the scratch buffer (split_linears)
   const mm_dims d = dims_of(g, k);
   const node_index w = d.b;
-  const dtype wt = g[w].type;
+  // A weight decoded before the product (predecode_linears) is read as f16 from its scratch buffer.
+  const bool decoded = k.weight >= 0;
+  const dtype wt = decoded ? dtype::f16 : g[w].type;
   // x from the buffer a chain of reshapes views (the same flat index), f32 or f16.
   const node_index x = behind_reshapes(g, q, d.a);
   const dtype xt = g[x].type;
@@ -53,7 +55,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
 
   emitter e(g, q, false);
   e.bind(pass1 ? scratch_id(g, k.scratch) : k.root);
-  const int xb = e.bind(x), wb = e.bind(w);
+  const int xb = e.bind(x), wb = e.bind(decoded ? scratch_id(g, k.weight) : w);
   std::string store;
   if (pass1)
     store = "          b0.v[bz * " + u(m * n) + " + ci] = Cs[sg * 256u + li];\n";
@@ -173,11 +175,13 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
 
   kernel_source s;
   s.name = "mmctl" + std::to_string(bm) + "x" + std::to_string(bn) + (pass1 ? "s" + std::to_string(slices) : "") + "_" +
-           to_string(wt) + "_" + std::to_string(k.root);
+           to_string(g[w].type) + (decoded ? "_dq_" : "_") + std::to_string(k.root);
   s.bindings = e.bindings;
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
               static_cast<uint32_t>(std::min<int64_t>(slices, caps.max_groups[2]))};
-  s.bytes = pass1 ? bytes_of(g, {x, w}) + static_cast<uint64_t>(slices * m * n) * 4 : bytes_of(g, s.bindings);
+  // bytes_of counts graph nodes only: a pass 1's partials and a decoded weight are added.
+  s.bytes = bytes_of(g, s.bindings) + (pass1 ? static_cast<uint64_t>(slices * m * n) * 4 : 0) +
+            (decoded ? static_cast<uint64_t>(n * kd) * 2 : 0);
   s.flops = d.flops();
   s.glsl = coopmat_header(threads) + decl + prelude + src;
   return s;
@@ -207,10 +211,10 @@ kernel_source linear_split_sum(const graph& g, const plan& p, const kernel& k, c
 int64_t linear_split_slices(const graph& g, const plan& p, const kernel& k, const device_caps& caps) {
   if (k.kind != kernel_kind::linear || k.pass != 0 || caps.variants.linear == "nosplit") return 0;
   const mm_dims d = dims_of(g, k);
-  // Float weights only: a quantized weight's decoding bounds its products (on the H200 a
-  // q8_0 down projection gained 9% in 4 slices, its o projection lost 9%).
+  // Float weights only: a quantized weight decoded while staged bounds its products (on the H200
+  // a q8_0 down projection gained 9% in 4 slices, its o projection lost 9%).
   const dtype wt = g[d.b].type;
-  if (wt != dtype::f16 && wt != dtype::bf16) return 0;
+  if (wt != dtype::f16 && wt != dtype::bf16 && k.weight < 0) return 0;  // a decoded weight is f16 (predecode_linears)
   if (d.m <= matvec_max_rows || !linear_coopmat(g, with_root_inline(p, k.root), k, caps)) return 0;
   auto tile = pick_coop_tile(d, caps);
   if (!tile) return 0;

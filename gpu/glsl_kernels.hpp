@@ -65,6 +65,22 @@ inline constexpr int64_t linear_split_max_groups = 512;
 inline constexpr int64_t linear_split_target_groups = 1024;
 inline constexpr int64_t linear_split_min_tiles = 8;
 
+/// kernel_kind::weight_decode (`dqw`): the quantized weight k.root decoded to f16 into scratch
+/// buffer k.scratch, a thread per 32-element chunk of a row. glsl_weight_decode.cpp.
+kernel_source weight_decode(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+/// Whether linear kernel `k` takes a weight_decode kernel before it (predecode_linears).
+bool predecodes_weight(const graph& g, const plan& p, const kernel& k, const device_caps& caps);
+/// By default (kernel_variants::linear_decode "") a quantized weight is decoded to f16 before
+/// its product from this many rows of x, or with fewer rows when the product, decoded while
+/// staged, has at most linear_predecode_max_tiles tiles: the decoded weight's product can then
+/// be split along k, where the staged one leaves most of a GPU idle (docs/gpu.md has the
+/// measurements: on the H200 a 2048 x 2048 q4_k product of 32 rows took 68 µs staged and 26
+/// decoded first; a 16384 x 2048 one of 128 rows 143 µs staged and 218 decoded first).
+inline constexpr int64_t linear_predecode_min_rows = 512;
+inline constexpr int64_t linear_predecode_max_tiles = 64;
+/// The largest weight decoded before its product, in bytes of f16 (the scratch buffer's bound).
+inline constexpr int64_t linear_predecode_max_bytes = int64_t{256} << 20;
+
 /// A matmul operand read straight from a buffer: the materialised node `id`, whose consecutive
 /// batch matrices are `batch_stride` elements apart (0: one matrix broadcast over the batch, like
 /// a weight in x[b, t, c] x w[c, d]).

@@ -49,6 +49,14 @@ struct kernel_variants {
   /// `mmctl` products in too few tiles are split along k (split_linears): "nosplit" keeps them
   /// whole, "split2" / "split4" / "split8" force that many slices where k allows.
   std::string linear;
+  /// A quantized weight of a prompt's linear on `mmctl`: "" decodes it to f16 once, in a kernel of
+  /// its own (`dqw`) writing a scratch buffer the product then reads as an f16 weight, from
+  /// linear_predecode_min_rows (512) rows of x on, or for a product in at most
+  /// linear_predecode_max_tiles (64) tiles (which can then be split along k); otherwise each
+  /// weight chunk is decoded while it is staged, once per tile row of x. "staged" always decodes
+  /// while staging; "first" decodes first from 17 rows on. A weight larger than
+  /// linear_predecode_max_bytes in f16 is decoded while staged whatever the choice.
+  std::string linear_decode;
   /// attention: "" takes, for many query rows (a prompt), `attnc` on devices with cooperative
   /// matrices (q, k, v and the softmax weights rounded to f16, f32 accumulation; d a multiple of
   /// 16), else `attnt` in f32, and for few rows (decode) the grouped pass 1 `attn1g` (every query

@@ -368,11 +368,13 @@ std::string describe(const graph& g, const plan& p) {
       case kernel_kind::linear: s += k.pass ? "lin" + std::to_string(k.pass) : "lin"; break;
       case kernel_kind::kv_write: s += "kvw"; break;
       case kernel_kind::attention: s += "attn"; break;
+      case kernel_kind::weight_decode: s += "dqw"; break;
       case kernel_kind::rows: break;
     }
     s += "(%" + std::to_string(k.root);
     if (k.anchor >= 0 && k.anchor != k.root) s += "<-%" + std::to_string(k.anchor);
     if (k.pass == 1) s += " x" + std::to_string(k.slices);
+    if (k.weight >= 0) s += " w=s" + std::to_string(k.weight);
     s += ")";
   }
   return s;

@@ -29,6 +29,9 @@ enum class kernel_kind {
   linear,       ///< x times a weight read transposed (any float or quantized dtype), optionally with an epilogue
   kv_write,     ///< a value written into a cache parameter's buffer at a runtime position (in place)
   attention,    ///< causal attention of query rows against a KV cache (op_kind::attention)
+  /// A quantized weight (root) decoded to f16 into plan::scratch[scratch] for the linear kernel
+  /// after it (kernel::weight); added by predecode_linears, never by lower().
+  weight_decode,
 };
 
 /// One dispatch.
@@ -43,6 +46,9 @@ struct kernel {
   int pass = 0;
   int64_t slices = 0;  ///< split reduction, attention: slices per output
   int scratch = -1;    ///< split reduction, attention: its partial buffer, an index into plan::scratch
+  /// A linear whose quantized weight a weight_decode kernel before it decoded to f16: the
+  /// plan::scratch index holding it ([n, k] f16), read instead of the weight's own buffer.
+  int weight = -1;
   /// kernel_kind::rows: the kernels it runs, in order, for one row at a time: one-pass
   /// reductions over the last axis of the same [..., L] shape, then at most one elementwise
   /// kernel of that shape. Later members read earlier members' results only at their own row,
@@ -51,7 +57,7 @@ struct kernel {
   std::vector<kernel> members;
 };
 
-/// A device buffer that no graph node owns (the partials of a split reduction). Emitted kernels
+/// A device buffer that no graph node owns (the partials of a split reduction, a decoded weight). Emitted kernels
 /// bind it as the id scratch_id(g, index), past the graph's node ids.
 struct scratch_buffer {
   dtype type = dtype::f32;
@@ -62,7 +68,7 @@ struct scratch_buffer {
 struct plan {
   std::vector<bool> materialised;      ///< per node: has a device buffer
   std::vector<kernel> kernels;         ///< in execution (topological) order
-  std::vector<scratch_buffer> scratch;  ///< buffers of split reductions' partials
+  std::vector<scratch_buffer> scratch;  ///< buffers of split reductions' partials, decoded weights
 };
 
 /// Keys per tile of an attention kernel's first pass (add_attention in plan.cpp): a slice of the

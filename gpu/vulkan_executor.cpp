@@ -470,6 +470,7 @@ class vulkan_executor final : public executor {
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
     pr.p = lower(g, split_, fuse_rows_from_);
+    predecode_linears(g, pr.p, d_->caps);
     split_linears(g, pr.p, d_->caps);
     const auto n = static_cast<size_t>(g.size());
     // Views past the graph's nodes are the plan's scratch buffers (scratch_id).
@@ -690,17 +691,25 @@ class vulkan_executor final : public executor {
             VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
             VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pr.queries, 0);
-    std::vector<bool> dirty(pr.views.size(), false);  // graph nodes and scratch buffers
+    // Since the last barrier: buffers written (a kernel reading or writing one waits: read after
+    // write, write after write) and buffers read (a kernel writing one waits: write after read,
+    // as when the decoded-weight scratch buffer that one product read is decoded into for the next).
+    std::vector<bool> dirty(pr.views.size(), false), read(pr.views.size(), false);  // graph nodes and scratch buffers
     uint32_t query = 1;
     for (const auto ki : pr.timed) {
       const auto& ck = pr.kernels[static_cast<size_t>(ki)];
       bool hazard = false;
-      for (auto id : ck.src.bindings) hazard = hazard || dirty[id];
+      for (size_t b = 0; b < ck.src.bindings.size(); ++b) {
+        const auto id = ck.src.bindings[b];
+        hazard = hazard || dirty[id] || (b < ck.src.writes && read[id]);
+      }
       if (hazard) {
         barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT);
+                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         std::fill(dirty.begin(), dirty.end(), false);
+        std::fill(read.begin(), read.end(), false);
       }
+      for (size_t b = ck.src.writes; b < ck.src.bindings.size(); ++b) read[ck.src.bindings[b]] = true;
       vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.pipeline);
       vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ck.layout, 0, 1, &ck.set, 0, nullptr);
       vkCmdDispatch(cmd, ck.src.groups[0], ck.src.groups[1], ck.src.groups[2]);

@@ -23,7 +23,10 @@
 // tensor cores where the device has them, then `attnt` in f32: MESH_ATTENTION=f32), checked on
 // sampled rows; bench/gpu/sdpa_reference.py times PyTorch's SDPA on the same shape.
 // --prefill V1,V2,... the same with 512 rows of x (a prompt) for each MESH_LINEAR value ("default":
-// `mmctl` on tensor cores where the device has them; "f32": the f32 matmul kernels), in GFLOP/s.
+// `mmctl` on tensor cores where the device has them; "f32": the f32 matmul kernels), in GFLOP/s;
+// a value VAR=v sets that kernel choice instead (MESH_LINEAR_DECODE=staged: quantized weights
+// decoded while staged, not first). --prefill-rows R1,R2,... times those rows of x instead of 512;
+// --linear-types T1,T2,... (f16, bf16, q8_0, q4_k, q6_k by default) the weight dtypes of both.
 //
 // Kernel choices by name, in --variants lists and in the environment (MESH_GEMM=wide
 // mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT and MESH_GEMM_SWIZZLE
@@ -469,6 +472,7 @@ bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::stri
   else if (var == "MESH_MATVEC") o.variants.matvec = value;
   else if (var == "MESH_MATVEC_X") o.variants.matvec_x = value;
   else if (var == "MESH_LINEAR") o.variants.linear = value;
+  else if (var == "MESH_LINEAR_DECODE") o.variants.linear_decode = value;
   else if (var == "MESH_ATTENTION") o.variants.attention = value;
   else if (var == "MESH_GEMM_SWIZZLE") o.variants.gemm_swizzle = static_cast<uint32_t>(std::clamp(std::atol(value.c_str()), 0L, 64L));
   else if ((var == "MESH_SPLIT_REDUCE" || var == "MESH_FUSE_ROWS") && (value == "0" || value == "1"))
@@ -508,20 +512,27 @@ std::vector<std::string> split_list(const std::string& list) {
 /// --prefill: the same products with 512 rows of x (a prompt), once per MESH_LINEAR value, in
 /// GFLOP/s; the f16 tensor-core kernel (`mmctl`) rounds x and the weight to f16, so its check
 /// allows 2e-3 of the sum of |w x| where the f32 kernels' allows 1e-4.
-void time_linears(const std::vector<std::string>& variants, bool quick, bool prefill) {
+void time_linears(const std::vector<std::string>& variants, bool quick, bool prefill, const std::vector<int64_t>& prefill_rows,
+                  const std::vector<dtype>& types) {
   struct shape_case {
     int64_t m, n, k;
   };
-  const std::vector<shape_case> cases =
-      prefill ? (quick ? std::vector<shape_case>{{64, 256, 512}} : std::vector<shape_case>{{512, 2048, 2048}, {512, 16384, 2048}, {512, 2048, 8192}, {512, 128256, 2048}})
+  std::vector<shape_case> cases =
+      prefill ? (quick ? std::vector<shape_case>{{64, 256, 512}} : std::vector<shape_case>{})
       : quick ? std::vector<shape_case>{{1, 256, 512}, {4, 128, 512}}
               : std::vector<shape_case>{{1, 2048, 2048}, {1, 8192, 2048}, {1, 2048, 8192}, {1, 128256, 2048}, {4, 8192, 2048}};
-  const char* var = prefill ? "MESH_LINEAR" : "MESH_MATVEC";
+  if (prefill && !quick)
+    for (const int64_t m : prefill_rows)
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{2048, 2048}, {16384, 2048}, {2048, 8192}, {128256, 2048}}) cases.push_back({m, n, k});
   int tag = 0;
-  for (const auto& variant : variants) {
-    auto vex = executor_with(var, variant == "default" ? "" : variant.c_str());
+  for (const auto& entry : variants) {
+    // "VAR=value" sets that kernel choice; a bare value is MESH_LINEAR's (MESH_MATVEC's).
+    const size_t eq = entry.find('=');
+    const std::string var = eq == std::string::npos ? (prefill ? "MESH_LINEAR" : "MESH_MATVEC") : entry.substr(0, eq);
+    const std::string variant = eq == std::string::npos ? entry : entry.substr(eq + 1);
+    auto vex = executor_with(var.c_str(), variant == "default" ? "" : variant.c_str());
     if (!vex) continue;
-    for (dtype wt : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_k, dtype::q6_k})
+    for (dtype wt : types)
       for (const auto& c : cases) {
         const std::string p = "mv" + std::to_string(tag++) + ".";
         builder b;
@@ -553,17 +564,21 @@ void time_linears(const std::vector<std::string>& variants, bool quick, bool pre
         warm_up(*vex, *id);
         std::vector<double> times;
         std::string name;
+        size_t kernels = 1;
         for (int i = 0; i <= reps; ++i) {
           const double ms = run_ms(*vex, *id);
           if (ms < 0) std::exit(1);
           if (i > 0) times.push_back(ms);
-          if (!vex->stats().kernels.empty()) name = vex->stats().kernels[0].name;
+          // The kernels' names without their node ids: "dqw_q4_k+mmctl128x128_q4_k_dq".
+          name.clear();
+          for (const auto& ks : vex->stats().kernels) name += (name.empty() ? "" : "+") + ks.name.substr(0, ks.name.rfind('_'));
+          kernels = std::max<size_t>(1, vex->stats().kernels.size());
         }
         std::sort(times.begin(), times.end());
         result r;
         r.ms = times[times.size() / 2];
-        r.kernels = 1;
-        r.variant = name.substr(0, name.rfind('_'));
+        r.kernels = static_cast<int>(kernels);
+        r.variant = name;
         // The check: sampled outputs against a dot product with the reference decoder's row.
         auto got = vex->get_parameters({p + "y"});
         double worst = got ? 0 : 1e9;
@@ -580,13 +595,13 @@ void time_linears(const std::vector<std::string>& variants, bool quick, bool pre
           }
           worst = std::max(worst, std::abs(got->at(p + "y").at(i * c.n + j) - want) / std::max(scale, 1e-6));
         }
-        const double limit = r.variant.rfind("mmctl", 0) == 0 ? 2e-3 : 1e-4;
+        const double limit = r.variant.find("mmctl") != std::string::npos ? 2e-3 : 1e-4;
         if (worst > limit) {
           std::printf("CHECK FAILED: %s %s %s, worst relative error %.3g\n", prefill ? "prefill" : "matvec", to_string(wt), variant.c_str(), worst);
           ++failures;
         }
         const std::string what = std::string(prefill ? "prefill " : "matvec ") + to_string(wt) +
-                                 (variant == "default" ? "" : std::string(" ") + var + "=" + variant);
+                                 (variant == "default" ? "" : " " + var + "=" + variant);
         const std::string size = std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k);
         if (prefill) row(what.c_str(), size, r, 2.0 * static_cast<double>(c.m * c.n) * static_cast<double>(c.k), "GFLOP/s");
         else row(what.c_str(), size, r, static_cast<double>(wq.bytes.size()), "GB/s");
@@ -763,6 +778,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> variant_lists;  // --variants VAR=v1,v2,...
   std::vector<std::string> matvec_variants;  // --matvec V1,V2,... ("default" is the default kernel)
   std::vector<std::string> prefill_variants;  // --prefill V1,V2,... (MESH_LINEAR values)
+  std::vector<int64_t> prefill_rows{512};     // --prefill-rows R1,R2,...
+  std::vector<dtype> linear_types{dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_k, dtype::q6_k};  // --linear-types T1,T2,...
   bool attention_only = false;                 // --attention
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
@@ -775,6 +792,15 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--gemm")) gemm_only = true;
     else if (!std::strcmp(argv[i], "--matvec") && i + 1 < argc) matvec_variants = split_list(argv[++i]);
     else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) prefill_variants = split_list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--linear-types") && i + 1 < argc) {
+      linear_types.clear();
+      for (const auto& t : split_list(argv[++i]))
+        for (dtype d : {dtype::f16, dtype::bf16, dtype::q8_0, dtype::q4_0, dtype::q4_k, dtype::q6_k})
+          if (t == to_string(d)) linear_types.push_back(d);
+    } else if (!std::strcmp(argv[i], "--prefill-rows") && i + 1 < argc) {
+      prefill_rows.clear();
+      for (const auto& r : split_list(argv[++i])) prefill_rows.push_back(std::max(17L, std::atol(r.c_str())));
+    }
     else if (!std::strcmp(argv[i], "--attention")) attention_only = true;
     else if (!std::strcmp(argv[i], "--variants") && i + 1 < argc) variant_lists.push_back(argv[++i]);
     else if (!std::strcmp(argv[i], "--reference-gemm") && i + 1 < argc) reference_gemm = std::atof(argv[++i]);
@@ -784,7 +810,7 @@ int main(int argc, char** argv) {
   gpu::vulkan_options& o = options;
   o.cache_dir = cache;
   o.block_bytes = 256ull << 20;
-  for (const char* var : {"MESH_GEMM", "MESH_COOPMAT", "MESH_GEMM_SWIZZLE", "MESH_SPLIT_REDUCE", "MESH_FUSE_ROWS"})
+  for (const char* var : {"MESH_GEMM", "MESH_COOPMAT", "MESH_GEMM_SWIZZLE", "MESH_SPLIT_REDUCE", "MESH_FUSE_ROWS", "MESH_LINEAR_DECODE"})
     if (const char* v = std::getenv(var); v && !set_variant(o, var, v))
       std::fprintf(stderr, "%s=%s ignored (0 or 1)\n", var, v);
 
@@ -857,8 +883,8 @@ int main(int argc, char** argv) {
     return failures ? 2 : 0;
   }
   if (!matvec_variants.empty() || !prefill_variants.empty()) {
-    time_linears(matvec_variants, quick, false);
-    time_linears(prefill_variants, quick, true);
+    time_linears(matvec_variants, quick, false, prefill_rows, linear_types);
+    time_linears(prefill_variants, quick, true, prefill_rows, linear_types);
     if (failures) std::printf("\n%d CHECKS FAILED\n", failures);
     std::filesystem::remove_all(cache);
     return failures ? 2 : 0;

@@ -11,7 +11,8 @@
 // core). MESH_MATVEC=shared or chunk picks another matrix-vector kernel (kernel_variants::matvec), MESH_MATVEC_X=f32
 // keeps its x in f32 where the device would quantize it to 8 bits (kernel_variants::matvec_x),
 // MESH_GEMM another matmul kernel (kernel_variants::gemm; noskinny: no few-row `mms`), MESH_LINEAR=f32
-// keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear), MESH_ATTENTION=f32
+// keeps prompts' linears off the f16 tensor-core kernel `mmctl` (kernel_variants::linear), MESH_LINEAR_DECODE=staged
+// decodes their quantized weights while staging them, never first (kernel_variants::linear_decode), MESH_ATTENTION=f32
 // their attention off `attnc` (kernel_variants::attention);
 // GPU timestamps around the kernels are on only with --kernels (as a node runs without them);
 // MESH_TIMESTAMPS=0 or 1 overrides that. --unfused keeps each projection its own weight
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
     if (const char* gm = std::getenv("MESH_GEMM")) vo.variants.gemm = gm;  // e.g. noskinny
     if (const char* mx = std::getenv("MESH_MATVEC_X")) vo.variants.matvec_x = mx;  // f32: decode's x never in 8 bits
     if (const char* li = std::getenv("MESH_LINEAR")) vo.variants.linear = li;  // f32: prompts without `mmctl`
+    if (const char* ld = std::getenv("MESH_LINEAR_DECODE")) vo.variants.linear_decode = ld;  // staged: quantized weights never decoded first
     if (const char* at = std::getenv("MESH_ATTENTION")) vo.variants.attention = at;  // f32: prompts without `attnc`
     // GPU timestamps around the kernels only for --kernels (a node runs without them);
     // MESH_TIMESTAMPS=0 or 1 overrides (what they cost a decode step).

@@ -202,7 +202,7 @@ int rank_main(const args& a) {
            std::to_string(idle.held_ns.load()));
   };
   auto accept = [&](const msg::allreduce_piece& p) {
-    auto out = round->on_message({p.round, p.ring_step, p.piece, p.payload});
+    auto out = round->on_message(allreduce_piece_ref{p.round, p.ring_step, p.piece, p.payload});
     if (!out) rank_fail("all-reduce: " + out.error().message);
     forward(std::move(*out));
     finish_if_done();

@@ -285,6 +285,69 @@ TEST_CASE("glsl: a prompt's linear in few tiles is split along k into two kernel
   CHECK(r.kernels.size() == before);
 }
 
+TEST_CASE("glsl: a prompt's quantized weight is decoded to f16 before its product into one shared scratch buffer, and it compiles") {
+  // The q4_k product's 256 x 72 outputs are 8 tiles of 64 x 64 (at most
+  // linear_predecode_max_tiles): its weight is decoded first and the decoded (f16) product split
+  // along k. The q8_0 product has 512 rows (linear_predecode_min_rows) in 112 tiles: decoded
+  // first. Both share one scratch buffer, as large as the larger weight in f16. 40 rows into 8192
+  // columns (128 tiles) stay staged by default; f16 weights need no decoding.
+  builder b;
+  auto x = b.input("x", dtype::f32, {256, 512});
+  auto few = b.input("few", dtype::f32, {40, 256});
+  auto w4 = b.parameter("w4", dtype::q4_k, {72, 512});
+  auto wide = b.parameter("wide", dtype::q4_k, {8192, 256});
+  auto w8 = b.parameter("w8", dtype::q8_0, {1024, 256});
+  auto wh = b.parameter("wh", dtype::f16, {64, 512});
+  auto bias = b.parameter("bias", dtype::f32, {1024});
+  b.output("q4", linear(x, w4));
+  b.output("q8", linear(reshape(x, {512, 256}), w8) + bias);
+  b.output("few", linear(few, wide));
+  b.output("f16", linear(x, wh));
+  const graph g = done(b);
+  gpu::device_caps caps = tensor_core_caps();
+  auto p = gpu::lower(g);
+  const size_t before = p.kernels.size();
+  gpu::predecode_linears(g, p, caps);
+  REQUIRE(p.kernels.size() == before + 2);
+  REQUIRE(p.scratch.size() == 1);
+  CHECK(p.scratch[0].type == dtype::f16);
+  CHECK(p.scratch[0].elements == 1024 * 256);  // w8, the larger of the two decoded
+  CHECK_THAT(gpu::describe(g, p), Catch::Contains("dqw(%") && Catch::Contains(" w=s0)"));
+  gpu::split_linears(g, p, caps);
+  CHECK_THAT(gpu::describe(g, p), Catch::Contains(" x2 w=s0)"));
+  gpu::shader_cache cache("", "test", false);
+  std::vector<std::string> names;
+  for (const auto& k : p.kernels) {
+    if (k.kind != gpu::kernel_kind::linear && k.kind != gpu::kernel_kind::weight_decode) continue;
+    auto src = gpu::emit(g, p, k, caps);
+    REQUIRE(src.has_value());
+    INFO(src->name << "\n" << src->glsl);
+    names.push_back(src->name.substr(0, src->name.rfind('_')));
+    auto spirv = cache.get(src->name, src->glsl);
+    if (!spirv) FAIL(spirv.error().message);
+  }
+  const std::vector<std::string> want{"dqw_q4_k",  "mmctl64x64s2_q4_k_dq", "mmctls2",          "dqw_q8_0",
+                                      "mmctl64x64_q8_0_dq", "mmctl64x64_q4_k", "mmctl64x64s2_f16", "mmctls2"};
+  CHECK(names == want);
+  // "first" decodes from 17 rows on (the scratch buffer then holds the wide weight); "staged"
+  // never; without cooperative matrices there is no mmctl.
+  caps.variants.linear_decode = "first";
+  auto q = gpu::lower(g);
+  gpu::predecode_linears(g, q, caps);
+  CHECK(q.kernels.size() == before + 3);
+  CHECK(q.scratch[0].elements == 8192 * 256);
+  caps.variants.linear_decode = "staged";
+  q = gpu::lower(g);
+  gpu::predecode_linears(g, q, caps);
+  CHECK(q.kernels.size() == before);
+  caps = tensor_core_caps();
+  caps.coopmat_f16 = false;
+  q = gpu::lower(g);
+  gpu::predecode_linears(g, q, caps);
+  CHECK(q.kernels.size() == before);
+  CHECK(q.scratch.empty());
+}
+
 TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, bf16 and quantized weights, and it compiles") {
   // x f32 and f16 (a reshape of a buffer), ragged rows and weight rows, an epilogue reading
   // another buffer; a small problem (64x64 tiles) and a large one (128x128).

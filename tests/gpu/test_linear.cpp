@@ -26,13 +26,14 @@ constexpr dtype weight_types[] = {dtype::f32,  dtype::f16,  dtype::bf16, dtype::
 /// (kernel_variants::matvec), `x` its x ("f32" unless a test says otherwise: the f32 tolerances
 /// below are for it; "int8" takes the 8-bit x kernel). Each test destroys its own, while
 /// harness.hpp's keeps the driver loaded (as test_runtime.cpp does).
-std::unique_ptr<executor> validated(const std::string& variant = "", const std::string& x = "f32") {
+std::unique_ptr<executor> validated(const std::string& variant = "", const std::string& x = "f32", const std::string& decode = "") {
   vulkan();
   vulkan_options o;
   o.validation = true;
   o.cache_dir = "-";
   o.variants.matvec = variant;
   o.variants.matvec_x = x;
+  o.variants.linear_decode = decode;
   auto e = make_vulkan_executor(o);
   if (!e) FAIL("no Vulkan executor with validation: " << e.error().to_string());
   return std::move(*e);
@@ -130,6 +131,50 @@ TEST_CASE("linear: a prompt's product in few tiles, split along k on tensor core
     check_linear(*vk, wt, {{3, 20, 512}, 70}, dtype::f32, 32, false);
   }
   CHECK(vk->stats().validation_errors == 0);
+}
+
+TEST_CASE("linear: a prompt's quantized weights decoded to f16 first into one shared scratch buffer (predecode_linears)") {
+  // Products of one x, each weight decoded into the same scratch buffer just before its product,
+  // so each decode must wait for the previous product's reads (write after read); one with an
+  // epilogue. On a device with cooperative matrices the default decodes first the four products
+  // in few tiles (at most linear_predecode_max_tiles: then split along k), not the fifth (65 or
+  // 195 tiles of 64 x 64, under 512 rows); "first" decodes all five, "staged" none (each chunk
+  // decoded while staged); elsewhere (lavapipe) the f32 kernels run all of them.
+  for (const char* choice : {"", "first", "staged"}) {
+    auto vk = validated("", "f32", choice);
+    for (const int64_t rows : {40, 130}) {
+      INFO("linear_decode \"" << choice << "\", " << rows << " rows of x");
+      builder b;
+      const std::string tag = std::string(choice) + std::to_string(rows);
+      auto x = b.input("x", dtype::f32, {rows, 512});
+      const std::pair<dtype, int64_t> weights_of[] = {{dtype::q4_k, 200}, {dtype::q8_0, 96}, {dtype::q6_k, 300}, {dtype::q5_0, 48},
+                                                      {dtype::q4_0, 4160}};
+      tensor_map params;
+      for (size_t i = 0; i < 5; ++i) {
+        const auto [wt, n] = weights_of[i];
+        const std::string name = "pw" + std::to_string(i) + tag;
+        auto w = b.parameter(name, wt, {n, 512});
+        params.emplace(name, weights(wt, {n, 512}, 50 + i));
+        if (i == 1) {
+          auto bias = b.parameter("pb" + tag, dtype::f32, {n});
+          params.emplace("pb" + tag, random_tensor(dtype::f32, {n}, 60));
+          b.output("y1", relu(linear(x, w) + bias));
+        } else {
+          b.output("y" + std::to_string(i), linear(x, w));
+        }
+      }
+      const graph g = finish(b);
+      const tensor_map inputs{{"x", random_tensor(dtype::f32, {rows, 512}, 61)}};
+      const reference ref = reference_run(g, inputs, params);
+      check_on(*vk, g, inputs, params, ref, vk->info().coopmat ? tolerance_for(dtype::f16) : 1e-4);
+      // Which kernels ran: a decode kernel before each product where the choice asks for it.
+      int decodes = 0;
+      for (const auto& ks : vk->stats().kernels) decodes += ks.name.rfind("dqw_", 0) == 0;
+      const std::string c = choice;
+      CHECK(decodes == (!vk->info().coopmat || c == "staged" ? 0 : c == "first" ? 5 : 4));
+    }
+    CHECK(vk->stats().validation_errors == 0);
+  }
 }
 
 TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk matrix-vector kernels") {
