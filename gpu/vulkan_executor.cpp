@@ -79,6 +79,8 @@ struct program {
   /// Per update: where its value is copied first when it reads a buffer another update writes
   /// (a swap of two parameters; keeping the previous weights): all updates see the run's values.
   std::vector<std::optional<allocation>> update_stash;
+  /// The memory of the plan's scratch buffers (vulkan_executor::scratch_arena_), shared with other programs.
+  std::shared_ptr<const allocation> scratch_arena;
   std::vector<compiled_kernel> kernels;
   VkDescriptorPool pool = VK_NULL_HANDLE;
   std::optional<allocation> staging;
@@ -242,6 +244,12 @@ class vulkan_executor final : public executor {
     // Runs wait for their fence, so nothing of this program is still executing.
     destroy(programs_[id]);
     if (last_run_ == static_cast<int>(id)) last_run_ = -1;
+    if (scratch_arena_.use_count() == 1) {  // no program uses it any more: the largest one still used is the current one
+      scratch_arena_.reset();
+      for (const auto& p : programs_)
+        if (p && p->scratch_arena && (!scratch_arena_ || p->scratch_arena->range.size > scratch_arena_->range.size))
+          scratch_arena_ = p->scratch_arena;
+    }
   }
 
   size_t drop_parameters(const std::string& prefix) override {
@@ -508,12 +516,33 @@ class vulkan_executor final : public executor {
         if (auto ok = upload(*a, t.bytes); !ok) return ok;
       }
     }
-    for (size_t i = 0; i < pr.p.scratch.size(); ++i) {
-      const auto& sb = pr.p.scratch[i];
-      auto a = device_pool_.allocate(static_cast<uint64_t>(sb.elements) * size_of(sb.type));
-      if (!a) return tl::unexpected(a.error());
-      pr.owned[n + i] = *a;
-      pr.views[n + i] = *a;
+    // Scratch buffers (split partials, decoded weights) hold values only within one run, and
+    // runs never overlap (each waits for its fence; one caller at a time): every program lays
+    // its scratch buffers out in one arena that all programs share, as large as the largest
+    // program's. A program needing more makes a larger one; earlier programs keep theirs.
+    std::vector<uint64_t> scratch_at;
+    uint64_t scratch_bytes = 0;
+    for (const auto& sb : pr.p.scratch) {
+      scratch_at.push_back(scratch_bytes);
+      scratch_bytes = (scratch_bytes + static_cast<uint64_t>(sb.elements) * size_of(sb.type) + 255) & ~uint64_t{255};
+    }
+    if (scratch_bytes > 0) {
+      if (!scratch_arena_ || scratch_arena_->range.size < scratch_bytes) {
+        auto a = device_pool_.allocate(scratch_bytes);
+        if (!a) return tl::unexpected(a.error());
+        scratch_arena_ = std::shared_ptr<const allocation>(new allocation(*a), [this](const allocation* x) {
+          device_pool_.release(*x);
+          delete x;
+        });
+      }
+      pr.scratch_arena = scratch_arena_;
+      for (size_t i = 0; i < pr.p.scratch.size(); ++i) {
+        allocation v = *scratch_arena_;
+        v.range.offset += scratch_at[i];
+        v.range.size = static_cast<uint64_t>(pr.p.scratch[i].elements) * size_of(pr.p.scratch[i].type);
+        if (v.mapped) v.mapped += scratch_at[i];
+        pr.views[n + i] = v;
+      }
     }
     // An update whose value lives in a buffer range that an update writes is staged first.
     pr.update_stash.resize(g.updates.size());
@@ -829,6 +858,8 @@ class vulkan_executor final : public executor {
   double run_ms_ = 0, submit_ms_ = 0;  ///< kernel_stats::run_ms, submit_ms
   uint64_t budget_used_ = 0, host_used_ = 0;
   memory_pool device_pool_, host_pool_;
+  /// The largest scratch arena made so far (program::scratch_arena); released through device_pool_.
+  std::shared_ptr<const allocation> scratch_arena_;
   split_options split_;  ///< when reductions run in two passes (read at creation, like the caps)
   int64_t fuse_rows_from_;  ///< kernels over rows this long or longer are fused (read at creation)
   bool timestamps_;  ///< GPU timestamps around kernels: the device has them and the options want them

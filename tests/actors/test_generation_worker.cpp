@@ -212,9 +212,10 @@ TEST_CASE("withdrawn requests and a client that left stop their generation", "[a
   auto dup = f.got.wait(2);
   CHECK(dup.error == "generate: request 2 is already running or waiting");
   f.w.cancel(client_a, 2);  // waiting: answered at once
-  // Wait until the first has produced a token, then withdraw it.
-  for (int i = 0; i < 600 && f.got.pieces(1).empty() && !f.got.has_done(1); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Wait until the first has produced a token, then withdraw it at once: the tiny model makes
+  // its 50 tokens within tens of milliseconds, so the wait polls every millisecond.
+  for (int i = 0; i < 30000 && f.got.pieces(1).empty() && !f.got.has_done(1); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   f.w.cancel(client_a, 1);
   auto d1 = f.got.wait(1);
   REQUIRE(d1.ok);

@@ -222,6 +222,71 @@ TEST_CASE("runtime: unloading programs and dropping parameters gives their memor
   }
 }
 
+TEST_CASE("runtime: programs share one scratch arena; a larger program makes a larger one, and the last unload frees it") {
+  // Split reductions' partials live in scratch buffers only within a run: every program lays
+  // them out in the executor's one arena. Programs a and b (b's partials fit a's) run
+  // interleaved and stay right; c needs more: a new arena, while a and b keep the old one, which
+  // is the executor's again once c is gone.
+  vulkan();
+  vulkan_options o;
+  o.validation = true;
+  o.cache_dir = "-";
+  o.split_reductions = 1;
+  auto made = make_vulkan_executor(o);
+  REQUIRE(made);
+  executor& ex = **made;
+  const auto program_of = [](int64_t rows) {
+    builder b;
+    auto x = b.input("x", dtype::f32, {rows, 3});
+    b.output("cols", sum(x, {0}));                         // columns: 3 outputs over `rows`
+    b.output("loss", mean_all((x - 0.25) * (x - 0.25)));  // rows: one output over everything
+    return finish(b);
+  };
+  const graph ga = program_of(40000), gb = program_of(9000), gc = program_of(400000);
+  const tensor_map ia{{"x", random_tensor(dtype::f32, {40000, 3}, 11)}}, ib{{"x", random_tensor(dtype::f32, {9000, 3}, 12)}},
+      ic{{"x", random_tensor(dtype::f32, {400000, 3}, 13)}};
+  const uint64_t before = ex.stats().device_bytes;
+  auto a = ex.load(ga);
+  REQUIRE(a);
+  const uint64_t with_a = ex.stats().device_bytes;
+  CHECK(with_a > before);
+  auto b = ex.load(gb);
+  REQUIRE(b);
+  const uint64_t with_b = ex.stats().device_bytes;
+  // b's own buffers (its input and outputs) but no scratch of its own
+  CHECK(with_b - with_a <= static_cast<uint64_t>(9000 * 3 * 4 + 4096));
+  const reference ra = reference_run(ga, ia, {}), rb = reference_run(gb, ib, {}), rc = reference_run(gc, ic, {});
+  const auto check = [&](program_id id, const tensor_map& in, const reference& want) {
+    auto out = ex.run(id, in);
+    REQUIRE(out);
+    for (const auto& [name, w] : want.outputs) {
+      INFO("output " << name);
+      CHECK(normalised_error(out->at(name), w) <= 1e-4);
+    }
+  };
+  for (int round = 0; round < 2; ++round) {
+    check(*a, ia, ra);
+    check(*b, ib, rb);
+  }
+  auto c = ex.load(gc);
+  REQUIRE(c);
+  check(*c, ic, rc);
+  check(*a, ia, ra);  // still on the first arena
+  check(*b, ib, rb);
+  ex.unload(*c);  // c's arena goes with it (no other program uses it); a and b keep theirs
+  CHECK(ex.stats().device_bytes == with_b);
+  check(*a, ia, ra);
+  auto d = ex.load(ga);  // on a and b's arena again
+  REQUIRE(d);
+  CHECK(ex.stats().device_bytes - with_b <= static_cast<uint64_t>(40000 * 3 * 4 + 4096));
+  check(*d, ia, ra);
+  ex.unload(*d);
+  ex.unload(*a);
+  ex.unload(*b);
+  CHECK(ex.stats().device_bytes == before);
+  CHECK(ex.stats().validation_errors == 0);
+}
+
 namespace {
 
 /// A Vulkan executor that moves every transfer through staging buffers and copy commands, as on

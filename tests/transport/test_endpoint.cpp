@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <thread>
 
@@ -524,13 +525,18 @@ TEST_CASE("bulk data in flight is held to its limit", "[transport][endpoint]") {
   // takes the same transfer past that limit: the bound is the hold's doing. The limit follows
   // the measured rate and the window's growth depends on the machine's load, so the transfer
   // without the hold is made up to three times (a CI run once saw its window stay under the
-  // limit: 174,000 against 192,799 bytes).
-  const uint64_t floor = 128u << 10, packet = 1452;
+  // limit: 174,000 against 192,799 bytes). Bytes in flight were sent under the limits of the
+  // last moments, and the limit may fall while they are out (a CI run under load saw 134,400 in
+  // flight against a limit of 131,072), so each sample is held to the largest limit of the last
+  // 20 samples; and a loss timer's probe (up to 2 packets, which ngtcp2 sends whatever the window)
+  // may come on top of the packet being written.
+  const uint64_t floor = 128u << 10, packet = 1452, slack = 4 * packet;
+  std::deque<uint64_t> recent_limits;
   uint64_t most[2] = {0, 0}, over = 0, limit = 0;
   bool held_back = false;
   for (int run = 0; run < 4; ++run) {
     const int held = run == 0 ? 1 : 0;  // held first: the unheld runs are compared with its limit
-    if (!held && most[0] > limit + 2 * packet) break;
+    if (!held && most[0] > limit + slack) break;
     endpoint_config cfg;
     cfg.loopback_udp_payload = 0;
     cfg.bulk_in_flight_floor = held ? floor : 0;
@@ -544,7 +550,9 @@ TEST_CASE("bulk data in flight is held to its limit", "[transport][endpoint]") {
       most[held] = std::max(most[held], s->bytes_in_flight);
       if (!held) continue;
       limit = s->bulk_in_flight_limit;
-      if (s->bytes_in_flight > limit + 2 * packet) ++over;
+      recent_limits.push_back(limit);
+      if (recent_limits.size() > 20) recent_limits.pop_front();
+      if (s->bytes_in_flight > *std::max_element(recent_limits.begin(), recent_limits.end()) + slack) ++over;
       if (s->bytes_in_flight + 2 * packet >= limit && s->unsent_bytes > 0) held_back = true;
     }
     CHECK(b.log.messages[0].bytes.size() == size);
@@ -553,7 +561,7 @@ TEST_CASE("bulk data in flight is held to its limit", "[transport][endpoint]") {
   CHECK(over == 0);
   CHECK(limit >= floor);
   CHECK(held_back);
-  CHECK(most[0] > limit + 2 * packet);
+  CHECK(most[0] > limit + slack);
 }
 
 TEST_CASE("can_reach tells which announced addresses the socket can dial", "[transport][endpoint]") {
