@@ -222,7 +222,7 @@ TEST_CASE("runtime: unloading programs and dropping parameters gives their memor
   }
 }
 
-TEST_CASE("runtime: programs share one scratch arena; a larger program makes a larger one, and the last unload frees it") {
+TEST_CASE("runtime: programs share one scratch arena, a larger program makes a larger one, and the last unload frees it") {
   // Split reductions' partials live in scratch buffers only within a run: every program lays
   // them out in the executor's one arena. Programs a and b (b's partials fit a's) run
   // interleaved and stay right; c needs more: a new arena, while a and b keep the old one, which
