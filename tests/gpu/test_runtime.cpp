@@ -2,6 +2,7 @@
 // choice, timings.
 #include "harness.hpp"
 
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,24 +69,42 @@ TEST_CASE("runtime: validation layers report zero errors over representative gra
   CHECK((*ex)->stats().validation_errors == 0);
 }
 
+TEST_CASE("runtime: the second process's half of the compile-cache test", "[.][cache_child]") {
+  // Run by the test below in a process of its own (this binary, started by posix_spawn): loads
+  // the first representative graph with the disk cache in MESH_TEST_KERNEL_CACHE and exits with
+  // the shaders it compiled + 100 if it read any from disk.
+  const char* dir = std::getenv("MESH_TEST_KERNEL_CACHE");
+  if (!dir) _exit(202);
+  vulkan_options o;
+  o.cache_dir = dir;
+  auto ex = make_vulkan_executor(o);
+  if (!ex) _exit(200);
+  auto graphs = representative_graphs();
+  auto id = (*ex)->load(graphs[0].first);
+  if (!id) _exit(201);
+  const auto s = (*ex)->stats();
+  ex->reset();  // persists the pipeline cache
+  _exit(static_cast<int>(std::min<uint64_t>(s.shader_compiles, 99)) + (s.cache_disk_hits > 0 ? 100 : 0));
+}
+
 TEST_CASE("runtime: a second process loading the same graph compiles nothing") {
   const std::string dir = "/tmp/mesh-gpu-kcache-" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
-  // Each child is a fresh process: the parent never touches Vulkan before forking.
+  // Each child is a fresh process started by posix_spawn, not fork: a forked copy of a process
+  // holding a Vulkan device cannot make its own on NVIDIA's driver, and the fork leaves the
+  // parent's pages copy-on-write, so the parent's next write to a mapped staging buffer moves it
+  // away from the pages the GPU copies from (seen on an H200: read_parameters then returned
+  // stale bytes in this process).
   auto child = [&]() -> int {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      vulkan_options o;
-      o.cache_dir = dir;
-      auto ex = make_vulkan_executor(o);
-      if (!ex) _exit(200);
-      auto graphs = representative_graphs();
-      auto id = (*ex)->load(graphs[0].first);
-      if (!id) _exit(201);
-      const auto s = (*ex)->stats();
-      ex->reset();  // persists the pipeline cache
-      _exit(static_cast<int>(std::min<uint64_t>(s.shader_compiles, 99)) + (s.cache_disk_hits > 0 ? 100 : 0));
-    }
+    std::vector<std::string> env{"MESH_TEST_KERNEL_CACHE=" + dir};
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", filter = "[cache_child]";
+    char* argv[] = {exe.data(), filter.data(), nullptr};
+    pid_t pid = -1;
+    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) != 0) return -1;
     int status = 0;
     waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
