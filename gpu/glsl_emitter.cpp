@@ -321,8 +321,14 @@ std::string buffer_decl(const graph& g, node_index id, size_t b, bool vec4, size
 std::string buffer_decls(const graph& g, const std::vector<node_index>& bindings, bool all_vec4,
                          size_t vec4_from, size_t vec4_to, size_t writes) {
   std::string s;
-  for (size_t b = 0; b < bindings.size(); ++b)
+  for (size_t b = 0; b < bindings.size(); ++b) {
+    if (bindings[b] >= g.size()) {  // a scratch buffer read as words (a decoded weight: f16 pairs)
+      s += "layout(std430, binding = " + std::to_string(b) + ") readonly restrict buffer B" + std::to_string(b) + " { uint v[]; } b" +
+           std::to_string(b) + ";\n";
+      continue;
+    }
     s += buffer_decl(g, bindings[b], b, all_vec4 || (b >= vec4_from && b < vec4_to), writes);
+  }
   return s;
 }
 

@@ -91,8 +91,9 @@ struct operand_view {
 
 
 /// `float load_b(uint xi)` of a linear: element xi of the [k, n] operand b, read from the weight
-/// [n, k] (transposed, through the emitter: any float or quantized dtype). glsl_matmul.cpp.
-std::string linear_b_loader(emitter& e, const mm_dims& d);
+/// [n, k] (transposed, through the emitter: any float or quantized dtype), or from the f16 copy a
+/// weight_decode kernel made when k.weight is set. glsl_matmul.cpp.
+std::string linear_b_loader(emitter& e, const mm_dims& d, const graph& g, const kernel& k);
 
 /// `x` with the reshapes in front of it skipped while it is not materialised: the materialised
 /// node it views at the same flat index, when it is one (the callers check). glsl_matmul.cpp.

@@ -61,7 +61,7 @@ std::optional<kernel_source> matmul_warp(const graph& g, const plan& q, const ke
   const bool b_vec4 = bv && g[bv->id].type == dtype::f32 && n % 4 == 0 && !read_elsewhere(g, q, k, bv->id, d.a);
   const int b_binding = b_vec4 ? e.bind(bv->id) : -1;
   const int64_t b_batch = b_vec4 ? bv->batch_stride : kd * n;
-  const std::string lb = b_vec4 ? "" : lin ? linear_b_loader(e, d) : loader(e, "load_b", d.b);
+  const std::string lb = b_vec4 ? "" : lin ? linear_b_loader(e, d, g, k) : loader(e, "load_b", d.b);
   // Operands laid out the other way (x^T, w^T through index arithmetic) are walked by
   // consecutive threads along their contiguous axis: A along m, B along k (a linear's weight).
   const bool a_by_m = column_major(g, q, d.a);
@@ -175,7 +175,7 @@ kernel_source matmul_classic(const graph& g, const plan& q, const kernel& k, con
   emitter e(g, q, false);
   e.bind(k.root);
   const std::string la = loader(e, "load_a", a);
-  const std::string lb = g[k.anchor].op == op_kind::linear ? linear_b_loader(e, d) : loader(e, "load_b", b);
+  const std::string lb = g[k.anchor].op == op_kind::linear ? linear_b_loader(e, d, g, k) : loader(e, "load_b", b);
   std::string store;
   e.scoped([&] { store = epilogue(e, g, k, "ci", "acc[i][j]"); });
 
@@ -325,8 +325,13 @@ std::string tile_loops(int64_t batch, int64_t m, int64_t n, int64_t bm, int64_t 
   return src;
 }
 
-std::string linear_b_loader(emitter& e, const mm_dims& d) {
+std::string linear_b_loader(emitter& e, const mm_dims& d, const graph& g, const kernel& k) {
   std::string f;
+  if (k.weight >= 0) {  // decoded to f16 by a weight_decode kernel (predecode_linears): [n, k] halves, two a word
+    const std::string w = "b" + std::to_string(e.bind(scratch_id(g, k.weight)));
+    return "float load_b(uint xi) {\n  uint i = (xi % " + u(d.n) + ") * " + u(d.kd) + " + xi / " + u(d.n) + ";\n  return unpackHalf2x16(" + w +
+           ".v[i >> 1])[i & 1u];\n}\n";
+  }
   e.scoped([&] {
     const std::string v = e.value(d.b, "(xi % " + u(d.n) + ") * " + u(d.kd) + " + xi / " + u(d.n));
     f = "float load_b(uint xi) {\n" + e.body + "  return float(" + v + ");\n}\n";

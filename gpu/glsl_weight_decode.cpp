@@ -51,7 +51,9 @@ bool predecodes_weight(const graph& g, const plan& p, const kernel& k, const dev
     const auto tile = pick_coop_tile(d, caps);  // the staged product's tiles
     if (!tile || ((d.m + tile->bm() - 1) / tile->bm()) * ((d.n + tile->bn() - 1) / tile->bn()) > linear_predecode_max_tiles) return false;
   }
-  // Only where mmctl takes the product with the decoded weight.
+  // By default only where mmctl takes the product with the decoded weight; "first" also where
+  // the f32 kernels do (lavapipe's tests run the decode kernel that way).
+  if (choice == "first" && (!caps.coopmat_f16 || caps.variants.linear == "f32")) return true;
   kernel decoded = k;
   plan q = with_root_inline(p, k.root);
   q.scratch.push_back({dtype::f16, d.n * d.kd});

@@ -346,6 +346,21 @@ TEST_CASE("glsl: a prompt's quantized weight is decoded to f16 before its produc
   gpu::predecode_linears(g, q, caps);
   CHECK(q.kernels.size() == before);
   CHECK(q.scratch.empty());
+  // ... unless "first" asks for it: the f32 kernels then read the decoded weight's f16 pairs.
+  caps.variants.linear_decode = "first";
+  q = gpu::lower(g);
+  gpu::predecode_linears(g, q, caps);
+  REQUIRE(q.kernels.size() == before + 3);
+  for (const auto& k : q.kernels) {
+    if (k.kind != gpu::kernel_kind::linear || k.weight < 0) continue;
+    auto src = gpu::emit(g, q, k, caps);
+    REQUIRE(src.has_value());
+    INFO(src->name << "\n" << src->glsl);
+    CHECK(src->name.rfind("mmw", 0) == 0);
+    CHECK_THAT(src->glsl, Catch::Contains("unpackHalf2x16("));
+    auto spirv = cache.get(src->name, src->glsl);
+    if (!spirv) FAIL(spirv.error().message);
+  }
 }
 
 TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, bf16 and quantized weights, and it compiles") {
