@@ -54,8 +54,9 @@ struct kernel_variants {
   /// linear_predecode_min_rows (512) rows of x on, or for a product in at most
   /// linear_predecode_max_tiles (64) tiles (which can then be split along k); otherwise each
   /// weight chunk is decoded while it is staged, once per tile row of x. "staged" always decodes
-  /// while staging; "first" decodes first from 17 rows on. A weight larger than
-  /// linear_predecode_max_bytes in f16 is decoded while staged whatever the choice.
+  /// while staging; "first" decodes first from 17 rows on, also where the f32 matmul kernels
+  /// take the product (no cooperative matrices: they then read the decoded f16 weight). A weight
+  /// larger than linear_predecode_max_bytes in f16 is decoded while staged whatever the choice.
   std::string linear_decode;
   /// attention: "" takes, for many query rows (a prompt), `attnc` on devices with cooperative
   /// matrices (q, k, v and the softmax weights rounded to f16, f32 accumulation; d a multiple of
