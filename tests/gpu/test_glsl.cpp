@@ -29,6 +29,18 @@ gpu::device_caps tensor_core_caps() {
   caps.coopmat_f16 = true;
   return caps;
 }
+
+/// Kernel `k` of plan `p` emitted for `caps` and compiled by shaderc; the test fails, showing the
+/// kernel's GLSL, where either step fails.
+gpu::kernel_source compiled(gpu::shader_cache& cache, const graph& g, const gpu::plan& p, const gpu::kernel& k,
+                            const gpu::device_caps& caps) {
+  auto src = gpu::emit(g, p, k, caps);
+  REQUIRE(src.has_value());
+  INFO(src->name << "\n" << src->glsl);
+  auto spirv = cache.get(src->name, src->glsl);
+  if (!spirv) FAIL(spirv.error().message);
+  return *src;
+}
 }  // namespace
 
 TEST_CASE("glsl: every kernel of a varied graph compiles with shaderc, for both reduction variants") {
@@ -87,17 +99,14 @@ TEST_CASE("glsl: split reductions emit two passes that compile, bind a scratch b
     caps.max_groups = {2, 3, 65535};  // grid-stride over outputs and over slices
     for (const auto& k : p.kernels) {
       REQUIRE(k.pass != 0);
-      auto src = gpu::emit(g, p, k, caps);
-      REQUIRE(src.has_value());
-      INFO(src->name << "\n" << src->glsl);
-      CHECK(src->groups[0] <= 2);
-      CHECK(src->groups[1] <= 3);
+      const auto src = compiled(cache, g, p, k, caps);
+      INFO(src.name);
+      CHECK(src.groups[0] <= 2);
+      CHECK(src.groups[1] <= 3);
       // Pass 1 writes the scratch buffer (binding 0) and never the root; pass 2 reads it.
       const node_index scratch = gpu::scratch_id(g, k.scratch);
-      if (k.pass == 1) CHECK(src->bindings[0] == scratch);
-      if (k.pass == 2) CHECK((src->bindings[0] == k.root && src->bindings[1] == scratch));
-      auto spirv = cache.get(src->name, src->glsl);
-      if (!spirv) FAIL(spirv.error().message);
+      if (k.pass == 1) CHECK(src.bindings[0] == scratch);
+      if (k.pass == 2) CHECK((src.bindings[0] == k.root && src.bindings[1] == scratch));
     }
   }
 }
@@ -257,13 +266,9 @@ TEST_CASE("glsl: a prompt's linear in few tiles is split along k into two kernel
   std::vector<std::string> names;
   for (const auto& k : p.kernels) {
     if (k.kind != gpu::kernel_kind::linear) continue;
-    auto src = gpu::emit(g, p, k, caps);
-    REQUIRE(src.has_value());
-    INFO(src->name << "\n" << src->glsl);
-    names.push_back(src->name);
-    if (k.pass == 1) CHECK(src->groups[2] == 2);
-    auto spirv = cache.get(src->name, src->glsl);
-    if (!spirv) FAIL(spirv.error().message);
+    const auto src = compiled(cache, g, p, k, caps);
+    names.push_back(src.name);
+    if (k.pass == 1) CHECK(src.groups[2] == 2);
   }
   REQUIRE(names.size() == 4);
   CHECK(names[0].rfind("mmctl64x64s2_bf16", 0) == 0);
@@ -319,12 +324,8 @@ TEST_CASE("glsl: a prompt's quantized weight is decoded to f16 before its produc
   std::vector<std::string> names;
   for (const auto& k : p.kernels) {
     if (k.kind != gpu::kernel_kind::linear && k.kind != gpu::kernel_kind::weight_decode) continue;
-    auto src = gpu::emit(g, p, k, caps);
-    REQUIRE(src.has_value());
-    INFO(src->name << "\n" << src->glsl);
-    names.push_back(src->name.substr(0, src->name.rfind('_')));
-    auto spirv = cache.get(src->name, src->glsl);
-    if (!spirv) FAIL(spirv.error().message);
+    const auto src = compiled(cache, g, p, k, caps);
+    names.push_back(src.name.substr(0, src.name.rfind('_')));
   }
   const std::vector<std::string> want{"dqw_q4_k",  "mmctl64x64s2_q4_k_dq", "mmctls2",          "dqw_q8_0",
                                       "mmctl64x64_q8_0_dq", "mmctl64x64_q4_k", "mmctl64x64s2_f16", "mmctls2"};
@@ -353,13 +354,9 @@ TEST_CASE("glsl: a prompt's quantized weight is decoded to f16 before its produc
   REQUIRE(q.kernels.size() == before + 3);
   for (const auto& k : q.kernels) {
     if (k.kind != gpu::kernel_kind::linear || k.weight < 0) continue;
-    auto src = gpu::emit(g, q, k, caps);
-    REQUIRE(src.has_value());
-    INFO(src->name << "\n" << src->glsl);
-    CHECK(src->name.rfind("mmw", 0) == 0);
-    CHECK_THAT(src->glsl, Catch::Contains("unpackHalf2x16("));
-    auto spirv = cache.get(src->name, src->glsl);
-    if (!spirv) FAIL(spirv.error().message);
+    const auto src = compiled(cache, g, q, k, caps);
+    CHECK(src.name.rfind("mmw", 0) == 0);
+    CHECK_THAT(src.glsl, Catch::Contains("unpackHalf2x16("));
   }
 }
 
@@ -386,13 +383,10 @@ TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, b
     std::vector<std::string> names;
     for (const auto& k : p.kernels) {
       if (k.kind != gpu::kernel_kind::linear) continue;
-      auto src = gpu::emit(g, p, k, caps);
-      REQUIRE(src.has_value());
-      names.push_back(src->name);
-      INFO(to_string(wt) << " " << src->name << "\n" << src->glsl);
-      CHECK(src->name.rfind("mmctl", 0) == 0);
-      auto spirv = cache.get(src->name, src->glsl);
-      if (!spirv) FAIL(spirv.error().message);
+      INFO(to_string(wt));
+      const auto src = compiled(cache, g, p, k, caps);
+      names.push_back(src.name);
+      CHECK(src.name.rfind("mmctl", 0) == 0);
     }
     CHECK(names.size() == 4);
     CHECK(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.rfind("mmctl128x128", 0) == 0; }) == 1);
@@ -443,12 +437,8 @@ TEST_CASE("glsl: a prompt's attention takes the tensor-core kernel attnc where i
     for (const auto& kn : p.kernels) {
       if (kn.kind != gpu::kernel_kind::attention) continue;
       ++found;
-      auto src = gpu::emit(g, p, kn, caps);
-      REQUIRE(src.has_value());
-      INFO(src->name << "\n" << src->glsl);
-      CHECK(src->name.rfind(c.want, 0) == 0);
-      auto spirv = cache.get(src->name, src->glsl);
-      if (!spirv) FAIL(spirv.error().message);
+      const auto src = compiled(cache, g, p, kn, caps);
+      CHECK(src.name.rfind(c.want, 0) == 0);
       gpu::device_caps no_coopmat = caps, f32 = caps;
       no_coopmat.coopmat_f16 = false;
       f32.variants.attention = "f32";
@@ -506,14 +496,11 @@ TEST_CASE("glsl: every matmul variant (f32 warp-tiled shapes, tiled coopmat shap
     int swizzled = 0;       // kernels with a rasterised tile order (those with several tile rows and columns)
     for (const auto& k : p.kernels) {
       if (k.kind != gpu::kernel_kind::matmul) continue;
-      auto src = gpu::emit(g, p, k, caps);
-      REQUIRE(src.has_value());
-      names.push_back(src->name);
-      if (src->glsl.find("coopMatStoreNV(h, c16.v") != std::string::npos) ++direct_stores;
-      INFO(v.gemm << "/" << v.coop << " " << src->name << "\n" << src->glsl);
-      auto spirv = cache.get(src->name, src->glsl);
-      if (!spirv) FAIL(spirv.error().message);
-      if (src->glsl.find("rem % rows") != std::string::npos) ++swizzled;
+      INFO(v.gemm << "/" << v.coop);
+      const auto src = compiled(cache, g, p, k, caps);
+      names.push_back(src.name);
+      if (src.glsl.find("coopMatStoreNV(h, c16.v") != std::string::npos) ++direct_stores;
+      if (src.glsl.find("rem % rows") != std::string::npos) ++swizzled;
     }
     INFO(v.gemm << "/" << v.coop << " swizzle " << v.swizzle);
     const bool tiled = std::string(v.gemm) != "classic";  // the f32 problems take mmw kernels
