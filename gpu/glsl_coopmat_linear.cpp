@@ -219,7 +219,7 @@ int64_t linear_split_slices(const graph& g, const plan& p, const kernel& k, cons
   auto tile = pick_coop_tile(d, caps);
   if (!tile) return 0;
   const int64_t tiles = (d.kd + 31) / 32;  // mmctl's tiles are 32 deep
-  const int64_t groups = ((d.m + tile->bm() - 1) / tile->bm()) * ((d.n + tile->bn() - 1) / tile->bn());
+  const int64_t groups = tile->tiles(d.m, d.n);
   int64_t forced = 0;
   if (caps.variants.linear.rfind("split", 0) == 0) forced = std::atoll(caps.variants.linear.c_str() + 5);
   if (forced == 0 && groups >= linear_split_max_groups) return 0;

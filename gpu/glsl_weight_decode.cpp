@@ -49,7 +49,7 @@ bool predecodes_weight(const graph& g, const plan& p, const kernel& k, const dev
   if (d.m <= matvec_max_rows) return false;
   if (choice != "first" && d.m < linear_predecode_min_rows) {
     const auto tile = pick_coop_tile(d, caps);  // the staged product's tiles
-    if (!tile || ((d.m + tile->bm() - 1) / tile->bm()) * ((d.n + tile->bn() - 1) / tile->bn()) > linear_predecode_max_tiles) return false;
+    if (!tile || tile->tiles(d.m, d.n) > linear_predecode_max_tiles) return false;
   }
   // By default only where mmctl takes the product with the decoded weight; "first" also where
   // the f32 kernels do (lavapipe's tests run the decode kernel that way).

@@ -61,6 +61,8 @@ struct coop_tile {
   int64_t bm() const { return sgm * fm * 16; }
   int64_t bn() const { return sgn * fn * 16; }
   int64_t threads() const { return 32 * sgm * sgn; }
+  /// Tiles (workgroups) of an m x n output.
+  int64_t tiles(int64_t m, int64_t n) const { return ((m + bm() - 1) / bm()) * ((n + bn() - 1) / bn()); }
   int64_t a_stride() const { return bk / 8 + 1; }    ///< uvec4 per shared A row
   int64_t b_stride() const { return bn() / 8 + 1; }  ///< uvec4 per shared B row
   /// Two stages of A and B, plus a 16x16 f32 staging fragment per subgroup for the epilogue.
