@@ -28,7 +28,7 @@ packages=(
   libavahi-client-dev libavahi-compat-libdnssd-dev avahi-daemon avahi-utils dbus
   libvulkan-dev mesa-vulkan-drivers vulkan-tools vulkan-validationlayers
   libshaderc-dev glslc glslang-dev spirv-tools
-  libpcre2-dev libcpp-httplib-dev curl nodejs chromium prometheus
+  libpcre2-dev libcpp-httplib-dev curl xz-utils nodejs chromium prometheus
   iproute2 nftables iptables conntrack python3
   python3-numpy python3-torch python3-sentencepiece python3-regex python3-jinja2
 )
@@ -101,6 +101,10 @@ run_tests() {
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   # Leaks inside system libraries we do not own (Mesa's lavapipe, LLVM, Avahi) are listed there.
   [ -f "$root/tests/lsan.supp" ] && export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
+  # A SPIR-V validator that knows the KHR cooperative matrices and bf16 of the rewritten bf16
+  # kernels (Debian 12's does not): the codegen tests check every such kernel with it.
+  MESH_SPIRV_VAL=$("$root/tests/fetch_spirv_val.sh") || { log "FAILED: fetching a SPIR-V validator (tests/fetch_spirv_val.sh)"; return 1; }
+  export MESH_SPIRV_VAL
   local rc=0
   # Fuzzers and the GPU tests (run once, under the Vulkan validation layers) first, so that the
   # summary of the other tests is the last thing printed.

@@ -26,6 +26,8 @@ struct device_info {
   bool fp16 = false;          ///< 16-bit storage: f16/bf16 tensors supported
   bool bf16_storage = false;  ///< bf16 tensors (stored as 16-bit words, computed in f32)
   bool coopmat = false;       ///< VK_NV_cooperative_matrix offered (f16 matmuls use it: docs/gpu.md)
+  bool coopmat_khr = false;   ///< f16 tensor-core kernels run as KHR cooperative matrices (rewritten from NV)
+  bool coopmat_bf16 = false;  ///< KHR bf16 cooperative matrices enabled (bf16 matmuls use them)
   /// Packed 8-bit integer dot products enabled (VK_KHR_shader_integer_dot_product), and whether
   /// the device calls them accelerated: decode's matrix-vector products on 8-bit x (docs/gpu.md).
   bool integer_dot = false, integer_dot_fast = false;

@@ -27,6 +27,14 @@ struct device_caps {
   /// VK_NV_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration (and
   /// shaderFloat16) is enabled on the device: f16 matmuls use tensor cores.
   bool coopmat_f16 = false;
+  /// VK_KHR_cooperative_matrix with a 16x16x16 bf16 x bf16 + f32 subgroup configuration and
+  /// shaderBFloat16CooperativeMatrix are enabled too: bf16 matmuls use tensor cores, through the
+  /// f16 kernels rewritten to KHR matrices on bf16 (kernel_source::bf16_matrices).
+  bool coopmat_bf16 = false;
+  /// VK_KHR_cooperative_matrix with a 16x16x16 f16 x f16 + f32 subgroup configuration is enabled:
+  /// the `mmct` and `mmctl` kernels on f16 fragments are rewritten to KHR matrices as well
+  /// (kernel_source::khr_matrices), which the NVIDIA driver compiles to faster code than NV ones.
+  bool coopmat_khr = false;
   /// VK_KHR_shader_integer_dot_product is enabled: kernels may dot packed 8-bit integers
   /// (OpSDot through GL_EXT_spirv_intrinsics).
   bool integer_dot = false;
@@ -48,7 +56,20 @@ struct kernel_source {
   std::array<uint32_t, 3> groups{1, 1, 1};
   uint64_t bytes = 0;   ///< bytes the kernel reads and writes at least (for GB/s figures)
   double flops = 0;     ///< matmul: 2*m*n*k*batch
+  /// The GLSL is an NV cooperative-matrix kernel on f16 fragments whose data are bf16: its SPIR-V
+  /// is rewritten to KHR matrices on bf16 after compilation (kernel_spirv, spirv_coopmat.hpp).
+  bool bf16_matrices = false;
+  /// The GLSL is an NV cooperative-matrix kernel run as a KHR one: its SPIR-V is rewritten after
+  /// compilation (khr_cooperative_matrices; bf16_matrices implies it). Its pipeline then needs full
+  /// subgroups (VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT).
+  bool khr_matrices = false;
 };
+
+class shader_cache;
+
+/// The SPIR-V of `src`: compiled by `cache` (or found there), then rewritten where the kernel
+/// asks (bf16_matrices). Fails with shaderc's or the rewrite's error.
+expected<std::vector<uint32_t>> kernel_spirv(shader_cache& cache, const kernel_source& src);
 
 /// Splits along k the prompt-sized linears of f16 and bf16 weights that `mmctl` (tensor cores)
 /// would run in too few workgroups to fill the device: each becomes pass 1 (slices of k into a scratch buffer of the

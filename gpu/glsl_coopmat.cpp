@@ -17,6 +17,12 @@ std::string coopmat_header(int64_t threads) {
          "layout(local_size_x = " + std::to_string(threads) + ") in;\n";
 }
 
+std::string rewrite_note(const kernel_source& s) {
+  if (s.bf16_matrices) return "// SPIR-V rewritten: KHR cooperative matrices on bf16 fragments (spirv_coopmat.hpp)\n";
+  if (s.khr_matrices) return "// SPIR-V rewritten: KHR cooperative matrices (spirv_coopmat.hpp)\n";
+  return "";
+}
+
 /// The first f16 matmul on tensor cores through GL_NV_cooperative_matrix, kept for shapes the
 /// tiled one does not take (k or n not a multiple of 8) and kernel_variants::coopmat "64": 64x64 block tiles
 /// staged in shared memory (f16vec2 loads), four subgroups each multiplying 2x2 fragments of 16x16x16 with
@@ -94,7 +100,8 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
   return s;
 }
 
-/// f16 matmul on tensor cores (GL_NV_cooperative_matrix 16x16x16, f32 accumulation) with
+/// f16 matmul on tensor cores (GL_NV_cooperative_matrix 16x16x16, f32 accumulation), and bf16 on
+/// devices with KHR bf16 cooperative matrices (the same kernel, kernel_source::bf16_matrices), with
 /// 128-bit loads: operands bound as uvec4 arrays (k and n multiples of 8), tiles copied to shared
 /// memory a uvec4 per thread and access, two shared stages with the next tile held in registers
 /// while the current one is multiplied (one barrier per tile), fragments loaded from shared memory
@@ -104,8 +111,11 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
   const mm_dims d = dims_of(g, k);
   const auto av = direct_operand(g, q, d.a), bv = direct_operand(g, q, d.b);
   if (!caps.coopmat_f16 || caps.variants.coopmat == "64" || !av || !bv) return std::nullopt;
-  if (g[av->id].type != dtype::f16 || g[bv->id].type != dtype::f16 || d.kd % 8 != 0 || d.n % 8 != 0 || d.kd == 0 ||
-      d.batch == 0)
+  // bf16 operands: the same kernel on bf16 fragments (its SPIR-V rewritten, spirv_coopmat.hpp);
+  // the operands are only copied as raw 16-bit words, never computed with, on their way there.
+  const dtype at = g[av->id].type, bt = g[bv->id].type;
+  const bool bf = caps.coopmat_bf16 && at == dtype::bf16 && bt == dtype::bf16;
+  if (((at != dtype::f16 || bt != dtype::f16) && !bf) || d.kd % 8 != 0 || d.n % 8 != 0 || d.kd == 0 || d.batch == 0)
     return std::nullopt;
   if (read_elsewhere(g, q, k, av->id, d.b) || read_elsewhere(g, q, k, bv->id, d.a)) return std::nullopt;
   const auto tile = pick_coop_tile(d, caps);
@@ -122,8 +132,9 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
   e.scoped([&] { store = epilogue(e, g, k, "ci", "Cs[sg * 256u + li]"); });
   // Without an epilogue the f16 result of a whole tile goes from the accumulators to memory
   // directly (converted to f16 fragments: the same rounding as the per-element path), through a
-  // float16_t view of binding 0 (two views of one buffer, so neither is `restrict`).
-  const bool direct = k.root == k.anchor && g[k.root].type == dtype::f16;
+  // float16_t view of binding 0 (two views of one buffer, so neither is `restrict`). Not for bf16,
+  // whose f32 accumulators would need bf16 accumulator matrices, which devices need not offer.
+  const bool direct = k.root == k.anchor && g[k.root].type == dtype::f16 && !bf;
   std::string decl;
   for (size_t i = 0; i < e.bindings.size(); ++i) {
     if (i == 1 || i == 2)
@@ -213,12 +224,14 @@ std::optional<kernel_source> matmul_coopmat_tiled(const graph& g, const plan& q,
 
   kernel_source s;
   s.name = "mmct" + std::to_string(bm) + "x" + std::to_string(bn) + "s" + std::to_string(t.sgm * t.sgn) +
-           (bk == 32 ? "" : "k" + std::to_string(bk)) + "_" + std::to_string(k.root);
+           (bk == 32 ? "" : "k" + std::to_string(bk)) + (bf ? "_bf16_" : "_") + std::to_string(k.root);
+  s.bf16_matrices = bf;
+  s.khr_matrices = caps.coopmat_khr;
   s.bindings = e.bindings;
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]), groups_for(d.batch, 1, caps.max_groups[2])};
   s.bytes = bytes_of(g, s.bindings);
   s.flops = d.flops();
-  s.glsl = coopmat_header(threads) + decl + prelude + src;
+  s.glsl = rewrite_note(s) + coopmat_header(threads) + decl + prelude + src;
   return s;
 }
 

@@ -36,7 +36,10 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   // x from the buffer a chain of reshapes views (the same flat index), f32 or f16.
   const node_index x = behind_reshapes(g, q, d.a);
   const dtype xt = g[x].type;
-  if (!q.materialised[x] || !q.materialised[w] || (xt != dtype::f32 && xt != dtype::f16)) return std::nullopt;
+  // bf16 x and a bf16 weight on a device with bf16 cooperative matrices: both staged as they are
+  // (raw 16-bit words) into bf16 fragments (kernel_source::bf16_matrices), no rounding to f16.
+  const bool bf = caps.coopmat_bf16 && xt == dtype::bf16 && wt == dtype::bf16;
+  if (!q.materialised[x] || !q.materialised[w] || (xt != dtype::f32 && xt != dtype::f16 && !bf)) return std::nullopt;
   const bool quant = is_quantized(wt);
   if (quant ? quant_chunk_decoder(wt, "b").empty() : wt != dtype::f16 && wt != dtype::bf16) return std::nullopt;
   if (d.m <= matvec_max_rows || d.kd % 8 != 0 || d.kd == 0 || d.n == 0) return std::nullopt;
@@ -95,7 +98,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   else
     src += "  return " + X + ".v[i >> 3];\n";
   src += "}\n";
-  if (wt == dtype::bf16)
+  if (wt == dtype::bf16 && !bf)
     src += "uint bf2h(uint p) { return packHalf2x16(vec2(uintBitsToFloat(p << 16), uintBitsToFloat(p & 0xffff0000u))); }\n";
   // Chunk c (32 elements) of weight row r, as 16 packed halves; zeros past k.
   src += "void w32(uint r, uint c, out uvec4 h[4]) {\n";
@@ -108,7 +111,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
     // bf16 pairs (a word each: the lower element in the low half) become f16 pairs: exact within
     // f16's normal range (6.1e-5 to 65504 in magnitude; bf16's 8 bits of mantissa fit f16's
     // 11), smaller values lose bits as f16 subnormals, larger ones become infinite.
-    if (wt == dtype::bf16)
+    if (wt == dtype::bf16 && !bf)
       src += "  " + loop("j", 4) + "h[j] = uvec4(bf2h(h[j].x), bf2h(h[j].y), bf2h(h[j].z), bf2h(h[j].w));\n";
   }
   src += "}\n";
@@ -175,7 +178,9 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
 
   kernel_source s;
   s.name = "mmctl" + std::to_string(bm) + "x" + std::to_string(bn) + (pass1 ? "s" + std::to_string(slices) : "") + "_" +
-           to_string(g[w].type) + (decoded ? "_dq_" : "_") + std::to_string(k.root);
+           to_string(g[w].type) + (decoded ? "_dq_" : bf ? "_bf16x_" : "_") + std::to_string(k.root);
+  s.bf16_matrices = bf;
+  s.khr_matrices = caps.coopmat_khr;
   s.bindings = e.bindings;
   s.groups = {groups_for(n, bn, caps.max_groups[0]), groups_for(m, bm, caps.max_groups[1]),
               static_cast<uint32_t>(std::min<int64_t>(slices, caps.max_groups[2]))};
@@ -183,7 +188,7 @@ std::optional<kernel_source> linear_coopmat(const graph& g, const plan& q, const
   s.bytes = bytes_of(g, s.bindings) + (pass1 ? static_cast<uint64_t>(slices * m * n) * 4 : 0) +
             (decoded ? static_cast<uint64_t>(n * kd) * 2 : 0);
   s.flops = d.flops();
-  s.glsl = coopmat_header(threads) + decl + prelude + src;
+  s.glsl = rewrite_note(s) + coopmat_header(threads) + decl + prelude + src;
   return s;
 }
 

@@ -47,6 +47,11 @@ std::optional<kernel_source> matmul_coopmat(const graph& g, const plan& q, const
 /// The shader header of the cooperative-matrix kernels (16-bit storage and arithmetic,
 /// GL_NV_cooperative_matrix, subgroups), `threads` per workgroup. glsl_coopmat.cpp.
 std::string coopmat_header(int64_t threads);
+/// The first line of a tensor-core kernel whose SPIR-V is rewritten after compilation
+/// (kernel_source::khr_matrices, bf16_matrices; "" for none): it keeps such a kernel's GLSL apart
+/// from the NV kernel of the same text, in the shader cache and in the pipelines the executor
+/// shares by source.
+std::string rewrite_note(const kernel_source& s);
 /// A linear of more than matvec_max_rows rows on tensor cores, x and the weight (f16, or
 /// quantized and decoded in registers) rounded to f16 as they are staged (`mmctl`,
 /// glsl_coopmat_linear.cpp); nullopt when the kernel does not apply.

@@ -19,6 +19,15 @@ struct kernel_variants {
   /// depth). "0" creates the device without cooperative matrices: f16 matmuls then compute in
   /// f32 on the f32 kernels.
   std::string coopmat;
+  /// bf16 matmul on tensor cores: "" where the device offers KHR cooperative matrices of bf16
+  /// (VK_KHR_cooperative_matrix, VK_KHR_shader_bfloat16), a matmul of two bf16 operands takes
+  /// `mmct` and a prompt's linear of bf16 x and a bf16 weight `mmctl`, on bf16 fragments with f32
+  /// accumulation (the f16 kernels rewritten: spirv_coopmat.hpp); "0" creates the device without
+  /// them: bf16 products then compute in f32 on the f32 kernels.
+  std::string coopmat_bf16;
+  /// f16 tensor-core kernels `mmct` and `mmctl`: "" as KHR cooperative matrices where the device
+  /// offers them (the NV kernels rewritten, spirv_coopmat.hpp); "0" keeps NV matrices.
+  std::string coopmat_khr;
   /// Workgroup-tile rasterisation of the tiled matmuls (`mmw*`, `mmct*`): G > 1 walks G tile rows
   /// down a column before the next column so that concurrent workgroups share A and B tiles in
   /// L2; 0 or 1 keeps row-major tile order. Off by default: G = 4, 8, 16 changed no GEMM rate on

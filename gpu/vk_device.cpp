@@ -40,16 +40,19 @@ error vk_error(VkResult r, const std::string& what) {
 
 namespace {
 
+thread_local const std::string* validation_subject = nullptr;
+
 VKAPI_ATTR VkBool32 VKAPI_CALL on_message(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                           VkDebugUtilsMessageTypeFlagsEXT, const VkDebugUtilsMessengerCallbackDataEXT* data,
                                           void* user) {
   auto* d = static_cast<vk_device*>(user);
+  const std::string where = validation_subject ? " [while creating " + *validation_subject + "]" : "";
   if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
     ++d->validation_errors;
-    std::fprintf(stderr, "[vulkan validation] error: %s\n", data->pMessage);
+    std::fprintf(stderr, "[vulkan validation] error:%s %s\n", where.c_str(), data->pMessage);
   } else if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
     ++d->validation_warnings;
-    std::fprintf(stderr, "[vulkan validation] warning: %s\n", data->pMessage);
+    std::fprintf(stderr, "[vulkan validation] warning:%s %s\n", where.c_str(), data->pMessage);
   }
   return VK_FALSE;
 }
@@ -101,6 +104,12 @@ vk_device::~vk_device() {
   }
   if (instance) vkDestroyInstance(instance, nullptr);
 }
+
+validation_context::validation_context(const std::string& what) : previous_(validation_subject) {
+  validation_subject = &what;
+}
+
+validation_context::~validation_context() { validation_subject = previous_; }
 
 std::string vk_device::key() const {
   return info.name + "/" + std::to_string(props.vendorID) + ":" + std::to_string(props.deviceID) + "/driver " +
@@ -287,8 +296,60 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
       // Enable exactly what the kernels use.
       coop_features.cooperativeMatrixRobustBufferAccess = VK_FALSE;
       f16_features.shaderInt8 = VK_FALSE;
-      model_features.vulkanMemoryModelDeviceScope = VK_FALSE;
+      // Device scope stays as offered: with vulkanMemoryModel on, every kernel's device-scope
+      // atomics and barriers (GLSL's default scope) need it (VUID-RuntimeSpirv-vulkanMemoryModel-06265).
       model_features.vulkanMemoryModelAvailabilityVisibilityChains = VK_FALSE;
+    }
+  }
+
+  // KHR cooperative matrices, beside the NV ones: the tensor-core kernels rewritten to them
+  // (spirv_coopmat.hpp) for f16 where the device has a 16x16x16 f16 x f16 + f32 subgroup
+  // configuration, and for bf16 where it has the bf16 one and VK_KHR_shader_bfloat16's
+  // shaderBFloat16CooperativeMatrix. The kernels are SPIR-V 1.3 (Vulkan 1.1), where a KHR matrix
+  // needs full subgroups (VK_EXT_subgroup_size_control's computeFullSubgroups, asked per pipeline).
+  auto khr_coop = vk_struct<khr_compat::cooperative_matrix_features>(khr_compat::cooperative_matrix_features_type);
+  auto bf16_features = vk_struct<khr_compat::bfloat16_features>(khr_compat::bfloat16_features_type);
+  auto size_control = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeaturesEXT>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT);
+  const bool has_bf16_ext = has_extension(chosen, "VK_KHR_shader_bfloat16");
+  if (caps.coopmat_f16 && has_extension(chosen, "VK_KHR_cooperative_matrix") &&
+      has_extension(chosen, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
+    khr_coop.pNext = &size_control;
+    if (has_bf16_ext) size_control.pNext = &bf16_features;
+    auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    query.pNext = &khr_coop;
+    vkGetPhysicalDeviceFeatures2(chosen, &query);
+    bool f16_config = false, bf16_config = false;
+    auto props_fn = reinterpret_cast<khr_compat::cooperative_matrix_properties_fn>(
+        vkGetInstanceProcAddr(d->instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+    if (props_fn) {
+      uint32_t nprops = 0;
+      props_fn(chosen, &nprops, nullptr);
+      std::vector<khr_compat::cooperative_matrix_properties> cps(
+          nprops, vk_struct<khr_compat::cooperative_matrix_properties>(khr_compat::cooperative_matrix_properties_type));
+      props_fn(chosen, &nprops, cps.data());
+      for (const auto& c : cps) {
+        const bool shape = c.MSize == 16 && c.NSize == 16 && c.KSize == 16 && c.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                           c.ResultType == VK_COMPONENT_TYPE_FLOAT32_NV && c.scope == VK_SCOPE_SUBGROUP_NV && c.AType == c.BType;
+        f16_config = f16_config || (shape && c.AType == VK_COMPONENT_TYPE_FLOAT16_NV);
+        bf16_config = bf16_config || (shape && c.AType == khr_compat::component_bfloat16);
+      }
+    }
+    if (khr_coop.cooperativeMatrix && size_control.computeFullSubgroups) {
+      caps.coopmat_khr = f16_config && options.variants.coopmat_khr != "0";
+      caps.coopmat_bf16 = bf16_config && has_bf16_ext && bf16_features.shaderBFloat16Type &&
+                          bf16_features.shaderBFloat16CooperativeMatrix && options.variants.coopmat_bf16 != "0";
+    }
+    if (caps.coopmat_khr || caps.coopmat_bf16) {
+      info.coopmat_khr = caps.coopmat_khr;
+      info.coopmat_bf16 = caps.coopmat_bf16;
+      extensions.push_back("VK_KHR_cooperative_matrix");
+      extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+      if (caps.coopmat_bf16) extensions.push_back("VK_KHR_shader_bfloat16");
+      else size_control.pNext = nullptr;
+      khr_coop.cooperativeMatrixRobustBufferAccess = VK_FALSE;
+      size_control.subgroupSizeControl = VK_FALSE;
+      bf16_features.shaderBFloat16DotProduct = VK_FALSE;
     }
   }
 
@@ -340,6 +401,10 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   if (caps.integer_dot) {
     dot_features.pNext = enable16.pNext;
     enable16.pNext = &dot_features;
+  }
+  if (caps.coopmat_khr || caps.coopmat_bf16) {  // -> khr_coop -> size_control (-> bf16_features)
+    (caps.coopmat_bf16 ? bf16_features.pNext : size_control.pNext) = enable16.pNext;
+    enable16.pNext = &khr_coop;
   }
   dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   dci.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();

@@ -19,12 +19,53 @@ T vk_struct(VkStructureType type) {
   return x;
 }
 
+/// VK_KHR_cooperative_matrix and VK_KHR_shader_bfloat16 as the Vulkan registry defines them:
+/// Debian 12's headers (1.3.239) predate both. Same layouts and enumerant values as vulkan_core.h.
+namespace khr_compat {
+struct cooperative_matrix_features {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix, cooperativeMatrixRobustBufferAccess;
+};
+struct cooperative_matrix_properties {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize, NSize, KSize;
+  VkComponentTypeNV AType, BType, CType, ResultType;  // VkComponentTypeKHR: the same values
+  VkBool32 saturatingAccumulation;
+  VkScopeNV scope;
+};
+struct bfloat16_features {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 shaderBFloat16Type, shaderBFloat16DotProduct, shaderBFloat16CooperativeMatrix;
+};
+constexpr auto cooperative_matrix_features_type = static_cast<VkStructureType>(1000506000);
+constexpr auto cooperative_matrix_properties_type = static_cast<VkStructureType>(1000506001);
+constexpr auto bfloat16_features_type = static_cast<VkStructureType>(1000141000);
+constexpr auto component_bfloat16 = static_cast<VkComponentTypeNV>(1000141000);  // VK_COMPONENT_TYPE_BFLOAT16_KHR
+using cooperative_matrix_properties_fn = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, cooperative_matrix_properties*);
+}  // namespace khr_compat
+
 /// "VK_ERROR_DEVICE_LOST", ...
 const char* to_string(VkResult r);
 
 /// An error value for a failed Vulkan call: device loss and out-of-memory are `device` errors
 /// that say so; the rest are `internal`.
 error vk_error(VkResult r, const std::string& what);
+
+/// While one lives, validation messages printed on this thread name `what` (the kernel whose
+/// shader module and pipeline are being created): the layer's messages name no kernel.
+class validation_context {
+ public:
+  explicit validation_context(const std::string& what);
+  ~validation_context();
+  validation_context(const validation_context&) = delete;
+  validation_context& operator=(const validation_context&) = delete;
+
+ private:
+  const std::string* previous_;
+};
 
 struct vk_device {
   VkInstance instance = VK_NULL_HANDLE;

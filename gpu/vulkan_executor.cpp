@@ -646,8 +646,9 @@ class vulkan_executor final : public executor {
     // MESH_GLSL_DUMP=DIR writes each kernel's source to DIR/<name>.comp (for reading and profiling
     // a kernel outside the executor); a write that fails is ignored.
     if (const char* dump = std::getenv("MESH_GLSL_DUMP"); dump && *dump) std::ofstream(std::string(dump) + "/" + ck.src.name + ".comp") << ck.src.glsl;
-    auto spirv = cache_.get(ck.src.name, ck.src.glsl);
+    auto spirv = kernel_spirv(cache_, ck.src);
     if (!spirv) return tl::unexpected(spirv.error());
+    const validation_context naming(ck.src.name);
     std::vector<VkDescriptorSetLayoutBinding> binds;
     for (uint32_t b = 0; b < ck.src.bindings.size(); ++b)
       binds.push_back({b, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr});
@@ -672,6 +673,9 @@ class vulkan_executor final : public executor {
     cpi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     cpi.stage.module = module;
     cpi.stage.pName = "main";
+    // KHR cooperative matrices in SPIR-V before 1.6 need full subgroups (our kernels' workgroups are
+    // whole subgroups: 128 or 256 threads).
+    if (ck.src.khr_matrices || ck.src.bf16_matrices) cpi.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
     cpi.layout = ck.layout;
     if (d_->pipeline_stats) cpi.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
     VkResult r = vkCreateComputePipelines(d_->device, pipeline_cache_, 1, &cpi, nullptr, &ck.pipeline);

@@ -14,7 +14,9 @@
 // MESH_GEMM_SWIZZLE = 0, 8, 16, 4, then 0 and 8 again (clock drift), each checked before it is timed.
 // --variants MESH_COOPMAT=a,b,... (or MESH_GEMM=...; repeatable) keeps only those: one executor per
 // value in the order given (repeat a value to see clock drift), checked entry by entry (every
-// check shape), then its f16 (MESH_COOPMAT) or fp32 GEMMs at 2048 and 4096 timed.
+// check shape), then its f16 (MESH_COOPMAT; MESH_COOPMAT_KHR: "" KHR matrices where offered, "0"
+// NV ones), bf16 (MESH_COOPMAT_BF16: "" tensor cores where the device has bf16 cooperative
+// matrices, "0" the f32 kernels) or fp32 GEMMs at 2048 and 4096 timed.
 //
 // --matvec V1,V2,... keeps only the decode matrix-vector kernels: for each MESH_MATVEC value
 // ("default" is the default kernel) a new executor, then f16, q8_0, q4_k and q6_k weights on the
@@ -29,8 +31,9 @@
 // --linear-types T1,T2,... (f16, bf16, q8_0, q4_k, q6_k by default) the weight dtypes of both.
 //
 // Kernel choices by name, in --variants lists and in the environment (MESH_GEMM=wide
-// mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT and MESH_GEMM_SWIZZLE
-// set gpu::kernel_variants (gemm, coopmat, gemm_swizzle), MESH_SPLIT_REDUCE and MESH_FUSE_ROWS
+// mesh-bench-gpu runs everything with that variant): MESH_GEMM, MESH_COOPMAT, MESH_COOPMAT_BF16,
+// MESH_COOPMAT_KHR and MESH_GEMM_SWIZZLE set gpu::kernel_variants (gemm, coopmat, coopmat_bf16,
+// coopmat_khr, gemm_swizzle), MESH_SPLIT_REDUCE and MESH_FUSE_ROWS
 // (0 or 1) vulkan_options::split_reductions and fuse_rows. The benchmark reads them and passes
 // them in its vulkan_options; the library reads none of them.
 //
@@ -469,6 +472,8 @@ std::function<void(gpu::executor&)> check_rows(const std::string& p, bool layer_
 bool set_variant(gpu::vulkan_options& o, const std::string& var, const std::string& value) {
   if (var == "MESH_GEMM") o.variants.gemm = value;
   else if (var == "MESH_COOPMAT") o.variants.coopmat = value;
+  else if (var == "MESH_COOPMAT_BF16") o.variants.coopmat_bf16 = value;
+  else if (var == "MESH_COOPMAT_KHR") o.variants.coopmat_khr = value;
   else if (var == "MESH_MATVEC") o.variants.matvec = value;
   else if (var == "MESH_MATVEC_X") o.variants.matvec_x = value;
   else if (var == "MESH_LINEAR") o.variants.linear = value;
@@ -694,14 +699,14 @@ void time_variants(const std::string& list, bool quick) {
   const size_t eq = list.find('=');
   if (eq == std::string::npos) return;
   const std::string var = list.substr(0, eq);
-  const dtype t = var == "MESH_COOPMAT" ? dtype::f16 : dtype::f32;
+  const dtype t = var == "MESH_COOPMAT" || var == "MESH_COOPMAT_KHR" ? dtype::f16 : var == "MESH_COOPMAT_BF16" ? dtype::bf16 : dtype::f32;
   const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{2048, 4096};
   for (const std::string& value : split_list(list.substr(eq + 1))) {
     auto vex = executor_with(var.c_str(), value.c_str());
     if (!vex) continue;
     const std::string tag = var + "=" + value;
     check_matmuls(*vex, t, tag, quick, false);
-    time_matmuls(*vex, t, sizes, std::string(t == dtype::f16 ? "matmul f16, " : "matmul fp32, ") + tag);
+    time_matmuls(*vex, t, sizes, std::string("matmul ") + (t == dtype::f32 ? "fp32" : to_string(t)) + ", " + tag);
   }
 }
 
@@ -810,7 +815,7 @@ int main(int argc, char** argv) {
   gpu::vulkan_options& o = options;
   o.cache_dir = cache;
   o.block_bytes = 256ull << 20;
-  for (const char* var : {"MESH_GEMM", "MESH_COOPMAT", "MESH_GEMM_SWIZZLE", "MESH_SPLIT_REDUCE", "MESH_FUSE_ROWS", "MESH_LINEAR_DECODE"})
+  for (const char* var : {"MESH_GEMM", "MESH_COOPMAT", "MESH_COOPMAT_BF16", "MESH_COOPMAT_KHR", "MESH_GEMM_SWIZZLE", "MESH_SPLIT_REDUCE", "MESH_FUSE_ROWS", "MESH_LINEAR_DECODE"})
     if (const char* v = std::getenv(var); v && !set_variant(o, var, v))
       std::fprintf(stderr, "%s=%s ignored (0 or 1)\n", var, v);
 
@@ -863,9 +868,9 @@ int main(int argc, char** argv) {
   disk_compiles = ex.stats().shader_compiles;
 
   const auto& info = ex.info();
-  std::printf("device: %s (%s), subgroup %u, shared memory %u B, 16-bit storage %s, NV coopmat %s%s\n\n", info.name.c_str(),
-              info.kind.c_str(), info.subgroup_size, info.shared_memory_bytes, info.fp16 ? "yes" : "no",
-              info.coopmat ? "offered" : "no", info.kind == "cpu" ? "  [CPU EMULATION: not GPU figures]" : "");
+  std::printf("device: %s (%s), subgroup %u, shared memory %u B, 16-bit storage %s, NV coopmat %s, KHR coopmat f16 %s bf16 %s%s\n\n",
+              info.name.c_str(), info.kind.c_str(), info.subgroup_size, info.shared_memory_bytes, info.fp16 ? "yes" : "no",
+              info.coopmat ? "offered" : "no", info.coopmat_khr ? "enabled" : "no", info.coopmat_bf16 ? "enabled" : "no", info.kind == "cpu" ? "  [CPU EMULATION: not GPU figures]" : "");
   std::printf("| %-36s | %-14s | %-12s | %7s | %9s | %15s |\n", "kernel", "size", "first kernel", "kernels", "ms", "throughput");
   std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(38, '-').c_str(), std::string(16, '-').c_str(), std::string(14, '-').c_str(),
               std::string(9, '-').c_str(), std::string(11, '-').c_str(), std::string(17, '-').c_str());
@@ -971,8 +976,10 @@ int main(int argc, char** argv) {
                                              : std::vector<int64_t>{2048, 4096};
   check_matmuls(ex, dtype::f32, "default", quick, false);
   if (!focus) check_matmuls(ex, dtype::f16, "default", quick, false);
+  if (!focus) check_matmuls(ex, dtype::bf16, "default", quick, false);
   const double gemm_gflops = time_matmuls(ex, dtype::f32, sizes, "matmul fp32 (default kernel)");
   if (!focus) time_matmuls(ex, dtype::f16, sizes, "matmul f16 (default kernel)");
+  if (!focus) time_matmuls(ex, dtype::bf16, sizes, "matmul bf16 (default kernel)");
   if (!focus) {
     builder b;
     const int64_t bm = quick ? 64 : 1024;

@@ -4,6 +4,7 @@
 #include "graph/nn.hpp"
 #include "gpu/glsl.hpp"
 #include "gpu/shader_cache.hpp"
+#include "spirv_check.hpp"
 
 #include <unistd.h>
 
@@ -30,15 +31,19 @@ gpu::device_caps tensor_core_caps() {
   return caps;
 }
 
-/// Kernel `k` of plan `p` emitted for `caps` and compiled by shaderc; the test fails, showing the
-/// kernel's GLSL, where either step fails.
+/// Kernel `k` of plan `p` emitted for `caps` and compiled by shaderc (and rewritten, for KHR
+/// cooperative matrices: then validated, spirv_check.hpp); the test fails, showing the kernel's
+/// GLSL, where any step fails.
 gpu::kernel_source compiled(gpu::shader_cache& cache, const graph& g, const gpu::plan& p, const gpu::kernel& k,
                             const gpu::device_caps& caps) {
   auto src = gpu::emit(g, p, k, caps);
   REQUIRE(src.has_value());
   INFO(src->name << "\n" << src->glsl);
-  auto spirv = cache.get(src->name, src->glsl);
+  auto spirv = gpu::kernel_spirv(cache, *src);
   if (!spirv) FAIL(spirv.error().message);
+  if (src->bf16_matrices || src->khr_matrices) gpu::test::check_valid(*spirv, src->name);
+  // Only A and B matrices on bf16: devices offer bf16 x bf16 -> f32 products, not bf16 accumulators.
+  for (uint32_t use : gpu::test::summarize(*spirv).bf16_matrix_uses) CHECK(use < 2);
   return *src;
 }
 }  // namespace
@@ -394,6 +399,67 @@ TEST_CASE("glsl: a prompt's linear takes the tensor-core kernel mmctl for f16, b
     caps.variants.linear = "f32";
     for (const auto& k : p.kernels)
       if (k.kind == gpu::kernel_kind::linear) CHECK(gpu::emit(g, p, k, caps)->name.rfind("mmw", 0) == 0);
+  }
+}
+
+TEST_CASE("glsl: bf16 products take the tensor-core kernels on bf16 fragments where the device has them, f16 ones KHR matrices, rewritten to valid SPIR-V") {
+  // With KHR bf16 cooperative matrices (coopmat_bf16) a matmul of two bf16 operands takes mmct
+  // and a prompt's linear of bf16 x and a bf16 weight mmctl (split along k when in few tiles),
+  // on bf16 fragments: kernel_source::bf16_matrices, the SPIR-V rewritten (and validated where a
+  // validator is given). An f16 matmul and a bf16 weight under f32 x keep the NV kernels on f16
+  // fragments, rewritten to KHR matrices too where the device has KHR f16 ones (coopmat_khr; the
+  // f16 product without epilogue stores f16 accumulators directly). Without them bf16 products
+  // take the f32 kernels. Both shaderc settings: the unoptimised module keeps the fragments in
+  // arrays indexed by loop counters.
+  builder b;
+  auto a = b.input("a", dtype::bf16, {2, 130, 64});
+  auto w = b.parameter("w", dtype::bf16, {2, 64, 136});
+  auto bias = b.parameter("bias", dtype::bf16, {136});
+  auto ah = b.input("ah", dtype::f16, {130, 64});
+  auto wh = b.parameter("wh", dtype::f16, {64, 136});
+  auto x = b.input("x", dtype::bf16, {40, 1024});
+  auto xl = b.input("xl", dtype::bf16, {130, 256});
+  auto xf = b.input("xf", dtype::f32, {40, 256});
+  auto lw = b.parameter("lw", dtype::bf16, {72, 1024});
+  auto lw2 = b.parameter("lw2", dtype::bf16, {200, 256});
+  b.output("mm", relu(matmul(a, w) + bias));
+  b.output("mm_f16", matmul(ah, wh));
+  b.output("lin_split", linear(x, lw));
+  b.output("lin", relu(linear(xl, lw2)));
+  b.output("lin_f32x", linear(xf, lw2));
+  const graph g = done(b);
+  for (bool optimize : {false, true}) {
+    gpu::shader_cache cache("", "test", optimize);
+    for (bool bf : {true, false}) {
+      INFO((bf ? "coopmat_bf16" : "no coopmat_bf16") << (optimize ? ", optimised" : ", unoptimised"));
+      gpu::device_caps caps = tensor_core_caps();
+      caps.coopmat_bf16 = bf;
+      caps.coopmat_khr = bf;
+      auto p = gpu::lower(g);
+      gpu::split_linears(g, p, caps);
+      std::vector<std::string> rewritten, nv;
+      for (const auto& k : p.kernels) {
+        if (k.kind != gpu::kernel_kind::matmul && k.kind != gpu::kernel_kind::linear) continue;
+        const auto src = compiled(cache, g, p, k, caps);
+        (src.bf16_matrices ? rewritten : nv).push_back(src.name);
+        if (src.name.rfind("mmct", 0) == 0 && src.name.rfind("mmctls2", 0) != 0) CHECK(src.khr_matrices == bf);
+      }
+      const auto has = [](const std::vector<std::string>& names, const std::string& prefix) {
+        return std::count_if(names.begin(), names.end(), [&](const std::string& n) { return n.rfind(prefix, 0) == 0; });
+      };
+      INFO("rewritten: " << rewritten.size() << ", others: " << nv.size());
+      if (bf) {
+        REQUIRE(rewritten.size() == 3);
+        CHECK(has(rewritten, "mmct64x64s4_bf16_") == 1);
+        CHECK(has(rewritten, "mmctl64x64s4_bf16_bf16x_") == 1);  // pass 1 of the split, 4 slices
+        CHECK(has(rewritten, "mmctl64x64_bf16_bf16x_") == 1);
+        CHECK(has(nv, "mmct64x64s4_") == 1);                      // f16
+        CHECK(has(nv, "mmctl64x64_bf16_") == 1);                  // f32 x, the weight rounded to f16
+      } else {
+        CHECK(rewritten.empty());
+        CHECK(has(nv, "mmw") >= 3);  // the bf16 matmul and both bf16 x linears
+      }
+    }
   }
 }
 

@@ -179,6 +179,26 @@ TEST_CASE("linear: a prompt's quantized weights decoded to f16 first into one sh
   }
 }
 
+TEST_CASE("linear: a prompt's bf16 x and bf16 weight on bf16 tensor cores where the device has them (mmctl on bf16 fragments)") {
+  // 40 x 72 outputs over k = 1024 (split along k in 4 slices on tensor cores) and 130 rows into
+  // 200 columns with an epilogue. A device with KHR bf16 cooperative matrices runs them on bf16
+  // fragments (kernels named "_bf16x_"); others, the f32 kernels. Then x past f16's range (up to
+  // 1e5), which the f16 path would make infinite.
+  auto vk = validated();
+  for (const linear_case& c : {linear_case{{40, 1024}, 72}, linear_case{{2, 65, 512}, 200}}) {
+    check_linear(*vk, dtype::bf16, c, dtype::bf16, 41);
+    int rewritten = 0;
+    for (const auto& ks : vk->stats().kernels) rewritten += ks.name.find("_bf16x_") != std::string::npos;
+    CHECK((rewritten > 0) == vk->info().coopmat_bf16);
+  }
+  builder b;
+  auto x = b.input("x", dtype::bf16, {40, 256});
+  auto w = b.parameter("wbig", dtype::bf16, {72, 256});
+  b.output("y", linear(x, w));
+  check_on(*vk, finish(b), {{"x", random_tensor(dtype::bf16, {40, 256}, 43, -1e5, 1e5)}}, {{"wbig", weights(dtype::bf16, {72, 256}, 44)}});
+  CHECK(vk->stats().validation_errors == 0);
+}
+
 TEST_CASE("linear: f16 and bf16 activations, and the shared-memory and chunk matrix-vector kernels") {
   auto vk = validated(), shared = validated("shared"), chunk = validated("chunk");
   for (dtype wt : {dtype::f16, dtype::q4_k, dtype::q8_0, dtype::q5_0, dtype::q6_k})

@@ -453,6 +453,32 @@ TEST_CASE("ops: batched matmul against a weight broadcast over the batch, f32 an
     }
 }
 
+TEST_CASE("ops: bf16 matmuls past f16's range, on bf16 tensor cores where the device has them (mmct rewritten to KHR matrices)") {
+  // x up to 1e5 in magnitude (f16's largest is 65504): a device with KHR bf16 cooperative
+  // matrices multiplies on bf16 fragments (kernels named "_bf16_"), never rounding to f16; others
+  // take the f32 kernels. Ragged tiles, a batched weight, a weight broadcast over a batch of 3, an
+  // epilogue with a bf16 bias.
+  auto& vk = vulkan();
+  for (auto c : {mm_case{2, 130, 64, 136}, mm_case{0, 300, 264, 520}, mm_case{3, 77, 40, 24}}) {
+    INFO("m=" << c.m << " k=" << c.k << " n=" << c.n << " batch=" << c.batch);
+    shape as{c.m, c.k}, bs{c.k, c.n};
+    if (c.batch) as.insert(as.begin(), c.batch);
+    if (c.batch == 2) bs.insert(bs.begin(), c.batch);
+    builder b;
+    const std::string tag = std::to_string(c.batch) + "_" + std::to_string(c.m) + "_" + std::to_string(c.k);
+    auto x = b.input("x", dtype::bf16, as);
+    auto w = b.parameter("wbf" + tag, dtype::bf16, bs);
+    auto bias = b.parameter("bbf" + tag, dtype::bf16, {c.n});
+    b.output("plain", matmul(x, w));
+    b.output("epilogue", relu(matmul(x, w) + bias));
+    check(finish(b), {{"x", random_tensor(dtype::bf16, as, 40, -1e5, 1e5)}},
+          {{"wbf" + tag, random_tensor(dtype::bf16, bs, 41, -2, 2)}, {"bbf" + tag, random_tensor(dtype::bf16, {c.n}, 42, -1e6, 1e6)}});
+    int rewritten = 0;
+    for (const auto& ks : vk.stats().kernels) rewritten += ks.name.find("_bf16_") != std::string::npos;
+    CHECK((rewritten > 0) == vk.info().coopmat_bf16);
+  }
+}
+
 TEST_CASE("ops: matmuls under every tile rasterisation (kernel_variants::gemm_swizzle = 0, 1, 3, 8) match the reference") {
   // 64-wide tiles: 1000 rows are 16 tile rows (3 leaves a ragged last group), 455 rows 8, one
   // tile column, batches (per batch index), and 128-wide tiles (32 x 2 x 2 of them).
