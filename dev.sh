@@ -5,7 +5,8 @@
 #                    train a small transformer, then serve a model over HTTP; options after `demo`
 #                    go to mesh-demo, see --help; `./dev.sh demo --serve` serves until Ctrl-C)
 #   ./dev.sh test    install what is missing, build Debug (+ASan/UBSan, clang), run every test via ctest,
-#                    build the libFuzzer targets with clang and run each briefly
+#                    build the libFuzzer targets with clang and run each briefly (it also unpacks
+#                    Debian testing's spirv-val into ~/.cache/meshnode: tests/fetch_spirv_val.sh)
 #   ./dev.sh build [Release|Debug]   just build
 #   ./dev.sh deps    just install the Debian packages
 #   ./dev.sh fuzz    only the fuzzers, the long run: 10 minutes each, two at a time

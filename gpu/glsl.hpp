@@ -60,8 +60,8 @@ struct kernel_source {
   /// is rewritten to KHR matrices on bf16 after compilation (kernel_spirv, spirv_coopmat.hpp).
   bool bf16_matrices = false;
   /// The GLSL is an NV cooperative-matrix kernel run as a KHR one: its SPIR-V is rewritten after
-  /// compilation (khr_cooperative_matrices; bf16_matrices implies it). Its pipeline then needs full
-  /// subgroups (VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT).
+  /// compilation (khr_cooperative_matrices; bf16_matrices implies it). Its pipeline asks for full
+  /// subgroups, as every cooperative-matrix kernel's does (VK_EXT_subgroup_size_control).
   bool khr_matrices = false;
 };
 

@@ -302,20 +302,31 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     }
   }
 
+  // Full subgroups for the tensor-core kernels' pipelines (VK_EXT_subgroup_size_control's
+  // computeFullSubgroups): KHR matrices in SPIR-V before 1.6 need them, and the validation layer
+  // (1.4.363) asks for them for NV matrices too. The kernels' workgroups are whole subgroups.
+  auto size_control = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeaturesEXT>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT);
+  if (caps.coopmat_f16 && has_extension(chosen, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
+    auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
+    query.pNext = &size_control;
+    vkGetPhysicalDeviceFeatures2(chosen, &query);
+    if (size_control.computeFullSubgroups) {
+      d->full_subgroups = true;
+      extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
+      size_control.subgroupSizeControl = VK_FALSE;
+    }
+  }
+
   // KHR cooperative matrices, beside the NV ones: the tensor-core kernels rewritten to them
   // (spirv_coopmat.hpp) for f16 where the device has a 16x16x16 f16 x f16 + f32 subgroup
   // configuration, and for bf16 where it has the bf16 one and VK_KHR_shader_bfloat16's
-  // shaderBFloat16CooperativeMatrix. The kernels are SPIR-V 1.3 (Vulkan 1.1), where a KHR matrix
-  // needs full subgroups (VK_EXT_subgroup_size_control's computeFullSubgroups, asked per pipeline).
+  // shaderBFloat16CooperativeMatrix. Both need full subgroups (above).
   auto khr_coop = vk_struct<khr_compat::cooperative_matrix_features>(khr_compat::cooperative_matrix_features_type);
   auto bf16_features = vk_struct<khr_compat::bfloat16_features>(khr_compat::bfloat16_features_type);
-  auto size_control = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeaturesEXT>(
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT);
   const bool has_bf16_ext = has_extension(chosen, "VK_KHR_shader_bfloat16");
-  if (caps.coopmat_f16 && has_extension(chosen, "VK_KHR_cooperative_matrix") &&
-      has_extension(chosen, VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME)) {
-    khr_coop.pNext = &size_control;
-    if (has_bf16_ext) size_control.pNext = &bf16_features;
+  if (d->full_subgroups && has_extension(chosen, "VK_KHR_cooperative_matrix")) {
+    if (has_bf16_ext) khr_coop.pNext = &bf16_features;
     auto query = vk_struct<VkPhysicalDeviceFeatures2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2);
     query.pNext = &khr_coop;
     vkGetPhysicalDeviceFeatures2(chosen, &query);
@@ -335,7 +346,7 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
         bf16_config = bf16_config || (shape && c.AType == khr_compat::component_bfloat16);
       }
     }
-    if (khr_coop.cooperativeMatrix && size_control.computeFullSubgroups) {
+    if (khr_coop.cooperativeMatrix) {
       caps.coopmat_khr = f16_config && options.variants.coopmat_khr != "0";
       caps.coopmat_bf16 = bf16_config && has_bf16_ext && bf16_features.shaderBFloat16Type &&
                           bf16_features.shaderBFloat16CooperativeMatrix && options.variants.coopmat_bf16 != "0";
@@ -344,11 +355,8 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
       info.coopmat_khr = caps.coopmat_khr;
       info.coopmat_bf16 = caps.coopmat_bf16;
       extensions.push_back("VK_KHR_cooperative_matrix");
-      extensions.push_back(VK_EXT_SUBGROUP_SIZE_CONTROL_EXTENSION_NAME);
       if (caps.coopmat_bf16) extensions.push_back("VK_KHR_shader_bfloat16");
-      else size_control.pNext = nullptr;
       khr_coop.cooperativeMatrixRobustBufferAccess = VK_FALSE;
-      size_control.subgroupSizeControl = VK_FALSE;
       bf16_features.shaderBFloat16DotProduct = VK_FALSE;
     }
   }
@@ -402,8 +410,17 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     dot_features.pNext = enable16.pNext;
     enable16.pNext = &dot_features;
   }
-  if (caps.coopmat_khr || caps.coopmat_bf16) {  // -> khr_coop -> size_control (-> bf16_features)
-    (caps.coopmat_bf16 ? bf16_features.pNext : size_control.pNext) = enable16.pNext;
+  if (d->full_subgroups) {
+    size_control.pNext = enable16.pNext;
+    enable16.pNext = &size_control;
+  }
+  if (caps.coopmat_khr || caps.coopmat_bf16) {  // -> khr_coop (-> bf16_features)
+    if (caps.coopmat_bf16) {
+      bf16_features.pNext = enable16.pNext;
+      khr_coop.pNext = &bf16_features;
+    } else {
+      khr_coop.pNext = enable16.pNext;
+    }
     enable16.pNext = &khr_coop;
   }
   dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());

@@ -79,6 +79,9 @@ struct vk_device {
   device_info info;
   device_caps caps;
   bool timestamps = false;
+  /// VK_EXT_subgroup_size_control's computeFullSubgroups is enabled: the pipelines of kernels on
+  /// cooperative matrices ask for full subgroups.
+  bool full_subgroups = false;
   /// MESH_PIPELINE_STATS=1 and VK_KHR_pipeline_executable_properties: each new pipeline's
   /// compiler statistics (registers, shared memory, spills on NVIDIA) are printed to stderr.
   bool pipeline_stats = false;

@@ -673,9 +673,10 @@ class vulkan_executor final : public executor {
     cpi.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
     cpi.stage.module = module;
     cpi.stage.pName = "main";
-    // KHR cooperative matrices in SPIR-V before 1.6 need full subgroups (our kernels' workgroups are
-    // whole subgroups: 128 or 256 threads).
-    if (ck.src.khr_matrices || ck.src.bf16_matrices) cpi.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
+    // Kernels on cooperative matrices run in full subgroups (their workgroups are whole subgroups):
+    // KHR matrices in SPIR-V before 1.6 need it, and the validation layer asks it for NV ones.
+    if (d_->full_subgroups && ck.src.glsl.find("GL_NV_cooperative_matrix") != std::string::npos)
+      cpi.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT;
     cpi.layout = ck.layout;
     if (d_->pipeline_stats) cpi.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
     VkResult r = vkCreateComputePipelines(d_->device, pipeline_cache_, 1, &cpi, nullptr, &ck.pipeline);
