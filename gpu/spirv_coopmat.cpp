@@ -24,13 +24,14 @@ enum op : uint32_t {
   op_type_void = 19, op_type_float = 22, op_type_vector = 23, op_type_array = 28, op_type_runtime_array = 29,
   op_type_struct = 30, op_type_pointer = 32, op_type_function = 33,
   op_constant_true = 41, op_constant_false = 42, op_constant = 43, op_constant_composite = 44, op_constant_null = 46,
-  op_spec_constant = 50, op_function = 54, op_function_end = 56, op_variable = 59, op_load = 61, op_store = 62,
+  op_spec_constant = 50, op_spec_constant_op = 52, op_function = 54, op_function_end = 56, op_variable = 59, op_load = 61, op_store = 62,
   op_access_chain = 65, op_in_bounds_access_chain = 66, op_decorate = 71, op_member_decorate = 72,
   op_vector_shuffle = 79, op_composite_construct = 80, op_composite_extract = 81, op_composite_insert = 82,
   op_copy_object = 83, op_f_convert = 115, op_bitcast = 124, op_f_negate = 127, op_f_add = 129, op_f_sub = 131,
   op_f_mul = 133, op_f_div = 136, op_matrix_times_scalar = 143, op_select = 169, op_phi = 245,
   op_type_coopmat_khr = 4456, op_coopmat_load_khr = 4457, op_coopmat_store_khr = 4458, op_coopmat_muladd_khr = 4459,
   op_type_coopmat_nv = 5358, op_coopmat_load_nv = 5359, op_coopmat_store_nv = 5360, op_coopmat_muladd_nv = 5361,
+  op_coopmat_length_nv = 5362,
 };
 constexpr uint32_t cap_coopmat_nv = 5357, cap_coopmat_khr = 6022, cap_bf16_type = 5116, cap_bf16_coopmat = 5118;
 constexpr uint32_t bf16_encoding = 0;  // FPEncoding BFloat16KHR
@@ -140,6 +141,8 @@ expected<std::vector<uint32_t>> khr_cooperative_matrices(const std::vector<uint3
     if ((in.op == op_constant_true || in.op == op_constant_false) && w.size() == 3) bool_value[w[2]] = in.op == op_constant_true;
     if (in.op == op_constant && w.size() >= 4) const_type[w[2]] = w[1];
     if (in.op == op_type_coopmat_khr) return refuse("the module already has KHR cooperative matrices");
+    if (in.op == op_coopmat_length_nv || (in.op == op_spec_constant_op && w.size() >= 4 && w[3] == op_coopmat_length_nv))
+      return refuse("OpCooperativeMatrixLengthNV (a length depends on the use)");
   }
   if (nv.empty()) return refuse("the module has no NV cooperative matrices");
 
@@ -172,10 +175,8 @@ expected<std::vector<uint32_t>> khr_cooperative_matrices(const std::vector<uint3
     if (in.op == op_function) in_function = true;
     if (in.op == op_function_end) in_function = false;
     switch (in.op) {
-      case op_load: case op_copy_object: case op_f_convert: case op_f_negate:
-        if (w.size() >= 4) unite_carrying(w[2], w[3]);
-        break;
-      case op_access_chain: case op_in_bounds_access_chain: case op_composite_extract:
+      case op_load: case op_copy_object: case op_f_convert: case op_f_negate: case op_access_chain:
+      case op_in_bounds_access_chain: case op_composite_extract:  // result ~ its first operand
         if (w.size() >= 4) unite_carrying(w[2], w[3]);
         break;
       case op_store:

@@ -19,10 +19,11 @@
 
 namespace mesh::gpu::test {
 
-/// `glsl` compiled (and optimised) as the executors compile kernels; the test fails on an error.
-inline std::vector<uint32_t> compile_glsl(const std::string& glsl) {
-  static shader_cache cache("", "spirv-test");
-  auto words = cache.get("test", glsl);
+/// `glsl` compiled (and optimised, unless not `optimize`) as the executors compile kernels; the
+/// test fails on an error.
+inline std::vector<uint32_t> compile_glsl(const std::string& glsl, bool optimize = true) {
+  static shader_cache optimized("", "spirv-test"), plain("", "spirv-test", false);
+  auto words = (optimize ? optimized : plain).get("test", glsl);
   if (!words) FAIL(words.error().message << "\n" << glsl);
   return *words;
 }

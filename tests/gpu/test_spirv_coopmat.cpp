@@ -81,6 +81,14 @@ TEST_CASE("spirv: the rewrite refuses what it cannot carry over, naming it") {
     REQUIRE(f16.has_value());
     check_valid(*f16, "f16 product with f16 arithmetic");
   }
+  SECTION("a matrix's length (per invocation), which depends on its use") {
+    std::string body = gemm_body;
+    body.insert(body.rfind('}'), "  c.v[300] = float(fa.length());\n");
+    // Unoptimised: the optimiser folds the length into a constant.
+    auto out = gpu::khr_cooperative_matrices(compile_glsl(std::string(header) + body, false), false);
+    REQUIRE_FALSE(out.has_value());
+    CHECK_THAT(out.error().message, Catch::Contains("OpCooperativeMatrixLengthNV"));
+  }
   SECTION("no cooperative matrices, or not SPIR-V at all") {
     const auto plain = compile_glsl("#version 450\nlayout(local_size_x = 1) in;\nlayout(std430, binding = 0) buffer C { float v[]; } c;\n"
                                     "void main() { c.v[0] = 1.0; }\n");
