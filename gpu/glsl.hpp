@@ -68,7 +68,7 @@ struct kernel_source {
 class shader_cache;
 
 /// The SPIR-V of `src`: compiled by `cache` (or found there), then rewritten where the kernel
-/// asks (bf16_matrices). Fails with shaderc's or the rewrite's error.
+/// asks (khr_matrices, bf16_matrices). Fails with shaderc's or the rewrite's error.
 expected<std::vector<uint32_t>> kernel_spirv(shader_cache& cache, const kernel_source& src);
 
 /// Splits along k the prompt-sized linears of f16 and bf16 weights that `mmctl` (tensor cores)

@@ -5,7 +5,9 @@
 // chunk of one weight row (quantized: decoded in registers by the dtype's chunk decoder,
 // glsl_quant.cpp; f16 and bf16: four 16-byte loads), rounds it to f16 and stores it as a row of the shared
 // B tile, which is laid out [n][k] and loaded as column-major fragments; x is read as vec4s (f32)
-// or uvec4s (f16) and rounded to f16 on its way to the shared A tile. Accumulation is f32, the
+// or uvec4s (f16) and rounded to f16 on its way to the shared A tile. bf16 x with a bf16 weight,
+// on a device with bf16 cooperative matrices, is staged as it is into bf16 fragments instead
+// (kernel_source::bf16_matrices). Accumulation is f32, the
 // epilogue runs per element as in every matmul. Rounding x and the weight to f16 is what
 // llama.cpp's CUDA back end does for its cuBLAS path too; values beyond f16's range (65504)
 // become infinite, which kernel_variants::linear "f32" avoids.
