@@ -160,12 +160,8 @@ expected<std::vector<uint32_t>> khr_cooperative_matrices(const std::vector<uint3
 
   // Uses: union-find over matrix-carrying values; products mark their operands.
   union_find uf;
-  std::unordered_map<uint32_t, uint32_t> marks;  // value -> use it was found as
-  std::string conflict;
-  const auto mark = [&](uint32_t v, uint32_t u) {
-    auto [it, fresh] = marks.emplace(v, u);
-    if (!fresh && it->second != u) conflict = "%" + std::to_string(v);
-  };
+  std::vector<std::pair<uint32_t, uint32_t>> marks;  // (value, use it was found as), every finding
+  const auto mark = [&](uint32_t v, uint32_t u) { marks.emplace_back(v, u); };
   const auto unite_carrying = [&](uint32_t a, uint32_t b) {
     if (carries(a) && carries(b)) uf.unite(a, b);
   };
@@ -209,13 +205,12 @@ expected<std::vector<uint32_t>> khr_cooperative_matrices(const std::vector<uint3
         }
     }
   }
-  if (!conflict.empty()) return refuse("value " + conflict + " is used as two different product operands");
   std::unordered_map<uint32_t, uint32_t> root_use;
   for (const auto& [v, u] : marks) {
     auto [it, fresh] = root_use.emplace(uf.find(v), u);
     if (!fresh && it->second != u)
-      return refuse(std::string("one matrix is both a product's ") + use_names[it->second] + " and its " +
-                                   use_names[u] + " (through %" + std::to_string(v) + ")");
+      return refuse(std::string("one matrix is both a product's ") + use_names[it->second] + " and its " + use_names[u] +
+                    " (through %" + std::to_string(v) + ")");
   }
   // A matrix that reaches no product (an OpUndef the optimiser left, a variable only stored to)
   // takes a use its NV type already has, so that it declares no matrix type of its own: a bf16
@@ -271,7 +266,7 @@ expected<std::vector<uint32_t>> khr_cooperative_matrices(const std::vector<uint3
   static const std::unordered_set<uint32_t> moves{op_load, op_store, op_access_chain, op_in_bounds_access_chain, op_f_convert,
                                                  op_bitcast, op_composite_construct, op_composite_extract, op_composite_insert,
                                                  op_vector_shuffle, op_phi, op_select, op_copy_object, op_undef, op_constant,
-                                                 op_constant_composite, op_constant_null, op_variable, op_name, op_decorate};
+                                                 op_constant_composite, op_constant_null, op_variable};
 
   std::vector<uint32_t> out(words.begin(), words.begin() + 5);
   const auto emit = [&](const instruction& in) { out.insert(out.end(), in.w.begin(), in.w.end()); };
