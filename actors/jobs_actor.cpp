@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "actors/held_messages.hpp"
+#include "gpu/cpu_thread_pool.hpp"
+#include "gpu/host_copy.hpp"
 
 namespace mesh::node_shell {
 namespace {
@@ -25,6 +27,9 @@ struct jobs_state {
   node_actors a;
   std::unique_ptr<job_engine> engine;
   std::unique_ptr<train_engine> trainer;
+  /// The ring's passes over all-reduce pieces (train_engine::set_parallel): the host-copy
+  /// threads (gpu/host_copy.hpp), the actor's own among them.
+  std::shared_ptr<gpu::thread_pool> ring_threads;
   caf::actor executor;
   std::map<const stage_task*, std::shared_ptr<stage_task>> in_flight;
   std::map<const train_task*, std::shared_ptr<train_task>> train_in_flight;
@@ -140,6 +145,10 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
                                            (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id);
   if (ctx->cfg.shared_memory) st.trainer->set_shared_memory(train_engine::host_shared_memory());
+  if (const unsigned threads = gpu::copy_threads(); threads > 1) {
+    st.ring_threads = std::make_shared<gpu::thread_pool>(threads);
+    st.trainer->set_parallel([pool = st.ring_threads](int64_t parts, const std::function<void(int64_t)>& part) { pool->run(parts, part); });
+  }
   // A run's data file: read where it is on the node that offers it, fetched chunk by chunk
   // from that node elsewhere (actors/blob_transfer.hpp, remote_file).
   st.trainer->set_data_opener([ctx](const node_id& holder, const msg::train_text_data& text) -> expected<models::byte_source> {

@@ -42,23 +42,41 @@ int ring_allreduce::chunk_at(uint32_t step, bool received) const {
   return mod(rank_ + 1 - t - (received ? 1 : 0), n_);
 }
 
+void ring_allreduce::in_parts(size_t count, const std::function<void(size_t, size_t)>& fn) const {
+  const size_t parts = (count + parallel_part_values - 1) / parallel_part_values;
+  if (!parallel_ || parts <= 1) {
+    fn(0, count);
+    return;
+  }
+  parallel_(static_cast<int64_t>(parts), [&](int64_t p) {
+    const size_t from = static_cast<size_t>(p) * parallel_part_values;
+    fn(from, std::min(count, from + parallel_part_values));
+  });
+}
+
 allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {
   allreduce_message m;
   m.round = round_;
   m.step = step;
   m.piece = static_cast<uint32_t>(piece);
-  auto [b, e] = range(chunk, piece);
+  const auto span = range(chunk, piece);
+  const size_t b = span.first, e = span.second;
   const size_t bytes = encoded_bytes(e - b, format_);
   bytes_sent_ += bytes;
   if (placer_)
     if (auto at = placer_(bytes)) {
-      encode_into(data_.data() + b, e - b, format_, at->first);
+      in_parts(e - b, [&](size_t from, size_t to) {
+        encode_into(data_.data() + b + from, to - from, format_, at->first + encoded_bytes(from, format_));
+      });
       m.placed = true;
       m.placed_offset = at->second;
       m.placed_bytes = bytes;
       return m;
     }
-  encode(data_.data() + b, e - b, format_, m.payload);
+  m.payload.resize(bytes);
+  in_parts(e - b, [&](size_t from, size_t to) {
+    encode_into(data_.data() + b + from, to - from, format_, m.payload.data() + encoded_bytes(from, format_));
+  });
   return m;
 }
 
@@ -105,36 +123,42 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_p
   const uint32_t steps = 2 * static_cast<uint32_t>(n_ - 1);
   const int chunk = chunk_at(m.step, true);
   const int piece = static_cast<int>(m.piece);
-  auto [b, e] = range(chunk, piece);
+  const auto span = range(chunk, piece);
+  const size_t b = span.first, e = span.second;
   if (m.payload.size() != encoded_bytes(e - b, format_))
     return make_error(error_code::invalid_argument, "all-reduce: payload of " + std::to_string(m.payload.size()) +
                                                         " bytes, expected " + std::to_string(encoded_bytes(e - b, format_)));
   std::vector<allreduce_message> out;
   const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
+  const uint8_t* in = m.payload.data();
   if (m.step <= last_rs) {
-    if (format_ == wire_format::f32) {
-      // Added straight from the payload (f32 on the wire is the values' bytes).
-      for (size_t i = b; i < e; ++i) {
-        float v;
-        std::memcpy(&v, m.payload.data() + (i - b) * sizeof(float), sizeof(float));
-        data_[i] = v + data_[i];
+    if (format_ != wire_format::f32) received_.resize(e - b);
+    in_parts(e - b, [&](size_t from, size_t to) {
+      float* xs = data_.data() + b;
+      if (format_ == wire_format::f32) {
+        // Added straight from the payload (f32 on the wire is the values' bytes).
+        for (size_t i = from; i < to; ++i) {
+          float v;
+          std::memcpy(&v, in + i * sizeof(float), sizeof(float));
+          xs[i] = v + xs[i];
+        }
+        return;
       }
-    } else {
-      received_.resize(e - b);
-      decode(m.payload.data(), e - b, format_, received_.data());
-      for (size_t i = b; i < e; ++i) data_[i] = received_[i - b] + data_[i];
-    }
+      decode(in + encoded_bytes(from, format_), to - from, format_, received_.data() + from);
+      for (size_t i = from; i < to; ++i) xs[i] = received_[i] + xs[i];
+    });
     if (m.step < last_rs) {
       out.push_back(make(m.step + 1, chunk, piece));
     } else {
       // This piece of chunk `chunk` is now fully reduced here: fix it to its wire value (what
       // every other rank will decode, bit for bit) and start it around the ring.
-      round_trip(data_.data() + b, e - b, format_);
+      if (format_ != wire_format::f32)
+        in_parts(e - b, [&](size_t from, size_t to) { round_trip(data_.data() + b + from, to - from, format_); });
       ++final_pieces_;
       out.push_back(make(m.step + 1, chunk, piece));
     }
   } else {
-    decode(m.payload.data(), e - b, format_, data_.data() + b);
+    in_parts(e - b, [&](size_t from, size_t to) { decode(in + encoded_bytes(from, format_), to - from, format_, data_.data() + b + from); });
     ++final_pieces_;
     if (m.step + 1 < steps) out.push_back(make(m.step + 1, chunk, piece));
   }

@@ -39,6 +39,10 @@ struct allreduce_message {
 /// and the offset the message names), or none (the payload goes in the message).
 using payload_placer = std::function<std::optional<std::pair<uint8_t*, uint64_t>>(size_t bytes)>;
 
+/// Runs part(i) for every i in [0, parts), possibly on several threads at once, and returns when
+/// all have returned (train_engine::set_parallel: the node's host-copy threads).
+using parallel_runner = std::function<void(int64_t parts, const std::function<void(int64_t)>& part)>;
+
 /// A received piece without a copy of its payload (the message it came in still holds it).
 struct allreduce_piece_ref {
   uint64_t round = 0;
@@ -58,6 +62,12 @@ class ring_allreduce {
 
   /// Payloads made from now on go where `place` says, when it gives a place.
   void set_placer(payload_placer place) { placer_ = std::move(place); }
+  /// A piece's sums, copies and encodings are split into parts of parallel_part_values values
+  /// that `run` spreads over threads (one piece of a 33 MB bucket on 4 ranks is 2 MB: on one
+  /// thread the ring's passes over host memory bound a data-parallel step on one host).
+  void set_parallel(parallel_runner run) { parallel_ = std::move(run); }
+  /// Values per part (a multiple of the block formats' block).
+  static constexpr size_t parallel_part_values = size_t{1} << 16;
   /// The messages to send to the successor when the round starts (the data was given).
   std::vector<allreduce_message> start();
   /// Gives this rank's data to a round made without it: what to send to the successor, the
@@ -92,6 +102,9 @@ class ring_allreduce {
   int chunk_at(uint32_t step, bool received) const;
   /// Adds or copies a checked message (its slot marked seen) into the data; what to forward.
   expected<std::vector<allreduce_message>> apply(const allreduce_piece_ref& m);
+  /// fn(from, to) over [0, count) values in parts (parallel_), each part's `from` on a block
+  /// boundary, so that encoded bytes start at encoded_bytes(from).
+  void in_parts(size_t count, const std::function<void(size_t, size_t)>& fn) const;
 
   uint64_t round_;
   int rank_, n_, pieces_;
@@ -104,6 +117,7 @@ class ring_allreduce {
   size_t final_pieces_ = 0;
   uint64_t bytes_sent_ = 0;
   payload_placer placer_;
+  parallel_runner parallel_;
 };
 
 /// A step's all-reduce in buckets: one ring round per bucket, round ids base + b, each started as
@@ -122,6 +136,10 @@ class bucketed_allreduce {
   void set_placer(const payload_placer& place) {
     for (auto& r : rounds_) r.set_placer(place);
   }
+  /// ring_allreduce::set_parallel for every bucket's round.
+  void set_parallel(const parallel_runner& run) {
+    for (auto& r : rounds_) r.set_parallel(run);
+  }
   /// Whether a message of round `round` belongs to one of these buckets.
   bool owns(uint64_t round) const { return round >= base_ && round < base_ + rounds_.size(); }
   /// Bucket `bucket`'s data (once); the messages to send.
@@ -134,6 +152,8 @@ class bucketed_allreduce {
   }
 
   bool done() const;
+  /// Whether the round `round` (one of these buckets') is done.
+  bool round_done(uint64_t round) const { return owns(round) && rounds_[static_cast<size_t>(round - base_)].done(); }
   /// Every bucket's sum, end to end (valid only when done()).
   std::vector<float> result() const;
   /// Each bucket's sum, moved out (valid only when done(); the rounds hold no data after).

@@ -243,6 +243,9 @@ std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& f
   }
   auto fwd = w.round->on_message(m);
   if (!fwd) return {};  // a duplicate or malformed piece: ring_allreduce says why; dropping it is safe
+  if (train_detail::timing_enabled() && w.round->round_done(m.round))  // only the round's last piece completes it
+    train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(m.round % bucketed_allreduce::max_buckets) +
+                         " all-reduce done");
   auto out = forward(w, std::move(*fwd));
   if (w.round->done()) {
     auto done = round_done(w);

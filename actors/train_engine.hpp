@@ -161,6 +161,9 @@ class train_engine {
   void set_shared_memory(shared_memory s) { shared_ = std::move(s); }
   /// Regions of this process (shared_region::create / open).
   static shared_memory host_shared_memory();
+  /// Threads for the ring's passes over a piece (ring_allreduce::set_parallel); without them
+  /// (the default) every pass runs on the caller's thread.
+  void set_parallel(parallel_runner run) { parallel_ = std::move(run); }
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -267,6 +270,7 @@ class train_engine {
   step_deadlines deadlines_;
   data_opener opener_;
   shared_memory shared_;
+  parallel_runner parallel_;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;

@@ -646,6 +646,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                                                   static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
   w->region_used = 0;  // the pieces of earlier steps were read (train_engine_state.hpp)
   if (shared_.create) w->round->set_placer(region_placer(*w));
+  if (parallel_) w->round->set_parallel(parallel_);
   std::vector<outbound> out = offer_region(*w);
   out.push_back({from, msg::train_ready{s.train, s.step, s.attempt}});
   return out;

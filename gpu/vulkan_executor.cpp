@@ -1,6 +1,7 @@
 // The Vulkan executor: programs are compiled once into pre-recorded command buffers (one submit
 // per run); tensors are sub-allocated from a few large memory blocks (memory_pool, vk_memory.hpp).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +17,9 @@
 #include "graph/quant.hpp"
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
+#include "gpu/cpu_thread_pool.hpp"
 #include "gpu/glsl.hpp"
+#include "gpu/host_copy.hpp"
 #include "gpu/plan.hpp"
 #include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
@@ -146,6 +149,8 @@ class vulkan_executor final : public executor {
     for (auto& [name, pr] : params_) device_pool_.release(pr.buffer);
     if (pipeline_cache_) vkDestroyPipelineCache(d_->device, pipeline_cache_, nullptr);
     if (fence_) vkDestroyFence(d_->device, fence_, nullptr);
+    for (auto& f : flights_)
+      if (f.fence) vkDestroyFence(d_->device, f.fence, nullptr);
     if (cmd_pool_) vkDestroyCommandPool(d_->device, cmd_pool_, nullptr);
   }
 
@@ -369,7 +374,7 @@ class vulkan_executor final : public executor {
   expected<void> upload(const allocation& dst, std::span<const uint8_t> bytes) {
     if (bytes.empty()) return {};
     if (dst.mapped) {
-      std::memcpy(dst.mapped, bytes.data(), bytes.size());
+      parallel_copy(dst.mapped, bytes.data(), bytes.size(), &copy_pool_);
       return {};
     }
     auto st = host_pool_.allocate(std::min<uint64_t>(bytes.size(), upload_chunk));
@@ -377,7 +382,7 @@ class vulkan_executor final : public executor {
     expected<void> ok;
     for (uint64_t off = 0; off < bytes.size() && ok; off += upload_chunk) {
       const uint64_t len = std::min<uint64_t>(bytes.size() - off, upload_chunk);
-      std::memcpy(st->mapped, bytes.data() + off, len);
+      parallel_copy(st->mapped, bytes.data() + off, len, &copy_pool_);
       ok = one_shot([&](VkCommandBuffer cmd) {
         VkBufferCopy c{st->range.offset, dst.range.offset + off, len};
         vkCmdCopyBuffer(cmd, st->buffer, dst.buffer, 1, &c);
@@ -395,15 +400,78 @@ class vulkan_executor final : public executor {
       VkBufferCopy c{src.range.offset, st->range.offset, bytes.size()};
       vkCmdCopyBuffer(cmd, src.buffer, st->buffer, 1, &c);
     });
-    if (ok) std::memcpy(bytes.data(), st->mapped, bytes.size());
+    if (ok) parallel_copy(bytes.data(), st->mapped, bytes.size(), &copy_pool_);
     host_pool_.release(*st);
     return ok;
   }
 
+  /// transfer()'s two halves in flight: a command buffer and a fence each, made once.
+  struct flight {
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    bool busy = false;  ///< submitted and not yet waited for
+  };
+
+  expected<void> make_flights() {
+    for (auto& f : flights_) {
+      if (f.fence) continue;
+      auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
+      ai.commandPool = cmd_pool_;
+      ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+      ai.commandBufferCount = 1;
+      if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &f.cmd); r != VK_SUCCESS)
+        return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
+      auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
+      if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &f.fence); r != VK_SUCCESS) {
+        f.fence = VK_NULL_HANDLE;
+        return tl::unexpected(vk_error(r, "vkCreateFence"));
+      }
+    }
+    return {};
+  }
+
+  /// Records flight `h`'s commands (the barrier one_shot() ends with after them) and submits
+  /// them without waiting.
+  template <class F>
+  expected<void> flight_submit(size_t h, F record) {
+    flight& f = flights_[h];
+    vkResetCommandBuffer(f.cmd, 0);
+    auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+    vkBeginCommandBuffer(f.cmd, &bi);
+    record(f.cmd);
+    barrier(f.cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    vkEndCommandBuffer(f.cmd);
+    vkResetFences(d_->device, 1, &f.fence);
+    auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &f.cmd;
+    if (VkResult r = vkQueueSubmit(d_->queue, 1, &si, f.fence); r != VK_SUCCESS) {
+      if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
+      return tl::unexpected(vk_error(r, "vkQueueSubmit"));
+    }
+    f.busy = true;
+    return {};
+  }
+
+  /// Waits for flight `h` when it is in flight.
+  expected<void> flight_wait(size_t h) {
+    flight& f = flights_[h];
+    if (!f.busy) return {};
+    VkResult r = vkWaitForFences(d_->device, 1, &f.fence, VK_TRUE, 120ull * 1000 * 1000 * 1000);
+    if (r == VK_TIMEOUT || r == VK_ERROR_DEVICE_LOST) lost_ = true;
+    if (r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkWaitForFences"));
+    f.busy = false;
+    return {};
+  }
+
   /// Moves the parameters `names` between the device and `host` (their bytes end to end, `size`
   /// in all; read from `host` when `to_device`, else written): straight through the mapping
-  /// where device memory is host-visible, else through one staging range of at most
-  /// transfer_chunk bytes, each fill of it one submission with a copy per parameter piece.
+  /// where device memory is host-visible, else through two staging halves of transfer_chunk / 2
+  /// bytes in turn, each fill of one a submission with a copy per parameter piece. While the
+  /// device copies one half the host copies the other (both copies over copy_pool_'s threads).
   expected<void> transfer(const std::vector<std::string>& names, uint8_t* host, size_t size, bool to_device, const char* what) {
     std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
     uint64_t total = 0;
@@ -422,48 +490,74 @@ class vulkan_executor final : public executor {
     if (mapped) {
       uint64_t at = 0;
       for (const auto& [a, n] : list) {
-        if (to_device) std::memcpy(a->mapped, host + at, n);
-        else std::memcpy(host + at, a->mapped, n);
+        if (to_device) parallel_copy(a->mapped, host + at, n, &copy_pool_);
+        else parallel_copy(host + at, a->mapped, n, &copy_pool_);
         at += n;
       }
       return {};
     }
     if (total == 0) return {};
-    const uint64_t chunk = std::min<uint64_t>(total, transfer_chunk);
-    auto st = host_pool_.allocate(chunk);
-    if (!st) return tl::unexpected(st.error());
+    // The chunks, each a half's fill: its place in `host` and the parameter pieces it holds.
     struct piece {
       const allocation* a;
-      uint64_t offset, staged, len;  // in the parameter, in staging, bytes
+      uint64_t offset, staged, len;  // in the parameter, in the half, bytes
     };
-    std::vector<piece> pieces;
-    expected<void> ok;
-    size_t i = 0;
-    uint64_t in_param = 0;
-    for (uint64_t at = 0; at < total && ok;) {
-      pieces.clear();
-      uint64_t fill = 0;
-      while (fill < chunk && i < list.size()) {
-        const uint64_t len = std::min(list[i].second - in_param, chunk - fill);
-        if (len > 0) pieces.push_back({list[i].first, in_param, fill, len});
-        fill += len;
-        in_param += len;
-        if (in_param == list[i].second) {
-          ++i;
-          in_param = 0;
-        }
+    struct chunk {
+      uint64_t at = 0, fill = 0;
+      std::vector<piece> pieces;
+    };
+    const uint64_t half = std::min<uint64_t>(total, transfer_chunk / 2);
+    std::vector<chunk> chunks;
+    for (size_t i = 0, in_param = 0; i < list.size();) {
+      if (chunks.empty() || chunks.back().fill == half) chunks.push_back({chunks.empty() ? 0 : chunks.back().at + half, 0, {}});
+      chunk& c = chunks.back();
+      const uint64_t len = std::min(list[i].second - in_param, half - c.fill);
+      if (len > 0) c.pieces.push_back({list[i].first, in_param, c.fill, len});
+      c.fill += len;
+      in_param += len;
+      if (in_param == list[i].second) {
+        ++i;
+        in_param = 0;
       }
-      if (to_device) std::memcpy(st->mapped, host + at, fill);
-      ok = one_shot([&](VkCommandBuffer cmd) {
-        for (const auto& p : pieces) {
-          VkBufferCopy c{st->range.offset + p.staged, p.a->range.offset + p.offset, p.len};
-          if (!to_device) std::swap(c.srcOffset, c.dstOffset);
-          vkCmdCopyBuffer(cmd, to_device ? st->buffer : p.a->buffer, to_device ? p.a->buffer : st->buffer, 1, &c);
+    }
+    auto st = host_pool_.allocate(chunks.size() > 1 ? 2 * half : half);
+    if (!st) return tl::unexpected(st.error());
+    if (auto made = make_flights(); !made) {
+      host_pool_.release(*st);
+      return made;
+    }
+    const auto staged = [&](size_t k) { return st->mapped + (k % 2) * half; };
+    const auto send = [&](size_t k) {
+      const chunk& c = chunks[k];
+      const uint64_t base = st->range.offset + (k % 2) * half;
+      return flight_submit(k % 2, [&](VkCommandBuffer cmd) {
+        for (const auto& p : c.pieces) {
+          VkBufferCopy bc{base + p.staged, p.a->range.offset + p.offset, p.len};
+          if (!to_device) std::swap(bc.srcOffset, bc.dstOffset);
+          vkCmdCopyBuffer(cmd, to_device ? st->buffer : p.a->buffer, to_device ? p.a->buffer : st->buffer, 1, &bc);
         }
       });
-      if (ok && !to_device) std::memcpy(host + at, st->mapped, fill);
-      at += fill;
+    };
+    expected<void> ok;
+    if (to_device) {
+      // Fill a half once the device is done with it, then hand it to the device.
+      for (size_t k = 0; k < chunks.size() && ok; ++k) {
+        ok = flight_wait(k % 2);
+        if (ok) parallel_copy(staged(k), host + chunks[k].at, chunks[k].fill, &copy_pool_);
+        if (ok) ok = send(k);
+      }
+    } else {
+      // The device fills both halves ahead; each is emptied, then refilled with the chunk after next.
+      for (size_t k = 0; k < std::min<size_t>(2, chunks.size()) && ok; ++k) ok = send(k);
+      for (size_t k = 0; k < chunks.size() && ok; ++k) {
+        ok = flight_wait(k % 2);
+        if (ok) parallel_copy(host + chunks[k].at, staged(k), chunks[k].fill, &copy_pool_);
+        if (ok && k + 2 < chunks.size()) ok = send(k + 2);
+      }
     }
+    // Nothing may still write the staging memory when it goes back to the pool.
+    for (size_t h = 0; h < 2; ++h)
+      if (auto done = flight_wait(h); !done && ok) ok = done;
     host_pool_.release(*st);
     return ok;
   }
@@ -870,6 +964,9 @@ class vulkan_executor final : public executor {
   bool timestamps_;  ///< GPU timestamps around kernels: the device has them and the options want them
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
+  std::array<flight, 2> flights_;  ///< transfer()'s halves
+  /// Threads for the host side of transfers (host_copy.hpp).
+  thread_pool copy_pool_{copy_threads()};
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   std::string pipeline_cache_path_;
   std::map<std::string, param> params_;

@@ -21,6 +21,7 @@
 #include "gpu/cpu_linear.hpp"
 #include "gpu/cpu_quant_dot.hpp"
 #include "gpu/cpu_thread_pool.hpp"
+#include "gpu/host_copy.hpp"
 
 using namespace mesh;
 using namespace mesh::gpu;
@@ -106,6 +107,39 @@ void check_gemm(const gemm_case& c, cpu_isa isa, thread_pool* pool, bool special
 }
 
 }  // namespace
+
+TEST_CASE("host copies: parallel_copy copies every byte once, whatever the size and the pool") {
+  // The staging copies of read_parameters / write_parameters: parts end on 4 KiB, the last one
+  // short; sizes below two parts copy on the caller's thread.
+  thread_pool three(3);
+  std::mt19937 rng(7);
+  for (size_t bytes : {size_t{0}, size_t{1}, copy_part_bytes - 1, 2 * copy_part_bytes, 3 * copy_part_bytes + 5, 7 * copy_part_bytes + 4093}) {
+    std::vector<uint8_t> src(bytes + 2), dst(bytes + 2, 0xee);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    for (thread_pool* pool : {static_cast<thread_pool*>(nullptr), &pool2(), &three}) {
+      INFO(bytes << " bytes, " << (pool ? pool->size() : 1) << " threads");
+      std::fill(dst.begin(), dst.end(), 0xee);
+      parallel_copy(dst.data() + 1, src.data() + 1, bytes, pool);  // unaligned on purpose
+      CHECK(dst.front() == 0xee);
+      CHECK(dst.back() == 0xee);
+      CHECK(std::equal(src.begin() + 1, src.end() - 1, dst.begin() + 1));
+    }
+  }
+  // MESH_COPY_THREADS picks the count; anything but 1 to 64 leaves the default.
+  ::setenv("MESH_COPY_THREADS", "3", 1);
+  CHECK(copy_threads() == 3);
+  const unsigned fallback = [] {
+    ::unsetenv("MESH_COPY_THREADS");
+    return copy_threads();
+  }();
+  CHECK(fallback >= 1);
+  CHECK(fallback <= 4);
+  for (const char* bad : {"0", "65", "x", "2x", ""}) {
+    ::setenv("MESH_COPY_THREADS", bad, 1);
+    CHECK(copy_threads() == fallback);
+  }
+  ::unsetenv("MESH_COPY_THREADS");
+}
 
 TEST_CASE("cpu gemm: odd, empty, batched and strided shapes against a double loop, every kernel set") {
   const gemm_case cases[] = {

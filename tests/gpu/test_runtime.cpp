@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "graph/nn.hpp"
@@ -323,8 +324,9 @@ std::unique_ptr<executor> staged_vulkan() {
 
 TEST_CASE("runtime: read_parameters and write_parameters move many parameters end to end, on both back ends") {
   // A training step's gradients leave the device this way, and its reduced sum comes back.
-  // "big" is larger than one staging range (32 MiB), so a transfer takes several submissions
-  // and a parameter is split between two of them.
+  // "big" is larger than both staging halves (16 MiB each) together, so a transfer takes three
+  // submissions, the first half is refilled while the second is in flight, and a parameter is
+  // split between them; the staged executor copies on 3 threads (MESH_COPY_THREADS).
   const std::vector<std::string> names = {"rw.a", "rw.big", "rw.h", "rw.i"};
   const tensor_map params{{"rw.a", random_tensor(dtype::f32, {3, 5}, 1)},
                           {"rw.big", random_tensor(dtype::f32, {10'500'001}, 2)},
@@ -332,7 +334,9 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
                           {"rw.i", tensor::from_ints({3}, {4, -5, 6})}};
   size_t total = 0;
   for (const auto& n : names) total += params.at(n).bytes.size();
+  ::setenv("MESH_COPY_THREADS", "3", 1);
   const auto through_staging = staged_vulkan();
+  ::unsetenv("MESH_COPY_THREADS");
   for (executor* ex : {&vulkan(), through_staging.get(), &cpu()}) {
     INFO(ex->info().name << (ex == through_staging.get() ? " (through staging)" : ""));
     REQUIRE(ex->set_parameters(params));
