@@ -55,28 +55,32 @@ void ring_allreduce::in_parts(size_t count, const std::function<void(size_t, siz
 }
 
 allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {
+  const size_t b = range(chunk, piece).first;
+  return make(step, chunk, piece, [&](uint8_t* out, size_t from, size_t to) { encode_into(data_.data() + b + from, to - from, format_, out); });
+}
+
+allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece, const part_writer& write) {
   allreduce_message m;
   m.round = round_;
   m.step = step;
   m.piece = static_cast<uint32_t>(piece);
   const auto span = range(chunk, piece);
-  const size_t b = span.first, e = span.second;
-  const size_t bytes = encoded_bytes(e - b, format_);
+  const size_t count = span.second - span.first;
+  const size_t bytes = encoded_bytes(count, format_);
   bytes_sent_ += bytes;
+  uint8_t* out = nullptr;
   if (placer_)
     if (auto at = placer_(bytes)) {
-      in_parts(e - b, [&](size_t from, size_t to) {
-        encode_into(data_.data() + b + from, to - from, format_, at->first + encoded_bytes(from, format_));
-      });
+      out = at->first;
       m.placed = true;
       m.placed_offset = at->second;
       m.placed_bytes = bytes;
-      return m;
     }
-  m.payload.resize(bytes);
-  in_parts(e - b, [&](size_t from, size_t to) {
-    encode_into(data_.data() + b + from, to - from, format_, m.payload.data() + encoded_bytes(from, format_));
-  });
+  if (!out) {
+    m.payload.resize(bytes);
+    out = m.payload.data();
+  }
+  in_parts(count, [&](size_t from, size_t to) { write(out + encoded_bytes(from, format_), from, to); });
   return m;
 }
 
@@ -131,36 +135,57 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_p
   std::vector<allreduce_message> out;
   const uint32_t last_rs = static_cast<uint32_t>(n_ - 2);
   const uint8_t* in = m.payload.data();
-  if (m.step <= last_rs) {
+  const auto in_at = [&](size_t from) { return in + encoded_bytes(from, format_); };
+  float* xs = data_.data() + b;
+  // Each pass reads the piece once and writes what it forwards as it goes (over host memory, a
+  // separate add and copy cost a third more): the sum forwarded by reduce-scatter's middle steps
+  // is not kept (all-gather overwrites that chunk here), all-gather forwards the bytes it got.
+  if (m.step < last_rs) {
     if (format_ != wire_format::f32) received_.resize(e - b);
-    in_parts(e - b, [&](size_t from, size_t to) {
-      float* xs = data_.data() + b;
+    out.push_back(make(m.step + 1, chunk, piece, [&](uint8_t* to_send, size_t from, size_t to) {
       if (format_ == wire_format::f32) {
         // Added straight from the payload (f32 on the wire is the values' bytes).
         for (size_t i = from; i < to; ++i) {
           float v;
           std::memcpy(&v, in + i * sizeof(float), sizeof(float));
-          xs[i] = v + xs[i];
+          v += xs[i];
+          std::memcpy(to_send + (i - from) * sizeof(float), &v, sizeof(float));
         }
         return;
       }
-      decode(in + encoded_bytes(from, format_), to - from, format_, received_.data() + from);
-      for (size_t i = from; i < to; ++i) xs[i] = received_[i] + xs[i];
-    });
-    if (m.step < last_rs) {
-      out.push_back(make(m.step + 1, chunk, piece));
-    } else {
-      // This piece of chunk `chunk` is now fully reduced here: fix it to its wire value (what
-      // every other rank will decode, bit for bit) and start it around the ring.
-      if (format_ != wire_format::f32)
-        in_parts(e - b, [&](size_t from, size_t to) { round_trip(data_.data() + b + from, to - from, format_); });
-      ++final_pieces_;
-      out.push_back(make(m.step + 1, chunk, piece));
-    }
-  } else {
-    in_parts(e - b, [&](size_t from, size_t to) { decode(in + encoded_bytes(from, format_), to - from, format_, data_.data() + b + from); });
+      float* sum = received_.data();
+      decode(in_at(from), to - from, format_, sum + from);
+      for (size_t i = from; i < to; ++i) sum[i] += xs[i];
+      encode_into(sum + from, to - from, format_, to_send);
+    }));
+  } else if (m.step == last_rs) {
+    // This piece of chunk `chunk` is now fully reduced here: fixed to its wire value (what every
+    // other rank will decode, bit for bit) and started around the ring.
+    if (format_ != wire_format::f32) received_.resize(e - b);
+    out.push_back(make(m.step + 1, chunk, piece, [&](uint8_t* to_send, size_t from, size_t to) {
+      if (format_ == wire_format::f32) {
+        for (size_t i = from; i < to; ++i) {
+          float v;
+          std::memcpy(&v, in + i * sizeof(float), sizeof(float));
+          xs[i] = v + xs[i];
+        }
+      } else {
+        decode(in_at(from), to - from, format_, received_.data() + from);
+        for (size_t i = from; i < to; ++i) xs[i] = received_[i] + xs[i];
+        round_trip(xs + from, to - from, format_);
+      }
+      encode_into(xs + from, to - from, format_, to_send);
+    }));
     ++final_pieces_;
-    if (m.step + 1 < steps) out.push_back(make(m.step + 1, chunk, piece));
+  } else if (m.step + 1 < steps) {
+    out.push_back(make(m.step + 1, chunk, piece, [&](uint8_t* to_send, size_t from, size_t to) {
+      decode(in_at(from), to - from, format_, xs + from);
+      if (const size_t n = encoded_bytes(to - from, format_)) std::memcpy(to_send, in_at(from), n);
+    }));
+    ++final_pieces_;
+  } else {
+    in_parts(e - b, [&](size_t from, size_t to) { decode(in_at(from), to - from, format_, xs + from); });
+    ++final_pieces_;
   }
   return out;
 }

@@ -98,7 +98,13 @@ class ring_allreduce {
   size_t total_pieces() const { return static_cast<size_t>(n_) * static_cast<size_t>(pieces_); }
   /// Element range [begin, end) of piece p of chunk c.
   std::pair<size_t, size_t> range(int chunk, int piece) const;
+  /// Writes the encoded values [from, to) of a piece at `out` (encoded_bytes(from) into the payload).
+  using part_writer = std::function<void(uint8_t* out, size_t from, size_t to)>;
+  /// The message of `step` for piece `piece` of chunk `chunk`, encoded from the data.
   allreduce_message make(uint32_t step, int chunk, int piece);
+  /// The same, its payload (in the shared region where the placer gives a place) written part
+  /// by part by `write`.
+  allreduce_message make(uint32_t step, int chunk, int piece, const part_writer& write);
   int chunk_at(uint32_t step, bool received) const;
   /// Adds or copies a checked message (its slot marked seen) into the data; what to forward.
   expected<std::vector<allreduce_message>> apply(const allreduce_piece_ref& m);
@@ -156,8 +162,11 @@ class bucketed_allreduce {
   bool round_done(uint64_t round) const { return owns(round) && rounds_[static_cast<size_t>(round - base_)].done(); }
   /// Every bucket's sum, end to end (valid only when done()).
   std::vector<float> result() const;
-  /// Each bucket's sum, moved out (valid only when done(); the rounds hold no data after).
+  /// Each bucket's sum, moved out (valid only when done(); the rounds hold no data after; a
+  /// bucket taken already by take_result is empty).
   std::vector<std::vector<float>> take_results();
+  /// Bucket `bucket`'s sum, moved out (valid only when round_done for its round).
+  std::vector<float> take_result(int bucket) { return rounds_[static_cast<size_t>(bucket)].take_result(); }
   uint32_t taken() const;
   uint64_t bytes_sent() const;
 

@@ -243,9 +243,12 @@ std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& f
   }
   auto fwd = w.round->on_message(m);
   if (!fwd) return {};  // a duplicate or malformed piece: ring_allreduce says why; dropping it is safe
-  if (train_detail::timing_enabled() && w.round->round_done(m.round))  // only the round's last piece completes it
-    train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(m.round % bucketed_allreduce::max_buckets) +
-                         " all-reduce done");
+  if (w.round->round_done(m.round)) {  // only the round's last piece completes it
+    const int bucket = static_cast<int>(m.round % bucketed_allreduce::max_buckets);
+    if (train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(bucket) + " all-reduce done");
+    if (w.method == train_method::data_parallel && w.round->buckets() > 1) write_bucket(w, bucket);
+  }
   auto out = forward(w, std::move(*fwd));
   if (w.round->done()) {
     auto done = round_done(w);
@@ -261,8 +264,15 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   h.sum = w.round->take_results();
   h.participants = w.participants;
   h.fragment = w.fragment;
-  const float loss_sum = h.sum.back().back();  // the last bucket ends with the loss sum
-  h.sum.back().pop_back();
+  h.written = w.method == train_method::data_parallel && w.round->buckets() > 1;
+  float loss_sum = 0;  // the last bucket ends with the loss sum
+  if (w.bucket_loss) {
+    loss_sum = *w.bucket_loss;
+  } else {
+    loss_sum = h.sum.back().back();
+    h.sum.back().pop_back();
+  }
+  w.bucket_loss.reset();
   msg::train_reduced r;
   r.train = w.train;
   r.step = w.step;

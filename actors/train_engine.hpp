@@ -251,6 +251,10 @@ class train_engine {
   void leave_out(uint64_t id, coord_run& c, const node_id& m, std::string why, std::vector<outbound>& out);
   /// Worker: the round is complete; hold the result and tell the coordinator.
   std::vector<outbound> round_done(worker_run& w);
+  /// Data parallel in buckets: bucket `bucket`'s round ended, so its sum goes to the device now
+  /// (a task writing it into the bucket's accumulators) rather than at the next step's commit:
+  /// the writes overlap the rounds still going.
+  void write_bucket(worker_run& w, int bucket);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
   std::vector<outbound> accept_piece(worker_run& w, const node_id& from, const allreduce_piece_ref& m);
   /// Coordinator: a member has its round for the step; when all have, ring_go to each.

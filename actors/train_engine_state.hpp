@@ -183,10 +183,15 @@ struct train_engine::worker_run {
     /// Each bucket's sum (one bucket unless data parallel in buckets), without the loss; every
     /// bucket empty for a ring of one (its gradients stay in the accumulators).
     std::vector<std::vector<float>> sum;
+    /// Data parallel in buckets: a bucket whose `sum` is empty went into the accumulators as its
+    /// round ended (train_engine::write_bucket); the others are written at commit.
+    bool written = false;
     uint32_t participants = 1;
     uint32_t fragment = 0;  ///< DiLoCo: whose deltas `sum` holds (all, with one fragment)
   };
   std::optional<held_result> held;
+  /// The loss sum the last bucket ended with, when that bucket was taken by write_bucket.
+  std::optional<float> bucket_loss;
   uint64_t step = 0;
   uint32_t attempt = 0;
   uint64_t step_end = 0;

@@ -459,19 +459,23 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         // Data parallel: the optimizer step on the mean gradient. DiLoCo: the outer step on the
         // mean delta (which also resets the local parameters to the new outer ones).
         const bool dp = w->method == train_method::data_parallel;
-        const bool resident = std::all_of(commit->sum.begin(), commit->sum.end(), [](const auto& b) { return b.empty(); });
+        const bool resident = !commit->written && std::all_of(commit->sum.begin(), commit->sum.end(), [](const auto& b) { return b.empty(); });
         if (dp && resident) {
           // The gradients of a ring of one, still in the accumulators.
           if (!d.grads_resident) return make_error(error_code::internal, "a step without gradients to apply");
           if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
         } else if (dp) {
-          // The reduced gradients go into the accumulators, bucket by bucket, and the optimizer
-          // reads them there; the buffers are kept for the next step's gradients.
-          for (size_t b = 0; b < commit->sum.size(); ++b)
+          // The reduced gradients go into the accumulators, bucket by bucket (those not written
+          // as their rounds ended), and the optimizer reads them there; the buffers are kept
+          // for the next step's gradients.
+          if (d.spare.size() < commit->sum.size()) d.spare.resize(commit->sum.size());
+          for (size_t b = 0; b < commit->sum.size(); ++b) {
+            if (commit->sum[b].empty()) continue;
             if (auto ok = ex.write_parameters(bucket_names(d.acc_names, g.bucket_ends, b, commit->sum.size()), bytes_of(commit->sum[b])); !ok)
               return tl::unexpected(ok.error());
+            d.spare[b] = std::move(commit->sum[b]);
+          }
           if (auto ok = ex.run(d.apply_resident, {{"scale", f32_scalar(1.0 / k)}}); !ok) return tl::unexpected(ok.error());
-          d.spare = std::move(commit->sum);
         } else if (g.fragment_ends.size() > 1) {
           // Streaming DiLoCo: the outer step of the fragment this result holds.
           const size_t f = commit->fragment, from = f ? g.fragment_ends[f - 1] : 0, to = g.fragment_ends[f];
@@ -645,11 +649,42 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   w->round = std::make_unique<bucketed_allreduce>(round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets, w->rank,
                                                   static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
   w->region_used = 0;  // the pieces of earlier steps were read (train_engine_state.hpp)
+  w->bucket_loss.reset();
   if (shared_.create) w->round->set_placer(region_placer(*w));
   if (parallel_) w->round->set_parallel(parallel_);
   std::vector<outbound> out = offer_region(*w);
   out.push_back({from, msg::train_ready{s.train, s.step, s.attempt}});
   return out;
+}
+
+void train_engine::write_bucket(worker_run& w, int bucket) {
+  auto it = worker_.find(worker_key{w.coordinator, w.train});
+  if (it == worker_.end() || it->second.get() != &w) return;
+  std::vector<float> sum = w.round->take_result(bucket);
+  const int buckets = w.round->buckets();
+  if (bucket + 1 == buckets) {  // it ends with the loss sum
+    w.bucket_loss = sum.back();
+    sum.pop_back();
+  }
+  // Written before the next step's commit, which the executor runs after this task (it takes
+  // a node's tasks in order). A step redone after this recomputes every accumulator first.
+  train_task t;
+  t.coordinator = w.coordinator;
+  t.train = w.train;
+  t.step = w.step;
+  t.attempt = w.attempt;
+  t.bucket = bucket;
+  t.work = [w = it->second, bucket, buckets, sum = std::move(sum)](gpu::executor& ex) mutable -> expected<train_work_result> {
+    auto& d = *w->dev;
+    const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
+    if (auto ok = ex.write_parameters(names, bytes_of(sum)); !ok) return tl::unexpected(ok.error());
+    if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
+    d.spare[static_cast<size_t>(bucket)] = std::move(sum);
+    if (train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(bucket) + " sum written");
+    return train_work_result{};
+  };
+  ready_.push_back(std::move(t));
 }
 
 std::vector<train_task> train_engine::take_ready() {

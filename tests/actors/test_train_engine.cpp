@@ -369,6 +369,24 @@ TEST_CASE("gradients all-reduced in buckets, each after its segment of the backw
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  // A node dying once a bucket's round has ended and its sum was written into the accumulators
+  // (train_engine::write_bucket), while later buckets' rounds still go: the step is redone from
+  // gradients computed again, and nothing of the abandoned attempt is applied.
+  train_sim late(3);
+  bool killed = false;
+  late.on_tick = [&](train_sim& t) {
+    if (killed || t.progress.size() != 5) return;
+    const auto* p = std::get_if<msg::allreduce_piece>(&t.last_message);
+    if (p && p->round % bucketed_allreduce::max_buckets == 1 && p->ring_step == 3) {  // bucket 1's last ring step (3 nodes)
+      t.kill("node-b");
+      killed = true;
+    }
+  };
+  const auto l = late.train(spec);
+  INFO(l.error);
+  REQUIRE(l.ok);
+  CHECK(killed);
+  CHECK(max_difference(outputs_of(l), outputs_of(reference)) < 1e-4);
 }
 
 TEST_CASE("all-reduce pieces through shared memory give the result of pieces in messages, bit for bit", "[actors][train][shm]") {
