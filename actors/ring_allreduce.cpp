@@ -140,41 +140,36 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_p
   // Each pass reads the piece once and writes what it forwards as it goes (over host memory, a
   // separate add and copy cost a third more): the sum forwarded by reduce-scatter's middle steps
   // is not kept (all-gather overwrites that chunk here), all-gather forwards the bytes it got.
+  // add(from, to, put): put(i, the received value i + xs[i]) for i in [from, to).
+  const auto add = [&](size_t from, size_t to, auto&& put) {
+    if (format_ == wire_format::f32) {  // added straight from the payload: f32 on the wire is the values' bytes
+      for (size_t i = from; i < to; ++i) {
+        float v;
+        std::memcpy(&v, in + i * sizeof(float), sizeof(float));
+        put(i, v + xs[i]);
+      }
+      return;
+    }
+    decode(in_at(from), to - from, format_, received_.data() + from);
+    for (size_t i = from; i < to; ++i) put(i, received_[i] + xs[i]);
+  };
+  if (format_ != wire_format::f32) received_.resize(e - b);
   if (m.step < last_rs) {
-    if (format_ != wire_format::f32) received_.resize(e - b);
     out.push_back(make(m.step + 1, chunk, piece, [&](uint8_t* to_send, size_t from, size_t to) {
       if (format_ == wire_format::f32) {
-        // Added straight from the payload (f32 on the wire is the values' bytes).
-        for (size_t i = from; i < to; ++i) {
-          float v;
-          std::memcpy(&v, in + i * sizeof(float), sizeof(float));
-          v += xs[i];
-          std::memcpy(to_send + (i - from) * sizeof(float), &v, sizeof(float));
-        }
+        add(from, to, [&](size_t i, float v) { std::memcpy(to_send + (i - from) * sizeof(float), &v, sizeof(float)); });
         return;
       }
-      float* sum = received_.data();
-      decode(in_at(from), to - from, format_, sum + from);
-      for (size_t i = from; i < to; ++i) sum[i] += xs[i];
-      encode_into(sum + from, to - from, format_, to_send);
+      add(from, to, [&](size_t i, float v) { received_[i] = v; });
+      encode_into(received_.data() + from, to - from, format_, to_send);
     }));
   } else if (m.step == last_rs) {
     // This piece of chunk `chunk` is now fully reduced here: fixed to its wire value (what every
     // other rank will decode, bit for bit) and started around the ring.
-    if (format_ != wire_format::f32) received_.resize(e - b);
     out.push_back(make(m.step + 1, chunk, piece, [&](uint8_t* to_send, size_t from, size_t to) {
-      if (format_ == wire_format::f32) {
-        for (size_t i = from; i < to; ++i) {
-          float v;
-          std::memcpy(&v, in + i * sizeof(float), sizeof(float));
-          xs[i] = v + xs[i];
-        }
-      } else {
-        decode(in_at(from), to - from, format_, received_.data() + from);
-        for (size_t i = from; i < to; ++i) xs[i] = received_[i] + xs[i];
-        round_trip(xs + from, to - from, format_);
-      }
+      add(from, to, [&](size_t i, float v) { xs[i] = v; });
       encode_into(xs + from, to - from, format_, to_send);
+      if (format_ != wire_format::f32) decode(to_send, to - from, format_, xs + from);  // what the others decode
     }));
     ++final_pieces_;
   } else if (m.step + 1 < steps) {
