@@ -116,6 +116,9 @@ struct train_task {
   /// DiLoCo with overlap: this task runs the round's last inner steps, after its delta went to
   /// the all-reduce; its result carries nothing for the round.
   bool trailing = false;
+  /// Data parallel in buckets: this task writes bucket `bucket`'s reduced sum into its
+  /// accumulators (train_engine::write_bucket); its result carries nothing.
+  bool bucket_write = false;
   std::function<expected<train_work_result>(gpu::executor&)> work;
 };
 

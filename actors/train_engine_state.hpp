@@ -172,6 +172,10 @@ struct train_engine::worker_run {
     /// written their sum to the device: reused step after step, so a step allocates and
     /// first-touches no memory for the hundreds of MB of a large model's gradients.
     std::vector<std::vector<float>> spare;
+    /// Why a bucket's sum could not be written as its round ended (train_engine::write_bucket):
+    /// the commit of that step fails with it rather than apply the bucket's own gradients. A
+    /// step's gradients computed again clear it.
+    std::optional<error> unwritten;
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };

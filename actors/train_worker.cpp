@@ -468,6 +468,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           // The reduced gradients go into the accumulators, bucket by bucket (those not written
           // as their rounds ended), and the optimizer reads them there; the buffers are kept
           // for the next step's gradients.
+          if (d.unwritten) return make_error(d.unwritten->code, "a bucket's reduced gradients were not written: " + d.unwritten->message);
           if (d.spare.size() < commit->sum.size()) d.spare.resize(commit->sum.size());
           for (size_t b = 0; b < commit->sum.size(); ++b) {
             if (commit->sum[b].empty()) continue;
@@ -543,6 +544,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       if (w->method == train_method::data_parallel && buckets > 1) {
         // All micro-batches but the last as a whole; the last one's first segment, whose bucket
         // (the last layers' gradients) this task returns. The next tasks run the other segments.
+        d.unwritten.reset();  // every accumulator is computed again
         if (auto ok = gradients(micro.data(), micro.empty() ? 0 : micro.size() - 1, nullptr); !ok) return tl::unexpected(ok.error());
         d.loss_sum = loss_sum;
         d.last_first = micro.size() <= 1;
@@ -662,7 +664,7 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   if (it == worker_.end() || it->second.get() != &w) return;
   std::vector<float> sum = w.round->take_result(bucket);
   const int buckets = w.round->buckets();
-  if (bucket + 1 == buckets) {  // it ends with the loss sum
+  if (bucket + 1 == buckets && !sum.empty()) {  // it ends with the loss sum
     w.bucket_loss = sum.back();
     sum.pop_back();
   }
@@ -674,10 +676,14 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   t.step = w.step;
   t.attempt = w.attempt;
   t.bucket = bucket;
+  t.bucket_write = true;
   t.work = [w = it->second, bucket, buckets, sum = std::move(sum)](gpu::executor& ex) mutable -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
-    if (auto ok = ex.write_parameters(names, bytes_of(sum)); !ok) return tl::unexpected(ok.error());
+    if (auto ok = ex.write_parameters(names, bytes_of(sum)); !ok) {
+      d.unwritten = ok.error();
+      return tl::unexpected(ok.error());
+    }
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
     d.spare[static_cast<size_t>(bucket)] = std::move(sum);
     if (train_detail::timing_enabled())
