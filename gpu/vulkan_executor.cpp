@@ -37,7 +37,8 @@ uint64_t buffer_bytes(const node& n) { return (bytes_of(n) + 3) & ~uint64_t{3}; 
 
 /// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
 constexpr uint64_t upload_chunk = 16ull << 20;
-/// Staging for read_parameters / write_parameters: one submission moves this much at most.
+/// Staging for read_parameters / write_parameters: two halves of this, in turn; a submission
+/// moves one half's fill.
 constexpr uint64_t transfer_chunk = 32ull << 20;
 
 /// Whether reductions may run in two passes: vulkan_options::split_reductions; by default on GPUs
@@ -419,8 +420,11 @@ class vulkan_executor final : public executor {
       ai.commandPool = cmd_pool_;
       ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
       ai.commandBufferCount = 1;
-      if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &f.cmd); r != VK_SUCCESS)
-        return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
+      if (!f.cmd)
+        if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &f.cmd); r != VK_SUCCESS) {
+          f.cmd = VK_NULL_HANDLE;
+          return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
+        }
       auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
       if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &f.fence); r != VK_SUCCESS) {
         f.fence = VK_NULL_HANDLE;
@@ -471,7 +475,7 @@ class vulkan_executor final : public executor {
   /// in all; read from `host` when `to_device`, else written): straight through the mapping
   /// where device memory is host-visible, else through two staging halves of transfer_chunk / 2
   /// bytes in turn, each fill of one a submission with a copy per parameter piece. While the
-  /// device copies one half the host copies the other (both copies over copy_pool_'s threads).
+  /// device copies one half the host copies the other, over copy_pool_'s threads.
   expected<void> transfer(const std::vector<std::string>& names, uint8_t* host, size_t size, bool to_device, const char* what) {
     std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
     uint64_t total = 0;
@@ -509,16 +513,17 @@ class vulkan_executor final : public executor {
     const uint64_t half = std::min<uint64_t>(total, transfer_chunk / 2);
     std::vector<chunk> chunks;
     for (size_t i = 0, in_param = 0; i < list.size();) {
+      if (in_param == list[i].second) {  // an empty parameter, or the end of one
+        ++i;
+        in_param = 0;
+        continue;
+      }
       if (chunks.empty() || chunks.back().fill == half) chunks.push_back({chunks.empty() ? 0 : chunks.back().at + half, 0, {}});
       chunk& c = chunks.back();
       const uint64_t len = std::min(list[i].second - in_param, half - c.fill);
-      if (len > 0) c.pieces.push_back({list[i].first, in_param, c.fill, len});
+      c.pieces.push_back({list[i].first, in_param, c.fill, len});
       c.fill += len;
       in_param += len;
-      if (in_param == list[i].second) {
-        ++i;
-        in_param = 0;
-      }
     }
     auto st = host_pool_.allocate(chunks.size() > 1 ? 2 * half : half);
     if (!st) return tl::unexpected(st.error());

@@ -326,9 +326,11 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
   // A training step's gradients leave the device this way, and its reduced sum comes back.
   // "big" is larger than both staging halves (16 MiB each) together, so a transfer takes three
   // submissions, the first half is refilled while the second is in flight, and a parameter is
-  // split between them; the staged executor copies on 3 threads (MESH_COPY_THREADS).
-  const std::vector<std::string> names = {"rw.a", "rw.big", "rw.h", "rw.i"};
+  // split between them (an empty parameter after it); the staged executor copies on 3 threads
+  // (MESH_COPY_THREADS).
+  const std::vector<std::string> names = {"rw.a", "rw.big", "rw.none", "rw.h", "rw.i"};
   const tensor_map params{{"rw.a", random_tensor(dtype::f32, {3, 5}, 1)},
+                          {"rw.none", tensor::zeros(dtype::f32, {0})},
                           {"rw.big", random_tensor(dtype::f32, {10'500'001}, 2)},
                           {"rw.h", random_tensor(dtype::f16, {7}, 3)},
                           {"rw.i", tensor::from_ints({3}, {4, -5, 6})}};
@@ -374,7 +376,7 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
     REQUIRE(still);
     CHECK(std::equal(still->at("rw.a").bytes.begin(), still->at("rw.a").bytes.end(), out.begin()));
     REQUIRE(ex->read_parameters({}, std::span<uint8_t>{}));
-    CHECK(ex->drop_parameters("rw.") == 4);
+    CHECK(ex->drop_parameters("rw.") == 5);
     CHECK(ex->stats().validation_errors == 0);
   }
 }
