@@ -137,8 +137,8 @@ expected<std::vector<allreduce_message>> ring_allreduce::apply(const allreduce_p
   const uint8_t* in = m.payload.data();
   const auto in_at = [&](size_t from) { return in + encoded_bytes(from, format_); };
   float* xs = data_.data() + b;
-  // Each pass reads the piece once and writes what it forwards as it goes (over host memory, a
-  // separate add and copy cost a third more): the sum forwarded by reduce-scatter's middle steps
+  // Each pass reads the piece once and writes what it forwards as it goes (a separate add and
+  // copy move a third more bytes through host memory): the sum forwarded by reduce-scatter's middle steps
   // is not kept (all-gather overwrites that chunk here), all-gather forwards the bytes it got.
   // add(from, to, put): put(i, the received value i + xs[i]) for i in [from, to).
   const auto add = [&](size_t from, size_t to, auto&& put) {
