@@ -1,4 +1,5 @@
-// Training across real meshnode processes: data parallel over 3 nodes equals a 1-node run, a
+// Training across real meshnode processes: data parallel over 3 nodes equals a 1-node run (also
+// a 1M-parameter model in buckets, the ring's passes on several threads per node), a
 // peer killed with SIGKILL mid-training leaves the run complete with every step applied once,
 // the coordinating node killed the same way leaves the run to a survivor (coordinator failover;
 // also when the first node the client tries is dead too), a peer restarted mid-run rejoins and
@@ -8,6 +9,7 @@
 // takeover of the run is refused while the run finishes.
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -50,6 +52,42 @@ TEST_CASE("data-parallel training over 3 meshnode processes equals a single node
   REQUIRE(after);
   CHECK(*after < *before * 0.8);
   // The three processes share this host: their pieces went through shared memory.
+  int shared = 0;
+  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) shared += n->log().find("go through shared memory") != std::string::npos;
+  CHECK(shared == 3);
+}
+
+TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, their ring passes on 3 threads each, equals a single node",
+          "[apps][train]") {
+  // Pieces of the 1024 x 1024 weight's bucket are 87K values, so each ring pass is split into
+  // parts that the nodes' host-copy threads share (MESH_COPY_THREADS; this host's default is
+  // one thread), and each bucket's sum is written into the accumulators as its round ends.
+  problem p = moons();
+  {
+    builder b;
+    auto x = b.input("x", dtype::f32, {16, 2});
+    auto labels = b.input("labels", dtype::i32, {16});
+    auto net = nn::make_mlp(b, "mlp", {2, 1024, 1024, 2});
+    b.output("loss", nn::cross_entropy(net(x), labels));
+    p.model = *b.finish();
+    p.params = nn::init_parameters(p.model, 5);
+  }
+  const uint64_t steps = 6;
+  const auto reference = single_node_state(p, steps);
+  ::setenv("MESH_COPY_THREADS", "3", 1);
+  three_nodes mesh;
+  ::unsetenv("MESH_COPY_THREADS");
+  auto c = client::connect(mesh.ea, member_options());
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  auto o = options(steps);
+  o.bucket_bytes = 1 << 20;  // the big weight a bucket of its own, the others around it
+  auto r = trainer(**c, p.model, p.params, p.data, o).fit();
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(r->workers.size() == 3);
+  CHECK(r->state.at("opt.adam.t").at(0) == static_cast<float>(steps));
+  CHECK(max_difference(r->state, reference) < 1e-4);
   int shared = 0;
   for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) shared += n->log().find("go through shared memory") != std::string::npos;
   CHECK(shared == 3);
