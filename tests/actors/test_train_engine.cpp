@@ -352,18 +352,27 @@ TEST_CASE("data-parallel training on 3 nodes equals the single-node reference", 
   CHECK(curves == 1);
 }
 
-TEST_CASE("gradients all-reduced in buckets, each after its segment of the backward pass, give the single-node result",
-          "[actors][train][buckets]") {
-  // Buckets of one gradient each (1 byte closes a bucket): the MLP's 4 gradients in 4 buckets,
-  // a segment and a ring round each, while a step's micro-batches spread over the members (some
-  // with none: 8 nodes, 6 micro-batches).
-  const auto s = two_moons_mlp();
+namespace {
+
+/// The two-moons MLP's data-parallel run with each of its 4 gradients a bucket of its own (1 byte
+/// closes a bucket), and where one node of its own ends that run.
+std::pair<msg::train_spec, msg::job_result> bucket_per_gradient() {
   auto o = dp_options();
   o.bucket_bytes = 1;
-  const auto spec = spec_for(s, o);
+  auto spec = spec_for(two_moons_mlp(), o);
   train_sim one(1);
-  const auto reference = one.train(spec);
+  auto reference = one.train(spec);
   REQUIRE(reference.ok);
+  return {std::move(spec), std::move(reference)};
+}
+
+}  // namespace
+
+TEST_CASE("gradients all-reduced in buckets, each after its segment of the backward pass, give the single-node result",
+          "[actors][train][buckets]") {
+  // A segment and a ring round for each of the MLP's 4 gradients, while a step's micro-batches
+  // spread over the members (some with none: 8 nodes, 6 micro-batches).
+  const auto [spec, reference] = bucket_per_gradient();
   for (const int nodes : {3, 8}) {
     INFO(nodes << " nodes");
     train_sim sim(nodes);
@@ -447,13 +456,7 @@ TEST_CASE("a bucket's sum that cannot be written fails its step on that node, wh
   // with the other segments): one fails after the step it belongs to was superseded, so only
   // the commit can notice. Applying the bucket's own unreduced gradients would move node-b's
   // replica away from the others; the run must instead go on without node-b.
-  const auto s = two_moons_mlp();
-  auto o = dp_options();
-  o.bucket_bytes = 1;
-  const auto spec = spec_for(s, o);
-  train_sim one(1);
-  const auto reference = one.train(spec);
-  REQUIRE(reference.ok);
+  const auto [spec, reference] = bucket_per_gradient();
   train_sim sim(3);
   auto* device = new failing_writes(gpu::make_cpu_executor(1), 9);  // a write of the third step
   sim.nodes.at("node-b").device.reset(device);
