@@ -18,7 +18,8 @@ void parallel_copy(void* dst, const void* src, size_t bytes, thread_pool* pool) 
     std::memcpy(dst, src, bytes);
     return;
   }
-  // Part boundaries on 4 KiB: no two threads write one page (or one cache line).
+  // Part boundaries 4 KiB apart from the start: on page-aligned buffers (staging memory, large
+  // allocations) no two threads write one page.
   const size_t per = (bytes / parts + 4095) & ~size_t{4095};
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
