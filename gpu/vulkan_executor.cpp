@@ -1,7 +1,6 @@
 // The Vulkan executor: programs are compiled once into pre-recorded command buffers (one submit
 // per run); tensors are sub-allocated from a few large memory blocks (memory_pool, vk_memory.hpp).
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,14 +16,13 @@
 #include "graph/quant.hpp"
 #include "graph/validate.hpp"
 #include "gpu/executor.hpp"
-#include "gpu/cpu_thread_pool.hpp"
 #include "gpu/glsl.hpp"
-#include "gpu/host_copy.hpp"
 #include "gpu/plan.hpp"
 #include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
 #include "gpu/vk_device.hpp"
 #include "gpu/vk_memory.hpp"
+#include "gpu/vk_transfer.hpp"
 
 namespace mesh::gpu {
 namespace {
@@ -34,12 +32,6 @@ uint64_t bytes_of(const node& n) { return static_cast<uint64_t>(std::max<int64_t
 /// Bytes of its buffer: whole 32-bit words, as kernels bind a quantized tensor as `uint v[]`
 /// (18- and 34-byte blocks leave rows of any byte count).
 uint64_t buffer_bytes(const node& n) { return (bytes_of(n) + 3) & ~uint64_t{3}; }
-
-/// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
-constexpr uint64_t upload_chunk = 16ull << 20;
-/// Staging for read_parameters / write_parameters: two halves of this, in turn; a submission
-/// moves one half's fill.
-constexpr uint64_t transfer_chunk = 32ull << 20;
 
 /// Whether reductions may run in two passes: vulkan_options::split_reductions; by default on GPUs
 /// only (on lavapipe a 1M-element mean took twice as long split: its workgroups are run by a few
@@ -115,6 +107,7 @@ class vulkan_executor final : public executor {
     cpi.queueFamilyIndex = d_->queue_family;
     if (VkResult r = vkCreateCommandPool(d_->device, &cpi, nullptr, &cmd_pool_); r != VK_SUCCESS)
       return tl::unexpected(vk_error(r, "vkCreateCommandPool"));
+    transfers_ = std::make_unique<vk_transfers>(*d_, host_pool_, cmd_pool_);
     auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &fence_); r != VK_SUCCESS)
       return tl::unexpected(vk_error(r, "vkCreateFence"));
@@ -150,8 +143,7 @@ class vulkan_executor final : public executor {
     for (auto& [name, pr] : params_) device_pool_.release(pr.buffer);
     if (pipeline_cache_) vkDestroyPipelineCache(d_->device, pipeline_cache_, nullptr);
     if (fence_) vkDestroyFence(d_->device, fence_, nullptr);
-    for (auto& f : flights_)
-      if (f.fence) vkDestroyFence(d_->device, f.fence, nullptr);
+    transfers_.reset();  // its command buffers come from the pool
     if (cmd_pool_) vkDestroyCommandPool(d_->device, cmd_pool_, nullptr);
   }
 
@@ -205,7 +197,7 @@ class vulkan_executor final : public executor {
     for (const auto& [name, t] : params) {
       auto pr = parameter(name, t.type, t.dims);
       if (!pr) return tl::unexpected(pr.error());
-      if (auto ok = upload((*pr)->buffer, t.bytes); !ok) return ok;
+      if (auto ok = noting_loss(transfers_->upload((*pr)->buffer, t.bytes)); !ok) return ok;
     }
     return {};
   }
@@ -219,7 +211,7 @@ class vulkan_executor final : public executor {
                                                         mesh::to_string(v.type) + mesh::to_string(v.dims));
     auto pr = parameter(name, v.type, v.dims);
     if (!pr) return tl::unexpected(pr.error());
-    return upload((*pr)->buffer, v.bytes);
+    return noting_loss(transfers_->upload((*pr)->buffer, v.bytes));
   }
 
   expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
@@ -229,7 +221,7 @@ class vulkan_executor final : public executor {
       auto it = params_.find(name);
       if (it == params_.end()) return make_error(error_code::not_found, "no parameter \"" + name + "\" on the device");
       tensor t = tensor::zeros(it->second.type, it->second.dims);
-      if (auto ok = download(it->second.buffer, t.bytes); !ok) return tl::unexpected(ok.error());
+      if (auto ok = noting_loss(transfers_->download(it->second.buffer, t.bytes)); !ok) return tl::unexpected(ok.error());
       out[name] = std::move(t);
     }
     return out;
@@ -332,21 +324,11 @@ class vulkan_executor final : public executor {
     bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
     vkBeginCommandBuffer(cmd, &bi);
     record(cmd);
-    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    after_transfer_barrier(cmd);
     vkEndCommandBuffer(cmd);
     auto ok = submit(cmd);
     vkFreeCommandBuffers(d_->device, cmd_pool_, 1, &cmd);
     return ok;
-  }
-
-  static void barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
-                      VkAccessFlags dst_access) {
-    auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
-    mb.srcAccessMask = src_access;
-    mb.dstAccessMask = dst_access;
-    vkCmdPipelineBarrier(cmd, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
   }
 
   /// Submits `cmd` `times` times in one submission (a program's command buffer is recorded for
@@ -370,201 +352,29 @@ class vulkan_executor final : public executor {
     return {};
   }
 
-  /// Copies `bytes` into `dst`: straight into the mapping when device memory is host-visible
-  /// (lavapipe, integrated GPUs, ReBAR), else through staging chunks of at most upload_chunk.
-  expected<void> upload(const allocation& dst, std::span<const uint8_t> bytes) {
-    if (bytes.empty()) return {};
-    if (dst.mapped) {
-      parallel_copy(dst.mapped, bytes.data(), bytes.size(), &copy_pool_);
-      return {};
-    }
-    auto st = host_pool_.allocate(std::min<uint64_t>(bytes.size(), upload_chunk));
-    if (!st) return tl::unexpected(st.error());
-    expected<void> ok;
-    for (uint64_t off = 0; off < bytes.size() && ok; off += upload_chunk) {
-      const uint64_t len = std::min<uint64_t>(bytes.size() - off, upload_chunk);
-      parallel_copy(st->mapped, bytes.data() + off, len, &copy_pool_);
-      ok = one_shot([&](VkCommandBuffer cmd) {
-        VkBufferCopy c{st->range.offset, dst.range.offset + off, len};
-        vkCmdCopyBuffer(cmd, st->buffer, dst.buffer, 1, &c);
-      });
-    }
-    host_pool_.release(*st);
-    return ok;
-  }
-
-  expected<void> download(const allocation& src, std::vector<uint8_t>& bytes) {
-    if (bytes.empty()) return {};
-    auto st = host_pool_.allocate(bytes.size());
-    if (!st) return tl::unexpected(st.error());
-    auto ok = one_shot([&](VkCommandBuffer cmd) {
-      VkBufferCopy c{src.range.offset, st->range.offset, bytes.size()};
-      vkCmdCopyBuffer(cmd, src.buffer, st->buffer, 1, &c);
-    });
-    if (ok) parallel_copy(bytes.data(), st->mapped, bytes.size(), &copy_pool_);
-    host_pool_.release(*st);
-    return ok;
-  }
-
-  /// transfer()'s two halves in flight: a command buffer and a fence each, made once.
-  struct flight {
-    VkCommandBuffer cmd = VK_NULL_HANDLE;
-    VkFence fence = VK_NULL_HANDLE;
-    bool busy = false;  ///< submitted and not yet waited for
-  };
-
-  expected<void> make_flights() {
-    for (auto& f : flights_) {
-      if (f.fence) continue;
-      auto ai = vk_struct<VkCommandBufferAllocateInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO);
-      ai.commandPool = cmd_pool_;
-      ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-      ai.commandBufferCount = 1;
-      if (!f.cmd)
-        if (VkResult r = vkAllocateCommandBuffers(d_->device, &ai, &f.cmd); r != VK_SUCCESS) {
-          f.cmd = VK_NULL_HANDLE;
-          return tl::unexpected(vk_error(r, "vkAllocateCommandBuffers"));
-        }
-      auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
-      if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &f.fence); r != VK_SUCCESS) {
-        f.fence = VK_NULL_HANDLE;
-        return tl::unexpected(vk_error(r, "vkCreateFence"));
-      }
-    }
-    return {};
-  }
-
-  /// Records flight `h`'s commands (the barrier one_shot() ends with after them) and submits
-  /// them without waiting.
-  template <class F>
-  expected<void> flight_submit(size_t h, F record) {
-    flight& f = flights_[h];
-    vkResetCommandBuffer(f.cmd, 0);
-    auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
-    bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-    vkBeginCommandBuffer(f.cmd, &bi);
-    record(f.cmd);
-    barrier(f.cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
-    vkEndCommandBuffer(f.cmd);
-    vkResetFences(d_->device, 1, &f.fence);
-    auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-    si.commandBufferCount = 1;
-    si.pCommandBuffers = &f.cmd;
-    if (VkResult r = vkQueueSubmit(d_->queue, 1, &si, f.fence); r != VK_SUCCESS) {
-      if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
-      return tl::unexpected(vk_error(r, "vkQueueSubmit"));
-    }
-    f.busy = true;
-    return {};
-  }
-
-  /// Waits for flight `h` when it is in flight.
-  expected<void> flight_wait(size_t h) {
-    flight& f = flights_[h];
-    if (!f.busy) return {};
-    VkResult r = vkWaitForFences(d_->device, 1, &f.fence, VK_TRUE, 120ull * 1000 * 1000 * 1000);
-    if (r == VK_TIMEOUT || r == VK_ERROR_DEVICE_LOST) lost_ = true;
-    if (r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkWaitForFences"));
-    f.busy = false;
-    return {};
-  }
-
   /// Moves the parameters `names` between the device and `host` (their bytes end to end, `size`
-  /// in all; read from `host` when `to_device`, else written): straight through the mapping
-  /// where device memory is host-visible, else through two staging halves of transfer_chunk / 2
-  /// bytes in turn, each fill of one a submission with a copy per parameter piece. While the
-  /// device copies one half the host copies the other, over copy_pool_'s threads.
+  /// in all; read from `host` when `to_device`, else written): vk_transfers::move.
   expected<void> transfer(const std::vector<std::string>& names, uint8_t* host, size_t size, bool to_device, const char* what) {
     std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
     uint64_t total = 0;
-    bool mapped = true;
     for (const auto& name : names) {
       auto it = params_.find(name);
       if (it == params_.end()) return make_error(error_code::not_found, std::string(what) + ": no parameter \"" + name + "\" on the device");
       const uint64_t n = bytes_of(node{op_kind::parameter, it->second.type, it->second.dims, {}, {}});
       list.emplace_back(&it->second.buffer, n);
       total += n;
-      mapped = mapped && it->second.buffer.mapped;
     }
     if (total != size)
       return make_error(error_code::invalid_argument, std::string(what) + ": the parameters hold " + std::to_string(total) +
                                                           " bytes, the buffer " + std::to_string(size));
-    if (mapped) {
-      uint64_t at = 0;
-      for (const auto& [a, n] : list) {
-        if (to_device) parallel_copy(a->mapped, host + at, n, &copy_pool_);
-        else parallel_copy(host + at, a->mapped, n, &copy_pool_);
-        at += n;
-      }
-      return {};
-    }
-    if (total == 0) return {};
-    // The chunks, each a half's fill: its place in `host` and the parameter pieces it holds.
-    struct piece {
-      const allocation* a;
-      uint64_t offset, staged, len;  // in the parameter, in the half, bytes
-    };
-    struct chunk {
-      uint64_t at = 0, fill = 0;
-      std::vector<piece> pieces;
-    };
-    const uint64_t half = std::min<uint64_t>(total, transfer_chunk / 2);
-    std::vector<chunk> chunks;
-    for (size_t i = 0, in_param = 0; i < list.size();) {
-      if (in_param == list[i].second) {  // an empty parameter, or the end of one
-        ++i;
-        in_param = 0;
-        continue;
-      }
-      if (chunks.empty() || chunks.back().fill == half) chunks.push_back({chunks.empty() ? 0 : chunks.back().at + half, 0, {}});
-      chunk& c = chunks.back();
-      const uint64_t len = std::min(list[i].second - in_param, half - c.fill);
-      c.pieces.push_back({list[i].first, in_param, c.fill, len});
-      c.fill += len;
-      in_param += len;
-    }
-    auto st = host_pool_.allocate(chunks.size() > 1 ? 2 * half : half);
-    if (!st) return tl::unexpected(st.error());
-    if (auto made = make_flights(); !made) {
-      host_pool_.release(*st);
-      return made;
-    }
-    const auto staged = [&](size_t k) { return st->mapped + (k % 2) * half; };
-    const auto send = [&](size_t k) {
-      const chunk& c = chunks[k];
-      const uint64_t base = st->range.offset + (k % 2) * half;
-      return flight_submit(k % 2, [&](VkCommandBuffer cmd) {
-        for (const auto& p : c.pieces) {
-          VkBufferCopy bc{base + p.staged, p.a->range.offset + p.offset, p.len};
-          if (!to_device) std::swap(bc.srcOffset, bc.dstOffset);
-          vkCmdCopyBuffer(cmd, to_device ? st->buffer : p.a->buffer, to_device ? p.a->buffer : st->buffer, 1, &bc);
-        }
-      });
-    };
-    expected<void> ok;
-    if (to_device) {
-      // Fill a half once the device is done with it, then hand it to the device.
-      for (size_t k = 0; k < chunks.size() && ok; ++k) {
-        ok = flight_wait(k % 2);
-        if (ok) parallel_copy(staged(k), host + chunks[k].at, chunks[k].fill, &copy_pool_);
-        if (ok) ok = send(k);
-      }
-    } else {
-      // The device fills both halves ahead; each is emptied, then refilled with the chunk after next.
-      for (size_t k = 0; k < std::min<size_t>(2, chunks.size()) && ok; ++k) ok = send(k);
-      for (size_t k = 0; k < chunks.size() && ok; ++k) {
-        ok = flight_wait(k % 2);
-        if (ok) parallel_copy(host + chunks[k].at, staged(k), chunks[k].fill, &copy_pool_);
-        if (ok && k + 2 < chunks.size()) ok = send(k + 2);
-      }
-    }
-    // Nothing may still write the staging memory when it goes back to the pool.
-    for (size_t h = 0; h < 2; ++h)
-      if (auto done = flight_wait(h); !done && ok) ok = done;
-    host_pool_.release(*st);
-    return ok;
+    return noting_loss(transfers_->move(list, host, to_device));
+  }
+
+  /// A result of transfers_, after which the executor knows whether the device was lost.
+  template <class R>
+  R noting_loss(R r) {
+    if (transfers_->lost()) lost_ = true;
+    return r;
   }
 
   /// An update whose value already lives in its target's buffer: a parameter kept as it is, or a
@@ -612,7 +422,7 @@ class vulkan_executor final : public executor {
       pr.views[id] = *a;
       if (x.op == op_kind::constant) {
         tensor t = tensor::from_values(x.type, x.dims, x.attrs.values);
-        if (auto ok = upload(*a, t.bytes); !ok) return ok;
+        if (auto ok = noting_loss(transfers_->upload(*a, t.bytes)); !ok) return ok;
       }
     }
     // Scratch buffers (split partials, decoded weights) hold values only within one run, and
@@ -820,9 +630,9 @@ class vulkan_executor final : public executor {
       VkBufferCopy c{pr.staging->range.offset + pr.input_offsets.at(x.attrs.name), dst.range.offset, bytes_of(x)};
       vkCmdCopyBuffer(cmd, pr.staging->buffer, dst.buffer, 1, &c);
     }
-    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
-            VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    memory_barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
+                   VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                   VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
     if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pr.queries, 0);
     // Since the last barrier: buffers written (a kernel reading or writing one waits: read after
     // write, write after write) and buffers read (a kernel writing one waits: write after read,
@@ -837,8 +647,8 @@ class vulkan_executor final : public executor {
         hazard = hazard || dirty[id] || (b < ck.src.writes && read[id]);
       }
       if (hazard) {
-        barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        memory_barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                       VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         std::fill(dirty.begin(), dirty.end(), false);
         std::fill(read.begin(), read.end(), false);
       }
@@ -849,8 +659,8 @@ class vulkan_executor final : public executor {
       for (size_t w = 0; w < ck.src.writes; ++w) dirty[ck.src.bindings[w]] = true;
       if (pr.queries) vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pr.queries, query++);
     }
-    barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-            VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    memory_barrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                   VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
     for (const auto& o : g.outputs) {
       const uint64_t size = bytes_of(g[o.id]);
       if (!size) continue;
@@ -859,8 +669,8 @@ class vulkan_executor final : public executor {
       vkCmdCopyBuffer(cmd, src.buffer, pr.staging->buffer, 1, &c);
     }
     // Updates read this run's values and write parameters that outputs may have just read.
-    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-            VK_ACCESS_TRANSFER_WRITE_BIT);
+    memory_barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_ACCESS_TRANSFER_WRITE_BIT);
     bool stashed = false;
     for (size_t u = 0; u < g.updates.size(); ++u) {
       if (!pr.update_stash[u]) continue;
@@ -871,8 +681,8 @@ class vulkan_executor final : public executor {
       stashed = true;
     }
     if (stashed)
-      barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-              VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+      memory_barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                     VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
     for (size_t u = 0; u < g.updates.size(); ++u) {
       const auto& up = g.updates[u];
       const uint64_t size = bytes_of(g[up.value]);
@@ -882,9 +692,7 @@ class vulkan_executor final : public executor {
       VkBufferCopy c{src.range.offset, dst.range.offset, size};
       vkCmdCopyBuffer(cmd, src.buffer, dst.buffer, 1, &c);
     }
-    barrier(cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-            VK_PIPELINE_STAGE_HOST_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
-            VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+    after_transfer_barrier(cmd);
     if (VkResult r = vkEndCommandBuffer(cmd); r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkEndCommandBuffer"));
     for (auto ki : pr.timed) {
       const auto& src = pr.kernels[static_cast<size_t>(ki)].src;
@@ -969,9 +777,8 @@ class vulkan_executor final : public executor {
   bool timestamps_;  ///< GPU timestamps around kernels: the device has them and the options want them
   VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
   VkFence fence_ = VK_NULL_HANDLE;
-  std::array<flight, 2> flights_;  ///< transfer()'s halves
-  /// Threads for the host side of transfers (host_copy.hpp).
-  thread_pool copy_pool_{copy_threads()};
+  /// Parameters' bytes to and from host memory (made by init(), with the command pool).
+  std::unique_ptr<vk_transfers> transfers_;
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   std::string pipeline_cache_path_;
   std::map<std::string, param> params_;

@@ -1,0 +1,77 @@
+#pragma once
+/// Bytes between host memory and the Vulkan executor's device buffers: straight through the
+/// mapping where device memory is host-visible (lavapipe, integrated GPUs, ReBAR), else through
+/// staging memory and copy commands. The host side of every copy is spread over a few threads
+/// (host_copy.hpp): a data-parallel step moves hundreds of MB of gradients this way.
+#include <vulkan/vulkan.h>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "base/error.hpp"
+#include "gpu/cpu_thread_pool.hpp"
+#include "gpu/vk_device.hpp"
+#include "gpu/vk_memory.hpp"
+
+namespace mesh::gpu {
+
+/// A memory barrier in `cmd` from (src, src_access) to (dst, dst_access).
+void memory_barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags src_access, VkPipelineStageFlags dst,
+                    VkAccessFlags dst_access);
+/// After copy commands: their writes visible to the host, to shaders and to later copies.
+void after_transfer_barrier(VkCommandBuffer cmd);
+
+class vk_transfers {
+ public:
+  using allocation = memory_pool::allocation;
+  /// Staging memory from `host_pool`, command buffers from `cmd_pool` (which must outlive this),
+  /// submissions on d's queue.
+  vk_transfers(vk_device& d, memory_pool& host_pool, VkCommandPool cmd_pool);
+  ~vk_transfers();
+  vk_transfers(const vk_transfers&) = delete;
+  vk_transfers& operator=(const vk_transfers&) = delete;
+
+  /// Copies `bytes` into `dst`, through staging chunks of at most upload_chunk.
+  expected<void> upload(const allocation& dst, std::span<const uint8_t> bytes);
+  /// Copies `src` into `bytes` (its size: the bytes to copy).
+  expected<void> download(const allocation& src, std::vector<uint8_t>& bytes);
+  /// Moves `buffers` (each a buffer and its byte count, end to end in `host`) to the device from
+  /// `host` when `to_device`, else into `host`: through two staging halves of transfer_chunk / 2
+  /// bytes in turn, each fill of one a submission with a copy per buffer piece. While the device
+  /// copies one half the host copies the other.
+  expected<void> move(const std::vector<std::pair<const allocation*, uint64_t>>& buffers, uint8_t* host, bool to_device);
+  /// A wait timed out or the device was lost: the executor takes the device as lost.
+  bool lost() const { return lost_; }
+
+  /// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
+  static constexpr uint64_t upload_chunk = 16ull << 20;
+  /// Staging for move(): two halves of this, in turn.
+  static constexpr uint64_t transfer_chunk = 32ull << 20;
+
+ private:
+  /// A half in flight: a command buffer and a fence, made once.
+  struct flight {
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    bool busy = false;  ///< submitted and not yet waited for
+  };
+  expected<void> make_flights();
+  /// Records flight `h`'s commands (with after_transfer_barrier after them) and submits them
+  /// without waiting.
+  template <class F>
+  expected<void> submit(size_t h, F record);
+  /// Waits for flight `h` when it is in flight.
+  expected<void> wait(size_t h);
+
+  vk_device& d_;
+  memory_pool& host_pool_;
+  VkCommandPool cmd_pool_;
+  std::array<flight, 2> flights_;
+  thread_pool copy_pool_;  ///< the host side of the copies (host_copy.hpp)
+  bool lost_ = false;
+};
+
+}  // namespace mesh::gpu
