@@ -117,11 +117,4 @@ void decode(const uint8_t* in, size_t count, wire_format f, float* ys) {
   }
 }
 
-void round_trip(float* xs, size_t count, wire_format f) {
-  if (f == wire_format::f32) return;
-  std::vector<uint8_t> bytes;
-  encode(xs, count, f, bytes);
-  decode(bytes.data(), count, f, xs);
-}
-
 }  // namespace mesh

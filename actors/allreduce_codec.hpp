@@ -32,7 +32,4 @@ void encode_into(const float* xs, size_t count, wire_format f, uint8_t* out);
 /// Decodes `count` values of `in` (encoded_bytes(count, f) long: the caller checks) into `ys`.
 void decode(const uint8_t* in, size_t count, wire_format f, float* ys);
 
-/// Replaces xs with decode(encode(xs)): what a receiver gets, bit for bit.
-void round_trip(float* xs, size_t count, wire_format f);
-
 }  // namespace mesh

@@ -18,6 +18,13 @@ using namespace mesh;
 
 namespace {
 
+/// Replaces xs with decode(encode(xs)): what a receiver gets, bit for bit.
+void round_trip(float* xs, size_t count, wire_format f) {
+  std::vector<uint8_t> bytes;
+  encode(xs, count, f, bytes);
+  decode(bytes.data(), count, f, xs);
+}
+
 struct sim_result {
   std::vector<std::vector<float>> results;
   std::vector<double> exact;
