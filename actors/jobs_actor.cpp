@@ -4,6 +4,8 @@
 // produce, holding messages for peers that are not connected (yet, or again).
 #include "actors/node_shell.hpp"
 
+#include <cstdlib>
+#include <string_view>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -145,6 +147,9 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
                                            (ms & ((uint64_t{1} << 40) - 1)) << 8);
   st.trainer = std::make_unique<train_engine>(ctx->self_id);
   if (ctx->cfg.shared_memory) st.trainer->set_shared_memory(train_engine::host_shared_memory());
+  // MESH_HOST_REDUCE=off: members on one host still pass their pieces around the ring through
+  // shared memory, never reduce through every member's region (docs/training.md).
+  if (const char* v = std::getenv("MESH_HOST_REDUCE"); v && std::string_view(v) == "off") st.trainer->set_host_reduce(false);
   if (const unsigned threads = gpu::copy_threads(); threads > 1) {
     st.ring_threads = std::make_shared<gpu::thread_pool>(threads);
     st.trainer->set_parallel([pool = st.ring_threads](int64_t parts, const std::function<void(int64_t)>& part) { pool->run(parts, part); });

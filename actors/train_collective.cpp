@@ -54,7 +54,7 @@ payload_placer train_engine::region_placer(worker_run& w) {
   // has mapped it, each at the next 64-byte boundary of this step's part; none past its end.
   return [&w](size_t bytes) -> std::optional<std::pair<uint8_t*, uint64_t>> {
     if (!w.region || w.rank < 0 || w.ring.size() < 2) return std::nullopt;
-    if (!w.successor_mapped.count(w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()])) return std::nullopt;
+    if (!w.mapped_by.count(w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()])) return std::nullopt;
     if (bytes > w.region->data_bytes() - w.region_used) return std::nullopt;
     const uint64_t at = w.region_used;
     w.region_used = std::min(w.region->data_bytes(), at + ((bytes + 63) & ~uint64_t{63}));
@@ -62,10 +62,31 @@ payload_placer train_engine::region_placer(worker_run& w) {
   };
 }
 
+bool train_engine::host_reduce_possible(const worker_run& w) const {
+  return host_reduce_ && w.method == train_method::data_parallel && w.format == wire_format::f32 && w.graphs.bucket_ends.size() > 1;
+}
+
+bool train_engine::host_local(const worker_run& w) const {
+  if (!w.region || !host_reduce_possible(w) || w.rank < 0 || w.ring.size() < 2) return false;
+  for (const auto& m : w.ring) {
+    if (m == w.ring[static_cast<size_t>(w.rank)]) continue;
+    auto by = w.mapped_by.find(m);
+    auto mapped = w.peer_regions.find(m);
+    if (by == w.mapped_by.end() || !by->second || mapped == w.peer_regions.end() || !mapped->second) return false;
+  }
+  return true;
+}
+
 std::vector<outbound> train_engine::offer_region(worker_run& w) {
   if (!shared_.create || w.rank < 0 || w.ring.size() < 2 || w.region_failed) return {};
-  const node_id& next = w.ring[static_cast<size_t>(w.rank + 1) % w.ring.size()];
-  if (w.successor_mapped.count(next) || w.region_offers[next] >= worker_run::max_region_offers) return {};
+  // The successor, for the ring's pieces; every member when the step may reduce through the
+  // regions of all (host_reduce.hpp).
+  std::vector<node_id> to;
+  for (size_t i = 1; i < (host_reduce_possible(w) ? w.ring.size() : 2); ++i) {
+    const node_id& m = w.ring[(static_cast<size_t>(w.rank) + i) % w.ring.size()];
+    if (!w.mapped_by.count(m) && w.region_offers[m] < worker_run::max_region_offers) to.push_back(m);
+  }
+  if (to.empty()) return {};
   if (!w.region) {
     // Room for a step's pieces: a bucket of v values sends 2(n-1) pieces of v/n values, under
     // 2v; f32 is the widest wire format; and some room for each piece's alignment.
@@ -80,10 +101,13 @@ std::vector<outbound> train_engine::offer_region(worker_run& w) {
     }
     w.region = std::move(*r);
   }
-  ++w.region_offers[next];
   const region_locator& at = w.region->locator();
-  msg::shared_region_offer o{w.train, w.coordinator, at.pid, at.fd, at.size, {at.nonce.begin(), at.nonce.end()}};
-  return {{next, std::move(o)}};
+  std::vector<outbound> out;
+  for (const auto& m : to) {
+    ++w.region_offers[m];
+    out.push_back({m, msg::shared_region_offer{w.train, w.coordinator, at.pid, at.fd, at.size, {at.nonce.begin(), at.nonce.end()}}});
+  }
+  return out;
 }
 
 std::vector<outbound> train_engine::on_region_offer(const node_id& from, const msg::shared_region_offer& o) {
@@ -96,7 +120,15 @@ std::vector<outbound> train_engine::on_region_offer(const node_id& from, const m
   } else {
     auto r = shared_.open(locator_of(o.pid, o.fd, o.size, o.nonce));
     if (r) {
-      it->second->predecessor_region[from] = std::move(*r);
+      worker_run& w = *it->second;
+      auto& mapped = w.peer_regions[from];
+      if (mapped && mapped->locator() != (*r)->locator()) {
+        // The member made another region (it was set up again, in a new process perhaps): it has
+        // not mapped this node's current one, which is offered to it again.
+        w.mapped_by.erase(from);
+        w.region_offers.erase(from);
+      }
+      mapped = std::move(*r);
       a.ok = true;
     } else {
       a.error = r.error().message;
@@ -111,14 +143,14 @@ void train_engine::on_region_answer(const node_id& from, const msg::shared_regio
   worker_run& w = *it->second;
   // An answer to another region than this run's (one made before) or to no offer: ignored.
   if (!w.region || !w.region_offers.count(from) || a.pid != w.region->locator().pid || a.fd != w.region->locator().fd) return;
-  if (a.ok && !w.successor_mapped.count(from)) {
-    w.successor_mapped[from] = true;
-    notices_.push_back(notice{false, "training " + std::to_string(w.train) + ": all-reduce pieces to " + from.short_string() +
-                                         " go through shared memory (same host)"});
+  if (a.ok && !w.mapped_by.count(from)) {
+    w.mapped_by[from] = true;
+    notices_.push_back(notice{false, "training " + std::to_string(w.train) + ": " + from.short_string() +
+                                          " maps this node's shared memory (same host): all-reduce values to it go through shared memory"});
   } else if (!a.ok) {
     // Turned down (or a piece's region did not open there): pieces go in messages, and the region
     // is offered again at a later step, up to max_region_offers (on another host they run out).
-    w.successor_mapped.erase(from);
+    w.mapped_by.erase(from);
   }
 }
 
@@ -174,12 +206,12 @@ std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const m
   // or the offer's answer crossed this piece). Whatever the piece's round: one in a region that
   // does not open here, or past its end, is no piece a member following the protocol sends.
   const region_locator where = locator_of(p.pid, p.fd, p.size, p.nonce);
-  auto& mapped = w.predecessor_region[from];
+  auto& mapped = w.peer_regions[from];
   if (!mapped || mapped->locator() != where) {
     expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
     if (shared_.open) r = shared_.open(where);
     if (!r) {
-      w.predecessor_region.erase(from);
+      w.peer_regions.erase(from);
       note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the piece's shared region: " + r.error().message);
       // Told, the sender sends its pieces in messages again (the round redone by the coordinator).
       return {{from, msg::shared_region_answer{p.train, p.coordinator, p.pid, p.fd, false, r.error().message}}};
@@ -203,13 +235,13 @@ std::vector<outbound> train_engine::on_go(const node_id& from, const msg::ring_g
   auto it = worker_.find(worker_key{from, g.train});
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
-  if (w.orphaned || !w.round || g.step != w.step || g.attempt != w.attempt) return {};
+  if (w.orphaned || (!w.round && !w.direct) || g.step != w.step || g.attempt != w.attempt) return {};
   if (g.probe) {
-    msg::train_ready answer{g.train, g.step, g.attempt, true, w.round->taken()};
+    msg::train_ready answer{g.train, g.step, g.attempt, true, w.round ? w.round->taken() : w.direct->taken()};
     return {{from, answer}};
   }
   w.go = true;
-  return start_round(w);
+  return w.direct ? start_direct(w) : start_round(w);
 }
 
 std::vector<outbound> train_engine::start_round(worker_run& w) {
@@ -257,14 +289,103 @@ std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& f
   return out;
 }
 
+std::vector<outbound> train_engine::start_direct(worker_run& w) {
+  if (!w.go || !w.direct) return {};
+  std::vector<outbound> out;
+  for (int b : std::exchange(w.posted, {})) {
+    if (train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(b) + " all-reduce starts");
+    auto more = direct_events(w, w.direct->posted(b));
+    out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    if (!w.direct) break;  // the round ended (it cannot have with buckets still to post)
+  }
+  return out;
+}
+
+std::vector<outbound> train_engine::direct_events(worker_run& w, const host_reduce::events& e) {
+  std::vector<outbound> out;
+  const region_locator& at = w.region->locator();
+  for (const auto& m : e.marks)
+    for (const auto& member : w.ring)
+      if (member != self_)
+        out.push_back({member, msg::host_reduce_mark{w.train, w.coordinator, w.direct_base + static_cast<uint64_t>(m.bucket),
+                                                     static_cast<uint32_t>(m.phase), at.pid, at.fd, at.size, {at.nonce.begin(), at.nonce.end()}}});
+  for (int b : e.done) {
+    if (train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(b) + " all-reduce done");
+    write_bucket(w, b);
+  }
+  if (w.direct->done()) {
+    auto done = round_done(w);
+    out.insert(out.end(), done.begin(), done.end());
+  }
+  return out;
+}
+
+std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg::host_reduce_mark& m) {
+  auto it = worker_.find(worker_key{m.coordinator, m.train});
+  if (it == worker_.end()) return {};
+  worker_run& w = *it->second;
+  const std::string run = "training " + std::to_string(m.train);
+  const auto member = std::find(w.ring.begin(), w.ring.end(), from);
+  if (member == w.ring.end() || from == self_) {
+    // Only a member of the ring adds to the sums; no file is opened for anyone else.
+    note_refusal(from, "host_reduce_mark", run + ": the sender is not in this node's ring");
+    return {};
+  }
+  if (m.phase > 1) {
+    note_refusal(from, "host_reduce_mark", run + ": no such phase " + std::to_string(m.phase));
+    return {};
+  }
+  const int rank = static_cast<int>(member - w.ring.begin());
+  // Whatever the mark's round: one naming a region that does not open here is no mark a member
+  // following the protocol sends.
+  const region_locator where = locator_of(m.pid, m.fd, m.size, m.nonce);
+  std::shared_ptr<shared_region> mapped;
+  if (auto known = w.peer_regions.find(from); known != w.peer_regions.end()) mapped = known->second;
+  if (!mapped || mapped->locator() != where) {
+    expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
+    if (shared_.open) r = shared_.open(where);
+    if (!r) {
+      // The region mapped before (if any) stays: this mark does not count. A member that made a
+      // new region offers it; a step whose marks do not count stalls and is redone around the ring.
+      note_refusal(from, "host_reduce_mark", run + ": the member's shared region: " + r.error().message);
+      return {{from, msg::shared_region_answer{m.train, m.coordinator, m.pid, m.fd, false, r.error().message}}};
+    }
+    mapped = std::move(*r);
+    w.peer_regions[from] = mapped;
+  }
+  // Another step's or attempt's mark (the round ids name both), or of a run whose step goes
+  // around the ring: nothing to do.
+  if (w.orphaned || !w.direct || m.round < w.direct_base || m.round >= w.direct_base + static_cast<uint64_t>(w.direct->buckets())) return {};
+  if (mapped->data_bytes() < w.direct->region_floats() * sizeof(float)) {
+    note_refusal(from, "host_reduce_mark", run + ": its shared region holds " + std::to_string(mapped->data_bytes()) + " bytes, not the " +
+                                               std::to_string(w.direct->region_floats() * sizeof(float)) + " the step's buckets need");
+    return {};
+  }
+  // (Read through the const data(): a peer's region is mapped read-only.)
+  w.direct->set_region(rank, reinterpret_cast<const float*>(std::as_const(*mapped).data()));
+  w.direct_regions[static_cast<size_t>(rank)] = mapped;
+  auto e = w.direct->on_mark(rank, static_cast<int>(m.round - w.direct_base), static_cast<int>(m.phase));
+  if (!e) {
+    note_refusal(from, "host_reduce_mark", run + ": " + e.error().message);
+    return {};
+  }
+  return direct_events(w, *e);
+}
+
 std::vector<outbound> train_engine::round_done(worker_run& w) {
   if (train_detail::timing_enabled()) train_detail::timing("step " + std::to_string(w.step) + " worker: all-reduce done");
   worker_run::held_result h;
   h.end = w.step_end;
-  h.sum = w.round->take_results();
+  if (w.direct) {
+    h.sum.assign(static_cast<size_t>(w.direct->buckets()), {});  // every bucket went to the device from the regions
+  } else {
+    h.sum = w.round->take_results();
+  }
   h.participants = w.participants;
   h.fragment = w.fragment;
-  h.written = w.method == train_method::data_parallel && w.round->buckets() > 1;
+  h.written = w.method == train_method::data_parallel && h.sum.size() > 1;
   float loss_sum = 0;  // the last bucket ends with the loss sum
   if (w.bucket_loss) {
     loss_sum = *w.bucket_loss;
@@ -280,9 +401,10 @@ std::vector<outbound> train_engine::round_done(worker_run& w) {
   r.ok = true;
   // The inner steps the round's losses come from (with overlap, those before its delta was taken).
   r.loss = static_cast<double>(loss_sum) / static_cast<double>(w.micro_batches * w.loss_steps);
-  r.bytes_sent = w.round->bytes_sent();
+  r.bytes_sent = w.round ? w.round->bytes_sent() : 0;  // through the regions: nothing on the transport
   w.held = std::move(h);
   w.round.reset();
+  w.direct.reset();
   return {{w.coordinator, r}};
 }
 

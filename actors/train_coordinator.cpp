@@ -120,7 +120,9 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   c.pieces_taken.clear();
   // Every member is in the ring, also one with no micro-batch this step (more workers than
   // micro-batches): it adds zeros, and it holds the result it must commit like the others.
+  const bool host_reduce = c.members.size() > 1 && !c.local_ring.empty() && c.local_ring == c.members;
   c.ring = c.members;
+  c.step_not_local = false;
   ++c.attempt;
   c.waiting = {c.ring.begin(), c.ring.end()};
   c.unready = c.waiting;
@@ -136,6 +138,7 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
     m.attempt = c.attempt;
     m.ring = c.ring;
     m.commit = c.commit;
+    m.host_reduce = host_reduce;
     // The member's micro-batch slots (assign_slots): a dead member's are spread over the
     // survivors when the step is redone.
     for (uint64_t h = 0; h < inner; ++h)
@@ -232,11 +235,14 @@ std::vector<outbound> train_engine::on_ready(const node_id& from, const msg::tra
     if (c.probing && r.step == c.step && r.attempt == c.attempt) c.pieces_taken[from] = r.pieces_taken;
     return {};
   }
-  if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.unready.erase(from) ||
-      !c.unready.empty())
-    return {};  // stale, or members still to come
-  // Every member has its round: the pieces may flow.
+  if (c.state != job_state::running || c.ph != coord_run::phase::stepping || r.step != c.step || r.attempt != c.attempt || !c.unready.erase(from))
+    return {};  // stale
+  if (!r.host_local) c.step_not_local = true;
+  if (!c.unready.empty()) return {};  // members still to come
+  // Every member has its round: the pieces may flow. The next step with this ring reduces
+  // through the members' regions if every one of them maps all the others'.
   c.all_ready_at = now_;
+  c.local_ring = c.step_not_local ? std::vector<node_id>{} : c.ring;
   std::vector<outbound> out;
   for (const auto& m : c.ring) out.push_back({m, msg::ring_go{r.train, c.step, c.attempt}});
   return out;
@@ -474,6 +480,7 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
   std::vector<outbound> out;
   if (late.empty() && !c.unready.empty()) return out;  // only our own worker is not ready: wait for it
   if (late.empty()) {
+    c.local_ring.clear();  // a redo goes around the ring, whatever this step's reduction was
     // Every member computed its gradients and the round stalled. A member new to the run may not
     // be connected to its ring neighbours yet (it said hello to this node only; the others learn
     // of it by peer exchange): it goes back to the newcomers, to be set up again at the next step

@@ -247,6 +247,7 @@ std::vector<outbound> train_engine::on_message(const node_id& from, const msg::m
   if (auto* s = std::get_if<msg::train_step>(&m)) return on_step(from, *s);
   if (auto* p = std::get_if<msg::allreduce_piece>(&m)) return on_piece(from, *p);
   if (auto* p = std::get_if<msg::allreduce_piece_shared>(&m)) return on_piece_shared(from, *p);
+  if (auto* h = std::get_if<msg::host_reduce_mark>(&m)) return on_host_mark(from, *h);
   if (auto* o = std::get_if<msg::shared_region_offer>(&m)) return on_region_offer(from, *o);
   if (auto* a = std::get_if<msg::shared_region_answer>(&m)) {
     on_region_answer(from, *a);

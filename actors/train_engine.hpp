@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/host_reduce.hpp"
 #include "actors/job_engine.hpp"
 #include "actors/refused_message.hpp"
 #include "wire/messages.hpp"
@@ -167,6 +168,9 @@ class train_engine {
   /// Threads for the ring's passes over a piece (ring_allreduce::set_parallel); without them
   /// (the default) every pass runs on the caller's thread.
   void set_parallel(parallel_runner run) { parallel_ = std::move(run); }
+  /// Whether this node's workers may reduce through every member's region when all share its
+  /// host (host_reduce.hpp; the default), or keep their pieces going around the ring.
+  void set_host_reduce(bool on) { host_reduce_ = on; }
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -259,6 +263,20 @@ class train_engine {
   /// the writes overlap the rounds still going.
   void write_bucket(worker_run& w, int bucket);
   std::vector<outbound> forward(worker_run& w, std::vector<allreduce_message> ms);
+  /// Worker: whether this run's steps may reduce through every member's region (data parallel
+  /// in buckets, f32 on the wire): its region is then offered to every member, not only the
+  /// successor.
+  bool host_reduce_possible(const worker_run& w) const;
+  /// Worker: whether it maps every other member's region of the current ring and each of them
+  /// maps its own (train_ready::host_local).
+  bool host_local(const worker_run& w) const;
+  /// Worker, host_reduce: announce the buckets in the region (once the go came); the marks and
+  /// what they complete.
+  std::vector<outbound> start_direct(worker_run& w);
+  std::vector<outbound> on_host_mark(const node_id& from, const msg::host_reduce_mark& m);
+  /// host_reduce's events: its marks to every other member; a bucket summed everywhere is
+  /// written to the device from the regions; the last one ends the round.
+  std::vector<outbound> direct_events(worker_run& w, const host_reduce::events& e);
   std::vector<outbound> accept_piece(worker_run& w, const node_id& from, const allreduce_piece_ref& m);
   /// Coordinator: a member has its round for the step; when all have, ring_go to each.
   std::vector<outbound> on_ready(const node_id& from, const msg::train_ready& r);
@@ -278,6 +296,7 @@ class train_engine {
   data_opener opener_;
   shared_memory shared_;
   parallel_runner parallel_;
+  bool host_reduce_ = true;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/host_reduce.hpp"
 #include "actors/train_engine.hpp"
 #include "gpu/executor.hpp"
 
@@ -106,6 +107,10 @@ struct train_engine::coord_run {
   std::set<node_id> proven;             ///< members that finished a step of this run
   std::set<node_id> left_out;           ///< missed a deadline: not set up again unless they reconnect
   uint64_t stalled_step = ~0ull;        ///< the step whose ring stalled once (step_overdue)
+  /// The ring whose members all said, in their train_ready of its last step, that they map each
+  /// other's shared regions (train_step::host_reduce for its next step); empty: none such.
+  std::vector<node_id> local_ring;
+  bool step_not_local = false;  ///< a member of this step's ring said it is not (train_ready)
   /// A stalled round's probe (step_overdue): when it went out and what each member answered.
   bool probing = false;
   clock::time_point probe_sent{};
@@ -216,14 +221,24 @@ struct train_engine::worker_run {
   std::shared_ptr<shared_region> region;
   bool region_failed = false;  ///< making it failed: pieces travel in their messages
   uint64_t region_used = 0;    ///< bytes this step's pieces take
-  /// Per successor: whether it mapped the region (absent: not offered yet), and how many offers
-  /// it has turned down (an offer may come before its setup: offered again at later steps, up to
-  /// max_region_offers).
-  std::map<node_id, bool> successor_mapped;
+  /// Per member offered the region (the successor; with host_reduce_possible every member):
+  /// whether it mapped it (absent: not offered yet), and how many offers it has turned down (an
+  /// offer may come before its setup: offered again at later steps, up to max_region_offers).
+  std::map<node_id, bool> mapped_by;
   std::map<node_id, int> region_offers;
   static constexpr int max_region_offers = 4;
-  /// The predecessors' regions mapped here, by sender (the latest each named).
-  std::map<node_id, std::shared_ptr<shared_region>> predecessor_region;
+  /// The regions of other members mapped here, by sender (the latest each named).
+  std::map<node_id, std::shared_ptr<shared_region>> peer_regions;
+  /// The step's all-reduce through every member's region (train_step::host_reduce), in place of
+  /// `round`: the device reads each bucket into this node's region, whose input area `direct`
+  /// lays out; `posted` holds the buckets there whose marks wait for the go.
+  std::unique_ptr<host_reduce> direct;
+  uint64_t direct_base = 0;  ///< its buckets' round ids: direct_base + bucket
+  /// The regions `direct` reads, by rank: kept mapped while it (or a bucket write) may read them,
+  /// whatever replaces them in peer_regions.
+  std::vector<std::shared_ptr<shared_region>> direct_regions;
+  bool direct_noted = false;  ///< the node logged that this run reduces through the regions
+  std::vector<int> posted;
   bool broken = false;
   bool device_lost = false;  ///< the executor was restarted: nothing of this run is on the device
   bool stopping = false;

@@ -134,13 +134,15 @@ graph resident_apply(const graph& apply, const std::string& prefix) {
 /// than micro-batches): the bucket is zeros.
 expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id program, const std::vector<std::string>& reads,
                                         const tensor_map& inputs, const std::vector<std::string>& acc_names, const train_graphs& g,
-                                        int b, bool empty, double& loss, std::vector<float> buffer) {
+                                        int b, bool empty, double& loss, std::vector<float> buffer, float* into = nullptr) {
   const size_t from = b ? g.bucket_ends[static_cast<size_t>(b) - 1] : 0, to = g.bucket_ends[static_cast<size_t>(b)];
   size_t total = 0;
   for (size_t i = from; i < to; ++i) total += static_cast<size_t>(g.grad_sizes[i]);
-  std::vector<float> out = bucket_buffer(std::move(buffer), total);
+  // Into the node's shared region (host_reduce), or into a buffer of the task's result.
+  std::vector<float> out = into ? std::vector<float>{} : bucket_buffer(std::move(buffer), total);
+  const std::span<float> dst = into ? std::span<float>(into, total) : std::span<float>(out);
   if (empty) {
-    std::fill(out.begin(), out.end(), 0.0f);
+    std::fill(dst.begin(), dst.end(), 0.0f);
     return out;
   }
   tensor_map in;  // the segment's own inputs: it may read fewer than the whole program
@@ -149,9 +151,18 @@ expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id progr
   if (!ran) return tl::unexpected(ran.error());
   if (b == 0) loss += ran->at("loss").at(0);
   const auto names = bucket_names(acc_names, g.bucket_ends, static_cast<size_t>(b), g.bucket_ends.size());
-  if (auto ok = ex.read_parameters(names, bytes_of(out)); !ok) return tl::unexpected(ok.error());
+  if (auto ok = ex.read_parameters(names, {reinterpret_cast<uint8_t*>(dst.data()), dst.size_bytes()}); !ok) return tl::unexpected(ok.error());
   return out;
 }
+
+/// Where a host_reduce step's buckets go: the node's region, bucket b at offsets[b] (floats),
+/// its values[b] values (the last bucket's last one the loss sum). Copied into the tasks, which
+/// keep the region mapped.
+struct region_buckets {
+  std::shared_ptr<shared_region> region;
+  std::vector<size_t> offsets, values;
+  float* at(int b) const { return reinterpret_cast<float*>(region->data()) + offsets[static_cast<size_t>(b)]; }
+};
 
 /// Bucket `b`'s buffer from the last commit (device_side::spare), or none.
 template <class Device>
@@ -267,6 +278,7 @@ std::vector<outbound> train_engine::on_setup(const node_id& from, const msg::tra
 void train_engine::orphan(worker_run& w) {
   w.orphaned = true;  // no round or ring of it will go on
   w.round.reset();
+  w.direct.reset();
   w.contribution.clear();
   w.ring.clear();
 }
@@ -304,6 +316,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     if (s.commit > 0 && s.commit >= w->steps && !w->broken) {
       w->finished_at = now_;
       w->round.reset();
+      w->direct.reset();
       w->contribution.clear();
       w->ring.clear();
       return {};
@@ -328,6 +341,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                                                       std::to_string(w->plan.shard_of(micro)) + ", which this node was never sent");
   // Whatever round was in progress belongs to an earlier attempt.
   w->round.reset();
+  w->direct.reset();
   w->contribution.clear();
   w->go = false;
   w->step = s.step;
@@ -376,10 +390,42 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // Data parallel over a ring of two or more: the gradients go in buckets, one task each, so
   // each bucket's all-reduce runs while the device computes the next (train_buckets.hpp).
   const int buckets = w->method == train_method::data_parallel && !alone && compute ? static_cast<int>(w->graphs.bucket_ends.size()) : 1;
+  // Every member maps every other's region (the coordinator said so): the gradients go through
+  // the regions (host_reduce.hpp), each bucket read back straight into this node's.
+  std::optional<region_buckets> direct;
+  w->posted.clear();
+  if (s.host_reduce && buckets > 1 && w->region && host_reduce_possible(*w)) {
+    std::vector<size_t> values;
+    for (int b = 0; b < buckets; ++b) {
+      size_t n = b + 1 == buckets ? 1 : 0;  // the last bucket ends with the loss sum
+      for (size_t i = b ? w->graphs.bucket_ends[static_cast<size_t>(b) - 1] : 0; i < w->graphs.bucket_ends[static_cast<size_t>(b)]; ++i)
+        n += static_cast<size_t>(w->graphs.grad_sizes[i]);
+      values.push_back(n);
+    }
+    auto h = std::make_unique<host_reduce>(w->rank, static_cast<int>(s.ring.size()), values);
+    if (h->region_floats() * sizeof(float) <= w->region->data_bytes()) {
+      direct = region_buckets{w->region, {}, values};
+      for (int b = 0; b < buckets; ++b) direct->offsets.push_back(h->input_offset(b));
+      h->set_own_region(reinterpret_cast<float*>(w->region->data()));
+      w->direct_regions.assign(s.ring.size(), nullptr);
+      w->direct_regions[static_cast<size_t>(w->rank)] = w->region;
+      for (size_t r = 0; r < s.ring.size(); ++r)
+        if (auto it = w->peer_regions.find(s.ring[r]); it != w->peer_regions.end() && it->second && static_cast<int>(r) != w->rank) {
+          h->set_region(static_cast<int>(r), reinterpret_cast<const float*>(std::as_const(*it->second).data()));  // mapped read-only
+          w->direct_regions[r] = it->second;
+        }
+      if (parallel_) h->set_parallel(parallel_);
+      w->direct = std::move(h);
+      w->direct_base = round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets;
+      if (!std::exchange(w->direct_noted, true))
+        notices_.push_back(notice{false, "training " + std::to_string(s.train) + ": the " + std::to_string(s.ring.size()) +
+                                             " members share this host: each step's gradients are summed through their shared memory (host all-reduce)"});
+    }
+  }
   // The step's device work; `tail`: only the round's trailing inner steps (DiLoCo with overlap).
   const auto make_work = [&](std::optional<worker_run::held_result> held, bool tail) {
     return [w, commit = std::move(held), report = report && !tail, compute, micro, step, inner, k, alone, shards, opener = opener_,
-            buckets, fragment = w->fragment, trailing, tail](gpu::executor& ex) mutable -> expected<train_work_result> {
+            buckets, fragment = w->fragment, trailing, tail, direct](gpu::executor& ex) mutable -> expected<train_work_result> {
       auto& d = *w->dev;
       const auto& g = w->graphs;
       const auto mark = [step](const char* what) {
@@ -556,7 +602,8 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           d.last_inputs = std::move(*in);
         }
         auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
-                             d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, spare_of(d, 0));
+                             d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, direct ? std::vector<float>{} : spare_of(d, 0),
+                             direct ? direct->at(0) : nullptr);
         if (!b0) return tl::unexpected(b0.error());
         r.buffer = std::move(*b0);
         mark("bucket 0 done");
@@ -630,15 +677,19 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     next.attempt = s.attempt;
     next.bucket = b;
     const bool empty = micro.empty();
-    next.work = [w, b, buckets, empty](gpu::executor& ex) -> expected<train_work_result> {
+    next.work = [w, b, buckets, empty, direct](gpu::executor& ex) -> expected<train_work_result> {
       auto& d = *w->dev;
       train_work_result r;
       const auto program = (d.last_first ? d.seg_first : d.seg_more)[static_cast<size_t>(b)];
       const auto& reads = (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[static_cast<size_t>(b)];
-      auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum, spare_of(d, static_cast<size_t>(b)));
+      auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum,
+                            direct ? std::vector<float>{} : spare_of(d, static_cast<size_t>(b)), direct ? direct->at(b) : nullptr);
       if (!got) return tl::unexpected(got.error());
       r.buffer = std::move(*got);
-      if (b + 1 == buckets) r.buffer.push_back(static_cast<float>(d.loss_sum));
+      if (b + 1 == buckets) {
+        if (direct) direct->at(b)[direct->values[static_cast<size_t>(b)] - 1] = static_cast<float>(d.loss_sum);
+        else r.buffer.push_back(static_cast<float>(d.loss_sum));
+      }
       if (train_detail::timing_enabled())
         train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(b) + " done");
       return r;
@@ -648,25 +699,43 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   if (!compute) return {};
   // The round exists from now on and takes the predecessor's pieces; the coordinator lets the
   // members send them once every one of them has said so (ring_go).
-  w->round = std::make_unique<bucketed_allreduce>(round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets, w->rank,
-                                                  static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
   w->region_used = 0;  // the pieces of earlier steps were read (train_engine_state.hpp)
   w->bucket_loss.reset();
-  if (shared_.create) w->round->set_placer(region_placer(*w));
-  if (parallel_) w->round->set_parallel(parallel_);
+  if (!w->direct) {
+    w->round = std::make_unique<bucketed_allreduce>(round_id(s.step, s.attempt) * bucketed_allreduce::max_buckets, w->rank,
+                                                    static_cast<int>(w->ring.size()), buckets, ring_pieces, w->format);
+    if (shared_.create) w->round->set_placer(region_placer(*w));
+    if (parallel_) w->round->set_parallel(parallel_);
+  }
   std::vector<outbound> out = offer_region(*w);
-  out.push_back({from, msg::train_ready{s.train, s.step, s.attempt}});
+  out.push_back({from, msg::train_ready{s.train, s.step, s.attempt, false, 0, host_local(*w)}});
   return out;
 }
 
 void train_engine::write_bucket(worker_run& w, int bucket) {
   auto it = worker_.find(worker_key{w.coordinator, w.train});
   if (it == worker_.end() || it->second.get() != &w) return;
-  std::vector<float> sum = w.round->take_result(bucket);
-  const int buckets = w.round->buckets();
-  if (bucket + 1 == buckets && !sum.empty()) {  // it ends with the loss sum
-    w.bucket_loss = sum.back();
-    sum.pop_back();
+  std::vector<float> sum;
+  // host_reduce: the sum lies in the members' regions, a share in each, and goes to the device
+  // from there (the regions stay mapped while the task holds them; no member writes them again
+  // before this node's next step has posted the bucket, after this task).
+  std::vector<std::span<const uint8_t>> pieces;
+  std::vector<std::shared_ptr<shared_region>> mapped;
+  const int buckets = w.direct ? w.direct->buckets() : w.round->buckets();
+  if (w.direct) {
+    auto shares = w.direct->sum_pieces(bucket);
+    if (bucket + 1 == buckets) {  // it ends with the loss sum
+      w.bucket_loss = w.direct->last_value(bucket);
+      shares.back() = shares.back().first(shares.back().size() - 1);
+    }
+    for (auto sh : shares) pieces.emplace_back(reinterpret_cast<const uint8_t*>(sh.data()), sh.size_bytes());
+    mapped = w.direct_regions;
+  } else {
+    sum = w.round->take_result(bucket);
+    if (bucket + 1 == buckets && !sum.empty()) {  // it ends with the loss sum
+      w.bucket_loss = sum.back();
+      sum.pop_back();
+    }
   }
   // Written before the next step's commit, which the executor runs after this task (it takes
   // a node's tasks in order). A step redone after this recomputes every accumulator first.
@@ -677,15 +746,16 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   t.attempt = w.attempt;
   t.bucket = bucket;
   t.bucket_write = true;
-  t.work = [w = it->second, bucket, buckets, sum = std::move(sum)](gpu::executor& ex) mutable -> expected<train_work_result> {
+  t.work = [w = it->second, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped)](
+               gpu::executor& ex) mutable -> expected<train_work_result> {
     auto& d = *w->dev;
     const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
-    if (auto ok = ex.write_parameters(names, bytes_of(sum)); !ok) {
+    if (auto ok = pieces.empty() ? ex.write_parameters(names, bytes_of(sum)) : ex.write_parameters_from(names, pieces); !ok) {
       d.unwritten = ok.error();
       return tl::unexpected(ok.error());
     }
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
-    d.spare[static_cast<size_t>(bucket)] = std::move(sum);
+    if (pieces.empty()) d.spare[static_cast<size_t>(bucket)] = std::move(sum);
     if (train_detail::timing_enabled())
       train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(bucket) + " sum written");
     return train_work_result{};
@@ -738,6 +808,13 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
   }
   if (w->stopping) {
     end_run(it);
+    return out;
+  }
+  if (w->direct && !w->ring.empty()) {
+    // host_reduce: the bucket is in this node's region; announced once the go came.
+    if (t.bucket < w->direct->buckets()) w->posted.push_back(t.bucket);
+    auto more = start_direct(*w);
+    out.insert(out.end(), more.begin(), more.end());
     return out;
   }
   if (w->ring.empty() || !w->round || t.bucket >= w->round->buckets() || w->round->started(t.bucket)) return out;

@@ -97,6 +97,15 @@ class executor {
   /// The reverse of read_parameters: overwrites the existing parameters `names` from `bytes`,
   /// their values end to end (exactly their size together).
   virtual expected<void> write_parameters(const std::vector<std::string>& names, std::span<const uint8_t> bytes) = 0;
+  /// write_parameters from bytes in pieces, end to end (a reduced sum whose shares lie in the
+  /// shared regions of several processes, actors/host_reduce.hpp). Vulkan copies each piece from
+  /// where it is; this default gathers them into one buffer first.
+  virtual expected<void> write_parameters_from(const std::vector<std::string>& names, const std::vector<std::span<const uint8_t>>& pieces) {
+    if (pieces.size() == 1) return write_parameters(names, pieces[0]);
+    std::vector<uint8_t> all;
+    for (auto p : pieces) all.insert(all.end(), p.begin(), p.end());
+    return write_parameters(names, all);
+  }
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;
   /// Runs a loaded program `times` times back to back with the same inputs, each run's updates

@@ -124,7 +124,32 @@ expected<void> vk_transfers::download(const allocation& src, std::vector<uint8_t
   return ok;
 }
 
-expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*, uint64_t>>& list, uint8_t* host, bool to_device) {
+namespace {
+
+/// Copies bytes [at, at + n) of `host`'s pieces, end to end, to `other` (to_device: from the
+/// pieces into `other`, else from `other` into the pieces), each piece's part on `pool`.
+void copy_pieces(std::span<const std::span<uint8_t>> host, uint64_t at, uint8_t* other, uint64_t n, bool to_device, thread_pool* pool) {
+  uint64_t start = 0;  // of the current piece
+  for (const auto& piece : host) {
+    if (n == 0) break;
+    const uint64_t end = start + piece.size();
+    if (at < end) {
+      const uint64_t len = std::min<uint64_t>(n, end - at);
+      uint8_t* p = piece.data() + (at - start);
+      if (to_device) parallel_copy(other, p, len, pool);
+      else parallel_copy(p, other, len, pool);
+      other += len;
+      at += len;
+      n -= len;
+    }
+    start = end;
+  }
+}
+
+}  // namespace
+
+expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*, uint64_t>>& list, std::span<const std::span<uint8_t>> host,
+                                  bool to_device) {
   uint64_t total = 0;
   bool mapped = true;
   for (const auto& [a, n] : list) {
@@ -134,8 +159,7 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
   if (mapped) {
     uint64_t at = 0;
     for (const auto& [a, n] : list) {
-      if (to_device) parallel_copy(a->mapped, host + at, n, &copy_pool_);
-      else parallel_copy(host + at, a->mapped, n, &copy_pool_);
+      copy_pieces(host, at, a->mapped, n, to_device, &copy_pool_);
       at += n;
     }
     return {};
@@ -188,7 +212,7 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
     // Fill a half once the device is done with it, then hand it to the device.
     for (size_t k = 0; k < chunks.size() && ok; ++k) {
       ok = wait(k % 2);
-      if (ok) parallel_copy(staged(k), host + chunks[k].at, chunks[k].fill, &copy_pool_);
+      if (ok) copy_pieces(host, chunks[k].at, staged(k), chunks[k].fill, true, &copy_pool_);
       if (ok) ok = send(k);
     }
   } else {
@@ -196,7 +220,7 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
     for (size_t k = 0; k < std::min<size_t>(2, chunks.size()) && ok; ++k) ok = send(k);
     for (size_t k = 0; k < chunks.size() && ok; ++k) {
       ok = wait(k % 2);
-      if (ok) parallel_copy(host + chunks[k].at, staged(k), chunks[k].fill, &copy_pool_);
+      if (ok) copy_pieces(host, chunks[k].at, staged(k), chunks[k].fill, false, &copy_pool_);
       if (ok && k + 2 < chunks.size()) ok = send(k + 2);
     }
   }

@@ -42,7 +42,10 @@ class vk_transfers {
   /// `host` when `to_device`, else into `host`: through two staging halves of transfer_chunk / 2
   /// bytes in turn, each fill of one a submission with a copy per buffer piece. While the device
   /// copies one half the host copies the other.
-  expected<void> move(const std::vector<std::pair<const allocation*, uint64_t>>& buffers, uint8_t* host, bool to_device);
+  /// `host` may be in pieces (their bytes end to end: a sum whose shares lie in several regions,
+  /// host_reduce.hpp), each copied from or into where it is.
+  expected<void> move(const std::vector<std::pair<const allocation*, uint64_t>>& buffers, std::span<const std::span<uint8_t>> host,
+                      bool to_device);
   /// A wait timed out or the device was lost: the executor takes the device as lost.
   bool lost() const { return lost_; }
 

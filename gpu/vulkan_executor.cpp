@@ -237,6 +237,17 @@ class vulkan_executor final : public executor {
     return transfer(names, const_cast<uint8_t*>(bytes.data()), bytes.size(), true, "write_parameters");
   }
 
+  expected<void> write_parameters_from(const std::vector<std::string>& names, const std::vector<std::span<const uint8_t>>& pieces) override {
+    if (lost_) return lost_error();
+    std::vector<std::span<uint8_t>> host;  // only read from: move() copies to the device
+    size_t size = 0;
+    for (auto p : pieces) {
+      host.emplace_back(const_cast<uint8_t*>(p.data()), p.size());
+      size += p.size();
+    }
+    return transfer(names, host, size, true, "write_parameters");
+  }
+
   void unload(program_id id) override {
     if (id >= programs_.size() || !programs_[id]) return;
     // Runs wait for their fence, so nothing of this program is still executing.
@@ -355,6 +366,12 @@ class vulkan_executor final : public executor {
   /// Moves the parameters `names` between the device and `host` (their bytes end to end, `size`
   /// in all; read from `host` when `to_device`, else written): vk_transfers::move.
   expected<void> transfer(const std::vector<std::string>& names, uint8_t* host, size_t size, bool to_device, const char* what) {
+    const std::span<uint8_t> whole(host, size);
+    return transfer(names, std::span<const std::span<uint8_t>>(&whole, 1), size, to_device, what);
+  }
+  /// The same from or into `host` in pieces.
+  expected<void> transfer(const std::vector<std::string>& names, std::span<const std::span<uint8_t>> host, size_t size, bool to_device,
+                          const char* what) {
     std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
     uint64_t total = 0;
     for (const auto& name : names) {

@@ -14,7 +14,7 @@ const char* const kind_names[] = {"hello", "heartbeat", "submit_job", "job_resul
                                   "cancel_stages", "stage_accepted", "route_open", "train_ready", "ring_go", "generate_request",
                                   "generate_piece", "generate_done", "generate_cancel", "models_request", "models_reply", "stage_open", "stage_step",
                                   "stage_close", "stage_reply", "blob_get", "blob_chunk", "shared_region_offer",
-                                  "shared_region_answer", "allreduce_piece_shared"};
+                                  "shared_region_answer", "allreduce_piece_shared", "host_reduce_mark"};
 
 expected<void> check_tensors(const std::vector<named_tensor>& ts) {
   for (const auto& t : ts)
@@ -48,6 +48,8 @@ expected<void> check(const message& m) {
     return make_error(error_code::decode_error, "shared_region_offer: a nonce of " + std::to_string(o->nonce.size()) + " bytes, not 16");
   if (auto* p = std::get_if<allreduce_piece_shared>(&m); p && p->nonce.size() != 16)
     return make_error(error_code::decode_error, "allreduce_piece_shared: a nonce of " + std::to_string(p->nonce.size()) + " bytes, not 16");
+  if (auto* h = std::get_if<host_reduce_mark>(&m); h && h->nonce.size() != 16)
+    return make_error(error_code::decode_error, "host_reduce_mark: a nonce of " + std::to_string(h->nonce.size()) + " bytes, not 16");
   return {};
 }
 

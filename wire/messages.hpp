@@ -34,7 +34,7 @@ namespace mesh::msg {
 /// boxes carry a session and a sequence number). Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 24;
+inline constexpr uint16_t protocol_version = 25;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
@@ -279,7 +279,7 @@ using message = std::variant<hello, heartbeat, submit_job, job_result, run_stage
                              stage_accepted, route_open, train_ready, ring_go, generate_request, generate_piece,
                              generate_done, generate_cancel, models_request, models_reply, stage_open, stage_step,
                              stage_close, stage_reply, blob_get, blob_chunk, shared_region_offer, shared_region_answer,
-                             allreduce_piece_shared>;
+                             allreduce_piece_shared, host_reduce_mark>;
 
 /// Protocol version, kind byte, body. Fails only for a list longer than 2^32 elements.
 expected<std::vector<uint8_t>> encode_message(const message& m);

@@ -147,6 +147,10 @@ struct train_step {
   bool report_state = false;
   bool stop = false;
   std::vector<train_shard> shards;  ///< dataset shards `micro` needs that the worker has not got yet
+  /// Every member of `ring` maps every other's shared region (they share a host, each said so in
+  /// its train_ready of the last step with this ring): the gradients are reduced through the
+  /// regions (host_reduce_mark), not around the ring.
+  bool host_reduce = false;
   bool operator==(const train_step&) const = default;
 };
 
@@ -203,6 +207,23 @@ struct allreduce_piece_shared {
   bool operator==(const allreduce_piece_shared&) const = default;
 };
 
+/// Worker -> every other member of a step whose ring reduces through shared memory
+/// (train_step::host_reduce, actors/host_reduce.hpp): bucket `round` (the round id of a bucket,
+/// as allreduce_piece names it) reached `phase` here, 0: this member's gradients are in its
+/// region's input area; 1: its share of the sum is in its region's sum area. The region is named
+/// as in its offer (the receiver maps it if it has not).
+struct host_reduce_mark {
+  uint64_t train = 0;
+  node_id coordinator;
+  uint64_t round = 0;
+  uint32_t phase = 0;
+  uint32_t pid = 0;
+  uint32_t fd = 0;
+  uint64_t size = 0;
+  std::vector<uint8_t> nonce;  ///< 16 bytes
+  bool operator==(const host_reduce_mark&) const = default;
+};
+
 /// Ring member -> coordinator: step `step` (this attempt) is set up here, its round ready for
 /// the predecessor's pieces. With `probe`: the answer to a probing ring_go, saying how many
 /// pieces its round has taken from its predecessor.
@@ -212,6 +233,9 @@ struct train_ready {
   uint32_t attempt = 0;
   bool probe = false;
   uint32_t pieces_taken = 0;
+  /// This member maps every other member's shared region of the step's ring, and each of them
+  /// maps its own (train_step::host_reduce).
+  bool host_local = false;
   bool operator==(const train_ready&) const = default;
 };
 
@@ -284,7 +308,7 @@ struct train_checkpoint {
 
 template <class F>
 void fields(F& f, train_ready& x) {
-  f(x.train, x.step, x.attempt, x.probe, x.pieces_taken);
+  f(x.train, x.step, x.attempt, x.probe, x.pieces_taken, x.host_local);
 }
 
 template <class F>
@@ -300,6 +324,11 @@ void fields(F& f, shared_region_offer& x) {
 template <class F>
 void fields(F& f, shared_region_answer& x) {
   f(x.train, x.coordinator, x.pid, x.fd, x.ok, x.error);
+}
+
+template <class F>
+void fields(F& f, host_reduce_mark& x) {
+  f(x.train, x.coordinator, x.round, x.phase, x.pid, x.fd, x.size, x.nonce);
 }
 
 template <class F>
@@ -340,7 +369,7 @@ void fields(F& f, train_shard& x) {
 
 template <class F>
 void fields(F& f, train_step& x) {
-  f(x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state, x.stop, x.shards);
+  f(x.train, x.step, x.attempt, x.ring, x.micro, x.commit, x.report_state, x.stop, x.shards, x.host_reduce);
 }
 
 template <class F>

@@ -111,6 +111,8 @@ struct train_sim {
   /// Nodes added from now on take pieces through shared memory (all of them are in this
   /// process, so each maps the others' regions: train_engine::host_shared_memory).
   bool shared_memory = false;
+  /// Whether nodes added from now on may reduce through every member's region (host_reduce.hpp).
+  bool host_reduce = true;
 
   explicit train_sim(int n, step_deadlines d = {}, bool shared = false) : deadlines(d), shared_memory(shared) {
     for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
@@ -122,6 +124,7 @@ struct train_sim {
   void add(const std::string& id) {
     node nd{std::make_unique<train_engine>(test::named(id), deadlines), gpu::make_cpu_executor(1)};
     if (shared_memory) nd.engine->set_shared_memory(train_engine::host_shared_memory());
+    nd.engine->set_host_reduce(host_reduce);
     nd.engine->set_data_opener([this, id](const node_id&, const msg::train_text_data& t) -> expected<models::byte_source> {
       auto file = models::file_source(t.path);
       if (!file) return file;
@@ -473,7 +476,8 @@ TEST_CASE("a bucket's sum that cannot be written fails its step on that node, wh
 TEST_CASE("all-reduce pieces through shared memory give the result of pieces in messages, bit for bit", "[actors][train][shm]") {
   // Every node of the simulation is in this process, so each maps its predecessor's region as
   // nodes on one host do. Data parallel in buckets, and DiLoCo with int8 outer gradients (a
-  // block format), each against the same run with every piece in its message.
+  // block format), each against the same run with every piece in its message. The pieces keep
+  // going around the ring (no host all-reduce, which sums in another order).
   const auto s = two_moons_mlp();
   auto dp = dp_options();
   dp.bucket_bytes = 1;
@@ -485,7 +489,9 @@ TEST_CASE("all-reduce pieces through shared memory give the result of pieces in 
     train_sim inline_pieces(3);
     const auto expected_result = inline_pieces.train(spec);
     REQUIRE(expected_result.ok);
-    train_sim shared(3, {}, true);
+    train_sim shared(0, {}, true);
+    shared.host_reduce = false;
+    for (const char* n : {"node-a", "node-b", "node-c"}) shared.add(n);
     std::map<std::string, int> kinds;
     std::vector<uint64_t> inline_steps;  // the steps whose pieces still went in messages
     shared.on_tick = [&](train_sim& t) {
@@ -503,6 +509,89 @@ TEST_CASE("all-reduce pieces through shared memory give the result of pieces in 
     for (uint64_t step : inline_steps) CHECK(step == 0);
     CHECK(kinds["allreduce_piece_shared"] > 4 * kinds["allreduce_piece"]);
   }
+}
+
+TEST_CASE("members that all share a host sum their gradients through each other's regions, and equal a single node",
+          "[actors][train][shm][host_reduce]") {
+  // A bucket per gradient on 3 nodes of this process, delivered in a shuffled order: each member
+  // offers its region to every other; once all said so (train_ready), the steps go through the
+  // regions (host_reduce_mark), the pieces only in the first ones.
+  const auto [spec, reference] = bucket_per_gradient();
+  for (const int nodes : {2, 3, 4}) {
+    INFO(nodes << " nodes");
+    train_sim sim(nodes, {}, true);
+    sim.net.set_shuffle(true);
+    std::map<std::string, int> kinds;
+    std::set<uint64_t> piece_steps, mark_steps, host_steps;
+    sim.on_tick = [&](train_sim& t) {
+      ++kinds[msg::kind_name(t.last_message)];
+      if (std::holds_alternative<msg::allreduce_piece>(t.last_message) || std::holds_alternative<msg::allreduce_piece_shared>(t.last_message))
+        piece_steps.insert(t.progress.size());
+      if (std::holds_alternative<msg::host_reduce_mark>(t.last_message)) mark_steps.insert(t.progress.size());
+      if (const auto* st = std::get_if<msg::train_step>(&t.last_message); st && st->host_reduce) host_steps.insert(st->step);
+    };
+    const auto r = sim.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+    // Every member offered every other its region; the first steps around the ring (offers
+    // answered during the first, reported in the second's train_ready; an offer that came
+    // before its receiver's setup is made again at the next step), every later one through the
+    // regions: 4 buckets, 2 marks each to every other member.
+    CHECK(kinds["shared_region_offer"] >= nodes * (nodes - 1));
+    REQUIRE(!host_steps.empty());
+    const uint64_t first = *host_steps.begin();
+    CHECK(first >= 2);
+    CHECK(first <= 3);
+    CHECK(host_steps.size() == spec.steps - first);
+    REQUIRE(!piece_steps.empty());
+    CHECK(*piece_steps.rbegin() < first);
+    CHECK(mark_steps.size() == host_steps.size());
+    CHECK(kinds["host_reduce_mark"] == static_cast<int>(host_steps.size()) * 4 * 2 * nodes * (nodes - 1));
+    CHECK(sim.refused.empty());
+  }
+}
+
+TEST_CASE("a host all-reduce's marks a node cannot trust are refused, and the run goes on", "[actors][train][shm][host_reduce][security]") {
+  const auto [spec, reference] = bucket_per_gradient();
+  train_sim sim(3, {}, true);
+  msg::host_reduce_mark seen;  // a mark of node-b's to node-a
+  bool sent = false;
+  const int not_a_region = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  REQUIRE(not_a_region >= 0);
+  sim.on_tick = [&](train_sim& t) {
+    if (const auto* m = std::get_if<msg::host_reduce_mark>(&t.last_message); m && t.last_from == "node-b" && t.last_to == "node-a") seen = *m;
+    if (sent || seen.round == 0) return;
+    sent = true;
+    // A stranger's mark (no member of the ring: refused before any file is opened), a member's
+    // mark of no such phase and one it sent already, and a member's mark naming a file that is
+    // no region (refused and answered no).
+    msg::host_reduce_mark stranger = seen, bad_phase = seen, again = seen, no_region = seen;
+    bad_phase.phase = 7;
+    no_region.round = seen.round + 1;
+    no_region.pid = static_cast<uint32_t>(getpid());
+    no_region.fd = static_cast<uint32_t>(not_a_region);
+    // Delivered at once, while node-a's round of that step still goes on.
+    auto& a = *t.nodes.at("node-a").engine;
+    for (const auto& [from, m] : {std::pair{"node-x", stranger}, std::pair{"node-b", bad_phase}, std::pair{"node-b", again},
+                                  std::pair{"node-b", no_region}}) {
+      t.post("node-a", a.on_message(test::named(from), m, t.now));
+      for (auto& refusal : a.take_refused()) t.refused.emplace_back("node-a", std::move(refusal));
+    }
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  ::close(not_a_region);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  std::set<std::string> why;
+  for (const auto& [node, refusal] : sim.refused) {
+    if (refusal.kind != "host_reduce_mark") continue;
+    CHECK(node == "node-a");
+    for (const char* w : {"not in this node's ring", "no such phase", "seen before", "not a shared region"})
+      if (refusal.why.find(w) != std::string::npos) why.insert(w);
+  }
+  CHECK(why == std::set<std::string>{"not in this node's ring", "no such phase", "seen before", "not a shared region"});
 }
 
 TEST_CASE("shared-memory pieces and offers a node cannot trust are refused, and the run goes on", "[actors][train][shm][security]") {

@@ -57,11 +57,15 @@ TEST_CASE("data-parallel training over 3 meshnode processes equals a single node
   CHECK(shared == 3);
 }
 
-TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, their ring passes on 3 threads each, equals a single node",
+TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, around the ring and then through the host all-reduce, "
+          "equals a single node",
           "[apps][train]") {
   // Pieces of the 1024 x 1024 weight's bucket are 87K values, so each ring pass is split into
   // parts that the nodes' host-copy threads share (MESH_COPY_THREADS; this host's default is
   // one thread), and each bucket's sum is written into the accumulators as its round ends.
+  // Once every node maps the others' regions (the first two steps), the steps sum through them
+  // (host_reduce.hpp): each bucket read back into the node's region, its sum written to the
+  // device from the three regions.
   problem p = moons();
   {
     builder b;
@@ -85,12 +89,18 @@ TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, their ring
   auto r = trainer(**c, p.model, p.params, p.data, o).fit();
   INFO((r ? "" : r.error().message));
   REQUIRE(r);
+  if (r->workers.size() != 3)  // what each node saw
+    for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) WARN("node log:\n" << n->log());
   CHECK(r->workers.size() == 3);
   CHECK(r->state.at("opt.adam.t").at(0) == static_cast<float>(steps));
   CHECK(max_difference(r->state, reference) < 1e-4);
-  int shared = 0;
-  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) shared += n->log().find("go through shared memory") != std::string::npos;
+  int shared = 0, host = 0;
+  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) {
+    shared += n->log().find("go through shared memory") != std::string::npos;
+    host += n->log().find("summed through their shared memory (host all-reduce)") != std::string::npos;
+  }
   CHECK(shared == 3);
+  CHECK(host == 3);
 }
 
 TEST_CASE("with --shared-memory off every all-reduce piece crosses the transport, and the result is the same", "[apps][train]") {

@@ -77,6 +77,7 @@ std::vector<message> samples() {
           open_training{4, train_spec{train_method::diloco, 2, 30, 6, 16, 5, wire_format::bf16, 99, small_graph(false), small_graph(false), small_graph(false), small_graph(false), {{"w", t}}, {{"x", t}}, 0, 10, {text_data()}}},
           train_setup{5, train_spec{train_method::data_parallel, 0, 10, 1, 1, 1, wire_format::f32, 1, small_graph(false), small_graph(false), {}, {}, {}, {}}, test::named("client-c"), 4, {3, test::named("node-d"), grant_signature()}},
           train_step{5, 3, 2, {test::named("node-a"), test::named("node-b")}, {9, 12}, 3, true, false, {{2, {{"x", t}}}}},
+          train_step{5, 4, 1, {test::named("node-a"), test::named("node-b")}, {9, 12}, 4, false, false, {}, true},
           allreduce_piece{5, test::named("node-a"), 77, 2, 1, {1, 2, 3, 4}},
           train_reduced{5, 3, 2, false, "step failed", 0.75, 4096, error_code::device},
           train_state{5, 4, {{"w", t}}},
@@ -85,7 +86,7 @@ std::vector<message> samples() {
           train_resume{4, test::named("node-a"), {{"x", t}}, {2, test::named("node-b"), grant_signature()}},
           train_checkpoint{4, 20, {{"w", t}}},
           cancel_stages{9, 2}, stage_accepted{9, 1, 2}, route_open{9, 1, 0, 2},
-          train_ready{4, 7, 1}, ring_go{4, 7, 1},
+          train_ready{4, 7, 1}, train_ready{4, 7, 2, false, 0, true}, ring_go{4, 7, 1},
           generate_request{11, "/models/tiny.gguf", "Once upon a time", true, "chatml", {0.8f, 40, 0.95f, 0.05f, 1.1f, 1234567890123ull}, {"\n\n", "END"}, 64, "/adapters/tiny-lora"},
           generate_piece{11, "d\xc3\xa9j\xc3\xa0", 3},
           generate_done{11, true, finish_reason::context, 5, 59, 0.25, 0.125, 1.5, error_code::internal, ""},
@@ -115,14 +116,16 @@ std::vector<message> samples() {
           shared_region_answer{5, test::named("node-a"), 4242, 17, true, ""},
           shared_region_answer{5, test::named("node-a"), 4242, 17, false, "no shared region at /proc/4242/fd/17 on this host"},
           allreduce_piece_shared{5, test::named("node-a"), 77, 2, 1, 4242, 17, (uint64_t{1} << 32) + 64, std::vector<uint8_t>(16, 9),
-                                 uint64_t{5} << 30, 4096}};
+                                 uint64_t{5} << 30, 4096},
+          host_reduce_mark{5, test::named("node-a"), 77 * 256 + 3, 1, 4242, 17, (uint64_t{1} << 32) + 64, std::vector<uint8_t>(16, 9)}};
 }
 }  // namespace
 
-TEST_CASE("a shared region offer or piece whose nonce is not 16 bytes is refused, naming it", "[wire][messages]") {
+TEST_CASE("a shared region offer, piece or host all-reduce mark whose nonce is not 16 bytes is refused, naming it", "[wire][messages]") {
   for (size_t n : {0, 15, 17}) {
     for (const message& m : {message(shared_region_offer{5, test::named("node-a"), 1, 2, 4096, std::vector<uint8_t>(n, 7)}),
-                             message(allreduce_piece_shared{5, test::named("node-a"), 1, 0, 0, 1, 2, 4096, std::vector<uint8_t>(n, 7), 0, 8})}) {
+                             message(allreduce_piece_shared{5, test::named("node-a"), 1, 0, 0, 1, 2, 4096, std::vector<uint8_t>(n, 7), 0, 8}),
+                             message(host_reduce_mark{5, test::named("node-a"), 1, 0, 1, 2, 4096, std::vector<uint8_t>(n, 7)})}) {
       auto bytes = encode_message(m);
       REQUIRE(bytes);
       auto r = decode_message(bytes->data(), bytes->size());

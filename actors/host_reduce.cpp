@@ -1,0 +1,115 @@
+#include "actors/host_reduce.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace mesh {
+
+host_reduce::host_reduce(int rank, int n, std::vector<size_t> bucket_values)
+    : rank_(rank), n_(std::max(n, 1)), values_(std::move(bucket_values)), regions_(static_cast<size_t>(n_), nullptr),
+      posted_(values_.size(), 0), summed_(values_.size(), 0), seen_(values_.size(), std::vector<uint8_t>(2 * static_cast<size_t>(n_), 0)) {
+  for (size_t v : values_) {
+    offsets_.push_back(total_);
+    // Each bucket's areas start on a 64-byte boundary.
+    total_ += (v + 15) & ~size_t{15};
+  }
+}
+
+void host_reduce::set_region(int rank, const float* data) {
+  if (rank >= 0 && rank < n_) regions_[static_cast<size_t>(rank)] = data;
+}
+
+void host_reduce::set_own_region(float* data) {
+  own_ = data;
+  set_region(rank_, data);
+}
+
+std::pair<size_t, size_t> host_reduce::share(int b, int rank) const {
+  const size_t m = values_[static_cast<size_t>(b)];
+  return {m * static_cast<size_t>(rank) / static_cast<size_t>(n_), m * static_cast<size_t>(rank + 1) / static_cast<size_t>(n_)};
+}
+
+host_reduce::events host_reduce::posted(int b) {
+  events out;
+  if (b < 0 || b >= buckets() || seen_[static_cast<size_t>(b)][static_cast<size_t>(rank_) * 2]) return out;
+  seen_[static_cast<size_t>(b)][static_cast<size_t>(rank_) * 2] = 1;
+  out.marks.push_back({b, 0});
+  if (++posted_[static_cast<size_t>(b)] == n_) sum_share(b, out);
+  return out;
+}
+
+expected<host_reduce::events> host_reduce::on_mark(int from, int bucket, int phase) {
+  const auto bad = [&](const std::string& why) {
+    return make_error(error_code::invalid_argument, "host all-reduce mark (rank " + std::to_string(from) + ", bucket " + std::to_string(bucket) +
+                                                        ", phase " + std::to_string(phase) + "): " + why);
+  };
+  if (from < 0 || from >= n_ || from == rank_) return bad("no other rank of " + std::to_string(n_));
+  if (bucket < 0 || bucket >= buckets()) return bad("no such bucket of " + std::to_string(buckets()));
+  if (phase != 0 && phase != 1) return bad("no such phase");
+  auto& seen = seen_[static_cast<size_t>(bucket)];
+  const size_t at = static_cast<size_t>(from) * 2;
+  if (seen[at + static_cast<size_t>(phase)]) return bad("seen before");
+  if (phase == 1 && !seen[at]) return bad("summed before its rank posted");
+  if (phase == 1 && !seen[static_cast<size_t>(rank_) * 2]) return bad("summed before this rank posted");
+  seen[at + static_cast<size_t>(phase)] = 1;
+  ++taken_;
+  events out;
+  if (phase == 0) {
+    if (++posted_[static_cast<size_t>(bucket)] == n_) sum_share(bucket, out);
+  } else {
+    note_summed(bucket, out);
+  }
+  return out;
+}
+
+void host_reduce::sum_share(int b, events& out) {
+  const auto [lo, hi] = share(b, rank_);
+  const size_t in = input_offset(b), sum = sum_offset(b);
+  const auto part = [&](size_t from, size_t to) {
+    float* dst = own_ + sum + from;
+    const float* first = regions_[0] + in + from;
+    std::copy(first, first + (to - from), dst);
+    for (int r = 1; r < n_; ++r) {
+      const float* src = regions_[static_cast<size_t>(r)] + in + from;
+      for (size_t i = 0; i < to - from; ++i) dst[i] += src[i];
+    }
+  };
+  const size_t count = hi - lo;
+  const size_t parts = (count + ring_allreduce::parallel_part_values - 1) / ring_allreduce::parallel_part_values;
+  if (!parallel_ || parts <= 1) {
+    part(lo, hi);
+  } else {
+    parallel_(static_cast<int64_t>(parts), [&](int64_t p) {
+      const size_t from = lo + static_cast<size_t>(p) * ring_allreduce::parallel_part_values;
+      part(from, std::min(hi, from + ring_allreduce::parallel_part_values));
+    });
+  }
+  seen_[static_cast<size_t>(b)][static_cast<size_t>(rank_) * 2 + 1] = 1;
+  out.marks.push_back({b, 1});
+  note_summed(b, out);
+}
+
+void host_reduce::note_summed(int b, events& out) {
+  if (++summed_[static_cast<size_t>(b)] == n_) {
+    ++done_;
+    out.done.push_back(b);
+  }
+}
+
+std::vector<std::span<const float>> host_reduce::sum_pieces(int b) const {
+  std::vector<std::span<const float>> out;
+  for (int r = 0; r < n_; ++r) {
+    const auto [lo, hi] = share(b, r);
+    out.emplace_back(regions_[static_cast<size_t>(r)] + sum_offset(b) + lo, hi - lo);
+  }
+  return out;
+}
+
+float host_reduce::last_value(int b) const {
+  const size_t m = values_[static_cast<size_t>(b)];
+  if (m == 0) return 0;
+  // The last value is in the share of the last rank with a non-empty share: rank n-1's.
+  return regions_[static_cast<size_t>(n_ - 1)][sum_offset(b) + m - 1];
+}
+
+}  // namespace mesh
