@@ -63,7 +63,8 @@ expected<host_reduce::events> host_reduce::on_mark(int from, int bucket, int pha
 }
 
 void host_reduce::sum_share(int b, events& out) {
-  const auto [lo, hi] = share(b, rank_);
+  const auto range = share(b, rank_);
+  const size_t lo = range.first, hi = range.second;  // (captured below: no structured binding)
   const size_t in = input_offset(b), sum = sum_offset(b);
   const auto part = [&](size_t from, size_t to) {
     float* dst = own_ + sum + from;

@@ -120,7 +120,8 @@ std::vector<outbound> train_engine::issue_step(uint64_t id, coord_run& c) {
   c.pieces_taken.clear();
   // Every member is in the ring, also one with no micro-batch this step (more workers than
   // micro-batches): it adds zeros, and it holds the result it must commit like the others.
-  const bool host_reduce = c.members.size() > 1 && !c.local_ring.empty() && c.local_ring == c.members;
+  const bool host_reduce = !c.host_reduce_off && c.members.size() > 1 && !c.local_ring.empty() && c.local_ring == c.members;
+  c.host_reduce_step = host_reduce;
   c.ring = c.members;
   c.step_not_local = false;
   ++c.attempt;
@@ -479,8 +480,15 @@ std::vector<outbound> train_engine::step_overdue(uint64_t id, coord_run& c) {
     if (m != self_) late.push_back(m);  // this node's own device stuck: nobody else can do its part
   std::vector<outbound> out;
   if (late.empty() && !c.unready.empty()) return out;  // only our own worker is not ready: wait for it
+  if (late.empty() && c.host_reduce_step) {
+    // Every member was ready and a host all-reduce stalled (a member's marks or region did not
+    // reach the others): the step is redone around the ring, which the run keeps from now on.
+    c.host_reduce_off = true;
+    notices_.push_back(notice{true, "the host all-reduce of " + step + " stalled after every member was ready (" + std::to_string(waited) +
+                                        " ms); redoing it around the ring, which the run keeps"});
+    return issue_step(id, c);
+  }
   if (late.empty()) {
-    c.local_ring.clear();  // a redo goes around the ring, whatever this step's reduction was
     // Every member computed its gradients and the round stalled. A member new to the run may not
     // be connected to its ring neighbours yet (it said hello to this node only; the others learn
     // of it by peer exchange): it goes back to the newcomers, to be set up again at the next step

@@ -111,6 +111,10 @@ struct train_engine::coord_run {
   /// other's shared regions (train_step::host_reduce for its next step); empty: none such.
   std::vector<node_id> local_ring;
   bool step_not_local = false;  ///< a member of this step's ring said it is not (train_ready)
+  bool host_reduce_step = false;  ///< the current step was issued with train_step::host_reduce
+  /// A host all-reduce step stalled: the run keeps the ring from then on (its stall handling can
+  /// tell which member to blame; marks to every member cannot).
+  bool host_reduce_off = false;
   /// A stalled round's probe (step_overdue): when it went out and what each member answered.
   bool probing = false;
   clock::time_point probe_sent{};

@@ -810,6 +810,7 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
     end_run(it);
     return out;
   }
+  if (t.bucket_write) return out;  // a reduced bucket went into the accumulators: nothing for the round
   if (w->direct && !w->ring.empty()) {
     // host_reduce: the bucket is in this node's region; announced once the go came.
     if (t.bucket < w->direct->buckets()) w->posted.push_back(t.bucket);

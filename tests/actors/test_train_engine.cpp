@@ -210,7 +210,8 @@ struct train_sim {
       auto [from, to, o] = *net.next();
       now += std::chrono::milliseconds(1);
       if (dead.count(from) || hung.count(to)) continue;
-      if (mute.count(from) && (std::holds_alternative<msg::allreduce_piece>(o.m) || std::holds_alternative<msg::allreduce_piece_shared>(o.m)))
+      if (mute.count(from) && (std::holds_alternative<msg::allreduce_piece>(o.m) || std::holds_alternative<msg::allreduce_piece_shared>(o.m) ||
+                               std::holds_alternative<msg::host_reduce_mark>(o.m)))
         continue;
       if (to == "client") {
         if (auto* p = std::get_if<msg::train_progress>(&o.m)) progress.push_back(*p);
@@ -550,6 +551,32 @@ TEST_CASE("members that all share a host sum their gradients through each other'
     CHECK(kinds["host_reduce_mark"] == static_cast<int>(host_steps.size()) * 4 * 2 * nodes * (nodes - 1));
     CHECK(sim.refused.empty());
   }
+}
+
+TEST_CASE("a host all-reduce that stalls is redone around the ring, which the run keeps", "[actors][train][shm][host_reduce]") {
+  // node-c's marks go nowhere during the first host all-reduce step: every member is ready, the
+  // step stalls and is redone around the ring (node-c's pieces get through again), and no later
+  // step reduces through the regions. Nobody is left out; the result equals one node's.
+  const auto [spec, reference] = bucket_per_gradient();
+  train_sim sim(3, {}, true);
+  sim.idle_step = std::chrono::milliseconds(500);
+  std::vector<bool> host;  // each train_step node-a got: host_reduce or not
+  sim.on_tick = [&](train_sim& t) {
+    const auto* st = std::get_if<msg::train_step>(&t.last_message);
+    if (!st || t.last_to != "node-a" || st->stop) return;
+    host.push_back(st->host_reduce);
+    if (st->host_reduce && std::count(host.begin(), host.end(), true) == 1) t.mute.insert("node-c");
+    if (!st->host_reduce) t.mute.clear();
+  };
+  const auto r = sim.train(spec);
+  INFO(r.error);
+  REQUIRE(r.ok);
+  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  CHECK(std::count(host.begin(), host.end(), true) == 1);
+  REQUIRE(host.size() > 4);
+  CHECK(host.back() == false);
+  CHECK(sim.progress.back().peers == 3);
+  CHECK(r.workers.size() == 3);
 }
 
 TEST_CASE("a host all-reduce's marks a node cannot trust are refused, and the run goes on", "[actors][train][shm][host_reduce][security]") {
