@@ -327,7 +327,7 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
   // "big" is larger than both staging halves (16 MiB each) together, so a transfer takes three
   // submissions, the first half is refilled while the second is in flight, and a parameter is
   // split between them (an empty parameter after it); the staged executor copies on 3 threads
-  // (MESH_COPY_THREADS).
+  // (MESH_COPY_THREADS). Writes also come from pieces (executor::write_parameters_from).
   const std::vector<std::string> names = {"rw.a", "rw.big", "rw.none", "rw.h", "rw.i"};
   const tensor_map params{{"rw.a", random_tensor(dtype::f32, {3, 5}, 1)},
                           {"rw.none", tensor::zeros(dtype::f32, {0})},
@@ -361,6 +361,16 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
       CHECK(std::equal(b.begin(), b.end(), out.begin() + static_cast<ptrdiff_t>(at)));
       at += b.size();
     }
+    // The same from pieces (a reduced sum whose shares lie in several processes' regions):
+    // cut at odd places, one piece empty, one across a staging half's end and a parameter's.
+    for (auto& v : out) v = static_cast<uint8_t>(v + 17);
+    const size_t cuts[] = {0, 7, 7, 20'000'003, total - 5, total};
+    std::vector<std::span<const uint8_t>> pieces;
+    for (size_t k = 0; k + 1 < std::size(cuts); ++k) pieces.emplace_back(out.data() + cuts[k], cuts[k + 1] - cuts[k]);
+    REQUIRE(ex->write_parameters_from(names, pieces));
+    std::vector<uint8_t> back(total, 0);
+    REQUIRE(ex->read_parameters(names, back));
+    CHECK(back == out);
     // A buffer of another size, or an unknown name: an error that says which, nothing written.
     std::vector<uint8_t> short_by_one(total - 1);
     auto wrong = ex->read_parameters(names, short_by_one);
