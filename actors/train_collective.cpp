@@ -326,6 +326,9 @@ std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg:
   auto it = worker_.find(worker_key{m.coordinator, m.train});
   if (it == worker_.end()) return {};
   worker_run& w = *it->second;
+  // Another step's or attempt's mark (the round ids name both: a member left out since may
+  // still send one), or of a run whose step goes around the ring: nothing to do.
+  if (w.orphaned || !w.direct || m.round < w.direct_base || m.round >= w.direct_base + static_cast<uint64_t>(w.direct->buckets())) return {};
   const std::string run = "training " + std::to_string(m.train);
   const auto member = std::find(w.ring.begin(), w.ring.end(), from);
   if (member == w.ring.end() || from == self_) {
@@ -338,8 +341,7 @@ std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg:
     return {};
   }
   const int rank = static_cast<int>(member - w.ring.begin());
-  // Whatever the mark's round: one naming a region that does not open here is no mark a member
-  // following the protocol sends.
+  // One naming a region that does not open here is no mark a member following the protocol sends.
   const region_locator where = locator_of(m.pid, m.fd, m.size, m.nonce);
   std::shared_ptr<shared_region> mapped;
   if (auto known = w.peer_regions.find(from); known != w.peer_regions.end()) mapped = known->second;
@@ -355,9 +357,6 @@ std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg:
     mapped = std::move(*r);
     w.peer_regions[from] = mapped;
   }
-  // Another step's or attempt's mark (the round ids name both), or of a run whose step goes
-  // around the ring: nothing to do.
-  if (w.orphaned || !w.direct || m.round < w.direct_base || m.round >= w.direct_base + static_cast<uint64_t>(w.direct->buckets())) return {};
   if (mapped->data_bytes() < w.direct->region_floats() * sizeof(float)) {
     note_refusal(from, "host_reduce_mark", run + ": its shared region holds " + std::to_string(mapped->data_bytes()) + " bytes, not the " +
                                                std::to_string(w.direct->region_floats() * sizeof(float)) + " the step's buckets need");
