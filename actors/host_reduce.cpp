@@ -5,14 +5,14 @@
 
 namespace mesh {
 
-host_reduce::host_reduce(int rank, int n, std::vector<size_t> bucket_values)
+host_reduce::host_reduce(int rank, int n, std::vector<size_t> bucket_values, size_t sum_base)
     : rank_(rank), n_(std::max(n, 1)), values_(std::move(bucket_values)), regions_(static_cast<size_t>(n_), nullptr),
       posted_(values_.size(), 0), summed_(values_.size(), 0), seen_(values_.size(), std::vector<uint8_t>(2 * static_cast<size_t>(n_), 0)) {
   for (size_t v : values_) {
     offsets_.push_back(total_);
-    // Each bucket's areas start on a 64-byte boundary.
-    total_ += (v + 15) & ~size_t{15};
+    total_ += (v + 15) & ~size_t{15};  // each bucket's areas on a 64-byte boundary
   }
+  sum_base_ = (std::max(sum_base, total_) + 15) & ~size_t{15};
 }
 
 void host_reduce::set_region(int rank, const float* data) {

@@ -41,14 +41,17 @@ class host_reduce {
     std::vector<int> done;
   };
 
-  /// Rank `rank` of `n` (n >= 2), buckets of `bucket_values[b]` values each.
-  host_reduce(int rank, int n, std::vector<size_t> bucket_values);
+  /// Rank `rank` of `n` (n >= 2), buckets of `bucket_values[b]` values each; the sum areas from
+  /// float `sum_base` of a region on (at least after the input areas; the train engine puts them
+  /// past the room a ring step's pieces take, which a ring step right after this one may fill
+  /// while a member still writes this step's sums to its device).
+  host_reduce(int rank, int n, std::vector<size_t> bucket_values, size_t sum_base = 0);
 
-  /// Floats a region holds: every bucket's input area, then every bucket's sum area.
-  size_t region_floats() const { return 2 * total_; }
+  /// Floats a region holds: every bucket's input area, then (from sum_base) every sum area.
+  size_t region_floats() const { return sum_base_ + total_; }
   /// Where bucket `b`'s input (its sum) starts in every region, in floats.
   size_t input_offset(int b) const { return offsets_[static_cast<size_t>(b)]; }
-  size_t sum_offset(int b) const { return total_ + offsets_[static_cast<size_t>(b)]; }
+  size_t sum_offset(int b) const { return sum_base_ + offsets_[static_cast<size_t>(b)]; }
   size_t bucket_values(int b) const { return values_[static_cast<size_t>(b)]; }
   int buckets() const { return static_cast<int>(values_.size()); }
   int rank() const { return rank_; }
@@ -88,7 +91,7 @@ class host_reduce {
 
   int rank_, n_;
   std::vector<size_t> values_, offsets_;
-  size_t total_ = 0;
+  size_t total_ = 0, sum_base_ = 0;
   std::vector<const float*> regions_;
   float* own_ = nullptr;
   parallel_runner parallel_;

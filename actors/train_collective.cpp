@@ -66,6 +66,25 @@ bool train_engine::host_reduce_possible(const worker_run& w) const {
   return host_reduce_ && w.method == train_method::data_parallel && w.format == wire_format::f32 && w.graphs.bucket_ends.size() > 1;
 }
 
+uint64_t train_engine::ring_area_bytes(const worker_run& w) {
+  // Room for a step's pieces: a bucket of v values sends 2(n-1) pieces of v/n values, under 2v;
+  // f32 is the widest wire format; and some room for each piece's alignment.
+  uint64_t values = 1;
+  for (auto n : w.method == train_method::data_parallel ? w.graphs.grad_sizes : w.graphs.delta_sizes) values += static_cast<uint64_t>(n);
+  return 2 * values * sizeof(float) + (uint64_t{1} << 20);
+}
+
+std::vector<size_t> train_engine::host_bucket_values(const worker_run& w) {
+  const auto& ends = w.graphs.bucket_ends;
+  std::vector<size_t> values;
+  for (size_t b = 0; b < ends.size(); ++b) {
+    size_t n = b + 1 == ends.size() ? 1 : 0;  // the last bucket ends with the loss sum
+    for (size_t i = b ? ends[b - 1] : 0; i < ends[b]; ++i) n += static_cast<size_t>(w.graphs.grad_sizes[i]);
+    values.push_back(n);
+  }
+  return values;
+}
+
 bool train_engine::host_local(const worker_run& w) const {
   if (!w.region || !host_reduce_possible(w) || w.rank < 0 || w.ring.size() < 2) return false;
   for (const auto& m : w.ring) {
@@ -88,11 +107,12 @@ std::vector<outbound> train_engine::offer_region(worker_run& w) {
   }
   if (to.empty()) return {};
   if (!w.region) {
-    // Room for a step's pieces: a bucket of v values sends 2(n-1) pieces of v/n values, under
-    // 2v; f32 is the widest wire format; and some room for each piece's alignment.
-    uint64_t values = 1;
-    for (auto n : w.method == train_method::data_parallel ? w.graphs.grad_sizes : w.graphs.delta_sizes) values += static_cast<uint64_t>(n);
-    auto r = shared_.create(2 * values * sizeof(float) + (uint64_t{1} << 20));
+    // The ring's pieces from the start; a host all-reduce's sums after them, where no ring step
+    // writes (a member may still be writing the last host step's sums to its device when the
+    // next step, around the ring, has this node's pieces placed already).
+    uint64_t bytes = ring_area_bytes(w);
+    if (host_reduce_possible(w)) bytes = host_reduce(0, 2, host_bucket_values(w), host_sum_base(w)).region_floats() * sizeof(float);
+    auto r = shared_.create(bytes);
     if (!r) {
       w.region_failed = true;
       notices_.push_back(notice{true, "training " + std::to_string(w.train) + ": no shared memory for the all-reduce (" + r.error().message +

@@ -267,6 +267,11 @@ class train_engine {
   /// in buckets, f32 on the wire): its region is then offered to every member, not only the
   /// successor.
   bool host_reduce_possible(const worker_run& w) const;
+  /// A region's room for a step's ring pieces, in bytes; a host all-reduce's bucket sizes
+  /// (values, the last with the loss sum) and its sum areas' place, after that room.
+  static uint64_t ring_area_bytes(const worker_run& w);
+  static std::vector<size_t> host_bucket_values(const worker_run& w);
+  static size_t host_sum_base(const worker_run& w) { return static_cast<size_t>(ring_area_bytes(w) / sizeof(float)); }
   /// Worker: whether it maps every other member's region of the current ring and each of them
   /// maps its own (train_ready::host_local).
   bool host_local(const worker_run& w) const;

@@ -395,14 +395,8 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   std::optional<region_buckets> direct;
   w->posted.clear();
   if (s.host_reduce && buckets > 1 && w->region && host_reduce_possible(*w)) {
-    std::vector<size_t> values;
-    for (int b = 0; b < buckets; ++b) {
-      size_t n = b + 1 == buckets ? 1 : 0;  // the last bucket ends with the loss sum
-      for (size_t i = b ? w->graphs.bucket_ends[static_cast<size_t>(b) - 1] : 0; i < w->graphs.bucket_ends[static_cast<size_t>(b)]; ++i)
-        n += static_cast<size_t>(w->graphs.grad_sizes[i]);
-      values.push_back(n);
-    }
-    auto h = std::make_unique<host_reduce>(w->rank, static_cast<int>(s.ring.size()), values);
+    const std::vector<size_t> values = host_bucket_values(*w);
+    auto h = std::make_unique<host_reduce>(w->rank, static_cast<int>(s.ring.size()), values, host_sum_base(*w));
     if (h->region_floats() * sizeof(float) <= w->region->data_bytes()) {
       direct = region_buckets{w->region, {}, values};
       for (int b = 0; b < buckets; ++b) direct->offsets.push_back(h->input_offset(b));

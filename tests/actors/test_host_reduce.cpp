@@ -121,10 +121,12 @@ TEST_CASE("host all-reduce: a share split over threads gives the same bits", "[h
 }
 
 TEST_CASE("host all-reduce: the layout and the last value", "[host_reduce]") {
+  CHECK(host_reduce(0, 2, {10, 4}, 37).sum_offset(0) == 48);  // past the base asked for, on a 64-byte boundary
+  CHECK(host_reduce(0, 2, {10, 4}, 37).region_floats() == 80);
   host_reduce h(1, 3, {10, 4});
   CHECK(h.input_offset(0) == 0);
   CHECK(h.input_offset(1) == 16);  // 64-byte boundaries
-  CHECK(h.sum_offset(0) == 32);
+  CHECK(h.sum_offset(0) == 32);     // right after the input areas unless a base is asked for
   CHECK(h.region_floats() == 64);
   std::vector<std::vector<float>> regions(3, std::vector<float>(64, 0.0f));
   for (int r = 0; r < 3; ++r) h.set_region(r, regions[static_cast<size_t>(r)].data());
