@@ -10,7 +10,10 @@
 ///      when every member has, the coordinator sends ring_go (so no piece ever reaches a node
 ///      before its round: the coordinator and the predecessor are two senders, and this orders
 ///      them). Each worker sums the gradients of its micro-batches and, with the go, runs the
-///      round with its successor; the result is *held*, not applied.
+///      round with its successor; the result is *held*, not applied. When every member of the
+///      ring said (train_ready) that it maps every other's shared region, the coordinator's next
+///      step with that ring carries host_reduce: the round goes through the regions instead
+///      (host_reduce.hpp, host_reduce_mark to every member).
 ///   3. each worker -> coordinator: train_reduced. When all have answered, the step is decided
 ///      and the next train_step carries its commit.
 /// A worker that dies before the decision makes the coordinator redo the step (attempt + 1) over
@@ -37,7 +40,8 @@
 /// elsewhere (its setup reaching this node) stops the old run.
 ///
 /// Authority: a worker's part of a run is keyed by its coordinator, so only that node may step
-/// it or end it; all-reduce pieces are taken from the ring predecessor only, step answers only
+/// it or end it; all-reduce pieces are taken from the ring predecessor only, host all-reduce
+/// marks from the step's ring members only, step answers only
 /// from the step's ring members, the state only from this node's own worker. A takeover, which
 /// ends the run everywhere else, needs the client's signed grant (wire/takeover_grant.hpp),
 /// checked by the node taking over (train_resume) and by every node its setups reach. What is
