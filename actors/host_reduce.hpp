@@ -18,7 +18,9 @@
 /// Regions are given as float arrays of region_floats() values each; their layout is fixed by
 /// the bucket sizes (the same on every rank), so a mark need only name its bucket. A region is
 /// reused from step to step: the coordinator issues the next step only when every member has
-/// finished this one, so every rank has read what it needed (see docs/training.md).
+/// finished this one, so every rank has read the inputs; the sums, which each rank's device
+/// writes read later, are written again only once every rank posted the bucket in a later step
+/// (docs/training.md, "Peers on one host").
 #include <cstdint>
 #include <span>
 #include <vector>
