@@ -1,15 +1,16 @@
 // libFuzzer target for node messages: decode_message never crashes and bounds memory by the input;
 // whatever decodes is then handed to a job engine and a training engine as if a peer sent it, and
 // a generate request or a stage message to the checks a node runs before it touches a model
-// (the checks of graphs, training specs and all-reduce pieces run on hostile values). The
-// training engine first gets a valid setup from that peer, so that steps (with their dataset
-// shards), pieces (also in shared regions) and resumes reach a live run. The chunks of a checkpoint file fetched between
+// (the checks of graphs, training specs, all-reduce pieces and host all-reduce marks run on
+// hostile values). The training engine first gets a valid setup from that peer, so that steps
+// (with their dataset shards), pieces (also in shared regions) and resumes reach a live run. The chunks of a checkpoint file fetched between
 // nodes (blob_get, blob_chunk) go to their checks and to a fetch's assembly.
 #include <cstdint>
 #include <vector>
 
 #include "actors/blob_chunks.hpp"
 #include "actors/generate_request_check.hpp"
+#include "actors/host_reduce.hpp"
 #include "actors/stage_request_check.hpp"
 #include "actors/job_engine.hpp"
 #include "wire/messages.hpp"
@@ -71,7 +72,7 @@ const std::vector<uint8_t>& seed_bytes(int which) {
     return *mesh::msg::encode_message(s);
   }();
   static const std::vector<uint8_t> generate = [] {
-    mesh::msg::generate_request r{7, "/m/tiny.gguf", "Once upon", true, "", {0.8f, 40, 0.95f, 0.05f, 1.1f, 3}, {"\n", "END"}, 32};
+    mesh::msg::generate_request r{7, "/m/tiny.gguf", "Once upon", true, "", {0.8f, 40, 0.95f, 0.05f, 1.1f, 3}, {"\n", "END"}, 32, ""};
     return *mesh::msg::encode_message(r);
   }();
   static const std::vector<uint8_t> stage = [] {
@@ -149,6 +150,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     return 0;
+  }
+  // A host all-reduce mark on a live round of rank 1 of 3 (two buckets, regions of its own): the
+  // mark's values as the round takes them; every mark's order is checked, nothing read past a
+  // region. What it accepts is a mark a member following the protocol could send.
+  if (auto* h = std::get_if<mesh::msg::host_reduce_mark>(&*m)) {
+    mesh::host_reduce r(1, 3, {9, 4});
+    std::vector<std::vector<float>> regions(3, std::vector<float>(r.region_floats(), 1.0f));
+    for (int k = 0; k < 3; ++k) r.set_region(k, regions[static_cast<size_t>(k)].data());
+    r.set_own_region(regions[1].data());
+    const int bucket = static_cast<int>(h->round % 4) - 1, from = static_cast<int>(h->pid % 5) - 1, phase = static_cast<int>(h->phase);
+    if (h->fd & 1) (void)r.posted(0);
+    auto e = r.on_mark(from, bucket, phase);
+    if (e && (from < 0 || from > 2 || from == 1 || bucket < 0 || bucket > 1 || phase < 0 || phase > 1)) __builtin_trap();
+    if (e && phase == 1) __builtin_trap();  // a summed mark before that rank's post
   }
   // A checkpoint file's chunks: what the serving node answers and what a fetch accepts.
   if (auto* g = std::get_if<mesh::msg::blob_get>(&*m)) {
