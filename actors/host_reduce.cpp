@@ -75,16 +75,7 @@ void host_reduce::sum_share(int b, events& out) {
       for (size_t i = 0; i < to - from; ++i) dst[i] += src[i];
     }
   };
-  const size_t count = hi - lo;
-  const size_t parts = (count + ring_allreduce::parallel_part_values - 1) / ring_allreduce::parallel_part_values;
-  if (!parallel_ || parts <= 1) {
-    part(lo, hi);
-  } else {
-    parallel_(static_cast<int64_t>(parts), [&](int64_t p) {
-      const size_t from = lo + static_cast<size_t>(p) * ring_allreduce::parallel_part_values;
-      part(from, std::min(hi, from + ring_allreduce::parallel_part_values));
-    });
-  }
+  for_each_part(parallel_, hi - lo, ring_allreduce::parallel_part_values, [&](size_t from, size_t to) { part(lo + from, lo + to); });
   seen_[static_cast<size_t>(b)][static_cast<size_t>(rank_) * 2 + 1] = 1;
   out.marks.push_back({b, 1});
   note_summed(b, out);

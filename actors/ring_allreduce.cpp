@@ -42,16 +42,20 @@ int ring_allreduce::chunk_at(uint32_t step, bool received) const {
   return mod(rank_ + 1 - t - (received ? 1 : 0), n_);
 }
 
-void ring_allreduce::in_parts(size_t count, const std::function<void(size_t, size_t)>& fn) const {
-  const size_t parts = (count + parallel_part_values - 1) / parallel_part_values;
-  if (!parallel_ || parts <= 1) {
+void for_each_part(const parallel_runner& run, size_t count, size_t part, const std::function<void(size_t, size_t)>& fn) {
+  const size_t parts = (count + part - 1) / part;
+  if (!run || parts <= 1) {
     fn(0, count);
     return;
   }
-  parallel_(static_cast<int64_t>(parts), [&](int64_t p) {
-    const size_t from = static_cast<size_t>(p) * parallel_part_values;
-    fn(from, std::min(count, from + parallel_part_values));
+  run(static_cast<int64_t>(parts), [&](int64_t p) {
+    const size_t from = static_cast<size_t>(p) * part;
+    fn(from, std::min(count, from + part));
   });
+}
+
+void ring_allreduce::in_parts(size_t count, const std::function<void(size_t, size_t)>& fn) const {
+  for_each_part(parallel_, count, parallel_part_values, fn);
 }
 
 allreduce_message ring_allreduce::make(uint32_t step, int chunk, int piece) {

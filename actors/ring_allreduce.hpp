@@ -43,6 +43,10 @@ using payload_placer = std::function<std::optional<std::pair<uint8_t*, uint64_t>
 /// all have returned (train_engine::set_parallel: the node's host-copy threads).
 using parallel_runner = std::function<void(int64_t parts, const std::function<void(int64_t)>& part)>;
 
+/// fn(from, to) over [0, count) in parts of `part` values, spread by `run` (all on the caller's
+/// thread without one, or with a single part). Each part's `from` is a multiple of `part`.
+void for_each_part(const parallel_runner& run, size_t count, size_t part, const std::function<void(size_t, size_t)>& fn);
+
 /// A received piece without a copy of its payload (the message it came in still holds it).
 struct allreduce_piece_ref {
   uint64_t round = 0;
