@@ -209,6 +209,15 @@ std::vector<outbound> train_engine::on_piece(const node_id& from, const msg::all
   return accept_piece(w, from, m);
 }
 
+expected<std::shared_ptr<shared_region>> train_engine::map_peer_region(worker_run& w, const node_id& from, const region_locator& where) {
+  if (auto known = w.peer_regions.find(from); known != w.peer_regions.end() && known->second && known->second->locator() == where)
+    return known->second;
+  if (!shared_.open) return make_error(error_code::unsupported, "this node takes no pieces through shared memory");
+  auto r = shared_.open(where);
+  if (r) w.peer_regions[from] = *r;
+  return r;
+}
+
 std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const msg::allreduce_piece_shared& p) {
   auto it = worker_.find(worker_key{p.coordinator, p.train});
   if (it == worker_.end()) return {};
@@ -225,20 +234,14 @@ std::vector<outbound> train_engine::on_piece_shared(const node_id& from, const m
   // The predecessor's region, mapped when it offered it or now (this run was set up again since,
   // or the offer's answer crossed this piece). Whatever the piece's round: one in a region that
   // does not open here, or past its end, is no piece a member following the protocol sends.
-  const region_locator where = locator_of(p.pid, p.fd, p.size, p.nonce);
-  auto& mapped = w.peer_regions[from];
-  if (!mapped || mapped->locator() != where) {
-    expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
-    if (shared_.open) r = shared_.open(where);
-    if (!r) {
-      w.peer_regions.erase(from);
-      note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the piece's shared region: " + r.error().message);
-      // Told, the sender sends its pieces in messages again (the round redone by the coordinator).
-      return {{from, msg::shared_region_answer{p.train, p.coordinator, p.pid, p.fd, false, r.error().message}}};
-    }
-    mapped = std::move(*r);
+  auto mapped = map_peer_region(w, from, locator_of(p.pid, p.fd, p.size, p.nonce));
+  if (!mapped) {
+    w.peer_regions.erase(from);
+    note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": the piece's shared region: " + mapped.error().message);
+    // Told, the sender sends its pieces in messages again (the round redone by the coordinator).
+    return {{from, msg::shared_region_answer{p.train, p.coordinator, p.pid, p.fd, false, mapped.error().message}}};
   }
-  const shared_region& r = *mapped;
+  const shared_region& r = **mapped;
   if (p.offset > r.data_bytes() || p.length > r.data_bytes() - p.offset) {
     note_refusal(from, "allreduce_piece_shared", "training " + std::to_string(p.train) + ": bytes [" + std::to_string(p.offset) + ", +" +
                                                      std::to_string(p.length) + ") past its shared region's " +
@@ -362,21 +365,14 @@ std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg:
   }
   const int rank = static_cast<int>(member - w.ring.begin());
   // One naming a region that does not open here is no mark a member following the protocol sends.
-  const region_locator where = locator_of(m.pid, m.fd, m.size, m.nonce);
-  std::shared_ptr<shared_region> mapped;
-  if (auto known = w.peer_regions.find(from); known != w.peer_regions.end()) mapped = known->second;
-  if (!mapped || mapped->locator() != where) {
-    expected<std::shared_ptr<shared_region>> r = make_error(error_code::unsupported, "this node takes no pieces through shared memory");
-    if (shared_.open) r = shared_.open(where);
-    if (!r) {
-      // The region mapped before (if any) stays: this mark does not count. A member that made a
-      // new region offers it; a step whose marks do not count stalls and is redone around the ring.
-      note_refusal(from, "host_reduce_mark", run + ": the member's shared region: " + r.error().message);
-      return {{from, msg::shared_region_answer{m.train, m.coordinator, m.pid, m.fd, false, r.error().message}}};
-    }
-    mapped = std::move(*r);
-    w.peer_regions[from] = mapped;
+  auto opened = map_peer_region(w, from, locator_of(m.pid, m.fd, m.size, m.nonce));
+  if (!opened) {
+    // The region mapped before (if any) stays: this mark does not count. A member that made a
+    // new region offers it; a step whose marks do not count stalls and is redone around the ring.
+    note_refusal(from, "host_reduce_mark", run + ": the member's shared region: " + opened.error().message);
+    return {{from, msg::shared_region_answer{m.train, m.coordinator, m.pid, m.fd, false, opened.error().message}}};
   }
+  const std::shared_ptr<shared_region> mapped = std::move(*opened);
   if (mapped->data_bytes() < w.direct->region_floats() * sizeof(float)) {
     note_refusal(from, "host_reduce_mark", run + ": its shared region holds " + std::to_string(mapped->data_bytes()) + " bytes, not the " +
                                                std::to_string(w.direct->region_floats() * sizeof(float)) + " the step's buckets need");

@@ -231,6 +231,9 @@ class train_engine {
   static void orphan(worker_run& w);
   std::vector<outbound> on_piece(const node_id& from, const msg::allreduce_piece& p);
   std::vector<outbound> on_piece_shared(const node_id& from, const msg::allreduce_piece_shared& p);
+  /// Worker: member `from`'s region at `where`, as mapped here already or opened now (then kept
+  /// in peer_regions); an error (and peer_regions untouched) when it does not open.
+  expected<std::shared_ptr<shared_region>> map_peer_region(worker_run& w, const node_id& from, const region_locator& where);
   /// Worker: where the round's pieces go in this run's region (ring_allreduce::set_placer).
   static payload_placer region_placer(worker_run& w);
   /// Worker: offers this run's region to the step's successor, once it has none mapped.
