@@ -91,7 +91,11 @@ expected<shared_region> shared_region::open(const region_locator& where) {
 }
 
 shared_region::shared_region(shared_region&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), map_(std::exchange(o.map_, nullptr)), writable_(o.writable_), where_(o.where_) {}
+    : fd_(std::exchange(o.fd_, -1)),
+      map_(std::exchange(o.map_, nullptr)),
+      writable_(o.writable_),
+      where_(o.where_),
+      attached_(std::move(o.attached_)) {}
 
 shared_region& shared_region::operator=(shared_region&& o) noexcept {
   if (this != &o) {
@@ -100,6 +104,7 @@ shared_region& shared_region::operator=(shared_region&& o) noexcept {
     map_ = std::exchange(o.map_, nullptr);
     writable_ = o.writable_;
     where_ = o.where_;
+    attached_ = std::move(o.attached_);
   }
   return *this;
 }
@@ -107,6 +112,7 @@ shared_region& shared_region::operator=(shared_region&& o) noexcept {
 shared_region::~shared_region() { release(); }
 
 void shared_region::release() {
+  attached_.clear();  // a device's import of the pages goes before them
   if (map_) munmap(map_, where_.size);
   if (fd_ >= 0) ::close(fd_);
   map_ = nullptr;

@@ -13,6 +13,9 @@
 /// Linux only (memfd_create, file seals).
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "base/error.hpp"
 
@@ -53,6 +56,18 @@ class shared_region {
   const uint8_t* data() const { return map_ + header_bytes; }
   uint64_t data_bytes() const { return where_.size - header_bytes; }
 
+  /// Keeps `value` under `key` until the region is unmapped, and lets it go before the unmap:
+  /// a device's import of the region's pages (gpu::executor::import_host_memory, key: the
+  /// executor), which must not outlive the mapping. An empty value records a refused import.
+  /// One thread at a time (the node's executor tasks, while they hold the region).
+  void attach(const void* key, std::shared_ptr<void> value) { attached_.emplace_back(key, std::move(value)); }
+  /// What was attached under `key`, or null when nothing was.
+  const std::shared_ptr<void>* attached(const void* key) const {
+    for (const auto& [k, v] : attached_)
+      if (k == key) return &v;
+    return nullptr;
+  }
+
  private:
   shared_region() = default;
   void release();
@@ -61,6 +76,7 @@ class shared_region {
   uint8_t* map_ = nullptr;
   bool writable_ = false;
   region_locator where_;
+  std::vector<std::pair<const void*, std::shared_ptr<void>>> attached_;
 };
 
 }  // namespace mesh

@@ -105,6 +105,7 @@ expected<int64_t> dataset_rows(const graph& grad, uint32_t micro_batch, const te
 struct train_work_result {
   std::vector<float> buffer;  ///< to all-reduce: gradients or deltas, then loss sum and count
   tensor_map state;           ///< when report_state
+  std::string note;           ///< for the node's log (what the device does with the shared regions)
 };
 
 struct train_task {

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstring>
-
 #include <tuple>
 
+#include "actors/region_import.hpp"
 #include "actors/train_buckets.hpp"
 #include "actors/train_engine_state.hpp"
 #include "gpu/executor.hpp"
@@ -595,6 +595,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           if (!in) return tl::unexpected(in.error());
           d.last_inputs = std::move(*in);
         }
+        if (direct) r.note = import_regions(ex, {direct->region});
         auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
                              d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, direct ? std::vector<float>{} : spare_of(d, 0),
                              direct ? direct->at(0) : nullptr);
@@ -740,9 +741,11 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   t.attempt = w.attempt;
   t.bucket = bucket;
   t.bucket_write = true;
-  t.work = [w = it->second, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped)](
+  t.work = [w = it->second, step = w.step, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped)](
                gpu::executor& ex) mutable -> expected<train_work_result> {
     auto& d = *w->dev;
+    train_work_result r;
+    r.note = import_regions(ex, mapped);
     const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
     if (auto ok = pieces.empty() ? ex.write_parameters(names, bytes_of(sum)) : ex.write_parameters_from(names, pieces); !ok) {
       d.unwritten = ok.error();
@@ -751,8 +754,8 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
     if (pieces.empty()) d.spare[static_cast<size_t>(bucket)] = std::move(sum);
     if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(bucket) + " sum written");
-    return train_work_result{};
+      train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written");
+    return r;
   };
   ready_.push_back(std::move(t));
 }
@@ -770,6 +773,7 @@ std::vector<outbound> train_engine::on_executed(const train_task& t, expected<tr
   if (t.takeover) return take_over(t, std::move(r));
   std::vector<outbound> out;
   const worker_key key{t.coordinator, t.train};
+  if (r && !r->note.empty()) notices_.push_back(notice{false, "training " + std::to_string(t.train) + ": " + r->note});
   if (r && !r->state.empty()) {
     msg::train_state st{t.train, t.step, {}};
     for (auto& [name, value] : r->state) st.state.push_back({name, std::move(value)});

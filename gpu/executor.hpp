@@ -59,6 +59,9 @@ struct kernel_stats {
   uint64_t validation_errors = 0;  ///< validation-layer errors seen (validation mode only)
   uint64_t validation_warnings = 0;
   uint64_t device_bytes = 0;       ///< device memory sub-allocated now
+  /// Bytes read_parameters and write_parameters* moved between parameters and imported host
+  /// memory with copy commands alone (import_host_memory), so far.
+  uint64_t imported_copy_bytes = 0;
   std::vector<kernel_timing> kernels;  ///< the last-run program's kernels, in order
   /// Programs run, the host's wall time inside run() (inputs in to outputs out), and of that the
   /// time from queue submission to the fence's signal (the GPU's work plus submission and
@@ -105,6 +108,18 @@ class executor {
     std::vector<uint8_t> all;
     for (auto p : pieces) all.insert(all.end(), p.begin(), p.end());
     return write_parameters(names, all);
+  }
+  /// Makes host memory one the device copies to and from itself: read_parameters,
+  /// write_parameters and write_parameters_from whose host bytes all lie in imported memory move
+  /// them with the device's copy commands alone (Vulkan: VK_EXT_external_memory_host), with no
+  /// staging memory and no copy on the host. The import holds the pages around `bytes` (whole
+  /// pages) while the returned handle lives: keep the memory mapped that long, and the handle
+  /// through every call that moves bytes there. Errors: unsupported (the CPU back end, whose
+  /// copies are the host's anyway; a device without the extension) or the driver's refusal (it
+  /// may refuse a read-only mapping); the calls then move the bytes as before.
+  virtual expected<std::shared_ptr<void>> import_host_memory(std::span<const uint8_t> bytes) {
+    (void)bytes;
+    return make_error(error_code::unsupported, "importing host memory: " + info().name + " copies through the host");
   }
   /// Runs a loaded program: returns its outputs and applies its updates on the device.
   virtual expected<tensor_map> run(program_id id, const tensor_map& inputs) = 0;

@@ -381,6 +381,20 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     }
   }
 
+  // Host memory the device copies to and from itself (vk_host_import.hpp): a data-parallel
+  // step's gradients and sums, with no staging copy on the host.
+  if (has_extension(chosen, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME)) {
+    auto host_props = vk_struct<VkPhysicalDeviceExternalMemoryHostPropertiesEXT>(
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT);
+    auto props = vk_struct<VkPhysicalDeviceProperties2>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2);
+    props.pNext = &host_props;
+    vkGetPhysicalDeviceProperties2(chosen, &props);
+    if (host_props.minImportedHostPointerAlignment) {
+      d->host_import_alignment = host_props.minImportedHostPointerAlignment;
+      extensions.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+    }
+  }
+
   // Compiler statistics of each pipeline, for tuning kernels (off by default: capturing them
   // may cost pipeline-creation time).
   auto exec_features = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(

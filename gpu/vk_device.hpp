@@ -87,6 +87,8 @@ struct vk_device {
   bool pipeline_stats = false;
   uint32_t device_memory_type = 0;  ///< DEVICE_LOCAL
   uint32_t host_memory_type = 0;    ///< HOST_VISIBLE | HOST_COHERENT (cached when offered)
+  /// VK_EXT_external_memory_host is enabled: its minImportedHostPointerAlignment (0: not enabled).
+  uint64_t host_import_alignment = 0;
   std::atomic<uint64_t> validation_errors{0}, validation_warnings{0};
 
   /// Creates the instance and the chosen device.

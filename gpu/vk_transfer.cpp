@@ -21,8 +21,8 @@ void after_transfer_barrier(VkCommandBuffer cmd) {
                  VK_ACCESS_HOST_READ_BIT | VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
 }
 
-vk_transfers::vk_transfers(vk_device& d, memory_pool& host_pool, VkCommandPool cmd_pool)
-    : d_(d), host_pool_(host_pool), cmd_pool_(cmd_pool), copy_pool_(copy_threads()) {}
+vk_transfers::vk_transfers(vk_device& d, memory_pool& host_pool, VkCommandPool cmd_pool, const vk_host_imports* imports)
+    : d_(d), host_pool_(host_pool), cmd_pool_(cmd_pool), copy_pool_(copy_threads()), imports_(imports) {}
 
 vk_transfers::~vk_transfers() {
   for (auto& f : flights_)
@@ -165,6 +165,7 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
     return {};
   }
   if (total == 0) return {};
+  if (auto direct = move_imported(list, host, to_device); !direct || *direct) return direct ? expected<void>{} : tl::unexpected(direct.error());
   // The chunks, each a half's fill: its place in `host` and the buffer pieces it holds.
   struct piece {
     const allocation* a;
@@ -229,6 +230,44 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
     if (auto done = wait(h); !done && ok) ok = done;
   host_pool_.release(*st);
   return ok;
+}
+
+expected<bool> vk_transfers::move_imported(const std::vector<std::pair<const allocation*, uint64_t>>& list,
+                                           std::span<const std::span<uint8_t>> host, bool to_device) {
+  if (!imports_) return false;
+  std::vector<vk_host_imports::place> places;  // each piece's
+  for (const auto& piece : host) {
+    if (piece.empty()) {
+      places.push_back({});
+      continue;
+    }
+    auto at = imports_->find(piece.data(), piece.size());
+    if (!at) return false;
+    places.push_back(*at);
+  }
+  if (auto made = make_flights(); !made) return tl::unexpected(made.error());
+  // Buffers and pieces in step: each overlap of a buffer and a piece is one copy.
+  uint64_t moved = 0;
+  auto ok = submit(0, [&](VkCommandBuffer cmd) {
+    size_t p = 0;
+    uint64_t in_piece = 0;
+    for (const auto& [a, n] : list) {
+      for (uint64_t in_buffer = 0; in_buffer < n;) {
+        while (in_piece == host[p].size()) ++p, in_piece = 0;  // the pieces hold as many bytes as the buffers
+        const uint64_t len = std::min(n - in_buffer, host[p].size() - in_piece);
+        VkBufferCopy c{a->range.offset + in_buffer, places[p].offset + in_piece, len};
+        if (to_device) std::swap(c.srcOffset, c.dstOffset);
+        vkCmdCopyBuffer(cmd, to_device ? places[p].buffer : a->buffer, to_device ? a->buffer : places[p].buffer, 1, &c);
+        in_buffer += len;
+        in_piece += len;
+        moved += len;
+      }
+    }
+  });
+  if (ok) ok = wait(0);
+  if (!ok) return tl::unexpected(ok.error());
+  imported_bytes_ += moved;
+  return true;
 }
 
 }  // namespace mesh::gpu

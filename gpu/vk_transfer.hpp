@@ -14,6 +14,7 @@
 #include "base/error.hpp"
 #include "gpu/cpu_thread_pool.hpp"
 #include "gpu/vk_device.hpp"
+#include "gpu/vk_host_import.hpp"
 #include "gpu/vk_memory.hpp"
 
 namespace mesh::gpu {
@@ -28,8 +29,9 @@ class vk_transfers {
  public:
   using allocation = memory_pool::allocation;
   /// Staging memory from `host_pool`, command buffers from `cmd_pool` (which must outlive this),
-  /// submissions on d's queue.
-  vk_transfers(vk_device& d, memory_pool& host_pool, VkCommandPool cmd_pool);
+  /// submissions on d's queue; host memory in `imports` (when given, outliving this) is copied
+  /// to and from by the device itself.
+  vk_transfers(vk_device& d, memory_pool& host_pool, VkCommandPool cmd_pool, const vk_host_imports* imports = nullptr);
   ~vk_transfers();
   vk_transfers(const vk_transfers&) = delete;
   vk_transfers& operator=(const vk_transfers&) = delete;
@@ -43,11 +45,15 @@ class vk_transfers {
   /// bytes in turn, each fill of one a submission with a copy per buffer piece. While the device
   /// copies one half the host copies the other.
   /// `host` may be in pieces (their bytes end to end: a sum whose shares lie in several regions,
-  /// host_reduce.hpp), each copied from or into where it is.
+  /// host_reduce.hpp), each copied from or into where it is. When every piece lies in imported
+  /// host memory, one submission of copy commands between the buffers and the imports does it
+  /// all, without staging.
   expected<void> move(const std::vector<std::pair<const allocation*, uint64_t>>& buffers, std::span<const std::span<uint8_t>> host,
                       bool to_device);
   /// A wait timed out or the device was lost: the executor takes the device as lost.
   bool lost() const { return lost_; }
+  /// Bytes move() copied between buffers and imported host memory directly, so far.
+  uint64_t imported_bytes() const { return imported_bytes_; }
 
   /// Staging chunk for uploads from a caller's bytes: host memory stays bounded by this.
   static constexpr uint64_t upload_chunk = 16ull << 20;
@@ -68,12 +74,17 @@ class vk_transfers {
   expected<void> submit(size_t h, F record);
   /// Waits for flight `h` when it is in flight.
   expected<void> wait(size_t h);
+  /// move() where every piece of `host` lies in an import: true when done that way.
+  expected<bool> move_imported(const std::vector<std::pair<const allocation*, uint64_t>>& buffers, std::span<const std::span<uint8_t>> host,
+                               bool to_device);
 
   vk_device& d_;
   memory_pool& host_pool_;
   VkCommandPool cmd_pool_;
   std::array<flight, 2> flights_;
   thread_pool copy_pool_;  ///< the host side of the copies (host_copy.hpp)
+  const vk_host_imports* imports_;
+  uint64_t imported_bytes_ = 0;
   bool lost_ = false;
 };
 

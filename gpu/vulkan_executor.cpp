@@ -107,7 +107,8 @@ class vulkan_executor final : public executor {
     cpi.queueFamilyIndex = d_->queue_family;
     if (VkResult r = vkCreateCommandPool(d_->device, &cpi, nullptr, &cmd_pool_); r != VK_SUCCESS)
       return tl::unexpected(vk_error(r, "vkCreateCommandPool"));
-    transfers_ = std::make_unique<vk_transfers>(*d_, host_pool_, cmd_pool_);
+    imports_ = std::make_unique<vk_host_imports>(*d_);
+    transfers_ = std::make_unique<vk_transfers>(*d_, host_pool_, cmd_pool_, imports_.get());
     auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &fence_); r != VK_SUCCESS)
       return tl::unexpected(vk_error(r, "vkCreateFence"));
@@ -144,6 +145,7 @@ class vulkan_executor final : public executor {
     if (pipeline_cache_) vkDestroyPipelineCache(d_->device, pipeline_cache_, nullptr);
     if (fence_) vkDestroyFence(d_->device, fence_, nullptr);
     transfers_.reset();  // its command buffers come from the pool
+    imports_.reset();    // handles still held free nothing after this
     if (cmd_pool_) vkDestroyCommandPool(d_->device, cmd_pool_, nullptr);
   }
 
@@ -162,6 +164,7 @@ class vulkan_executor final : public executor {
     s.validation_errors = d_->validation_errors.load();
     s.validation_warnings = d_->validation_warnings.load();
     s.device_bytes = device_pool_.used_bytes();
+    s.imported_copy_bytes = transfers_ ? transfers_->imported_bytes() : 0;
     s.runs = runs_;
     s.run_ms = run_ms_;
     s.submit_ms = submit_ms_;
@@ -246,6 +249,11 @@ class vulkan_executor final : public executor {
       size += p.size();
     }
     return transfer(names, host, size, true, "write_parameters");
+  }
+
+  expected<std::shared_ptr<void>> import_host_memory(std::span<const uint8_t> bytes) override {
+    if (lost_) return lost_error();
+    return imports_->import(bytes);
   }
 
   void unload(program_id id) override {
@@ -796,6 +804,7 @@ class vulkan_executor final : public executor {
   VkFence fence_ = VK_NULL_HANDLE;
   /// Parameters' bytes to and from host memory (made by init(), with the command pool).
   std::unique_ptr<vk_transfers> transfers_;
+  std::unique_ptr<vk_host_imports> imports_;  ///< import_host_memory's (made by init())
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   std::string pipeline_cache_path_;
   std::map<std::string, param> params_;

@@ -301,6 +301,7 @@ int main(int argc, char** argv) {
     auto r = run(s, *m, n, dir);
     if (!r) {
       std::fprintf(stderr, "%d nodes: %s\n", n, r.error().message.c_str());
+      bench::keep_node_logs(dir);  // what the nodes saw, for the failure
       return 1;
     }
     results.emplace_back(n, *r);

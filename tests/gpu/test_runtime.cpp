@@ -3,6 +3,7 @@
 #include "harness.hpp"
 
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -389,6 +390,122 @@ TEST_CASE("runtime: read_parameters and write_parameters move many parameters en
     CHECK(ex->drop_parameters("rw.") == 5);
     CHECK(ex->stats().validation_errors == 0);
   }
+}
+
+namespace {
+
+/// Pages of shared anonymous memory (as a shared region's), unmapped when it goes.
+struct mapped_pages {
+  explicit mapped_pages(size_t n) : size(n) {
+    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(p != MAP_FAILED);
+    data = static_cast<uint8_t*>(p);
+  }
+  ~mapped_pages() { ::munmap(data, size); }
+  mapped_pages(const mapped_pages&) = delete;
+  mapped_pages& operator=(const mapped_pages&) = delete;
+  uint8_t* data;
+  size_t size;
+};
+
+}  // namespace
+
+TEST_CASE("runtime: parameters move straight between the device and imported host memory") {
+  // The host all-reduce's gradients go into a shared region and its sums come from several:
+  // imported, the device copies them itself (executor::import_host_memory). Through the staged
+  // executor (a discrete GPU's path on lavapipe): every byte right, the import counted, and the
+  // bytes still right wherever a piece lies outside every import.
+  const std::vector<std::string> names = {"imp.a", "imp.none", "imp.big", "imp.h"};
+  const tensor_map params{{"imp.a", random_tensor(dtype::f32, {3, 5}, 11)},
+                          {"imp.none", tensor::zeros(dtype::f32, {0})},
+                          {"imp.big", random_tensor(dtype::f32, {300'001}, 12)},
+                          {"imp.h", random_tensor(dtype::f16, {7}, 13)}};
+  size_t total = 0;
+  for (const auto& n : names) total += params.at(n).bytes.size();
+  const auto ex = staged_vulkan();
+  INFO(ex->info().name);
+  REQUIRE(ex->set_parameters(params));
+  mapped_pages own(total + 8192), peer(total + 8192);
+  // Data 64 bytes into the pages, as a region's after its header: the import rounds out.
+  auto imported_own = ex->import_host_memory({own.data + 64, total});
+  auto imported_peer = ex->import_host_memory({peer.data + 64, total});
+  REQUIRE(imported_own);
+  REQUIRE(imported_peer);
+  const uint64_t before = ex->stats().imported_copy_bytes;
+  const std::span<uint8_t> into(own.data + 64, total);
+  std::fill(into.begin(), into.end(), 0xee);
+  REQUIRE(ex->read_parameters(names, into));
+  CHECK(ex->stats().imported_copy_bytes == before + total);
+  size_t at = 0;
+  for (const auto& n : names) {
+    const auto& b = params.at(n).bytes;
+    CHECK(std::equal(b.begin(), b.end(), into.begin() + static_cast<ptrdiff_t>(at)));
+    at += b.size();
+  }
+  // A sum in pieces from two imports, cut inside a parameter and at an empty piece.
+  std::vector<uint8_t> want(total);
+  for (size_t i = 0; i < total; ++i) want[i] = static_cast<uint8_t>(i * 131 + 7);
+  const size_t cut = 40 + 600'000;
+  std::copy(want.begin(), want.begin() + cut, own.data + 64);
+  std::copy(want.begin() + cut, want.end(), peer.data + 64 + cut);
+  const std::vector<std::span<const uint8_t>> pieces = {{own.data + 64, cut}, {peer.data + 64, 0}, {peer.data + 64 + cut, total - cut}};
+  REQUIRE(ex->write_parameters_from(names, pieces));
+  CHECK(ex->stats().imported_copy_bytes == before + 2 * total);
+  std::vector<uint8_t> back(total);
+  REQUIRE(ex->read_parameters(names, back));  // a buffer of no import: through staging
+  CHECK(back == want);
+  CHECK(ex->stats().imported_copy_bytes == before + 2 * total);
+  // One piece outside every import: the whole write goes through staging, and is right.
+  std::vector<uint8_t> tail(want.begin() + cut, want.end());
+  for (auto& v : tail) v = static_cast<uint8_t>(v ^ 0x3c);
+  REQUIRE(ex->write_parameters_from(names, {{own.data + 64, cut}, {tail.data(), tail.size()}}));
+  CHECK(ex->stats().imported_copy_bytes == before + 2 * total);
+  REQUIRE(ex->read_parameters(names, back));
+  CHECK(std::equal(want.begin(), want.begin() + cut, back.begin()));
+  CHECK(std::equal(tail.begin(), tail.end(), back.begin() + cut));
+  // Released, the import is gone: the same bytes then move through staging.
+  imported_peer->reset();
+  REQUIRE(ex->read_parameters(names, {peer.data + 64, total}));
+  CHECK(ex->stats().imported_copy_bytes == before + 2 * total);
+  CHECK(std::equal(back.begin(), back.end(), peer.data + 64));
+  // A read-only mapping (as a peer's region is): imported where the driver takes it, else
+  // refused with its reason; the write is right either way.
+  mapped_pages ro(total + 4096);
+  std::copy(want.begin(), want.end(), ro.data);
+  REQUIRE(::mprotect(ro.data, ro.size, PROT_READ) == 0);
+  auto imported_ro = ex->import_host_memory({ro.data, total});
+  const uint64_t ro_before = ex->stats().imported_copy_bytes;
+  REQUIRE(ex->write_parameters_from(names, {{ro.data, total}}));
+  CHECK(ex->stats().imported_copy_bytes == ro_before + (imported_ro ? total : 0));
+  if (!imported_ro) WARN("a read-only mapping is not imported here: " << imported_ro.error().to_string());
+  REQUIRE(ex->read_parameters(names, back));
+  CHECK(back == want);
+  CHECK(ex->stats().validation_errors == 0);
+  // The shared executor: where device memory is mapped (lavapipe's default) the host copies,
+  // imported or not. Pages of their own: NVIDIA's driver refuses to import pages a second time.
+  auto& shared = vulkan();
+  REQUIRE(shared.set_parameters(params));
+  mapped_pages other(total + 4096);
+  auto imported_other = shared.import_host_memory({other.data, total});
+  REQUIRE(imported_other);
+  REQUIRE(shared.read_parameters(names, {other.data, total}));
+  CHECK(std::equal(params.at("imp.big").bytes.begin(), params.at("imp.big").bytes.end(), other.data + 60));
+}
+
+TEST_CASE("runtime: importing host memory is refused with its reason where it cannot be, and a handle may outlive its executor") {
+  mapped_pages pages(8192);
+  REQUIRE(vulkan().import_host_memory({pages.data, 100}));  // and released at once
+  auto on_cpu = cpu().import_host_memory({pages.data, 100});
+  REQUIRE_FALSE(on_cpu);
+  CHECK(on_cpu.error().code == error_code::unsupported);
+  auto ex = staged_vulkan();
+  auto nothing = ex->import_host_memory({pages.data, 0});
+  REQUIRE_FALSE(nothing);
+  CHECK(nothing.error().code == error_code::invalid_argument);
+  auto held = ex->import_host_memory({pages.data + 10, 5000});
+  REQUIRE(held);
+  ex.reset();  // the executor goes first: the handle's release later frees nothing twice
+  held->reset();
 }
 
 TEST_CASE("runtime: run_repeated runs a program back to back, each run seeing the updates of the one before") {
