@@ -26,7 +26,13 @@ void host_reduce::set_own_region(float* data) {
 
 std::pair<size_t, size_t> host_reduce::share(int b, int rank) const {
   const size_t m = values_[static_cast<size_t>(b)];
-  return {m * static_cast<size_t>(rank) / static_cast<size_t>(n_), m * static_cast<size_t>(rank + 1) / static_cast<size_t>(n_)};
+  // Each share but the first starts on a multiple of share_align values: with the areas on
+  // 64-byte boundaries every share then starts 64-byte aligned in every region, where a GPU's
+  // copy engine moves it at full speed (a copy 4 bytes off runs at about half).
+  const auto start = [&](int r) {
+    return r >= n_ ? m : m * static_cast<size_t>(r) / static_cast<size_t>(n_) / share_align * share_align;
+  };
+  return {start(rank), start(rank + 1)};
 }
 
 host_reduce::events host_reduce::posted(int b) {

@@ -7,8 +7,9 @@
 ///   1. *posted*: a rank's bucket is in the input area of its own region (the device read it
 ///      back there) and it tells every other rank (a mark of phase 0);
 ///   2. *summed*: once all n ranks have posted the bucket, rank r adds share r of it (values
-///      [r m / n, (r+1) m / n) of a bucket of m values) over the n regions, in rank order, into
-///      the sum area of its own region, and tells every other rank (a mark of phase 1).
+///      [r m / n, (r+1) m / n) of a bucket of m values, each start rounded down to a multiple of
+///      share_align) over the n regions, in rank order, into the sum area of its own region,
+///      and tells every other rank (a mark of phase 1).
 /// When all n have summed, the bucket's sum lies in the n regions' sum areas, share by share
 /// (sum_pieces): each rank writes it to its device from there. Each value is summed once, by one
 /// rank, always in rank order: every replica gets the same bits. Per rank and bucket of m
@@ -86,6 +87,8 @@ class host_reduce {
   uint32_t taken() const { return taken_; }
 
  private:
+  /// Shares start on multiples of this many values (64 bytes).
+  static constexpr size_t share_align = 16;
   std::pair<size_t, size_t> share(int b, int rank) const;
   /// Sums this rank's share of bucket `b` into its sum area; the summed mark.
   void sum_share(int b, events& out);

@@ -62,7 +62,13 @@ expected<shared_region> shared_region::open(const region_locator& where) {
   const std::string expected_link = std::string("/memfd:") + memfd_name + " (deleted)";
   if (expected_link != link) return make_error(error_code::invalid_argument, path + " is \"" + link + "\", not a shared region");
   shared_region r;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  // Read-write where this process may (the file is this user's): a device imports only memory
+  // it may pin for writing (NVIDIA's driver), and a training's device copies the members' sums
+  // straight out of their regions (region_import.hpp). Through this class a reader still has
+  // const access only, and its device only reads.
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  const bool read_write = fd >= 0;
+  if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return make_error(error_code::not_found, "no shared region at " + path + " on this host");
     return sys_error("opening " + path);
@@ -80,7 +86,7 @@ expected<shared_region> shared_region::open(const region_locator& where) {
     ::close(fd);
     return make_error(error_code::invalid_argument, "shared region " + path + ": " + wrong);
   }
-  void* p = mmap(nullptr, where.size, PROT_READ, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, where.size, PROT_READ | (read_write ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
   ::close(fd);  // the mapping keeps the memory
   if (p == MAP_FAILED) return sys_error("mapping the shared region " + path);
   r.map_ = static_cast<uint8_t*>(p);

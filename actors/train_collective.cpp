@@ -68,10 +68,11 @@ bool train_engine::host_reduce_possible(const worker_run& w) const {
 
 uint64_t train_engine::ring_area_bytes(const worker_run& w) {
   // Room for a step's pieces: a bucket of v values sends 2(n-1) pieces of v/n values, under 2v;
-  // f32 is the widest wire format; and some room for each piece's alignment.
+  // f32 is the widest wire format; and some room for each piece's alignment. A multiple of 64
+  // bytes: the host all-reduce's sum areas after it start 64-byte aligned (host_reduce.hpp).
   uint64_t values = 1;
   for (auto n : w.method == train_method::data_parallel ? w.graphs.grad_sizes : w.graphs.delta_sizes) values += static_cast<uint64_t>(n);
-  return 2 * values * sizeof(float) + (uint64_t{1} << 20);
+  return (2 * values * sizeof(float) + (uint64_t{1} << 20) + 63) / 64 * 64;
 }
 
 std::vector<size_t> train_engine::host_bucket_values(const worker_run& w) {
@@ -378,7 +379,7 @@ std::vector<outbound> train_engine::on_host_mark(const node_id& from, const msg:
                                                std::to_string(w.direct->region_floats() * sizeof(float)) + " the step's buckets need");
     return {};
   }
-  // (Read through the const data(): a peer's region is mapped read-only.)
+  // (Read through the const data(): a reader has no writable view of a peer's region.)
   w.direct->set_region(rank, reinterpret_cast<const float*>(std::as_const(*mapped).data()));
   w.direct_regions[static_cast<size_t>(rank)] = mapped;
   auto e = w.direct->on_mark(rank, static_cast<int>(m.round - w.direct_base), static_cast<int>(m.phase));

@@ -405,7 +405,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
       w->direct_regions[static_cast<size_t>(w->rank)] = w->region;
       for (size_t r = 0; r < s.ring.size(); ++r)
         if (auto it = w->peer_regions.find(s.ring[r]); it != w->peer_regions.end() && it->second && static_cast<int>(r) != w->rank) {
-          h->set_region(static_cast<int>(r), reinterpret_cast<const float*>(std::as_const(*it->second).data()));  // mapped read-only
+          h->set_region(static_cast<int>(r), reinterpret_cast<const float*>(std::as_const(*it->second).data()));  // another member's: read only
           w->direct_regions[r] = it->second;
         }
       if (parallel_) h->set_parallel(parallel_);

@@ -2,12 +2,14 @@
 // between the device and host memory (read_parameters / write_parameters: the trainer's
 // read-back of each bucket and its write of the reduced sums; docs/training.md).
 //
-//   mesh-bench-transfer [--mb 400] [--params 100] [--reps 8] [--threads 1,4] [--device "#0"]
+//   mesh-bench-transfer [--mb 400] [--params 100] [--reps 8] [--threads 1,4] [--device "#0"] [--align 1] [--host-offset 0]
 //
 // For each value of --threads (MESH_COPY_THREADS: the threads that copy between the caller's
 // buffer and staging memory) a new executor holds --mb MiB of f32 in --params parameters; a host
 // buffer, touched once and reused as the trainer reuses its buckets, is written to them and read
-// back --reps times. Printed: the median GB/s of each direction; every byte read back is checked
+// back --reps times (--align N: every parameter but the last a multiple of N floats, so each
+// starts that aligned in the host buffer; --host-offset B: the imported row's buffers start B
+// bytes into their pages). Printed: the median GB/s of each direction; every byte read back is checked
 // against what was written (a mismatch prints "CHECK FAILED", exit status 2).
 // A last row, "imported", moves the same bytes to and from host memory the device imported
 // (executor::import_host_memory: copy commands alone, no staging; the host all-reduce's shared
@@ -51,7 +53,7 @@ std::vector<std::string> split_list(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t mb = 400, params = 100;
+  int64_t mb = 400, params = 100, align = 1, host_offset = 0;
   int reps = 8;
   std::vector<std::string> threads = {"1", "4"};
   std::string device;
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
     else if (k == "--reps") reps = std::max(1, std::atoi(v.c_str()));
     else if (k == "--threads") threads = split_list(v);
     else if (k == "--device") device = v;
+    else if (k == "--align") align = std::max<int64_t>(1, std::atoll(v.c_str()));
+    else if (k == "--host-offset") host_offset = std::max<int64_t>(0, std::atoll(v.c_str()));
     else return std::fprintf(stderr, "unknown option %s\n", k.c_str()), 2;
   }
   if (mb < 1 || params < 1) return std::fprintf(stderr, "--mb and --params must be positive\n"), 2;
@@ -71,7 +75,7 @@ int main(int argc, char** argv) {
   const int64_t total = mb << 18;  // floats
   std::vector<int64_t> sizes;
   for (int64_t p = 0, left = total; p < params; ++p) {
-    const int64_t n = p + 1 == params ? left : std::min<int64_t>(left, total / params + (p % 3 == 0 ? 1023 : -1023));
+    const int64_t n = p + 1 == params ? left : std::min<int64_t>(left, (total / params + (p % 3 == 0 ? 1023 : -1023)) / align * align);
     sizes.push_back(std::max<int64_t>(n, 0));
     left -= sizes.back();
   }
@@ -91,8 +95,11 @@ int main(int argc, char** argv) {
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? std::span<uint8_t>{} : std::span<uint8_t>(static_cast<uint8_t*>(p), n);
   };
-  const std::span<uint8_t> shared_out = pages(out.size()), shared_in = pages(out.size());
-  if (shared_out.empty() || shared_in.empty()) return std::fprintf(stderr, "mmap of %zu bytes failed\n", out.size()), 1;
+  // --host-offset bytes into their pages (a shared region's data start 64 bytes in).
+  const size_t skip = static_cast<size_t>(host_offset);
+  std::span<uint8_t> shared_out = pages(out.size() + skip), shared_in = pages(out.size() + skip);
+  if (shared_out.empty() || shared_in.empty()) return std::fprintf(stderr, "mmap of %zu bytes failed\n", out.size() + skip), 1;
+  shared_out = shared_out.subspan(skip), shared_in = shared_in.subspan(skip);
   std::copy(out.begin(), out.end(), shared_out.begin());
   threads.push_back("imported");
   for (const auto& t : threads) {

@@ -123,27 +123,32 @@ TEST_CASE("host all-reduce: a share split over threads gives the same bits", "[h
 TEST_CASE("host all-reduce: the layout and the last value", "[host_reduce]") {
   CHECK(host_reduce(0, 2, {10, 4}, 37).sum_offset(0) == 48);  // past the base asked for, on a 64-byte boundary
   CHECK(host_reduce(0, 2, {10, 4}, 37).region_floats() == 80);
-  host_reduce h(1, 3, {10, 4});
+  host_reduce h(1, 3, {10, 100});
   CHECK(h.input_offset(0) == 0);
   CHECK(h.input_offset(1) == 16);  // 64-byte boundaries
-  CHECK(h.sum_offset(0) == 32);     // right after the input areas unless a base is asked for
-  CHECK(h.region_floats() == 64);
-  std::vector<std::vector<float>> regions(3, std::vector<float>(64, 0.0f));
+  CHECK(h.sum_offset(0) == 128);    // right after the input areas unless a base is asked for
+  CHECK(h.sum_offset(1) == 144);
+  CHECK(h.region_floats() == 256);
+  std::vector<std::vector<float>> regions(3, std::vector<float>(256, 0.0f));
   for (int r = 0; r < 3; ++r) h.set_region(r, regions[static_cast<size_t>(r)].data());
   h.set_own_region(regions[1].data());
   for (int r = 0; r < 3; ++r)
-    for (size_t i = 0; i < 4; ++i) regions[static_cast<size_t>(r)][16 + i] = static_cast<float>(r + 1) * (i == 3 ? 10.0f : 1.0f);
+    for (size_t i = 0; i < 100; ++i) regions[static_cast<size_t>(r)][16 + i] = static_cast<float>(r + 1) * (i == 99 ? 10.0f : 1.0f);
   REQUIRE(h.posted(1).marks.size() == 1);
   REQUIRE(h.on_mark(0, 1, 0));
-  auto e = h.on_mark(2, 1, 0);  // every rank posted: this rank sums its share [1, 2)
+  // Every rank posted: this rank sums its share, values [100/3, 200/3) with each start rounded
+  // down to 16 values (64 bytes): [32, 64).
+  auto e = h.on_mark(2, 1, 0);
   REQUIRE(e);
   REQUIRE(e->marks.size() == 1);
   CHECK(e->marks[0].phase == 1);
-  CHECK(regions[1][48 + 1] == 6.0f);
-  // The others' shares, as they would sum them.
-  regions[0][48 + 0] = 6.0f;
-  regions[2][48 + 2] = 6.0f;
-  regions[2][48 + 3] = 60.0f;
+  CHECK(regions[1][144 + 31] == 0.0f);
+  CHECK(regions[1][144 + 32] == 6.0f);
+  CHECK(regions[1][144 + 63] == 6.0f);
+  CHECK(regions[1][144 + 64] == 0.0f);
+  // The others' shares, [0, 32) and [64, 100), as they would sum them.
+  for (size_t i = 0; i < 32; ++i) regions[0][144 + i] = 6.0f;
+  for (size_t i = 64; i < 100; ++i) regions[2][144 + i] = i == 99 ? 60.0f : 6.0f;
   REQUIRE(h.on_mark(0, 1, 1));
   auto last = h.on_mark(2, 1, 1);
   REQUIRE(last);
@@ -153,7 +158,11 @@ TEST_CASE("host all-reduce: the layout and the last value", "[host_reduce]") {
   CHECK(h.last_value(1) == 60.0f);
   auto pieces = h.sum_pieces(1);
   REQUIRE(pieces.size() == 3);
-  CHECK(pieces[0].size() + pieces[1].size() + pieces[2].size() == 4);
+  const size_t sizes[] = {32, 32, 36};
+  for (size_t r = 0; r < 3; ++r) {
+    CHECK(pieces[r].size() == sizes[r]);
+    CHECK((pieces[r].data() - regions[r].data()) % 16 == 0);  // each share 64-byte aligned in its region
+  }
 }
 
 TEST_CASE("host all-reduce: marks no rank following the protocol sends are refused", "[host_reduce]") {

@@ -482,12 +482,13 @@ TEST_CASE("runtime: parameters move straight between the device and imported hos
   CHECK(back == want);
   CHECK(ex->stats().validation_errors == 0);
   // The shared executor: where device memory is mapped (lavapipe's default) the host copies,
-  // imported or not. Pages of their own: NVIDIA's driver refuses to import pages a second time.
+  // imported or not. NVIDIA's driver (580) imports into one device of a process only (the staged
+  // executor's, above): there the bytes move through staging, and are right either way.
   auto& shared = vulkan();
   REQUIRE(shared.set_parameters(params));
   mapped_pages other(total + 4096);
   auto imported_other = shared.import_host_memory({other.data, total});
-  REQUIRE(imported_other);
+  if (!imported_other) WARN("a second device of this process imports nothing here: " << imported_other.error().to_string());
   REQUIRE(shared.read_parameters(names, {other.data, total}));
   CHECK(std::equal(params.at("imp.big").bytes.begin(), params.at("imp.big").bytes.end(), other.data + 60));
 }
