@@ -5,8 +5,9 @@
 /// the fd number, the size and a random nonce, sent over the authenticated connection) maps it
 /// and reads from it: through this class with const access only, the mapping itself read-write
 /// where the file allows (a device imports only pages it may pin for writing, and a training's
-/// device copies the sums out of the members' regions: region_import.hpp). A peer on another host cannot open it (its /proc is another
-/// host's), so an open that succeeds also shows that the two share a host.
+/// device copies the sums out of the members' regions: region_import.hpp). A peer on another
+/// host cannot open it (its /proc is another host's), so an open that succeeds also shows that
+/// the two share a host.
 ///
 /// The peer names the file, so the reader checks it before mapping anything: the link
 /// /proc/<pid>/fd/<fd> names a memfd called "meshnode-region", the file is regular, owned by this
@@ -41,9 +42,9 @@ class shared_region {
 
   /// A region of `data_bytes` this process writes (its pages are taken as they are written).
   static expected<shared_region> create(uint64_t data_bytes);
-  /// Maps a peer's region for reading (const access only; see above), after the checks above. Errors: not_found (no such file
-  /// here: the peer is on another host, or gone), invalid_argument (a file that is not such a
-  /// region, or not the one named), io_error.
+  /// Maps a peer's region for reading (const access only; see above), after the checks above.
+  /// Errors: not_found (no such file here: the peer is on another host, or gone),
+  /// invalid_argument (a file that is not such a region, or not the one named), io_error.
   static expected<shared_region> open(const region_locator& where);
 
   shared_region(shared_region&& o) noexcept;

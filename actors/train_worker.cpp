@@ -416,10 +416,19 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                                              " members share this host: each step's gradients are summed through their shared memory (host all-reduce)"});
     }
   }
+  // The regions a host all-reduce step uses, imported into the device once every member maps
+  // every other's (region_import.hpp): from the step before the first host step on, so the
+  // imports' one-time cost (pinning the pages) falls outside the host steps.
+  std::vector<std::shared_ptr<shared_region>> to_import;
+  if (buckets > 1 && (direct || host_local(*w))) {
+    to_import.push_back(w->region);
+    for (const auto& m : s.ring)
+      if (auto it = w->peer_regions.find(m); it != w->peer_regions.end() && it->second) to_import.push_back(it->second);
+  }
   // The step's device work; `tail`: only the round's trailing inner steps (DiLoCo with overlap).
   const auto make_work = [&](std::optional<worker_run::held_result> held, bool tail) {
     return [w, commit = std::move(held), report = report && !tail, compute, micro, step, inner, k, alone, shards, opener = opener_,
-            buckets, fragment = w->fragment, trailing, tail, direct](gpu::executor& ex) mutable -> expected<train_work_result> {
+            buckets, fragment = w->fragment, trailing, tail, direct, to_import](gpu::executor& ex) mutable -> expected<train_work_result> {
       auto& d = *w->dev;
       const auto& g = w->graphs;
       const auto mark = [step](const char* what) {
@@ -595,7 +604,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           if (!in) return tl::unexpected(in.error());
           d.last_inputs = std::move(*in);
         }
-        if (direct) r.note = import_regions(ex, {direct->region});
+        r.note = import_regions(ex, to_import);
         auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
                              d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, direct ? std::vector<float>{} : spare_of(d, 0),
                              direct ? direct->at(0) : nullptr);

@@ -115,8 +115,13 @@ struct train_sim {
   bool host_reduce = true;
   /// The device of each node added from now on (the CPU back end when empty).
   std::function<std::unique_ptr<gpu::executor>()> make_device;
-  /// What the nodes logged (train_engine::take_notices), with the node's name.
-  std::vector<std::pair<std::string, std::string>> notices;
+  /// What the nodes logged (train_engine::take_notices): the node, the text, and the steps the
+  /// client had been told of by then.
+  struct logged {
+    std::string node, text;
+    size_t steps = 0;
+  };
+  std::vector<logged> notices;
 
   explicit train_sim(int n, step_deadlines d = {}, bool shared = false) : deadlines(d), shared_memory(shared) {
     for (int i = 0; i < n; ++i) add(std::string("node-") + static_cast<char>('a' + i));
@@ -184,7 +189,7 @@ struct train_sim {
       }
       auto r = t.work(*it->second.device);
       post(id, it->second.engine->on_executed(t, std::move(r), now));
-      for (auto& n : it->second.engine->take_notices()) notices.emplace_back(id, std::move(n.text));
+      for (auto& n : it->second.engine->take_notices()) notices.push_back({id, std::move(n.text), progress.size()});
     }
   }
   /// Nodes whose bucket writes (train_engine::write_bucket) run only just before their next
@@ -585,10 +590,15 @@ TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's grad
     return std::move(*ex);
   };
   for (const char* n : {"node-a", "node-b", "node-c"}) sim.add(n);
+  std::set<uint64_t> host_steps;
+  sim.on_tick = [&](train_sim& t) {
+    if (const auto* st = std::get_if<msg::train_step>(&t.last_message); st && st->host_reduce) host_steps.insert(st->step);
+  };
   const auto r = sim.train(spec);
   INFO(r.error);
   REQUIRE(r.ok);
   CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+  REQUIRE(!host_steps.empty());
   // The gradients of the host steps (from the third on) went in and the sums came out without
   // staging: at least each step's gradient bytes twice per node.
   REQUIRE(devices.size() == 3);
@@ -599,9 +609,14 @@ TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's grad
     CHECK(d->stats().imported_copy_bytes >= 2 * (spec.steps - 3) * gradient_bytes);
     CHECK(d->stats().validation_errors == 0);
   }
-  std::set<std::string> told;  // each node says what its device copies itself: its own region, then the others'
-  for (const auto& [node, text] : sim.notices)
-    if (text.find("the device copies gradients and sums to and from") != std::string::npos) told.insert(node);
+  // Each node says once what its device copies itself, the three regions at once, in a step
+  // before the first host step (the imports' cost falls outside the host steps).
+  std::set<std::string> told;
+  for (const auto& n : sim.notices)
+    if (n.text.find("the device copies gradients and sums to and from 3 shared regions itself") != std::string::npos) {
+      CHECK(told.insert(n.node).second);
+      CHECK(n.steps < *host_steps.begin());
+    }
   CHECK(told.size() == 3);
 }
 
