@@ -31,10 +31,11 @@
 namespace mesh::msg {
 
 /// Bumped on any change to these messages or to what peers exchange beside them (20: relayed
-/// boxes carry a session and a sequence number). Peers of another version are not admitted (the
+/// boxes carry a session and a sequence number; 26: the host all-reduce's shares and sum areas
+/// start 64-byte aligned in the shared regions, a layout every member computes alike). Peers of another version are not admitted (the
 /// transport's admission compares versions), and every message carries it as well: a message
 /// of another version is refused by decode_message.
-inline constexpr uint16_t protocol_version = 25;
+inline constexpr uint16_t protocol_version = 26;
 
 /// Encoded messages up to this size travel on a peer's control stream; larger ones (tensors,
 /// fragments) on a bulk stream of their own (a retransmission of one holds up no other's). The
