@@ -566,9 +566,9 @@ TEST_CASE("members that all share a host sum their gradients through each other'
 TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's gradients and sums to and from the regions itself",
           "[actors][train][shm][host_reduce][vulkan]") {
   // Three nodes on lavapipe, moving their tensors through copy commands as a discrete GPU does
-  // (map_device_memory off): each imports its own region and the others' once
-  // (executor::import_host_memory), reads its buckets into its region and writes the sums from
-  // the three, and the run equals one node's.
+  // (map_device_memory off), under the validation layers: each imports its own region and the
+  // others' once (executor::import_host_memory), reads its buckets into its region and writes
+  // the sums from the three, and the run equals one node's.
   const auto [spec, reference] = bucket_per_gradient();
   // One executor lives until exit on purpose (as tests/gpu/harness.hpp's): destroying the last
   // Vulkan instance unloads the driver, and LeakSanitizer could then not name (nor suppress) what
@@ -584,7 +584,9 @@ TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's grad
   sim.make_device = [&] {
     gpu::vulkan_options o;
     o.map_device_memory = false;
+    o.validation = true;
     auto ex = gpu::make_vulkan_executor(o);
+    INFO((ex ? "" : ex.error().to_string()));
     REQUIRE(ex);
     devices.push_back(ex->get());
     return std::move(*ex);
