@@ -17,6 +17,7 @@
 //
 // bench/train/finetune_reference.py runs the same model, shapes and optimizer in PyTorch (eager,
 // and DistributedDataParallel over NCCL with --ranks) for the anchor in the same run.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -69,6 +70,7 @@ void write_checkpoint(const fs::path& dir, const settings& s) {
 
 struct measured {
   double tokens_per_s = 0, step_ms = 0, mb_per_step = 0, first_step_s = 0;
+  double median_step_ms = 0;  ///< of steps 3 .. last, each alone: a step with a one-time cost counts once
 };
 
 expected<measured> run(const settings& s, const models::finetune_model& m, int n, const fs::path& dir) {
@@ -99,8 +101,10 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   // runs from step 2's progress report to the last step's.
   const auto t0 = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point t1{}, t2{}, t_last{};
+  std::vector<std::chrono::steady_clock::time_point> reports;  // of steps 2 .. last
   uint64_t bytes = 0;
   auto r = trainer(*c, m.g, m.state, data, o).fit([&](const train_progress_info& p) {
+    if (p.step >= 2) reports.push_back(std::chrono::steady_clock::now());
     if (p.step == 1) t1 = std::chrono::steady_clock::now();
     if (p.step == 2) t2 = std::chrono::steady_clock::now();
     if (p.step == p.steps) t_last = std::chrono::steady_clock::now();
@@ -117,6 +121,12 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   out.step_ms = 1000 * secs / timed;
   out.mb_per_step = static_cast<double>(bytes) / timed / 1e6;
   out.first_step_s = std::chrono::duration<double>(t1 - t0).count();
+  std::vector<double> each;
+  for (size_t k = 1; k < reports.size(); ++k) each.push_back(1000 * std::chrono::duration<double>(reports[k] - reports[k - 1]).count());
+  if (!each.empty()) {
+    std::sort(each.begin(), each.end());
+    out.median_step_ms = each[each.size() / 2];
+  }
   c.reset();
   mesh->nodes.clear();
   if (const char* v = std::getenv("MESH_TRAIN_TIMING"); v && std::string(v) == "1") {
@@ -306,10 +316,11 @@ int main(int argc, char** argv) {
     }
     results.emplace_back(n, *r);
   }
-  std::printf("%-6s %12s %10s %12s %12s %14s\n", "nodes", "tokens/s", "step ms", "TFLOP/s", "MB/step", "first step s");
+  std::printf("%-6s %12s %10s %12s %12s %14s %14s\n", "nodes", "tokens/s", "step ms", "TFLOP/s", "MB/step", "first step s",
+              "median step ms");
   for (const auto& [n, r] : results)
-    std::printf("%-6d %12.0f %10.1f %12.2f %12.1f %14.1f\n", n, r.tokens_per_s, r.step_ms, r.tokens_per_s * flops_per_token / 1e12,
-                r.mb_per_step, r.first_step_s);
+    std::printf("%-6d %12.0f %10.1f %12.2f %12.1f %14.1f %14.1f\n", n, r.tokens_per_s, r.step_ms, r.tokens_per_s * flops_per_token / 1e12,
+                r.mb_per_step, r.first_step_s, r.median_step_ms);
   for (const auto& [n, r] : results)
     if (n > 1 && results.front().first == 1)
       std::printf("scaling efficiency on %d nodes: %.1f%%\n", n, 100 * r.tokens_per_s / (n * results.front().second.tokens_per_s));
