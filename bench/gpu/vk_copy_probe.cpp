@@ -56,15 +56,15 @@ static std::string memory_flags(VkMemoryPropertyFlags f) {
                         {VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, "HOST_COHERENT"}, {VK_MEMORY_PROPERTY_HOST_CACHED_BIT, "HOST_CACHED"}});
 }
 
-struct Buf { VkBuffer buf = VK_NULL_HANDLE; VkDeviceMemory mem = VK_NULL_HANDLE; uint8_t* ptr = nullptr; };
+struct buffer_memory { VkBuffer buf = VK_NULL_HANDLE; VkDeviceMemory mem = VK_NULL_HANDLE; uint8_t* ptr = nullptr; };
 
-struct Probe {
+struct probe {
   VkPhysicalDevice pd = VK_NULL_HANDLE;
   VkDevice dev = VK_NULL_HANDLE;
   VkPhysicalDeviceMemoryProperties mp{};
   std::vector<uint32_t> families;  // the families tested, one queue each
-  struct Queue { VkQueue q = VK_NULL_HANDLE; VkCommandPool pool = VK_NULL_HANDLE; std::array<VkCommandBuffer, 2> cb{}; std::array<VkFence, 2> fence{}; };
-  std::vector<Queue> qs;  // qs[i] on families[i]; 2 command buffers and fences: the concurrency test uses 2 at once
+  struct queue_slot { VkQueue q = VK_NULL_HANDLE; VkCommandPool pool = VK_NULL_HANDLE; std::array<VkCommandBuffer, 2> cb{}; std::array<VkFence, 2> fence{}; };
+  std::vector<queue_slot> qs;  // qs[i] on families[i]; 2 command buffers and fences: the concurrency test uses 2 at once
 
   VkBuffer buffer(VkDeviceSize size, const void* next) {
     const bool shared = families.size() > 1;  // concurrent over all the families: no ownership transfers
@@ -90,8 +90,8 @@ struct Probe {
     std::printf("%-9s %9.1f MiB in memory type %d (%s, heap %u)\n", what, size / 1048576.0, t, memory_flags(mp.memoryTypes[t].propertyFlags).c_str(),
                 mp.memoryTypes[t].heapIndex);
   }
-  Buf alloc(const char* what, VkDeviceSize size, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer, VkMemoryPropertyFlags avoid) {
-    Buf b{buffer(size, nullptr)};
+  buffer_memory alloc(const char* what, VkDeviceSize size, VkMemoryPropertyFlags want, VkMemoryPropertyFlags prefer, VkMemoryPropertyFlags avoid) {
+    buffer_memory b{buffer(size, nullptr)};
     VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev, b.buf, &req);
     const int t = type(req.memoryTypeBits, want, prefer, avoid);
@@ -103,7 +103,7 @@ struct Probe {
     describe(what, size, t);
     return b;
   }
-  void release(Buf& b) { vkDestroyBuffer(dev, b.buf, nullptr), vkFreeMemory(dev, b.mem, nullptr), b = Buf{}; }  // null handles: no-ops
+  void release(buffer_memory& b) { vkDestroyBuffer(dev, b.buf, nullptr), vkFreeMemory(dev, b.mem, nullptr), b = buffer_memory{}; }  // null handles: no-ops
   void record(size_t q, int slot, const recorder& rec) {
     VkCommandBuffer cb = qs[q].cb[slot];
     const VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, nullptr, VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT, nullptr};
@@ -147,12 +147,12 @@ static void barrier(VkCommandBuffer cb, VkAccessFlags access, VkPipelineStageFla
   vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, stage, 0, 1, &mb, 0, nullptr, 0, nullptr);
 }
 
-struct Host {  // 2 regions of `size` bytes: [0, size) the source of h2d, [off1, off1 + size) the target of d2h
-  const char* name; Buf b; VkDeviceSize off1; void* map = nullptr; size_t map_len = 0;  // map: imported's mmap
+struct host_memory {  // 2 regions of `size` bytes: [0, size) the source of h2d, [off1, off1 + size) the target of d2h
+  const char* name; buffer_memory b; VkDeviceSize off1; void* map = nullptr; size_t map_len = 0;  // map: imported's mmap
 };
 
 // Imports 2 regions of mmap'd memory; false with `why` when it can't.
-static bool import_host(Probe& p, VkDeviceSize size, VkDeviceSize align, Host& h, std::string& why) {
+static bool import_host(probe& p, VkDeviceSize size, VkDeviceSize align, host_memory& h, std::string& why) {
   const VkDeviceSize page = static_cast<VkDeviceSize>(sysconf(_SC_PAGESIZE)), a = std::max(align, page), region = (size + a - 1) / a * a,
                      total = 2 * region;
   const auto handle = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   std::vector<VkPhysicalDevice> pds(n);
   VK(vkEnumeratePhysicalDevices(inst, &n, pds.data()));
   if (static_cast<uint32_t>(devi) >= n) return std::fprintf(stderr, "device index %d: there are %u devices\n", devi, n), 1;
-  Probe p;
+  probe p;
   p.pd = pds[devi];
   VK(vkEnumerateDeviceExtensionProperties(p.pd, nullptr, &n, nullptr));
   std::vector<VkExtensionProperties> exts(n);
@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
   std::printf("copy size %ld MiB, %d reps, VK_EXT_external_memory_host: %s (minImportedHostPointerAlignment %llu)\n", mib, reps,
               host_ext ? "yes" : "no", static_cast<unsigned long long>(hostp.minImportedHostPointerAlignment));
 
-  // Queue families: one queue from each with TRANSFER or COMPUTE.
+  // queue_slot families: one queue from each with TRANSFER or COMPUTE.
   vkGetPhysicalDeviceQueueFamilyProperties(p.pd, &n, nullptr);
   std::vector<VkQueueFamilyProperties> qf(n);
   vkGetPhysicalDeviceQueueFamilyProperties(p.pd, &n, qf.data());
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
                                host_ext ? 1u : 0u, ext_names, nullptr};
   VK(vkCreateDevice(p.pd, &dci, nullptr, &p.dev));
   for (uint32_t f : p.families) {
-    Probe::Queue q;
+    probe::queue_slot q;
     vkGetDeviceQueue(p.dev, f, 0, &q.q);
     const VkCommandPoolCreateInfo pci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, nullptr, VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, f};
     VK(vkCreateCommandPool(p.dev, &pci, nullptr, &q.pool));
@@ -262,11 +262,11 @@ int main(int argc, char** argv) {
   }
 
   const auto DL = VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, HV = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT, HC = VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  Buf dev_a = p.alloc("device", size, DL, 0, HV);        // the copies' device side
-  Buf dev_b = p.alloc("device 2", 2 * size, DL, 0, HV);  // the concurrency test's device->device copies
-  std::vector<Host> hosts;
+  buffer_memory dev_a = p.alloc("device", size, DL, 0, HV);        // the copies' device side
+  buffer_memory dev_b = p.alloc("device 2", 2 * size, DL, 0, HV);  // the concurrency test's device->device copies
+  std::vector<host_memory> hosts;
   hosts.push_back({"vk-alloc", p.alloc("vk-alloc", 2 * size, HV | HC, VK_MEMORY_PROPERTY_HOST_CACHED_BIT, DL), size});
-  Host imported{"imported", {}, 0};
+  host_memory imported{"imported", {}, 0};
   std::string why = "VK_EXT_external_memory_host is not supported";
   if (host_ext && import_host(p, size, hostp.minImportedHostPointerAlignment, imported, why)) hosts.push_back(imported);
   else std::printf("imported: skipped: %s\n", why.c_str()), p.release(imported.b);
@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
   uint32_t seed = 1;
   std::printf("\n%-7s %-12s %-9s %-4s %-6s %9s %10s %21s\n", "family", "flags", "host", "dir", "copies", "GB/s", "median ms", "min..max ms");
   for (size_t qi = 0; qi < p.qs.size(); ++qi)
-    for (Host& h : hosts)
+    for (host_memory& h : hosts)
       for (int pieces : {1, 100}) {
         // Check: a pattern through the device into the other region.
         uint32_t* src = reinterpret_cast<uint32_t*>(h.b.ptr);
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
   }
   if (tq < 0 || cq < 0) std::printf("\nconcurrency: skipped: no %s queue family\n", tq < 0 ? "transfer-only" : "compute");
   else {
-    Host& vk = hosts[0];
+    host_memory& vk = hosts[0];
     const recorder d2h = [&](VkCommandBuffer cb) {
       copy(cb, dev_a.buf, 0, vk.b.buf, vk.off1, size, 1);
       barrier(cb, VK_ACCESS_HOST_READ_BIT, VK_PIPELINE_STAGE_HOST_BIT);
@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
   }
 
   VK(vkDeviceWaitIdle(p.dev));
-  for (Host& h : hosts) p.release(h.b);
+  for (host_memory& h : hosts) p.release(h.b);
   if (imported.map) munmap(imported.map, imported.map_len);
   p.release(dev_a), p.release(dev_b);
   for (auto& q : p.qs) {
