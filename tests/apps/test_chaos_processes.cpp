@@ -3,6 +3,7 @@
 // between the nodes. Each run must end where one node ends (the same micro-batches every step,
 // so the same parameters up to float rounding) with every step applied once. Each test prints
 // what the disturbance cost (detection time, the step time paid) on a "chaos:" line.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -53,14 +54,22 @@ void check_like_one_node(const expected<train_result>& r, uint64_t steps, const 
 
 TEST_CASE("chaos: a worker stopped with SIGSTOP for 10 s, twice: the run ends like one node", "[apps][train][chaos]") {
   const auto p = moons();
-  // The run goes on while the worker is stopped, at 10-30 ms a step here: long enough for two
-  // rounds (about 30 s) on a fast or a loaded machine.
-  const uint64_t steps = 3000;
-  const auto reference = single_node_state(p, steps);
   three_nodes mesh;
   auto c = client::connect(mesh.ea, member_options());
   REQUIRE(c);
   REQUIRE(wait_for_peers(**c, 2));
+  // The run must outlast two rounds (about 30 s) while steps take 4-30 ms here, by the machine
+  // and its load: a short run of the same mesh measures the step, and the run takes about 45 s
+  // of undisturbed steps.
+  steady::time_point t100{}, t300{};
+  REQUIRE(trainer(**c, p.model, p.params, p.data, options(300)).fit([&](const train_progress_info& i) {
+    if (i.step == 100) t100 = steady::now();
+    if (i.step == 300) t300 = steady::now();
+  }));
+  const double step_s = seconds_between(t100, t300) / 200;  // past the run's setup
+  const uint64_t steps = std::clamp<uint64_t>(static_cast<uint64_t>(45.0 / step_s), 3000, 20000);
+  std::printf("chaos: %.1f ms a step (steps 100-300 of a short run): %llu steps\n", 1e3 * step_s, static_cast<unsigned long long>(steps));
+  const auto reference = single_node_state(p, steps);
 
   struct stop_round {
     steady::time_point stopped, left_out{}, resumed{}, back{};
