@@ -1,18 +1,10 @@
 #include "actors/region_import.hpp"
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 namespace mesh {
 
-bool host_import_enabled() {
-  const char* v = std::getenv("MESH_HOST_IMPORT");
-  return !v || std::strcmp(v, "off") != 0;
-}
-
 std::string import_regions(gpu::executor& ex, const std::vector<std::shared_ptr<shared_region>>& regions) {
-  if (!host_import_enabled()) return {};
   int tried = 0, imported = 0;
   std::string refusal;
   for (const auto& r : regions) {

@@ -16,12 +16,9 @@ namespace mesh {
 /// executor (the region keeps the import, or the refusal, attached under the executor's address:
 /// shared_region::attach; an executor made after a device restart at the same address finds that
 /// entry and imports nothing, its copies of those regions going through staging).
-/// Nothing is imported with MESH_HOST_IMPORT=off. Returns, when it tried a region it had not
+/// Returns, when it tried a region it had not
 /// tried before, a sentence for the node's log saying what the device copies itself and, for a
 /// refusal, why (the copies then go through staging as before); else an empty string.
 std::string import_regions(gpu::executor& ex, const std::vector<std::shared_ptr<shared_region>>& regions);
-
-/// MESH_HOST_IMPORT is not "off".
-bool host_import_enabled();
 
 }  // namespace mesh

@@ -176,6 +176,9 @@ class train_engine {
   /// Whether this node's workers may reduce through every member's region when all share its
   /// host (host_reduce.hpp; the default), or keep their pieces going around the ring.
   void set_host_reduce(bool on) { host_reduce_ = on; }
+  /// Whether those workers' devices import the members' regions (region_import.hpp; the
+  /// default), or move the bytes through staging memory and host copies.
+  void set_host_import(bool on) { host_import_ = on; }
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -310,6 +313,7 @@ class train_engine {
   shared_memory shared_;
   parallel_runner parallel_;
   bool host_reduce_ = true;
+  bool host_import_ = true;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;

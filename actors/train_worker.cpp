@@ -420,7 +420,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // every other's (region_import.hpp): from the step before the first host step on, so the
   // imports' one-time cost (pinning the pages) falls outside the host steps.
   std::vector<std::shared_ptr<shared_region>> to_import;
-  if (buckets > 1 && (direct || host_local(*w))) {
+  if (host_import_ && buckets > 1 && (direct || host_local(*w))) {
     to_import.push_back(w->region);
     for (const auto& m : s.ring)
       if (auto it = w->peer_regions.find(m); it != w->peer_regions.end() && it->second) to_import.push_back(it->second);
@@ -750,11 +750,11 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   t.attempt = w.attempt;
   t.bucket = bucket;
   t.bucket_write = true;
-  t.work = [w = it->second, step = w.step, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped)](
-               gpu::executor& ex) mutable -> expected<train_work_result> {
+  t.work = [w = it->second, step = w.step, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped),
+            import = host_import_](gpu::executor& ex) mutable -> expected<train_work_result> {
     auto& d = *w->dev;
     train_work_result r;
-    r.note = import_regions(ex, mapped);
+    if (import) r.note = import_regions(ex, mapped);  // a region mapped since the step began
     const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
     if (auto ok = pieces.empty() ? ex.write_parameters(names, bytes_of(sum)) : ex.write_parameters_from(names, pieces); !ok) {
       d.unwritten = ok.error();

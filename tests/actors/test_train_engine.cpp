@@ -113,6 +113,8 @@ struct train_sim {
   bool shared_memory = false;
   /// Whether nodes added from now on may reduce through every member's region (host_reduce.hpp).
   bool host_reduce = true;
+  /// Whether their devices import the regions (train_engine::set_host_import).
+  bool host_import = true;
   /// The device of each node added from now on (the CPU back end when empty).
   std::function<std::unique_ptr<gpu::executor>()> make_device;
   /// What the nodes logged (train_engine::take_notices): the node, the text, and the steps the
@@ -134,6 +136,7 @@ struct train_sim {
     node nd{std::make_unique<train_engine>(test::named(id), deadlines), make_device ? make_device() : gpu::make_cpu_executor(1)};
     if (shared_memory) nd.engine->set_shared_memory(train_engine::host_shared_memory());
     nd.engine->set_host_reduce(host_reduce);
+    nd.engine->set_host_import(host_import);
     nd.engine->set_data_opener([this, id](const node_id&, const msg::train_text_data& t) -> expected<models::byte_source> {
       auto file = models::file_source(t.path);
       if (!file) return file;
