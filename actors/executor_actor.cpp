@@ -5,9 +5,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,8 +21,66 @@
 namespace mesh::node_shell {
 namespace {
 
+/// Hands the executor's results to the jobs actor in the order their tasks ran. A training
+/// task whose device still copies when it returns (train_work_result::copied) is waited for on a
+/// thread of this object's, so that the executor goes on with the next task meanwhile (the copy
+/// runs beside that task's kernels); the results after it wait their turn behind it.
+class ordered_delivery {
+ public:
+  ordered_delivery() = default;
+  ordered_delivery(const ordered_delivery&) = delete;
+  ordered_delivery& operator=(const ordered_delivery&) = delete;
+  /// Delivers what is queued (waiting for its copies), then stops the thread.
+  ~ordered_delivery() {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  /// Runs `deliver` now, on the caller's thread, when nothing is queued and it does not wait
+  /// (`waits`: it blocks until a copy is done); else queues it behind the others.
+  void post(std::function<void()> deliver, bool waits) {
+    std::unique_lock lock(m_);
+    if (!waits && queue_.empty() && !busy_) {
+      lock.unlock();
+      deliver();
+      return;
+    }
+    queue_.push_back(std::move(deliver));
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    lock.unlock();
+    cv_.notify_all();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything delivered
+      auto next = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      next();
+      lock.lock();
+      busy_ = false;
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false, stopping_ = false;
+  std::thread thread_;
+};
+
 struct executor_state {
   std::unique_ptr<gpu::executor> device;
+  /// After `device`: destroyed before it, so the copies it waits for end first.
+  ordered_delivery delivery;
   /// Session fragments resident on the device, by stage_task::resident_key: their program (loaded
   /// once) and their parameters (uploaded once), until the jobs actor says to forget them.
   struct resident_stage {
@@ -85,7 +148,7 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
         auto& st = self->state;
         auto result = std::make_shared<expected<tensor_map>>(t->resident_key.empty() ? run_one_shot(*st.device, *t, ++st.one_shots)
                                                                                      : run_resident(st, *t));
-        self->send(jobs, done_atom::value, t, result);
+        st.delivery.post([jobs, t, result] { caf::anon_send(jobs, done_atom::value, t, result); }, false);
       },
       // The jobs actor let a session fragment go: free its program and parameters.
       [=](forget_atom, std::string key) {
@@ -101,7 +164,13 @@ caf::behavior executor_actor(caf::stateful_actor<executor_state>* self, std::str
       },
       [=](run_atom, std::shared_ptr<train_task> t) {
         auto result = std::make_shared<expected<train_work_result>>(t->work(*self->state.device));
-        self->send(jobs, done_atom::value, t, result);
+        const bool waits = *result && (*result)->copied;
+        self->state.delivery.post(
+            [jobs, t, result] {
+              *result = finish_copies(std::move(*result));
+              caf::anon_send(jobs, done_atom::value, t, result);
+            },
+            waits);
       },
       [=](crash_atom) {
         spdlog::error("executor: simulated device loss");

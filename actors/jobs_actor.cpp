@@ -152,6 +152,7 @@ caf::behavior jobs_actor(jobs_actor_t* self, context_ptr ctx) {
   if (const char* v = std::getenv("MESH_HOST_REDUCE"); v && std::string_view(v) == "off") st.trainer->set_host_reduce(false);
   // MESH_HOST_IMPORT=off: the devices do not import those regions (region_import.hpp).
   if (const char* v = std::getenv("MESH_HOST_IMPORT"); v && std::string_view(v) == "off") st.trainer->set_host_import(false);
+  if (const char* v = std::getenv("MESH_COPY_OVERLAP"); v && std::string_view(v) == "off") st.trainer->set_copy_overlap(false);
   if (const unsigned threads = gpu::copy_threads(); threads > 1) {
     st.ring_threads = std::make_shared<gpu::thread_pool>(threads);
     st.trainer->set_parallel([pool = st.ring_threads](int64_t parts, const std::function<void(int64_t)>& part) { pool->run(parts, part); });

@@ -90,6 +90,13 @@ void timing(const std::string& what) {
 
 }  // namespace train_detail
 
+expected<train_work_result> finish_copies(expected<train_work_result> r) {
+  if (!r || !r->copied) return r;
+  auto copied = std::exchange(r->copied, nullptr);
+  if (auto ok = copied(); !ok) return tl::unexpected(ok.error());
+  return r;
+}
+
 expected<train_graphs> check_train_spec(const msg::train_spec& spec, bool with_rows) {
   const auto bad = [](const std::string& why) { return make_error(error_code::invalid_argument, why); };
   if (spec.steps <= spec.start_step) return bad("nothing to train: steps (" + std::to_string(spec.steps) + ") must exceed the start step (" + std::to_string(spec.start_step) + ")");

@@ -106,7 +106,16 @@ struct train_work_result {
   std::vector<float> buffer;  ///< to all-reduce: gradients or deltas, then loss sum and count
   tensor_map state;           ///< when report_state
   std::string note;           ///< for the node's log (what the device does with the shared regions)
+  /// Set when the device may still be copying the task's bytes when the task returns (a bucket
+  /// read into the node's shared region, a sum written from the regions: copies beside the
+  /// kernels, gpu::executor::read_parameters_async): the result is handed to the engine only
+  /// after this returned, and its error stands for the task's (finish_copies). It may run on any
+  /// thread while the executor goes on with the next task.
+  std::function<expected<void>()> copied;
 };
+
+/// `r` once its copies are done (train_work_result::copied): an error of theirs replaces it.
+expected<train_work_result> finish_copies(expected<train_work_result> r);
 
 struct train_task {
   node_id coordinator;
@@ -179,6 +188,10 @@ class train_engine {
   /// Whether those workers' devices import the members' regions (region_import.hpp; the
   /// default), or move the bytes through staging memory and host copies.
   void set_host_import(bool on) { host_import_ = on; }
+  /// Whether those devices copy the buckets and their sums beside the kernels, while the
+  /// backward pass goes on (train_work_result::copied; the default), or each copy before the
+  /// task returns.
+  void set_copy_overlap(bool on) { copy_overlap_ = on; }
   /// The engine reads no clock: every entry point that may need the time is given it (the
   /// node's shell passes the steady clock; tests may pass simulated time).
   using clock = std::chrono::steady_clock;
@@ -314,6 +327,7 @@ class train_engine {
   parallel_runner parallel_;
   bool host_reduce_ = true;
   bool host_import_ = true;
+  bool copy_overlap_ = true;
   clock::time_point now_{};  ///< the time the current entry point was given
   std::set<node_id> peers_;
   uint64_t next_id_ = 1;

@@ -131,10 +131,12 @@ graph resident_apply(const graph& apply, const std::string& prefix) {
 /// program (train_buckets.hpp), on that micro-batch's `inputs`, and reads the bucket's
 /// accumulators, which then hold the sum over the step's micro-batches, into `buffer` (segment 0
 /// also adds the micro-batch's loss to `loss`). `empty`: no micro-batch this step (more members
-/// than micro-batches): the bucket is zeros.
+/// than micro-batches): the bucket is zeros. With `copy`, a read `into` the region may still be
+/// under way when this returns (the next segment runs beside it): *copy says when it is done.
 expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id program, const std::vector<std::string>& reads,
                                         const tensor_map& inputs, const std::vector<std::string>& acc_names, const train_graphs& g,
-                                        int b, bool empty, double& loss, std::vector<float> buffer, float* into = nullptr) {
+                                        int b, bool empty, double& loss, std::vector<float> buffer, float* into = nullptr,
+                                        gpu::pending_copy* copy = nullptr) {
   const size_t from = b ? g.bucket_ends[static_cast<size_t>(b) - 1] : 0, to = g.bucket_ends[static_cast<size_t>(b)];
   size_t total = 0;
   for (size_t i = from; i < to; ++i) total += static_cast<size_t>(g.grad_sizes[i]);
@@ -151,8 +153,26 @@ expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id progr
   if (!ran) return tl::unexpected(ran.error());
   if (b == 0) loss += ran->at("loss").at(0);
   const auto names = bucket_names(acc_names, g.bucket_ends, static_cast<size_t>(b), g.bucket_ends.size());
-  if (auto ok = ex.read_parameters(names, {reinterpret_cast<uint8_t*>(dst.data()), dst.size_bytes()}); !ok) return tl::unexpected(ok.error());
+  const std::span<uint8_t> bytes{reinterpret_cast<uint8_t*>(dst.data()), dst.size_bytes()};
+  if (into && copy) {
+    auto started = ex.read_parameters_async(names, bytes);
+    if (!started) return tl::unexpected(started.error());
+    *copy = std::move(*started);
+  } else if (auto ok = ex.read_parameters(names, bytes); !ok) {
+    return tl::unexpected(ok.error());
+  }
   return out;
+}
+
+/// The end of bucket `b`'s read into the region (train_work_result::copied), noted in the
+/// timing log when it comes.
+std::function<expected<void>()> read_back(gpu::pending_copy copy, uint64_t step, int b) {
+  return [copy = std::move(copy), step, b]() -> expected<void> {
+    auto done = copy.wait();
+    if (done && train_detail::timing_enabled())
+      train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(b) + " done");
+    return done;
+  };
 }
 
 /// Where a host_reduce step's buckets go: the node's region, bucket b at offsets[b] (floats),
@@ -428,7 +448,8 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
   // The step's device work; `tail`: only the round's trailing inner steps (DiLoCo with overlap).
   const auto make_work = [&](std::optional<worker_run::held_result> held, bool tail) {
     return [w, commit = std::move(held), report = report && !tail, compute, micro, step, inner, k, alone, shards, opener = opener_,
-            buckets, fragment = w->fragment, trailing, tail, direct, to_import](gpu::executor& ex) mutable -> expected<train_work_result> {
+            buckets, fragment = w->fragment, trailing, tail, direct, to_import,
+            overlap = copy_overlap_](gpu::executor& ex) mutable -> expected<train_work_result> {
       auto& d = *w->dev;
       const auto& g = w->graphs;
       const auto mark = [step](const char* what) {
@@ -605,12 +626,13 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
           d.last_inputs = std::move(*in);
         }
         r.note = import_regions(ex, to_import);
+        gpu::pending_copy copy;
         auto b0 = run_bucket(ex, d.last_first ? d.seg_first[0] : d.seg_more[0], (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[0],
                              d.last_inputs, d.acc_names, g, 0, micro.empty(), d.loss_sum, direct ? std::vector<float>{} : spare_of(d, 0),
-                             direct ? direct->at(0) : nullptr);
+                             direct ? direct->at(0) : nullptr, overlap ? &copy : nullptr);
         if (!b0) return tl::unexpected(b0.error());
         r.buffer = std::move(*b0);
-        mark("bucket 0 done");
+        r.copied = read_back(copy, step, 0);
         return r;
       }
       if (w->method == train_method::data_parallel) {
@@ -681,21 +703,24 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
     next.attempt = s.attempt;
     next.bucket = b;
     const bool empty = micro.empty();
-    next.work = [w, b, buckets, empty, direct](gpu::executor& ex) -> expected<train_work_result> {
+    // The last bucket is read before its task returns: no segment is left to run beside it.
+    const bool overlap = copy_overlap_ && b + 1 < buckets;
+    next.work = [w, b, buckets, empty, direct, overlap, step](gpu::executor& ex) -> expected<train_work_result> {
       auto& d = *w->dev;
       train_work_result r;
       const auto program = (d.last_first ? d.seg_first : d.seg_more)[static_cast<size_t>(b)];
       const auto& reads = (d.last_first ? d.seg_first_inputs : d.seg_more_inputs)[static_cast<size_t>(b)];
+      gpu::pending_copy copy;
       auto got = run_bucket(ex, program, reads, d.last_inputs, d.acc_names, w->graphs, b, empty, d.loss_sum,
-                            direct ? std::vector<float>{} : spare_of(d, static_cast<size_t>(b)), direct ? direct->at(b) : nullptr);
+                            direct ? std::vector<float>{} : spare_of(d, static_cast<size_t>(b)), direct ? direct->at(b) : nullptr,
+                            overlap ? &copy : nullptr);
       if (!got) return tl::unexpected(got.error());
       r.buffer = std::move(*got);
       if (b + 1 == buckets) {
         if (direct) direct->at(b)[direct->values[static_cast<size_t>(b)] - 1] = static_cast<float>(d.loss_sum);
         else r.buffer.push_back(static_cast<float>(d.loss_sum));
       }
-      if (train_detail::timing_enabled())
-        train_detail::timing("step " + std::to_string(w->step) + " worker: bucket " + std::to_string(b) + " done");
+      r.copied = read_back(copy, step, b);
       return r;
     };
     ready_.push_back(std::move(next));
@@ -751,19 +776,37 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
   t.bucket = bucket;
   t.bucket_write = true;
   t.work = [w = it->second, step = w.step, bucket, buckets, sum = std::move(sum), pieces = std::move(pieces), mapped = std::move(mapped),
-            import = host_import_](gpu::executor& ex) mutable -> expected<train_work_result> {
+            import = host_import_, overlap = copy_overlap_](gpu::executor& ex) mutable -> expected<train_work_result> {
     auto& d = *w->dev;
     train_work_result r;
     if (import) r.note = import_regions(ex, mapped);  // a region mapped since the step began
     const auto names = bucket_names(d.acc_names, w->graphs.bucket_ends, static_cast<size_t>(bucket), static_cast<size_t>(buckets));
-    if (auto ok = pieces.empty() ? ex.write_parameters(names, bytes_of(sum)) : ex.write_parameters_from(names, pieces); !ok) {
+    // From the regions, beside the segments still to run (a later run that reads these
+    // accumulators, the optimizer, waits for the copy: executor::write_parameters_from_async).
+    gpu::pending_copy copy;
+    expected<void> ok;
+    if (pieces.empty()) {
+      ok = ex.write_parameters(names, bytes_of(sum));
+    } else if (overlap) {
+      auto started = ex.write_parameters_from_async(names, pieces);
+      if (started) copy = std::move(*started);
+      else ok = tl::unexpected(started.error());
+    } else {
+      ok = ex.write_parameters_from(names, pieces);
+    }
+    if (!ok) {
       d.unwritten = ok.error();
       return tl::unexpected(ok.error());
     }
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
     if (pieces.empty()) d.spare[static_cast<size_t>(bucket)] = std::move(sum);
-    if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written");
+    // The regions stay mapped until the copy is done: the result holds them that long.
+    r.copied = [copy = std::move(copy), mapped, step, bucket]() -> expected<void> {
+      auto done = copy.wait();
+      if (done && train_detail::timing_enabled())
+        train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written");
+      return done;
+    };
     return r;
   };
   ready_.push_back(std::move(t));

@@ -4,6 +4,7 @@
 /// updates on the device. Two back ends: Vulkan (any GPU, or lavapipe) and the CPU.
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,6 +63,10 @@ struct kernel_stats {
   /// Bytes read_parameters and write_parameters* moved between parameters and imported host
   /// memory with copy commands alone (import_host_memory), so far.
   uint64_t imported_copy_bytes = 0;
+  /// Copies made beside the kernels (read_parameters_async, write_parameters_from_async), and
+  /// how many of them later work of the executor's would have raced with, and so waited for
+  /// (at once where the copy was done by then; a copy found done before is not counted).
+  uint64_t async_copies = 0, async_copy_waits = 0;
   std::vector<kernel_timing> kernels;  ///< the last-run program's kernels, in order
   /// Programs run, the host's wall time inside run() (inputs in to outputs out), and of that the
   /// time from queue submission to the fence's signal (the GPU's work plus submission and
@@ -71,6 +76,15 @@ struct kernel_stats {
 };
 
 using program_id = uint32_t;
+
+/// The end of a copy the device makes while its caller goes on (executor::read_parameters_async,
+/// write_parameters_from_async). wait() blocks until the copy is done and says how it ended; any
+/// thread may call it, more than once. A default-made one stands for a copy done before the call
+/// that made it returned.
+struct pending_copy {
+  std::function<expected<void>()> wait_for_it;
+  expected<void> wait() const { return wait_for_it ? wait_for_it() : expected<void>{}; }
+};
 
 /// Not thread-safe: one caller at a time (the node's executor actor owns it).
 class executor {
@@ -108,6 +122,25 @@ class executor {
     std::vector<uint8_t> all;
     for (auto p : pieces) all.insert(all.end(), p.begin(), p.end());
     return write_parameters(names, all);
+  }
+  /// read_parameters that may return while the device still copies: `out` must stay, untouched,
+  /// until the returned copy's wait() returns. The executor orders its own later work after the
+  /// copy where both touch the parameters (a program that updates one of `names` waits for it; a
+  /// program that only reads them, or touches others, does not). Vulkan: where all of `out` lies
+  /// in imported host memory (import_host_memory), one submission on the device's copy queue (its
+  /// copy engines where it has a transfer-only queue family) that runs beside the kernels;
+  /// otherwise, and on the CPU back end, the copy is done before this returns.
+  virtual expected<pending_copy> read_parameters_async(const std::vector<std::string>& names, std::span<uint8_t> out) {
+    if (auto ok = read_parameters(names, out); !ok) return tl::unexpected(ok.error());
+    return pending_copy{};
+  }
+  /// write_parameters_from that may return while the device still copies, as
+  /// read_parameters_async: the pieces must stay until wait() returns; later work that reads or
+  /// writes one of `names` waits for the copy first.
+  virtual expected<pending_copy> write_parameters_from_async(const std::vector<std::string>& names,
+                                                             const std::vector<std::span<const uint8_t>>& pieces) {
+    if (auto ok = write_parameters_from(names, pieces); !ok) return tl::unexpected(ok.error());
+    return pending_copy{};
   }
   /// Makes host memory one the device copies to and from itself: read_parameters,
   /// write_parameters and write_parameters_from whose host bytes all lie in imported memory move

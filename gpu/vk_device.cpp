@@ -1,6 +1,7 @@
 #include "gpu/vk_device.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -205,6 +206,15 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     }
   if (family < 0) return make_error(error_code::unsupported, std::string(d->props.deviceName) + " has no compute queue");
   d->queue_family = static_cast<uint32_t>(family);
+  // The copy queue: a transfer-only family's first, else a second queue of the compute family.
+  int copy_family = -1;
+  for (uint32_t i = 0; i < qn && copy_family < 0; ++i)
+    if ((qf[i].queueFlags & VK_QUEUE_TRANSFER_BIT) && !(qf[i].queueFlags & (VK_QUEUE_COMPUTE_BIT | VK_QUEUE_GRAPHICS_BIT)) &&
+        qf[i].queueCount > 0)
+      copy_family = static_cast<int>(i);
+  const bool second_queue = copy_family < 0 && qf[d->queue_family].queueCount > 1;
+  d->copy_family = copy_family < 0 ? d->queue_family : static_cast<uint32_t>(copy_family);
+  d->both_families = {d->queue_family, d->copy_family};
   d->timestamps = qf[d->queue_family].timestampValidBits > 0 && d->props.limits.timestampPeriod > 0;
 
   auto sub = vk_struct<VkPhysicalDeviceSubgroupProperties>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES);
@@ -406,11 +416,15 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
     d->pipeline_stats = true;
   }
 
-  float prio = 1.0f;
-  auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
-  qci.queueFamilyIndex = d->queue_family;
-  qci.queueCount = 1;
-  qci.pQueuePriorities = &prio;
+  const float prio[2] = {1.0f, 1.0f};
+  std::array<VkDeviceQueueCreateInfo, 2> qci{};
+  qci[0] = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
+  qci[0].queueFamilyIndex = d->queue_family;
+  qci[0].queueCount = second_queue ? 2 : 1;
+  qci[0].pQueuePriorities = prio;
+  qci[1] = qci[0];
+  qci[1].queueFamilyIndex = d->copy_family;
+  qci[1].queueCount = 1;
   auto enable16 = vk_struct<VkPhysicalDevice16BitStorageFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES);
   enable16.storageBuffer16BitAccess = s16.storageBuffer16BitAccess;
   auto dci = vk_struct<VkDeviceCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO);
@@ -439,14 +453,27 @@ expected<std::unique_ptr<vk_device>> vk_device::create(const vulkan_options& opt
   }
   dci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
   dci.ppEnabledExtensionNames = extensions.empty() ? nullptr : extensions.data();
-  dci.queueCreateInfoCount = 1;
-  dci.pQueueCreateInfos = &qci;
+  dci.queueCreateInfoCount = d->copy_family != d->queue_family ? 2 : 1;
+  dci.pQueueCreateInfos = qci.data();
   if (VkResult r = vkCreateDevice(chosen, &dci, nullptr, &d->device); r != VK_SUCCESS) {
     d->device = VK_NULL_HANDLE;
     return tl::unexpected(vk_error(r, "vkCreateDevice(" + info.name + ")"));
   }
   vkGetDeviceQueue(d->device, d->queue_family, 0, &d->queue);
+  if (d->copy_family != d->queue_family) vkGetDeviceQueue(d->device, d->copy_family, 0, &d->copy_queue);
+  else if (second_queue) vkGetDeviceQueue(d->device, d->queue_family, 1, &d->copy_queue);
+  else d->copy_queue = d->queue;
   return d;
+}
+
+void vk_device::share_buffer(VkBufferCreateInfo& info) const {
+  if (copy_family == queue_family) {
+    info.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    return;
+  }
+  info.sharingMode = VK_SHARING_MODE_CONCURRENT;
+  info.queueFamilyIndexCount = 2;
+  info.pQueueFamilyIndices = both_families.data();
 }
 
 void vk_device::print_pipeline_stats(VkPipeline pipeline, const std::string& name) const {

@@ -2,6 +2,7 @@
 /// The Vulkan device shell: instance, device choice, capability probe, validation messenger.
 #include <vulkan/vulkan.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -74,6 +75,12 @@ struct vk_device {
   VkDevice device = VK_NULL_HANDLE;
   VkQueue queue = VK_NULL_HANDLE;
   uint32_t queue_family = 0;
+  /// The queue of the copies made beside the kernels (vk_copy_lane): a transfer-only family's
+  /// (NVIDIA's copy engines) where the device has one, else a second queue of queue_family, else
+  /// `queue` itself (lavapipe: one queue; the copies then wait their turn behind the kernels).
+  VkQueue copy_queue = VK_NULL_HANDLE;
+  uint32_t copy_family = 0;
+  std::array<uint32_t, 2> both_families{};  ///< queue_family, copy_family (share_buffer)
   VkPhysicalDeviceProperties props{};
   VkPhysicalDeviceMemoryProperties memory{};
   device_info info;
@@ -91,6 +98,9 @@ struct vk_device {
   uint64_t host_import_alignment = 0;
   std::atomic<uint64_t> validation_errors{0}, validation_warnings{0};
 
+  /// The queue families a buffer is used on, for its VkBufferCreateInfo: one (EXCLUSIVE) or the
+  /// compute and copy families (CONCURRENT: no ownership transfers between the queues).
+  void share_buffer(VkBufferCreateInfo& info) const;
   /// Creates the instance and the chosen device.
   static expected<std::unique_ptr<vk_device>> create(const vulkan_options& options);
   ~vk_device();

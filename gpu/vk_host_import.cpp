@@ -49,8 +49,8 @@ expected<std::shared_ptr<void>> vk_host_imports::import(std::span<const uint8_t>
   bci.pNext = &external;
   bci.size = size;
   bci.usage = VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-  bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  entry e{begin, end, VK_NULL_HANDLE, VK_NULL_HANDLE};
+  d_.share_buffer(bci);
+  entry e{begin, end, VK_NULL_HANDLE, VK_NULL_HANDLE, {}};
   if (VkResult r = vkCreateBuffer(d_.device, &bci, nullptr, &e.buffer); r != VK_SUCCESS)
     return tl::unexpected(vk_error(r, what + ": vkCreateBuffer"));
   VkMemoryRequirements req;
@@ -86,22 +86,25 @@ expected<std::shared_ptr<void>> vk_host_imports::import(std::span<const uint8_t>
   }
   std::lock_guard lock(s_->m);
   const uint64_t id = s_->next++;
-  s_->entries.emplace(id, e);
   // The handle frees the import when its last holder lets go, unless this object went first.
-  return std::shared_ptr<void>(reinterpret_cast<void*>(begin), [s = s_, id](void*) {
+  std::shared_ptr<void> handle(reinterpret_cast<void*>(begin), [s = s_, id](void*) {
     std::lock_guard lock(s->m);
     auto it = s->entries.find(id);
     if (it == s->entries.end()) return;
     if (s->alive) free_entry(s->device, it->second);
     s->entries.erase(it);
   });
+  e.handle = handle;
+  s_->entries.emplace(id, e);
+  return handle;
 }
 
 std::optional<vk_host_imports::place> vk_host_imports::find(const uint8_t* p, uint64_t n) const {
   const auto at = reinterpret_cast<uintptr_t>(p);
   std::lock_guard lock(s_->m);
   for (const auto& [id, e] : s_->entries)
-    if (at >= e.begin && at + n <= e.end) return place{e.buffer, at - e.begin};
+    if (at >= e.begin && at + n <= e.end)
+      if (auto keep = e.handle.lock()) return place{e.buffer, at - e.begin, std::move(keep)};
   return std::nullopt;
 }
 

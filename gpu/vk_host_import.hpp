@@ -36,10 +36,12 @@ class vk_host_imports {
   /// mapping it cannot pin, as a read-only one may be).
   expected<std::shared_ptr<void>> import(std::span<const uint8_t> bytes);
 
-  /// Where [p, p + n) lies in a live import: its buffer and the offset there.
+  /// Where [p, p + n) lies in a live import: its buffer and the offset there, and the import's
+  /// handle, which keeps it while a copy that uses it is in flight (vk_copy_lane).
   struct place {
     VkBuffer buffer = VK_NULL_HANDLE;
     uint64_t offset = 0;
+    std::shared_ptr<void> keep;
   };
   std::optional<place> find(const uint8_t* p, uint64_t n) const;
 
@@ -48,6 +50,7 @@ class vk_host_imports {
     uintptr_t begin = 0, end = 0;
     VkBuffer buffer = VK_NULL_HANDLE;
     VkDeviceMemory memory = VK_NULL_HANDLE;
+    std::weak_ptr<void> handle;  ///< what import() returned
   };
   /// Shared with the handles, which outlive this object when their holders let them.
   struct state {

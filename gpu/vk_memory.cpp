@@ -43,7 +43,7 @@ expected<void> memory_pool::add_block(uint64_t size) {
   auto bci = vk_struct<VkBufferCreateInfo>(VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO);
   bci.size = size;
   bci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-  bci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  d_.share_buffer(bci);
   if (VkResult r = vkCreateBuffer(d_.device, &bci, nullptr, &b.buffer); r != VK_SUCCESS)
     return tl::unexpected(vk_error(r, "vkCreateBuffer(" + std::to_string(size) + " bytes)"));
   VkMemoryRequirements req;

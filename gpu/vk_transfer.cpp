@@ -232,38 +232,50 @@ expected<void> vk_transfers::move(const std::vector<std::pair<const allocation*,
   return ok;
 }
 
-expected<bool> vk_transfers::move_imported(const std::vector<std::pair<const allocation*, uint64_t>>& list,
-                                           std::span<const std::span<uint8_t>> host, bool to_device) {
-  if (!imports_) return false;
+std::optional<std::vector<vk_host_imports::place>> imported_places(const vk_host_imports& imports, std::span<const std::span<uint8_t>> host) {
   std::vector<vk_host_imports::place> places;  // each piece's
   for (const auto& piece : host) {
     if (piece.empty()) {
       places.push_back({});
       continue;
     }
-    auto at = imports_->find(piece.data(), piece.size());
-    if (!at) return false;
-    places.push_back(*at);
+    auto at = imports.find(piece.data(), piece.size());
+    if (!at) return std::nullopt;
+    places.push_back(std::move(*at));
   }
-  if (auto made = make_flights(); !made) return tl::unexpected(made.error());
+  return places;
+}
+
+uint64_t record_imported_copies(VkCommandBuffer cmd, const std::vector<std::pair<const memory_pool::allocation*, uint64_t>>& list,
+                                std::span<const std::span<uint8_t>> host, const std::vector<vk_host_imports::place>& places,
+                                bool to_device) {
   // Buffers and pieces in step: each overlap of a buffer and a piece is one copy.
   uint64_t moved = 0;
-  auto ok = submit(0, [&](VkCommandBuffer cmd) {
-    size_t p = 0;
-    uint64_t in_piece = 0;
-    for (const auto& [a, n] : list) {
-      for (uint64_t in_buffer = 0; in_buffer < n;) {
-        while (in_piece == host[p].size()) ++p, in_piece = 0;  // the pieces hold as many bytes as the buffers
-        const uint64_t len = std::min(n - in_buffer, host[p].size() - in_piece);
-        VkBufferCopy c{a->range.offset + in_buffer, places[p].offset + in_piece, len};
-        if (to_device) std::swap(c.srcOffset, c.dstOffset);
-        vkCmdCopyBuffer(cmd, to_device ? places[p].buffer : a->buffer, to_device ? a->buffer : places[p].buffer, 1, &c);
-        in_buffer += len;
-        in_piece += len;
-        moved += len;
-      }
+  size_t p = 0;
+  uint64_t in_piece = 0;
+  for (const auto& [a, n] : list) {
+    for (uint64_t in_buffer = 0; in_buffer < n;) {
+      while (in_piece == host[p].size()) ++p, in_piece = 0;  // the pieces hold as many bytes as the buffers
+      const uint64_t len = std::min(n - in_buffer, host[p].size() - in_piece);
+      VkBufferCopy c{a->range.offset + in_buffer, places[p].offset + in_piece, len};
+      if (to_device) std::swap(c.srcOffset, c.dstOffset);
+      vkCmdCopyBuffer(cmd, to_device ? places[p].buffer : a->buffer, to_device ? a->buffer : places[p].buffer, 1, &c);
+      in_buffer += len;
+      in_piece += len;
+      moved += len;
     }
-  });
+  }
+  return moved;
+}
+
+expected<bool> vk_transfers::move_imported(const std::vector<std::pair<const allocation*, uint64_t>>& list,
+                                           std::span<const std::span<uint8_t>> host, bool to_device) {
+  if (!imports_) return false;
+  auto places = imported_places(*imports_, host);
+  if (!places) return false;
+  if (auto made = make_flights(); !made) return tl::unexpected(made.error());
+  uint64_t moved = 0;
+  auto ok = submit(0, [&](VkCommandBuffer cmd) { moved = record_imported_copies(cmd, list, host, *places, to_device); });
   if (ok) ok = wait(0);
   if (!ok) return tl::unexpected(ok.error());
   imported_bytes_ += moved;

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -24,6 +25,16 @@ void memory_barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags
                     VkAccessFlags dst_access);
 /// After copy commands: their writes visible to the host, to shaders and to later copies.
 void after_transfer_barrier(VkCommandBuffer cmd);
+
+/// Where each piece of `host` lies in a live import (an empty piece: nowhere), or nullopt when a
+/// piece lies outside them.
+std::optional<std::vector<vk_host_imports::place>> imported_places(const vk_host_imports& imports, std::span<const std::span<uint8_t>> host);
+/// Records into `cmd` the copies between `list` (each a buffer and its byte count, end to end) and
+/// the pieces of `host` at `places` (as many bytes in all), to the buffers when `to_device`;
+/// returns the bytes they move.
+uint64_t record_imported_copies(VkCommandBuffer cmd, const std::vector<std::pair<const memory_pool::allocation*, uint64_t>>& list,
+                                std::span<const std::span<uint8_t>> host, const std::vector<vk_host_imports::place>& places,
+                                bool to_device);
 
 class vk_transfers {
  public:

@@ -20,6 +20,7 @@
 #include "gpu/plan.hpp"
 #include "gpu/resident_parameters.hpp"
 #include "gpu/shader_cache.hpp"
+#include "gpu/vk_copy_lane.hpp"
 #include "gpu/vk_device.hpp"
 #include "gpu/vk_memory.hpp"
 #include "gpu/vk_transfer.hpp"
@@ -85,6 +86,9 @@ struct program {
   VkQueryPool queries = VK_NULL_HANDLE;
   std::vector<kernel_timing> timings;
   std::vector<int> timed;  // index into kernels for each timestamp pair
+  /// The parameters it reads, and those it writes (updates, kv_write's caches): what a copy
+  /// beside the kernels must be done with before it runs (vk_copy_lane::settle).
+  std::set<std::string> param_reads, param_writes;
 };
 
 class vulkan_executor final : public executor {
@@ -109,6 +113,7 @@ class vulkan_executor final : public executor {
       return tl::unexpected(vk_error(r, "vkCreateCommandPool"));
     imports_ = std::make_unique<vk_host_imports>(*d_);
     transfers_ = std::make_unique<vk_transfers>(*d_, host_pool_, cmd_pool_, imports_.get());
+    lane_ = std::make_unique<vk_copy_lane>(*d_);
     auto fci = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
     if (VkResult r = vkCreateFence(d_->device, &fci, nullptr, &fence_); r != VK_SUCCESS)
       return tl::unexpected(vk_error(r, "vkCreateFence"));
@@ -145,6 +150,7 @@ class vulkan_executor final : public executor {
     if (pipeline_cache_) vkDestroyPipelineCache(d_->device, pipeline_cache_, nullptr);
     if (fence_) vkDestroyFence(d_->device, fence_, nullptr);
     transfers_.reset();  // its command buffers come from the pool
+    lane_.reset();       // holds imports while its copies are in flight
     imports_.reset();    // handles still held free nothing after this
     if (cmd_pool_) vkDestroyCommandPool(d_->device, cmd_pool_, nullptr);
   }
@@ -164,7 +170,9 @@ class vulkan_executor final : public executor {
     s.validation_errors = d_->validation_errors.load();
     s.validation_warnings = d_->validation_warnings.load();
     s.device_bytes = device_pool_.used_bytes();
-    s.imported_copy_bytes = transfers_ ? transfers_->imported_bytes() : 0;
+    s.imported_copy_bytes = (transfers_ ? transfers_->imported_bytes() : 0) + async_bytes_;
+    s.async_copies = lane_ ? lane_->copies() : 0;
+    s.async_copy_waits = lane_ ? lane_->waits() : 0;
     s.runs = runs_;
     s.run_ms = run_ms_;
     s.submit_ms = submit_ms_;
@@ -197,6 +205,9 @@ class vulkan_executor final : public executor {
                                                           mesh::to_string(it->second.dims) + " on the device, got " +
                                                           mesh::to_string(t.type) + mesh::to_string(t.dims));
     }
+    std::set<std::string> names;
+    for (const auto& [name, t] : params) names.insert(name);
+    if (auto ok = settle({}, names); !ok) return ok;
     for (const auto& [name, t] : params) {
       auto pr = parameter(name, t.type, t.dims);
       if (!pr) return tl::unexpected(pr.error());
@@ -212,6 +223,7 @@ class vulkan_executor final : public executor {
       return make_error(error_code::shape_mismatch, "parameter \"" + name + "\" is " + mesh::to_string(it->second.type) +
                                                         mesh::to_string(it->second.dims) + " on the device, got " +
                                                         mesh::to_string(v.type) + mesh::to_string(v.dims));
+    if (auto ok = settle({}, {name}); !ok) return ok;
     auto pr = parameter(name, v.type, v.dims);
     if (!pr) return tl::unexpected(pr.error());
     return noting_loss(transfers_->upload((*pr)->buffer, v.bytes));
@@ -219,6 +231,7 @@ class vulkan_executor final : public executor {
 
   expected<tensor_map> get_parameters(const std::vector<std::string>& names) override {
     if (lost_) return lost_error();
+    if (auto ok = settle({names.begin(), names.end()}, {}); !ok) return tl::unexpected(ok.error());
     tensor_map out;
     for (const auto& name : names) {
       auto it = params_.find(name);
@@ -251,6 +264,24 @@ class vulkan_executor final : public executor {
     return transfer(names, host, size, true, "write_parameters");
   }
 
+  expected<pending_copy> read_parameters_async(const std::vector<std::string>& names, std::span<uint8_t> out) override {
+    if (lost_) return lost_error();
+    const std::span<uint8_t> whole = out;
+    return transfer_async(names, std::span<const std::span<uint8_t>>(&whole, 1), out.size(), false, "read_parameters");
+  }
+
+  expected<pending_copy> write_parameters_from_async(const std::vector<std::string>& names,
+                                                     const std::vector<std::span<const uint8_t>>& pieces) override {
+    if (lost_) return lost_error();
+    std::vector<std::span<uint8_t>> host;  // only read from: the copies go to the device
+    size_t size = 0;
+    for (auto p : pieces) {
+      host.emplace_back(const_cast<uint8_t*>(p.data()), p.size());
+      size += p.size();
+    }
+    return transfer_async(names, host, size, true, "write_parameters");
+  }
+
   expected<std::shared_ptr<void>> import_host_memory(std::span<const uint8_t> bytes) override {
     if (lost_) return lost_error();
     return imports_->import(bytes);
@@ -270,6 +301,7 @@ class vulkan_executor final : public executor {
   }
 
   size_t drop_parameters(const std::string& prefix) override {
+    (void)settle_all();  // no copy may still use a buffer that goes back to the pool (an error: the device is lost)
     std::set<std::string> used;  // a loaded program's descriptor sets point at its parameters
     for (const auto& p : programs_)
       if (p) add_parameter_names(p->g, used);
@@ -285,6 +317,7 @@ class vulkan_executor final : public executor {
     program& pr = *programs_[id];
     const auto t0 = std::chrono::steady_clock::now();
     if (auto ok = check_bindings(pr.g, inputs, false); !ok) return tl::unexpected(ok.error());
+    if (auto ok = settle(pr.param_reads, pr.param_writes); !ok) return tl::unexpected(ok.error());
     for (const auto& [name, off] : pr.input_offsets) {
       const auto& b = inputs.at(name).bytes;
       if (!b.empty()) std::memcpy(pr.staging->mapped + off, b.data(), b.size());
@@ -380,6 +413,38 @@ class vulkan_executor final : public executor {
   /// The same from or into `host` in pieces.
   expected<void> transfer(const std::vector<std::string>& names, std::span<const std::span<uint8_t>> host, size_t size, bool to_device,
                           const char* what) {
+    auto list = buffers_of(names, size, what);
+    if (!list) return tl::unexpected(list.error());
+    const std::set<std::string> touched(names.begin(), names.end());
+    if (auto ok = to_device ? settle({}, touched) : settle(touched, {}); !ok) return ok;
+    return noting_loss(transfers_->move(*list, host, to_device));
+  }
+
+  /// transfer() as a copy beside the kernels where every piece of `host` lies in an import;
+  /// otherwise transfer() itself, done before this returns.
+  expected<pending_copy> transfer_async(const std::vector<std::string>& names, std::span<const std::span<uint8_t>> host, size_t size,
+                                        bool to_device, const char* what) {
+    auto places = imported_places(*imports_, host);
+    if (!places) {
+      if (auto ok = transfer(names, host, size, to_device, what); !ok) return tl::unexpected(ok.error());
+      return pending_copy{};
+    }
+    auto list = buffers_of(names, size, what);
+    if (!list) return tl::unexpected(list.error());
+    const std::set<std::string> touched(names.begin(), names.end());
+    if (auto ok = to_device ? settle({}, touched) : settle(touched, {}); !ok) return tl::unexpected(ok.error());
+    std::vector<std::shared_ptr<void>> keep;
+    for (auto& p : *places) keep.push_back(std::move(p.keep));
+    uint64_t moved = 0;
+    auto copy = lane_->submit([&](VkCommandBuffer cmd) { moved = record_imported_copies(cmd, *list, host, *places, to_device); }, names,
+                              to_device, std::move(keep));
+    if (copy) async_bytes_ += moved;
+    return copy;
+  }
+
+  /// The buffers of the parameters `names` and their byte counts, checked to hold `size` bytes.
+  expected<std::vector<std::pair<const allocation*, uint64_t>>> buffers_of(const std::vector<std::string>& names, size_t size,
+                                                                           const char* what) {
     std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
     uint64_t total = 0;
     for (const auto& name : names) {
@@ -392,7 +457,16 @@ class vulkan_executor final : public executor {
     if (total != size)
       return make_error(error_code::invalid_argument, std::string(what) + ": the parameters hold " + std::to_string(total) +
                                                           " bytes, the buffer " + std::to_string(size));
-    return noting_loss(transfers_->move(list, host, to_device));
+    return list;
+  }
+
+  /// Waits for the copies beside the kernels that work reading `reads` and writing `writes`
+  /// would race with (vk_copy_lane::settle); one that failed for the device makes it lost.
+  expected<void> settle(const std::set<std::string>& reads, const std::set<std::string>& writes) { return noting_lane_loss(lane_->settle(reads, writes)); }
+  expected<void> settle_all() { return noting_lane_loss(lane_->settle_all()); }
+  expected<void> noting_lane_loss(expected<void> r) {
+    if (!r && (r.error().code == error_code::device || r.error().code == error_code::timeout)) lost_ = true;
+    return r;
   }
 
   /// A result of transfers_, after which the executor knows whether the device was lost.
@@ -411,6 +485,10 @@ class vulkan_executor final : public executor {
 
   expected<void> build(program& pr, const graph& g) {
     pr.g = g;
+    add_parameter_names(g, pr.param_reads);
+    for (const auto& up : g.updates) pr.param_writes.insert(g[up.target].attrs.name);
+    for (const auto& x : g.nodes)
+      if (x.op == op_kind::kv_write) pr.param_writes.insert(g[x.inputs[0]].attrs.name);
     pr.p = lower(g, split_, fuse_rows_from_);
     predecode_linears(g, pr.p, d_->caps);
     split_linears(g, pr.p, d_->caps);
@@ -805,6 +883,8 @@ class vulkan_executor final : public executor {
   /// Parameters' bytes to and from host memory (made by init(), with the command pool).
   std::unique_ptr<vk_transfers> transfers_;
   std::unique_ptr<vk_host_imports> imports_;  ///< import_host_memory's (made by init())
+  std::unique_ptr<vk_copy_lane> lane_;        ///< the copies beside the kernels (made by init())
+  uint64_t async_bytes_ = 0;                  ///< bytes those moved (kernel_stats::imported_copy_bytes)
   VkPipelineCache pipeline_cache_ = VK_NULL_HANDLE;
   std::string pipeline_cache_path_;
   std::map<std::string, param> params_;

@@ -115,6 +115,8 @@ struct train_sim {
   bool host_reduce = true;
   /// Whether their devices import the regions (train_engine::set_host_import).
   bool host_import = true;
+  /// Whether they copy buckets and sums beside the kernels (train_engine::set_copy_overlap).
+  bool copy_overlap = true;
   /// The device of each node added from now on (the CPU back end when empty).
   std::function<std::unique_ptr<gpu::executor>()> make_device;
   /// What the nodes logged (train_engine::take_notices): the node, the text, and the steps the
@@ -137,6 +139,7 @@ struct train_sim {
     if (shared_memory) nd.engine->set_shared_memory(train_engine::host_shared_memory());
     nd.engine->set_host_reduce(host_reduce);
     nd.engine->set_host_import(host_import);
+    nd.engine->set_copy_overlap(copy_overlap);
     nd.engine->set_data_opener([this, id](const node_id&, const msg::train_text_data& t) -> expected<models::byte_source> {
       auto file = models::file_source(t.path);
       if (!file) return file;
@@ -185,13 +188,20 @@ struct train_sim {
     // Held writes run before the next step's work (the executor takes tasks in order), after
     // the engine took that step's message.
     if (std::any_of(ready.begin(), ready.end(), [](const train_task& t) { return !t.bucket_write; })) run_held_writes(id);
+    // As the node's executor: a task whose copies are still under way (train_work_result::
+    // copied) is reported once they are done, after the executor ran the tasks behind it, whose
+    // results then wait their turn.
+    std::vector<std::pair<train_task, expected<train_work_result>>> done;
     for (auto& t : ready) {
       if (t.bucket_write && late_writes.count(id)) {
         held_writes[id].push_back(std::move(t));
         continue;
       }
       auto r = t.work(*it->second.device);
-      post(id, it->second.engine->on_executed(t, std::move(r), now));
+      done.emplace_back(std::move(t), std::move(r));
+    }
+    for (auto& [t, r] : done) {
+      post(id, it->second.engine->on_executed(t, finish_copies(std::move(r)), now));
       for (auto& n : it->second.engine->take_notices()) notices.push_back({id, std::move(n.text), progress.size()});
     }
   }
@@ -202,7 +212,7 @@ struct train_sim {
   void run_held_writes(const std::string& id) {
     auto held = std::exchange(held_writes[id], {});
     for (auto& t : held) {
-      auto r = t.work(*nodes.at(id).device);
+      auto r = finish_copies(t.work(*nodes.at(id).device));
       post(id, nodes.at(id).engine->on_executed(t, std::move(r), now));
     }
   }
@@ -582,47 +592,64 @@ TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's grad
     return ex->release();
   }();
   (void)kept;
-  train_sim sim(0, {}, true);
-  std::vector<gpu::executor*> devices;
-  sim.make_device = [&] {
-    gpu::vulkan_options o;
-    o.map_device_memory = false;
-    o.validation = true;
-    auto ex = gpu::make_vulkan_executor(o);
-    INFO((ex ? "" : ex.error().to_string()));
-    REQUIRE(ex);
-    devices.push_back(ex->get());
-    return std::move(*ex);
-  };
-  for (const char* n : {"node-a", "node-b", "node-c"}) sim.add(n);
-  std::set<uint64_t> host_steps;
-  sim.on_tick = [&](train_sim& t) {
-    if (const auto* st = std::get_if<msg::train_step>(&t.last_message); st && st->host_reduce) host_steps.insert(st->step);
-  };
-  const auto r = sim.train(spec);
-  INFO(r.error);
-  REQUIRE(r.ok);
-  CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
-  REQUIRE(!host_steps.empty());
-  // The gradients of the host steps (from the third on) went in and the sums came out without
-  // staging: at least each step's gradient bytes twice per node.
-  REQUIRE(devices.size() == 3);
-  uint64_t gradient_bytes = 0;
-  for (const auto& [name, value] : outputs_of(reference))
-    if (name.rfind("opt.", 0) != 0) gradient_bytes += value.bytes.size();
-  for (auto* d : devices) {
-    CHECK(d->stats().imported_copy_bytes >= 2 * (spec.steps - 3) * gradient_bytes);
-    CHECK(d->stats().validation_errors == 0);
-  }
-  // Each node says once what its device copies itself, the three regions at once, in a step
-  // before the first host step (the imports' cost falls outside the host steps).
-  std::set<std::string> told;
-  for (const auto& n : sim.notices)
-    if (n.text.find("the device copies gradients and sums to and from 3 shared regions itself") != std::string::npos) {
-      CHECK(told.insert(n.node).second);
-      CHECK(n.steps < *host_steps.begin());
+  // With the copies beside the kernels (the default) and without (each before its task returns).
+  for (const bool overlap : {true, false}) {
+    INFO((overlap ? "copies beside the kernels" : "copies before each task returns"));
+    train_sim sim(0, {}, true);
+    sim.copy_overlap = overlap;
+    std::vector<gpu::executor*> devices;
+    sim.make_device = [&] {
+      gpu::vulkan_options o;
+      o.map_device_memory = false;
+      o.validation = true;
+      auto ex = gpu::make_vulkan_executor(o);
+      INFO((ex ? "" : ex.error().to_string()));
+      REQUIRE(ex);
+      devices.push_back(ex->get());
+      return std::move(*ex);
+    };
+    for (const char* n : {"node-a", "node-b", "node-c"}) sim.add(n);
+    std::set<uint64_t> host_steps;
+    sim.on_tick = [&](train_sim& t) {
+      if (const auto* st = std::get_if<msg::train_step>(&t.last_message); st && st->host_reduce) host_steps.insert(st->step);
+    };
+    const auto r = sim.train(spec);
+    INFO(r.error);
+    REQUIRE(r.ok);
+    CHECK(max_difference(outputs_of(r), outputs_of(reference)) < 1e-4);
+    REQUIRE(!host_steps.empty());
+    // The gradients of the host steps (from the third on) went in and the sums came out without
+    // staging: at least each step's gradient bytes twice per node.
+    REQUIRE(devices.size() == 3);
+    uint64_t gradient_bytes = 0;
+    for (const auto& [name, value] : outputs_of(reference))
+      if (name.rfind("opt.", 0) != 0) gradient_bytes += value.bytes.size();
+    // Beside the kernels: in each host step every bucket but the last is read back while the
+    // next segment runs, and every sum written while the others are reduced; later work sharing
+    // their accumulators (the next step's first program; never the next segment) waited for them.
+    const uint64_t buckets = 4;  // bucket_per_gradient: the MLP's 4 gradients
+    for (auto* d : devices) {
+      const auto st = d->stats();
+      CHECK(st.imported_copy_bytes >= 2 * (spec.steps - 3) * gradient_bytes);
+      if (overlap) {
+        CHECK(st.async_copies >= host_steps.size() * (2 * buckets - 1));
+        CHECK(st.async_copy_waits >= host_steps.size() - 1);
+        CHECK(st.async_copy_waits <= st.async_copies);
+      } else {
+        CHECK(st.async_copies == 0);
+      }
+      CHECK(st.validation_errors == 0);
     }
-  CHECK(told.size() == 3);
+    // Each node says once what its device copies itself, the three regions at once, in a step
+    // before the first host step (the imports' cost falls outside the host steps).
+    std::set<std::string> told;
+    for (const auto& n : sim.notices)
+      if (n.text.find("the device copies gradients and sums to and from 3 shared regions itself") != std::string::npos) {
+        CHECK(told.insert(n.node).second);
+        CHECK(n.steps < *host_steps.begin());
+      }
+    CHECK(told.size() == 3);
+  }
 }
 
 TEST_CASE("a host all-reduce that stalls is redone around the ring, which the run keeps", "[actors][train][shm][host_reduce]") {

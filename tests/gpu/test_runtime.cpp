@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 #include "graph/nn.hpp"
 #include "gpu/memory_probe.hpp"
@@ -507,6 +508,114 @@ TEST_CASE("runtime: importing host memory is refused with its reason where it ca
   REQUIRE(held);
   ex.reset();  // the executor goes first: the handle's release later frees nothing twice
   held->reset();
+}
+
+TEST_CASE("runtime: copies beside the kernels: later work waits for the copies it would race with, and only those") {
+  // A data-parallel step reads a finished bucket's gradients back while the next segment runs
+  // (read_parameters_async) and writes the sums back beside the segments still running
+  // (write_parameters_from_async). Through the staged executor (a discrete GPU's path on
+  // lavapipe; on NVIDIA the copies go to the copy engines' queue).
+  const int64_t n = 200'000;
+  builder b;
+  const expr acc = b.parameter("lane.acc", dtype::f32, {n});
+  b.update(acc, acc * 2.0);
+  auto doubling = b.finish();
+  builder b2;
+  const expr other2 = b2.parameter("lane.other", dtype::f32, {n});
+  b2.update(other2, other2 + 1.0);
+  auto unrelated = b2.finish();
+  builder b3;
+  b3.output("total", sum(b3.parameter("lane.acc", dtype::f32, {n}), {0}));
+  auto reading = b3.finish();
+  REQUIRE(doubling);
+  REQUIRE(unrelated);
+  REQUIRE(reading);
+  auto ex = staged_vulkan();
+  INFO(ex->info().name);
+  std::vector<float> start(static_cast<size_t>(n));
+  for (size_t i = 0; i < start.size(); ++i) start[i] = static_cast<float>(i % 1000) * 0.25f;
+  REQUIRE(ex->set_parameters({{"lane.acc", tensor::from_floats({n}, start)}, {"lane.other", tensor::zeros(dtype::f32, {n})}}));
+  auto p_double = ex->load(*doubling), p_other = ex->load(*unrelated), p_read = ex->load(*reading);
+  REQUIRE(p_double);
+  REQUIRE(p_other);
+  REQUIRE(p_read);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  mapped_pages region(bytes + 8192);
+  auto imported = ex->import_host_memory({region.data + 64, bytes});
+  REQUIRE(imported);
+  auto* into = reinterpret_cast<float*>(region.data + 64);
+  const auto stats0 = ex->stats();
+
+  // Read back, then a program on other parameters (no wait), then one that updates lane.acc: it
+  // waits for the read, which holds the values from before the update.
+  auto read = ex->read_parameters_async({"lane.acc"}, {region.data + 64, bytes});
+  REQUIRE(read);
+  CHECK(ex->stats().async_copies == stats0.async_copies + 1);
+  REQUIRE(ex->run(*p_other, {}));
+  CHECK(ex->stats().async_copy_waits == stats0.async_copy_waits);
+  std::thread waiter([&] { CHECK(read->wait()); });  // the executor actor waits on a thread of its own
+  REQUIRE(ex->run(*p_double, {}));
+  waiter.join();
+  CHECK(ex->stats().async_copy_waits == stats0.async_copy_waits + 1);
+  REQUIRE(read->wait());  // again: the same answer
+  CHECK(std::equal(start.begin(), start.end(), into));
+  CHECK(ex->stats().imported_copy_bytes == stats0.imported_copy_bytes + bytes);
+
+  // A sum written from the region, in two pieces; a program reading lane.acc waits for it and
+  // sees it, as does get_parameters after a second write.
+  for (size_t i = 0; i < start.size(); ++i) into[i] = static_cast<float>(i % 7);
+  const std::vector<std::span<const uint8_t>> pieces = {{region.data + 64, 4000}, {region.data + 64 + 4000, bytes - 4000}};
+  auto write = ex->write_parameters_from_async({"lane.acc"}, pieces);
+  REQUIRE(write);
+  auto total = ex->run(*p_read, {});
+  REQUIRE(total);
+  CHECK(ex->stats().async_copy_waits == stats0.async_copy_waits + 2);
+  double want = 0;
+  for (size_t i = 0; i < start.size(); ++i) want += static_cast<double>(i % 7);
+  CHECK(total->at("total").to_floats().at(0) == Approx(want).epsilon(1e-6));
+  REQUIRE(write->wait());
+  for (size_t i = 0; i < start.size(); ++i) into[i] = 3.0f;
+  auto again = ex->write_parameters_from_async({"lane.acc"}, pieces);
+  REQUIRE(again);
+  auto got = ex->get_parameters({"lane.acc"});
+  REQUIRE(got);
+  CHECK(ex->stats().async_copy_waits == stats0.async_copy_waits + 3);
+  CHECK(got->at("lane.acc").to_floats() == std::vector<float>(static_cast<size_t>(n), 3.0f));
+
+  // Host bytes outside every import: copied before the call returns, nothing left to wait for.
+  std::vector<uint8_t> plain(bytes);
+  const uint64_t copies = ex->stats().async_copies;
+  auto staged = ex->read_parameters_async({"lane.other"}, plain);
+  REQUIRE(staged);
+  CHECK_FALSE(staged->wait_for_it);
+  CHECK(ex->stats().async_copies == copies);
+  CHECK(reinterpret_cast<const float*>(plain.data())[5] == 1.0f);  // lane.other after one run
+  // Errors name what was wrong and leave nothing in flight.
+  auto unknown = ex->read_parameters_async({"lane.nothing"}, {region.data + 64, bytes});
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().code == error_code::not_found);
+  CHECK_THAT(unknown.error().message, Catch::Contains("lane.nothing"));
+  auto short_buffer = ex->write_parameters_from_async({"lane.acc"}, {{region.data + 64, bytes - 4}});
+  REQUIRE_FALSE(short_buffer);
+  CHECK(short_buffer.error().code == error_code::invalid_argument);
+  CHECK(ex->stats().async_copies == copies);
+
+  // The CPU back end copies before the call returns.
+  REQUIRE(cpu().set_parameters({{"lane.cpu", tensor::from_floats({3}, {1, 2, 3})}}));
+  std::vector<uint8_t> three(12);
+  auto on_cpu = cpu().read_parameters_async({"lane.cpu"}, three);
+  REQUIRE(on_cpu);
+  CHECK_FALSE(on_cpu->wait_for_it);
+  CHECK(reinterpret_cast<const float*>(three.data())[2] == 3.0f);
+  CHECK(cpu().drop_parameters("lane.") == 1);
+
+  // A copy still in flight when its executor goes: its wait, later, answers and touches nothing.
+  auto last = ex->read_parameters_async({"lane.acc"}, {region.data + 64, bytes});
+  REQUIRE(last);
+  CHECK(ex->stats().validation_errors == 0);
+  ex.reset();
+  CHECK(last->wait());
+  CHECK(into[17] == 3.0f);
 }
 
 TEST_CASE("runtime: run_repeated runs a program back to back, each run seeing the updates of the one before") {
