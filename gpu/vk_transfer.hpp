@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,26 @@ std::optional<std::vector<vk_host_imports::place>> imported_places(const vk_host
 uint64_t record_imported_copies(VkCommandBuffer cmd, const std::vector<std::pair<const memory_pool::allocation*, uint64_t>>& list,
                                 std::span<const std::span<uint8_t>> host, const std::vector<vk_host_imports::place>& places,
                                 bool to_device);
+
+/// The buffers of the parameters `names` and their byte counts, end to end, as `find(name)` gives
+/// them (nullopt: no such parameter), checked to hold `size` bytes together; errors name the
+/// parameter missing, or both sizes, after `what`.
+template <class Find>
+expected<std::vector<std::pair<const memory_pool::allocation*, uint64_t>>> parameter_buffers(const std::vector<std::string>& names, size_t size,
+                                                                                            const char* what, Find find) {
+  std::vector<std::pair<const memory_pool::allocation*, uint64_t>> list;
+  uint64_t total = 0;
+  for (const auto& name : names) {
+    auto at = find(name);
+    if (!at) return make_error(error_code::not_found, std::string(what) + ": no parameter \"" + name + "\" on the device");
+    list.push_back(*at);
+    total += at->second;
+  }
+  if (total != size)
+    return make_error(error_code::invalid_argument,
+                      std::string(what) + ": the parameters hold " + std::to_string(total) + " bytes, the buffer " + std::to_string(size));
+  return list;
+}
 
 class vk_transfers {
  public:

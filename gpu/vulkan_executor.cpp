@@ -445,19 +445,11 @@ class vulkan_executor final : public executor {
   /// The buffers of the parameters `names` and their byte counts, checked to hold `size` bytes.
   expected<std::vector<std::pair<const allocation*, uint64_t>>> buffers_of(const std::vector<std::string>& names, size_t size,
                                                                            const char* what) {
-    std::vector<std::pair<const allocation*, uint64_t>> list;  // buffer, bytes
-    uint64_t total = 0;
-    for (const auto& name : names) {
+    return parameter_buffers(names, size, what, [&](const std::string& name) -> std::optional<std::pair<const allocation*, uint64_t>> {
       auto it = params_.find(name);
-      if (it == params_.end()) return make_error(error_code::not_found, std::string(what) + ": no parameter \"" + name + "\" on the device");
-      const uint64_t n = bytes_of(node{op_kind::parameter, it->second.type, it->second.dims, {}, {}});
-      list.emplace_back(&it->second.buffer, n);
-      total += n;
-    }
-    if (total != size)
-      return make_error(error_code::invalid_argument, std::string(what) + ": the parameters hold " + std::to_string(total) +
-                                                          " bytes, the buffer " + std::to_string(size));
-    return list;
+      if (it == params_.end()) return std::nullopt;
+      return std::pair{&it->second.buffer, static_cast<uint64_t>(std::max<int64_t>(byte_size(it->second.type, it->second.dims), 0))};
+    });
   }
 
   /// Waits for the copies beside the kernels that work reading `reads` and writing `writes`
