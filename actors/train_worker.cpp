@@ -164,16 +164,23 @@ expected<std::vector<float>> run_bucket(gpu::executor& ex, gpu::program_id progr
   return out;
 }
 
-/// The end of bucket `b`'s read into the region (train_work_result::copied), noted in the
-/// timing log when it comes.
-std::function<expected<void>()> read_back(gpu::pending_copy copy, uint64_t step, int b) {
-  return [copy = std::move(copy), step, b]() -> expected<void> {
+/// The end of a copy beside the kernels for train_work_result::copied, which notes `what` in the
+/// timing log when it comes (`keep`: what must live until then); none for a copy made already,
+/// whose end is noted at once.
+std::function<expected<void>()> copy_end(gpu::pending_copy copy, std::string what, std::vector<std::shared_ptr<shared_region>> keep = {}) {
+  if (!copy.wait_for_it) {
+    if (train_detail::timing_enabled()) train_detail::timing(what);
+    return nullptr;
+  }
+  return [copy = std::move(copy), what = std::move(what), keep = std::move(keep)]() -> expected<void> {
     auto done = copy.wait();
-    if (done && train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(b) + " done");
+    if (done && train_detail::timing_enabled()) train_detail::timing(what);
     return done;
   };
 }
+
+/// The timing log's name of bucket `b`'s read-back of `step`.
+std::string bucket_done(uint64_t step, int b) { return "step " + std::to_string(step) + " worker: bucket " + std::to_string(b) + " done"; }
 
 /// Where a host_reduce step's buckets go: the node's region, bucket b at offsets[b] (floats),
 /// its values[b] values (the last bucket's last one the loss sum). Copied into the tasks, which
@@ -632,7 +639,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                              direct ? direct->at(0) : nullptr, overlap ? &copy : nullptr);
         if (!b0) return tl::unexpected(b0.error());
         r.buffer = std::move(*b0);
-        r.copied = read_back(copy, step, 0);
+        r.copied = copy_end(std::move(copy), bucket_done(step, 0));
         return r;
       }
       if (w->method == train_method::data_parallel) {
@@ -720,7 +727,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         if (direct) direct->at(b)[direct->values[static_cast<size_t>(b)] - 1] = static_cast<float>(d.loss_sum);
         else r.buffer.push_back(static_cast<float>(d.loss_sum));
       }
-      r.copied = read_back(copy, step, b);
+      r.copied = copy_end(std::move(copy), bucket_done(step, b));
       return r;
     };
     ready_.push_back(std::move(next));
@@ -801,12 +808,7 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
     if (pieces.empty()) d.spare[static_cast<size_t>(bucket)] = std::move(sum);
     // The regions stay mapped until the copy is done: the result holds them that long.
-    r.copied = [copy = std::move(copy), mapped, step, bucket]() -> expected<void> {
-      auto done = copy.wait();
-      if (done && train_detail::timing_enabled())
-        train_detail::timing("step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written");
-      return done;
-    };
+    r.copied = copy_end(std::move(copy), "step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written", mapped);
     return r;
   };
   ready_.push_back(std::move(t));

@@ -115,17 +115,13 @@ expected<pending_copy> vk_copy_lane::submit(const std::function<void(VkCommandBu
     free = flights_.end() - 1;
   }
   flight& f = *free;
-  vkResetCommandBuffer(f.cmd, 0);
-  auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
-  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vkBeginCommandBuffer(f.cmd, &bi);
-  record(f.cmd);
-  after_lane_copies(f.cmd);
-  vkEndCommandBuffer(f.cmd);
-  auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-  si.commandBufferCount = 1;
-  si.pCommandBuffers = &f.cmd;
-  if (VkResult r = vkQueueSubmit(d_.copy_queue, 1, &si, f.fence); r != VK_SUCCESS) return tl::unexpected(vk_error(r, "vkQueueSubmit (copy queue)"));
+  if (VkResult r = record_and_submit(d_.copy_queue, f.cmd, f.fence,
+                                     [&](VkCommandBuffer cmd) {
+                                       record(cmd);
+                                       after_lane_copies(cmd);
+                                     });
+      r != VK_SUCCESS)
+    return tl::unexpected(vk_error(r, "vkQueueSubmit (copy queue)"));
   f.busy = true;
   f.st = std::make_shared<fence_state>();
   f.st->device = d_.device;

@@ -50,21 +50,29 @@ expected<void> vk_transfers::make_flights() {
   return {};
 }
 
+VkResult record_and_submit(VkQueue q, VkCommandBuffer cmd, VkFence fence, const std::function<void(VkCommandBuffer)>& record) {
+  vkResetCommandBuffer(cmd, 0);
+  auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  vkBeginCommandBuffer(cmd, &bi);
+  record(cmd);
+  vkEndCommandBuffer(cmd);
+  auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &cmd;
+  return vkQueueSubmit(q, 1, &si, fence);
+}
+
 template <class F>
 expected<void> vk_transfers::submit(size_t h, F record) {
   flight& f = flights_[h];
-  vkResetCommandBuffer(f.cmd, 0);
-  auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
-  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
-  vkBeginCommandBuffer(f.cmd, &bi);
-  record(f.cmd);
-  after_transfer_barrier(f.cmd);
-  vkEndCommandBuffer(f.cmd);
   vkResetFences(d_.device, 1, &f.fence);
-  auto si = vk_struct<VkSubmitInfo>(VK_STRUCTURE_TYPE_SUBMIT_INFO);
-  si.commandBufferCount = 1;
-  si.pCommandBuffers = &f.cmd;
-  if (VkResult r = vkQueueSubmit(d_.queue, 1, &si, f.fence); r != VK_SUCCESS) {
+  if (VkResult r = record_and_submit(d_.queue, f.cmd, f.fence,
+                                     [&](VkCommandBuffer cmd) {
+                                       record(cmd);
+                                       after_transfer_barrier(cmd);
+                                     });
+      r != VK_SUCCESS) {
     if (r == VK_ERROR_DEVICE_LOST) lost_ = true;
     return tl::unexpected(vk_error(r, "vkQueueSubmit"));
   }

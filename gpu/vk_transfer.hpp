@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -26,6 +27,10 @@ void memory_barrier(VkCommandBuffer cmd, VkPipelineStageFlags src, VkAccessFlags
                     VkAccessFlags dst_access);
 /// After copy commands: their writes visible to the host, to shaders and to later copies.
 void after_transfer_barrier(VkCommandBuffer cmd);
+
+/// Records `record`'s commands into `cmd` (reset first, for one submission) and submits it on `q`
+/// with `fence` (unsignalled, or VK_NULL_HANDLE); the submission's result.
+VkResult record_and_submit(VkQueue q, VkCommandBuffer cmd, VkFence fence, const std::function<void(VkCommandBuffer)>& record);
 
 /// Where each piece of `host` lies in a live import (an empty piece: nowhere), or nullopt when a
 /// piece lies outside them.

@@ -515,6 +515,7 @@ TEST_CASE("runtime: copies beside the kernels: later work waits for the copies i
   // (read_parameters_async) and writes the sums back beside the segments still running
   // (write_parameters_from_async). Through the staged executor (a discrete GPU's path on
   // lavapipe; on NVIDIA the copies go to the copy engines' queue).
+  vulkan();  // keeps the driver loaded for the whole process (see harness.hpp): `ex` goes below
   const int64_t n = 200'000;
   builder b;
   const expr acc = b.parameter("lane.acc", dtype::f32, {n});
