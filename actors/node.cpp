@@ -12,6 +12,7 @@
 #include <sys/file.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <unistd.h>
 #include <utility>
@@ -63,6 +65,9 @@ expected<std::unique_ptr<gpu::executor>> make_device(const std::string& choice) 
   // Nothing in the node reads per-kernel GPU times, and the timestamps between kernels cost a
   // decode step 10-15% on the H100 (docs/models.md).
   o.kernel_timestamps = false;
+  // MESH_MAP_DEVICE_MEMORY=off: tensors move through staging and copy commands even where device
+  // memory is host-visible (lavapipe, ReBAR), as on a discrete GPU; the tests run that path so.
+  if (const char* v = std::getenv("MESH_MAP_DEVICE_MEMORY"); v && std::string_view(v) == "off") o.map_device_memory = false;
   auto v = gpu::make_vulkan_executor(o);
   if (v || choice != "auto") return v;
   spdlog::warn("no Vulkan device ({}); using the CPU executor", v.error().message);

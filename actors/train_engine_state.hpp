@@ -185,6 +185,8 @@ struct train_engine::worker_run {
     /// the commit of that step fails with it rather than apply the bucket's own gradients. A
     /// step's gradients computed again clear it.
     std::optional<error> unwritten;
+    /// The node logged that its buckets' copies run beside the kernels (once a run).
+    bool overlap_noted = false;
     uint64_t snapshot_step = ~0ull;  ///< DiLoCo: local state at the start of this step
     tensor_map snapshot;
   };

@@ -639,6 +639,8 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
                              direct ? direct->at(0) : nullptr, overlap ? &copy : nullptr);
         if (!b0) return tl::unexpected(b0.error());
         r.buffer = std::move(*b0);
+        if (copy.wait_for_it && !std::exchange(d.overlap_noted, true))
+          r.note += std::string(r.note.empty() ? "" : "; ") + "the device reads the buckets back and writes their sums beside its kernels (its copy queue)";
         r.copied = copy_end(std::move(copy), bucket_done(step, 0));
         return r;
       }

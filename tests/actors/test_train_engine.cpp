@@ -649,6 +649,11 @@ TEST_CASE("on a discrete GPU's path the device copies the host all-reduce's grad
         CHECK(n.steps < *host_steps.begin());
       }
     CHECK(told.size() == 3);
+    // And once that its copies go beside the kernels (with them on).
+    std::set<std::string> beside;
+    for (const auto& n : sim.notices)
+      if (n.text.find("writes their sums beside its kernels") != std::string::npos) CHECK(beside.insert(n.node).second);
+    CHECK(beside.size() == (overlap ? 3u : 0u));
   }
 }
 

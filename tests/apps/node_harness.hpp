@@ -63,11 +63,11 @@ class node_process {
     // meshnode refuses a state directory others may write to (a umask of 002 would make one).
     std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
     std::filesystem::remove(dir_ / "endpoint");
-    std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--device", "cpu",
-                                     "--log-level", "info", "--mdns", "off"};
-    if (std::find(extra.begin(), extra.end(), "--port") == extra.end()) args.insert(args.end(), {"--port", "0"});
-    args.insert(args.end(), extra.begin(), extra.end());
     const auto names = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
+    std::vector<std::string> args = {MESHNODE_BIN, "--state-dir", dir_.string(), "--log-level", "info", "--mdns", "off"};
+    if (!names("--device")) args.insert(args.end(), {"--device", "cpu"});  // the CPU back end unless a test names another
+    if (!names("--port")) args.insert(args.end(), {"--port", "0"});
+    args.insert(args.end(), extra.begin(), extra.end());
     if (join_test_mesh && !names("--join") && !names("--secret-file") && !names("--open"))
       args.insert(args.end(), {"--join", test_token()});
     // Everything the child needs is made here: this process has threads (clients, streams), and

@@ -103,6 +103,51 @@ TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, around the
   CHECK(host == 3);
 }
 
+TEST_CASE("on a discrete GPU's path 3 meshnode processes copy the host all-reduce's buckets and sums beside the kernels, "
+          "and equal a single node",
+          "[apps][train][vulkan]") {
+  // Vulkan (lavapipe) with its memory not mapped (MESH_MAP_DEVICE_MEMORY=off), as a discrete
+  // GPU's: once every node maps the others' regions, each device imports them, reads its buckets
+  // into its region and writes the sums from the three on its copy queue while the executor goes
+  // on, and the executor actor hands each result over once its copy is done.
+  problem p = moons();
+  {
+    builder b;
+    auto x = b.input("x", dtype::f32, {16, 2});
+    auto labels = b.input("labels", dtype::i32, {16});
+    auto net = nn::make_mlp(b, "mlp", {2, 256, 256, 2});
+    b.output("loss", nn::cross_entropy(net(x), labels));
+    p.model = *b.finish();
+    p.params = nn::init_parameters(p.model, 5);
+  }
+  const uint64_t steps = 6;
+  const auto reference = single_node_state(p, steps);
+  ::setenv("MESH_MAP_DEVICE_MEMORY", "off", 1);
+  three_nodes mesh({"--device", "vulkan"});
+  ::unsetenv("MESH_MAP_DEVICE_MEMORY");
+  auto c = client::connect(mesh.ea, member_options());
+  REQUIRE(c);
+  REQUIRE(wait_for_peers(**c, 2));
+  auto o = options(steps);
+  o.bucket_bytes = 1 << 16;  // the 256 x 256 weight a bucket of its own, the others around it
+  auto r = trainer(**c, p.model, p.params, p.data, o).fit();
+  INFO((r ? "" : r.error().message));
+  REQUIRE(r);
+  CHECK(r->workers.size() == 3);
+  CHECK(max_difference(r->state, reference) < 1e-4);
+  int host = 0, imported = 0, beside = 0;
+  for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) {
+    host += n->log().find("summed through their shared memory (host all-reduce)") != std::string::npos;
+    imported += n->log().find("the device copies gradients and sums to and from 3 shared regions itself") != std::string::npos;
+    beside += n->log().find("writes their sums beside its kernels") != std::string::npos;
+  }
+  if (imported != 3 || beside != 3)
+    for (const auto* n : {mesh.a.get(), mesh.b.get(), mesh.c.get()}) WARN("node log:\n" << n->log());
+  CHECK(host == 3);
+  CHECK(imported == 3);
+  CHECK(beside == 3);
+}
+
 TEST_CASE("with --shared-memory off every all-reduce piece crosses the transport, and the result is the same", "[apps][train]") {
   const auto p = moons();
   const auto reference = single_node_state(p, 12);
