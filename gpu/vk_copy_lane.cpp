@@ -81,8 +81,10 @@ void vk_copy_lane::reap() {
       std::lock_guard lock(f.st->m);
       done = f.st->done && f.st->waiting == 0;
     }
-    if (!done && vkGetFenceStatus(d_.device, f.fence) == VK_SUCCESS) done = wait_for(f.st).has_value();
-    if (done) recycle(f);
+    if (!done && vkGetFenceStatus(d_.device, f.fence) != VK_SUCCESS) continue;
+    // Done, or signalled: wait_for returns at once, with how the copy ended.
+    if (auto ended = wait_for(f.st); !ended && !failed_) failed_ = ended.error();
+    recycle(f);
   }
 }
 
@@ -98,6 +100,9 @@ expected<pending_copy> vk_copy_lane::submit(const std::function<void(VkCommandBu
     }
   }
   reap();
+  // After a copy that failed (the device lost, or a fence without an end) nothing more goes in:
+  // its fence may still signal, so its flight cannot be used again.
+  if (failed_) return tl::unexpected(*failed_);
   auto free = std::find_if(flights_.begin(), flights_.end(), [](const flight& f) { return !f.busy; });
   if (free == flights_.end()) {
     flight f;
@@ -141,6 +146,7 @@ expected<void> vk_copy_lane::settle(const std::set<std::string>& reads, const st
     if (auto done = wait_for(f.st); !done && ok) ok = done;
     recycle(f);
   }
+  if (!ok && !failed_) failed_ = ok.error();
   return ok;
 }
 
@@ -151,6 +157,7 @@ expected<void> vk_copy_lane::settle_all() {
     if (auto done = wait_for(f.st); !done && ok) ok = done;
     recycle(f);
   }
+  if (!ok && !failed_) failed_ = ok.error();
   return ok;
 }
 

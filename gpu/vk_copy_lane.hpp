@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -87,6 +88,7 @@ class vk_copy_lane {
   VkCommandPool pool_ = VK_NULL_HANDLE;
   std::vector<flight> flights_;
   uint64_t copies_ = 0, waits_ = 0;
+  std::optional<error> failed_;  ///< the first copy that failed: submit() refuses from then on
 };
 
 }  // namespace mesh::gpu

@@ -439,6 +439,7 @@ class vulkan_executor final : public executor {
     auto copy = lane_->submit([&](VkCommandBuffer cmd) { moved = record_imported_copies(cmd, *list, host, *places, to_device); }, names,
                               to_device, std::move(keep));
     if (copy) async_bytes_ += moved;
+    else (void)noting_lane_loss(tl::unexpected(copy.error()));
     return copy;
   }
 
