@@ -13,7 +13,9 @@
 // --bucket-mb: the all-reduce's buckets (train_options::bucket_bytes, in MiB; 0: one all-reduce
 // after the whole backward pass).
 // --profile DEVICE: instead, the step's gradient program on that Vulkan device in this process,
-// its kernels by time (where a step's time goes).
+// its kernels by time (where a step's time goes); then, with --bucket-mb above 0, the same
+// program cut into segments as a data-parallel worker runs it (each segment's time, the values
+// saved between segments by op, the largest kernels).
 //
 // bench/train/finetune_reference.py runs the same model, shapes and optimizer in PyTorch (eager,
 // and DistributedDataParallel over NCCL with --ranks) for the anchor in the same run.
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -31,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/train_buckets.hpp"
 #include "bench/bench_mesh.hpp"
 #include "bench/train/random_llama.hpp"
 #include "client/trainer.hpp"
@@ -140,8 +144,108 @@ expected<measured> run(const settings& s, const models::finetune_model& m, int n
   return out;
 }
 
+/// The kernels that take the most of `kernels` (each a list of medians over runs): up to `top`.
+void print_largest(const std::vector<gpu::kernel_timing>& kernels, std::vector<std::vector<double>>& per_kernel, size_t top) {
+  std::vector<std::pair<double, size_t>> order;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    auto& v = per_kernel[k];
+    std::sort(v.begin(), v.end());
+    order.emplace_back(v[v.size() / 2], k);
+  }
+  std::sort(order.rbegin(), order.rend());
+  for (size_t i = 0; i < std::min(order.size(), top); ++i) {
+    const auto& k = kernels[order[i].second];
+    std::printf("  %-28s %9.3f ms %10.1f MB %10.2f GFLOP\n", k.name.c_str(), order[i].first, static_cast<double>(k.bytes) / 1e6, k.flops / 1e9);
+  }
+}
+
+/// `whole` (the gradient program into the accumulators `acc`, whose values are the nodes
+/// `values`) cut as a data-parallel worker cuts it (buckets of `bucket_bytes`, one segment each:
+/// train_buckets.hpp), run segment after segment as a worker runs a step's last micro-batch:
+/// each segment's wall time and kernel time, the values saved between segments by their op, and
+/// the kernels that take the most. Compare with the whole program's figures printed before.
+int profile_segments(gpu::executor& ex, const graph& whole, const std::vector<std::string>& acc, const std::vector<node_index>& values,
+                     uint64_t bucket_bytes, const tensor_map& in) {
+  graph named = whole;  // the gradients as outputs, for order_into_buckets
+  std::vector<std::string> grads;
+  std::vector<int64_t> sizes;
+  std::vector<shape> dims;
+  for (size_t i = 0; i < acc.size(); ++i) {
+    named.outputs.push_back({acc[i], values[i]});
+    grads.push_back(acc[i]);
+    sizes.push_back(element_count(whole[values[i]].dims));
+    dims.push_back(whole[values[i]].dims);
+  }
+  const auto ends = order_into_buckets(named, grads, sizes, dims, bucket_bytes, 64);
+  std::vector<std::vector<std::string>> groups;
+  for (size_t b = 0; b < ends.size(); ++b) groups.emplace_back(grads.begin() + static_cast<ptrdiff_t>(b ? ends[b - 1] : 0), grads.begin() + static_cast<ptrdiff_t>(ends[b]));
+  auto cut = segment_by_updates(whole, groups, "seg.");
+  if (!cut) return std::fprintf(stderr, "segments: %s\n", cut.error().message.c_str()), 1;
+  // The values saved between segments, by the op that makes them.
+  std::map<std::string, std::pair<int, double>> by_op;
+  double saved_mb = 0;
+  for (const auto& [name, t] : cut->saved) {
+    const auto id = static_cast<node_index>(std::stoll(name.substr(std::string("seg.x.").size())));
+    auto& e = by_op[std::string(to_string(whole[id].op))];
+    e.first += 1;
+    e.second += static_cast<double>(t.bytes.size()) / 1e6;
+    saved_mb += static_cast<double>(t.bytes.size()) / 1e6;
+  }
+  std::printf("\nthe same program in %zu segments (buckets of %llu MiB): %zu values saved between them, %.1f MB; by op:\n", cut->segments.size(),
+              static_cast<unsigned long long>(bucket_bytes >> 20), cut->saved.size(), saved_mb);
+  for (const auto& [op, e] : by_op) std::printf("  %-16s %5d values %10.1f MB\n", op.c_str(), e.first, e.second);
+  if (auto ok = ex.set_parameters(cut->saved); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
+  std::vector<gpu::program_id> ids;
+  for (const auto& g : cut->segments) {
+    auto id = ex.load(g);
+    if (!id) return std::fprintf(stderr, "load a segment: %s\n", id.error().message.c_str()), 1;
+    ids.push_back(*id);
+  }
+  std::vector<std::vector<double>> wall(ids.size()), busy(ids.size()), per_kernel;
+  std::vector<size_t> count(ids.size());
+  std::vector<gpu::kernel_timing> kernels;
+  std::vector<double> totals;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<gpu::kernel_timing> run_kernels;
+    const auto r0 = std::chrono::steady_clock::now();
+    for (size_t k = 0; k < ids.size(); ++k) {
+      tensor_map part;
+      for (const auto& name : cut->inputs[k]) part[name] = in.at(name);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto ok = ex.run(ids[k], part); !ok) return std::fprintf(stderr, "run a segment: %s\n", ok.error().message.c_str()), 1;
+      const auto st = ex.stats();
+      double sum = 0;
+      for (const auto& kt : st.kernels) sum += kt.last_ms;
+      if (i == 0) continue;  // warm-up
+      wall[k].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      busy[k].push_back(sum);
+      count[k] = st.kernels.size();
+      run_kernels.insert(run_kernels.end(), st.kernels.begin(), st.kernels.end());
+    }
+    if (i == 0) continue;
+    totals.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - r0).count());
+    kernels = run_kernels;
+    per_kernel.resize(kernels.size());
+    for (size_t k = 0; k < kernels.size(); ++k) per_kernel[k].push_back(kernels[k].last_ms);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double busy_all = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    std::printf("  segment %2zu: %7.2f ms wall, %7.2f ms in %zu kernels\n", k, median(wall[k]), median(busy[k]), count[k]);
+    busy_all += median(busy[k]);
+  }
+  std::printf("segments: %.1f ms a run (wall, median), kernels %.1f ms in all, %zu kernels; the largest:\n", median(totals), busy_all,
+              kernels.size());
+  print_largest(kernels, per_kernel, 12);
+  return 0;
+}
+
 /// The step's gradient program as a worker runs it (gradients into resident accumulators), on a
-/// Vulkan executor in this process: the kernels that take the time, median of 5 runs.
+/// Vulkan executor in this process: the kernels that take the time, median of 5 runs; with
+/// `--bucket-mb` above 0, then the same program cut into segments as a data-parallel worker runs it.
 int profile(const settings& s, const models::finetune_model& m) {
   gpu::vulkan_options vo;
   vo.device = s.profile;
@@ -161,9 +265,10 @@ int profile(const settings& s, const models::finetune_model& m) {
   auto done = b.finish();
   if (!done) return std::fprintf(stderr, "%s\n", done.error().message.c_str()), 1;
   done->outputs = {{"loss", m.g.find_output("loss")}};
+  const graph program = simplify(*done);
   if (auto ok = (*ex)->set_parameters(m.state); !ok) return std::fprintf(stderr, "%s\n", ok.error().message.c_str()), 1;
   const auto t0 = std::chrono::steady_clock::now();
-  auto id = (*ex)->load(simplify(*done));
+  auto id = (*ex)->load(program);
   if (!id) return std::fprintf(stderr, "load: %s\n", id.error().message.c_str()), 1;
   std::printf("gradient program on %s: compiled in %.1f s\n", (*ex)->info().name.c_str(),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -215,22 +320,23 @@ int profile(const settings& s, const models::finetune_model& m) {
     std::printf("gradients + Adam in place, as a worker alone runs a step: %.1f ms (median)\n", steps[steps.size() / 2]);
   }
   std::sort(walls.begin(), walls.end());
-  std::vector<std::pair<double, size_t>> order;
   double total = 0;
-  for (size_t k = 0; k < kernels.size(); ++k) {
-    auto& v = per_kernel[k];
+  for (auto v : per_kernel) {
     std::sort(v.begin(), v.end());
-    order.emplace_back(v[v.size() / 2], k);
     total += v[v.size() / 2];
   }
-  std::sort(order.rbegin(), order.rend());
   std::printf("gradient program: %.1f ms a run (wall, median), kernels %.1f ms in all, %zu kernels; the largest:\n", walls[walls.size() / 2],
               total, kernels.size());
-  for (size_t i = 0; i < std::min<size_t>(order.size(), 20); ++i) {
-    const auto& k = kernels[order[i].second];
-    std::printf("  %-28s %9.3f ms %10.1f MB %10.2f GFLOP\n", k.name.c_str(), order[i].first, static_cast<double>(k.bytes) / 1e6, k.flops / 1e9);
+  print_largest(kernels, per_kernel, 20);
+  if (s.bucket_mb <= 0) return 0;
+  // The accumulators' values, as the updates of `program` name them.
+  std::vector<std::string> acc;
+  std::vector<node_index> values;
+  for (const auto& u : program.updates) {
+    acc.push_back(program[u.target].attrs.name);
+    values.push_back(u.value);
   }
-  return 0;
+  return profile_segments(**ex, program, acc, values, static_cast<uint64_t>(s.bucket_mb) << 20, in);
 }
 
 std::vector<int> int_list(const std::string& v) {
