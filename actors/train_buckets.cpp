@@ -1,6 +1,7 @@
 #include "actors/train_buckets.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 
@@ -39,6 +40,15 @@ std::vector<size_t> order_into_buckets(const graph& grad, std::vector<std::strin
   return ends;
 }
 
+namespace {
+
+/// Ops whose value a later segment makes again from their input rather than read from a saved
+/// copy: views, which a whole program need not write out at all, and a broadcast's input is
+/// smaller than it. Saving them would write each out in full and copy it every step.
+bool made_again(op_kind op) { return op == op_kind::reshape || op == op_kind::permute || op == op_kind::broadcast; }
+
+}  // namespace
+
 expected<segmented_program> segment_by_updates(const graph& g, const std::vector<std::vector<std::string>>& groups,
                                                const std::string& prefix) {
   const size_t n = g.nodes.size(), segs = groups.size();
@@ -66,17 +76,27 @@ expected<segmented_program> segment_by_updates(const graph& g, const std::vector
     }
   }
   const auto saved_name = [&](node_index id) { return prefix + "x." + std::to_string(id); };
-  // Values read by a later segment than the one computing them.
+  // Values read by a later segment than the one computing them: saved, but for the views made
+  // again there, whose computed inputs are then read instead (an input's segment is at most its
+  // user's, so those are earlier too).
   std::vector<bool> crosses(n, false);
+  const std::function<void(size_t)> read_later = [&](size_t id) {
+    if (!made_again(g.nodes[id].op)) {
+      crosses[id] = true;
+      return;
+    }
+    for (auto in : g.nodes[id].inputs)
+      if (seg[static_cast<size_t>(in)] >= 0) read_later(static_cast<size_t>(in));
+  };
   for (size_t id = 0; id < n; ++id) {
     if (seg[id] < 0) continue;
     for (auto in : g.nodes[id].inputs)
-      if (seg[static_cast<size_t>(in)] >= 0 && seg[static_cast<size_t>(in)] < seg[id]) crosses[static_cast<size_t>(in)] = true;
+      if (seg[static_cast<size_t>(in)] >= 0 && seg[static_cast<size_t>(in)] < seg[id]) read_later(static_cast<size_t>(in));
   }
   for (size_t k = 0; k < segs; ++k)
     for (size_t u : updates_of[k]) {
       const auto v = static_cast<size_t>(g.updates[u].value);
-      if (seg[v] >= 0 && seg[v] < static_cast<int>(k)) crosses[v] = true;
+      if (seg[v] >= 0 && seg[v] < static_cast<int>(k)) read_later(v);
     }
 
   segmented_program out;
@@ -89,10 +109,15 @@ expected<segmented_program> segment_by_updates(const graph& g, const std::vector
       f.nodes.push_back(std::move(n));
       return f.size() - 1;
     };
-    const auto bring = [&](node_index id) -> node_index {
+    std::function<node_index(node_index)> bring = [&](node_index id) -> node_index {
       if (auto it = local.find(id); it != local.end()) return it->second;
       const node& src = g[id];
       if (family_of(src.op) == op_family::leaf) return local[id] = leaf(src);
+      if (made_again(src.op)) {  // a view of an earlier segment's value (or a leaf): made here again
+        node copy = src;
+        for (auto& in : copy.inputs) in = bring(in);
+        return local[id] = leaf(std::move(copy));
+      }
       node p;  // computed by an earlier segment: read back where it saved it
       p.op = op_kind::parameter;
       p.type = src.type;

@@ -835,6 +835,56 @@ TEST_CASE("the gradient program cut into segments gives the whole program's upda
   for (const auto& name : grads) CHECK(state.at("acc." + name).bytes == expected_run->params.at("acc." + name).bytes);
 }
 
+TEST_CASE("a segment makes an earlier segment's views again instead of reading saved copies of them", "[actors][train][buckets]") {
+  // Segment 0 computes h = x w^T (w's transpose a view of a parameter), the bias broadcast to h's
+  // shape (a view of a parameter) and r = reshape(h + bias); segment 1 reads r, w's transpose and
+  // the broadcast bias again. It reads h + bias back where segment 0 saved it and makes the
+  // views itself: no view is saved, and the cut equals the whole program.
+  builder b;
+  const expr x = b.input("x", dtype::f32, {4, 3});
+  const expr w = b.parameter("w", dtype::f32, {5, 3});
+  const expr wt = transpose(w);
+  const expr bias = broadcast_to(b.parameter("bias", dtype::f32, {5}), {4, 5});
+  const expr hb = matmul(x, wt) + bias;
+  const expr r = reshape(hb, {20});
+  b.update(b.parameter("acc.a", dtype::f32, {20}), r * 1.5);
+  b.update(b.parameter("acc.c", dtype::f32, {20}), r + reshape(bias, {20}) + reshape(matmul(x * 2.0, wt), {20}));
+  auto whole = b.finish();
+  REQUIRE(whole);
+  auto cut = segment_by_updates(*whole, {{"acc.a"}, {"acc.c"}}, "seg.");
+  REQUIRE(cut);
+  REQUIRE(cut->segments.size() == 2);
+  CHECK(cut->saved.size() == 1);  // h + bias
+  for (const auto& [name, t] : cut->saved) {
+    const auto id = static_cast<node_index>(std::stoll(name.substr(std::string("seg.x.").size())));
+    CHECK((*whole)[id].op == op_kind::add);
+    CHECK(t.dims == shape{4, 5});
+  }
+  int views = 0;
+  for (const auto& n : cut->segments[1].nodes)
+    views += n.op == op_kind::reshape || n.op == op_kind::permute || n.op == op_kind::broadcast;
+  CHECK(views >= 4);  // r's reshape, the bias's broadcast and reshape, w's transpose
+  const tensor_map in{{"x", tensor::from_floats({4, 3}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12})}};
+  tensor_map params{{"w", tensor::from_floats({5, 3}, {1, -1, 2, 0.5, 3, -2, 1, 1, 1, 0, 2, -1, 4, 0.25, -3})},
+                    {"bias", tensor::from_floats({5}, {0.5, -1, 2, 0, 1})},
+                    {"acc.a", tensor::zeros(dtype::f32, {20})},
+                    {"acc.c", tensor::zeros(dtype::f32, {20})}};
+  auto want = evaluate(*whole, in, params);
+  REQUIRE(want);
+  tensor_map state = params;
+  for (auto& [name, t] : cut->saved) state[name] = t;
+  for (size_t k = 0; k < 2; ++k) {
+    REQUIRE(validate(cut->segments[k]));
+    tensor_map reads;
+    for (const auto& name : cut->inputs[k]) reads[name] = in.at(name);
+    auto run = evaluate(cut->segments[k], reads, state);
+    REQUIRE(run);
+    state = run->params;
+  }
+  CHECK(state.at("acc.a").bytes == want->params.at("acc.a").bytes);
+  CHECK(state.at("acc.c").bytes == want->params.at("acc.c").bytes);
+}
+
 TEST_CASE("data-parallel training on 3 nodes with AdamW or SGD with momentum equals the single-node reference",
           "[actors][train]") {
   const auto s = two_moons_mlp();
