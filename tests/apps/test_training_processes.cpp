@@ -57,6 +57,24 @@ TEST_CASE("data-parallel training over 3 meshnode processes equals a single node
   CHECK(shared == 3);
 }
 
+namespace {
+
+/// The two-moons problem with an MLP of two hidden layers `width` wide (2 - width - width - 2):
+/// a model large enough for several buckets.
+problem wide_moons(int64_t width) {
+  problem p = moons();
+  builder b;
+  auto x = b.input("x", dtype::f32, {16, 2});
+  auto labels = b.input("labels", dtype::i32, {16});
+  auto net = nn::make_mlp(b, "mlp", {2, width, width, 2});
+  b.output("loss", nn::cross_entropy(net(x), labels));
+  p.model = *b.finish();
+  p.params = nn::init_parameters(p.model, 5);
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, around the ring and then through the host all-reduce, "
           "equals a single node",
           "[apps][train]") {
@@ -66,16 +84,7 @@ TEST_CASE("a 1M-parameter model in buckets over 3 meshnode processes, around the
   // Once every node maps the others' regions (the first two steps), the steps sum through them
   // (host_reduce.hpp): each bucket read back into the node's region, its sum written to the
   // device from the three regions.
-  problem p = moons();
-  {
-    builder b;
-    auto x = b.input("x", dtype::f32, {16, 2});
-    auto labels = b.input("labels", dtype::i32, {16});
-    auto net = nn::make_mlp(b, "mlp", {2, 1024, 1024, 2});
-    b.output("loss", nn::cross_entropy(net(x), labels));
-    p.model = *b.finish();
-    p.params = nn::init_parameters(p.model, 5);
-  }
+  const problem p = wide_moons(1024);
   const uint64_t steps = 6;
   const auto reference = single_node_state(p, steps);
   ::setenv("MESH_COPY_THREADS", "3", 1);
@@ -110,16 +119,7 @@ TEST_CASE("on a discrete GPU's path 3 meshnode processes copy the host all-reduc
   // GPU's: once every node maps the others' regions, each device imports them, reads its buckets
   // into its region and writes the sums from the three on its copy queue while the executor goes
   // on, and the executor actor hands each result over once its copy is done.
-  problem p = moons();
-  {
-    builder b;
-    auto x = b.input("x", dtype::f32, {16, 2});
-    auto labels = b.input("labels", dtype::i32, {16});
-    auto net = nn::make_mlp(b, "mlp", {2, 256, 256, 2});
-    b.output("loss", nn::cross_entropy(net(x), labels));
-    p.model = *b.finish();
-    p.params = nn::init_parameters(p.model, 5);
-  }
+  const problem p = wide_moons(256);
   const uint64_t steps = 6;
   const auto reference = single_node_state(p, steps);
   ::setenv("MESH_MAP_DEVICE_MEMORY", "off", 1);
