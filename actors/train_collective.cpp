@@ -273,7 +273,7 @@ std::vector<outbound> train_engine::start_round(worker_run& w) {
   std::vector<outbound> out;
   for (auto& [bucket, data] : w.contribution) {
     if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(bucket) + " all-reduce starts");
+      train_detail::timing(train_detail::bucket_line(w.step, bucket, "all-reduce starts"));
     auto sent = forward(w, w.round->start(bucket, std::move(data)));
     out.insert(out.end(), std::make_move_iterator(sent.begin()), std::make_move_iterator(sent.end()));
   }
@@ -302,7 +302,7 @@ std::vector<outbound> train_engine::accept_piece(worker_run& w, const node_id& f
   if (w.round->round_done(m.round)) {  // only the round's last piece completes it
     const int bucket = static_cast<int>(m.round % bucketed_allreduce::max_buckets);
     if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(bucket) + " all-reduce done");
+      train_detail::timing(train_detail::bucket_line(w.step, bucket, "all-reduce done"));
     if (w.method == train_method::data_parallel && w.round->buckets() > 1) write_bucket(w, bucket);
   }
   auto out = forward(w, std::move(*fwd));
@@ -318,7 +318,7 @@ std::vector<outbound> train_engine::start_direct(worker_run& w) {
   std::vector<outbound> out;
   for (int b : std::exchange(w.posted, {})) {
     if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(b) + " all-reduce starts");
+      train_detail::timing(train_detail::bucket_line(w.step, b, "all-reduce starts"));
     auto more = direct_events(w, w.direct->posted(b));
     out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
     if (!w.direct) break;  // the round ended (it cannot have with buckets still to post)
@@ -336,7 +336,7 @@ std::vector<outbound> train_engine::direct_events(worker_run& w, const host_redu
                                                      static_cast<uint32_t>(m.phase), at.pid, at.fd, at.size, {at.nonce.begin(), at.nonce.end()}}});
   for (int b : e.done) {
     if (train_detail::timing_enabled())
-      train_detail::timing("step " + std::to_string(w.step) + " worker: bucket " + std::to_string(b) + " all-reduce done");
+      train_detail::timing(train_detail::bucket_line(w.step, b, "all-reduce done"));
     write_bucket(w, b);
   }
   if (w.direct->done()) {

@@ -88,6 +88,10 @@ void timing(const std::string& what) {
   std::fprintf(stderr, "train timing: %.1f %s\n", ms, what.c_str());
 }
 
+std::string bucket_line(uint64_t step, int b, const char* what) {
+  return "step " + std::to_string(step) + " worker: bucket " + std::to_string(b) + " " + what;
+}
+
 }  // namespace train_detail
 
 expected<train_work_result> finish_copies(expected<train_work_result> r) {

@@ -64,6 +64,8 @@ inline shard_plan plan_of(const msg::train_spec& s) {
 /// on standard error, where a step's time goes (benchmarks read it from the node's log).
 bool timing_enabled();
 void timing(const std::string& what);
+/// The timing line of bucket `b` of `step` on a worker: "step 6 worker: bucket 3 <what>".
+std::string bucket_line(uint64_t step, int b, const char* what);
 
 }  // namespace train_detail
 

@@ -179,8 +179,6 @@ std::function<expected<void>()> copy_end(gpu::pending_copy copy, std::string wha
   };
 }
 
-/// The timing log's name of bucket `b`'s read-back of `step`.
-std::string bucket_done(uint64_t step, int b) { return "step " + std::to_string(step) + " worker: bucket " + std::to_string(b) + " done"; }
 
 /// Where a host_reduce step's buckets go: the node's region, bucket b at offsets[b] (floats),
 /// its values[b] values (the last bucket's last one the loss sum). Copied into the tasks, which
@@ -641,7 +639,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         r.buffer = std::move(*b0);
         if (copy.wait_for_it && !std::exchange(d.overlap_noted, true))
           r.note += std::string(r.note.empty() ? "" : "; ") + "the device reads the buckets back and writes their sums beside its kernels (its copy queue)";
-        r.copied = copy_end(std::move(copy), bucket_done(step, 0));
+        r.copied = copy_end(std::move(copy), train_detail::bucket_line(step, 0, "done"));
         return r;
       }
       if (w->method == train_method::data_parallel) {
@@ -729,7 +727,7 @@ std::vector<outbound> train_engine::on_step(const node_id& from, const msg::trai
         if (direct) direct->at(b)[direct->values[static_cast<size_t>(b)] - 1] = static_cast<float>(d.loss_sum);
         else r.buffer.push_back(static_cast<float>(d.loss_sum));
       }
-      r.copied = copy_end(std::move(copy), bucket_done(step, b));
+      r.copied = copy_end(std::move(copy), train_detail::bucket_line(step, b, "done"));
       return r;
     };
     ready_.push_back(std::move(next));
@@ -810,7 +808,7 @@ void train_engine::write_bucket(worker_run& w, int bucket) {
     if (d.spare.size() < static_cast<size_t>(buckets)) d.spare.resize(static_cast<size_t>(buckets));
     if (pieces.empty()) d.spare[static_cast<size_t>(bucket)] = std::move(sum);
     // The regions stay mapped until the copy is done: the result holds them that long.
-    r.copied = copy_end(std::move(copy), "step " + std::to_string(step) + " worker: bucket " + std::to_string(bucket) + " sum written", mapped);
+    r.copied = copy_end(std::move(copy), train_detail::bucket_line(step, bucket, "sum written"), mapped);
     return r;
   };
   ready_.push_back(std::move(t));

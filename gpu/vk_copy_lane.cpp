@@ -82,10 +82,15 @@ void vk_copy_lane::reap() {
       done = f.st->done && f.st->waiting == 0;
     }
     if (!done && vkGetFenceStatus(d_.device, f.fence) != VK_SUCCESS) continue;
-    // Done, or signalled: wait_for returns at once, with how the copy ended.
-    if (auto ended = wait_for(f.st); !ended && !failed_) failed_ = ended.error();
-    recycle(f);
+    (void)finish(f);  // done, or signalled: its wait returns at once
   }
+}
+
+expected<void> vk_copy_lane::finish(flight& f) {
+  auto ended = wait_for(f.st);
+  if (!ended && !failed_) failed_ = ended.error();
+  recycle(f);
+  return ended;
 }
 
 expected<pending_copy> vk_copy_lane::submit(const std::function<void(VkCommandBuffer)>& record, std::vector<std::string> params,
@@ -143,10 +148,8 @@ expected<void> vk_copy_lane::settle(const std::set<std::string>& reads, const st
   for (auto& f : flights_) {
     if (!f.busy || !conflicts(f.params, f.writes_device, reads, writes)) continue;
     ++waits_;
-    if (auto done = wait_for(f.st); !done && ok) ok = done;
-    recycle(f);
+    if (auto done = finish(f); !done && ok) ok = done;
   }
-  if (!ok && !failed_) failed_ = ok.error();
   return ok;
 }
 
@@ -154,10 +157,8 @@ expected<void> vk_copy_lane::settle_all() {
   expected<void> ok;
   for (auto& f : flights_) {
     if (!f.busy) continue;
-    if (auto done = wait_for(f.st); !done && ok) ok = done;
-    recycle(f);
+    if (auto done = finish(f); !done && ok) ok = done;
   }
-  if (!ok && !failed_) failed_ = ok.error();
   return ok;
 }
 

@@ -81,6 +81,8 @@ class vk_copy_lane {
   static expected<void> wait_for(const std::shared_ptr<fence_state>& st);
   /// A flight whose copy is done: its fence reset, its command buffer free for the next copy.
   void recycle(flight& f);
+  /// Waits for `f`'s copy (noting a failure in failed_) and recycles it; how the copy ended.
+  expected<void> finish(flight& f);
   /// Recycles the flights whose copies are done (no thread waiting on them).
   void reap();
 

@@ -413,10 +413,8 @@ class vulkan_executor final : public executor {
   /// The same from or into `host` in pieces.
   expected<void> transfer(const std::vector<std::string>& names, std::span<const std::span<uint8_t>> host, size_t size, bool to_device,
                           const char* what) {
-    auto list = buffers_of(names, size, what);
+    auto list = settled_buffers(names, size, to_device, what);
     if (!list) return tl::unexpected(list.error());
-    const std::set<std::string> touched(names.begin(), names.end());
-    if (auto ok = to_device ? settle({}, touched) : settle(touched, {}); !ok) return ok;
     return noting_loss(transfers_->move(*list, host, to_device));
   }
 
@@ -429,10 +427,8 @@ class vulkan_executor final : public executor {
       if (auto ok = transfer(names, host, size, to_device, what); !ok) return tl::unexpected(ok.error());
       return pending_copy{};
     }
-    auto list = buffers_of(names, size, what);
+    auto list = settled_buffers(names, size, to_device, what);
     if (!list) return tl::unexpected(list.error());
-    const std::set<std::string> touched(names.begin(), names.end());
-    if (auto ok = to_device ? settle({}, touched) : settle(touched, {}); !ok) return tl::unexpected(ok.error());
     std::vector<std::shared_ptr<void>> keep;
     for (auto& p : *places) keep.push_back(std::move(p.keep));
     uint64_t moved = 0;
@@ -443,14 +439,19 @@ class vulkan_executor final : public executor {
     return copy;
   }
 
-  /// The buffers of the parameters `names` and their byte counts, checked to hold `size` bytes.
-  expected<std::vector<std::pair<const allocation*, uint64_t>>> buffers_of(const std::vector<std::string>& names, size_t size,
-                                                                           const char* what) {
-    return parameter_buffers(names, size, what, [&](const std::string& name) -> std::optional<std::pair<const allocation*, uint64_t>> {
+  /// The buffers of the parameters `names` and their byte counts, checked to hold `size` bytes, once
+  /// the copies beside the kernels that moving them (to the device when `to_device`) races with end.
+  expected<std::vector<std::pair<const allocation*, uint64_t>>> settled_buffers(const std::vector<std::string>& names, size_t size,
+                                                                                bool to_device, const char* what) {
+    auto list = parameter_buffers(names, size, what, [&](const std::string& name) -> std::optional<std::pair<const allocation*, uint64_t>> {
       auto it = params_.find(name);
       if (it == params_.end()) return std::nullopt;
       return std::pair{&it->second.buffer, static_cast<uint64_t>(std::max<int64_t>(byte_size(it->second.type, it->second.dims), 0))};
     });
+    if (!list) return list;
+    const std::set<std::string> touched(names.begin(), names.end());
+    if (auto ok = to_device ? settle({}, touched) : settle(touched, {}); !ok) return tl::unexpected(ok.error());
+    return list;
   }
 
   /// Waits for the copies beside the kernels that work reading `reads` and writing `writes`
